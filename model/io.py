@@ -1,0 +1,88 @@
+"""Crash-safe file writes and weight loading.
+
+Every model and checkpoint directory is written with `atomic_dir`: files go into a hidden temp
+directory beside the target, are fsynced, and the directory is renamed into place, so a process
+killed mid-write leaves either the old directory or the new one, never half of one. Weights are read
+from safetensors, or from `pytorch_model.bin` through `torch.load(weights_only=True)` only: nothing
+is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file
+
+TMP_PREFIX = ".tmp-"
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file below root, then every directory (children before parents)."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir(dst: str | Path) -> Iterator[Path]:
+    """Yield a temp dir beside `dst`; on success fsync it and rename it to `dst` (replacing it)."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f"{TMP_PREFIX}{dst.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        old = None
+        if dst.exists():
+            # rename() cannot replace a non-empty directory: move the old one aside first.
+            old = dst.parent / f"{TMP_PREFIX}old-{dst.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(dst, old)
+        os.rename(tmp, dst)
+        fsync_dir(dst.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write a single file atomically: temp file, fsync, rename."""
+    path = Path(path)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Weights of a model directory: model.safetensors, else pytorch_model.bin (weights only)."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        return load_file(path / "model.safetensors")
+    if (path / "pytorch_model.bin").is_file():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path}")

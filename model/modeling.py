@@ -1,0 +1,579 @@
+"""BERT in PyTorch, from the paper: Devlin et al. (2018), "BERT: Pre-training of Deep Bidirectional
+Transformers for Language Understanding", arXiv:1810.04805.
+
+Ordered from parts to whole: embeddings, self-attention, the post-LN encoder layer, the encoder, the
+pooler, the pretraining heads, then the task models and their loading/saving.
+
+Parameter names are Hugging Face's (`bert.embeddings.word_embeddings.weight`,
+`bert.encoder.layer.N.attention.self.query.weight`, `cls.predictions.transform.dense.weight`, ...),
+so state dicts move both ways without a conversion table. The one internal difference, a fused
+Q/K/V projection, is hidden behind state-dict hooks that split and join it.
+
+Fixes over the seed project (codertimo/BERT-pytorch): learned (not sinusoidal) positions, post-LN
+(not pre-LN), a pooler (dense + tanh on [CLS]) feeding NSP and classification, the MLM transform
+(dense + GELU + LayerNorm) before a decoder tied to the word embeddings, and an NSP loss that counts
+both labels (0 = "B follows A", 1 = "B is random", as in Google's and HF's code).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import BertConfig
+from .io import atomic_dir, load_state_dict
+
+IGNORE_INDEX = -100  # MLM labels at positions that are not predicted
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACT2FN = {
+    "gelu": F.gelu,  # exact erf form, as Google's BERT and HF's "gelu"
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "silu": F.silu,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs: HF's field names, so callers written against transformers read ours unchanged.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class BaseModelOutput:
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooler_output: torch.Tensor | None  # (B, H); None when the model has no pooler
+
+
+@dataclass
+class PreTrainingOutput:
+    prediction_logits: torch.Tensor  # (B, T, V), or (N, V) at the predicted positions
+    seq_relationship_logits: torch.Tensor  # (B, 2)
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    logits: torch.Tensor  # (B, T, V), or (N, V) at the predicted positions
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class SequenceClassifierOutput:
+    logits: torch.Tensor  # (B, num_labels)
+    loss: torch.Tensor | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parts
+# ---------------------------------------------------------------------------------------------
+
+class BertEmbeddings(nn.Module):
+    """Token + learned position + segment embeddings, summed, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Not a weight: rebuilt from the config, never saved (HF's old checkpoints carry it; we ignore it).
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings),
+                             persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        x = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids[:seq_len])
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]  # every token in segment A
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention, softmax(QK^T / sqrt(d_k)) V, via torch's SDPA.
+
+    Q, K and V come from one fused (H -> 3H) projection: one matmul instead of three. The state dict
+    still shows HF's separate `query`, `key` and `value` (see the two hooks).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.register_state_dict_post_hook(_split_qkv)
+        self.register_load_state_dict_pre_hook(_join_qkv)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, C = x.shape
+        # (B, T, 3C) -> (B, T, 3, nh, hs) -> (3, B, nh, T, hs)
+        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
+        # SDPA scales by 1/sqrt(hs) itself (the paper's 1/sqrt(d_k)).
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        return y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+
+
+_QKV = ("query", "key", "value")
+
+
+def _split_qkv(module, state_dict, prefix, local_metadata) -> None:
+    for kind in ("weight", "bias"):
+        fused = state_dict.pop(f"{prefix}qkv.{kind}")
+        for name, part in zip(_QKV, fused.chunk(3, dim=0)):
+            state_dict[f"{prefix}{name}.{kind}"] = part
+
+
+def _join_qkv(module, state_dict, prefix, *args) -> None:
+    for kind in ("weight", "bias"):
+        keys = [f"{prefix}{name}.{kind}" for name in _QKV]
+        if all(k in state_dict for k in keys):
+            state_dict[f"{prefix}qkv.{kind}"] = torch.cat([state_dict.pop(k) for k in keys], dim=0)
+
+
+class BertSelfOutput(nn.Module):
+    """Attention output projection, dropout, then the post-LN residual: LayerNorm(x + sublayer(x))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertLayer(nn.Module):
+    """One post-LN Transformer encoder layer: attention sub-layer, then feed-forward sub-layer."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        a = self.attention(x, mask)
+        return self.output(self.intermediate(a), a)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """dense + tanh on the [CLS] vector: the sentence representation NSP and classifiers read."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertLMPredictionHead(nn.Module):
+    """MLM head: transform (dense + act + LayerNorm), then a decoder tied to the word embeddings.
+
+    The decoder has no weight of its own (it reads `word_embeddings.weight`), only `bias`: the one
+    line that ties them. HF calls these `cls.predictions.transform.*` and `cls.predictions.bias`.
+    """
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = nn.Module()
+        self.transform.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.act = ACT2FN[config.hidden_act]
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.word_embeddings = [word_embeddings]  # a list, so it is not registered twice
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.transform.LayerNorm(self.act(self.transform.dense(h)))
+        return F.linear(h, self.word_embeddings[0].weight, self.bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and saving, shared by every model class
+# ---------------------------------------------------------------------------------------------
+
+# Head name -> key prefix in the HF layout (encoder keys carry "bert.").
+HEAD_PREFIXES = {
+    "pooler": "bert.pooler.",
+    "mlm": "cls.predictions.",
+    "nsp": "cls.seq_relationship.",
+    "classifier": "classifier.",
+}
+HEAD_NAMES = {"pooler": "pooler", "mlm": "MLM head", "nsp": "NSP head", "classifier": "classifier head"}
+# Keys real HF checkpoints carry that hold nothing we need: a buffer and the tied decoder.
+LEGACY_KEYS = {"bert.embeddings.position_ids", "cls.predictions.decoder.weight",
+               "cls.predictions.decoder.bias"}
+
+
+def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Any HF BERT state dict -> the "bert."-prefixed layout, with legacy names renamed."""
+    out = {}
+    for key, value in state_dict.items():
+        key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if not key.startswith(("bert.", "cls.", "classifier.")):
+            key = "bert." + key  # a bare BertModel's keys
+        out[key] = value
+    if "cls.predictions.bias" not in out and "cls.predictions.decoder.bias" in out:
+        out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
+    return out
+
+
+def heads_of(keys) -> set[str]:
+    return {head for head, prefix in HEAD_PREFIXES.items() if any(k.startswith(prefix) for k in keys)}
+
+
+def heads_in(path: str | Path) -> set[str]:
+    """Heads present in a model directory's weights: a subset of pooler, mlm, nsp, classifier."""
+    return heads_of(normalize_state_dict(load_state_dict(path)))
+
+
+class BertPreTrainedModel(nn.Module):
+    """Weight init, from_pretrained/save_pretrained and parameter counting for every model class."""
+
+    prefix = "bert."  # where the encoder's keys live in this class's state dict
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+    @property
+    def heads(self) -> set[str]:
+        return heads_of(normalize_state_dict(self.state_dict()))
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                module.weight.data[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def init_weights(self) -> None:
+        self.apply(self._init_weights)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path, tokenizer=None) -> None:
+        """Write config.json + model.safetensors (+ tokenizer files) atomically into `path`."""
+        config = BertConfig.from_dict(self.config.to_dict())
+        config.architectures = [type(self).__name__]
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous()
+                   for k, v in self.state_dict().items()}
+        with atomic_dir(path) as tmp:
+            config.to_json_file(tmp / "config.json")
+            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+
+    # -- loading --------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
+                        init_missing_heads: bool = False, **config_overrides):
+        """Load a model directory in HF layout; eval mode, on `device`.
+
+        A head this class needs but the directory lacks is an error naming it, unless
+        `init_missing_heads` (warm start: the encoder is loaded, missing heads get fresh weights).
+        `config_overrides` replace config fields (for example `id2label` for a new classifier).
+        """
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model directory {path} does not exist")
+        return cls._from_state(path, normalize_state_dict(load_state_dict(path)), device,
+                               init_missing_heads, config_overrides)
+
+    @classmethod
+    def _from_state(cls, path: Path, state, device, init_missing_heads, config_overrides):
+        config = BertConfig.from_json_file(path / "config.json")
+        if config_overrides:
+            config = BertConfig.from_dict({**config.to_dict(), **config_overrides})
+        model = cls._build(config, heads_of(state), init_missing_heads)
+        model._load_weights(state, str(path), init_missing_heads)
+        return model.to(device).eval()
+
+    @classmethod
+    def _build(cls, config: BertConfig, heads: set[str], init_missing_heads: bool):
+        return cls(config)
+
+    def _load_weights(self, given: dict[str, torch.Tensor], source: str, init_missing_heads: bool) -> None:
+        """Load a normalized ("bert."-prefixed) state dict, naming whatever is missing or unknown."""
+        strip = len("bert.") if self.prefix == "" else 0  # a bare BertModel's own keys have no prefix
+        expected = {("bert." if strip else "") + k for k in self.state_dict()}
+        my_heads = heads_of(expected)
+        missing = sorted(expected - set(given))
+        missing_heads = sorted(h for h in my_heads if any(k.startswith(HEAD_PREFIXES[h]) for k in missing))
+        if missing_heads and not init_missing_heads:
+            names = ", ".join(f"{HEAD_NAMES[h]} ({HEAD_PREFIXES[h]}*)" for h in missing_heads)
+            raise ValueError(f"{source} has no {names}, which {type(self).__name__} needs")
+        missing = [k for k in missing if not heads_of([k]) & set(missing_heads)]
+        if missing:
+            raise ValueError(f"{source} lacks weights {type(self).__name__} needs: {_names(missing)}")
+        # Keys of heads this class does not have (an MLM head when loading a BertModel) are fine.
+        unexpected = sorted(k for k in set(given) - expected - LEGACY_KEYS if not heads_of([k]) - my_heads)
+        if unexpected:
+            raise ValueError(f"{source} has weights {type(self).__name__} does not know: {_names(unexpected)}")
+        if missing_heads:
+            self.init_weights()
+        try:
+            self.load_state_dict({k[strip:]: v for k, v in given.items() if k in expected},
+                                 strict=not missing_heads)
+        except RuntimeError as e:
+            raise ValueError(f"{source}: weights do not fit the config: {e}") from None
+
+
+def _names(keys: list[str], most: int = 8) -> str:
+    more = f" (and {len(keys) - most} more)" if len(keys) > most else ""
+    return ", ".join(keys[:most]) + more
+
+
+def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """The padding mask, built once per batch: (B, T) -> bool (B, 1, 1, T), True = attend.
+
+    Shape (B, 1, 1, T) broadcasts over heads and query positions; a (B, T) mask added to
+    (B, nh, T, T) scores would broadcast wrongly (the seed posts' first pitfall). None when there
+    is no padding, which lets SDPA take its fastest path.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} does not match "
+                         f"input_ids shape {tuple(input_ids.shape)}")
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+class BertModel(BertPreTrainedModel):
+    """The encoder: embeddings, L post-LN layers, and (optionally) the pooler."""
+
+    prefix = ""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    @classmethod
+    def _build(cls, config, heads, init_missing_heads):
+        # An encoder saved without a pooler (HF's BertForMaskedLM) still loads as a BertModel.
+        return cls(config, add_pooling_layer="pooler" in heads or init_missing_heads)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> BaseModelOutput:
+        self._check_input(input_ids)
+        mask = attention_mask_for(attention_mask, input_ids)
+        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def _check_input(self, input_ids: torch.Tensor) -> None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        seq_len, limit = input_ids.shape[1], self.config.max_position_embeddings
+        if seq_len > limit:
+            raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings {limit}; "
+                             "truncate the input (tokenizer truncation=True)")
+
+
+def _gather(hidden: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """(B, T, H) -> (N, H) at the True positions of a bool (B, T) mask; all positions if None."""
+    if positions is None:
+        return hidden
+    if positions.shape != hidden.shape[:2]:
+        raise ValueError(f"masked_positions shape {tuple(positions.shape)} does not match "
+                         f"the batch {tuple(hidden.shape[:2])}")
+    return hidden[positions]
+
+
+def _mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if labels.numel() == 0:  # nothing masked in this batch: a zero that still has a graph
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Encoder + MLM head + NSP head; loss = MLM cross-entropy + NSP cross-entropy (paper, 3.1).
+
+    The MLM head runs only where a prediction is wanted (labels != -100, or `masked_positions`):
+    the decoder is (H x V), most of the arithmetic of a small BERT, and every other position's
+    logits would be thrown away. Logits are then (N, V), in row-major (batch, position) order.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = nn.Module()
+        self.cls.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
+        self.cls.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                next_sentence_label=None, masked_positions=None) -> PreTrainingOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        if masked_positions is None and labels is not None:
+            masked_positions = labels != IGNORE_INDEX
+        logits = self.cls.predictions(_gather(out.last_hidden_state, masked_positions))
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)
+        mlm_loss = nsp_loss = None
+        if labels is not None:
+            mlm_loss = _mlm_loss(logits, labels[masked_positions] if masked_positions is not None else labels)
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.reshape(-1))
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(losses) if losses else None
+        return PreTrainingOutput(logits, nsp_logits, loss, mlm_loss, nsp_loss)
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Encoder (no pooler, as HF) + MLM head; see BertForPreTraining for `masked_positions`."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = nn.Module()
+        self.cls.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                masked_positions=None) -> MaskedLMOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        if masked_positions is None and labels is not None:
+            masked_positions = labels != IGNORE_INDEX
+        logits = self.cls.predictions(_gather(out.last_hidden_state, masked_positions))
+        loss = None
+        if labels is not None:
+            loss = _mlm_loss(logits, labels[masked_positions] if masked_positions is not None else labels)
+        return MaskedLMOutput(logits, loss)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Encoder + dropout + linear on the pooled [CLS] output (paper, 4.1); regression if 1 label."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
+                labels=None) -> SequenceClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.reshape(-1))
+        return SequenceClassifierOutput(logits, loss)
+
+
+MODEL_CLASSES = {cls.__name__: cls for cls in
+                 (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification)}
+
+
+def class_for_heads(heads: set[str]) -> type[BertPreTrainedModel]:
+    """The richest model class whose heads a directory has."""
+    if "classifier" in heads:
+        return BertForSequenceClassification
+    if {"mlm", "nsp", "pooler"} <= heads:
+        return BertForPreTraining
+    if "mlm" in heads:
+        return BertForMaskedLM
+    return BertModel
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> BertPreTrainedModel:
+    """Load a model directory as the class its weights support (see class_for_heads)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    state = normalize_state_dict(load_state_dict(path))
+    return class_for_heads(heads_of(state))._from_state(path, state, device, False, {})
