@@ -1,0 +1,66 @@
+"""The `bert` command: model/'s commands (vocab, import, info, training) plus `serve` and `worker`.
+
+`serve` runs this package's FastAPI app under uvicorn. `worker` execs a `celery worker` process on
+the training queue; the app never imports worker/, it only names the Celery app by its module path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from model.cli import UserError, build_parser, run
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import serve
+    from .settings import Settings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    if args.allow_public:
+        overrides["allow_public"] = True
+    return serve(Settings(**overrides))
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    celery = shutil.which("celery", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if celery is None:
+        raise UserError("the `celery` command is not installed in this environment")
+    argv = [celery, "-A", "worker.celery_app", "worker", "--loglevel", args.loglevel,
+            "--concurrency", str(args.concurrency), "-Q", args.queues, "--without-gossip", "--without-mingle"]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
+    os.execv(celery, argv)
+
+
+def build_full_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    p = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
+    p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
+    p.add_argument("--data-dir", help="models live in DATA_DIR/models (default BERT_DATA_DIR or ./data)")
+    p.add_argument("--allow-public", action="store_true",
+                   help="listen beyond loopback even without BERT_API_KEY (not recommended)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run a Celery worker for training jobs")
+    p.add_argument("--concurrency", type=int, default=1, help="jobs at once (default 1: one job owns the CPU/GPU)")
+    p.add_argument("--queues", default="training", help="comma-separated queues (default: training)")
+    p.add_argument("--hostname", help="worker node name (default: celery@HOST)")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_full_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
