@@ -1,0 +1,260 @@
+"""The batching engine: one inference thread per device, fed by a bounded queue of jobs.
+
+A job is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
+"classify"). The inference thread takes the oldest job, waits up to `max_wait_ms` for more work
+(when batching is on), takes every queued job for the same model and task up to the token budget,
+sorts their sequences by length, cuts them into batches whose padded size (rows x longest) stays
+under `max_batch_tokens`, pads each batch to its own longest row, and runs the task's forward pass
+under torch.inference_mode (bf16 autocast on CUDA). Results go back through concurrent futures that
+the event loop awaits with asyncio.wrap_future; no forward pass ever runs on the event loop.
+
+Batching off: each job runs alone, at once (the benchmark's baseline).
+References: text-embeddings-inference's queue/batching (token-budget batches); NVIDIA Triton's
+dynamic batcher (max queue delay).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .errors import ServiceError
+
+log = logging.getLogger("bertserve.engine")
+
+
+@dataclass
+class Job:
+    """One request's work: `rows` are (input_ids, token_type_ids) pairs, `params` task options."""
+
+    kind: str
+    model: Any  # app.store.LoadedModel
+    rows: list[tuple[list[int], list[int]]]
+    params: dict = field(default_factory=dict)
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    enqueued: float = field(default_factory=time.monotonic)
+    results: list = field(init=False)
+    remaining: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.rows)
+        self.remaining = len(self.rows)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids, _ in self.rows)
+
+    @property
+    def key(self) -> tuple:
+        return (id(self.model), self.kind)
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one forward pass; `origin[i]` = (job, row index) of tensor row i."""
+
+    input_ids: torch.Tensor  # (B, T)
+    token_type_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    origin: list[tuple[Job, int]]
+    tokens: int  # real (unpadded) tokens
+
+    @property
+    def params(self) -> list[dict]:
+        return [job.params for job, _ in self.origin]
+
+
+# kind -> runner(model, batch) -> one result per batch row (see app/inference.py)
+Runner = Callable[[Any, Batch], list]
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("BERT_DEVICE=cuda but torch sees no CUDA device")
+    return torch.device(setting)
+
+
+def plan_batches(rows: list[tuple[Job, int, int]], max_tokens: int) -> list[list[tuple[Job, int, int]]]:
+    """Cut (job, row, length) items, sorted by length, into batches with rows x longest <= max_tokens.
+
+    A single row longer than the budget still runs, alone.
+    """
+    batches, current = [], []
+    for item in sorted(rows, key=lambda r: r[2]):
+        # sorted ascending, so the newest item is the longest of the batch it joins
+        if current and (len(current) + 1) * item[2] > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(item)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Engine:
+    def __init__(self, device: torch.device, runners: dict[str, Runner], *, max_batch_tokens: int,
+                 max_queue: int, max_wait_ms: float, batching: bool, metrics=None):
+        self.device = device
+        self.runners = runners
+        self.max_batch_tokens = max_batch_tokens
+        self.max_queue = max_queue
+        self.max_wait = max_wait_ms / 1000.0
+        self.batching = batching
+        self.metrics = metrics
+        self._pending: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    # -- the event loop's side ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name=f"inference-{self.device}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the queued jobs, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> concurrent.futures.Future:
+        with self._cond:
+            if self._stopping:
+                raise ServiceError("unavailable", "the service is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise ServiceError("overloaded", f"the inference queue is full ({self.max_queue} requests "
+                                                 "waiting); retry later")
+            self._pending.append(job)
+            self._set_depth()
+            self._cond.notify()
+        return job.future
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    # -- the inference thread ----------------------------------------------------------------
+
+    def _main(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            jobs = self._take()
+            if jobs is None:
+                return
+            self._busy = True
+            try:
+                self._run(jobs)
+            finally:
+                self._busy = False
+
+    def _take(self) -> list[Job] | None:
+        """Block until there is work; return the jobs of the next forward passes (None: stop)."""
+        with self._cond:
+            while True:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if not self._pending:
+                    return None
+                if self.batching:
+                    self._wait_for_more()
+                jobs = self._pick()
+                self._set_depth()
+                # Jobs whose request went away (client disconnected) are dropped here, unrun.
+                jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+                if jobs:
+                    return jobs
+
+    def _wait_for_more(self) -> None:
+        deadline = self._pending[0].enqueued + self.max_wait
+        while not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0 or sum(j.tokens for j in self._pending) >= self.max_batch_tokens:
+                return
+            self._cond.wait(left)
+
+    def _pick(self) -> list[Job]:
+        first = self._pending.popleft()
+        if not self.batching:
+            return [first]
+        jobs, tokens, kept = [first], first.tokens, deque()
+        while self._pending:
+            job = self._pending.popleft()
+            if job.key == first.key and tokens + job.tokens <= self.max_batch_tokens:
+                jobs.append(job)
+                tokens += job.tokens
+            else:
+                kept.append(job)
+        self._pending = kept
+        return jobs
+
+    def _set_depth(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._pending))
+
+    def _run(self, jobs: list[Job]) -> None:
+        items = [(job, i, len(ids)) for job in jobs for i, (ids, _) in enumerate(job.rows)]
+        for planned in plan_batches(items, self.max_batch_tokens):
+            batch = self._pad(planned)
+            try:
+                results = self._forward(jobs[0], batch)
+            except Exception as e:  # one bad batch fails its requests, not the thread
+                log.exception("forward pass failed")
+                for job, _ in batch.origin:
+                    _settle(job.future, exc=e)
+                continue
+            for (job, i), result in zip(batch.origin, results):
+                job.results[i] = result
+                job.remaining -= 1
+                if job.remaining == 0:
+                    _settle(job.future, result=job.results)
+
+    def _pad(self, planned: list[tuple[Job, int, int]]) -> Batch:
+        pad_id = planned[0][0].model.pad_token_id
+        longest = max(n for _, _, n in planned)
+        ids = torch.full((len(planned), longest), pad_id, dtype=torch.long)
+        types = torch.zeros((len(planned), longest), dtype=torch.long)
+        mask = torch.zeros((len(planned), longest), dtype=torch.long)
+        for r, (job, i, n) in enumerate(planned):
+            row_ids, row_types = job.rows[i]
+            ids[r, :n] = torch.tensor(row_ids)
+            types[r, :n] = torch.tensor(row_types)
+            mask[r, :n] = 1
+        return Batch(ids, types, mask, [(job, i) for job, i, _ in planned], sum(n for _, _, n in planned))
+
+    def _forward(self, first: Job, batch: Batch) -> list:
+        if self.metrics is not None:
+            self.metrics.observe_batch(first.model.name, first.kind, batch)
+        batch.input_ids = batch.input_ids.to(self.device, non_blocking=True)
+        batch.token_type_ids = batch.token_type_ids.to(self.device, non_blocking=True)
+        batch.attention_mask = batch.attention_mask.to(self.device, non_blocking=True)
+        autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
+                    else contextlib.nullcontext())
+        with torch.inference_mode(), autocast:
+            return self.runners[first.kind](first.model, batch)
+
+
+def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

@@ -1,0 +1,66 @@
+"""The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
+
+Middleware, outermost first: metrics (times everything), body limit (413 before the body is
+read). Routers: operations (open: /health, /ready, /metrics), then everything else behind the
+API key. Later resources (/jobs, /datasets with their own admin key) add their router here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import Depends, FastAPI
+
+from .deps import require_api_key
+from .errors import install_handlers
+from .metrics import Metrics, MetricsMiddleware
+from .middleware import BodyLimitMiddleware
+from .routes import classify, embeddings, fill_mask, models, nsp, ops
+from .routes.ops import version
+from .service import Service
+from .settings import Settings
+
+DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction, embeddings
+(also in OpenAI's format) and fine-tuned classifiers, from models in `DATA_DIR/models/`.
+
+Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
+send `Authorization: Bearer <key>` to every route except /health, /ready and /metrics.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    service = Service(settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="bertserve", version=version(), description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)  # /docs, /openapi.json: routes/ops.py
+    app.state.settings = settings
+    app.state.service = service
+    install_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
+
+    app.include_router(ops.router)
+    app.include_router(ops.protected)
+    keyed = [Depends(require_api_key)]
+    for module in (fill_mask, nsp, embeddings, classify, models):
+        app.include_router(module.router, dependencies=keyed)
+    return app
+
+
+def __getattr__(name: str):
+    # `app.main:app` builds the app from the environment on first access, so importing this
+    # module (tests, the CLI) does not read BERT_* variables or touch the data directory.
+    if name == "app":
+        globals()["app"] = create_app()
+        return globals()["app"]
+    raise AttributeError(name)

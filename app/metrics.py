@@ -1,0 +1,77 @@
+"""Prometheus metrics (prometheus_client), one registry per app so tests can build many apps.
+
+Requests and latency are counted per route template (not per raw path, which would let clients
+create unbounded label values) and status; the engine reports batch sizes, padded batch tokens,
+queue depth and tokens processed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("bert_requests_total", "HTTP requests answered.",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("bert_request_duration_seconds", "Time to answer an HTTP request.",
+                                 ["route", "method", "status"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("bert_batch_size", "Sequences per forward pass.",
+                                    ["model", "task"], buckets=BATCH_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("bert_batch_padded_tokens", "Padded tokens (rows x longest) per forward pass.",
+                                      ["model", "task"], buckets=TOKEN_BUCKETS, registry=r)
+        self.tokens = Counter("bert_tokens_processed_total", "Real (unpadded) tokens run through a model.",
+                              ["model", "task"], registry=r)
+        self.queue_depth = Gauge("bert_queue_depth", "Requests waiting for the inference thread.", registry=r)
+        self.models_loaded = Gauge("bert_models_loaded", "Models in memory.", registry=r)
+
+    def observe_batch(self, model: str, task: str, batch) -> None:
+        rows, longest = batch.input_ids.shape
+        self.batch_size.labels(model, task).observe(rows)
+        self.batch_tokens.labels(model, task).observe(rows * longest)
+        self.tokens.labels(model, task).inc(batch.tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Pure ASGI: time every HTTP request and count it by route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what the client sees if the app raises before answering
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            labels = (path, scope["method"], str(status))
+            self.metrics.requests.labels(*labels).inc()
+            self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)

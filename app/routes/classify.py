@@ -1,0 +1,19 @@
+"""POST /classify: fine-tuned sequence classifiers (labels from the model's config.id2label)."""
+
+from fastapi import APIRouter
+
+from .. import pipelines
+from ..deps import ServiceDep
+from ..schemas import ClassifyRequest, ClassifyResponse
+from .fill_mask import INFERENCE_ERRORS
+
+router = APIRouter(tags=["inference"])
+
+EXAMPLE = {"label": "positive", "score": 0.94, "scores": {"negative": 0.06, "positive": 0.94}}
+
+
+@router.post("/classify", response_model=ClassifyResponse, responses={
+    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": EXAMPLE}}}})
+async def classify(req: ClassifyRequest, service: ServiceDep):
+    """Label and per-label scores for each text or text pair (needs a classifier head)."""
+    return await pipelines.classify(service, req)

@@ -1,0 +1,19 @@
+"""POST /fill-mask: the most likely tokens for each [MASK], as transformers' fill-mask pipeline."""
+
+from fastapi import APIRouter
+
+from .. import pipelines
+from ..deps import ServiceDep
+from ..errors import responses
+from ..schemas import FILL_MASK_EXAMPLE, FillMaskRequest, FillMaskResponse
+
+router = APIRouter(tags=["inference"])
+
+INFERENCE_ERRORS = responses("validation", "unauthorized", "not_found", "too_large", "overloaded", "unavailable")
+
+
+@router.post("/fill-mask", response_model=FillMaskResponse, responses={
+    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": FILL_MASK_EXAMPLE}}}})
+async def fill_mask(req: FillMaskRequest, service: ServiceDep):
+    """Top-k tokens for each [MASK]: one list per mask, one entry per input (needs an MLM head)."""
+    return await pipelines.fill_mask(service, req)

@@ -1,0 +1,42 @@
+"""GET /models and GET /models/{name}: what the store holds (rescanned on every listing)."""
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from ..deps import ServiceDep
+from ..errors import responses
+from ..schemas import ModelInfo, ModelsResponse
+from ..store import NAME_PATTERN, StoredModel
+
+router = APIRouter(tags=["models"])
+
+
+def model_info(entry: StoredModel, default: str | None) -> ModelInfo:
+    config = entry.config
+    labels = None
+    if config is not None and config.id2label and "classifier" in entry.heads:
+        labels = [config.id2label[i] for i in sorted(config.id2label)]
+    return ModelInfo(
+        name=entry.name, architecture=entry.architecture, heads=entry.heads, labels=labels,
+        num_parameters=entry.num_parameters,
+        max_position_embeddings=config.max_position_embeddings if config else None,
+        hidden_size=config.hidden_size if config else None,
+        default=entry.name == default, loaded=entry.loaded is not None, error=entry.error)
+
+
+@router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
+async def list_models(service: ServiceDep):
+    """Every model in DATA_DIR/models/, with its heads, size, and whether it is loaded or the default."""
+    entries = await asyncio.to_thread(service.store.scan)
+    default = service.store.default()
+    return ModelsResponse(models=[model_info(e, default) for e in entries], default=default)
+
+
+@router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found",
+                                                                             "validation"))
+async def get_model(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], service: ServiceDep):
+    """One model's description."""
+    entry = await service.store.lookup(name)
+    return model_info(entry, service.store.default())

@@ -1,0 +1,104 @@
+"""The running service: settings, model store, batching engine and tokeniser pool, started and
+stopped by the app's lifespan. Routes reach it as `request.app.state.service`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from .engine import Engine, Job, resolve_device
+from .errors import ServiceError
+from .inference import RUNNERS
+from .metrics import Metrics
+from .settings import Settings
+from .store import LoadedModel, ModelStore
+
+log = logging.getLogger("bertserve")
+
+
+class Service:
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.device = resolve_device(settings.device)
+        self.engine = Engine(self.device, RUNNERS, max_batch_tokens=settings.max_batch_tokens,
+                             max_queue=settings.max_queue, max_wait_ms=settings.max_wait_ms,
+                             batching=settings.batching, metrics=metrics)
+        self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up)
+        self.pool = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+        self._loader: asyncio.Task | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.engine.start()
+        await asyncio.to_thread(self.store.scan)
+        if self.settings.load == "startup":
+            self._loader = asyncio.create_task(self._load_all())
+
+    async def stop(self) -> None:
+        if self._loader is not None:
+            self._loader.cancel()
+        await asyncio.to_thread(self.engine.stop, 30.0)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _load_all(self) -> None:
+        """BERT_LOAD=startup: load and warm up every stored model, the default first."""
+        default = self.store.default()
+        entries = sorted(self.store.entries(), key=lambda e: e.name != default)
+        for entry in entries:
+            if entry.error is None:
+                try:
+                    await self.store.ensure_loaded(entry)
+                except ServiceError as e:
+                    log.error("%s", e.message)
+            self.metrics.models_loaded.set(self.store.loaded_count())
+
+    # -- work -----------------------------------------------------------------------------------
+
+    async def model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
+        lm = await self.store.get(name, head, route)
+        self.metrics.models_loaded.set(self.store.loaded_count())
+        return lm
+
+    async def run(self, job: Job) -> list:
+        """Queue a job for the inference thread and wait for its per-row results."""
+        return await asyncio.wrap_future(self.engine.submit(job))
+
+    async def off_loop(self, fn: Callable, *args) -> Any:
+        """Tokeniser and other CPU work, in the thread pool, never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def warm_up(self, lm: LoadedModel) -> None:
+        tok = lm.tokenizer
+        await self.run(Job("encode", lm, [([tok.cls_token_id, tok.sep_token_id], [0, 0])],
+                           {"pooling": "mean", "normalize": True}))
+
+    def check_count(self, n: int) -> None:
+        if n > self.settings.max_inputs:
+            raise ServiceError("validation", f"at most {self.settings.max_inputs} inputs per request, got {n}")
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    async def not_ready_reason(self) -> str | None:
+        """None when the default model is loaded and warmed up; else why not."""
+        name = self.store.default()
+        entry = self.store._entries.get(name) if name else None
+        if entry is None:  # perhaps saved since the last scan
+            await asyncio.to_thread(self.store.scan)
+            name = self.store.default()
+            entry = self.store._entries.get(name) if name else None
+        if name is None:
+            return "no default model: set BERT_DEFAULT_MODEL (or store exactly one model)"
+        if entry is None:
+            return f"default model '{name}' is not in {self.store.root}"
+        if entry.error is not None:
+            return f"default model '{name}' cannot be served: {entry.error}"
+        if entry.loaded is None:
+            if self.settings.load == "startup" and (self._loader is None or self._loader.done()):
+                self._loader = asyncio.create_task(self._load_all())
+            return f"default model '{name}' is not loaded and warmed up yet"
+        return None

@@ -1,0 +1,60 @@
+"""Service settings: one pydantic-settings object, read from BERT_* environment variables.
+
+Every field is documented in the README's configuration table; the limits are enforced where
+they are used (app/engine.py, app/middleware.py, app/routes/*). Reference:
+https://docs.pydantic.dev/latest/concepts/pydantic_settings/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore")
+
+    # Models live in DATA_DIR/models/<name>/ (HF layout).
+    data_dir: Path = Path("./data")
+    # Model used when a request names none; unset = the only model in the store, if there is one.
+    default_model: str | None = None
+    # When set, every route except /health, /ready and /metrics needs `Authorization: Bearer <key>`.
+    api_key: SecretStr | None = None
+    # startup: load (and warm up) every stored model when the service starts; lazy: on first use.
+    load: Literal["startup", "lazy"] = "startup"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory.
+    max_batch_tokens: int = Field(16384, ge=1)
+    # Texts (or pairs) in one request.
+    max_inputs: int = Field(64, ge=1)
+    # Requests waiting for the inference thread; one more is answered 429.
+    max_queue: int = Field(256, ge=1)
+    # How long the first waiting request may wait for others to share its batch.
+    max_wait_ms: float = Field(2.0, ge=0)
+    # Request bodies above this are answered 413 without being read whole.
+    max_body_bytes: int = Field(1_048_576, ge=1)
+    # Off: each request's inputs run alone (no cross-request batches, no waiting).
+    batching: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    # Allow listening beyond loopback without BERT_API_KEY.
+    allow_public: bool = False
+    # Seconds in-flight requests get to finish after SIGTERM.
+    graceful_timeout: float = Field(30.0, ge=0)
+    # Threads that tokenise requests (off the event loop).
+    tokenizer_threads: int = Field(2, ge=1)
+
+    def public_dict(self) -> dict:
+        """Settings that are safe to show on /info (the API key only as set / not set)."""
+        d = self.model_dump(exclude={"api_key"})
+        d["data_dir"] = str(self.data_dir)
+        d["api_key_set"] = self.api_key is not None and bool(self.api_key.get_secret_value())
+        return d
+
+    def api_key_value(self) -> str | None:
+        if self.api_key is None or not self.api_key.get_secret_value():
+            return None
+        return self.api_key.get_secret_value()

@@ -1,0 +1,257 @@
+"""The model store: DATA_DIR/models/<name>/ directories in Hugging Face layout.
+
+The store scans the directory (at start-up, on GET /models and when a request names a model it
+does not know), so a model saved while the service runs is served without a restart. Hidden and
+temporary directories ("." or "tmp" prefix, as model.io.atomic_dir writes) are skipped. A
+directory that is replaced (a new inode or mtime, as an atomic save produces) is reloaded on its
+next use. Weights come through model.modeling.load_model (safetensors, or weights-only torch.load):
+nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from model.config import BertConfig
+from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
+                            class_for_heads, heads_in, heads_of, load_model, normalize_state_dict)
+from model.tokenizer import BertTokenizer
+
+from .errors import ServiceError
+
+log = logging.getLogger("bertserve.store")
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+# What each route needs, and the model classes that have it.
+HEAD_CLASSES = {
+    "mlm": (BertForMaskedLM, BertForPreTraining),
+    "nsp": (BertForPreTraining,),
+    "classifier": (BertForSequenceClassification,),
+}
+HEAD_TITLES = {"mlm": "masked-LM (mlm)", "nsp": "next-sentence (nsp)", "classifier": "classifier"}
+
+
+def valid_name(name: str) -> bool:
+    return bool(_NAME_RE.match(name)) and not name.startswith("tmp")
+
+
+def heads_of_class(cls: type) -> list[str]:
+    return [head for head, classes in HEAD_CLASSES.items() if issubclass(cls, classes)]
+
+
+@dataclass
+class LoadedModel:
+    """A model in memory with what the engine and routes need beside it."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: BertTokenizer
+    max_length: int  # tokens, [CLS] and [SEP] included
+    warm: bool = False
+
+    @property
+    def config(self) -> BertConfig:
+        return self.model.config
+
+    @property
+    def encoder(self) -> BertModel:
+        return self.model if isinstance(self.model, BertModel) else self.model.bert
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.tokenizer.mask_token_id
+
+
+@dataclass
+class StoredModel:
+    """What the store knows of one directory, loaded or not."""
+
+    name: str
+    path: Path
+    identity: tuple  # (inode, mtime_ns) of the directory: changes when it is replaced
+    config: BertConfig | None = None
+    architecture: str | None = None
+    heads: list[str] = field(default_factory=list)
+    num_parameters: int | None = None
+    error: str | None = None  # why the directory cannot be served
+    loaded: LoadedModel | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def _weight_heads(path: Path) -> set[str]:
+    """Heads present in the weights; safetensors keys are read from the header, not the tensors."""
+    file = path / "model.safetensors"
+    if file.is_file():
+        with safe_open(str(file), framework="pt") as f:
+            return heads_of(normalize_state_dict(dict.fromkeys(f.keys())))
+    return heads_in(path)
+
+
+def _count_parameters(cls: type, config: BertConfig, heads: set[str]) -> int:
+    """Exact parameter count of the class load_model would build, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = BertModel(config, add_pooling_layer="pooler" in heads) if cls is BertModel else cls(config)
+    return model.num_parameters()
+
+
+def describe(name: str, path: Path, identity: tuple) -> StoredModel:
+    """Read a directory's config and weight names (cheap: no tensors are loaded)."""
+    entry = StoredModel(name=name, path=path, identity=identity)
+    try:
+        entry.config = BertConfig.from_json_file(path / "config.json")
+        weight_heads = _weight_heads(path)
+        cls = class_for_heads(weight_heads)
+        entry.architecture = cls.__name__
+        entry.heads = heads_of_class(cls)
+        entry.num_parameters = _count_parameters(cls, entry.config, weight_heads)
+    except Exception as e:  # a broken directory is listed with its reason, not hidden
+        entry.error = f"{type(e).__name__}: {e}"
+        log.warning("model %s at %s is unusable: %s", name, path, entry.error)
+    return entry
+
+
+class ModelStore:
+    def __init__(self, data_dir: Path, default_model: str | None, device: torch.device, warm_up=None):
+        self.root = Path(data_dir) / "models"
+        self.default_name = default_model
+        self.device = device
+        self.warm_up = warm_up  # async (LoadedModel) -> None: one forward pass before first use
+        self._entries: dict[str, StoredModel] = {}
+        self._lock = threading.Lock()
+
+    # -- scanning (filesystem work: call through asyncio.to_thread from async code) ----------
+
+    def scan(self) -> list[StoredModel]:
+        """Bring the entries in line with the directory; return them sorted by name."""
+        found = {}
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                name = child.name
+                if name.startswith((".", "tmp")) or not valid_name(name) or not child.is_dir():
+                    continue
+                if not (child / "config.json").is_file():
+                    continue
+                identity = _identity(child)
+                if identity is not None:
+                    found[name] = identity
+        with self._lock:
+            for name in list(self._entries):
+                if name not in found:
+                    del self._entries[name]
+            for name, identity in found.items():
+                old = self._entries.get(name)
+                if old is None or old.identity != identity:
+                    self._entries[name] = describe(name, self.root / name, identity)
+            return [self._entries[n] for n in sorted(self._entries)]
+
+    def _refresh(self, name: str) -> StoredModel | None:
+        """The entry for `name`, re-described if its directory was replaced since."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        identity = _identity(entry.path)
+        if identity is None:  # removed (or mid-replacement): let a scan decide
+            self.scan()
+            return self._entries.get(name)
+        if identity != entry.identity:
+            with self._lock:
+                self._entries[name] = describe(name, entry.path, identity)
+        return self._entries[name]
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def default(self) -> str | None:
+        """BERT_DEFAULT_MODEL, or the only model in the store when it holds exactly one."""
+        if self.default_name:
+            return self.default_name
+        names = list(self._entries)
+        return names[0] if len(names) == 1 else None
+
+    def entries(self) -> list[StoredModel]:
+        return [self._entries[n] for n in sorted(self._entries)]
+
+    async def lookup(self, name: str | None) -> StoredModel:
+        """The stored model a request names (or the default); 404 when there is none."""
+        if name is None:
+            if self.default() is None:
+                await asyncio.to_thread(self.scan)
+            name = self.default()
+            if name is None:
+                raise ServiceError("not_found", "no model named in the request and no default model "
+                                                "(set BERT_DEFAULT_MODEL)")
+        if not valid_name(name):
+            raise ServiceError("not_found", f"model '{name}' not found")
+        entry = await asyncio.to_thread(self._refresh, name)
+        if entry is None:
+            await asyncio.to_thread(self.scan)
+            entry = self._entries.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self._entries)) or "none"
+            raise ServiceError("not_found", f"model '{name}' not found (available: {known})")
+        return entry
+
+    async def get(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
+        """The loaded model for a request, loading and warming it up on first use.
+
+        `head` names what the route needs; a model without it is a 422 that names both.
+        """
+        entry = await self.lookup(name)
+        if entry.error is not None:
+            raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
+        if head is not None and head not in entry.heads:
+            has = ", ".join(entry.heads) or "none"
+            raise ServiceError("validation", f"model '{entry.name}' has no {HEAD_TITLES[head]} head, which "
+                                             f"{route} needs (it is a {entry.architecture}; heads: {has})")
+        return await self.ensure_loaded(entry)
+
+    async def ensure_loaded(self, entry: StoredModel) -> LoadedModel:
+        if entry.loaded is not None:
+            return entry.loaded
+        async with entry.lock:  # concurrent first requests load it once
+            if entry.loaded is None:
+                try:
+                    loaded = await asyncio.to_thread(self._load, entry)
+                    if self.warm_up is not None:
+                        await self.warm_up(loaded)
+                    loaded.warm = True
+                    entry.loaded = loaded
+                except ServiceError:
+                    raise
+                except Exception as e:
+                    log.exception("loading model %s failed", entry.name)
+                    raise ServiceError("unavailable", f"model '{entry.name}' could not be loaded: "
+                                                      f"{type(e).__name__}: {e}") from None
+        return entry.loaded
+
+    def _load(self, entry: StoredModel) -> LoadedModel:
+        model = load_model(entry.path, device=self.device)
+        tokenizer = BertTokenizer.from_pretrained(entry.path)
+        max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
+        log.info("loaded model %s (%s) on %s", entry.name, type(model).__name__, self.device)
+        return LoadedModel(entry.name, model, tokenizer, max_length)
+
+    def loaded_count(self) -> int:
+        return sum(e.loaded is not None for e in self._entries.values())
+
