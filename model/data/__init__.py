@@ -1,0 +1,72 @@
+"""Training data: pretraining corpora (tokenised once, cached as numpy arrays) and fine-tuning tables.
+
+    corpus = load_corpus("wiki.txt", tokenizer)                    # any of the four corpus formats
+    data = PretrainingData(corpus, tokenizer, batch_size=32, max_seq_len=128, seed=0)
+    for batch in data.iter_batches(epoch, start_batch):             # or: for batch in data (stateful)
+        model(**batch)                                              # BertForPreTraining keyword names
+
+    ft = load_classification_data("train.csv", eval_path=None, eval_fraction=0.1, group_column=None)
+    config.id2label, config.label2id = ft.id2label, ft.label2id
+    batches = ClassificationBatches(ft.train, tokenizer, batch_size=32, max_seq_len=128)
+
+Modules: corpus (formats, sentence splitting, cache), pretraining (packing, NSP, masking),
+finetune (tables, labels, splits), batches (resumable batch streams).
+"""
+
+from model.data.batches import ResumableBatches
+from model.data.corpus import (
+    FORMATS,
+    TokenizedCorpus,
+    detect_format,
+    encode_sentences,
+    load_corpus,
+    read_documents,
+    split_sentences,
+    tokenizer_fingerprint,
+)
+from model.data.finetune import (
+    ClassificationBatches,
+    ClassificationData,
+    LabeledExample,
+    build_label_map,
+    load_classification_data,
+    read_table,
+    split_holdout,
+)
+from model.data.pretraining import (
+    IGNORE_INDEX,
+    InstancePlan,
+    MaskingVocab,
+    PretrainingData,
+    collate_pretraining,
+    mask_tokens,
+    plan_instances,
+    truncate_seq_pair,
+)
+
+__all__ = [
+    "FORMATS",
+    "IGNORE_INDEX",
+    "ClassificationBatches",
+    "ClassificationData",
+    "InstancePlan",
+    "LabeledExample",
+    "MaskingVocab",
+    "PretrainingData",
+    "ResumableBatches",
+    "TokenizedCorpus",
+    "build_label_map",
+    "collate_pretraining",
+    "detect_format",
+    "encode_sentences",
+    "load_classification_data",
+    "load_corpus",
+    "mask_tokens",
+    "plan_instances",
+    "read_documents",
+    "read_table",
+    "split_holdout",
+    "split_sentences",
+    "tokenizer_fingerprint",
+    "truncate_seq_pair",
+]
