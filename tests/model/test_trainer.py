@@ -1,0 +1,278 @@
+"""The training loop (model/trainer.py): overfitting, optimizer groups, schedule, exact resume, stop,
+checkpoint rotation, evaluation metrics. Tiny configs (hidden 32, 2 layers) on a handful of sentences."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from model.checkpoint import list_checkpoints
+from model.data import PretrainingData, load_corpus
+from model.modeling import SequenceClassifierOutput
+from model.trainer import (
+    Callback,
+    TrainConfig,
+    Trainer,
+    configure_optimizer,
+    evaluate,
+    linear_warmup_decay,
+)
+from tests.conftest import tiny_config_dict
+
+PAIRS = [("the cat sat on the mat", "the dog eats bread"), ("she reads a book", "the sky is blue"),
+         ("he ran fast", "the car is red"), ("we love the movie", "it was a great film"),
+         ("the river runs at night", "the tree is big"), ("a man eats food", "a woman reads"),
+         ("the city is small", "the mountain is green")]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models on a shared 2-core machine: one thread is ~20x faster than two contending ones.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def corpus(tmp_path, tiny_tokenizer):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in PAIRS))
+    return load_corpus(path, tiny_tokenizer, cache_dir=tmp_path / "cache")
+
+
+def pretraining_data(corpus, tokenizer, seed=0):
+    # 7 pairs in batches of 3: three batches an epoch, the last one short.
+    return PretrainingData(corpus, tokenizer, batch_size=3, max_seq_len=24, seed=seed)
+
+
+def tiny_model(seed=0, **overrides) -> BertForPreTraining:
+    torch.manual_seed(seed)
+    return BertForPreTraining(BertConfig(**tiny_config_dict(**overrides)))
+
+
+class Recorder(Callback):
+    def __init__(self, stop_at: int | None = None):
+        self.steps, self.evals, self.checkpoints, self.stop_at = [], [], [], stop_at
+
+    def on_step(self, state):
+        self.steps.append(state)
+
+    def on_eval(self, metrics):
+        self.evals.append(metrics)
+
+    def on_checkpoint(self, path):
+        self.checkpoints.append(path)
+
+    def should_stop(self):
+        return self.stop_at is not None and self.steps[-1]["step"] >= self.stop_at
+
+
+class FixedBatches:
+    """The same batches every epoch (no dynamic masking): what the seed project's overfit check used."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def num_batches(self, epoch):
+        return len(self.batches)
+
+    def iter_batches(self, epoch, start_batch=0):
+        yield from self.batches[start_batch:]
+
+
+def fixed_pretraining_batch(tokenizer):
+    a = [p[0] for p in PAIRS[:4]]
+    b = [PAIRS[1][1], PAIRS[0][1], PAIRS[2][1], PAIRS[2][1]]  # pairs 0 and 1 swapped: "random next"
+    batch = tokenizer(a, b)
+    ids = batch["input_ids"]
+    special = torch.isin(ids, torch.tensor(tokenizer.all_special_ids))
+    chosen = (~special) & (torch.arange(ids.shape[1]) % 3 == 1)
+    batch["labels"] = torch.where(chosen, ids, torch.full_like(ids, -100))
+    batch["input_ids"] = torch.where(chosen, torch.full_like(ids, tokenizer.mask_token_id), ids)
+    batch["next_sentence_label"] = torch.tensor([1, 1, 0, 1])
+    return batch
+
+
+def test_overfits_a_handful_of_pairs_to_near_zero_mlm_and_nsp_loss(tiny_tokenizer):
+    batch = fixed_pretraining_batch(tiny_tokenizer)
+    data = FixedBatches([batch])
+    model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = TrainConfig(lr=5e-3, max_steps=150, warmup_steps=10, weight_decay=0.0, log_every=50)
+    result = Trainer(model, data, config, eval_data=data).fit()
+    m = result.eval_metrics
+    assert m["mlm_loss"] < 0.05 and m["nsp_loss"] < 0.05, m
+    assert m["mlm_accuracy"] == 1.0 and m["nsp_accuracy"] == 1.0
+    assert m["masked_tokens"] == int((batch["labels"] != -100).sum())
+
+
+def test_no_weight_decay_on_biases_and_layernorm():
+    model = tiny_model()
+    optimizer = configure_optimizer(model, lr=1e-4, weight_decay=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = ([names[id(p)] for p in g["params"]] for g in optimizer.param_groups)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
+    assert sorted(decay + no_decay) == sorted(names.values())  # every parameter once (the tied decoder too)
+    assert all(n.endswith("bias") or ".LayerNorm." in n for n in no_decay), no_decay
+    assert not any(n.endswith("bias") or ".LayerNorm." in n for n in decay), decay
+    assert "bert.embeddings.word_embeddings.weight" in decay
+    assert "cls.predictions.bias" in no_decay
+
+
+def test_schedule_matches_transformers_linear_schedule_and_is_what_the_loop_uses(corpus, tiny_tokenizer):
+    ref_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = transformers.get_linear_schedule_with_warmup(ref_opt, num_warmup_steps=3, num_training_steps=10)
+    expected = []
+    for _ in range(12):
+        expected.append(ref.get_last_lr()[0])
+        ref_opt.step()
+        ref.step()
+    ours = linear_warmup_decay(3, 10)
+    assert [ours(s) for s in range(12)] == pytest.approx(expected, abs=1e-12)
+
+    rec = Recorder()
+    Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
+            TrainConfig(lr=1e-3, max_steps=6, warmup_ratio=0.34, log_every=1), callbacks=[rec]).fit()
+    # warmup_ratio 0.34 of 6 steps -> 2 warmup steps; the lr reported for step s is the one it used.
+    assert [s["lr"] for s in rec.steps] == pytest.approx([1e-3 * linear_warmup_decay(2, 6)(s) for s in range(6)])
+    assert [s["step"] for s in rec.steps] == [1, 2, 3, 4, 5, 6]
+    state = rec.steps[-1]
+    assert {"step", "total_steps", "loss", "lr", "tokens_per_s", "eta_s", "epoch"} <= state.keys()
+    assert state["total_steps"] == 6 and state["eta_s"] == 0.0 and state["epoch"] == 2.0  # 3 batches an epoch
+
+
+def _train(run_dir, corpus, tokenizer, *, steps, accum, model_seed=0, stop_at=None, resume=False):
+    rec = Recorder(stop_at)
+    config = TrainConfig(lr=2e-3, max_steps=steps, warmup_steps=2, grad_accum_steps=accum, log_every=1,
+                         save_every=3, keep_last=5, seed=7)
+    trainer = Trainer(tiny_model(model_seed), pretraining_data(corpus, tokenizer, seed=7), config,
+                      run_dir=run_dir, tokenizer=tokenizer, callbacks=[rec])
+    return trainer, trainer.fit(resume=resume), rec
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_resume_after_stop_is_bit_identical_to_an_uninterrupted_run(tmp_path, corpus, tiny_tokenizer, accum):
+    straight, _, rec_straight = _train(tmp_path / "a", corpus, tiny_tokenizer, steps=7, accum=accum)
+
+    first, result, rec_first = _train(tmp_path / "b", corpus, tiny_tokenizer, steps=7, accum=accum, stop_at=4)
+    assert result.status == "stopped" and result.step == 4 and result.model_dir is None
+    assert Path(result.checkpoint).name == "step-4" and rec_first.checkpoints[-1] == Path(result.checkpoint)
+    assert not (tmp_path / "b" / "model").exists()
+    # A different init proves the weights come from the checkpoint, not from the seed.
+    resumed, result, rec_resumed = _train(tmp_path / "b", corpus, tiny_tokenizer, steps=7, accum=accum,
+                                          model_seed=99, resume=True)
+    assert result.status == "completed" and result.step == 7
+
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    oa, ob = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
+    assert [s["loss"] for s in rec_straight.steps[4:]] == [s["loss"] for s in rec_resumed.steps]
+    # metrics.jsonl tells one story: each step once, in order, the same numbers as the straight run.
+    lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 8))
+    assert [r["loss"] for r in lines] == [s["loss"] for s in rec_straight.steps]
+
+
+def test_stop_request_saves_a_checkpoint_even_without_save_every(tmp_path, corpus, tiny_tokenizer):
+    rec = Recorder(stop_at=2)
+    result = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
+                     TrainConfig(max_steps=5, log_every=1), run_dir=tmp_path, callbacks=[rec]).fit()
+    assert (result.status, result.step, result.stopped) == ("stopped", 2, True)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-2"] and rec.checkpoints == list_checkpoints(tmp_path)
+
+
+def test_keeps_the_last_k_checkpoints_plus_the_best(tmp_path, corpus, tiny_tokenizer):
+    losses = iter([3.0, 1.0, 2.0, 2.5, 2.7])  # evaluations at steps 2, 4, 6, 8, 10: best at step 4
+
+    def fake_eval(model, data, **kw):
+        return {"loss": next(losses)}
+
+    data = pretraining_data(corpus, tiny_tokenizer)
+    config = TrainConfig(max_steps=10, save_every=2, eval_every=2, keep_last=2, log_every=5)
+    result = Trainer(tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=fake_eval).fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-4", "step-8", "step-10"]
+    assert Path(result.best_checkpoint).name == "step-4"
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_mlm_and_nsp_metrics_match_a_direct_computation(corpus, tiny_tokenizer):
+    model = tiny_model().eval()
+    data = pretraining_data(corpus, tiny_tokenizer)
+    metrics = evaluate(model, data)
+    logits, labels, nsp_logits, nsp = [], [], [], []
+    with torch.no_grad():
+        for batch in data.iter_batches(0):
+            out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])  # (B, T, V)
+            picked = batch["labels"] != -100
+            logits.append(out.prediction_logits[picked])
+            labels.append(batch["labels"][picked])
+            nsp_logits.append(out.seq_relationship_logits)
+            nsp.append(batch["next_sentence_label"])
+    logits, labels, nsp_logits, nsp = map(torch.cat, (logits, labels, nsp_logits, nsp))
+    mlm_loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    assert metrics["masked_tokens"] == len(labels)
+    assert metrics["mlm_accuracy"] == pytest.approx((logits.argmax(-1) == labels).float().mean().item())
+    assert metrics["mlm_loss"] == pytest.approx(mlm_loss, rel=1e-5)
+    assert metrics["perplexity"] == pytest.approx(math.exp(mlm_loss), rel=1e-5)
+    assert metrics["nsp_accuracy"] == pytest.approx((nsp_logits.argmax(-1) == nsp).float().mean().item())
+
+
+class FixedLogits(BertForSequenceClassification):
+    """A classifier whose predictions the test chooses."""
+
+    def __init__(self, logits):
+        super().__init__(BertConfig(**tiny_config_dict(), id2label=dict(enumerate("abc"[:logits.shape[1]]))))
+        self.logits = logits
+
+    def forward(self, input_ids, labels=None, **kw):
+        return SequenceClassifierOutput(self.logits[: len(input_ids)])
+
+
+def test_classification_accuracy_and_macro_f1():
+    preds, labels = [0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0]
+    model = FixedLogits(torch.nn.functional.one_hot(torch.tensor(preds), 3).float() * 5)
+    data = FixedBatches([{"input_ids": torch.zeros(6, 3, dtype=torch.long), "labels": torch.tensor(labels)}])
+    m = evaluate(model, data)
+    # per class F1: a 2/(2+1+1) = 0.5, b 2/(2+0+1) = 2/3, c 4/(4+1+0) = 0.8
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 0.8) / 3)
+    assert m["examples"] == 6
+
+
+def test_regression_reports_mse():
+    model = FixedLogits(torch.tensor([[1.0], [2.0], [4.0]]))
+    data = FixedBatches([{"input_ids": torch.zeros(3, 2, dtype=torch.long), "labels": torch.tensor([1.0, 3.0, 2.0])}])
+    m = evaluate(model, data)
+    assert m["mse"] == pytest.approx((0 + 1 + 4) / 3) and m["loss"] == m["mse"]
+
+
+def test_bf16_autocast_on_cpu_trains(corpus, tiny_tokenizer):
+    trainer = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
+                      TrainConfig(max_steps=2, precision="bf16", log_every=1))
+    result = trainer.fit()
+    assert trainer.precision == "bf16" and math.isfinite(result.train_loss)
+    assert next(trainer.model.parameters()).dtype == torch.float32  # autocast, not a bf16 model
+
+
+def test_auto_precision_is_fp32_on_cpu(corpus, tiny_tokenizer):
+    trainer = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=1, device="cpu"))
+    assert trainer.precision == "fp32"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(max_steps=None), "set max_steps or epochs"),
+    (dict(max_steps=0), "max_steps must be a positive integer, got 0"),
+    (dict(grad_accum_steps=0), "grad_accum_steps must be an integer >= 1, got 0"),
+    (dict(precision="fp16"), "precision must be one of ('auto', 'fp32', 'bf16'), got 'fp16'"),
+])
+def test_bad_train_config_is_a_value_error_quoting_the_value(bad, message):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**{"max_steps": 10, **bad})
+    assert str(e.value) == message
