@@ -1,0 +1,185 @@
+"""`bert pretrain`, `bert finetune`, `bert evaluate` (model/train_cli.py) end to end on tiny files:
+run directories, metrics.jsonl, the SVG plot, resuming, warm starts, and one-line user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from model import BertForPreTraining, BertForSequenceClassification, BertTokenizer, load_model
+from model.checkpoint import list_checkpoints
+from model.cli import main
+from model.io import load_state_dict
+from model.modeling import normalize_state_dict
+from model.train_cli import PretrainJob, _pretraining_model, holdout_documents, run_pretraining
+from model.trainer import TrainConfig
+from tests.conftest import TINY_VOCAB, WORDS, tiny_config_dict
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def bert(*args):
+    return subprocess.run([sys.executable, "-m", "model", *map(str, args)], capture_output=True, text=True, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A 12-document Google-format corpus, a tokenizer directory, a tiny config.json, a labelled CSV."""
+    root = tmp_path_factory.mktemp("cli")
+    rng = random.Random(0)
+    docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + " ."
+                      for _ in range(rng.randint(2, 5))) for _ in range(12)]
+    (root / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    (root / "vocab").mkdir()
+    BertTokenizer.from_vocab(TINY_VOCAB).save_pretrained(root / "vocab")
+    (root / "tiny.json").write_text(json.dumps(tiny_config_dict()))
+    rows = ["text,label"] + [f"{'good great love' if i % 2 else 'bad awful hate'} {rng.choice(WORDS)},"
+                             f"{'pos' if i % 2 else 'neg'}" for i in range(24)]
+    (root / "reviews.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+PRETRAIN = ["--config", "{root}/tiny.json", "--vocab", "{root}/vocab", "--corpus", "{root}/corpus.txt",
+            "--batch-size", "4", "--max-seq-len", "32", "--save-every", "4", "--eval-every", "4",
+            "--eval-fraction", "0.2", "--log-every", "2", "--lr", "1e-3", "--warmup", "2"]
+
+
+def pretrain_args(root, out, *extra):
+    return ["pretrain", *(a.format(root=root) for a in PRETRAIN), "--out", str(out), *map(str, extra)]
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(files):
+    """`python -m model pretrain` from scratch, as a user runs it."""
+    out = files / "run"
+    proc = bert(*pretrain_args(files, out, "--max-steps", 8))
+    assert proc.returncode == 0, proc.stderr
+    assert "done: 8 steps" in proc.stdout
+    return out
+
+
+def test_pretrain_writes_metrics_plot_checkpoints_and_a_loadable_model(pretrained_run):
+    records = [json.loads(line) for line in (pretrained_run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["type"] == "train"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert [r["step"] for r in train] == [2, 4, 6, 8]
+    assert {"loss", "mlm_loss", "nsp_loss", "lr", "tokens_per_s", "eta_s", "epoch"} <= train[0].keys()
+    assert [r["step"] for r in evals] == [4, 8]
+    assert {"mlm_loss", "mlm_accuracy", "perplexity", "nsp_accuracy"} <= evals[0].keys()
+
+    svg = ET.parse(pretrained_run / "training.svg").getroot()
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    assert len(svg.findall(".//{http://www.w3.org/2000/svg}polyline")) >= 3  # train loss, eval loss, accuracies
+
+    assert [p.name for p in list_checkpoints(pretrained_run)] == ["step-4", "step-8"]
+    model = load_model(pretrained_run / "model")
+    assert type(model) is BertForPreTraining
+    assert BertTokenizer.from_pretrained(pretrained_run / "model").vocab_size == len(TINY_VOCAB)
+
+
+def test_evaluate_prints_mlm_and_nsp_metrics(pretrained_run, files):
+    proc = bert("evaluate", "--model", pretrained_run, "--data", files / "corpus.txt", "--json",
+                "--batch-size", 4, "--max-seq-len", 32)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout)
+    assert metrics["model"] == str(pretrained_run / "model")
+    assert 0 <= metrics["mlm_accuracy"] <= 1 and 0 <= metrics["nsp_accuracy"] <= 1
+    assert metrics["perplexity"] == pytest.approx(2.718281828 ** metrics["mlm_loss"], rel=1e-6)
+
+
+def test_running_again_with_more_steps_resumes(pretrained_run, files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(pretrain_args(files, out, "--max-steps", 8)) == 0
+    assert main(pretrain_args(files, out, "--max-steps", 10)) == 0
+    assert "resuming from" in capsys.readouterr().err
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4, 4, 6, 8, 8, 10, 10]  # train and eval records, each step once
+    assert [p.name for p in list_checkpoints(out)] == ["step-8", "step-10"]
+
+
+def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files, tmp_path, capsys):
+    out = tmp_path / "ft"
+    code = main(["finetune", "--from", str(pretrained_run / "model"), "--train", str(files / "reviews.csv"),
+                 "--out", str(out), "--max-steps", "6", "--eval-every", "3", "--batch-size", "4",
+                 "--max-seq-len", "16", "--lr", "1e-3", "--log-every", "3"])
+    assert code == 0
+    model = load_model(out / "model")
+    assert type(model) is BertForSequenceClassification
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == [3, 6] and {"accuracy", "macro_f1"} <= evals[0].keys()
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), "--data", str(files / "reviews.csv"), "--max-seq-len", "16"]) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy" in printed and "macro_f1" in printed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file: nope.txt"),
+    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny"],
+     "--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)"),
+    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}"],
+     "say where the model comes from: --from MODEL_DIR (warm start) or --config tiny|small|base|FILE"),
+    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "{root}/tiny.json",
+      "--vocab", "{root}/vocab", "--max-seq-len", "100"],
+     "--max-seq-len 100 exceeds the model's max_position_embeddings 64"),
+    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny", "--vocab", "{root}/vocab",
+      "--warmup", "abc"], "--warmup must be a number of steps or a fraction below 1, got 'abc'"),
+    (["finetune", "--train", "{root}/reviews.csv", "--from", "{root}/nomodel", "--out", "{out}"],
+     "tokenizer directory {root}/nomodel does not exist"),
+    (["finetune", "--train", "{root}/reviews.csv", "--from", "{root}/run/model", "--out", "{out}",
+      "--label-column", "stars"], "{root}/reviews.csv: missing column(s) ['stars']; found ['label', 'text']"),
+    (["evaluate", "--model", "{root}", "--data", "{root}/corpus.txt"], "{root} has no config.json: not a model directory"),
+])
+def test_user_errors_are_one_line_and_exit_2(pretrained_run, files, tmp_path, capsys, args, message):
+    fill = {"root": files, "out": tmp_path / "out"}
+    assert main([a.format(**fill) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bert {args[0]}: error: {message.format(**fill)}\n"
+
+
+def test_no_resume_refuses_a_run_directory_with_checkpoints(pretrained_run, files, capsys):
+    assert main(pretrain_args(files, pretrained_run, "--max-steps", 8, "--no-resume")) == 2
+    assert capsys.readouterr().err == (f"bert pretrain: error: {pretrained_run} already has checkpoints "
+                                       "(latest: step-8); resume it, or choose another output directory\n")
+
+
+def test_holdout_documents_are_views_of_the_last_documents(files):
+    from model.data import load_corpus
+
+    corpus = load_corpus(files / "corpus.txt", BertTokenizer.from_vocab(TINY_VOCAB), cache_dir=files / "cache")
+    train, held = holdout_documents(corpus, 0.25, 1000)
+    assert (train.num_documents, held.num_documents) == (9, 3)
+    assert [s.tolist() for s in held.document(0)] == [s.tolist() for s in corpus.document(9)]
+    assert train.num_tokens + held.num_tokens == corpus.num_tokens
+    assert holdout_documents(corpus, 0.9, 1000)[1] is None  # would leave fewer than 2 to train on
+
+
+def test_warm_start_from_minilm_keeps_the_encoder_and_ties_the_decoder(minilm_dir, files, tmp_path):
+    job = PretrainJob(corpus=str(files / "corpus.txt"), out=str(tmp_path / "warm"), from_model=str(minilm_dir),
+                      batch_size=2, max_seq_len=16, eval_fraction=0, train=TrainConfig(max_steps=1, log_every=1))
+    _, model = _pretraining_model(job, None)
+    assert model.cls.predictions.word_embeddings[0] is model.bert.embeddings.word_embeddings
+    source = normalize_state_dict(load_state_dict(minilm_dir))
+    ours = model.state_dict()
+    encoder = [k for k in ours if k.startswith("bert.")]
+    assert encoder and all(torch.equal(ours[k], source[k]) for k in encoder if k in source)
+
+    result = run_pretraining(job)
+    assert result.status == "completed"
+    assert type(load_model(result.model_dir)) is BertForPreTraining
