@@ -472,7 +472,7 @@ def _existing_file(path: str) -> str:
 def _train_config(args: argparse.Namespace, default: TrainConfig) -> TrainConfig:
     overrides = {name: getattr(args, name) for name in
                  ("max_steps", "epochs", "lr", "weight_decay", "grad_accum_steps", "max_grad_norm", "seed",
-                  "eval_every", "save_every", "keep_last", "log_every", "precision", "device")
+                  "eval_every", "eval_on_start", "save_every", "keep_last", "log_every", "precision", "device")
                  if getattr(args, name, None) is not None}
     if args.warmup is not None:
         overrides.update(_parse_warmup(args.warmup))
@@ -511,6 +511,7 @@ def _add_training_options(p: argparse.ArgumentParser, default: TrainConfig) -> N
     g.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (default 1.0)")
     g.add_argument("--save-every", type=int, help="checkpoint every N steps (default: only at the end)")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default: only at the end)")
+    g.add_argument("--eval-on-start", action="store_true", default=None, help="also evaluate before the first step")
     g.add_argument("--keep-last", type=int, help=f"checkpoints kept besides the best (default {default.keep_last})")
     g.add_argument("--log-every", type=int, help=f"steps between progress updates (default {default.log_every})")
     g.add_argument("--seed", type=int, help="seed for init, data order, masking and dropout (default 0)")

@@ -62,6 +62,7 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0  # clip the global gradient norm (BERT: 1.0); None = no clipping
     seed: int = 0  # seeds torch/numpy/random at the start of a fresh run (dropout stream)
     eval_every: int = 0  # evaluate every N steps (0: only at the end); needs eval data
+    eval_on_start: bool = False  # also evaluate before the first step (a baseline for the curve)
     save_every: int = 0  # checkpoint every N steps (0: only at the end and on stop)
     keep_last: int = 2  # checkpoints kept besides the best one; older ones are deleted
     best_metric: str = "loss"  # eval metric that picks the best checkpoint
@@ -360,6 +361,8 @@ class Trainer:
         """Train to `total_steps` (or until a callback asks to stop). `resume`: False = fresh start,
         True = continue from the latest complete checkpoint in run_dir if there is one, a path = that one."""
         self._start(resume)
+        if self.config.eval_on_start and self.step == 0:
+            self._maybe_evaluate(last=False, force=True)
         stream = self._micro_batches()
         window = _Window()
         status = "completed"
@@ -468,9 +471,9 @@ class Trainer:
     def _epoch_progress(self) -> float:
         return self.epoch + self.batch / max(1, self.train_data.num_batches(self.epoch))
 
-    def _maybe_evaluate(self, last: bool) -> bool:
+    def _maybe_evaluate(self, last: bool, force: bool = False) -> bool:
         every = self.config.eval_every
-        if self.eval_data is None or not (last or (every and self.step % every == 0)):
+        if self.eval_data is None or not (force or last or (every and self.step % every == 0)):
             return False
         metrics = {"type": "eval", "step": self.step, **self.evaluate()}
         self.last_eval = metrics

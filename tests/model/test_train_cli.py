@@ -56,7 +56,7 @@ def files(tmp_path_factory):
 
 PRETRAIN = ["--config", "{root}/tiny.json", "--vocab", "{root}/vocab", "--corpus", "{root}/corpus.txt",
             "--batch-size", "4", "--max-seq-len", "32", "--save-every", "4", "--eval-every", "4",
-            "--eval-fraction", "0.2", "--log-every", "2", "--lr", "1e-3", "--warmup", "2"]
+            "--eval-fraction", "0.2", "--log-every", "2", "--lr", "1e-3", "--warmup", "2", "--eval-on-start"]
 
 
 def pretrain_args(root, out, *extra):
@@ -79,7 +79,7 @@ def test_pretrain_writes_metrics_plot_checkpoints_and_a_loadable_model(pretraine
     evals = [r for r in records if r["type"] == "eval"]
     assert [r["step"] for r in train] == [2, 4, 6, 8]
     assert {"loss", "mlm_loss", "nsp_loss", "lr", "tokens_per_s", "eta_s", "epoch"} <= train[0].keys()
-    assert [r["step"] for r in evals] == [4, 8]
+    assert [r["step"] for r in evals] == [0, 4, 8]  # 0: --eval-on-start, the baseline
     assert {"mlm_loss", "mlm_accuracy", "perplexity", "nsp_accuracy"} <= evals[0].keys()
 
     svg = ET.parse(pretrained_run / "training.svg").getroot()
@@ -108,7 +108,7 @@ def test_running_again_with_more_steps_resumes(pretrained_run, files, tmp_path, 
     assert main(pretrain_args(files, out, "--max-steps", 10)) == 0
     assert "resuming from" in capsys.readouterr().err
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [2, 4, 4, 6, 8, 8, 10, 10]  # train and eval records, each step once
+    assert steps == [0, 2, 4, 4, 6, 8, 8, 10, 10]  # train and eval records, each step once
     assert [p.name for p in list_checkpoints(out)] == ["step-8", "step-10"]
 
 
