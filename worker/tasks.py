@@ -1,0 +1,22 @@
+"""The Celery tasks: `bert.pretrain` and `bert.finetune`, each taking a job id.
+
+Thin, like a web view: the message carries only the id; the job's spec, state and results live in
+DATA_DIR/jobs/<id>/ (model/jobs.py), and the work happens in worker/training.py and model/.
+"""
+
+from __future__ import annotations
+
+from .celery_app import app, settings
+from .training import run_job
+
+
+@app.task(name="bert.pretrain", ignore_result=True)
+def pretrain(job_id: str) -> dict:
+    """Pretrain (MLM, + NSP) a model as DATA_DIR/jobs/<job_id>/job.json describes."""
+    return run_job(job_id, "pretrain", settings)
+
+
+@app.task(name="bert.finetune", ignore_result=True)
+def finetune(job_id: str) -> dict:
+    """Fine-tune a classifier as DATA_DIR/jobs/<job_id>/job.json describes."""
+    return run_job(job_id, "finetune", settings)

@@ -1,0 +1,213 @@
+"""One delivery of a training job: take the lease, decide, train with reporting callbacks, publish.
+
+    run_job(job_id, kind, settings)
+      1. lease     flock DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: do nothing
+      2. begin     under the record lock: finished/cancelled -> nothing; too many attempts -> failed;
+                   else attempts += 1, state running (a previous attempt that died is noted)
+      3. train     model.train_cli's run_pretraining/run_finetuning with the job directory as run
+                   directory (worker/recipes.py): continues from the latest complete checkpoint; callbacks write progress into job.json, and stop the
+                   loop on a cancel request or the soft time limit (the trainer checkpoints first)
+      4. finish    completed -> the final model is renamed into DATA_DIR/models/<name> -> succeeded;
+                   stopped -> cancelled (or failed: time limit); exception -> failed with the error
+
+Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
+worker/recovery.py) then finds the lease free and the state "running", and resumes.
+This module does not import celery: tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from model import checkpoint as ckpt
+from model.jobs import CANCEL, TERMINAL, JobNotFound, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
+from model.cli import UserError
+from model.trainer import FINAL_MODEL, Callback
+
+from . import recipes
+from .settings import WorkerSettings
+
+log = logging.getLogger("bertserve.worker")
+
+ERROR_LOG = "error.log"
+PROGRESS_KEYS = ("step", "total_steps", "loss", "mlm_loss", "nsp_loss", "lr", "tokens_per_s", "eta_s", "epoch",
+                 "grad_norm", "tokens_seen")
+
+
+def run_job(job_id: str, kind: str, settings: WorkerSettings) -> dict[str, Any]:
+    """Handle one delivery of job `job_id`; returns what happened (the task's result, for logs)."""
+    store = JobStore(settings.data_dir)
+    if not store.exists(job_id):
+        log.warning("job %s: no record in %s; dropping the message", job_id, store.root)
+        return {"job": job_id, "outcome": "unknown job"}
+    lease = Lease(store, job_id)
+    # A short wait: a recovery sweep's probe holds the lock for an instant.
+    if not lease.try_acquire(wait_s=1.0):
+        store.update(job_id, lambda r: add_event(r, "duplicate delivery ignored", "running elsewhere"))
+        log.info("job %s is running elsewhere; this delivery does nothing", job_id)
+        return {"job": job_id, "outcome": "running elsewhere"}
+    with lease:
+        record, outcome = begin(store, job_id, kind, settings.job_max_attempts)
+        if outcome != "run":
+            log.info("job %s: %s", job_id, outcome)
+            return {"job": job_id, "outcome": outcome}
+        lease.start_heartbeat(settings.job_heartbeat_s)
+        return {"job": job_id, "outcome": train(store, record, settings)}
+
+
+def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[dict, str]:
+    """Decide under the record lock what this delivery does; "run" means the job is now ours."""
+    cancel_flag = (store.job_dir(job_id) / CANCEL).exists()
+    outcome = "run"
+
+    def change(r: dict) -> None:
+        nonlocal outcome
+        if r["state"] in TERMINAL:
+            outcome = f"already {r['state']}"
+        elif r["kind"] != kind:
+            outcome = f"not a {kind} job"
+        elif cancel_flag or r.get("cancel_requested"):
+            outcome = _close(r, "cancelled", event="cancelled before it could run")
+        elif r["attempts"] >= max_attempts:
+            last = r.get("error") or "the worker died during the attempt"
+            r["error"] = f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}"
+            outcome = _close(r, "failed", event="too many attempts")
+        else:
+            if r["state"] == "running":  # the lease was free, so that attempt's process is gone
+                add_event(r, "attempt did not finish", f"attempt {r['attempts']}: the worker died")
+            r["attempts"] += 1
+            r["state"], r["worker"], r["heartbeat_at"] = "running", worker_identity(), now_iso()
+            r["started_at"] = r.get("started_at") or now_iso()
+            add_event(r, "started", f"attempt {r['attempts']} on {r['worker']}")
+
+    record = store.update(job_id, change)
+    return record, outcome
+
+
+def _close(r: dict, state: str, event: str, detail: str | None = None) -> str:
+    r["state"], r["finished_at"], r["heartbeat_at"] = state, now_iso(), None
+    add_event(r, event, detail)
+    return state
+
+
+# ---------------------------------------------------------------------------- training
+
+class JobReporter(Callback):
+    """Trainer callbacks: progress into job.json (throttled), stop on cancel or the soft time limit."""
+
+    def __init__(self, store: JobStore, record: dict, settings: WorkerSettings):
+        self.store, self.job_id = store, record["id"]
+        self.cancel_path = store.job_dir(self.job_id) / CANCEL
+        self.interval = settings.job_progress_interval_s
+        self.deadline = time.monotonic() + settings.job_soft_time_limit
+        self.stop_reason: str | None = None
+        self._last_write = 0.0
+
+    def on_step(self, state: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - self._last_write < self.interval and state["step"] < state["total_steps"]:
+            return
+        self._last_write = now
+        progress = {k: state.get(k) for k in PROGRESS_KEYS}
+        self.store.update(self.job_id, lambda r: r.__setitem__("progress", progress))
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        self.store.update(self.job_id, lambda r: r.__setitem__("eval", metrics))
+
+    def on_checkpoint(self, path: Path) -> None:
+        relative = Path(path).relative_to(self.store.job_dir(self.job_id)).as_posix()
+        self.store.update(self.job_id, lambda r: r.__setitem__("latest_checkpoint", relative))
+
+    def should_stop(self) -> bool:
+        if self.cancel_path.exists():
+            self.stop_reason = "cancelled"
+        elif time.monotonic() > self.deadline:
+            self.stop_reason = "time limit"
+        return self.stop_reason is not None
+
+
+def train(store: JobStore, record: dict, settings: WorkerSettings) -> str:
+    """Run (or resume) the training of a job this process holds the lease of; returns the final state."""
+    job_id, job_dir = record["id"], store.job_dir(record["id"])
+    reporter = JobReporter(store, record, settings)
+    try:
+        _mark_resume(store, record)
+        result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
+    except Exception as e:
+        return _fail(store, job_id, e)
+    if result.stopped:
+        return _stopped(store, job_id, reporter.stop_reason or "stopped", result)
+    try:
+        published = publish_model(store, job_id, job_dir / FINAL_MODEL, record["model_name"])
+    except Exception as e:
+        return _fail(store, job_id, e)
+    summary = {"model": record["model_name"], "model_dir": f"models/{published.name}", "step": result.step,
+               "train_loss": result.train_loss, "eval": result.eval_metrics,
+               "best_checkpoint": _relative(job_dir, result.best_checkpoint)}
+
+    def succeeded(r: dict) -> None:
+        r["result"], r["error"] = summary, None
+        r["latest_checkpoint"] = _relative(job_dir, result.checkpoint) or r.get("latest_checkpoint")
+        _close(r, "succeeded", "succeeded", f"model '{record['model_name']}' published")
+
+    store.update(job_id, succeeded)
+    return "succeeded"
+
+
+def _mark_resume(store: JobStore, record: dict) -> None:
+    """Before a resumed fit: drop a torn metrics line, and mark in the curve where this attempt picks up."""
+    job_dir = store.job_dir(record["id"])
+    store.repair_metrics(record["id"])
+    latest = ckpt.latest_checkpoint(job_dir)
+    if latest is None:
+        return
+    step = ckpt.checkpoint_step(latest)
+    # The trainer keeps metrics records with step <= the checkpoint's; this one (step == it) survives.
+    store.append_metric(record["id"], {"type": "resume", "step": step, "attempt": record["attempts"],
+                                       "checkpoint": _relative(job_dir, latest), "at": now_iso()})
+    store.update(record["id"], lambda r: add_event(r, "resumed", f"from {_relative(job_dir, latest)}"))
+
+
+def _stopped(store: JobStore, job_id: str, reason: str, result) -> str:
+    job_dir = store.job_dir(job_id)
+    checkpoint = _relative(job_dir, result.checkpoint)
+    state = "cancelled" if reason == "cancelled" else "failed"
+
+    def change(r: dict) -> None:
+        r["latest_checkpoint"] = checkpoint or r.get("latest_checkpoint")
+        if state == "failed":
+            r["error"] = (f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {result.step}; "
+                          f"checkpoint {checkpoint}")
+        _close(r, state, reason, f"at step {result.step}, checkpoint {checkpoint}")
+
+    store.update(job_id, change)
+    return state
+
+
+def _fail(store: JobStore, job_id: str, error: BaseException) -> str:
+    log.exception("job %s failed", job_id)
+    message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+    try:
+        (store.job_dir(job_id) / ERROR_LOG).write_text("".join(traceback.format_exception(error)))
+    except OSError:
+        pass
+
+    def change(r: dict) -> None:
+        r["error"] = message
+        _close(r, "failed", "failed", message[:500])
+
+    store.update(job_id, change)
+    return "failed"
+
+
+def _relative(job_dir: Path, path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).relative_to(job_dir).as_posix()
+    except ValueError:
+        return str(path)
