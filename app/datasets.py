@@ -1,0 +1,289 @@
+"""Training datasets in DATA_DIR/datasets/<name>/: a streamed, size-capped, format-checked upload.
+
+    DATA_DIR/datasets/<name>/data.<txt|jsonl|csv|tsv>   the file as uploaded
+    DATA_DIR/datasets/<name>/meta.json                  kind, format, size, sha256, counts (and labels)
+    DATA_DIR/datasets/<name>/cache/                     token caches the worker builds (model.data)
+
+Two kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
+"text" field) and "labelled" (fine-tuning: .csv/.tsv/.jsonl with "text" and "label" columns, and an
+optional "text_pair"). The multipart body is parsed as it arrives and the file part is written
+straight into a hidden temp directory beside its destination, counting bytes, so an upload over
+the limit stops at the limit (413) and nothing is buffered in memory or in /tmp. The directory is
+renamed into place only after the format check passes: a dataset is there whole or not at all.
+Names are never reused: a dataset a job was trained on stays what it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from model.data import load_classification_data, read_documents
+from model.data.corpus import detect_format
+from model.io import TMP_PREFIX, fsync_tree, fsync_dir
+from model.jobs import DATASETS, now_iso, valid_name
+
+from .errors import ServiceError
+
+META = "meta.json"
+KINDS = ("corpus", "labelled")
+EXTENSIONS = {".txt": ("corpus",), ".csv": ("labelled",), ".tsv": ("labelled",), ".jsonl": ("corpus", "labelled")}
+MAX_FIELD_BYTES = 1024  # the name and kind form fields
+MAX_PARTS = 8
+FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
+
+NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_' or '-', starting with a letter or digit "
+             "(and not with 'tmp')")
+
+
+def datasets_root(data_dir: Path) -> Path:
+    return Path(data_dir) / DATASETS
+
+
+def read_meta(data_dir: Path, name: str) -> dict[str, Any] | None:
+    if not valid_name(name):
+        return None
+    try:
+        return json.loads((datasets_root(data_dir) / name / META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def list_datasets(data_dir: Path) -> list[dict[str, Any]]:
+    root = datasets_root(data_dir)
+    if not root.is_dir():
+        return []
+    metas = (read_meta(data_dir, child.name) for child in sorted(root.iterdir()))
+    return [m for m in metas if m is not None]
+
+
+# ---------------------------------------------------------------------------- the upload
+
+class _Upload:
+    """Callbacks for python-multipart's streaming parser: fields kept small, the file part on disk."""
+
+    def __init__(self, tmp_dir: Path, max_bytes: int, data_dir: Path):
+        self.tmp_dir, self.max_bytes, self.data_dir = tmp_dir, max_bytes, data_dir
+        self.fields: dict[str, str] = {}
+        self.filename: str | None = None
+        self.file_bytes = 0
+        self.sha256 = hashlib.sha256()
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self._file = None
+        self._header_field, self._headers = b"", {}
+        self._part: str | None = None
+        self._value = b""
+        self.parts = 0
+
+    def callbacks(self) -> dict:
+        return {"on_part_begin": self.on_part_begin, "on_part_data": self.on_part_data,
+                "on_part_end": self.on_part_end, "on_header_field": self.on_header_field,
+                "on_header_value": self.on_header_value, "on_header_end": self.on_header_end,
+                "on_headers_finished": self.on_headers_finished}
+
+    def on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise ServiceError("validation", f"at most {MAX_PARTS} form fields: file, name and kind")
+        self._headers, self._part, self._value = {}, None, b""
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        key = self._header_field.lower()
+        self._headers[key] = self._headers.get(key, b"") + data[start:end]
+
+    def on_header_end(self) -> None:
+        self._header_field = b""
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        if "filename" in {k.decode("latin-1") for k in options}:
+            if name != "file" or self.filename is not None:
+                raise ServiceError("validation", "send exactly one file, in the form field 'file'")
+            self.filename = options[b"filename"].decode("utf-8", "replace")
+            self._check_filename()
+            self._part = "file"
+        elif name in ("name", "kind"):
+            self._part = name
+        else:
+            raise ServiceError("validation", f"unknown form field {name[:40]!r}; expected file, name, kind")
+
+    def _check_filename(self) -> None:
+        ext = Path(self.filename or "").suffix.lower()
+        if ext not in EXTENSIONS:
+            raise ServiceError("validation", f"file {self.filename[:80]!r}: expected a {', '.join(EXTENSIONS)} file")
+        self._file = open(self.tmp_dir / f"data{ext}", "wb")
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self._part == "file":
+            self.file_bytes += len(chunk)
+            if self.file_bytes > self.max_bytes:
+                raise ServiceError("too_large", f"dataset is larger than the limit of {self.max_bytes} bytes "
+                                                "(BERT_MAX_DATASET_BYTES)")
+            self.sha256.update(chunk)
+            self.pending.append(chunk)
+            self.pending_bytes += len(chunk)
+        else:
+            self._value += chunk
+            if len(self._value) > MAX_FIELD_BYTES:
+                raise ServiceError("validation", f"form field {self._part!r} is longer than {MAX_FIELD_BYTES} bytes")
+
+    def on_part_end(self) -> None:
+        if self._part in ("name", "kind"):
+            self.fields[self._part] = self._value.decode("utf-8", "replace").strip()
+            check_fields(self.fields, self.data_dir)  # fail before the file is read, when sent first
+
+    def take_pending(self) -> bytes:
+        data, self.pending, self.pending_bytes = b"".join(self.pending), [], 0
+        return data
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._file.write(data)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+
+def check_fields(fields: dict[str, str], data_dir: Path) -> None:
+    name, kind = fields.get("name"), fields.get("kind")
+    if name is not None:
+        if not valid_name(name):
+            raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")
+        if (datasets_root(data_dir) / name).exists():
+            raise ServiceError("validation", f"name: dataset '{name}' already exists (datasets are never "
+                                             "replaced; upload under another name)")
+    if kind is not None and kind not in KINDS:
+        raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(KINDS)}")
+
+
+async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> dict[str, Any]:
+    """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json."""
+    content_type, options = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ServiceError("validation", "send the dataset as multipart/form-data (curl -F file=@data.csv "
+                                         "-F name=NAME -F kind=labelled)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
+        raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes (BERT_MAX_DATASET_BYTES)")
+    root = datasets_root(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}upload-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
+        meta = await asyncio.to_thread(_finish, upload, tmp, data_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, data_dir: Path) -> _Upload:
+    upload = _Upload(tmp, max_bytes, data_dir)
+    parser = MultipartParser(boundary, upload.callbacks())
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+            if upload.pending_bytes >= FLUSH_BYTES:
+                await asyncio.to_thread(upload.write, upload.take_pending())
+        parser.finalize()
+        await asyncio.to_thread(upload.write, upload.take_pending())
+    except ServiceError:
+        raise
+    except Exception as e:  # malformed multipart
+        raise ServiceError("validation", f"malformed multipart body: {e}") from None
+    finally:
+        await asyncio.to_thread(upload.close)
+    if upload.filename is None:
+        raise ServiceError("validation", "no file: send it in the form field 'file'")
+    return upload
+
+
+def _finish(upload: _Upload, tmp: Path, data_dir: Path) -> dict[str, Any]:
+    """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
+    fields = dict(upload.fields)
+    ext = Path(upload.filename).suffix.lower()
+    fields.setdefault("name", Path(upload.filename).stem)
+    fields.setdefault("kind", EXTENSIONS[ext][0] if len(EXTENSIONS[ext]) == 1 else _sniff_jsonl_kind(tmp / f"data{ext}"))
+    check_fields(fields, data_dir)
+    name, kind = fields["name"], fields["kind"]
+    if kind not in EXTENSIONS[ext]:
+        raise ServiceError("validation", f"kind: a {kind} dataset cannot be a {ext} file "
+                                         f"(corpus: .txt or .jsonl; labelled: .csv, .tsv or .jsonl)")
+    path = tmp / f"data{ext}"
+    meta = {"name": name, "kind": kind, "file": path.name, "original_filename": upload.filename[:200],
+            "bytes": upload.file_bytes, "sha256": upload.sha256.hexdigest(), "created_at": now_iso()}
+    meta.update(_check_corpus(path) if kind == "corpus" else _check_labelled(path))
+    (tmp / META).write_text(json.dumps(meta, indent=1))
+    fsync_tree(tmp)
+    try:
+        os.rename(tmp, datasets_root(data_dir) / name)
+    except OSError:
+        raise ServiceError("validation", f"name: dataset '{name}' already exists") from None
+    fsync_dir(datasets_root(data_dir))
+    return meta
+
+
+def _sniff_jsonl_kind(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    return "labelled" if "label" in json.loads(line) else "corpus"
+                except (ValueError, TypeError):
+                    break
+    return "corpus"
+
+
+def _check_corpus(path: Path) -> dict[str, Any]:
+    try:
+        fmt = "jsonl" if path.suffix == ".jsonl" else detect_format(path)
+        documents = sentences = 0
+        for doc in read_documents(path, fmt):
+            documents += 1
+            sentences += len(doc)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError("validation", f"file: not a usable corpus: {_clean(e, path)}") from None
+    if sentences == 0:
+        raise ServiceError("validation", "file: the corpus has no text")
+    return {"format": fmt, "documents": documents, "sentences": sentences}
+
+
+def _check_labelled(path: Path) -> dict[str, Any]:
+    try:
+        data = load_classification_data(path, path)  # eval = train: no split, every row checked
+    except (ValueError, UnicodeDecodeError, KeyError) as e:
+        raise ServiceError("validation", f"file: not a usable labelled table (columns text, label and "
+                                         f"optionally text_pair): {_clean(e, path)}") from None
+    if len(data.id2label) < 2:
+        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {list(data.id2label.values())}")
+    counts: dict[str, int] = {}
+    for example in data.train:
+        label = data.id2label[example.label]
+        counts[label] = counts.get(label, 0) + 1
+    return {"format": path.suffix.lstrip("."), "rows": len(data.train), "labels": list(data.id2label.values()),
+            "label_counts": counts, "is_pair": data.is_pair}
+
+
+def _clean(error: Exception, path: Path) -> str:
+    """The data module's message without our temp path in it."""
+    return str(error).replace(str(path), "the file")[:500]

@@ -1,0 +1,62 @@
+"""Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
+POST /jobs/{id}/cancel. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model/jobs.py);
+GET never blocks on a worker, it reads the record the worker keeps current.
+"""
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Path, Query, Response
+
+from model.jobs import JOB_ID_PATTERN, JobNotFound
+
+from ..errors import responses
+from ..jobs import (CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsDep,
+                    JobsResponse, JobState, JobStatus, find_job, job_status, require_admin_key)
+
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin_key)])
+
+JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="As POST /jobs returned it.")]
+
+
+@router.post("/jobs", status_code=202, response_model=CreateJobResponse,
+             responses=responses("validation", "unauthorized", "unavailable"))
+async def create_job(req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
+                     jobs: JobsDep, response: Response):
+    """Queue a pretraining or fine-tuning job; everything is validated first (422), nothing half-queued."""
+    record = await jobs.submit(req)
+    response.headers["Location"] = f"/jobs/{record['id']}"
+    return CreateJobResponse(id=record["id"], state=record["state"], status_url=f"/jobs/{record['id']}")
+
+
+@router.get("/jobs", response_model=JobsResponse, responses=responses("validation", "unauthorized"))
+async def list_jobs(jobs: JobsDep, state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None):
+    """Every job, newest first; `?state=running` (queued, running, succeeded, failed, cancelled) filters."""
+    records = await asyncio.to_thread(jobs.store.list, state)
+    return JobsResponse(jobs=[job_status(r) for r in records])
+
+
+@router.get("/jobs/{job_id}", response_model=JobStatus, responses=responses("validation", "unauthorized", "not_found"))
+async def get_job(job_id: JobId, jobs: JobsDep):
+    """A job's state, progress (step, loss, lr, tokens/s, ETA), latest checkpoint, attempts and error."""
+    return job_status(await asyncio.to_thread(find_job, jobs, job_id))
+
+
+@router.get("/jobs/{job_id}/metrics", response_model=JobMetricsResponse,
+            responses=responses("validation", "unauthorized", "not_found"))
+async def get_job_metrics(job_id: JobId, jobs: JobsDep):
+    """The whole training curve: every logged step, evaluation and resume, in order."""
+    try:
+        records = await asyncio.to_thread(jobs.store.metrics, job_id)
+    except JobNotFound:
+        await asyncio.to_thread(find_job, jobs, job_id)  # raises the 404
+        raise
+    return JobMetricsResponse(id=job_id, records=records)
+
+
+@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus,
+             responses=responses("validation", "unauthorized", "not_found"))
+async def cancel_job(job_id: JobId, jobs: JobsDep):
+    """Cancel: a queued job at once; a running one stops at its next step with a checkpoint."""
+    await asyncio.to_thread(find_job, jobs, job_id)
+    return job_status(await asyncio.to_thread(jobs.store.request_cancel, job_id))
