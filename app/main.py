@@ -54,6 +54,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     keyed = [Depends(require_api_key)]
     for module in (fill_mask, nsp, embeddings, classify, models):
         app.include_router(module.router, dependencies=keyed)
+    # Training jobs and datasets: their routers check BERT_ADMIN_KEY themselves (app/jobs.py).
+    from .routes import datasets as datasets_routes, jobs as jobs_routes
+    for module in (jobs_routes, datasets_routes):
+        app.include_router(module.router)
     return app
 
 
