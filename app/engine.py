@@ -41,6 +41,7 @@ class Job:
     params: dict = field(default_factory=dict)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.monotonic)
+    wait: bool = True  # may wait up to max_wait_ms for company (warm-ups do not)
     results: list = field(init=False)
     remaining: int = field(init=False)
 
@@ -173,7 +174,7 @@ class Engine:
                     self._cond.wait()
                 if not self._pending:
                     return None
-                if self.batching:
+                if self.batching and self._pending[0].wait:
                     self._wait_for_more()
                 jobs = self._pick()
                 self._set_depth()

@@ -68,6 +68,10 @@ def responses(*kinds: str) -> dict:
 def _describe_validation(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "invalid")
+            parts.append(f"the body is not valid JSON: {detail} (character {err['loc'][-1]})")
+            continue
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
@@ -89,6 +93,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     if code == 405:  # the path exists, this method does not: still "no such operation"
         message = f"method {request.method} is not allowed on {request.url.path}"
         return error_response("not_found", message, status=405, headers=exc.headers)
+    if code == 400:  # FastAPI's answer to a body it cannot decode (not UTF-8): a validation error
+        return error_response("validation", "the body is not valid JSON (it must be UTF-8 text)")
     kind = next((k for k, s in STATUS.items() if s == code), "validation" if code < 500 else "internal")
     return error_response(kind, str(exc.detail), status=code, headers=exc.headers)
 

@@ -24,17 +24,19 @@ class Service:
         self.settings = settings
         self.metrics = metrics
         self.device = resolve_device(settings.device)
-        self.engine = Engine(self.device, RUNNERS, max_batch_tokens=settings.max_batch_tokens,
-                             max_queue=settings.max_queue, max_wait_ms=settings.max_wait_ms,
-                             batching=settings.batching, metrics=metrics)
         self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up)
-        self.pool = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+        self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
+        self.pool: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        s = self.settings
+        self.engine = Engine(self.device, RUNNERS, max_batch_tokens=s.max_batch_tokens, max_queue=s.max_queue,
+                             max_wait_ms=s.max_wait_ms, batching=s.batching, metrics=self.metrics)
         self.engine.start()
+        self.pool = ThreadPoolExecutor(s.tokenizer_threads, thread_name_prefix="tokenize")
         await asyncio.to_thread(self.store.scan)
         if self.settings.load == "startup":
             self._loader = asyncio.create_task(self._load_all())
@@ -42,8 +44,11 @@ class Service:
     async def stop(self) -> None:
         if self._loader is not None:
             self._loader.cancel()
-        await asyncio.to_thread(self.engine.stop, 30.0)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        engine, pool, self.engine, self.pool = self.engine, self.pool, None, None
+        if engine is not None:
+            await asyncio.to_thread(engine.stop, 30.0)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def _load_all(self) -> None:
         """BERT_LOAD=startup: load and warm up every stored model, the default first."""
@@ -66,16 +71,20 @@ class Service:
 
     async def run(self, job: Job) -> list:
         """Queue a job for the inference thread and wait for its per-row results."""
+        if self.engine is None:
+            raise ServiceError("unavailable", "the service is not running")
         return await asyncio.wrap_future(self.engine.submit(job))
 
     async def off_loop(self, fn: Callable, *args) -> Any:
         """Tokeniser and other CPU work, in the thread pool, never on the event loop."""
+        if self.pool is None:
+            raise ServiceError("unavailable", "the service is not running")
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def warm_up(self, lm: LoadedModel) -> None:
         tok = lm.tokenizer
         await self.run(Job("encode", lm, [([tok.cls_token_id, tok.sep_token_id], [0, 0])],
-                           {"pooling": "mean", "normalize": True}))
+                           {"pooling": "mean", "normalize": True}, wait=False))
 
     def check_count(self, n: int) -> None:
         if n > self.settings.max_inputs:

@@ -1,0 +1,94 @@
+"""The batching engine: token-budget batches, concurrency, batching on and off, metrics."""
+
+from __future__ import annotations
+
+import re
+
+import anyio
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.engine import Job, plan_batches
+
+from .conftest import serve_app, settings_for
+from .test_inference import embed_reference, mlm_reference
+
+pytestmark = pytest.mark.anyio
+
+WORDS = "the quick brown fox jumped over a lazy dog and ran to the river with five happy children".split()
+
+
+def test_plan_batches_sorts_by_length_and_keeps_the_padded_budget():
+    job = Job("encode", model=None, rows=[([0] * n, [0] * n) for n in (9, 3, 30, 5, 8, 4, 70)])
+    items = [(job, i, len(ids)) for i, (ids, _) in enumerate(job.rows)]
+    batches = plan_batches(items, max_tokens=32)
+    lengths = [[n for _, _, n in b] for b in batches]
+    assert lengths == [[3, 4, 5, 8], [9], [30], [70]]  # 70 is over budget: it runs alone
+    assert all(len(b) * max(b) <= 32 for b in lengths if len(b) > 1)
+    assert sorted(i for b in batches for _, i, _ in b) == list(range(7))
+
+
+def metric(text: str, name: str, **labels) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
+        if m and all(part in m.group(1) for part in want.split(",")):
+            total += float(m.group(2))
+    return total
+
+
+async def test_64_concurrent_requests_are_batched_and_correct(data_dir, reference, tokenizer):
+    texts = [" ".join(WORDS[i % 7: i % 7 + 2 + i % 9]) for i in range(32)]
+    masked = ["[MASK] " + t for t in texts]
+    expected_vectors = [embed_reference(reference["tiny-pt"].bert, tokenizer, t) for t in texts]
+    expected_top = [mlm_reference(reference["tiny-pt"], tokenizer, t, 3)[0][1].tolist() for t in masked]
+    async with serve_app(settings_for(data_dir, max_wait_ms=10.0, load="lazy"), wait_ready=False) as c:
+        assert (await c.post("/embeddings", json={"inputs": "warm"})).status_code == 200
+        answers = {}
+
+        async def call(kind, i):
+            if kind == "embed":
+                answers[kind, i] = await c.post("/embeddings", json={"inputs": texts[i]})
+            else:
+                answers[kind, i] = await c.post("/fill-mask", json={"inputs": masked[i], "top_k": 3})
+
+        async with anyio.create_task_group() as tg:
+            for i in range(32):
+                tg.start_soon(call, "embed", i)
+                tg.start_soon(call, "fill", i)
+        assert all(r.status_code == 200 for r in answers.values())
+        for i in range(32):
+            got = torch.tensor(answers["embed", i].json())
+            assert F.cosine_similarity(got, expected_vectors[i], dim=0).item() >= 0.9999
+            assert [c["token"] for c in answers["fill", i].json()] == expected_top[i]
+
+        text = (await c.get("/metrics")).text
+        for task in ("encode", "mlm"):
+            rows = metric(text, "bert_batch_size_sum", task=task)
+            passes = metric(text, "bert_batch_size_count", task=task)
+            assert rows / passes > 1, (task, rows, passes)
+        assert metric(text, "bert_requests_total", route="/fill-mask", status="200") == 32
+        assert metric(text, "bert_tokens_processed_total", task="mlm") == sum(
+            len(tokenizer.encode(t)["input_ids"]) for t in masked)
+        assert "bert_queue_depth 0.0" in text
+        assert metric(text, "bert_request_duration_seconds_count", route="/embeddings", status="200") == 33
+
+
+async def test_batching_off_runs_each_request_alone(data_dir):
+    settings = settings_for(data_dir, batching=False, load="lazy", default_model="tiny-enc")
+    async with serve_app(settings, wait_ready=False) as c:
+        statuses = []
+
+        async def call():
+            statuses.append((await c.post("/embeddings", json={"inputs": ["the cat", "the quick brown dog"]})).status_code)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(17):
+                tg.start_soon(call)
+        assert statuses == [200] * 17
+        text = (await c.get("/metrics")).text
+        rows = metric(text, "bert_batch_size_sum", task="encode")
+        passes = metric(text, "bert_batch_size_count", task="encode")
+        assert rows == 1 + 17 * 2 and passes == 1 + 17  # the warm-up, then one pass per request

@@ -1,0 +1,62 @@
+"""Property-based API test: schemathesis generates requests from /openapi.json (valid and invalid)
+and checks that no answer is a 5xx and every answer matches the documented status codes, content
+types and schemas (the one error body included). Bounded: 20 examples per operation."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
+                                               response_schema_conformance, status_code_conformance)
+
+from app.main import create_app
+
+from model.modeling import BertForPreTraining, BertForSequenceClassification, BertModel
+
+from .conftest import save_tiny, settings_for
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          response_headers_conformance]
+
+
+# Named as in the OpenAPI examples, so the examples phase reaches real models.
+EXAMPLE_MODELS = {
+    "bert-tiny": (BertForPreTraining, {}),
+    "sentiment": (BertForSequenceClassification, {"id2label": {0: "negative", 1: "positive"}}),
+    "nli": (BertForSequenceClassification, {"id2label": {0: "entailment", 1: "neutral", 2: "contradiction"}}),
+    "encoder": (BertModel, {}),
+}
+
+
+def _data_dir() -> Path:
+    # Built at import: schemathesis' lazy `from_fixture` loader does not work with pytest 9.
+    root = Path(tempfile.mkdtemp(prefix="bertserve-schemathesis-"))
+    for i, (name, (cls, extra)) in enumerate(EXAMPLE_MODELS.items()):
+        save_tiny(root / "models" / name, cls, seed=i, **extra)
+    return root
+
+
+# max_inputs small: generated lists stay cheap to run through the models.
+APP = create_app(settings_for(_data_dir(), default_model="bert-tiny", max_inputs=8, max_wait_ms=0.0))
+# The inference service's own operations (other resources have their own tests).
+CONFIG = schemathesis.Config.from_dict({"phases": {"coverage": {"enabled": False}}})
+schema = schemathesis.openapi.from_asgi("/openapi.json", APP, config=CONFIG).include(tag=["inference", "models", "operations"])
+
+
+@schema.parametrize()
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+def test_api_conforms_to_its_schema(case):
+    case.call_and_validate(checks=CHECKS)
+
+
+
+def test_the_run_reached_every_outcome():
+    """The examples and generated cases hit real models (200s), not only rejections."""
+    text = APP.state.service.metrics.render().decode()
+    for route in ("/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify"):
+        for status in ("200", "422"):
+            assert f'route="{route}",status="{status}"' in text, (route, status)
