@@ -401,6 +401,9 @@ class Trainer:
         if self.run_dir is not None:
             ckpt.remove_stale_temp_dirs(self.run_dir)
         if path is None:
+            if self.run_dir is not None and ckpt.latest_checkpoint(self.run_dir) is not None:
+                # A fresh run among an older run's checkpoints would prune (and "resume") the wrong ones.
+                raise ValueError(f"{self.run_dir} already has checkpoints; resume, or use another run directory")
             seed_everything(self.config.seed)
             self.metrics.restart_at(-1)
         else:

@@ -276,3 +276,13 @@ def test_bad_train_config_is_a_value_error_quoting_the_value(bad, message):
     with pytest.raises(ValueError) as e:
         TrainConfig(**{"max_steps": 10, **bad})
     assert str(e.value) == message
+
+
+def test_a_fresh_start_refuses_a_run_directory_with_checkpoints(tmp_path, corpus, tiny_tokenizer):
+    def trainer():
+        return Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=1), run_dir=tmp_path)
+
+    trainer().fit()
+    with pytest.raises(ValueError, match="already has checkpoints; resume, or use another run directory"):
+        trainer().fit(resume=False)
+    assert trainer().fit(resume=True).step == 1  # nothing left to do: the finished run is reported again
