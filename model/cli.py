@@ -146,12 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
-    try:
-        from . import train_cli
-    except ImportError:
-        train_cli = None
-    if train_cli is not None:
-        train_cli.add_commands(sub)
+    from . import train_cli  # here, not at the top: train_cli imports UserError from this module
+
+    train_cli.add_commands(sub)
     return parser
 
 
