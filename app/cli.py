@@ -23,7 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["data_dir"] = args.data_dir
     if args.allow_public:
         overrides["allow_public"] = True
-    return serve(Settings(**overrides))
+    return serve(settings=Settings(**overrides))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
