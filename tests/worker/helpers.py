@@ -1,0 +1,222 @@
+"""Real parts for the job tests: a data directory with a tiny base model, small datasets, a real
+`celery worker` subprocess, a real uvicorn server, a private redis-server, and polling helpers.
+
+Redis: the machine's shared server at 127.0.0.1:6379, database 5 (flushed per test), unless a test
+starts its own (`RedisServer`, on a free port in a temp dir) to kill it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from model import BertConfig, BertForPreTraining, BertTokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/5"
+BASE_MODEL = "tiny"
+
+WORDS = ("the a an is was are of to and in on at it he she they we you i this that cat dog man woman "
+         "food bread eats eating sat mat sky blue red green house car runs ran fast slow big small good "
+         "bad movie film great awful love hate day night water fire tree book read reads write "
+         "city river mountain").split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
+POSITIVE = ["the movie was great", "i love this film", "a good film", "great movie ! love it", "good day"]
+NEGATIVE = ["the movie was awful", "i hate this film", "a bad film", "awful movie ! hate it", "bad night"]
+
+
+def tiny_config(**overrides) -> BertConfig:
+    values = dict(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=37, max_position_embeddings=64)
+    return BertConfig(**{**values, **overrides})
+
+
+def make_data_dir(root: Path) -> Path:
+    """DATA_DIR with DATA_DIR/models/tiny: a random tiny BertForPreTraining and its vocabulary."""
+    torch.manual_seed(0)
+    BertForPreTraining(tiny_config()).save_pretrained(root / "models" / BASE_MODEL,
+                                                      tokenizer=BertTokenizer.from_vocab(VOCAB))
+    return root
+
+
+def labelled_csv(rows: int = 40) -> bytes:
+    lines = ["text,label"]
+    for i in range(rows):
+        lines.append(f"{POSITIVE[i % 5]},positive" if i % 2 else f"{NEGATIVE[i % 5]},negative")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def corpus_txt(documents: int = 30) -> bytes:
+    """Google format: a sentence per line, a blank line between documents."""
+    sentences = ["the cat sat on the mat .", "the dog ran fast in the city .", "a man eats bread .",
+                 "she reads a book at night .", "they love the blue river .", "the sky is blue ."]
+    docs = ["\n".join(sentences[(d + k) % 6] for k in range(4)) for d in range(documents)]
+    return ("\n\n".join(docs) + "\n").encode()
+
+
+def finetune_request(model_name: str, dataset: str = "reviews", **params) -> dict:
+    values = dict(max_steps=30, batch_size=8, max_seq_len=32, save_every=10, log_every=1, lr=1e-3)
+    return {"kind": "finetune", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,
+            "params": {**values, **params}}
+
+
+def pretrain_request(model_name: str, dataset: str = "wiki", **params) -> dict:
+    values = dict(max_steps=30, batch_size=8, max_seq_len=32, save_every=10, log_every=1, lr=1e-3)
+    return {"kind": "pretrain", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,
+            "params": {**values, **params}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flush_redis(url: str = REDIS_URL) -> None:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+
+
+def child_env(data_dir: Path, broker_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_")}
+    env.update(BERT_DATA_DIR=str(data_dir), BERT_BROKER_URL=broker_url, OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT), BERT_WORKER_DEVICE="cpu",
+               BERT_JOB_PROGRESS_INTERVAL_S="0.1", BERT_JOB_HEARTBEAT_S="1")
+    env.update(extra)
+    return env
+
+
+class Process:
+    """A subprocess in its own process group (so SIGKILL takes its children too), logging to a file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path):
+        self.log_path = log
+        self._log = open(log, "ab")
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.log_path.name} exited ({self.proc.returncode}):\n{self.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{text!r} not in {self.log_path.name}:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group: the worker's main process and its pool children, mid-anything."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._log.close()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return
+        self._log.close()
+
+
+def start_worker(data_dir: Path, broker_url: str, name: str, log_dir: Path, **env: str) -> Process:
+    argv = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "training",
+            "--concurrency", "1", "--without-gossip", "--without-mingle", "--hostname", f"{name}@%h",
+            "--loglevel", "INFO"]
+    worker = Process(argv, child_env(data_dir, broker_url, **env), log_dir / f"{name}.log")
+    worker.wait_for_log(" ready.")
+    return worker
+
+
+def start_server(data_dir: Path, broker_url: str, log_dir: Path, **env: str) -> tuple[Process, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "uvicorn", "--factory", "app.main:create_app", "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning"]
+    server = Process(argv, child_env(data_dir, broker_url, BERT_DEFAULT_MODEL=BASE_MODEL, BERT_LOAD="lazy",
+                                     BERT_DEVICE="cpu", **env), log_dir / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return server, url
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"server did not start:\n{server.log()[-3000:]}")
+        time.sleep(0.1)
+
+
+class RedisServer:
+    """A private redis-server (AOF on, fsync always) that a test may kill and restart."""
+
+    def __init__(self, workdir: Path):
+        self.dir, self.port = workdir, free_port()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        self.proc = subprocess.Popen(argv, stdout=open(self.dir / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        import redis
+
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(redis.ConnectionError):
+                if redis.Redis(port=self.port).ping():
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_record(data_dir: Path, job_id: str) -> dict:
+    return json.loads((data_dir / "jobs" / job_id / "job.json").read_text())
+
+
+def read_metrics(data_dir: Path, job_id: str) -> list[dict]:
+    path = data_dir / "jobs" / job_id / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: float = 60.0) -> dict:
+    def reached():
+        body = client.get(f"/jobs/{job_id}").json()
+        return body if body["state"] in states else None
+
+    return wait_for(reached, timeout, f"job {job_id} to reach {states}", interval=0.1)

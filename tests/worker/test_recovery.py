@@ -1,0 +1,143 @@
+"""Chaos, with real processes: a worker SIGKILLed mid-job, the same message delivered twice, and the
+broker killed and restarted. Every accepted job finishes, once, at the requested number of steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from celery import Celery
+
+from model.checkpoint import checkpoint_step, is_complete, latest_checkpoint
+
+from .helpers import (REDIS_URL, RedisServer, finetune_request, flush_redis, labelled_csv, make_data_dir,
+                      read_metrics, read_record, start_server, start_worker, wait_for, wait_state)
+
+pytestmark = pytest.mark.slow
+
+
+@contextlib.contextmanager
+def stack(tmp_path, broker_url: str = REDIS_URL):
+    """A data dir with a base model and the "reviews" dataset, served by a real uvicorn."""
+    data_dir = make_data_dir(tmp_path / "data")
+    server, url = start_server(data_dir, broker_url, tmp_path)
+    client = httpx.Client(base_url=url, timeout=30)
+    workers = []
+    try:
+        r = client.post("/datasets", files={"file": ("reviews.csv", labelled_csv())}, data={"name": "reviews"})
+        assert r.status_code == 201, r.text
+        yield SimpleNamespace(client=client, data_dir=data_dir, workers=workers, tmp=tmp_path, broker=broker_url)
+    finally:
+        client.close()
+        for worker in workers:
+            worker.kill()
+        server.stop()
+
+
+def submit(s, request: dict) -> str:
+    r = s.client.post("/jobs", json=request)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def step_dirs(data_dir, job_id):
+    return sorted((data_dir / "jobs" / job_id / "checkpoints").glob("step-*"))
+
+
+def train_steps(data_dir, job_id) -> list[int]:
+    return [r["step"] for r in read_metrics(data_dir, job_id) if r["type"] == "train"]
+
+
+def test_sigkill_mid_job_resumes_from_its_last_checkpoint(tmp_path):
+    flush_redis()
+    with stack(tmp_path) as s:
+        s.workers.append(start_worker(s.data_dir, REDIS_URL, "doomed", tmp_path))
+        job_id = submit(s, finetune_request("survivor", max_steps=200, save_every=20))
+
+        def trained_past_a_checkpoint():
+            record = read_record(s.data_dir, job_id)
+            return record["latest_checkpoint"] and record["progress"].get("step", 0) >= 50
+
+        wait_for(trained_past_a_checkpoint, 60, "a checkpoint and some steps beyond it")
+        s.workers[0].kill()  # the main process and its pool child, mid-step (or mid-checkpoint)
+        assert read_record(s.data_dir, job_id)["state"] == "running"
+        killed_at = read_record(s.data_dir, job_id)["progress"]["step"]
+        resume_from = checkpoint_step(latest_checkpoint(s.data_dir / "jobs" / job_id))
+        assert all(is_complete(d) for d in step_dirs(s.data_dir, job_id))  # a torn write stays a hidden .tmp-*
+
+        # A new worker's start-up sweep finds the job running with its lease free, and resumes it.
+        s.workers.append(start_worker(s.data_dir, REDIS_URL, "rescuer", tmp_path))
+        job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=90)
+        assert job["state"] == "succeeded", job
+        assert (job["step"], job["attempts"]) == (200, 2)
+        events = [e["event"] for e in job["events"]]
+        assert {"attempt did not finish", "re-enqueued", "resumed"} <= set(events)
+
+        metrics = read_metrics(s.data_dir, job_id)
+        resumes = [r for r in metrics if r["type"] == "resume"]
+        assert [(r["step"], r["attempt"]) for r in resumes] == [(resume_from, 2)]
+        assert resume_from <= killed_at
+        assert train_steps(s.data_dir, job_id) == list(range(1, 201))  # redone steps replace, not repeat
+        assert all(is_complete(d) for d in step_dirs(s.data_dir, job_id))
+        assert not list((s.data_dir / "jobs" / job_id / "checkpoints").glob(".tmp-*"))
+        assert (s.data_dir / "models" / "survivor" / "config.json").is_file()
+
+
+def test_a_duplicate_delivery_never_trains_twice(tmp_path):
+    flush_redis()
+    with stack(tmp_path) as s:
+        for name in ("first", "second"):
+            s.workers.append(start_worker(s.data_dir, REDIS_URL, name, tmp_path))
+        job_id = submit(s, finetune_request("once", max_steps=150, save_every=50))
+        # The same message again, as a broker redelivery would bring it, to the other idle worker.
+        publisher = Celery(broker=REDIS_URL, set_as_current=False)
+        publisher.conf.update(task_serializer="json", accept_content=["json"])
+        publisher.send_task("bert.finetune", args=[job_id], queue="training")
+
+        job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=90)
+        assert job["state"] == "succeeded", job
+        events = [e["event"] for e in job["events"]]
+        assert events.count("started") == 1 and job["attempts"] == 1
+        assert "duplicate delivery ignored" in events
+        assert train_steps(s.data_dir, job_id) == list(range(1, 151))
+        # One worker trained it, the other acked its copy and did nothing.
+        wait_for(lambda: any("'outcome': 'succeeded'" in w.log() for w in s.workers), 10, "the task's return")
+        logs = [w.log() for w in s.workers]
+        assert sorted("'outcome': 'succeeded'" in log for log in logs) == [False, True]
+        assert sorted("'outcome': 'running elsewhere'" in log for log in logs) == [False, True]
+        assert not any("'outcome': 'running elsewhere'" in log and "'outcome': 'succeeded'" in log for log in logs)
+
+
+def test_every_accepted_job_finishes_across_a_broker_restart(tmp_path):
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    try:
+        with stack(tmp_path, redis.url) as s:
+            s.workers.append(start_worker(s.data_dir, redis.url, "steady", tmp_path))
+            jobs = [submit(s, finetune_request(f"model-{i}", max_steps=120, save_every=40)) for i in range(3)]
+            wait_for(lambda: read_record(s.data_dir, jobs[0])["progress"].get("step", 0) >= 10, 60, "training")
+            redis.kill()
+
+            # Without a broker: nothing is accepted (and nothing half-written), the rest still answers.
+            r = s.client.post("/jobs", json=finetune_request("refused"))
+            assert r.status_code == 503 and r.json()["error_type"] == "unavailable", r.text
+            assert len(s.client.get("/jobs").json()["jobs"]) == 3
+            assert len(list((s.data_dir / "jobs").iterdir())) == 3
+            # The running job trains on without the broker; its ack and the next fetch then fail.
+            wait_for(lambda: read_record(s.data_dir, jobs[0])["state"] == "succeeded", 60, "the first job")
+            time.sleep(3)
+
+            redis.start()  # same port and directory: the append-only file brings the queue back
+            for job_id in jobs:
+                job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=120)
+                assert job["state"] == "succeeded", job
+                assert job["step"] == 120
+                assert train_steps(s.data_dir, job_id) == list(range(1, 121))
+            models = {m["name"] for m in s.client.get("/models").json()["models"]}
+            assert {"model-0", "model-1", "model-2"} <= models
+    finally:
+        redis.kill()
