@@ -33,8 +33,8 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         # Reserve one message at a time: a worker busy for hours must not sit on other queued jobs.
         worker_prefetch_multiplier=1,
-        # A fresh pool process per job: GPU memory, torch threads and allocator state start clean.
-        worker_max_tasks_per_child=1,
+        # No worker_max_tasks_per_child=1 (a fresh process per job): billiard takes ~5 s to replace
+        # the child, which every no-op duplicate delivery would pay; run_job frees CUDA memory instead.
         # Every task goes to the dedicated "training" queue that `bert worker` consumes.
         task_default_queue=TRAINING_QUEUE,
         task_routes={"bert.*": {"queue": TRAINING_QUEUE}},

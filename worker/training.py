@@ -56,7 +56,21 @@ def run_job(job_id: str, kind: str, settings: WorkerSettings) -> dict[str, Any]:
             log.info("job %s: %s", job_id, outcome)
             return {"job": job_id, "outcome": outcome}
         lease.start_heartbeat(settings.job_heartbeat_s)
-        return {"job": job_id, "outcome": train(store, record, settings)}
+        try:
+            return {"job": job_id, "outcome": train(store, record, settings)}
+        finally:
+            _free_accelerator_memory()
+
+
+def _free_accelerator_memory() -> None:
+    """The pool process outlives the job: hand cached CUDA blocks back for the next one."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[dict, str]:
