@@ -1,8 +1,9 @@
 """The batching engine: one inference thread per device, fed by a bounded queue of jobs.
 
 A job is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
-"classify"). The inference thread takes the oldest job, waits up to `max_wait_ms` for more work
-(when batching is on), takes every queued job for the same model and task up to the token budget,
+"classify"). The inference thread takes the oldest job; with batching on it waits up to
+`max_wait_ms` for more work while other requests are still being tokenised (a lone request is
+never held), then takes every queued job for the same model and task up to the token budget,
 sorts their sequences by length, cuts them into batches whose padded size (rows x longest) stays
 under `max_batch_tokens`, pads each batch to its own longest row, and runs the task's forward pass
 under torch.inference_mode (bf16 autocast on CUDA). Results go back through concurrent futures that
@@ -117,6 +118,7 @@ class Engine:
         self._stopping = False
         self._busy = False
         self._thread: threading.Thread | None = None
+        self._incoming = 0  # requests on their way to the queue (being tokenised)
 
     # -- the event loop's side ---------------------------------------------------------------
 
@@ -143,6 +145,18 @@ class Engine:
             self._set_depth()
             self._cond.notify()
         return job.future
+
+    @contextlib.contextmanager
+    def incoming(self):
+        """Mark a request as on its way (tokenising): the batcher waits for it, and only for such."""
+        with self._cond:
+            self._incoming += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._incoming -= 1
+                self._cond.notify()
 
     @property
     def depth(self) -> int:
@@ -184,8 +198,10 @@ class Engine:
                     return jobs
 
     def _wait_for_more(self) -> None:
+        """Hold the oldest job up to max_wait for company, but only while more requests are coming:
+        a lone client is never delayed."""
         deadline = self._pending[0].enqueued + self.max_wait
-        while not self._stopping:
+        while not self._stopping and self._incoming > 0:
             left = deadline - time.monotonic()
             if left <= 0 or sum(j.tokens for j in self._pending) >= self.max_batch_tokens:
                 return
@@ -248,8 +264,12 @@ class Engine:
         batch.attention_mask = batch.attention_mask.to(self.device, non_blocking=True)
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
                     else contextlib.nullcontext())
+        start = time.perf_counter()
         with torch.inference_mode(), autocast:
-            return self.runners[first.kind](first.model, batch)
+            results = self.runners[first.kind](first.model, batch)
+        if self.metrics is not None:
+            self.metrics.forward_seconds.labels(first.model.name, first.kind).observe(time.perf_counter() - start)
+        return results
 
 
 def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:

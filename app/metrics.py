@@ -34,6 +34,9 @@ class Metrics:
                                       ["model", "task"], buckets=TOKEN_BUCKETS, registry=r)
         self.tokens = Counter("bert_tokens_processed_total", "Real (unpadded) tokens run through a model.",
                               ["model", "task"], registry=r)
+        self.forward_seconds = Histogram("bert_forward_duration_seconds", "Time of one forward pass (with its "
+                                         "post-processing on the device).", ["model", "task"],
+                                         buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("bert_queue_depth", "Requests waiting for the inference thread.", registry=r)
         self.models_loaded = Gauge("bert_models_loaded", "Models in memory.", registry=r)
 

@@ -49,10 +49,11 @@ def as_list(inputs) -> tuple[list, bool]:
 # -- fill-mask ---------------------------------------------------------------------------------
 
 async def fill_mask(svc: Service, req: FillMaskRequest) -> Any:
-    lm = await svc.model(req.model, "mlm", "/fill-mask")
-    texts, single = as_list(req.inputs)
-    svc.check_count(len(texts))
-    rows, target_ids = await svc.off_loop(_prepare_fill_mask, lm, texts, req.targets, req.truncate)
+    with svc.incoming():
+        lm = await svc.model(req.model, "mlm", "/fill-mask")
+        texts, single = as_list(req.inputs)
+        svc.check_count(len(texts))
+        rows, target_ids = await svc.off_loop(_prepare_fill_mask, lm, texts, req.targets, req.truncate)
     results = await svc.run(Job("mlm", lm, rows, {"top_k": req.top_k, "target_ids": target_ids}))
     out = await svc.off_loop(_format_fill_mask, lm, rows, results)
     return out[0] if single else out
@@ -104,10 +105,11 @@ def _format_fill_mask(lm: LoadedModel, rows: list[Row], results: list) -> list:
 # -- nsp ---------------------------------------------------------------------------------------
 
 async def nsp(svc: Service, req: NspRequest) -> Any:
-    lm = await svc.model(req.model, "nsp", "/nsp")
-    pairs, single = as_list(req.inputs)
-    svc.check_count(len(pairs))
-    rows = await svc.off_loop(encode, lm, pairs, req.truncate)
+    with svc.incoming():
+        lm = await svc.model(req.model, "nsp", "/nsp")
+        pairs, single = as_list(req.inputs)
+        svc.check_count(len(pairs))
+        rows = await svc.off_loop(encode, lm, pairs, req.truncate)
     scores = await svc.run(Job("nsp", lm, rows))
     out = [{"is_next": s >= 0.5, "score": s} for s in scores]
     return out[0] if single else out
@@ -118,8 +120,9 @@ async def nsp(svc: Service, req: NspRequest) -> Any:
 async def embed(svc: Service, lm: LoadedModel, texts: list[str], *, pooling: str, normalize: bool,
                 truncate: bool) -> tuple[list[list[float]], int]:
     """(one vector per text, tokens used)."""
-    svc.check_count(len(texts))
-    rows = await svc.off_loop(encode, lm, texts, truncate)
+    with svc.incoming():
+        svc.check_count(len(texts))
+        rows = await svc.off_loop(encode, lm, texts, truncate)
     vectors = await svc.run(Job("encode", lm, rows, {"pooling": pooling, "normalize": normalize}))
     return vectors, sum(len(ids) for ids, _ in rows)
 
@@ -148,10 +151,11 @@ async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
 # -- classify ----------------------------------------------------------------------------------
 
 async def classify(svc: Service, req: ClassifyRequest) -> Any:
-    lm = await svc.model(req.model, "classifier", "/classify")
-    items, single = as_list(req.inputs)
-    svc.check_count(len(items))
-    rows = await svc.off_loop(encode, lm, items, req.truncate)
+    with svc.incoming():
+        lm = await svc.model(req.model, "classifier", "/classify")
+        items, single = as_list(req.inputs)
+        svc.check_count(len(items))
+        rows = await svc.off_loop(encode, lm, items, req.truncate)
     scores = await svc.run(Job("classify", lm, rows))
     id2label = lm.config.id2label or {}
     labels = [id2label.get(i, f"LABEL_{i}") for i in range(len(scores[0]))]

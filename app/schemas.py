@@ -24,6 +24,22 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_EXAMPLES: dict[str, dict[str, dict]] = {}
+
+
+def examples(**named: dict) -> ConfigDict:
+    """A model config whose JSON schema carries these request examples; `body_examples` names them."""
+    config = ConfigDict(extra="forbid", json_schema_extra={"examples": list(named.values())})
+    _EXAMPLES[id(config["json_schema_extra"])] = named
+    return config
+
+
+def body_examples(model: type[BaseModel]) -> dict:
+    """The model's examples as named OpenAPI request-body examples (the drop-down on /docs)."""
+    named = _EXAMPLES[id(model.model_config["json_schema_extra"])]
+    return {k.replace("_", " "): {"summary": k.replace("_", " "), "value": v} for k, v in named.items()}
+
+
 class TextPair(Strict):
     text_a: str
     text_b: str
@@ -34,10 +50,11 @@ class TextPair(Strict):
 class FillMaskRequest(Strict):
     """Texts with one or more [MASK] tokens (at most BERT_MAX_INPUTS texts)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "paris is the [MASK] of france.", "top_k": 3},
-        {"inputs": ["the [MASK] sat on the mat.", "a [MASK] of [MASK]"], "top_k": 2, "targets": ["cat", "dog"]},
-    ]})
+    model_config = examples(
+        one_mask={"inputs": "paris is the [MASK] of france.", "top_k": 3},
+        several_inputs_and_targets={"inputs": ["the [MASK] sat on the mat.", "a [MASK] of [MASK]"], "top_k": 2,
+                                    "targets": ["cat", "dog"]},
+    )
     inputs: str | Annotated[list[str], Field(min_length=1)]
     top_k: Annotated[int, Field(ge=1, le=100, description="Candidates per [MASK].")] = 5
     targets: Annotated[list[Annotated[str, Field(min_length=1, max_length=100)]] | None,
@@ -71,10 +88,10 @@ FILL_MASK_EXAMPLE = [
 class NspRequest(Strict):
     """Sentence pairs: does text_b follow text_a? (needs a model with the NSP head)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": {"text_a": "I went to the store.", "text_b": "I bought a gallon of milk."}},
-        {"inputs": [{"text_a": "The sky is blue.", "text_b": "Penguins cannot fly."}]},
-    ]})
+    model_config = examples(
+        one_pair={"inputs": {"text_a": "I went to the store.", "text_b": "I bought a gallon of milk."}},
+        a_list_of_pairs={"inputs": [{"text_a": "The sky is blue.", "text_b": "Penguins cannot fly."}]},
+    )
     inputs: TextPair | Annotated[list[TextPair], Field(min_length=1)]
     model: ModelName | None = None
     truncate: Truncate = False
@@ -93,10 +110,11 @@ NspResponse = NspResult | list[NspResult]
 class EmbeddingsRequest(Strict):
     """Texts to embed (at most BERT_MAX_INPUTS)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "a sentence to embed", "pooling": "mean", "normalize": True},
-        {"inputs": ["first sentence", "second sentence"], "pooling": "cls", "normalize": False},
-    ]})
+    model_config = examples(
+        one_text={"inputs": "a sentence to embed", "pooling": "mean", "normalize": True},
+        several_texts_cls_pooling={"inputs": ["first sentence", "second sentence"], "pooling": "cls",
+                                   "normalize": False},
+    )
     inputs: str | Annotated[list[str], Field(min_length=1)]
     pooling: Literal["mean", "cls"] = Field("mean", description="mean: average of the (unpadded) last "
                                                                 "hidden states; cls: the [CLS] vector.")
@@ -111,9 +129,8 @@ EmbeddingsResponse = list[float] | list[list[float]]
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's embeddings request (mean pooling, normalised, as sentence-transformers models)."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
-        {"input": ["first sentence", "second sentence"], "model": "bert-tiny"},
-    ]})
+    model_config = {**examples(openai_client={"input": ["first sentence", "second sentence"], "model": "bert-tiny"}),
+                    "extra": "ignore"}  # OpenAI clients send fields we do not use
     input: str | Annotated[list[str], Field(min_length=1)]
     model: ModelName | None = None
     encoding_format: Literal["float", "base64"] = Field(
@@ -146,10 +163,10 @@ class OpenAIEmbeddingsResponse(BaseModel):
 class ClassifyRequest(Strict):
     """Texts or text pairs for a fine-tuned classifier."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "a gripping, beautifully shot film", "model": "sentiment"},
-        {"inputs": [{"text_a": "A man is eating.", "text_b": "Someone eats."}], "model": "nli"},
-    ]})
+    model_config = examples(
+        one_text={"inputs": "a gripping, beautifully shot film", "model": "sentiment"},
+        text_pairs={"inputs": [{"text_a": "A man is eating.", "text_b": "Someone eats."}], "model": "nli"},
+    )
     inputs: str | TextPair | Annotated[list[str | TextPair], Field(min_length=1)]
     model: ModelName
     truncate: Truncate = False

@@ -9,6 +9,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import torch
+
 from .engine import Engine, Job, resolve_device
 from .errors import ServiceError
 from .inference import RUNNERS
@@ -33,6 +35,8 @@ class Service:
 
     async def start(self) -> None:
         s = self.settings
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
         self.engine = Engine(self.device, RUNNERS, max_batch_tokens=s.max_batch_tokens, max_queue=s.max_queue,
                              max_wait_ms=s.max_wait_ms, batching=s.batching, metrics=self.metrics)
         self.engine.start()
@@ -68,6 +72,12 @@ class Service:
         lm = await self.store.get(name, head, route)
         self.metrics.models_loaded.set(self.store.loaded_count())
         return lm
+
+    def incoming(self):
+        """`with service.incoming():` around a request's work before its job is queued."""
+        if self.engine is None:
+            raise ServiceError("unavailable", "the service is not running")
+        return self.engine.incoming()
 
     async def run(self, job: Job) -> list:
         """Queue a job for the inference thread and wait for its per-row results."""

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     graceful_timeout: float = Field(30.0, ge=0)
     # Threads that tokenise requests (off the event loop).
     tokenizer_threads: int = Field(2, ge=1)
+    # torch intra-op threads for forward passes; 0 = torch's default (one per core).
+    torch_threads: int = Field(0, ge=0)
 
     def public_dict(self) -> dict:
         """Settings that are safe to show on /info (the API key only as set / not set)."""

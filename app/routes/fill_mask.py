@@ -1,19 +1,22 @@
 """POST /fill-mask: the most likely tokens for each [MASK], as transformers' fill-mask pipeline."""
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Body
 
 from .. import pipelines
 from ..deps import ServiceDep
 from ..errors import responses
-from ..schemas import FILL_MASK_EXAMPLE, FillMaskRequest, FillMaskResponse
+from ..schemas import FILL_MASK_EXAMPLE, FillMaskRequest, FillMaskResponse, body_examples
 
 router = APIRouter(tags=["inference"])
+FillMaskBody = Annotated[FillMaskRequest, Body(openapi_examples=body_examples(FillMaskRequest))]
 
 INFERENCE_ERRORS = responses("validation", "unauthorized", "not_found", "too_large", "overloaded", "unavailable")
 
 
 @router.post("/fill-mask", response_model=FillMaskResponse, responses={
     **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": FILL_MASK_EXAMPLE}}}})
-async def fill_mask(req: FillMaskRequest, service: ServiceDep):
+async def fill_mask(req: FillMaskBody, service: ServiceDep):
     """Top-k tokens for each [MASK]: one list per mask, one entry per input (needs an MLM head)."""
     return await pipelines.fill_mask(service, req)

@@ -1,17 +1,20 @@
 """POST /nsp: next-sentence prediction with BERT's pre-training NSP head."""
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Body
 
 from .. import pipelines
 from ..deps import ServiceDep
-from ..schemas import NspRequest, NspResponse
+from ..schemas import NspRequest, NspResponse, body_examples
 from .fill_mask import INFERENCE_ERRORS
 
 router = APIRouter(tags=["inference"])
+NspBody = Annotated[NspRequest, Body(openapi_examples=body_examples(NspRequest))]
 
 
 @router.post("/nsp", response_model=NspResponse, responses={
     **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": {"is_next": True, "score": 0.9987}}}}})
-async def nsp(req: NspRequest, service: ServiceDep):
+async def nsp(req: NspBody, service: ServiceDep):
     """Probability that text_b follows text_a, per pair (needs an NSP head, BertForPreTraining)."""
     return await pipelines.nsp(service, req)

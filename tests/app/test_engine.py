@@ -82,7 +82,8 @@ async def test_batching_off_runs_each_request_alone(data_dir):
         statuses = []
 
         async def call():
-            statuses.append((await c.post("/embeddings", json={"inputs": ["the cat", "the quick brown dog"]})).status_code)
+            r = await c.post("/embeddings", json={"inputs": ["the cat", "the quick brown dog"]})
+            statuses.append(r.status_code)
 
         async with anyio.create_task_group() as tg:
             for _ in range(17):

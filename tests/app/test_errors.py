@@ -56,7 +56,8 @@ async def test_missing_head_is_422_naming_it(client, path, body, message):
 
 @pytest.mark.parametrize("body,message", [
     ({"inputs": "the [MASK]", "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
-    ({"inputs": "the [MASK]", "model": "../etc"}, "model: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'"),
+    ({"inputs": "the [MASK]", "model": "../etc"},
+     "model: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'"),
     ({"inputs": "the [MASK]", "topk": 3}, "topk: Extra inputs are not permitted"),
     ({}, "inputs: Field required"),
     ({"inputs": "the [MASK]", "targets": []}, "targets: List should have at least 1 item after validation, not 0"),
