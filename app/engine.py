@@ -73,6 +73,12 @@ class Batch:
     def params(self) -> list[dict]:
         return [job.params for job, _ in self.origin]
 
+    @property
+    def model_mask(self) -> torch.Tensor | None:
+        """The attention mask to give the model: None when no row is padded, which lets it skip
+        the mask (SDPA's fastest path) without first asking the device whether it is all ones."""
+        return None if self.tokens == self.input_ids.numel() else self.attention_mask
+
 
 # kind -> runner(model, batch) -> one result per batch row (see app/inference.py)
 Runner = Callable[[Any, Batch], list]

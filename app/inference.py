@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 def run_encode(lm, batch) -> list[list[float]]:
     """One pooled (and optionally L2-normalised) vector per row."""
-    hidden = lm.encoder(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state.float()
+    hidden = lm.encoder(batch.input_ids, batch.model_mask, batch.token_type_ids).last_hidden_state.float()
     mask = batch.attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T) -> (B, T, 1)
     mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, H), padding excluded
     use_cls = torch.tensor([p["pooling"] == "cls" for p in batch.params], device=hidden.device)
@@ -29,7 +29,7 @@ def run_encode(lm, batch) -> list[list[float]]:
 def run_mlm(lm, batch) -> list[list[tuple[list[float], list[int]]]]:
     """Per row, per [MASK] (in position order): (top-k probabilities, token ids), best first."""
     masked = batch.input_ids == lm.mask_token_id  # (B, T); the decoder runs only here
-    out = lm.model(batch.input_ids, batch.attention_mask, batch.token_type_ids, masked_positions=masked)
+    out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids, masked_positions=masked)
     logits = out.logits if hasattr(out, "logits") else out.prediction_logits  # (N, V), row-major (b, t)
     probs = logits.float().softmax(-1)
     counts = masked.sum(1).tolist()
@@ -57,13 +57,13 @@ def _top_k(probs: torch.Tensor, p: dict) -> list[tuple[list[float], list[int]]]:
 def run_nsp(lm, batch) -> list[float]:
     """P(B follows A) per row: softmax(seq_relationship_logits)[0] (label 0 = "is next")."""
     none = torch.zeros_like(batch.input_ids, dtype=torch.bool)  # skip the MLM decoder entirely
-    out = lm.model(batch.input_ids, batch.attention_mask, batch.token_type_ids, masked_positions=none)
+    out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids, masked_positions=none)
     return out.seq_relationship_logits.float().softmax(-1)[:, 0].cpu().tolist()
 
 
 def run_classify(lm, batch) -> list[list[float]]:
     """Per row, one score per label (id order)."""
-    logits = lm.model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits.float()
+    logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()
     return score_logits(logits, lm.config).cpu().tolist()
 
 

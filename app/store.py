@@ -239,10 +239,10 @@ class ModelStore:
                     entry.loaded = loaded
                 except ServiceError:
                     raise
-                except Exception as e:
+                except Exception as e:  # remembered until the directory changes: no retry storm
                     log.exception("loading model %s failed", entry.name)
-                    raise ServiceError("unavailable", f"model '{entry.name}' could not be loaded: "
-                                                      f"{type(e).__name__}: {e}") from None
+                    entry.error = f"loading failed: {type(e).__name__}: {e}"
+                    raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
         return entry.loaded
 
     def _load(self, entry: StoredModel) -> LoadedModel:

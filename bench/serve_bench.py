@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.torch_threads)
 
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bench-"))
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     model, tokenizer = build_model(data_dir)
     inputs = {(e, length): make_inputs(tokenizer, 64, n, masked=e == "fill-mask")
               for e in ENDPOINTS for length, n in LENGTHS.items()}

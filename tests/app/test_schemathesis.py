@@ -4,6 +4,8 @@ types and schemas (the one error body included). Bounded: 20 examples per operat
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,6 +37,7 @@ EXAMPLE_MODELS = {
 def _data_dir() -> Path:
     # Built at import: schemathesis' lazy `from_fixture` loader does not work with pytest 9.
     root = Path(tempfile.mkdtemp(prefix="bertserve-schemathesis-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     for i, (name, (cls, extra)) in enumerate(EXAMPLE_MODELS.items()):
         save_tiny(root / "models" / name, cls, seed=i, **extra)
     return root

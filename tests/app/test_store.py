@@ -9,7 +9,7 @@ import pytest
 
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
 
-from .conftest import MODELS, save_tiny, serve_app, settings_for
+from .conftest import MODELS, save_tiny, serve_app, settings_for, tiny_config
 
 pytestmark = pytest.mark.anyio
 
@@ -74,6 +74,16 @@ async def test_broken_model_is_listed_with_its_reason(tmp_path):
         assert r.status_code == 503
         assert r.json() == {"error": f"model 'broken' cannot be served: {reason}", "error_type": "unavailable"}
         assert (await c.get("/ready")).status_code == 200
+
+        # Weights without a tokenizer: described fine, fails to load, and says why from then on.
+        BertModel(tiny_config()).save_pretrained(tmp_path / "models" / "no-vocab")
+        for _ in range(2):
+            r = await c.post("/embeddings", json={"inputs": "a", "model": "no-vocab"})
+            assert r.status_code == 503
+            assert r.json()["error"].startswith("model 'no-vocab' cannot be served: loading failed: "
+                                                "FileNotFoundError: no tokenizer.json or vocab.txt in ")
+        listed = {m["name"]: m for m in (await c.get("/models")).json()["models"]}
+        assert listed["no-vocab"]["error"].startswith("loading failed: FileNotFoundError")
 
 
 async def test_invalid_model_names_never_reach_the_filesystem(client):
