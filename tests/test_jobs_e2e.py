@@ -54,16 +54,22 @@ def test_datasets_are_listed(stack):
 def test_finetune_then_classify_and_pretrain_then_fill_mask(stack):
     c = stack.client
     assert "reviews-clf" not in {m["name"] for m in c.get("/models").json()["models"]}
+    scratch = {"kind": "pretrain", "model_name": "wiki-scratch", "dataset": "wiki",
+               "params": {"max_steps": 30, "batch_size": 8, "max_seq_len": 32, "save_every": 10, "log_every": 1,
+                          "nsp": False, "vocab_size": 80, "config": {"hidden_size": 32, "num_hidden_layers": 1,
+                                                                    "num_attention_heads": 2, "intermediate_size": 37,
+                                                                    "max_position_embeddings": 64}}}
     created = {}
-    for request in (finetune_request("reviews-clf", eval_fraction=0.2, eval_every=10), pretrain_request("wiki-mlm")):
+    for request in (finetune_request("reviews-clf", eval_fraction=0.2, eval_every=10), pretrain_request("wiki-mlm"),
+                    scratch):
         r = c.post("/jobs", json=request)
         assert r.status_code == 202, r.text
         body = r.json()
         assert body["state"] == "queued" and body["status_url"] == f"/jobs/{body['id']}"
         assert r.headers["location"] == body["status_url"]
-        created[request["kind"]] = body["id"]
+        created[request["model_name"]] = body["id"]
 
-    for kind, job_id in created.items():
+    for job_id in created.values():
         job = wait_state(c, job_id, {"succeeded", "failed", "cancelled"}, timeout=90)
         assert job["state"] == "succeeded", job
         assert (job["step"], job["total_steps"], job["attempts"]) == (30, 30, 1)
@@ -71,7 +77,7 @@ def test_finetune_then_classify_and_pretrain_then_fill_mask(stack):
         assert job["loss"] is not None and job["tokens_per_s"] > 0 and job["eta_s"] is None
         curve = c.get(f"/jobs/{job_id}/metrics").json()["records"]
         assert [r["step"] for r in curve if r["type"] == "train"] == list(range(1, 31))
-    assert c.get(f"/jobs/{created['finetune']}").json()["eval"]["examples"] == 8
+    assert c.get(f"/jobs/{created['reviews-clf']}").json()["eval"]["examples"] == 8
 
     # Published while the server ran: listed, and served at once.
     models = {m["name"]: m for m in c.get("/models").json()["models"]}
@@ -80,9 +86,11 @@ def test_finetune_then_classify_and_pretrain_then_fill_mask(stack):
     r = c.post("/classify", json={"inputs": ["i love this film", "i hate this film"], "model": "reviews-clf"})
     assert r.status_code == 200, r.text
     assert all(set(x["scores"]) == {"negative", "positive"} for x in r.json())
-    r = c.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat .", "model": "wiki-mlm", "top_k": 3})
-    assert r.status_code == 200, r.text
-    assert len(r.json()) == 3
+    assert models["wiki-scratch"]["architecture"] == "BertForMaskedLM"  # nsp off; its own vocabulary
+    for name in ("wiki-mlm", "wiki-scratch"):
+        r = c.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat .", "model": name, "top_k": 3})
+        assert r.status_code == 200, r.text
+        assert len(r.json()) == 3
 
     listed = c.get("/jobs", params={"state": "succeeded"}).json()["jobs"]
     assert set(created.values()) <= {j["id"] for j in listed}

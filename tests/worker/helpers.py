@@ -127,9 +127,9 @@ class Process:
         self._log.close()
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None:  # SIGTERM to the main process only: Celery's warm shutdown
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -220,3 +220,40 @@ def wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: flo
         return body if body["state"] in states else None
 
     return wait_for(reached, timeout, f"job {job_id} to reach {states}", interval=0.1)
+
+
+def write_dataset(data_dir: Path, name: str, body: bytes, filename: str) -> Path:
+    """A dataset as POST /datasets leaves it (for tests that run the worker code without the app)."""
+    root = data_dir / "datasets" / name
+    root.mkdir(parents=True)
+    ext = Path(filename).suffix
+    (root / f"data{ext}").write_bytes(body)
+    kind = "labelled" if ext in (".csv", ".tsv") else "corpus"
+    meta = {"name": name, "kind": kind, "file": f"data{ext}", "format": "google" if ext == ".txt" else ext[1:]}
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+def finetune_spec(model_name: str, dataset: str = "reviews", **params) -> dict:
+    """A job spec as POST /jobs stores it: every parameter resolved."""
+    from app.jobs import FinetuneParams
+
+    values = dict(max_steps=10, batch_size=8, max_seq_len=32, save_every=5, log_every=1, lr=1e-3)
+    return {"kind": "finetune", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,
+            "params": FinetuneParams(**{**values, **params}).model_dump()}
+
+
+class LeaseHolder:
+    """Another process holding a job's lease (as a worker training it elsewhere would)."""
+
+    def __init__(self, data_dir: Path, job_id: str):
+        # A bare flock on the lease file, as Lease takes it (no imports: starts in milliseconds).
+        code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+                "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('held', flush=True); time.sleep(600)")
+        lease = data_dir / "jobs" / job_id / ".lease"
+        self.proc = subprocess.Popen([sys.executable, "-S", "-c", code, str(lease)], stdout=subprocess.PIPE)
+        assert self.proc.stdout.readline().strip() == b"held"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)

@@ -1,0 +1,222 @@
+"""/jobs and /datasets without a worker: validation (exact status and body), keys, uploads, and that
+nothing is ever written outside DATA_DIR. The broker is unreachable here on purpose: a request
+that passes validation gets 503, so no test can queue anything by accident.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.jobs import JobsSettings
+from app.main import create_app
+from app.settings import Settings
+
+from .helpers import BASE_MODEL, corpus_txt, finetune_request, labelled_csv, make_data_dir, pretrain_request
+
+NO_BROKER = "redis://127.0.0.1:1/0"
+NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_' or '-', starting with a letter or digit "
+             "(and not with 'tmp')")
+
+
+def make_client(data_dir, **jobs_settings) -> TestClient:
+    app = create_app(Settings(data_dir=data_dir, default_model=BASE_MODEL, device="cpu", load="lazy",
+                              **jobs_settings.pop("service", {})))
+    app.state.jobs_settings = JobsSettings(**{"broker_url": NO_BROKER, **jobs_settings})
+    return TestClient(app)
+
+
+def tree(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    outer = tmp_path_factory.mktemp("api")
+    data_dir = make_data_dir(outer / "data")
+    with make_client(data_dir, max_dataset_bytes=20_000) as client:
+        for name, filename, body in (("reviews", "reviews.csv", labelled_csv()), ("wiki", "wiki.txt", corpus_txt())):
+            assert client.post("/datasets", files={"file": (filename, body)}, data={"name": name}).status_code == 201
+        yield client, outer, data_dir
+
+
+def post_job(client, body) -> tuple[int, dict]:
+    r = client.post("/jobs", content=json.dumps(body), headers={"content-type": "application/json"})
+    return r.status_code, r.json()
+
+
+BAD_JOBS = [
+    ({"kind": "distill", "model_name": "x", "dataset": "reviews"},
+     "body: Input tag 'distill' found using 'kind' does not match any of the expected tags: 'pretrain', 'finetune'"),
+    ({"model_name": "x", "dataset": "reviews"},
+     "body: Unable to extract tag using discriminator 'kind'"),
+    (finetune_request("x", dataset="nope"), "dataset: 'nope' not found (upload it with POST /datasets)"),
+    (finetune_request("x", dataset="wiki"), "dataset: 'wiki' is a corpus dataset; this job needs a labelled one"),
+    (pretrain_request("x", dataset="reviews"), "dataset: 'reviews' is a labelled dataset; this job needs a corpus one"),
+    ({**finetune_request("x"), "base_model": "ghost"}, "base_model: model 'ghost' not found in DATA_DIR/models"),
+    ({k: v for k, v in finetune_request("x").items() if k != "base_model"}, "finetune.base_model: Field required"),
+    (finetune_request(BASE_MODEL), f"model_name: model '{BASE_MODEL}' already exists; choose another name"),
+    # Path tricks: every name is a single plain path component, checked before any disk access.
+    (finetune_request("../x"), f"finetune.model_name: {NAME_RULE}"),
+    (finetune_request("/etc/passwd"), f"finetune.model_name: {NAME_RULE}"),
+    (finetune_request("a/b"), f"finetune.model_name: {NAME_RULE}"),
+    (finetune_request(".hidden"), f"finetune.model_name: {NAME_RULE}"),
+    (finetune_request("tmp-x"), f"finetune.model_name: {NAME_RULE}"),
+    (finetune_request("x" * 300), "finetune.model_name: String should have at most 64 characters"),
+    ({**finetune_request("x"), "base_model": "../models/tiny"}, f"finetune.base_model: {NAME_RULE}"),
+    (finetune_request("x", dataset="../../etc/passwd"), f"finetune.dataset: {NAME_RULE}"),
+    (pretrain_request("x", dataset="/abs/wiki"), f"pretrain.dataset: {NAME_RULE}"),
+    # Parameters: bounds, types, unknown names, consistency.
+    (finetune_request("x", max_steps=10**9), "finetune.params.max_steps: Input should be less than or equal to 1000000"),
+    (finetune_request("x", max_steps=0), "finetune.params.max_steps: Input should be greater than or equal to 1"),
+    (finetune_request("x", batch_size=100_000), "finetune.params.batch_size: Input should be less than or equal to 4096"),
+    (finetune_request("x", lr=-1), "finetune.params.lr: Input should be greater than 0"),
+    (finetune_request("x", lr=5), "finetune.params.lr: Input should be less than or equal to 1"),
+    (finetune_request("x", lr="0.1"), "finetune.params.lr: Input should be a valid number"),
+    (finetune_request("x", seed=-3), "finetune.params.seed: Input should be greater than or equal to 0"),
+    (finetune_request("x", epochs=3), "finetune.params.epochs: Extra inputs are not permitted"),
+    (finetune_request("x", precision="fp8"), "finetune.params.precision: Input should be 'auto', 'fp32' or 'bf16'"),
+    (finetune_request("x", warmup_steps=100, max_steps=10),
+     "finetune.params: warmup_steps (100) must not exceed max_steps (10)"),
+    (finetune_request("x", eval_fraction=0.0, eval_every=5),
+     "finetune.params: eval_every needs eval_fraction > 0 (there is nothing to evaluate on)"),
+    (finetune_request("x", max_seq_len=128), "params.max_seq_len: 128 is more than base model 'tiny' has positions for (64)"),
+    (pretrain_request("x", config={"hidden_size": 64}),
+     "params.config: only for pretraining from scratch; with base_model the model's own size and vocabulary are used"),
+    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki",
+      "params": {"config": {"hidden_size": 30, "num_attention_heads": 4}}},
+     "pretrain.params.config: hidden_size (30) must be a multiple of num_attention_heads (4)"),
+    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"config": {"num_hidden_layers": 1000}}},
+     "pretrain.params.config.num_hidden_layers: Input should be less than or equal to 48"),
+    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"max_seq_len": 1024}},
+     "params.max_seq_len: 1024 is more than params.config has positions for (512)"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD_JOBS, ids=[m[:50] for _, m in BAD_JOBS])
+def test_bad_jobs_are_422_and_write_nothing(env, body, message):
+    client, outer, _ = env
+    before = tree(outer)
+    assert post_job(client, body) == (422, {"error": message, "error_type": "validation"})
+    assert tree(outer) == before
+
+
+def test_nan_is_not_a_number(env):
+    client, _, _ = env
+    r = client.post("/jobs", content=b'{"kind": "finetune", "model_name": "x", "base_model": "tiny", '
+                                     b'"dataset": "reviews", "params": {"lr": NaN}}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+
+
+def test_a_valid_job_without_a_broker_is_503_and_leaves_no_record(env):
+    client, _, data_dir = env
+    status, body = post_job(client, finetune_request("fine"))
+    assert status == 503 and body["error_type"] == "unavailable"
+    assert body["error"].startswith("the job queue (broker) cannot be reached, nothing was queued: ")
+    assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
+    assert client.get("/jobs").json() == {"jobs": []}
+
+
+def test_job_lookups(env):
+    client, _, _ = env
+    assert client.get("/jobs/20240101T000000-0000abcd").json() == {
+        "error": "job '20240101T000000-0000abcd' not found", "error_type": "not_found"}
+    assert client.post("/jobs/20240101T000000-0000abcd/cancel").status_code == 404
+    assert client.get("/jobs/20240101T000000-0000abcd/metrics").status_code == 404
+    for bad in ("not-a-job", "x" * 100, "20240101T000000-0000abcd.json"):
+        assert client.get(f"/jobs/{bad}").status_code == 422
+    assert client.get("/jobs", params={"state": "bogus"}).json() == {
+        "error": "query.state: Input should be 'queued', 'running', 'succeeded', 'failed' or 'cancelled'",
+        "error_type": "validation"}
+
+
+# ---------------------------------------------------------------------------- datasets
+
+def upload(client, filename, body, **fields):
+    return client.post("/datasets", files={"file": (filename, body)}, data=fields)
+
+
+def test_datasets_are_described(env):
+    client, _, _ = env
+    listed = {d["name"]: d for d in client.get("/datasets").json()["datasets"]}
+    assert listed["reviews"]["label_counts"] == {"negative": 20, "positive": 20}
+    assert listed["wiki"]["format"] == "google" and listed["wiki"]["sentences"] == 120
+    assert client.get("/datasets/wiki").json() == listed["wiki"]
+    assert client.get("/datasets/ghost").json() == {"error": "dataset 'ghost' not found", "error_type": "not_found"}
+
+
+BAD_UPLOADS = [
+    (("evil.exe", b"x"), {}, 422, "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl file"),
+    (("a.csv", labelled_csv()), {"name": "../x"}, 422, f"name: '../x' {NAME_RULE}"),
+    (("a.csv", labelled_csv()), {"name": "/tmp/x"}, 422, f"name: '/tmp/x' {NAME_RULE}"),
+    (("a.csv", labelled_csv()), {"name": "reviews"}, 422,
+     "name: dataset 'reviews' already exists (datasets are never replaced; upload under another name)"),
+    (("a.csv", labelled_csv()), {"name": "a", "kind": "images"}, 422, "kind: 'images' is not one of corpus, labelled"),
+    (("a.txt", corpus_txt()), {"name": "a", "kind": "labelled"}, 422,
+     "kind: a labelled dataset cannot be a .txt file (corpus: .txt or .jsonl; labelled: .csv, .tsv or .jsonl)"),
+    (("a.csv", b"text,lab\nhello,1\n"), {}, 422, "file: not a usable labelled table (columns text, label and "
+                                               "optionally text_pair): the file: missing column(s) ['label']; found ['lab', 'text']"),
+    (("a.csv", b"text,label\nhello,1\nbye,1\n"), {}, 422, "file: a classifier needs at least 2 labels, found ['1']"),
+    (("a.jsonl", b'{"text": "ok"}\nnot json\n'), {"kind": "corpus"}, 422,
+     "file: not a usable corpus: the file, line 2: not valid JSON (Expecting value)"),
+    (("a.txt", b"\n\n  \n"), {}, 422, "file: the corpus has no text"),
+    (("big.txt", b"word " * 5000), {}, 413, "dataset is larger than the limit of 20000 bytes (BERT_MAX_DATASET_BYTES)"),
+]
+
+
+@pytest.mark.parametrize("file, fields, status, message", BAD_UPLOADS, ids=[m[:40] for *_, m in BAD_UPLOADS])
+def test_bad_uploads_are_refused_and_leave_nothing(env, file, fields, status, message):
+    client, outer, data_dir = env
+    before = tree(outer)
+    r = upload(client, *file, **fields)
+    assert (r.status_code, r.json()) == (status, {"error": message, "error_type": "validation" if status == 422 else "too_large"})
+    assert tree(outer) == before  # the streamed temp directory is gone too
+
+
+def test_upload_kinds_and_names(env):
+    client, outer, data_dir = env
+    r = upload(client, "../../escape.jsonl", b'{"text": "one", "label": "a"}\n{"text": "two", "label": "b"}\n')
+    assert r.status_code == 201, r.text
+    meta = r.json()
+    assert (meta["name"], meta["kind"], meta["file"], meta["rows"]) == ("escape", "labelled", "data.jsonl", 2)
+    assert (data_dir / "datasets" / "escape" / "data.jsonl").is_file()
+    assert not (outer / "escape.jsonl").exists() and not (outer.parent / "escape.jsonl").exists()
+    r = upload(client, "notes.jsonl", b'{"text": "The cat sat. The dog ran."}\n')
+    assert (r.status_code, r.json()["kind"], r.json()["sentences"]) == (201, "corpus", 2)
+    r = client.post("/datasets", json={"file": "x"})
+    assert r.json() == {"error": "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME "
+                                 "-F kind=labelled)", "error_type": "validation"}
+
+
+# ---------------------------------------------------------------------------- keys
+
+@pytest.mark.parametrize("keys, header, status", [
+    ({"admin_key": "adm"}, None, 401),
+    ({"admin_key": "adm"}, "inference", 401),  # an inference key never opens the training routes
+    ({"admin_key": "adm"}, "adm", 200),
+    ({}, None, 401),  # no admin key: the API key guards them
+    ({}, "inference", 200),
+])
+def test_training_routes_need_the_admin_key(tmp_path, keys, header, status):
+    data_dir = make_data_dir(tmp_path / "data")
+    with make_client(data_dir, service={"api_key": "inference"}, **keys) as client:
+        headers = {"Authorization": f"Bearer {header}"} if header else {}
+        for method, path in (("GET", "/jobs"), ("GET", "/datasets")):
+            r = client.request(method, path, headers=headers)
+            assert r.status_code == status
+            if status == 401:
+                which = "BERT_ADMIN_KEY" if keys else "BERT_API_KEY"
+                assert r.json() == {"error": f"missing or wrong key: send 'Authorization: Bearer <{which}>'",
+                                    "error_type": "unauthorized"}
+        assert client.post("/jobs", json=finetune_request("x"), headers=headers).status_code == (
+            422 if status == 200 else 401)
+
+
+def test_open_without_any_key(tmp_path):
+    with make_client(make_data_dir(tmp_path / "data")) as client:
+        assert client.get("/jobs").json() == {"jobs": []}
+        assert client.get("/datasets").json() == {"datasets": []}

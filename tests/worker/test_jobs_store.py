@@ -1,0 +1,131 @@
+"""model/jobs.py: the record on disk, locked updates across processes, the flock lease, publishing."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from model.jobs import (PROVENANCE, JobNotFound, JobStore, Lease, broker_transport_options, lease_is_free,
+                        publish_model, valid_job_id, valid_name)
+
+from .helpers import LeaseHolder, finetune_spec
+
+
+@pytest.fixture
+def store(tmp_path):
+    return JobStore(tmp_path / "data")
+
+
+def test_a_new_job_is_queued_and_listed_newest_first(store):
+    first = store.create(finetune_spec("a"))
+    second = store.create(finetune_spec("b"))
+    assert valid_job_id(first["id"]) and first["state"] == "queued" and first["attempts"] == 0
+    assert store.read(first["id"]) == first
+    assert [r["id"] for r in store.list()] == sorted([first["id"], second["id"]], reverse=True)
+    store.update(first["id"], lambda r: r.update(state="running"))
+    assert [r["id"] for r in store.list("running")] == [first["id"]]
+    assert not list(store.root.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("job_id", ["../x", "20240101T000000-0000abcd/../..", "", "x" * 80])
+def test_ids_that_are_not_ids_never_reach_the_disk(store, job_id):
+    with pytest.raises(JobNotFound):
+        store.read(job_id)
+    assert not store.exists(job_id)
+
+
+@pytest.mark.parametrize("name, ok", [("bert-tiny_2", True), ("x", True), ("../x", False), ("a/b", False),
+                                      (".x", False), ("tmp1", False), ("a.b", False), ("x" * 65, False), ("", False)])
+def test_names_are_single_plain_path_components(name, ok):
+    assert valid_name(name) is ok
+
+
+def _bump(data_dir, job_id, n):
+    store = JobStore(data_dir)
+    for _ in range(n):
+        store.update(job_id, lambda r: r.update(attempts=r["attempts"] + 1))
+
+
+def test_updates_from_many_processes_are_never_lost(store):
+    job_id = store.create(finetune_spec("a"))["id"]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_bump, args=(store.data_dir, job_id, 25)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert store.read(job_id)["attempts"] == 100
+
+
+def test_cancel_is_immediate_when_queued_and_a_flag_when_running(store):
+    queued = store.create(finetune_spec("a"))["id"]
+    assert store.request_cancel(queued)["state"] == "cancelled"
+    running = store.create(finetune_spec("b"))["id"]
+    store.update(running, lambda r: r.update(state="running"))
+    record = store.request_cancel(running)
+    assert (record["state"], record["cancel_requested"]) == ("running", True)
+    assert store.cancel_requested(running)
+    store.update(running, lambda r: r.update(state="succeeded"))
+    assert store.request_cancel(running)["state"] == "succeeded"  # finished is finished
+
+
+def test_the_lease_is_exclusive_across_processes_and_dies_with_its_holder(store):
+    job_id = store.create(finetune_spec("a"))["id"]
+    holder = LeaseHolder(store.data_dir, job_id)
+    try:
+        assert not Lease(store, job_id).try_acquire(wait_s=0.3)
+        assert not lease_is_free(store, job_id)
+    finally:
+        holder.kill()  # SIGKILL: no cleanup code runs, the kernel drops the lock
+    with Lease(store, job_id) as lease:
+        assert lease.try_acquire()
+        assert not Lease(store, job_id).try_acquire()  # exclusive within a process too (own open file)
+    assert lease_is_free(store, job_id)
+
+
+def test_the_heartbeat_stamps_running_jobs(store):
+    job_id = store.create(finetune_spec("a"))["id"]
+    store.update(job_id, lambda r: r.update(state="running"))
+    with Lease(store, job_id) as lease:
+        assert lease.try_acquire()
+        lease.start_heartbeat(0.05)
+        import time
+
+        time.sleep(0.3)
+    assert store.read(job_id)["heartbeat_at"] is not None
+
+
+def test_metrics_survive_a_torn_last_line(store):
+    job_id = store.create(finetune_spec("a"))["id"]
+    path = store.job_dir(job_id) / "metrics.jsonl"
+    path.write_text('{"type": "train", "step": 1}\n{"type": "train", "step": 2}\n{"type": "tr')
+    assert [r["step"] for r in store.metrics(job_id)] == [1, 2]
+    store.repair_metrics(job_id)
+    assert path.read_text() == '{"type": "train", "step": 1}\n{"type": "train", "step": 2}\n'
+
+
+def test_publishing_is_one_rename_idempotent_and_never_clobbers(store, tmp_path):
+    job_id = store.create(finetune_spec("a"))["id"]
+    source = store.job_dir(job_id) / "model"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    target = publish_model(store, job_id, source, "a")
+    assert target == store.data_dir / "models" / "a" and not source.exists()
+    assert json.loads((target / PROVENANCE).read_text())["job_id"] == job_id
+    # A retried publish (the worker died before recording success) recognises its own model.
+    source.mkdir()
+    assert publish_model(store, job_id, source, "a") == target and not source.exists()
+    other = store.create(finetune_spec("b"))["id"]
+    (store.job_dir(other) / "model").mkdir()
+    with pytest.raises(FileExistsError, match="model 'a' already exists"):
+        publish_model(store, other, store.job_dir(other) / "model", "a")
+
+
+def test_broker_options_follow_the_url(tmp_path):
+    assert broker_transport_options("redis://h:6379/0", tmp_path, 99) == {"visibility_timeout": 99}
+    assert broker_transport_options("sqla+sqlite:////x.db", tmp_path, 99) == {}
+    folder = str(tmp_path / "broker")
+    assert broker_transport_options("filesystem://", tmp_path, 99) == {"data_folder_in": folder, "data_folder_out": folder}
+    assert broker_transport_options(f"filesystem://{tmp_path}/q", tmp_path, 99)["data_folder_in"] == f"{tmp_path}/q"

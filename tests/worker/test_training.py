@@ -1,0 +1,125 @@
+"""worker/training.py and worker/recovery.py in-process (no Celery): what a delivery does in each
+situation, the attempt limit, the soft time limit, and the recovery sweep."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.checkpoint import is_complete
+from model.jobs import JobStore
+from worker.celery_app import make_celery
+from worker.recovery import sweep
+from worker.settings import WorkerSettings
+from worker.training import run_job
+
+from .helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    root = make_data_dir(tmp_path / "data")
+    write_dataset(root, "reviews", labelled_csv(), "reviews.csv")
+    return root
+
+
+@pytest.fixture
+def settings(data_dir):
+    return WorkerSettings(data_dir=data_dir, worker_device="cpu", job_progress_interval_s=0, job_max_attempts=3)
+
+
+def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, settings):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    assert run_job(job_id, "finetune", settings) == {"job": job_id, "outcome": "succeeded"}
+    record = store.read(job_id)
+    assert (record["state"], record["attempts"], record["progress"]["step"]) == ("succeeded", 1, 10)
+    assert record["result"]["model_dir"] == "models/clf" and record["latest_checkpoint"] == "checkpoints/step-10"
+    assert (data_dir / "models" / "clf" / "model.safetensors").is_file()
+    assert run_job(job_id, "finetune", settings) == {"job": job_id, "outcome": "already succeeded"}
+    assert run_job(job_id, "pretrain", settings)["outcome"] == "already succeeded"
+
+
+def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    store.update(job_id, lambda r: r.update(state="running", attempts=1))
+    holder = LeaseHolder(data_dir, job_id)
+    try:
+        assert run_job(job_id, "finetune", settings)["outcome"] == "running elsewhere"
+    finally:
+        holder.kill()
+    record = store.read(job_id)
+    assert (record["state"], record["attempts"]) == ("running", 1)
+    assert record["events"][-1]["event"] == "duplicate delivery ignored"
+    assert not (data_dir / "models" / "clf").exists()
+
+
+def test_a_job_that_keeps_dying_is_failed_after_max_attempts(data_dir, settings):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    store.update(job_id, lambda r: r.update(state="running", attempts=3))  # three workers died on it
+    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    record = store.read(job_id)
+    assert record["state"] == "failed" and record["attempts"] == 3
+    assert record["error"] == ("gave up after 3 attempts (BERT_JOB_MAX_ATTEMPTS); "
+                               "last: the worker died during the attempt")
+    assert run_job(job_id, "finetune", settings)["outcome"] == "already failed"
+
+
+def test_a_training_error_fails_the_job_with_its_message(data_dir, settings):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    (data_dir / "datasets" / "reviews" / "data.csv").write_text("text,label\n")  # emptied after validation
+    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    record = store.read(job_id)
+    assert record["state"] == "failed" and "has no data rows" in record["error"]
+    assert (store.job_dir(job_id) / "error.log").is_file()
+
+
+def test_a_cancel_before_the_first_step_never_trains(data_dir, settings):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    store.update(job_id, lambda r: r.update(state="running"))  # e.g. a worker died, then a cancel came
+    store.request_cancel(job_id)
+    assert run_job(job_id, "finetune", settings)["outcome"] == "cancelled"
+    assert store.read(job_id)["attempts"] == 0
+
+
+def test_the_soft_time_limit_stops_at_a_step_with_a_checkpoint(data_dir, settings):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf", max_steps=50))["id"]
+    limited = settings.model_copy(update={"job_soft_time_limit": 0})
+    assert run_job(job_id, "finetune", limited)["outcome"] == "failed"
+    record = store.read(job_id)
+    assert record["error"] == ("stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step 1; "
+                               "checkpoint checkpoints/step-1")
+    assert is_complete(store.job_dir(job_id) / "checkpoints" / "step-1")
+
+
+def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
+    store = JobStore(data_dir)
+    ids = {name: store.create(finetune_spec(name))["id"] for name in ("queued", "orphan", "alive", "done")}
+    for name, state in (("orphan", "running"), ("alive", "running"), ("done", "succeeded")):
+        store.update(ids[name], lambda r, s=state: r.update(state=s))
+    holder = LeaseHolder(data_dir, ids["alive"])
+    sent = []
+    try:
+        assert set(sweep(store, lambda job_id, kind: sent.append((job_id, kind)))) == {ids["queued"], ids["orphan"]}
+        assert sweep(store, lambda *a: None, states=("running",)) == [ids["orphan"]]
+    finally:
+        holder.kill()
+    assert sorted(sent) == sorted([(ids["queued"], "finetune"), (ids["orphan"], "finetune")])
+    assert store.read(ids["orphan"])["events"][-1]["event"] == "re-enqueued"
+
+
+def test_the_celery_app_is_configured_for_long_jobs(tmp_path):
+    app = make_celery(WorkerSettings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/5",
+                                     visibility_timeout=7200, job_soft_time_limit=100, job_time_limit_grace=20))
+    conf = app.conf
+    assert (conf.task_serializer, conf.result_serializer, conf.accept_content) == ("json", "json", ["json"])
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost and conf.worker_prefetch_multiplier == 1
+    assert conf.task_default_queue == "training" and conf.task_time_limit == 120
+    assert conf.broker_transport_options == {"visibility_timeout": 7200}
+    import worker.tasks
+
+    assert {"bert.pretrain", "bert.finetune"} <= set(worker.tasks.app.tasks.keys())
