@@ -255,6 +255,8 @@ def _sniff_jsonl_kind(path: Path) -> str:
 
 
 def _check_corpus(path: Path) -> dict[str, Any]:
+    if not _has_text(path):
+        raise ServiceError("validation", "file: the corpus has no text")
     try:
         fmt = "jsonl" if path.suffix == ".jsonl" else detect_format(path)
         documents = sentences = 0
@@ -266,6 +268,11 @@ def _check_corpus(path: Path) -> dict[str, Any]:
     if sentences == 0:
         raise ServiceError("validation", "file: the corpus has no text")
     return {"format": fmt, "documents": documents, "sentences": sentences}
+
+
+def _has_text(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return any(line.strip() for line in f)
 
 
 def _check_labelled(path: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.io import TMP_PREFIX
@@ -33,7 +34,7 @@ from .errors import ServiceError
 class JobsSettings(BaseSettings):
     """Settings of the /jobs and /datasets routes (BERT_* variables; README configuration table)."""
 
-    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
     # Opens /jobs and /datasets (Authorization: Bearer <key>); BERT_API_KEY does not. Unset: the
     # API key guards them when there is one, else they are open (the service listens on loopback).
@@ -55,9 +56,14 @@ class JobsSettings(BaseSettings):
 NAME_RULE = datasets.NAME_RULE
 
 
+def _invalid(message: str) -> PydanticCustomError:
+    """A validation error whose message is shown as is (a ValueError would get "Value error, " before it)."""
+    return PydanticCustomError("invalid", message)
+
+
 def _check_name(value: str) -> str:
     if not valid_name(value):
-        raise ValueError(NAME_RULE)
+        raise _invalid(NAME_RULE)
     return value
 
 
@@ -88,9 +94,9 @@ class TrainParams(Strict):
     @model_validator(mode="after")
     def _consistent(self):
         if self.warmup_steps > self.max_steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
+            raise _invalid(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
         if self.eval_every and not self.eval_fraction:
-            raise ValueError("eval_every needs eval_fraction > 0 (there is nothing to evaluate on)")
+            raise _invalid("eval_every needs eval_fraction > 0 (there is nothing to evaluate on)")
         return self
 
 
@@ -111,7 +117,7 @@ class ModelSize(Strict):
     @model_validator(mode="after")
     def _heads_divide(self):
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+            raise _invalid(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
                              f"({self.num_attention_heads})")
         return self
 

@@ -18,7 +18,7 @@ DAY = 24 * 3600
 
 
 class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
     # Shared with the app: jobs, datasets and models live below it (a volume both can see).
     data_dir: Path = Path("./data")
