@@ -183,7 +183,8 @@ async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> di
                                          "-F name=NAME -F kind=labelled)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
-        raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes (BERT_MAX_DATASET_BYTES)")
+        raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes "
+                                        "(BERT_MAX_DATASET_BYTES)")
     root = datasets_root(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}upload-{uuid.uuid4().hex[:12]}"
@@ -223,7 +224,8 @@ def _finish(upload: _Upload, tmp: Path, data_dir: Path) -> dict[str, Any]:
     fields = dict(upload.fields)
     ext = Path(upload.filename).suffix.lower()
     fields.setdefault("name", Path(upload.filename).stem)
-    fields.setdefault("kind", EXTENSIONS[ext][0] if len(EXTENSIONS[ext]) == 1 else _sniff_jsonl_kind(tmp / f"data{ext}"))
+    kinds = EXTENSIONS[ext]
+    fields.setdefault("kind", kinds[0] if len(kinds) == 1 else _sniff_jsonl_kind(tmp / f"data{ext}"))
     check_fields(fields, data_dir)
     name, kind = fields["name"], fields["kind"]
     if kind not in EXTENSIONS[ext]:
@@ -282,7 +284,8 @@ def _check_labelled(path: Path) -> dict[str, Any]:
         raise ServiceError("validation", f"file: not a usable labelled table (columns text, label and "
                                          f"optionally text_pair): {_clean(e, path)}") from None
     if len(data.id2label) < 2:
-        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {list(data.id2label.values())}")
+        found = list(data.id2label.values())
+        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {found}")
     counts: dict[str, int] = {}
     for example in data.train:
         label = data.id2label[example.label]

@@ -15,6 +15,7 @@ import asyncio
 import hmac
 import shutil
 import uuid
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from fastapi import Depends, Request
@@ -24,7 +25,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.io import TMP_PREFIX
-from model.jobs import (KINDS, STATES, TASK_NAMES, TERMINAL, TRAINING_QUEUE, JobNotFound, JobStore,
+from model.jobs import (STATES, TASK_NAMES, TERMINAL, TRAINING_QUEUE, JobNotFound, JobStore,
                         add_event, broker_transport_options, now_iso, valid_name)
 
 from . import datasets
@@ -232,12 +233,12 @@ def job_status(record: dict) -> JobStatus:
 class Jobs:
     """What the /jobs and /datasets routes share: settings, the job store and the Celery publisher."""
 
-    def __init__(self, settings: JobsSettings, data_dir, store=None):
+    def __init__(self, settings: JobsSettings, data_dir: Path, models=None):
         from celery import Celery  # the client only: the app never imports worker/
 
         self.settings, self.data_dir = settings, data_dir
         self.store = JobStore(data_dir)
-        self.models = store  # app.store.ModelStore, for base-model checks
+        self.models = models  # app.store.ModelStore, for base-model checks
         self.celery = Celery("bertserve-app", broker=settings.broker_url, set_as_current=False)
         self.celery.conf.update(
             task_serializer="json", accept_content=["json"], task_ignore_result=True,
@@ -266,21 +267,35 @@ class Jobs:
         return await asyncio.to_thread(self.store.update, record["id"], _mark_enqueued)
 
     def _discard(self, job_id: str) -> None:
-        job_dir = self.store.job_dir(job_id)
-        doomed = job_dir.parent / f"{TMP_PREFIX}discard-{job_id}-{uuid.uuid4().hex[:6]}"
-        job_dir.rename(doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        """Remove a record whose message never left; closed first, under the record lock, so a worker
+        that found it anyway (a recovery sweep) sees a finished job and leaves it alone."""
+        unclaimed = False
+
+        def close(r: dict) -> None:
+            nonlocal unclaimed
+            if r["state"] == "queued" and r["attempts"] == 0:
+                unclaimed = True
+                r["state"], r["error"] = "failed", "the broker could not be reached; the job was never queued"
+
+        self.store.update(job_id, close)
+        if unclaimed:
+            job_dir = self.store.job_dir(job_id)
+            doomed = job_dir.parent / f"{TMP_PREFIX}discard-{job_id}-{uuid.uuid4().hex[:6]}"
+            job_dir.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     # -- validation against the data directory ---------------------------------------------------
 
     async def validate(self, req: PretrainJobRequest | FinetuneJobRequest) -> dict:
         """Checks pydantic cannot make (they need the disk); returns the spec to store."""
         await asyncio.to_thread(self._check_model_name, req.model_name)
-        dataset = self._dataset(req.dataset, "corpus" if req.kind == "pretrain" else "labelled")
+        needs = "corpus" if req.kind == "pretrain" else "labelled"
+        dataset = await asyncio.to_thread(self._dataset, req.dataset, needs)
         params = req.params.model_dump()
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
-            _check_seq_len(req.params.max_seq_len, base.config.max_position_embeddings, f"base model '{req.base_model}'")
+            _check_seq_len(req.params.max_seq_len, base.config.max_position_embeddings,
+                           f"base model '{req.base_model}'")
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
         else:
@@ -385,5 +400,3 @@ def find_job(jobs: Jobs, job_id: str) -> dict:
     except JobNotFound:
         raise ServiceError("not_found", f"job '{job_id}' not found") from None
 
-
-__all__ = ["KINDS", "CreateJobRequest", "Jobs", "JobsSettings", "job_status", "require_admin_key"]

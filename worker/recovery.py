@@ -24,7 +24,8 @@ log = logging.getLogger("bertserve.worker")
 _timer_stop = threading.Event()
 
 
-def sweep(store: JobStore, send: Callable[[str, str], None], states: tuple[str, ...] = ("queued", "running")) -> list[str]:
+def sweep(store: JobStore, send: Callable[[str, str], None],
+          states: tuple[str, ...] = ("queued", "running")) -> list[str]:
     """Send again every job in `states` whose lease is free; returns their ids."""
     sent = []
     for record in store.list():

@@ -4,9 +4,10 @@
       1. lease     flock DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: do nothing
       2. begin     under the record lock: finished/cancelled -> nothing; too many attempts -> failed;
                    else attempts += 1, state running (a previous attempt that died is noted)
-      3. train     model.train_cli's run_pretraining/run_finetuning with the job directory as run
-                   directory (worker/recipes.py): continues from the latest complete checkpoint; callbacks write progress into job.json, and stop the
-                   loop on a cancel request or the soft time limit (the trainer checkpoints first)
+      3. train     model.train_cli's run_pretraining/run_finetuning, the job directory as run directory
+                   (worker/recipes.py): it continues from the latest complete checkpoint; callbacks write
+                   progress into job.json and stop the loop on a cancel request or the soft time limit
+                   (the trainer checkpoints first)
       4. finish    completed -> the final model is renamed into DATA_DIR/models/<name> -> succeeded;
                    stopped -> cancelled (or failed: time limit); exception -> failed with the error
 
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from model import checkpoint as ckpt
-from model.jobs import CANCEL, TERMINAL, JobNotFound, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
 from model.cli import UserError
+from model.jobs import CANCEL, TERMINAL, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
 from model.trainer import FINAL_MODEL, Callback
 
 from . import recipes

@@ -30,7 +30,8 @@ async def create_job(req: Annotated[CreateJobRequest, Body(openapi_examples={"fi
 
 
 @router.get("/jobs", response_model=JobsResponse, responses=responses("validation", "unauthorized"))
-async def list_jobs(jobs: JobsDep, state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None):
+async def list_jobs(jobs: JobsDep,
+                    state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None):
     """Every job, newest first; `?state=running` (queued, running, succeeded, failed, cancelled) filters."""
     records = await asyncio.to_thread(jobs.store.list, state)
     return JobsResponse(jobs=[job_status(r) for r in records])
