@@ -18,6 +18,7 @@ both labels (0 = "B follows A", 1 = "B is random", as in Google's and HF's code)
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,156 @@ ACT2FN = {
     "tanh": torch.tanh,
     "silu": F.silu,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense layers. On CPU in fp32, oneDNN's GEMM runs 2-2.5x faster than the MKL sgemm behind F.linear
+# on this AMD EPYC (bench/model_bench.py --ablate measures both), fuses the bias, activation and
+# residual add into the GEMM, and is still plain fp32 arithmetic. For inference the weights are
+# reordered once into oneDNN's layout and kept (bf16 weights too). Everything else (GPU, autocast,
+# int8 modules, torch.compile, a torch without oneDNN) goes through torch's own F.linear.
+# ---------------------------------------------------------------------------------------------
+
+# ACT2FN name -> oneDNN post-op (attr, algorithm), as torch.ops.mkldnn._linear_pointwise spells them.
+_ONEDNN_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+                   "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", ""), "tanh": ("tanh", ""),
+                   "silu": ("swish", "")}
+
+
+def _onednn_linear_works() -> bool:
+    """Whether this torch has oneDNN's fused linear and it agrees with F.linear (probed once)."""
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+        return torch.allclose(op(x, w, b, "none", [], ""), F.linear(x, w, b), atol=1e-5)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+_onednn = {"enabled": _onednn_linear_works()}
+
+
+def use_onednn(enabled: bool) -> bool:
+    """Turn the oneDNN fp32 CPU path on or off for every model in the process; returns the old setting.
+
+    On by default wherever it works. Off means F.linear (MKL), as transformers runs: benchmarks use
+    it to show what the GEMM library contributes.
+    """
+    old = _onednn["enabled"]
+    _onednn["enabled"] = bool(enabled) and _onednn_linear_works()
+    return old
+
+
+# Below about a million multiply-adds (tiny test models, one token) oneDNN's fixed ~12 us a call
+# costs more than it saves; MKL takes those.
+_ONEDNN_MIN_MACS = 1 << 20
+
+
+def _onednn_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (_onednn["enabled"] and x.device.type == "cpu" and x.dtype == weight.dtype
+            and x.dtype in (torch.float32, torch.bfloat16) and x.numel() * weight.shape[0] >= _ONEDNN_MIN_MACS
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+class _PackedWeight:
+    """A weight reordered once into oneDNN's blocked layout, kept beside the module that uses it.
+
+    Only a cache: it is rebuilt when the weight changes (another tensor, new storage, or an
+    in-place update that bumps `_version`), it is not a buffer (never saved), and copies of the
+    module drop it (an opaque oneDNN tensor cannot be deep-copied or pickled). Costs one more copy
+    of each weight's memory while the model serves.
+    """
+
+    __slots__ = ("source", "key", "tensor")
+
+    def __init__(self, weight: torch.Tensor, tensor: torch.Tensor):
+        self.source = weakref.ref(weight)  # not a strong ref: a replaced weight must not live on
+        self.key, self.tensor = _weight_key(weight), tensor
+
+    def fits(self, weight: torch.Tensor) -> bool:
+        return self.source() is weight and self.key == _weight_key(weight)
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return type(None), ()
+
+
+def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
+    return weight.data_ptr(), weight._version
+
+
+def _packed(owner: nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` in oneDNN's layout for inference: at small batches the per-call reorder is a third."""
+    if weight.is_inference():  # no version counter to notice changes by: use it as it is
+        return weight
+    cached = owner.__dict__.get("_onednn_packed")
+    if cached is None or not cached.fits(weight):
+        with torch.no_grad():
+            cached = _PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        owner.__dict__["_onednn_packed"] = cached
+    return cached.tensor
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """y = x W^T + b with all three GEMMs (forward, grad x, grad W) in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        linear = torch.ops.mkldnn._linear_pointwise
+        g2 = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (M, out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = linear(grad, weight.t(), None, "none", [], "")  # (M, out) @ (out, in)
+        if ctx.needs_input_grad[1]:
+            x2 = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+            grad_w = linear(g2.t(), x2.t(), None, "none", [], "")  # (out, M) @ (M, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _linear(owner: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            act: str | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
+    """ACT2FN[act](x W^T + b) + add; `owner` keeps the packed weight (callers never pass act and add)."""
+    if _onednn_fits(x, weight):
+        if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):  # inference
+            packed = _packed(owner, weight)
+            if add is not None:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
+            attr, algorithm = _ONEDNN_POSTOPS[act] if act else ("none", "")
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
+        y = (_OneDnnLinear.apply if x.dtype == torch.float32 else F.linear)(x, weight, bias)
+    else:
+        y = F.linear(x, weight, bias)
+    if act:
+        y = ACT2FN[act](y)
+    return y if add is None else y + add
+
+
+def dense(layer: nn.Module, x: torch.Tensor, act: str | None = None,
+          add: torch.Tensor | None = None) -> torch.Tensor:
+    """ACT2FN[act](layer(x)) + add for a Linear `layer`, by oneDNN where it fits (see above).
+
+    A plain nn.Linear is not called as a module (no per-call module overhead), so forward hooks
+    on it do not fire; any other module (model.precision's Int8Linear) is called as it is.
+    """
+    if type(layer) is nn.Linear:
+        return _linear(layer, x, layer.weight, layer.bias, act, add)
+    y = layer(x)
+    if act:
+        y = ACT2FN[act](y)
+    return y if add is None else y + add
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,13 +273,18 @@ class BertSelfAttention(nn.Module):
         self.register_state_dict_post_hook(_split_qkv)
         self.register_load_state_dict_pre_hook(_join_qkv)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packed | None) -> torch.Tensor:
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(mask, Packed):  # x is (N, C): the batch's real tokens, one sequence after another
+            N, C = x.shape
+            # (N, 3C) -> (N, 3, nh, hs) -> 3 x (N, nh, hs)
+            q, k, v = dense(self.qkv, x).view(N, 3, self.num_heads, self.head_size).unbind(1)
+            return mask.attention(q, k, v, dropout_p).reshape(N, C)  # (N, nh, hs) -> (N, C)
         B, T, C = x.shape
         # (B, T, 3C) -> (B, T, 3, nh, hs) -> (3, B, nh, T, hs)
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
+        q, k, v = dense(self.qkv, x).view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
         # SDPA scales by 1/sqrt(hs) itself (the paper's 1/sqrt(d_k)).
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
 
 
@@ -159,7 +315,9 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+        if self.training:  # dropout sits between the projection and the residual
+            return self.LayerNorm(self.dropout(dense(self.dense, h)) + residual)
+        return self.LayerNorm(dense(self.dense, h, add=residual))  # the add fuses into the GEMM
 
 
 class BertAttention(nn.Module):
@@ -176,13 +334,15 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = config.hidden_act  # fused into the GEMM where it can be (see dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))
+        return dense(self.dense, x, self.act)
 
 
 class BertOutput(nn.Module):
+    """Feed-forward output projection, then the same post-LN residual as BertSelfOutput."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
@@ -190,7 +350,9 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+        if self.training:  # dropout sits between the projection and the residual
+            return self.LayerNorm(self.dropout(dense(self.dense, h)) + residual)
+        return self.LayerNorm(dense(self.dense, h, add=residual))  # the add fuses into the GEMM
 
 
 class BertLayer(nn.Module):
@@ -226,7 +388,7 @@ class BertPooler(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))
+        return dense(self.dense, hidden[:, 0], "tanh")
 
 
 class BertLMPredictionHead(nn.Module):
@@ -241,13 +403,13 @@ class BertLMPredictionHead(nn.Module):
         self.transform = nn.Module()
         self.transform.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.transform.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = config.hidden_act
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.word_embeddings = [word_embeddings]  # a list, so it is not registered twice
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = self.transform.LayerNorm(self.act(self.transform.dense(h)))
-        return F.linear(h, self.word_embeddings[0].weight, self.bias)
+        h = self.transform.LayerNorm(dense(self.transform.dense, h, self.act))
+        return _linear(self, h, self.word_embeddings[0].weight, self.bias, None)  # the tied decoder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,9 +578,66 @@ def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Ten
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} does not match "
                          f"input_ids shape {tuple(input_ids.shape)}")
     mask = attention_mask.bool()
-    if bool(mask.all()):
+    if not torch.compiler.is_compiling() and bool(mask.all()):  # a graph break under compile
         return None
     return mask[:, None, None, :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Unpadded batches: the encoder runs on the real tokens only, packed one sequence after another
+# as (N, H); only attention needs to know where each sequence starts. On CUDA in bf16/fp16 that is
+# flash attention's variable-length kernel; elsewhere a loop of SDPA calls, one per sequence.
+# ---------------------------------------------------------------------------------------------
+
+try:
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn  # torch >= 2.9, CUDA only
+except ImportError:  # pragma: no cover - older torch
+    _varlen_attn = None
+
+# On CPU, packing pays once about this share of the batch is padding (measured: 1.3x faster at 26%
+# padding, 1.8x at 45%, even at 14%; small config, batch 32); below it the per-sequence SDPA loop
+# and the gather/scatter cost about what the padded rows save. bench/model_bench.py --cases padded.
+CPU_UNPAD_MIN_PADDING = 0.2
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Where each sequence sits in a packed (N, ...) batch: rows offsets[i]:offsets[i+1]."""
+
+    cu_seqlens: torch.Tensor  # int32 (B + 1,), on the batch's device
+    offsets: tuple[int, ...]  # the same, as Python ints
+    max_len: int
+
+    @classmethod
+    def from_mask(cls, keep: torch.Tensor) -> Packed:
+        lengths = keep.sum(1, dtype=torch.int32)  # (B, T) bool -> (B,)
+        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        offsets = tuple(cu_seqlens.tolist())
+        return cls(cu_seqlens, offsets, max(b - a for a, b in zip(offsets, offsets[1:])))
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        """Attention within each sequence of packed (N, nh, hs) q, k, v."""
+        if (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+                and dropout_p == 0.0):
+            return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+        pieces = []
+        for a, b in zip(self.offsets, self.offsets[1:]):
+            if b > a:  # (L, nh, hs) -> (nh, L, hs) -> SDPA -> (L, nh, hs)
+                qi, ki, vi = (t[a:b].transpose(0, 1) for t in (q, k, v))
+                pieces.append(F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p).transpose(0, 1))
+        return torch.cat(pieces)
+
+
+def should_unpad(mask: torch.Tensor, hidden: torch.Tensor, dropout_p: float) -> bool:
+    """Whether to run this padded batch packed (see above); `mask` is the bool (B, 1, 1, T) one."""
+    if torch.compiler.is_compiling():
+        return False
+    if hidden.is_cuda:
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
+        return _varlen_attn is not None and dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
+    if hidden.device.type != "cpu":
+        return False
+    return 1.0 - mask.float().mean().item() >= CPU_UNPAD_MIN_PADDING
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,9 +665,21 @@ class BertModel(BertPreTrainedModel):
                 token_type_ids: torch.Tensor | None = None) -> BaseModelOutput:
         self._check_input(input_ids)
         mask = attention_mask_for(attention_mask, input_ids)
-        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        x = self.embeddings(input_ids, token_type_ids)
+        dropout_p = self.config.attention_probs_dropout_prob if self.training else 0.0
+        if mask is not None and should_unpad(mask, x, dropout_p):
+            hidden = self._encode_packed(x, mask[:, 0, 0])
+        else:
+            hidden = self.encoder(x, mask)
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def _encode_packed(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The encoder on the real tokens only; padded positions of the result are zeros."""
+        B, T, H = x.shape
+        rows = keep.reshape(-1).nonzero().squeeze(1)  # (B, T) bool -> indices of real tokens
+        packed = self.encoder(x.reshape(B * T, H).index_select(0, rows), Packed.from_mask(keep))  # (N, H)
+        return x.new_zeros(B * T, H).index_copy(0, rows, packed).view(B, T, H)
 
     def _check_input(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 2:
@@ -546,7 +777,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
                 labels=None) -> SequenceClassifierOutput:
         pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
-        logits = self.classifier(self.dropout(pooled))
+        logits = dense(self.classifier, self.dropout(pooled))
         loss = None
         if labels is not None:
             if self.num_labels == 1:
