@@ -1,0 +1,228 @@
+"""Reduced precision for inference, chosen per model: "fp32" (the default), "bf16" or "int8".
+
+    from model.precision import apply_precision
+    model = apply_precision(BertModel.from_pretrained(path), "bf16")
+
+fp32  Full precision. On CPU the dense layers already run through oneDNN (model/modeling.py).
+bf16  Every weight and activation in bfloat16 (model.to(torch.bfloat16)); LayerNorm, softmax and
+      the losses still accumulate in fp32 inside their kernels. Outputs are cast back to fp32, so
+      callers see the same dtypes as ever. Fast where the hardware does bf16 natively: CPUs with
+      avx512_bf16 or AMX (see `bf16_native`), and CUDA GPUs from Ampere on. Elsewhere oneDNN
+      emulates it and it may be slower than fp32: measure with bench/precision_bench.py.
+int8  Dynamic W8A8 quantisation of the encoder's Linear layers (Int8Linear below): int8 weights
+      with one scale per output channel, activations quantised on the fly with one scale per
+      token, an exact int8 x int8 -> int32 GEMM (torch._int_mm; VNNI/AMX make it fast), then
+      rescaled to fp32. CPU only, inference only. The heads (pooler, classifier, MLM transform and
+      the decoder, which is the word-embedding matrix itself) stay fp32: a small share of the time
+      and most of the accuracy risk. Why not torch.ao's quantize_dynamic: its activations are
+      quantised per tensor to 7 bits, which cost MiniLM's embeddings a mean cosine of 0.947 (0.98
+      with per-channel weights) against fp32, where per-token scales keep it above 0.99; and
+      torch.ao.quantization is deprecated in favour of torchao.
+
+Measured costs against fp32 (bench/precision_bench.py prints them for this machine): the sentence
+embedding cosine, fill-mask top-1 agreement and classification agreement on the same inputs.
+
+`autocast(device, precision)` is the training-side counterpart: mixed precision with fp32 weights
+(the trainer's choice), a no-op for fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W int8 (a scale per output row) and x quantised per token at each call.
+
+    The int8 x int8 product is exact (int32 accumulation: |sum| <= K * 127^2 < 2^31 for K < 133k);
+    the only error is the two roundings to int8. The state dict shows a plain Linear's `weight`
+    (dequantised) and `bias`, so save_pretrained of an int8 model writes an ordinary fp32 checkpoint.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight_int8", torch.empty(0, dtype=torch.int8), persistent=False)
+        self.register_buffer("weight_scale", torch.empty(0), persistent=False)
+        self.register_buffer("bias", None, persistent=False)
+        self._set(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+
+    def _set(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        weight = weight.float()
+        scale = weight.abs().amax(1).clamp_min(1e-12) / 127  # (N, K) -> (N,)
+        self.weight_int8 = torch.round(weight / scale[:, None]).to(torch.int8)
+        self.weight_scale = scale
+        self.bias = None if bias is None else bias.float().clone()
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.weight_int8.float() * self.weight_scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
+        scale = torch.linalg.vector_norm(x2, float("inf"), dim=1, keepdim=True).clamp_min_(1e-12).div_(127)
+        q = torch.div(x2, scale).round_().to(torch.int8)
+        y = torch._int_mm(q, self.weight_int8.t()).to(torch.float32)  # (M, K) @ (K, N), int32
+        y.mul_(scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.dequantized_weight()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        if prefix + "weight" not in state_dict:
+            missing_keys.append(prefix + "weight")
+            return
+        self._set(state_dict[prefix + "weight"], state_dict.get(prefix + "bias"))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def apply_precision(model: nn.Module, precision: str) -> nn.Module:
+    """Convert `model` in place to "fp32", "bf16" or "int8" (see the module docstring); returns it.
+
+    Works on any of our model classes. Inputs and outputs keep their dtypes at every precision
+    (token ids in, fp32 tensors out), so callers need no change. "fp32" undoes "bf16"; an int8
+    model cannot be converted back (its float weights are gone): load it again. int8 needs a CPU
+    model in eval mode; an int8 model is for serving, not for training or save_pretrained.
+    Raises ValueError, quoting the value, for an unknown precision or an impossible conversion.
+    """
+    check_precision(precision)
+    current = precision_of(model)
+    if current == precision:
+        return model
+    if current == "int8":
+        raise ValueError(f"model is int8-quantised; it cannot become {precision!r}: load it again")
+    if precision == "fp32":
+        _cast_outputs(model, None)
+        return model.float()
+    if precision == "bf16":
+        model.to(torch.bfloat16)
+        _cast_outputs(model, torch.float32)
+        return model
+    return _quantize_int8(model)
+
+
+def precision_of(model: nn.Module) -> str:
+    """The precision a model runs at now: "int8", "bf16" or "fp32"."""
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
+        return "int8"
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    if params and all(p.dtype == torch.bfloat16 for p in params):
+        return "bf16"
+    return "fp32"
+
+
+def autocast(device_type: str | torch.device, precision: str = "bf16"):
+    """Mixed precision for a forward (and its backward): torch.autocast in bf16, or a no-op for fp32.
+
+    The weights stay fp32 and autocast runs the matmuls in bf16; use it for training, where the
+    optimizer must keep fp32 weights. int8 has no autocast form: ValueError.
+    """
+    check_precision(precision)
+    device_type = torch.device(device_type).type
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    raise ValueError("int8 is a conversion of the model (apply_precision), not an autocast mode")
+
+
+def bf16_native(device: str | torch.device = "cpu") -> bool:
+    """Whether `device` computes bf16 in hardware (else bf16 is emulated and can be slower than fp32)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def recommended_precision(device: str | torch.device = "cpu") -> str:
+    """The default a service should use: bf16 on a GPU that has it, fp32 on CPU (bf16/int8 opt-in)."""
+    device = torch.device(device)
+    return "bf16" if device.type == "cuda" and bf16_native(device) else "fp32"
+
+
+# -- internals --------------------------------------------------------------------------------
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no cheap way to tell, so say no
+        return set()
+    match = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    return set(match.group(1).split()) if match else set()
+
+
+def _encoder(model: nn.Module) -> nn.Module:
+    bert = getattr(model, "bert", model)
+    encoder = getattr(bert, "encoder", None)
+    if encoder is None:
+        raise ValueError(f"{type(model).__name__} has no BERT encoder to quantise")
+    return encoder
+
+
+def int8_supported() -> bool:
+    """Whether this torch can run Int8Linear on the CPU (torch._int_mm, exact on a small probe)."""
+    try:
+        a = torch.tensor([[1, -2], [3, 4]], dtype=torch.int8)
+        return torch.equal(torch._int_mm(a, a), (a.int() @ a.int()))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def _quantize_int8(model: nn.Module) -> nn.Module:
+    if model.training:
+        raise ValueError("int8 is for inference: call model.eval() before apply_precision(model, 'int8')")
+    devices = {p.device.type for p in model.parameters()}
+    if devices != {"cpu"}:
+        raise ValueError(f"int8 runs on CPU only; the model is on {', '.join(sorted(devices))}")
+    if not int8_supported():
+        raise ValueError(f"int8 needs torch._int_mm on the CPU, which torch {torch.__version__} lacks")
+    model.float()
+    for parent in list(_encoder(model).modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear(child))
+    return model
+
+
+def _cast_outputs(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """Make the model's floating outputs `dtype` (a forward hook), or drop that hook (None)."""
+    handle = model.__dict__.pop("_precision_output_hook", None)
+    if handle is not None:
+        handle.remove()
+    if dtype is not None:
+        model.__dict__["_precision_output_hook"] = model.register_forward_hook(
+            lambda module, args, output: _cast_floats(output, dtype))
+
+
+def _cast_floats(output, dtype: torch.dtype):
+    if isinstance(output, torch.Tensor):
+        return output.to(dtype) if output.is_floating_point() else output
+    if dataclasses.is_dataclass(output):
+        for field in dataclasses.fields(output):
+            setattr(output, field.name, _cast_floats(getattr(output, field.name), dtype))
+        return output
+    if isinstance(output, tuple):
+        return type(output)(_cast_floats(x, dtype) for x in output)
+    return output
