@@ -105,11 +105,11 @@ class Service:
     async def not_ready_reason(self) -> str | None:
         """None when the default model is loaded and warmed up; else why not."""
         name = self.store.default()
-        entry = self.store._entries.get(name) if name else None
+        entry = self.store.peek(name) if name else None
         if entry is None:  # perhaps saved since the last scan
             await asyncio.to_thread(self.store.scan)
             name = self.store.default()
-            entry = self.store._entries.get(name) if name else None
+            entry = self.store.peek(name) if name else None
         if name is None:
             return "no default model: set BERT_DEFAULT_MODEL (or store exactly one model)"
         if entry is None:

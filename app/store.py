@@ -189,6 +189,10 @@ class ModelStore:
         names = list(self._entries)
         return names[0] if len(names) == 1 else None
 
+    def peek(self, name: str) -> StoredModel | None:
+        """The entry as last scanned, without touching the filesystem."""
+        return self._entries.get(name)
+
     def entries(self) -> list[StoredModel]:
         return [self._entries[n] for n in sorted(self._entries)]
 
@@ -203,6 +207,9 @@ class ModelStore:
                                                 "(set BERT_DEFAULT_MODEL)")
         if not valid_name(name):
             raise ServiceError("not_found", f"model '{name}' not found")
+        entry = self._entries.get(name)
+        if entry is not None and _identity(entry.path) == entry.identity:
+            return entry  # the common case: one stat, no thread hop
         entry = await asyncio.to_thread(self._refresh, name)
         if entry is None:
             await asyncio.to_thread(self.scan)
@@ -242,7 +249,8 @@ class ModelStore:
                 except Exception as e:  # remembered until the directory changes: no retry storm
                     log.exception("loading model %s failed", entry.name)
                     entry.error = f"loading failed: {type(e).__name__}: {e}"
-                    raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
+                    message = f"model '{entry.name}' cannot be served: {entry.error}"
+                    raise ServiceError("unavailable", message) from None
         return entry.loaded
 
     def _load(self, entry: StoredModel) -> LoadedModel:
