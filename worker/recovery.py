@@ -12,6 +12,7 @@ the lease taken or the job finished and does nothing.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import threading
 from typing import Callable
 
@@ -22,6 +23,9 @@ from model.jobs import TASK_NAMES, TRAINING_QUEUE, JobNotFound, JobStore, add_ev
 log = logging.getLogger("bertserve.worker")
 
 _timer_stop = threading.Event()
+# Set in the main process on a warm shutdown (SIGTERM); created before the pool forks, so the pool
+# process running a job sees it too and hands the job back at its next step (worker/training.py).
+shutting_down = multiprocessing.Event()
 
 
 def sweep(store: JobStore, send: Callable[[str, str], None],
@@ -79,3 +83,4 @@ def _on_worker_ready(sender, **kwargs) -> None:
 @worker_shutting_down.connect
 def _on_shutdown(**kwargs) -> None:
     _timer_stop.set()
+    shutting_down.set()

@@ -7,16 +7,17 @@ DATA_DIR/jobs/<id>/ (model/jobs.py), and the work happens in worker/training.py 
 from __future__ import annotations
 
 from .celery_app import app, settings
+from .recovery import celery_sender, shutting_down
 from .training import run_job
 
 
 @app.task(name="bert.pretrain", ignore_result=True)
 def pretrain(job_id: str) -> dict:
     """Pretrain (MLM, + NSP) a model as DATA_DIR/jobs/<job_id>/job.json describes."""
-    return run_job(job_id, "pretrain", settings)
+    return run_job(job_id, "pretrain", settings, shutting_down=shutting_down, requeue=celery_sender(app))
 
 
 @app.task(name="bert.finetune", ignore_result=True)
 def finetune(job_id: str) -> dict:
     """Fine-tune a classifier as DATA_DIR/jobs/<job_id>/job.json describes."""
-    return run_job(job_id, "finetune", settings)
+    return run_job(job_id, "finetune", settings, shutting_down=shutting_down, requeue=celery_sender(app))

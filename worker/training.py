@@ -9,7 +9,9 @@
                    progress into job.json and stop the loop on a cancel request or the soft time limit
                    (the trainer checkpoints first)
       4. finish    completed -> the final model is renamed into DATA_DIR/models/<name> -> succeeded;
-                   stopped -> cancelled (or failed: time limit); exception -> failed with the error
+                   stopped -> cancelled (or failed: time limit); exception -> failed with the error;
+                   the worker is shutting down (SIGTERM) -> handed back: state queued again, the
+                   attempt not counted, and, once the lease is released, the job is sent again
 
 Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
 worker/recovery.py) then finds the lease free and the state "running", and resumes.
@@ -22,7 +24,7 @@ import logging
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from model import checkpoint as ckpt
 from model.cli import UserError
@@ -35,12 +37,22 @@ from .settings import WorkerSettings
 log = logging.getLogger("bertserve.worker")
 
 ERROR_LOG = "error.log"
+HANDED_BACK = "handed back"
 PROGRESS_KEYS = ("step", "total_steps", "loss", "mlm_loss", "nsp_loss", "lr", "tokens_per_s", "eta_s", "epoch",
                  "grad_norm", "tokens_seen")
 
 
-def run_job(job_id: str, kind: str, settings: WorkerSettings) -> dict[str, Any]:
-    """Handle one delivery of job `job_id`; returns what happened (the task's result, for logs)."""
+class Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def run_job(job_id: str, kind: str, settings: WorkerSettings, *, shutting_down: Flag | None = None,
+            requeue: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """Handle one delivery of job `job_id`; returns what happened (the task's result, for logs).
+
+    `shutting_down` (set by the worker on SIGTERM) stops the loop at the next step; the job is then
+    handed back and `requeue(job_id, kind)` sends it again for another worker.
+    """
     store = JobStore(settings.data_dir)
     if not store.exists(job_id):
         log.warning("job %s: no record in %s; dropping the message", job_id, store.root)
@@ -58,9 +70,13 @@ def run_job(job_id: str, kind: str, settings: WorkerSettings) -> dict[str, Any]:
             return {"job": job_id, "outcome": outcome}
         lease.start_heartbeat(settings.job_heartbeat_s)
         try:
-            return {"job": job_id, "outcome": train(store, record, settings)}
+            outcome = train(store, record, settings, shutting_down)
         finally:
             _free_accelerator_memory()
+    if outcome == HANDED_BACK and requeue is not None:  # only now: the next delivery must find the lease free
+        requeue(job_id, kind)
+        store.update(job_id, lambda r: add_event(r, "re-enqueued", "after the hand-back"))
+    return {"job": job_id, "outcome": outcome}
 
 
 def _free_accelerator_memory() -> None:
@@ -112,10 +128,11 @@ def _close(r: dict, state: str, event: str, detail: str | None = None) -> str:
 # ---------------------------------------------------------------------------- training
 
 class JobReporter(Callback):
-    """Trainer callbacks: progress into job.json (throttled), stop on cancel or the soft time limit."""
+    """Trainer callbacks: progress into job.json (throttled); stop on cancel, worker shutdown or the
+    soft time limit."""
 
-    def __init__(self, store: JobStore, record: dict, settings: WorkerSettings):
-        self.store, self.job_id = store, record["id"]
+    def __init__(self, store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None):
+        self.store, self.job_id, self.shutting_down = store, record["id"], shutting_down
         self.cancel_path = store.job_dir(self.job_id) / CANCEL
         self.interval = settings.job_progress_interval_s
         self.deadline = time.monotonic() + settings.job_soft_time_limit
@@ -140,15 +157,17 @@ class JobReporter(Callback):
     def should_stop(self) -> bool:
         if self.cancel_path.exists():
             self.stop_reason = "cancelled"
+        elif self.shutting_down is not None and self.shutting_down.is_set():
+            self.stop_reason = "shutdown"
         elif time.monotonic() > self.deadline:
             self.stop_reason = "time limit"
         return self.stop_reason is not None
 
 
-def train(store: JobStore, record: dict, settings: WorkerSettings) -> str:
-    """Run (or resume) the training of a job this process holds the lease of; returns the final state."""
+def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+    """Run (or resume) the training of a job this process holds the lease of; returns the outcome."""
     job_id, job_dir = record["id"], store.job_dir(record["id"])
-    reporter = JobReporter(store, record, settings)
+    reporter = JobReporter(store, record, settings, shutting_down)
     try:
         _mark_resume(store, record)
         result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
@@ -190,17 +209,24 @@ def _mark_resume(store: JobStore, record: dict) -> None:
 def _stopped(store: JobStore, job_id: str, reason: str, result) -> str:
     job_dir = store.job_dir(job_id)
     checkpoint = _relative(job_dir, result.checkpoint)
-    state = "cancelled" if reason == "cancelled" else "failed"
+    where = f"at step {result.step}, checkpoint {checkpoint}"
 
     def change(r: dict) -> None:
         r["latest_checkpoint"] = checkpoint or r.get("latest_checkpoint")
-        if state == "failed":
+        r["progress"] = {**(r.get("progress") or {}), "step": result.step, "eta_s": None}  # progress is throttled
+        if reason == "shutdown":  # a clean hand-over, not a failed attempt
+            r["state"], r["worker"], r["heartbeat_at"] = "queued", None, None
+            r["attempts"] = max(0, r["attempts"] - 1)
+            add_event(r, HANDED_BACK, f"the worker is shutting down; {where}")
+        elif reason == "cancelled":
+            _close(r, "cancelled", "cancelled", where)
+        else:
             r["error"] = (f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {result.step}; "
                           f"checkpoint {checkpoint}")
-        _close(r, state, reason, f"at step {result.step}, checkpoint {checkpoint}")
+            _close(r, "failed", reason, where)
 
-    store.update(job_id, change)
-    return state
+    record = store.update(job_id, change)
+    return HANDED_BACK if reason == "shutdown" else record["state"]
 
 
 def _fail(store: JobStore, job_id: str, error: BaseException) -> str:

@@ -52,38 +52,54 @@ def train_steps(data_dir, job_id) -> list[int]:
     return [r["step"] for r in read_metrics(data_dir, job_id) if r["type"] == "train"]
 
 
-def test_sigkill_mid_job_resumes_from_its_last_checkpoint(tmp_path):
+def test_worker_deaths_neither_lose_nor_repeat_steps(tmp_path):
+    """One job, three workers: the first is stopped (SIGTERM) and hands the job back at a step with a
+    checkpoint; the second is SIGKILLed mid-step; the third finishes it from the last checkpoint."""
     flush_redis()
     with stack(tmp_path) as s:
+        job_dir = s.data_dir / "jobs"
+        s.workers.append(start_worker(s.data_dir, REDIS_URL, "leaving", tmp_path))
+        job_id = submit(s, finetune_request("survivor", max_steps=240, save_every=40))
+        job_dir = job_dir / job_id
+        wait_for(lambda: read_record(s.data_dir, job_id)["progress"].get("step", 0) >= 15, 60, "training")
+
+        # 1. Warm shutdown: the loop stops at its next step, checkpoints there, and the job is queued again.
+        s.workers[0].stop(timeout=30)
+        assert s.workers[0].proc.returncode == 0
+        record = read_record(s.data_dir, job_id)
+        assert (record["state"], record["attempts"]) == ("queued", 0)
+        handed_at = record["progress"]["step"]
+        assert record["latest_checkpoint"] == f"checkpoints/step-{handed_at}"
+        assert [e["event"] for e in record["events"]][-2:] == ["handed back", "re-enqueued"]
+
+        # 2. SIGKILL to the next worker's whole process group, mid-step (or mid-checkpoint).
         s.workers.append(start_worker(s.data_dir, REDIS_URL, "doomed", tmp_path))
-        job_id = submit(s, finetune_request("survivor", max_steps=200, save_every=20))
 
-        def trained_past_a_checkpoint():
+        def past_a_new_checkpoint():
             record = read_record(s.data_dir, job_id)
-            return record["latest_checkpoint"] and record["progress"].get("step", 0) >= 50
+            newer = record["latest_checkpoint"] != f"checkpoints/step-{handed_at}"
+            return newer and record["progress"].get("step", 0) >= 100
 
-        wait_for(trained_past_a_checkpoint, 60, "a checkpoint and some steps beyond it")
-        s.workers[0].kill()  # the main process and its pool child, mid-step (or mid-checkpoint)
-        assert read_record(s.data_dir, job_id)["state"] == "running"
-        killed_at = read_record(s.data_dir, job_id)["progress"]["step"]
-        resume_from = checkpoint_step(latest_checkpoint(s.data_dir / "jobs" / job_id))
+        wait_for(past_a_new_checkpoint, 60, "a new checkpoint and some steps beyond it")
+        s.workers[1].kill()
+        record = read_record(s.data_dir, job_id)
+        assert (record["state"], record["attempts"]) == ("running", 1)
+        killed_at = record["progress"]["step"]
+        resumed_from = checkpoint_step(latest_checkpoint(job_dir))
         assert all(is_complete(d) for d in step_dirs(s.data_dir, job_id))  # a torn write stays a hidden .tmp-*
 
-        # A new worker's start-up sweep finds the job running with its lease free, and resumes it.
+        # 3. A new worker's start-up sweep finds the job running with its lease free, and resumes it.
         s.workers.append(start_worker(s.data_dir, REDIS_URL, "rescuer", tmp_path))
         job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=90)
         assert job["state"] == "succeeded", job
-        assert (job["step"], job["attempts"]) == (200, 2)
-        events = [e["event"] for e in job["events"]]
-        assert {"attempt did not finish", "re-enqueued", "resumed"} <= set(events)
+        assert (job["step"], job["attempts"]) == (240, 2)
+        assert {"attempt did not finish", "re-enqueued", "resumed"} <= {e["event"] for e in job["events"]}
 
-        metrics = read_metrics(s.data_dir, job_id)
-        resumes = [r for r in metrics if r["type"] == "resume"]
-        assert [(r["step"], r["attempt"]) for r in resumes] == [(resume_from, 2)]
-        assert resume_from <= killed_at
-        assert train_steps(s.data_dir, job_id) == list(range(1, 201))  # redone steps replace, not repeat
+        resumes = [(r["step"], r["attempt"]) for r in read_metrics(s.data_dir, job_id) if r["type"] == "resume"]
+        assert resumes == [(handed_at, 1), (resumed_from, 2)] and resumed_from <= killed_at
+        assert train_steps(s.data_dir, job_id) == list(range(1, 241))  # redone steps replace, not repeat
         assert all(is_complete(d) for d in step_dirs(s.data_dir, job_id))
-        assert not list((s.data_dir / "jobs" / job_id / "checkpoints").glob(".tmp-*"))
+        assert not list((job_dir / "checkpoints").glob(".tmp-*"))
         assert (s.data_dir / "models" / "survivor" / "config.json").is_file()
 
 
