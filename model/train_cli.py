@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
@@ -41,6 +42,8 @@ from .modeling import (
 )
 from .tokenizer import BertTokenizer
 from .trainer import Callback, TrainConfig, Trainer, TrainResult, evaluate, seed_everything
+
+log = logging.getLogger(__name__)
 
 # Model shapes for training from scratch (Turc et al. 2019 "Well-Read Students Learn Better": BERT-Tiny
 # and BERT-Small; BERT-Base from the paper). vocab_size comes from the tokenizer.
@@ -262,7 +265,7 @@ def _pretraining_model(job: PretrainJob, resume_from: Path | None):
         model = cls.from_pretrained(src, init_missing_heads=True)
         new = sorted(model.heads - heads_in(src))
         if new:
-            print(f"warm start from {src}: new {', '.join(HEAD_NAMES[h] for h in new)}", file=sys.stderr)
+            log.info("warm start from %s: new %s", src, ", ".join(HEAD_NAMES[h] for h in new))
     elif job.config:
         if not job.vocab:
             raise UserError("--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)")
@@ -404,6 +407,8 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
 
 
 def _run_with_progress(run, job) -> int:
+    # The job layer and the data pipeline log what they do (tokenising, warm start) at INFO.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     bar = ProgressBar()
     latest = ckpt.latest_checkpoint(job.out)
     if latest is not None and job.resume:

@@ -1,0 +1,62 @@
+"""Fine-tune the MiniLM encoder (all-MiniLM-L6-v2, imported into the project's layout) as a
+fresh/rotten classifier of Rotten Tomatoes reviews, on CPU, and report held-out accuracy.
+
+The held-out reviews are of films that never appear in training (model.demo_data splits by film), so
+the number measures reviews of unseen films, not memorised titles.
+
+    python examples/finetune_rotten_tomatoes.py                      # 1 epoch, max_seq_len 64
+    python examples/finetune_rotten_tomatoes.py --epochs 2 --max-seq-len 128
+
+Needs the demo assets (`make demo-data`). Writes into --workdir (default .demo/rotten_tomatoes):
+minilm/ (the imported encoder), data/{train,eval}.csv, run/ (metrics.jsonl, training.svg,
+checkpoints/, model/). Running it again resumes the run in run/ if it did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from model.cli import import_model
+from model.demo_data import find_asset, prepare_rotten_tomatoes
+from model.train_cli import FinetuneJob, ProgressBar, default_train_config, merge_train_config, run_finetuning
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default=".demo/rotten_tomatoes")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-seq-len", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    work = Path(args.workdir)
+    encoder = work / "minilm"
+    if not (encoder / "config.json").is_file():
+        import_model(find_asset("minilm"), encoder)
+    split = prepare_rotten_tomatoes(work / "data", seed=args.seed)
+    print(f"train: {split['train_rows']} reviews of {split['train_films']} films; "
+          f"held out: {split['eval_rows']} reviews of {split['eval_films']} other films")
+
+    train = merge_train_config(default_train_config(FinetuneJob), {
+        "epochs": args.epochs, "lr": args.lr, "warmup_ratio": 0.1, "seed": args.seed, "log_every": 10})
+    job = FinetuneJob(train_file=split["train"], eval_file=split["eval"], from_model=str(encoder),
+                      out=str(work / "run"), batch_size=args.batch_size, max_seq_len=args.max_seq_len, train=train)
+    bar = ProgressBar()
+    started = time.perf_counter()
+    try:
+        result = run_finetuning(job, callbacks=[bar])
+    finally:
+        bar.close()
+    m = result.eval_metrics
+    print(f"held-out accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} on {m['examples']} reviews "
+          f"({result.step} steps, {time.perf_counter() - started:.0f} s); model in {result.model_dir}")
+
+
+if __name__ == "__main__":
+    main()
