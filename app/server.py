@@ -35,8 +35,6 @@ def serve(host: str | None = None, port: int | None = None, allow_public: bool =
           settings: Settings | None = None) -> int:
     """Run the service until SIGINT/SIGTERM; 0 after a clean stop. Exits with code 2 if the bind
     would be unsafe. Arguments left None come from `settings` (BERT_HOST, BERT_PORT, ...)."""
-    if isinstance(host, Settings):  # serve(settings), as app/cli.py calls it
-        host, settings = None, host
     settings = settings or Settings()
     host = host or settings.host
     port = settings.port if port is None else port
