@@ -5,6 +5,7 @@ broker killed and restarted. Every accepted job finishes, once, at the requested
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from types import SimpleNamespace
 
@@ -128,6 +129,7 @@ def test_a_duplicate_delivery_never_trains_twice(tmp_path):
         assert not any("'outcome': 'running elsewhere'" in log and "'outcome': 'succeeded'" in log for log in logs)
 
 
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 def test_every_accepted_job_finishes_across_a_broker_restart(tmp_path):
     redis = RedisServer(tmp_path / "redis")
     redis.start()
