@@ -376,14 +376,15 @@ def _published_by(model_dir: Path) -> str | None:
 def broker_transport_options(broker_url: str, data_dir: str | os.PathLike, visibility_timeout: int) -> dict:
     """Kombu transport options for a broker URL, shared by the app's publisher and the worker.
 
-    Redis (and SQS) take the visibility timeout. The filesystem transport needs its message folder:
-    the URL's path (`filesystem:///srv/queue`) or DATA_DIR/broker, so the URL stays the only setting.
+    Redis (and SQS) take the visibility timeout. The filesystem transport needs its folders: the
+    URL's path (`filesystem:///srv/queue`) or DATA_DIR/broker, with the exchange table in a control/
+    folder below it (kombu's default is ./control, in whatever the working directory is).
     """
     scheme = broker_url.split("://", 1)[0].lower()
     if scheme == "filesystem":
-        path = broker_url.split("://", 1)[1] or str(Path(data_dir) / "broker")
-        Path(path).mkdir(parents=True, exist_ok=True)
-        return {"data_folder_in": path, "data_folder_out": path}
+        path = Path(broker_url.split("://", 1)[1] or Path(data_dir) / "broker")
+        (path / "control").mkdir(parents=True, exist_ok=True)
+        return {"data_folder_in": str(path), "data_folder_out": str(path), "control_folder": str(path / "control")}
     if scheme in ("redis", "rediss", "redis+socket", "sqs"):
         return {"visibility_timeout": int(visibility_timeout)}
     return {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import finetune_request, labelled_csv, make_data_dir, start_worker, wait_for
+from .helpers import ROOT, finetune_request, labelled_csv, make_data_dir, start_worker, wait_for
 from .test_api import make_client
 
 pytestmark = pytest.mark.slow
@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("scheme", ["sqla+sqlite", "filesystem"])
 def test_a_job_runs_without_redis(tmp_path, scheme):
+    control_before = (ROOT / "control").exists()
     data_dir = make_data_dir(tmp_path / "data")
     url = f"sqla+sqlite:///{data_dir}/broker.sqlite" if scheme == "sqla+sqlite" else "filesystem://"
     worker = start_worker(data_dir, url, f"embedded-{scheme.replace('+', '-')}", tmp_path)
@@ -29,3 +30,4 @@ def test_a_job_runs_without_redis(tmp_path, scheme):
         wait_for(lambda: "'outcome': 'succeeded'" in worker.log(), 10, "the task's return (and ack)")
     finally:
         worker.kill()  # Celery's warm shutdown polls these transports for seconds; nothing is running
+    assert (ROOT / "control").exists() == control_before  # broker files stay in DATA_DIR (kombu: ./control)
