@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .io import TMP_PREFIX, atomic_write_bytes, fsync_dir
+from .io import TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree
 
 JOBS, MODELS, DATASETS = "jobs", "models", "datasets"
 RECORD, METRICS, CANCEL, LEASE, RECORD_LOCK = "job.json", "metrics.jsonl", "cancel", ".lease", ".record.lock"
@@ -115,10 +115,6 @@ class JobStore:
         assert valid_name(name), name
         return self.data_dir / MODELS / name
 
-    def dataset_dir(self, name: str) -> Path:
-        assert valid_name(name), name
-        return self.data_dir / DATASETS / name
-
     # -- records ----------------------------------------------------------------------------------
 
     def create(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +132,7 @@ class JobStore:
         tmp = self.root / f"{TMP_PREFIX}{job_id}"
         tmp.mkdir()
         (tmp / RECORD).write_bytes(_encode(record))
+        fsync_tree(tmp)
         os.rename(tmp, self.root / job_id)
         fsync_dir(self.root)
         return record
