@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from model.config import BertConfig
 from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
-                            class_for_heads, heads_in, heads_of, load_model, normalize_state_dict)
+                            class_for_heads, heads_in, load_model)
 from model.tokenizer import BertTokenizer
 
 from .errors import ServiceError
@@ -100,15 +99,6 @@ def _identity(path: Path) -> tuple | None:
     return (st.st_ino, st.st_mtime_ns)
 
 
-def _weight_heads(path: Path) -> set[str]:
-    """Heads present in the weights; safetensors keys are read from the header, not the tensors."""
-    file = path / "model.safetensors"
-    if file.is_file():
-        with safe_open(str(file), framework="pt") as f:
-            return heads_of(normalize_state_dict(dict.fromkeys(f.keys())))
-    return heads_in(path)
-
-
 def _count_parameters(cls: type, config: BertConfig, heads: set[str]) -> int:
     """Exact parameter count of the class load_model would build, built on the meta device (no memory)."""
     with torch.device("meta"):
@@ -121,7 +111,7 @@ def describe(name: str, path: Path, identity: tuple) -> StoredModel:
     entry = StoredModel(name=name, path=path, identity=identity)
     try:
         entry.config = BertConfig.from_json_file(path / "config.json")
-        weight_heads = _weight_heads(path)
+        weight_heads = heads_in(path)
         cls = class_for_heads(weight_heads)
         entry.architecture = cls.__name__
         entry.heads = heads_of_class(cls)

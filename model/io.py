@@ -10,6 +10,7 @@ is ever unpickled.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import uuid
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 TMP_PREFIX = ".tmp-"
@@ -52,18 +54,40 @@ def atomic_dir(dst: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         fsync_tree(tmp)
-        old = None
-        if dst.exists():
-            # rename() cannot replace a non-empty directory: move the old one aside first.
+        if dst.exists() and _exchange(tmp, dst):
+            old = tmp  # the exchange left the old directory under the temp name
+        elif dst.exists():
+            # rename() cannot replace a non-empty directory: move the old one aside first. Readers
+            # may see no `dst` for a moment; only where renameat2 is missing.
             old = dst.parent / f"{TMP_PREFIX}old-{dst.name}-{uuid.uuid4().hex[:8]}"
             os.rename(dst, old)
-        os.rename(tmp, dst)
+            os.rename(tmp, dst)
+        else:
+            old = None
+            os.rename(tmp, dst)
         fsync_dir(dst.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE): `b` never disappears.
+
+    False where the call is unavailable (not Linux, old kernel or libc, a filesystem without it).
+    """
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -76,6 +100,15 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def state_dict_keys(path: str | Path) -> list[str]:
+    """Weight names of a model directory; for safetensors read from the header alone."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            return list(f.keys())
+    return list(load_state_dict(path))
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import BertConfig
-from .io import atomic_dir, load_state_dict
+from .io import atomic_dir, load_state_dict, state_dict_keys
 
 IGNORE_INDEX = -100  # MLM labels at positions that are not predicted
 
@@ -448,7 +448,7 @@ def heads_of(keys) -> set[str]:
 
 def heads_in(path: str | Path) -> set[str]:
     """Heads present in a model directory's weights: a subset of pooler, mlm, nsp, classifier."""
-    return heads_of(normalize_state_dict(load_state_dict(path)))
+    return heads_of(normalize_state_dict(dict.fromkeys(state_dict_keys(path))))
 
 
 class BertPreTrainedModel(nn.Module):
