@@ -31,33 +31,46 @@ STATUS: dict[str, int] = {
 }
 
 
+class JobProgress(BaseModel):
+    """The training job a 503 is waiting on (a model that a job is still producing)."""
+
+    id: str
+    state: str
+    step: int
+    total_steps: int
+    status_url: str
+
+
 class ErrorResponse(BaseModel):
     """The body of every error answer."""
 
     error: str
     error_type: ErrorKind
+    job: JobProgress | None = None  # only on 503s for a model that a job is still training
 
 
 class ServiceError(Exception):
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, **details):
         assert kind in STATUS, kind
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.details = details  # extra fields of the body, declared in ErrorResponse
 
     @property
     def status_code(self) -> int:
         return STATUS[self.kind]
 
 
-def error_body(kind: str, message: str) -> dict:
-    return {"error": message, "error_type": kind}
+def error_body(kind: str, message: str, **details) -> dict:
+    return {"error": message, "error_type": kind, **details}
 
 
-def error_response(kind: str, message: str, status: int | None = None, headers: dict | None = None) -> JSONResponse:
+def error_response(kind: str, message: str, status: int | None = None, headers: dict | None = None,
+                   **details) -> JSONResponse:
     if kind == "unauthorized":
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return JSONResponse(error_body(kind, message), status_code=status or STATUS[kind], headers=headers)
+    return JSONResponse(error_body(kind, message, **details), status_code=status or STATUS[kind], headers=headers)
 
 
 def responses(*kinds: str) -> dict:
@@ -78,7 +91,7 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.kind, exc.message)
+    return error_response(exc.kind, exc.message, **exc.details)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -26,7 +26,8 @@ class Service:
         self.settings = settings
         self.metrics = metrics
         self.device = resolve_device(settings.device)
-        self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up)
+        self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up,
+                                default_mlm_model=settings.default_mlm_model)
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     # Model used when a request names none; unset = the only model in the store, if there is one.
     default_model: str | None = None
+    # Model /fill-mask and /nsp use when a request names none; unset = BERT_DEFAULT_MODEL. (`make run`
+    # sets it to the bootstrap job's model while BERT_DEFAULT_MODEL stays the MiniLM encoder.)
+    default_mlm_model: str | None = None
     # When set, every route except /health, /ready and /metrics needs `Authorization: Bearer <key>`.
     api_key: SecretStr | None = None
     # startup: load (and warm up) every stored model when the service starts; lazy: on first use.

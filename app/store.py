@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from model.config import BertConfig
+from model.jobs import TERMINAL, JobStore
 from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
                             class_for_heads, heads_in, load_model)
 from model.tokenizer import BertTokenizer
@@ -123,9 +124,12 @@ def describe(name: str, path: Path, identity: tuple) -> StoredModel:
 
 
 class ModelStore:
-    def __init__(self, data_dir: Path, default_model: str | None, device: torch.device, warm_up=None):
+    def __init__(self, data_dir: Path, default_model: str | None, device: torch.device, warm_up=None,
+                 default_mlm_model: str | None = None):
         self.root = Path(data_dir) / "models"
+        self.jobs = JobStore(data_dir)
         self.default_name = default_model
+        self.default_mlm_name = default_mlm_model  # for the routes that need the MLM or NSP head
         self.device = device
         self.warm_up = warm_up  # async (LoadedModel) -> None: one forward pass before first use
         self._entries: dict[str, StoredModel] = {}
@@ -186,8 +190,11 @@ class ModelStore:
     def entries(self) -> list[StoredModel]:
         return [self._entries[n] for n in sorted(self._entries)]
 
-    async def lookup(self, name: str | None) -> StoredModel:
-        """The stored model a request names (or the default); 404 when there is none."""
+    async def lookup(self, name: str | None, head: str | None = None) -> StoredModel:
+        """The stored model a request names (or the default); 404 when there is none, 503 while a
+        training job is still producing it."""
+        if name is None and head in ("mlm", "nsp") and self.default_mlm_name:
+            name = self.default_mlm_name
         if name is None:
             if self.default() is None:
                 await asyncio.to_thread(self.scan)
@@ -205,16 +212,29 @@ class ModelStore:
             await asyncio.to_thread(self.scan)
             entry = self._entries.get(name)
         if entry is None:
+            await asyncio.to_thread(self._raise_if_training, name)
             known = ", ".join(sorted(self._entries)) or "none"
             raise ServiceError("not_found", f"model '{name}' not found (available: {known})")
         return entry
+
+    def _raise_if_training(self, name: str) -> None:
+        """503 naming the job when a queued or running job will publish a model called `name`."""
+        for record in self.jobs.list():
+            if record.get("model_name") == name and record["state"] not in TERMINAL:
+                progress = record.get("progress") or {}
+                job = {"id": record["id"], "state": record["state"], "step": progress.get("step") or 0,
+                       "total_steps": progress.get("total_steps") or record["params"]["max_steps"],
+                       "status_url": f"/jobs/{record['id']}"}
+                raise ServiceError("unavailable", f"model '{name}' is still being trained by job {job['id']} "
+                                                  f"({job['state']}, step {job['step']}/{job['total_steps']}); "
+                                                  "it is served as soon as the job finishes", job=job)
 
     async def get(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
         """The loaded model for a request, loading and warming it up on first use.
 
         `head` names what the route needs; a model without it is a 422 that names both.
         """
-        entry = await self.lookup(name)
+        entry = await self.lookup(name, head)
         if entry.error is not None:
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         if head is not None and head not in entry.heads:

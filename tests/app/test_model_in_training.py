@@ -1,0 +1,65 @@
+"""A model that a training job is still producing answers 503 naming the job, then is served as soon
+as the job publishes it; /fill-mask and /nsp may default to another model than /embeddings."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from model.jobs import JobStore
+from model.modeling import BertForPreTraining
+
+from .conftest import save_tiny, serve_app, settings_for
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def own_data_dir(tmp_path, data_dir):
+    root = tmp_path / "data"
+    shutil.copytree(data_dir / "models" / "tiny-enc", root / "models" / "tiny-enc")
+    return root
+
+
+async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
+    store = JobStore(own_data_dir)
+    record = store.create({"kind": "pretrain", "model_name": "wiki-mlm", "base_model": "tiny-enc",
+                           "dataset": "wiki", "params": {"max_steps": 300}})
+    settings = settings_for(own_data_dir, default_model="tiny-enc", default_mlm_model="wiki-mlm")
+    async with serve_app(settings) as client:
+        r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
+        assert r.status_code == 503
+        assert r.json() == {
+            "error": f"model 'wiki-mlm' is still being trained by job {record['id']} (queued, step 0/300); "
+                     "it is served as soon as the job finishes",
+            "error_type": "unavailable",
+            "job": {"id": record["id"], "state": "queued", "step": 0, "total_steps": 300,
+                    "status_url": f"/jobs/{record['id']}"},
+        }
+        r = await client.post("/nsp", json={"inputs": {"text_a": "the cat sat.", "text_b": "it ran."}})
+        assert r.status_code == 503 and r.json()["job"]["id"] == record["id"]
+        # The encoder default is unaffected.
+        assert (await client.post("/embeddings", json={"inputs": "the cat"})).status_code == 200
+
+        store.update(record["id"], lambda r: r.update(state="running", progress={"step": 120, "total_steps": 300}))
+        r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
+        assert r.status_code == 503 and "(running, step 120/300)" in r.json()["error"]
+
+        # The job publishes its model: served at once, no restart.
+        save_tiny(own_data_dir / "models" / "wiki-mlm", BertForPreTraining)
+        store.update(record["id"], lambda r: r.update(state="succeeded"))
+        r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat.", "top_k": 2})
+        assert r.status_code == 200 and len(r.json()) == 2
+        assert (await client.post("/nsp", json={"inputs": {"text_a": "a", "text_b": "b"}})).status_code == 200
+
+
+async def test_a_failed_job_leaves_a_plain_404(own_data_dir):
+    store = JobStore(own_data_dir)
+    record = store.create({"kind": "pretrain", "model_name": "gone", "base_model": None, "dataset": "wiki",
+                           "params": {"max_steps": 10}})
+    store.update(record["id"], lambda r: r.update(state="failed"))
+    async with serve_app(settings_for(own_data_dir, default_model="tiny-enc")) as client:
+        r = await client.post("/fill-mask", json={"inputs": "a [MASK]", "model": "gone"})
+        assert r.status_code == 404
+        assert r.json() == {"error": "model 'gone' not found (available: tiny-enc)", "error_type": "not_found"}
