@@ -16,6 +16,10 @@ from model.jobs import TRAINING_QUEUE, broker_transport_options
 from .settings import WorkerSettings
 
 
+def _has_fanout(broker_url: str) -> bool:
+    return broker_url.split("://", 1)[0].lower() in ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp")
+
+
 def make_celery(settings: WorkerSettings | None = None) -> Celery:
     settings = settings or WorkerSettings()
     app = Celery("bertserve", broker=settings.broker_url, include=["worker.tasks"])
@@ -52,9 +56,9 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         worker_cancel_long_running_tasks_on_connection_loss=False,
-        # Events and remote control are not used; without them the embedded transports need no fanout.
-        worker_send_task_events=False,
-        worker_enable_remote_control=False,
+        # Remote control (celery inspect, Flower) needs a fanout exchange: on with Redis/AMQP, off with
+        # the embedded transports, which have none. Flower turns task events on through it.
+        worker_enable_remote_control=_has_fanout(settings.broker_url),
     )
     return app
 

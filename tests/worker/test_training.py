@@ -120,6 +120,9 @@ def test_the_celery_app_is_configured_for_long_jobs(tmp_path):
     assert conf.task_acks_late and conf.task_reject_on_worker_lost and conf.worker_prefetch_multiplier == 1
     assert conf.task_default_queue == "training" and conf.task_time_limit == 120
     assert conf.broker_transport_options == {"visibility_timeout": 7200}
+    assert conf.worker_enable_remote_control  # celery inspect / Flower; off for the embedded transports
+    embedded = make_celery(WorkerSettings(data_dir=tmp_path, broker_url="filesystem://"))
+    assert not embedded.conf.worker_enable_remote_control
     import worker.tasks
 
     assert {"bert.pretrain", "bert.finetune"} <= set(worker.tasks.app.tasks.keys())
