@@ -22,7 +22,6 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.io import TMP_PREFIX
 from model.jobs import (STATES, TASK_NAMES, TERMINAL, TRAINING_QUEUE, JobNotFound, JobStore,
@@ -30,26 +29,7 @@ from model.jobs import (STATES, TASK_NAMES, TERMINAL, TRAINING_QUEUE, JobNotFoun
 
 from . import datasets
 from .errors import ServiceError
-
-
-class JobsSettings(BaseSettings):
-    """Settings of the /jobs and /datasets routes (BERT_* variables; README configuration table)."""
-
-    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
-
-    # Opens /jobs and /datasets (Authorization: Bearer <key>); BERT_API_KEY does not. Unset: the
-    # API key guards them when there is one, else they are open (the service listens on loopback).
-    admin_key: SecretStr | None = None
-    # Where jobs are sent; must be the workers' broker. REDIS_URL is accepted too.
-    broker_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"))
-    # Largest dataset upload, in bytes (streamed to disk; the upload stops at the limit with 413).
-    max_dataset_bytes: int = Field(100 * 1024 * 1024, ge=1)
-    # Publishing a job retries this many times before answering 503 (broker unreachable).
-    publish_retries: int = Field(2, ge=0, le=10)
-
-    def admin_key_value(self) -> str | None:
-        value = self.admin_key.get_secret_value() if self.admin_key is not None else ""
-        return value or None
+from .settings import Settings
 
 
 # ---------------------------------------------------------------------------- request types
@@ -233,7 +213,7 @@ def job_status(record: dict) -> JobStatus:
 class Jobs:
     """What the /jobs and /datasets routes share: settings, the job store and the Celery publisher."""
 
-    def __init__(self, settings: JobsSettings, data_dir: Path, models=None):
+    def __init__(self, settings: Settings, data_dir: Path, models=None):
         from celery import Celery  # the client only: the app never imports worker/
 
         self.settings, self.data_dir = settings, data_dir
@@ -371,8 +351,7 @@ def get_jobs(request: Request) -> Jobs:
     jobs = getattr(request.app.state, "jobs", None)
     if jobs is None:
         service = request.app.state.service
-        settings = getattr(request.app.state, "jobs_settings", None) or JobsSettings()
-        jobs = request.app.state.jobs = Jobs(settings, service.settings.data_dir, service.store)
+        jobs = request.app.state.jobs = Jobs(service.settings, service.settings.data_dir, service.store)
     return jobs
 
 

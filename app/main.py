@@ -46,7 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     install_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets",))
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
 
     app.include_router(ops.router)

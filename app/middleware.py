@@ -18,15 +18,16 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: tuple[str, ...] = ()):
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt  # paths that enforce a limit of their own while streaming
 
     def _too_large(self):
         return error_response("too_large", f"request body is larger than the limit of {self.max_bytes} bytes")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in self.exempt:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

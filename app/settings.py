@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
     # Models live in DATA_DIR/models/<name>/ (HF layout).
     data_dir: Path = Path("./data")
@@ -52,11 +52,27 @@ class Settings(BaseSettings):
     # torch intra-op threads for forward passes; 0 = torch's default (one per core).
     torch_threads: int = Field(0, ge=0)
 
+    # -- training jobs (/jobs, /datasets) ----------------------------------------------------------
+    # Opens /jobs and /datasets (Authorization: Bearer <key>); BERT_API_KEY does not. Unset: the
+    # API key guards them when there is one, else they are open (the service listens on loopback).
+    admin_key: SecretStr | None = None
+    # Where jobs are sent; must be the workers' broker. REDIS_URL is accepted too.
+    broker_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"))
+    # Largest dataset upload, in bytes (streamed to disk; the upload stops at the limit with 413).
+    max_dataset_bytes: int = Field(100 * 1024 * 1024, ge=1)
+    # Publishing a job retries this many times before answering 503 (broker unreachable).
+    publish_retries: int = Field(2, ge=0, le=10)
+
+    def admin_key_value(self) -> str | None:
+        value = self.admin_key.get_secret_value() if self.admin_key is not None else ""
+        return value or None
+
     def public_dict(self) -> dict:
         """Settings that are safe to show on /info (the API key only as set / not set)."""
-        d = self.model_dump(exclude={"api_key"})
+        d = self.model_dump(exclude={"api_key", "admin_key", "broker_url"})
         d["data_dir"] = str(self.data_dir)
-        d["api_key_set"] = self.api_key is not None and bool(self.api_key.get_secret_value())
+        d["api_key_set"] = self.api_key_value() is not None
+        d["admin_key_set"] = self.admin_key_value() is not None
         return d
 
     def api_key_value(self) -> str | None:

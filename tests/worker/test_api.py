@@ -11,7 +11,6 @@ import os
 import pytest
 from fastapi.testclient import TestClient
 
-from app.jobs import JobsSettings
 from app.main import create_app
 from app.settings import Settings
 
@@ -22,11 +21,10 @@ NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_' or '-', starting w
              "(and not with 'tmp')")
 
 
-def make_client(data_dir, **jobs_settings) -> TestClient:
-    app = create_app(Settings(data_dir=data_dir, default_model=BASE_MODEL, device="cpu", load="lazy",
-                              **jobs_settings.pop("service", {})))
-    app.state.jobs_settings = JobsSettings(**{"broker_url": NO_BROKER, **jobs_settings})
-    return TestClient(app)
+def make_client(data_dir, **settings) -> TestClient:
+    settings = {"broker_url": NO_BROKER, **settings.pop("service", {}), **settings}
+    return TestClient(create_app(Settings(data_dir=data_dir, default_model=BASE_MODEL, device="cpu", load="lazy",
+                                          **settings)))
 
 
 def tree(root) -> set[str]:
@@ -220,3 +218,15 @@ def test_open_without_any_key(tmp_path):
     with make_client(make_data_dir(tmp_path / "data")) as client:
         assert client.get("/jobs").json() == {"jobs": []}
         assert client.get("/datasets").json() == {"datasets": []}
+
+
+def test_dataset_uploads_are_capped_by_their_own_limit_not_the_json_body_limit(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    body = labelled_csv(rows=400)  # ~12 kB: over the inference body limit below, under the dataset one
+    with make_client(data_dir, service={"max_body_bytes": 2_000}, max_dataset_bytes=len(body) + 4_000) as client:
+        r = client.post("/datasets", files={"file": ("big.csv", body)}, data={"name": "big"})
+        assert r.status_code == 201, r.text
+        assert r.json()["rows"] == 400
+        r = client.post("/embeddings", content=b'{"inputs": "' + b"x" * 3_000 + b'"}',
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 413

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from app.jobs import JobsSettings
 from app.main import create_app
 from app.settings import Settings
 
@@ -20,8 +19,8 @@ from .helpers import BASE_MODEL, make_data_dir
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 APP = create_app(Settings(data_dir=make_data_dir(Path(tempfile.mkdtemp(prefix="bertserve-jobs-schema-"))),
-                          default_model=BASE_MODEL, device="cpu", load="lazy"))
-APP.state.jobs_settings = JobsSettings(broker_url="redis://127.0.0.1:1/0", max_dataset_bytes=10_000)
+                          default_model=BASE_MODEL, device="cpu", load="lazy",
+                          broker_url="redis://127.0.0.1:1/0", max_dataset_bytes=10_000))
 CONFIG = schemathesis.Config.from_dict({"phases": {"coverage": {"enabled": False}}})
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP, config=CONFIG).include(tag=["jobs", "datasets"])
 
