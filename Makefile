@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test run clean
+.PHONY: install demo-data test run bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo-data: $(DEMO_STAMP)
 
 test: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m pytest -q
+
+# Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.
+run: $(STAMP) $(DEMO_STAMP)
+	$(BIN)/bert up
 
 clean:
 	rm -rf $(VENV) build *.egg-info

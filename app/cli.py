@@ -26,6 +26,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings=Settings(**overrides))
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    from .local import up
+
+    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     celery = shutil.which("celery", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if celery is None:
@@ -48,6 +54,14 @@ def build_full_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-public", action="store_true",
                    help="listen beyond loopback even without BERT_API_KEY (not recommended)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("up", help="everything on this machine, no Docker or Redis: API + one worker (make run)")
+    p.add_argument("--data-dir", default=os.environ.get("BERT_DATA_DIR", "data"),
+                   help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)")
+    p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
+    p.add_argument("--no-bootstrap", action="store_true", help="do not queue the bootstrap fill-mask/NSP job")
+    p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("worker", help="run a Celery worker for training jobs")
     p.add_argument("--concurrency", type=int, default=1, help="jobs at once (default 1: one job owns the CPU/GPU)")

@@ -222,8 +222,13 @@ async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, d
 def _finish(upload: _Upload, tmp: Path, data_dir: Path) -> dict[str, Any]:
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
     fields = dict(upload.fields)
-    ext = Path(upload.filename).suffix.lower()
     fields.setdefault("name", Path(upload.filename).stem)
+    return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir)
+
+
+def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path) -> dict:
+    """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
+    ext = Path(filename).suffix.lower()
     kinds = EXTENSIONS[ext]
     fields.setdefault("kind", kinds[0] if len(kinds) == 1 else _sniff_jsonl_kind(tmp / f"data{ext}"))
     check_fields(fields, data_dir)
@@ -232,8 +237,8 @@ def _finish(upload: _Upload, tmp: Path, data_dir: Path) -> dict[str, Any]:
         raise ServiceError("validation", f"kind: a {kind} dataset cannot be a {ext} file "
                                          f"(corpus: .txt or .jsonl; labelled: .csv, .tsv or .jsonl)")
     path = tmp / f"data{ext}"
-    meta = {"name": name, "kind": kind, "file": path.name, "original_filename": upload.filename[:200],
-            "bytes": upload.file_bytes, "sha256": upload.sha256.hexdigest(), "created_at": now_iso()}
+    meta = {"name": name, "kind": kind, "file": path.name, "original_filename": filename[:200],
+            "bytes": size, "sha256": sha256, "created_at": now_iso()}
     meta.update(_check_corpus(path) if kind == "corpus" else _check_labelled(path))
     (tmp / META).write_text(json.dumps(meta, indent=1))
     fsync_tree(tmp)
@@ -243,6 +248,25 @@ def _finish(upload: _Upload, tmp: Path, data_dir: Path) -> dict[str, Any]:
         raise ServiceError("validation", f"name: dataset '{name}' already exists") from None
     fsync_dir(datasets_root(data_dir))
     return meta
+
+
+def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = None) -> dict[str, Any]:
+    """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
+    if Path(src).suffix.lower() not in EXTENSIONS:
+        raise ServiceError("validation", f"file: {src} must end in one of {', '.join(EXTENSIONS)}")
+    root = datasets_root(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}local-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        dst = tmp / f"data{Path(src).suffix.lower()}"
+        shutil.copyfile(src, dst)
+        digest = hashlib.sha256(dst.read_bytes()).hexdigest()
+        fields = {"name": name, **({"kind": kind} if kind else {})}
+        return _install(tmp, Path(src).name, fields, dst.stat().st_size, digest, data_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _sniff_jsonl_kind(path: Path) -> str:
