@@ -7,6 +7,9 @@ the number measures reviews of unseen films, not memorised titles.
     python examples/finetune_rotten_tomatoes.py                      # 1 epoch, max_seq_len 64
     python examples/finetune_rotten_tomatoes.py --epochs 2 --max-seq-len 128
 
+Measured on a busy 2-core CPU machine (1 epoch, max_seq_len 64, batch 32, lr 5e-5, 340 steps, ~18 min):
+held-out accuracy 0.823, macro-F1 0.816 on 1953 reviews of 78 films not seen in training.
+
 Needs the demo assets (`make demo-data`). Writes into --workdir (default .demo/rotten_tomatoes):
 minilm/ (the imported encoder), data/{train,eval}.csv, run/ (metrics.jsonl, training.svg,
 checkpoints/, model/). Running it again resumes the run in run/ if it did not finish.
@@ -18,6 +21,8 @@ import argparse
 import logging
 import time
 from pathlib import Path
+
+import torch
 
 from model.cli import import_model
 from model.demo_data import find_asset, prepare_rotten_tomatoes
@@ -32,7 +37,10 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch CPU threads (on a busy machine 1 can be much faster)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     work = Path(args.workdir)

@@ -56,7 +56,7 @@ def files(tmp_path_factory):
 
 PRETRAIN = ["--config", "{root}/tiny.json", "--vocab", "{root}/vocab", "--corpus", "{root}/corpus.txt",
             "--batch-size", "4", "--max-seq-len", "32", "--save-every", "4", "--eval-every", "4",
-            "--eval-fraction", "0.2", "--log-every", "2", "--lr", "1e-3", "--warmup", "2", "--eval-on-start"]
+            "--eval-fraction", "0.2", "--log-every", "2", "--lr", "1e-3", "--warmup", "2", "--eval-on-start", "--threads", "1"]
 
 
 def pretrain_args(root, out, *extra):
