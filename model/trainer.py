@@ -23,7 +23,6 @@ tokens and NSP loss/accuracy; classifiers report accuracy and macro-F1 (regressi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -41,6 +40,7 @@ from . import checkpoint as ckpt
 from .io import atomic_write_bytes
 from .modeling import IGNORE_INDEX, BertForSequenceClassification
 from .plot import write_training_plot
+from .precision import autocast
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training.svg"
@@ -183,12 +183,6 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------------- evaluation
