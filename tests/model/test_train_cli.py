@@ -183,3 +183,16 @@ def test_warm_start_from_minilm_keeps_the_encoder_and_ties_the_decoder(minilm_di
     result = run_pretraining(job)
     assert result.status == "completed"
     assert type(load_model(result.model_dir)) is BertForPreTraining
+
+
+def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files, tmp_path, capsys):
+    from model import BertForMaskedLM
+
+    out = tmp_path / "mlm"
+    assert main(pretrain_args(files, out, "--max-steps", 2, "--no-nsp")) == 0
+    assert type(load_model(out / "model")) is BertForMaskedLM
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), "--data", str(files / "corpus.txt"), "--json",
+                 "--max-seq-len", "32"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert "mlm_accuracy" in metrics and "nsp_accuracy" not in metrics
