@@ -109,6 +109,7 @@ class PretrainParams(TrainParams):
                                  description="Share of the documents held out for eval (at most 1000).")
     nsp: bool = Field(True, description="Next-sentence prediction beside MLM (BertForPreTraining).")
     masked_lm_prob: float = Field(0.15, ge=0.01, le=0.5)
+    freeze_encoder: bool = Field(False, description="With base_model: train only the heads; the encoder stays as loaded.")
     config: ModelSize | None = Field(None, description="From scratch only: the model's size.")
     vocab_size: int | None = Field(None, ge=32, le=200_000,
                                    description="From scratch only: WordPiece vocabulary learnt from the corpus.")
@@ -328,6 +329,9 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
             raise ServiceError("validation", f"params.{scratch_only[0]}: only for pretraining from scratch; "
                                              f"with base_model the model's own size and vocabulary are used")
         return {k: v for k, v in params.items() if k not in ("config", "vocab_size", "lowercase")}
+    if params["freeze_encoder"]:
+        raise ServiceError("validation", "params.freeze_encoder: needs a base_model (a from-scratch encoder "
+                                         "has nothing worth freezing)")
     config = req.params.config or ModelSize()
     _check_seq_len(req.params.max_seq_len, config.max_position_embeddings, "params.config")
     return {**params, "config": config.model_dump(), "vocab_size": params["vocab_size"] or 8000,

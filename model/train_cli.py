@@ -73,6 +73,7 @@ class PretrainJob:
     max_seq_len: int = 128
     masked_lm_prob: float = 0.15
     whole_word_mask: bool = False
+    freeze_encoder: bool = False  # train only the heads (and pooler); embeddings and layers stay as loaded
     cache_dir: str | None = None  # token cache; None = beside the corpus if writable, else out/cache
     resume: bool = True  # continue from out/checkpoints when it has a complete checkpoint
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000, lr=1e-4, warmup_ratio=0.01))
@@ -277,7 +278,18 @@ def _pretraining_model(job: PretrainJob, resume_from: Path | None):
         raise UserError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                         f"{model.config.vocab_size}")
     _check_seq_len(job.max_seq_len, model.config)
+    if job.freeze_encoder:
+        freeze_encoder(model)
     return tokenizer, model
+
+
+def freeze_encoder(model) -> None:
+    """Heads-only training: embeddings and encoder layers get no gradient (the pooler and heads do).
+
+    The MLM decoder's weight is the word-embedding matrix, so it stays frozen too; its bias trains.
+    """
+    for module in (model.bert.embeddings, model.bert.encoder):
+        module.requires_grad_(False)
 
 
 def _scratch_config(name: str, tokenizer: BertTokenizer) -> BertConfig:
@@ -443,12 +455,15 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     _set_threads(args)
     if args.from_model and args.config:
         raise UserError("give --from (warm start) or --config (from scratch), not both")
+    if args.freeze_encoder and not args.from_model:
+        raise UserError("--freeze-encoder needs --from MODEL_DIR (a fresh encoder has nothing worth freezing)")
     job = PretrainJob(
         corpus=_existing_file(args.corpus), out=args.out, from_model=args.from_model, config=args.config,
         vocab=args.vocab, corpus_format=args.format, text_field=args.text_field,
         eval_corpus=_existing_file(args.eval_corpus) if args.eval_corpus else None, eval_fraction=args.eval_fraction,
         nsp=not args.no_nsp, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
         masked_lm_prob=args.mlm_probability, whole_word_mask=args.whole_word_mask, cache_dir=args.cache_dir,
+        freeze_encoder=args.freeze_encoder,
         resume=args.resume, train=_train_config(args, default_train_config(PretrainJob)))
     return _run_with_progress(run_pretraining, job)
 
@@ -555,6 +570,8 @@ def add_commands(sub) -> None:
     p.add_argument("--config", help="from scratch: tiny, small, base, or a config.json")
     p.add_argument("--vocab", metavar="DIR", help="tokenizer directory (vocab.txt or tokenizer.json)")
     p.add_argument("--no-nsp", action="store_true", help="masked LM only (BertForMaskedLM)")
+    p.add_argument("--freeze-encoder", action="store_true",
+                   help="train only the heads (and pooler) of a warm-started model; the encoder stays as loaded")
     p.add_argument("--mlm-probability", type=float, default=0.15)
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument("--cache-dir", help="where tokenised corpora are cached (default: beside the corpus)")

@@ -48,7 +48,8 @@ def pretrain_job(record: dict, data_dir: Path, job_dir: Path, device: str) -> Pr
     corpus, meta = dataset_file(data_dir, record["dataset"])
     spec = dict(corpus=str(corpus), out=str(job_dir), corpus_format=meta.get("format"), nsp=p["nsp"],
                 batch_size=p["batch_size"], max_seq_len=p["max_seq_len"], masked_lm_prob=p["masked_lm_prob"],
-                eval_fraction=p["eval_fraction"], train=train_overrides(p, device))
+                eval_fraction=p["eval_fraction"], freeze_encoder=p.get("freeze_encoder", False),
+                train=train_overrides(p, device))
     if record.get("base_model"):
         spec["from_model"] = str(Path(data_dir) / MODELS / record["base_model"])
     else:

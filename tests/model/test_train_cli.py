@@ -196,3 +196,22 @@ def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files,
                  "--max-seq-len", "32"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert "mlm_accuracy" in metrics and "nsp_accuracy" not in metrics
+
+
+def test_freeze_encoder_trains_only_the_heads(pretrained_run, files, tmp_path):
+    base = pretrained_run / "model"
+    job = PretrainJob(corpus=str(files / "corpus.txt"), out=str(tmp_path / "frozen"), from_model=str(base),
+                      batch_size=4, max_seq_len=32, eval_fraction=0, freeze_encoder=True,
+                      train=TrainConfig(max_steps=3, log_every=1, lr=1e-2))
+    result = run_pretraining(job)
+    before = normalize_state_dict(load_state_dict(base))
+    after = normalize_state_dict(load_state_dict(result.model_dir))
+    frozen = [k for k in after if k.startswith(("bert.embeddings.", "bert.encoder."))]
+    trained = [k for k in after if k.startswith(("cls.", "bert.pooler."))]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert any(not torch.equal(before[k], after[k]) for k in trained)
+
+
+def test_freeze_encoder_needs_a_warm_start(files, tmp_path, capsys):
+    assert main(pretrain_args(files, tmp_path / "x", "--freeze-encoder")) == 2
+    assert "--freeze-encoder needs --from MODEL_DIR" in capsys.readouterr().err
