@@ -21,7 +21,9 @@ torch.mm and the same GEMM through oneDNN; both are printed).
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -32,7 +34,7 @@ import transformers
 
 from bench.common import CONFIGS, gemm_flops, interleaved, machine_line, markdown_table, setup, si
 from model import BertConfig, BertForMaskedLM, BertModel
-from model.modeling import use_onednn
+from model.modeling import compile_model, use_onednn
 
 MASK_ID = 103  # [MASK] in BERT's uncased vocabulary; any id works for random weights
 DEFAULT_SHAPES = {"small": [(b, t) for b in (1, 8, 32) for t in (16, 128)],
@@ -76,7 +78,7 @@ def ragged_mask(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
     return (torch.arange(seq)[None] < lengths[:, None]).long()
 
 
-def contenders(case, models, batch, seq, ablate):
+def contenders(case, models, batch, seq, ablate, compiled=None):
     hf_enc, hf_mlm, ours_enc, ours_mlm = models
     ids, masked_ids, mask = inputs(batch, seq)
     positions = masked_ids == MASK_ID
@@ -95,6 +97,8 @@ def contenders(case, models, batch, seq, ablate):
     fns = {"hf": hf, "ours": ours}
     if ablate:
         fns["ours, torch GEMM"] = lambda: _without_onednn(ours)
+    if compiled is not None and case != "fill-mask":
+        fns["ours, compiled"] = lambda: compiled(ids, mask).last_hidden_state
     return fns, check, int(positions.sum())
 
 
@@ -106,11 +110,16 @@ def _without_onednn(fn):
         use_onednn(old)
 
 
-def run_case(kind, case, models, shapes, args, peak):
+def run_case(kind, case, models, shapes, args, peak, compiled=None):
     cfg = CONFIGS[kind]
     rows = []
     for batch, seq in shapes:
-        fns, check, masked = contenders(case, models, batch, seq, args.ablate)
+        fns, check, masked = contenders(case, models, batch, seq, args.ablate, compiled)
+        if "ours, compiled" in fns:
+            with torch.inference_mode():
+                start = time.perf_counter()
+                fns["ours, compiled"]()
+                warmup = time.perf_counter() - start
         with torch.inference_mode():
             verdict = check(fns["hf"](), fns["ours"]())
             t = interleaved(fns, rounds=args.rounds, block_s=args.block, budget_s=args.budget)
@@ -120,9 +129,11 @@ def run_case(kind, case, models, shapes, args, peak):
             flops = useful_flops(cfg, batch, seq, masked if case == "fill-mask" else 0)
         tokens = batch * seq  # padding included, so tok/s compares like with like
         row = [batch, seq, t["hf"].fmt(), t["ours"].fmt(), f"{t['hf'].median / t['ours'].median:.2f}x"]
-        if args.ablate:
-            name = "ours, torch GEMM"
-            row += [t[name].fmt(), f"{t['hf'].median / t[name].median:.2f}x"]
+        for name in ("ours, torch GEMM", "ours, compiled"):
+            if name in t:
+                row += [t[name].fmt(), f"{t['hf'].median / t[name].median:.2f}x"]
+        if "ours, compiled" in t:
+            row += [f"{warmup:.1f} s"]
         row += [si(tokens / t["hf"].median), si(tokens / t["ours"].median),
                 f"{flops / t['hf'].median / peak:.0%}", f"{flops / t['ours'].median / peak:.0%}", verdict]
         rows.append(row)
@@ -130,6 +141,8 @@ def run_case(kind, case, models, shapes, args, peak):
     headers = ["batch", "seq", "hf ms", "ours ms", "speed-up"]
     if args.ablate:
         headers += ["ours torch-GEMM ms", "speed-up"]
+    if compiled is not None and case != "fill-mask":
+        headers += ["ours compiled ms", "speed-up", "first call"]
     headers += ["hf tok/s", "ours tok/s", "hf % peak", "ours % peak", "outputs"]
     return markdown_table(headers, rows)
 
@@ -145,6 +158,8 @@ def parse_args(argv=None):
     p.add_argument("--block", type=float, default=0.2, help="seconds of calls per turn")
     p.add_argument("--budget", type=float, default=20.0, help="seconds per shape; cuts rounds (min 3)")
     p.add_argument("--ablate", action="store_true", help="also time ours with torch's GEMM (MKL) instead of oneDNN")
+    p.add_argument("--compile", action="store_true",
+                   help="also time ours under torch.compile (compile_model; encoder cases; slow first calls)")
     p.add_argument("--quick", action="store_true", help="small config, 2 shapes, 3 rounds")
     args = p.parse_args(argv)
     if args.quick:
@@ -167,9 +182,10 @@ def main(argv=None) -> None:
         if not shapes:
             continue
         models = build(kind)
+        compiled = compile_model(copy.deepcopy(models[2])) if args.compile else None
         for case in args.cases:
             print(f"### {kind}, {case}\n")
-            print(run_case(kind, case, models, shapes, args, peak) + "\n", flush=True)
+            print(run_case(kind, case, models, shapes, args, peak, compiled) + "\n", flush=True)
 
 
 if __name__ == "__main__":
