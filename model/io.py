@@ -24,24 +24,25 @@ from safetensors.torch import load_file
 TMP_PREFIX = ".tmp-"
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file below root, then every directory (children before parents)."""
-    for dirpath, _, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: str | Path) -> None:
+    """fsync one file or directory by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file below root, then every directory (children before parents)."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            fsync_path(os.path.join(dirpath, name))
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fsync_path(path)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,17 @@ def tiny_config_dict(**overrides) -> dict:
     return cfg
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: one thread is many times faster than two contending."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def tiny_config():
     from model import BertConfig

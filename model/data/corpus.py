@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io import atomic_write_bytes, fsync_path
+
 log = logging.getLogger(__name__)
 
 FORMATS = ("pairs", "google", "text", "jsonl")
@@ -233,7 +235,7 @@ class _ArrayWriter:
                 out[i : i + step] = raw[i : i + step]
             out.flush()
             del out, raw
-            _fsync_file(tmp)
+            fsync_path(tmp)
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -242,24 +244,6 @@ class _ArrayWriter:
     def abort(self) -> None:
         self._f.close()
         self._raw.unlink(missing_ok=True)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_file(path.parent)
 
 
 # ---------------------------------------------------------------------------- the cached corpus
@@ -395,7 +379,7 @@ def _build_cache(path: Path, format: str, text_field: str, tokenizer, paths: dic
         "n_documents": n_docs,
         "dtype": np.dtype(dtype).name,
     }
-    _write_json_atomic(paths["meta"], meta)
+    atomic_write_bytes(paths["meta"], json.dumps(meta, indent=1).encode())
 
 
 def _chunks(documents: Iterator[list[str]], max_sentences: int) -> Iterator[list[list[str]]]:

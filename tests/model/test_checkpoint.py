@@ -23,13 +23,6 @@ from model.trainer import TrainConfig, Trainer, configure_optimizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def trained_objects(seed=0):
     """A tiny model and an AdamW that has taken one step, so its state is not empty."""

@@ -19,7 +19,6 @@ from model import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSeque
 from model.modeling import heads_in
 from tests.conftest import tiny_config_dict
 
-torch.set_num_threads(1)
 ATOL = 1e-5
 CLASSES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification"]
 OURS = {c.__name__: c for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification)}

@@ -25,13 +25,6 @@ from tests.conftest import TINY_VOCAB, WORDS, tiny_config_dict
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def bert(*args):
     return subprocess.run([sys.executable, "-m", "model", *map(str, args)], capture_output=True, text=True, env=ENV)

@@ -31,14 +31,6 @@ PAIRS = [("the cat sat on the mat", "the dog eats bread"), ("she reads a book", 
          ("the city is small", "the mountain is green")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models on a shared 2-core machine: one thread is ~20x faster than two contending ones.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture
 def corpus(tmp_path, tiny_tokenizer):
