@@ -29,7 +29,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from .local import up
 
-    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap)
+    if args.bootstrap_steps is not None and args.bootstrap_steps < 1:
+        raise UserError(f"--bootstrap-steps must be >= 1, got {args.bootstrap_steps}")
+    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=args.bootstrap_steps)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -61,6 +63,7 @@ def build_full_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
     p.add_argument("--no-bootstrap", action="store_true", help="do not queue the bootstrap fill-mask/NSP job")
+    p.add_argument("--bootstrap-steps", type=int, help="train the bootstrap model for N steps instead of the default")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("worker", help="run a Celery worker for training jobs")
