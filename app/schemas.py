@@ -194,6 +194,7 @@ class ModelInfo(BaseModel):
     hidden_size: int | None
     default: bool
     loaded: bool
+    precision: str = Field(description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION).")
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
 
 

@@ -27,7 +27,8 @@ class Service:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up,
-                                default_mlm_model=settings.default_mlm_model)
+                                default_mlm_model=settings.default_mlm_model,
+                                precision=lambda name: settings.model_precision.get(name, settings.precision))
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None

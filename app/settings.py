@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     # startup: load (and warm up) every stored model when the service starts; lazy: on first use.
     load: Literal["startup", "lazy"] = "startup"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Inference precision of every model (model/precision.py): fp32, bf16, or int8 (CPU; the encoder's
+    # linear layers). Their measured accuracy cost is in the README's benchmarks.
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # Per-model overrides, JSON: BERT_MODEL_PRECISION='{"minilm": "int8", "wiki-mlm": "bf16"}'.
+    model_precision: dict[str, Literal["fp32", "bf16", "int8"]] = Field(default_factory=dict)
     # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory.
     max_batch_tokens: int = Field(16384, ge=1)
     # Texts (or pairs) in one request.

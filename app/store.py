@@ -21,6 +21,7 @@ import torch
 
 from model.config import BertConfig
 from model.jobs import TERMINAL, JobStore
+from model.precision import apply_precision
 from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
                             class_for_heads, heads_in, load_model)
 from model.tokenizer import BertTokenizer
@@ -57,6 +58,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: BertTokenizer
     max_length: int  # tokens, [CLS] and [SEP] included
+    precision: str = "fp32"  # as model.precision.apply_precision was given it
     warm: bool = False
 
     @property
@@ -125,11 +127,12 @@ def describe(name: str, path: Path, identity: tuple) -> StoredModel:
 
 class ModelStore:
     def __init__(self, data_dir: Path, default_model: str | None, device: torch.device, warm_up=None,
-                 default_mlm_model: str | None = None):
+                 default_mlm_model: str | None = None, precision=lambda name: "fp32"):
         self.root = Path(data_dir) / "models"
         self.jobs = JobStore(data_dir)
         self.default_name = default_model
         self.default_mlm_name = default_mlm_model  # for the routes that need the MLM or NSP head
+        self.precision_of = precision  # name -> "fp32" | "bf16" | "int8"
         self.device = device
         self.warm_up = warm_up  # async (LoadedModel) -> None: one forward pass before first use
         self._entries: dict[str, StoredModel] = {}
@@ -264,11 +267,12 @@ class ModelStore:
         return entry.loaded
 
     def _load(self, entry: StoredModel) -> LoadedModel:
-        model = load_model(entry.path, device=self.device)
+        precision = self.precision_of(entry.name)
+        model = apply_precision(load_model(entry.path, device=self.device), precision)
         tokenizer = BertTokenizer.from_pretrained(entry.path)
         max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
-        log.info("loaded model %s (%s) on %s", entry.name, type(model).__name__, self.device)
-        return LoadedModel(entry.name, model, tokenizer, max_length)
+        log.info("loaded model %s (%s, %s) on %s", entry.name, type(model).__name__, precision, self.device)
+        return LoadedModel(entry.name, model, tokenizer, max_length, precision)
 
     def loaded_count(self) -> int:
         return sum(e.loaded is not None for e in self._entries.values())

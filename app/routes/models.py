@@ -13,7 +13,7 @@ from ..store import NAME_PATTERN, StoredModel
 router = APIRouter(tags=["models"])
 
 
-def model_info(entry: StoredModel, default: str | None) -> ModelInfo:
+def model_info(entry: StoredModel, default: str | None, precision: str) -> ModelInfo:
     config = entry.config
     labels = None
     if config is not None and config.id2label and "classifier" in entry.heads:
@@ -23,7 +23,7 @@ def model_info(entry: StoredModel, default: str | None) -> ModelInfo:
         num_parameters=entry.num_parameters,
         max_position_embeddings=config.max_position_embeddings if config else None,
         hidden_size=config.hidden_size if config else None,
-        default=entry.name == default, loaded=entry.loaded is not None, error=entry.error)
+        default=entry.name == default, loaded=entry.loaded is not None, precision=precision, error=entry.error)
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
@@ -31,7 +31,7 @@ async def list_models(service: ServiceDep):
     """Every model in DATA_DIR/models/, with its heads, size, and whether it is loaded or the default."""
     entries = await asyncio.to_thread(service.store.scan)
     default = service.store.default()
-    return ModelsResponse(models=[model_info(e, default) for e in entries], default=default)
+    return ModelsResponse(models=[model_info(e, default, service.store.precision_of(e.name)) for e in entries], default=default)
 
 
 @router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found",
@@ -39,4 +39,4 @@ async def list_models(service: ServiceDep):
 async def get_model(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], service: ServiceDep):
     """One model's description."""
     entry = await service.store.lookup(name)
-    return model_info(entry, service.store.default())
+    return model_info(entry, service.store.default(), service.store.precision_of(entry.name))
