@@ -14,8 +14,9 @@ max |diff| of the hidden states, identical top-5 tokens for fill-mask.
 per second, over the best fp32 GEMM this machine ran in the same process (the larger of a 2048^3
 torch.mm and the same GEMM through oneDNN; both are printed).
 
-    .venv/bin/python -m bench.model_bench --quick
-    .venv/bin/python -m bench.model_bench --configs small --batches 1 8 --seqs 16 128 --ablate
+    .venv/bin/python -m bench.model_bench --quick       # ~1 minute
+    .venv/bin/python -m bench.model_bench               # everything, ~7 minutes on 2 cores (base dominates)
+    .venv/bin/python -m bench.model_bench --configs small --cases encoder padded --ablate
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Checks, printed with the table:
   * a short run on Wikipedia text (MiniLM vocabulary), ours fp32 against ours bf16 from the same
     initial weights and batches: the loss curves stay within a few percent.
 
-    .venv/bin/python -m bench.train_bench            # ~1-2 minutes on 2 cores
+    .venv/bin/python -m bench.train_bench            # ~1-2 minutes on 2 idle cores
     .venv/bin/python -m bench.train_bench --quick
 """
 
@@ -141,7 +141,7 @@ def loss_curve(args) -> str:
     rows = []
     for i in range(0, len(batches), k):
         a, b = (sum(curves[n][i:i + k]) / len(curves[n][i:i + k]) for n in ("fp32", "bf16"))
-        rows.append([f"{i}-{min(i + k, len(batches)) - 1}", f"{a:.4f}", f"{b:.4f}", f"{(b - a) / a:+.2%}"])
+        rows.append([f"{i}-{min(i + k, len(batches)) - 1}", f"{a:.4f}", f"{b:.4f}", f"{(b - a) / a:+.3%}"])
     return markdown_table(["steps", "fp32 loss (mean)", "bf16 loss (mean)", "bf16 vs fp32"], rows)
 
 
