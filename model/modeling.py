@@ -807,7 +807,7 @@ def compile_model(model: BertPreTrainedModel, dynamic: bool = True, **options) -
 
     On CPU it does not pay here: the eager model already fuses what inductor would (bias, GELU,
     residual add into oneDNN GEMMs), inductor's GEMMs are torch's own (MKL), so compiled runs were
-    slower (small config, batch 8 x 128: 75 ms compiled against 40 ms eager), and the first call
+    slower (small config, batch 8 x 128, one thread: 75 ms compiled, 40 ms eager), and the first call
     per new shape spent 12-37 s compiling. On CUDA it fuses the LayerNorm/GELU/dropout kernels;
     measure there before turning it on. Compiled, the model skips the packed (unpadded) path.
     `dynamic=True` compiles once for all batch sizes and lengths rather than once per shape.
