@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test run bench clean
+.PHONY: install demo-data test run bench bench-full clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,23 @@ test: $(STAMP) $(DEMO_STAMP)
 # Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.
 run: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/bert up
+
+# Benchmarks against transformers on this machine (2 threads a side); markdown tables on stdout.
+bench: $(STAMP) $(DEMO_STAMP)
+	$(BIN)/python -m bench.model_bench --quick
+	$(BIN)/python -m bench.train_bench --quick
+	$(BIN)/python -m bench.tokenizer_bench
+	$(BIN)/python -m bench.precision_bench --quick
+	$(BIN)/python -m bench.serve_bench --duration 2
+
+# The README's tables (~20 minutes on 2 idle cores).
+bench-full: $(STAMP) $(DEMO_STAMP)
+	$(BIN)/python -m bench.model_bench
+	$(BIN)/python -m bench.model_bench --configs small --cases encoder padded --ablate
+	$(BIN)/python -m bench.train_bench
+	$(BIN)/python -m bench.tokenizer_bench
+	$(BIN)/python -m bench.precision_bench
+	$(BIN)/python -m bench.serve_bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

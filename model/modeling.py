@@ -305,12 +305,12 @@ def _join_qkv(module, state_dict, prefix, *args) -> None:
             state_dict[f"{prefix}qkv.{kind}"] = torch.cat([state_dict.pop(k) for k in keys], dim=0)
 
 
-class BertSelfOutput(nn.Module):
-    """Attention output projection, dropout, then the post-LN residual: LayerNorm(x + sublayer(x))."""
+class _ResidualOutput(nn.Module):
+    """Projection back to hidden_size, dropout, then the post-LN residual: LayerNorm(x + sublayer(x))."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -318,6 +318,13 @@ class BertSelfOutput(nn.Module):
         if self.training:  # dropout sits between the projection and the residual
             return self.LayerNorm(self.dropout(dense(self.dense, h)) + residual)
         return self.LayerNorm(dense(self.dense, h, add=residual))  # the add fuses into the GEMM
+
+
+class BertSelfOutput(_ResidualOutput):
+    """The attention sub-layer's output projection and residual."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, config.hidden_size)
 
 
 class BertAttention(nn.Module):
@@ -340,19 +347,11 @@ class BertIntermediate(nn.Module):
         return dense(self.dense, x, self.act)
 
 
-class BertOutput(nn.Module):
-    """Feed-forward output projection, then the same post-LN residual as BertSelfOutput."""
+class BertOutput(_ResidualOutput):
+    """The feed-forward sub-layer's output projection (intermediate -> hidden) and residual."""
 
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self.training:  # dropout sits between the projection and the residual
-            return self.LayerNorm(self.dropout(dense(self.dense, h)) + residual)
-        return self.LayerNorm(dense(self.dense, h, add=residual))  # the add fuses into the GEMM
+        super().__init__(config, config.intermediate_size)
 
 
 class BertLayer(nn.Module):
