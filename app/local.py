@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from model.cli import UserError, import_model
-from model.demo_data import AssetMissingError, find_asset, prepare_wiki
+from model.cli import UserError
+from model.demo_data import AssetMissingError, ensure_minilm, prepare_wiki
 from model.jobs import JobStore
 
 from .datasets import add_local_dataset, read_meta
@@ -50,7 +50,7 @@ def prepare(data_dir: Path, log=print) -> None:
     """The MiniLM encoder and the Wikipedia corpus in DATA_DIR, once."""
     if not (data_dir / "models" / ENCODER).is_dir():
         log(f"importing all-MiniLM-L6-v2 as model '{ENCODER}' ...")
-        import_model(find_asset("minilm"), data_dir / "models" / ENCODER)
+        ensure_minilm(data_dir / "models" / ENCODER)
     if read_meta(data_dir, CORPUS) is None:
         log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=".tmp-") as staging:

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from model.cli import import_model
-from model.demo_data import find_asset, prepare_rotten_tomatoes
+from model.demo_data import ensure_minilm, prepare_rotten_tomatoes
 from model.train_cli import FinetuneJob, ProgressBar, default_train_config, merge_train_config, run_finetuning
 
 
@@ -44,9 +43,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     work = Path(args.workdir)
-    encoder = work / "minilm"
-    if not (encoder / "config.json").is_file():
-        import_model(find_asset("minilm"), encoder)
+    encoder = ensure_minilm(work / "minilm")
     split = prepare_rotten_tomatoes(work / "data", seed=args.seed)
     print(f"train: {split['train_rows']} reviews of {split['train_films']} films; "
           f"held out: {split['eval_rows']} reviews of {split['eval_films']} other films")

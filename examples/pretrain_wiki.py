@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from model.cli import import_model
-from model.demo_data import find_asset, prepare_wiki
+from model.demo_data import ensure_minilm, prepare_wiki
 from model.train_cli import PretrainJob, ProgressBar, default_train_config, merge_train_config, run_pretraining
 
 DEFAULTS = {"warm": {"lr": 1e-4, "max_steps": 200}, "scratch": {"lr": 1e-3, "max_steps": 1500}}
@@ -47,9 +46,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     work = Path(args.workdir)
-    encoder = work / "minilm"
-    if not (encoder / "config.json").is_file():
-        import_model(find_asset("minilm"), encoder)
+    encoder = ensure_minilm(work / "minilm")
     corpus = work / "wiki.txt"
     if not corpus.is_file():
         info = prepare_wiki(corpus)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .config import BertConfig
-from .io import atomic_dir, load_state_dict
+from .io import load_state_dict
 from .modeling import HEAD_NAMES, LEGACY_KEYS, class_for_heads, heads_of, normalize_state_dict
 
 

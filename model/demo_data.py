@@ -14,10 +14,10 @@ import io
 import json
 import os
 import sysconfig
-import uuid
 from pathlib import Path
 
 from model.data.corpus import split_sentences
+from model.io import atomic_write_bytes
 from model.data.finetune import split_holdout
 
 ASSETS = {
@@ -96,17 +96,14 @@ def prepare_rotten_tomatoes(out_dir: str | os.PathLike, eval_fraction: float = 0
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def ensure_minilm(dst: str | os.PathLike) -> Path:
+    """The bundled all-MiniLM-L6-v2 encoder imported into `dst` (project layout), once."""
+    from model.cli import import_model  # the CLI module imports the model classes; only needed here
+
+    dst = Path(dst)
+    if not (dst / "config.json").is_file():
+        import_model(find_asset("minilm"), dst)
+    return dst

@@ -17,7 +17,6 @@ both labels (0 = "B follows A", 1 = "B is random", as in Google's and HF's code)
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
