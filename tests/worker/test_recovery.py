@@ -109,18 +109,22 @@ def test_a_duplicate_delivery_never_trains_twice(tmp_path):
     with stack(tmp_path) as s:
         for name in ("first", "second"):
             s.workers.append(start_worker(s.data_dir, REDIS_URL, name, tmp_path))
-        job_id = submit(s, finetune_request("once", max_steps=150, save_every=50))
-        # The same message again, as a broker redelivery would bring it, to the other idle worker.
+        job_id = submit(s, finetune_request("once", max_steps=600, save_every=200))
+        # Once it trains, the same message again, as a broker redelivery would bring it, to the other
+        # (idle) worker, which must find the lease held and do nothing.
+        wait_for(lambda: read_record(s.data_dir, job_id)["progress"].get("step", 0) >= 1, 60, "training")
         publisher = Celery(broker=REDIS_URL, set_as_current=False)
         publisher.conf.update(task_serializer="json", accept_content=["json"])
         publisher.send_task("bert.finetune", args=[job_id], queue="training")
+        wait_for(lambda: any("running elsewhere" in w.log() for w in s.workers), 60, "the duplicate's no-op")
+        assert read_record(s.data_dir, job_id)["state"] == "running", "the job must still run: make it longer"
 
-        job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=90)
+        job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=120)
         assert job["state"] == "succeeded", job
         events = [e["event"] for e in job["events"]]
         assert events.count("started") == 1 and job["attempts"] == 1
         assert "duplicate delivery ignored" in events
-        assert train_steps(s.data_dir, job_id) == list(range(1, 151))
+        assert train_steps(s.data_dir, job_id) == list(range(1, 601))
         # One worker trained it, the other acked its copy and did nothing.
         wait_for(lambda: any("'outcome': 'succeeded'" in w.log() for w in s.workers), 10, "the task's return")
         logs = [w.log() for w in s.workers]
