@@ -146,7 +146,7 @@ class ModelStore:
         if self.root.is_dir():
             for child in self.root.iterdir():
                 name = child.name
-                if name.startswith((".", "tmp")) or not valid_name(name) or not child.is_dir():
+                if not valid_name(name) or not child.is_dir():  # also skips .tmp-* and tmp* dirs
                     continue
                 if not (child / "config.json").is_file():
                     continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import uuid
@@ -101,6 +102,23 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, skipping a torn line a killed writer left; [] if absent."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def state_dict_keys(path: str | Path) -> list[str]:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .io import TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree
+from .io import TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl
 
 JOBS, MODELS, DATASETS = "jobs", "models", "datasets"
 RECORD, METRICS, CANCEL, LEASE, RECORD_LOCK = "job.json", "metrics.jsonl", "cancel", ".lease", ".record.lock"
@@ -203,7 +203,7 @@ class JobStore:
         path = self.job_dir(job_id) / METRICS
         if not self.exists(job_id):
             raise JobNotFound(job_id)
-        return list(_read_jsonl(path))
+        return read_jsonl(path)
 
     def repair_metrics(self, job_id: str) -> None:
         """Rewrite metrics.jsonl without lines a killed writer left torn (the trainer reparses it on resume)."""
@@ -211,28 +211,13 @@ class JobStore:
         if not path.is_file():
             return
         text = path.read_text(encoding="utf-8", errors="replace")
-        good = list(_read_jsonl(path))
+        good = read_jsonl(path)
         if sum(1 for line in text.splitlines() if line.strip()) != len(good) or (text and not text.endswith("\n")):
             atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in good).encode())
 
     def append_metric(self, job_id: str, record: dict[str, Any]) -> None:
         with open(self.job_dir(job_id) / METRICS, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-
-
-def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        f = open(path, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return
-    with f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
 
 
 def _encode(record: dict) -> bytes:

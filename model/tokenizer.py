@@ -38,6 +38,8 @@ from tokenizers import (
     trainers,
 )
 
+from .io import atomic_write_bytes
+
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -423,12 +425,7 @@ def _special_tokens_from_config(config: dict) -> dict[str, str]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _required_id(tokenizer: Tokenizer, token: str) -> int:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
-from .io import atomic_write_bytes
+from .io import atomic_write_bytes, read_jsonl
 from .modeling import IGNORE_INDEX, BertForSequenceClassification
 from .plot import write_training_plot
 from .precision import autocast
@@ -287,7 +287,7 @@ class MetricsLog:
         """Keep records up to `step` (a resume re-does what came after the checkpoint)."""
         if self.path is None or not self.path.is_file():
             return
-        self.records = [r for r in _read_jsonl(self.path) if r.get("step", 0) <= step]
+        self.records = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
         atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in self.records).encode())
 
     def append(self, record: dict[str, Any]) -> None:
@@ -295,18 +295,6 @@ class MetricsLog:
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a torn last line from a killed writer
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 # ---------------------------------------------------------------------------- the trainer
