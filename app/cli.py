@@ -45,9 +45,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     os.execv(celery, argv)
 
 
-def build_full_parser() -> argparse.ArgumentParser:
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+def add_service_commands(sub) -> None:
 
     p = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
@@ -72,7 +70,10 @@ def build_full_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostname", help="worker node name (default: celery@HOST)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
-    return parser
+
+
+def build_full_parser() -> argparse.ArgumentParser:
+    return build_parser(add_service_commands)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,7 +123,8 @@ def _print_info(info: dict) -> None:
         print(f"  vocabulary:   {info['vocab']['size']:,} tokens, {case}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(add_commands=None) -> argparse.ArgumentParser:
+    """The `bert` parser; `add_commands(subparsers)` lets app/ add serve, up and worker."""
     parser = argparse.ArgumentParser(prog="bert", description="bertserve: train and serve BERT.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -149,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import train_cli  # here, not at the top: train_cli imports UserError from this module
 
     train_cli.add_commands(sub)
+    if add_commands is not None:
+        add_commands(sub)
     return parser
 
 
