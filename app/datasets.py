@@ -1,8 +1,5 @@
-"""Training datasets in DATA_DIR/datasets/<name>/: a streamed, size-capped, format-checked upload.
-
-    DATA_DIR/datasets/<name>/data.<txt|jsonl|csv|tsv>   the file as uploaded
-    DATA_DIR/datasets/<name>/meta.json                  kind, format, size, sha256, counts (and labels)
-    DATA_DIR/datasets/<name>/cache/                     token caches the worker builds (model.data)
+"""Dataset uploads: a streamed, size-capped, format-checked upload into DATA_DIR/datasets/<name>/
+(the layout and meta.json are model.datadir.datasets').
 
 Two kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
 "text" field) and "labelled" (fine-tuning: .csv/.tsv/.jsonl with "text" and "label" columns, and an
@@ -20,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,42 +25,15 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from model.data import load_classification_data, read_documents
 from model.data.corpus import detect_format
-from model.io import TMP_PREFIX, fsync_tree, fsync_dir
-from model.jobs import DATASETS, now_iso, valid_name
+from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
+from model.datadir.datasets import KINDS, install, staging_dir
 
 from .errors import ServiceError
 
-META = "meta.json"
-KINDS = ("corpus", "labelled")
 EXTENSIONS = {".txt": ("corpus",), ".csv": ("labelled",), ".tsv": ("labelled",), ".jsonl": ("corpus", "labelled")}
 MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
-
-NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_' or '-', starting with a letter or digit "
-             "(and not with 'tmp')")
-
-
-def datasets_root(data_dir: Path) -> Path:
-    return Path(data_dir) / DATASETS
-
-
-def read_meta(data_dir: Path, name: str) -> dict[str, Any] | None:
-    if not valid_name(name):
-        return None
-    try:
-        return json.loads((datasets_root(data_dir) / name / META).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def list_datasets(data_dir: Path) -> list[dict[str, Any]]:
-    root = datasets_root(data_dir)
-    if not root.is_dir():
-        return []
-    metas = (read_meta(data_dir, child.name) for child in sorted(root.iterdir()))
-    return [m for m in metas if m is not None]
-
 
 # ---------------------------------------------------------------------------- the upload
 
@@ -168,7 +137,7 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
     if name is not None:
         if not valid_name(name):
             raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")
-        if (datasets_root(data_dir) / name).exists():
+        if DataDir(data_dir).dataset(name).exists():
             raise ServiceError("validation", f"name: dataset '{name}' already exists (datasets are never "
                                              "replaced; upload under another name)")
     if kind is not None and kind not in KINDS:
@@ -185,10 +154,7 @@ async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> di
     if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
         raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes "
                                         "(BERT_MAX_DATASET_BYTES)")
-    root = datasets_root(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{TMP_PREFIX}upload-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
     try:
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
         meta = await asyncio.to_thread(_finish, upload, tmp, data_dir)
@@ -240,13 +206,10 @@ def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256
     meta = {"name": name, "kind": kind, "file": path.name, "original_filename": filename[:200],
             "bytes": size, "sha256": sha256, "created_at": now_iso()}
     meta.update(_check_corpus(path) if kind == "corpus" else _check_labelled(path))
-    (tmp / META).write_text(json.dumps(meta, indent=1))
-    fsync_tree(tmp)
     try:
-        os.rename(tmp, datasets_root(data_dir) / name)
-    except OSError:
+        install(data_dir, tmp, meta)
+    except DatasetExists:
         raise ServiceError("validation", f"name: dataset '{name}' already exists") from None
-    fsync_dir(datasets_root(data_dir))
     return meta
 
 
@@ -254,10 +217,7 @@ def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = N
     """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
     if Path(src).suffix.lower() not in EXTENSIONS:
         raise ServiceError("validation", f"file: {src} must end in one of {', '.join(EXTENSIONS)}")
-    root = datasets_root(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{TMP_PREFIX}local-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    tmp = staging_dir(data_dir, "local")
     try:
         dst = tmp / f"data{Path(src).suffix.lower()}"
         shutil.copyfile(src, dst)

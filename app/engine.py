@@ -84,14 +84,6 @@ class Batch:
 Runner = Callable[[Any, Batch], list]
 
 
-def resolve_device(setting: str) -> torch.device:
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if setting == "cuda" and not torch.cuda.is_available():
-        raise ValueError("BERT_DEVICE=cuda but torch sees no CUDA device")
-    return torch.device(setting)
-
-
 def plan_batches(rows: list[tuple[Job, int, int]], max_tokens: int) -> list[list[tuple[Job, int, int]]]:
     """Cut (job, row, length) items, sorted by length, into batches with rows x longest <= max_tokens.
 

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from model.cli import UserError
+from model.datadir import DataDir, JobStore, read_meta
 from model.demo_data import AssetMissingError, ensure_minilm, prepare_wiki
-from model.jobs import JobStore
+from model.errors import UserError
 
-from .datasets import add_local_dataset, read_meta
+from .datasets import add_local_dataset
 from .errors import ServiceError
-from .jobs import Jobs, PretrainJobRequest, PretrainParams
+from .job_service import JobService, PretrainJobRequest, PretrainParams
 from .server import serve
 from .settings import Settings
 from .store import ModelStore
@@ -48,9 +48,9 @@ BOOTSTRAP_PARAMS = dict(max_steps=200, batch_size=16, max_seq_len=128, lr=1e-4, 
 
 def prepare(data_dir: Path, log=print) -> None:
     """The MiniLM encoder and the Wikipedia corpus in DATA_DIR, once."""
-    if not (data_dir / "models" / ENCODER).is_dir():
+    if not DataDir(data_dir).model(ENCODER).is_dir():
         log(f"importing all-MiniLM-L6-v2 as model '{ENCODER}' ...")
-        ensure_minilm(data_dir / "models" / ENCODER)
+        ensure_minilm(DataDir(data_dir).model(ENCODER))
     if read_meta(data_dir, CORPUS) is None:
         log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=".tmp-") as staging:
@@ -62,14 +62,14 @@ def prepare(data_dir: Path, log=print) -> None:
 def bootstrap_job(settings: Settings, steps: int | None = None) -> dict | None:
     """Queue the bootstrap job unless it ran, runs, or its model exists; the record, or None."""
     data_dir = settings.data_dir
-    if (data_dir / "models" / BOOTSTRAP_MODEL).is_dir():
+    if DataDir(data_dir).model(BOOTSTRAP_MODEL).is_dir():
         return None
     for record in JobStore(data_dir).list():
         if record.get("model_name") == BOOTSTRAP_MODEL and record["state"] != "cancelled":
             return record  # queued/running: the worker's recovery sweep picks it up; failed: say so
     request = PretrainJobRequest(kind="pretrain", model_name=BOOTSTRAP_MODEL, base_model=ENCODER, dataset=CORPUS,
                                  params=PretrainParams(**bootstrap_params(steps)))
-    jobs = Jobs(settings, data_dir, ModelStore(data_dir, ENCODER, torch.device("cpu")))
+    jobs = JobService(settings, data_dir, ModelStore(data_dir, ENCODER, torch.device("cpu")))
     return asyncio.run(jobs.submit(request))
 
 

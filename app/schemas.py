@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .store import NAME_PATTERN
+from model.datadir import NAME_PATTERN
 
 ModelName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64,
                                  description="A model in DATA_DIR/models/; omitted = the default model.",

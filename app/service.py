@@ -11,7 +11,9 @@ from typing import Any, Callable
 
 import torch
 
-from .engine import Engine, Job, resolve_device
+from model.device import resolve_device
+
+from .engine import Engine, Job
 from .errors import ServiceError
 from .inference import RUNNERS
 from .metrics import Metrics

@@ -2,7 +2,7 @@
 
 The store scans the directory (at start-up, on GET /models and when a request names a model it
 does not know), so a model saved while the service runs is served without a restart. Hidden and
-temporary directories ("." or "tmp" prefix, as model.io.atomic_dir writes) are skipped. A
+temporary directories ("." or "tmp" prefix, as model.files.atomic_dir writes) are skipped. A
 directory that is replaced (a new inode or mtime, as an atomic save produces) is reloaded on its
 next use. Weights come through model.modeling.load_model (safetensors, or weights-only torch.load):
 nothing is ever unpickled.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +19,16 @@ from pathlib import Path
 import torch
 
 from model.config import BertConfig
-from model.jobs import TERMINAL, JobStore
-from model.precision import apply_precision
+from model.datadir import DataDir, JobStore, valid_name
 from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
-                            class_for_heads, heads_in, load_model)
+                            class_for_heads, load_model)
+from model.precision import apply_precision
 from model.tokenizer import BertTokenizer
+from model.weights import heads_in_dir
 
 from .errors import ServiceError
 
 log = logging.getLogger("bertserve.store")
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-_NAME_RE = re.compile(NAME_PATTERN)
 
 # What each route needs, and the model classes that have it.
 HEAD_CLASSES = {
@@ -40,10 +37,6 @@ HEAD_CLASSES = {
     "classifier": (BertForSequenceClassification,),
 }
 HEAD_TITLES = {"mlm": "masked-LM (mlm)", "nsp": "next-sentence (nsp)", "classifier": "classifier"}
-
-
-def valid_name(name: str) -> bool:
-    return bool(_NAME_RE.match(name)) and not name.startswith("tmp")
 
 
 def heads_of_class(cls: type) -> list[str]:
@@ -114,7 +107,7 @@ def describe(name: str, path: Path, identity: tuple) -> StoredModel:
     entry = StoredModel(name=name, path=path, identity=identity)
     try:
         entry.config = BertConfig.from_json_file(path / "config.json")
-        weight_heads = heads_in(path)
+        weight_heads = heads_in_dir(path)
         cls = class_for_heads(weight_heads)
         entry.architecture = cls.__name__
         entry.heads = heads_of_class(cls)
@@ -128,7 +121,7 @@ def describe(name: str, path: Path, identity: tuple) -> StoredModel:
 class ModelStore:
     def __init__(self, data_dir: Path, default_model: str | None, device: torch.device, warm_up=None,
                  default_mlm_model: str | None = None, precision=lambda name: "fp32"):
-        self.root = Path(data_dir) / "models"
+        self.root = DataDir(data_dir).models
         self.jobs = JobStore(data_dir)
         self.default_name = default_model
         self.default_mlm_name = default_mlm_model  # for the routes that need the MLM or NSP head
@@ -222,15 +215,15 @@ class ModelStore:
 
     def _raise_if_training(self, name: str) -> None:
         """503 naming the job when a queued or running job will publish a model called `name`."""
-        for record in self.jobs.list():
-            if record.get("model_name") == name and record["state"] not in TERMINAL:
-                progress = record.get("progress") or {}
-                job = {"id": record["id"], "state": record["state"], "step": progress.get("step") or 0,
-                       "total_steps": progress.get("total_steps") or record["params"]["max_steps"],
-                       "status_url": f"/jobs/{record['id']}"}
-                raise ServiceError("unavailable", f"model '{name}' is still being trained by job {job['id']} "
-                                                  f"({job['state']}, step {job['step']}/{job['total_steps']}); "
-                                                  "it is served as soon as the job finishes", job=job)
+        record = self.jobs.unfinished_job_for_model(name)
+        if record is not None:
+            progress = record.get("progress") or {}
+            job = {"id": record["id"], "state": record["state"], "step": progress.get("step") or 0,
+                   "total_steps": progress.get("total_steps") or record["params"]["max_steps"],
+                   "status_url": f"/jobs/{record['id']}"}
+            raise ServiceError("unavailable", f"model '{name}' is still being trained by job {job['id']} "
+                                              f"({job['state']}, step {job['step']}/{job['total_steps']}); "
+                                              "it is served as soon as the job finishes", job=job)
 
     async def get(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
         """The loaded model for a request, loading and warming it up on first use.

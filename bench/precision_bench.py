@@ -216,7 +216,7 @@ def accuracy_table(args) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minilm", type=Path, default=MINILM_DIR,
-                   help="MiniLM directory (HF layout, or the output of `python -m model import`)")
+                   help="MiniLM directory (HF layout, or the output of `bert import`)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--rounds", type=int, default=5)

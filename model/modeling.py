@@ -27,7 +27,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import BertConfig
-from .io import atomic_dir, load_state_dict, state_dict_keys
+from .files import atomic_dir
+from .weights import (HEAD_NAMES, HEAD_PREFIXES, LEGACY_KEYS, heads_of_keys, load_state_dict,
+                      normalize_state_dict)
 
 IGNORE_INDEX = -100  # MLM labels at positions that are not predicted
 
@@ -414,41 +416,6 @@ class BertLMPredictionHead(nn.Module):
 # Loading and saving, shared by every model class
 # ---------------------------------------------------------------------------------------------
 
-# Head name -> key prefix in the HF layout (encoder keys carry "bert.").
-HEAD_PREFIXES = {
-    "pooler": "bert.pooler.",
-    "mlm": "cls.predictions.",
-    "nsp": "cls.seq_relationship.",
-    "classifier": "classifier.",
-}
-HEAD_NAMES = {"pooler": "pooler", "mlm": "MLM head", "nsp": "NSP head", "classifier": "classifier head"}
-# Keys real HF checkpoints carry that hold nothing we need: a buffer and the tied decoder.
-LEGACY_KEYS = {"bert.embeddings.position_ids", "cls.predictions.decoder.weight",
-               "cls.predictions.decoder.bias"}
-
-
-def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Any HF BERT state dict -> the "bert."-prefixed layout, with legacy names renamed."""
-    out = {}
-    for key, value in state_dict.items():
-        key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        if not key.startswith(("bert.", "cls.", "classifier.")):
-            key = "bert." + key  # a bare BertModel's keys
-        out[key] = value
-    if "cls.predictions.bias" not in out and "cls.predictions.decoder.bias" in out:
-        out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
-    return out
-
-
-def heads_of(keys) -> set[str]:
-    return {head for head, prefix in HEAD_PREFIXES.items() if any(k.startswith(prefix) for k in keys)}
-
-
-def heads_in(path: str | Path) -> set[str]:
-    """Heads present in a model directory's weights: a subset of pooler, mlm, nsp, classifier."""
-    return heads_of(normalize_state_dict(dict.fromkeys(state_dict_keys(path))))
-
-
 class BertPreTrainedModel(nn.Module):
     """Weight init, from_pretrained/save_pretrained and parameter counting for every model class."""
 
@@ -460,7 +427,7 @@ class BertPreTrainedModel(nn.Module):
 
     @property
     def heads(self) -> set[str]:
-        return heads_of(normalize_state_dict(self.state_dict()))
+        return heads_of_keys(normalize_state_dict(self.state_dict()))
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -524,7 +491,7 @@ class BertPreTrainedModel(nn.Module):
         config = BertConfig.from_json_file(path / "config.json")
         if config_overrides:
             config = BertConfig.from_dict({**config.to_dict(), **config_overrides})
-        model = cls._build(config, heads_of(state), init_missing_heads)
+        model = cls._build(config, heads_of_keys(state), init_missing_heads)
         model._load_weights(state, str(path), init_missing_heads)
         return model.to(device).eval()
 
@@ -536,17 +503,17 @@ class BertPreTrainedModel(nn.Module):
         """Load a normalized ("bert."-prefixed) state dict, naming whatever is missing or unknown."""
         strip = len("bert.") if self.prefix == "" else 0  # a bare BertModel's own keys have no prefix
         expected = {("bert." if strip else "") + k for k in self.state_dict()}
-        my_heads = heads_of(expected)
+        my_heads = heads_of_keys(expected)
         missing = sorted(expected - set(given))
         missing_heads = sorted(h for h in my_heads if any(k.startswith(HEAD_PREFIXES[h]) for k in missing))
         if missing_heads and not init_missing_heads:
             names = ", ".join(f"{HEAD_NAMES[h]} ({HEAD_PREFIXES[h]}*)" for h in missing_heads)
             raise ValueError(f"{source} has no {names}, which {type(self).__name__} needs")
-        missing = [k for k in missing if not heads_of([k]) & set(missing_heads)]
+        missing = [k for k in missing if not heads_of_keys([k]) & set(missing_heads)]
         if missing:
             raise ValueError(f"{source} lacks weights {type(self).__name__} needs: {_names(missing)}")
         # Keys of heads this class does not have (an MLM head when loading a BertModel) are fine.
-        unexpected = sorted(k for k in set(given) - expected - LEGACY_KEYS if not heads_of([k]) - my_heads)
+        unexpected = sorted(k for k in set(given) - expected - LEGACY_KEYS if not heads_of_keys([k]) - my_heads)
         if unexpected:
             raise ValueError(f"{source} has weights {type(self).__name__} does not know: {_names(unexpected)}")
         if missing_heads:
@@ -820,4 +787,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> BertPreT
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
     state = normalize_state_dict(load_state_dict(path))
-    return class_for_heads(heads_of(state))._from_state(path, state, device, False, {})
+    return class_for_heads(heads_of_keys(state))._from_state(path, state, device, False, {})

@@ -158,6 +158,13 @@ def autocast(device_type: str | torch.device, precision: str = "bf16"):
     raise ValueError("int8 is a conversion of the model (apply_precision), not an autocast mode")
 
 
+def resolve_precision(precision: str, device: str | torch.device) -> str:
+    """A training precision setting for `device`: "auto" is bf16 autocast on CUDA, fp32 elsewhere."""
+    if precision == "auto":
+        return "bf16" if torch.device(device).type == "cuda" else "fp32"
+    return check_precision(precision)
+
+
 def bf16_native(device: str | torch.device = "cpu") -> bool:
     """Whether `device` computes bf16 in hardware (else bf16 is emulated and can be slower than fp32)."""
     device = torch.device(device)

@@ -37,10 +37,11 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
-from .io import atomic_write_bytes, read_jsonl
+from .files import atomic_write_bytes, read_jsonl
 from .modeling import IGNORE_INDEX, BertForSequenceClassification
 from .plot import write_training_plot
-from .precision import autocast
+from .device import resolve_device
+from .precision import autocast, resolve_precision
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training.svg"
@@ -171,18 +172,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return precision
 
 
 # ---------------------------------------------------------------------------- evaluation

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 import sysconfig
 from pathlib import Path
 
@@ -23,6 +25,24 @@ def tiny_config_dict(**overrides) -> dict:
                intermediate_size=37, max_position_embeddings=64, type_vocab_size=2)
     cfg.update(overrides)
     return cfg
+
+
+def make_training_files(root: Path) -> Path:
+    """In `root`: a 12-document Google-format corpus.txt, a tokenizer directory vocab/, a tiny config
+    tiny.json and a labelled reviews.csv (24 rows, labels pos/neg)."""
+    from model import BertTokenizer
+
+    rng = random.Random(0)
+    docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + " ."
+                      for _ in range(rng.randint(2, 5))) for _ in range(12)]
+    (root / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    (root / "vocab").mkdir()
+    BertTokenizer.from_vocab(TINY_VOCAB).save_pretrained(root / "vocab")
+    (root / "tiny.json").write_text(json.dumps(tiny_config_dict()))
+    rows = ["text,label"] + [f"{'good great love' if i % 2 else 'bad awful hate'} {rng.choice(WORDS)},"
+                             f"{'pos' if i % 2 else 'neg'}" for i in range(24)]
+    (root / "reviews.csv").write_text("\n".join(rows) + "\n")
+    return root
 
 
 @pytest.fixture(autouse=True)

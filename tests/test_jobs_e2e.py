@@ -14,7 +14,7 @@ import pytest
 from model import BertForSequenceClassification
 from model.checkpoint import is_complete
 
-from .worker.helpers import (REDIS_URL, corpus_txt, finetune_request, flush_redis, labelled_csv, make_data_dir,
+from .helpers import (REDIS_URL, corpus_txt, finetune_request, flush_redis, labelled_csv, make_data_dir,
                              pretrain_request, start_server, start_worker, wait_for, wait_state)
 
 pytestmark = pytest.mark.slow

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from model.jobs import TRAINING_QUEUE, broker_transport_options
-
+from . import recovery
+from .queue import TRAINING_QUEUE, broker_transport_options, has_fanout
 from .settings import WorkerSettings
-
-
-def _has_fanout(broker_url: str) -> bool:
-    return broker_url.split("://", 1)[0].lower() in ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp")
 
 
 def make_celery(settings: WorkerSettings | None = None) -> Celery:
@@ -58,12 +54,11 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         # Remote control (celery inspect, Flower) needs a fanout exchange: on with Redis/AMQP, off with
         # the embedded transports, which have none. Flower turns task events on through it.
-        worker_enable_remote_control=_has_fanout(settings.broker_url),
+        worker_enable_remote_control=has_fanout(settings.broker_url),
     )
     return app
 
 
 settings = WorkerSettings()
 app = make_celery(settings)
-
-from . import recovery  # noqa: E402,F401  (registers the worker_ready recovery sweep)
+recovery.install(settings)  # the recovery sweep at start-up and on a timer, the shutdown flag

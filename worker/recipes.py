@@ -1,8 +1,8 @@
-"""From a job record to model.train_cli's job specification, and the run itself.
+"""From a job record to a run spec of model/runs.py, and the run itself.
 
-The worker runs the same code as `bert pretrain` / `bert finetune` (model/train_cli.py); only the
-callbacks differ. This module translates the record the API validated into a PretrainJob or
-FinetuneJob whose run directory is the job directory, so checkpoints land in
+The worker runs the same code as `bert pretrain` / `bert finetune` (model/runs.py); only the
+callbacks differ. This module translates the record the API validated into a PretrainSpec or
+FinetuneSpec whose run directory is the job directory, so checkpoints land in
 DATA_DIR/jobs/<id>/checkpoints/ and a second attempt resumes from the latest complete one.
 
 Pretraining from scratch also needs a vocabulary and a config file: the vocabulary is learnt from the
@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Sequence
 
 from model.data import read_documents
-from model.io import atomic_dir, atomic_write_bytes
-from model.jobs import DATASETS, MODELS
+from model.datadir import DataDir, dataset_file
+from model.files import atomic_dir, atomic_write_bytes
+from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
 from model.tokenizer import BertTokenizer
-from model.train_cli import FinetuneJob, PretrainJob, run_finetuning, run_pretraining
 from model.trainer import Callback, TrainResult
 
-DATASET_META = "meta.json"
 TOKENIZER_DIR = "tokenizer"  # DATA_DIR/jobs/<id>/tokenizer: a from-scratch run's vocabulary
 SCRATCH_CONFIG = "scratch_config.json"
 
@@ -32,18 +31,11 @@ TRAIN_KEYS = ("lr", "weight_decay", "max_steps", "warmup_steps", "grad_accum_ste
               "eval_every", "save_every", "keep_last", "log_every", "precision")
 
 
-def dataset_file(data_dir: Path, name: str) -> tuple[Path, dict]:
-    """The data file of an uploaded dataset and its meta.json (kind, format, file name)."""
-    root = Path(data_dir) / DATASETS / name
-    meta = json.loads((root / DATASET_META).read_text())
-    return root / meta["file"], meta
-
-
 def train_overrides(params: dict, device: str) -> dict:
     return {**{k: params[k] for k in TRAIN_KEYS if k in params}, "device": device}
 
 
-def pretrain_job(record: dict, data_dir: Path, job_dir: Path, device: str) -> PretrainJob:
+def pretrain_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:
     p = record["params"]
     corpus, meta = dataset_file(data_dir, record["dataset"])
     spec = dict(corpus=str(corpus), out=str(job_dir), corpus_format=meta.get("format"), nsp=p["nsp"],
@@ -51,30 +43,30 @@ def pretrain_job(record: dict, data_dir: Path, job_dir: Path, device: str) -> Pr
                 eval_fraction=p["eval_fraction"], freeze_encoder=p.get("freeze_encoder", False),
                 train=train_overrides(p, device))
     if record.get("base_model"):
-        spec["from_model"] = str(Path(data_dir) / MODELS / record["base_model"])
+        spec["from_model"] = str(DataDir(data_dir).model(record["base_model"]))
     else:
         spec["vocab"] = str(corpus_tokenizer(job_dir / TOKENIZER_DIR, corpus, meta, p))
         config = job_dir / SCRATCH_CONFIG
         atomic_write_bytes(config, json.dumps(p["config"], indent=1).encode())
         spec["config"] = str(config)
-    return PretrainJob.from_dict(spec)
+    return PretrainSpec.from_dict(spec)
 
 
-def finetune_job(record: dict, data_dir: Path, job_dir: Path, device: str) -> FinetuneJob:
+def finetune_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
-    return FinetuneJob.from_dict(dict(
-        train_file=str(table), from_model=str(Path(data_dir) / MODELS / record["base_model"]), out=str(job_dir),
+    return FinetuneSpec.from_dict(dict(
+        train_file=str(table), from_model=str(DataDir(data_dir).model(record["base_model"])), out=str(job_dir),
         eval_fraction=p["eval_fraction"], batch_size=p["batch_size"], max_seq_len=p["max_seq_len"],
         train=train_overrides(p, device)))
 
 
 def run(record: dict, data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]) -> TrainResult:
-    """Train (or resume) the job in `job_dir`; raises model.cli.UserError for bad data or options."""
+    """Train (or resume) the job in `job_dir`; raises model.errors.UserError for bad data or options."""
     if record["kind"] == "pretrain":
-        return run_pretraining(pretrain_job(record, Path(data_dir), Path(job_dir), device), callbacks)
+        return run_pretraining(pretrain_spec(record, Path(data_dir), Path(job_dir), device), callbacks)
     if record["kind"] == "finetune":
-        return run_finetuning(finetune_job(record, Path(data_dir), Path(job_dir), device), callbacks)
+        return run_finetuning(finetune_spec(record, Path(data_dir), Path(job_dir), device), callbacks)
     raise ValueError(f"unknown job kind {record['kind']!r}")
 
 

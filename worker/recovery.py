@@ -18,7 +18,10 @@ from typing import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from model.jobs import TASK_NAMES, TRAINING_QUEUE, JobNotFound, JobStore, add_event, lease_is_free, now_iso
+from model.datadir import JobNotFound, JobStore, add_event, lease_is_free, now_iso
+
+from .queue import send_job
+from .settings import WorkerSettings
 
 log = logging.getLogger("bertserve.worker")
 
@@ -53,7 +56,7 @@ def _mark_requeued(record: dict) -> None:
 
 def celery_sender(app) -> Callable[[str, str], None]:
     def send(job_id: str, kind: str) -> None:
-        app.send_task(TASK_NAMES[kind], args=[job_id], queue=TRAINING_QUEUE)
+        send_job(app, job_id, kind)
     return send
 
 
@@ -65,22 +68,24 @@ def _periodic(app, store: JobStore, interval: float) -> None:
             log.exception("periodic recovery sweep failed")
 
 
-@worker_ready.connect
-def _on_worker_ready(sender, **kwargs) -> None:
-    from .celery_app import settings
+def install(settings: WorkerSettings) -> None:
+    """Connect the sweep to worker start-up and the flag to worker shutdown (Celery signals)."""
 
-    app = sender.app
-    store = JobStore(settings.data_dir)
-    try:
-        sweep(store, celery_sender(app))
-    except Exception:
-        log.exception("start-up recovery sweep failed")
-    if settings.worker_sweep_interval_s > 0:
-        threading.Thread(target=_periodic, args=(app, store, settings.worker_sweep_interval_s),
-                         daemon=True, name="bert-recovery-sweep").start()
+    def on_worker_ready(sender, **kwargs) -> None:
+        app = sender.app
+        store = JobStore(settings.data_dir)
+        try:
+            sweep(store, celery_sender(app))
+        except Exception:  # the broker may be down: the periodic sweep and redelivery still recover jobs
+            log.exception("start-up recovery sweep failed")
+        if settings.worker_sweep_interval_s > 0:
+            threading.Thread(target=_periodic, args=(app, store, settings.worker_sweep_interval_s),
+                             daemon=True, name="bert-recovery-sweep").start()
+
+    worker_ready.connect(on_worker_ready, weak=False)
+    worker_shutting_down.connect(_on_shutdown, weak=False)
 
 
-@worker_shutting_down.connect
 def _on_shutdown(**kwargs) -> None:
     _timer_stop.set()
     shutting_down.set()

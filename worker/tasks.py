@@ -1,7 +1,7 @@
 """The Celery tasks: `bert.pretrain` and `bert.finetune`, each taking a job id.
 
 Thin, like a web view: the message carries only the id; the job's spec, state and results live in
-DATA_DIR/jobs/<id>/ (model/jobs.py), and the work happens in worker/training.py and model/. On a
+DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. On a
 warm shutdown (SIGTERM) the running job stops at its next step and is sent again (`requeue`).
 """
 

@@ -4,7 +4,7 @@
       1. lease     flock DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: do nothing
       2. begin     under the record lock: finished/cancelled -> nothing; too many attempts -> failed;
                    else attempts += 1, state running (a previous attempt that died is noted)
-      3. train     model.train_cli's run_pretraining/run_finetuning, the job directory as run directory
+      3. train     model.runs' run_pretraining/run_finetuning, the job directory as run directory
                    (worker/recipes.py): it continues from the latest complete checkpoint; callbacks write
                    progress into job.json and stop the loop on a cancel request or the soft time limit
                    (the trainer checkpoints first)
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from model import checkpoint as ckpt
-from model.cli import UserError
-from model.jobs import CANCEL, TERMINAL, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
+from model.datadir import TERMINAL, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
+from model.datadir.jobs import CANCEL
+from model.errors import UserError
 from model.trainer import FINAL_MODEL, Callback
 
 from . import recipes
@@ -92,7 +93,7 @@ def _free_accelerator_memory() -> None:
 
 def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[dict, str]:
     """Decide under the record lock what this delivery does; "run" means the job is now ours."""
-    cancel_flag = (store.job_dir(job_id) / CANCEL).exists()
+    cancel_flag = store.cancel_requested(job_id)
     outcome = "run"
 
     def change(r: dict) -> None:
@@ -176,7 +177,7 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
     if result.stopped:
         return _stopped(store, job_id, reporter.stop_reason or "stopped", result)
     try:
-        published = publish_model(store, job_id, job_dir / FINAL_MODEL, record["model_name"])
+        published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
         return _fail(store, job_id, e)
     summary = {"model": record["model_name"], "model_dir": f"models/{published.name}", "step": result.step,

@@ -6,11 +6,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel
 
-from model.jobs import NAME_PATTERN
+from model.datadir import NAME_PATTERN, list_datasets as list_dataset_metas, read_meta
+from model.datadir.datasets import KINDS
 
 from .. import datasets
 from ..errors import ServiceError, responses
-from ..jobs import JobsDep, require_admin_key
+from ..job_service import JobsDep, require_admin_key
 
 router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
 
@@ -21,7 +22,7 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-dat
                  "description": "corpus: .txt or .jsonl (a 'text' field); labelled: .csv, .tsv or .jsonl "
                                 "with 'text' and 'label' (and optionally 'text_pair')"},
         "name": {"type": "string", "pattern": NAME_PATTERN, "description": "Default: the file name's stem."},
-        "kind": {"type": "string", "enum": list(datasets.KINDS),
+        "kind": {"type": "string", "enum": list(KINDS),
                  "description": "Default: from the extension (.jsonl: labelled if rows have 'label')."},
     }}}}}}
 
@@ -57,14 +58,14 @@ async def upload_dataset(request: Request, jobs: JobsDep) -> Any:
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))
 async def list_datasets(jobs: JobsDep):
     """Every uploaded dataset with its kind, size, checksum and counts."""
-    return DatasetsResponse(datasets=await asyncio.to_thread(datasets.list_datasets, jobs.data_dir))
+    return DatasetsResponse(datasets=await asyncio.to_thread(list_dataset_metas, jobs.data_dir))
 
 
 @router.get("/datasets/{name}", response_model=DatasetInfo,
             responses=responses("validation", "unauthorized", "not_found"))
 async def get_dataset(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], jobs: JobsDep):
     """One dataset's description."""
-    meta = await asyncio.to_thread(datasets.read_meta, jobs.data_dir, name)
+    meta = await asyncio.to_thread(read_meta, jobs.data_dir, name)
     if meta is None:
         raise ServiceError("not_found", f"dataset '{name}' not found")
     return meta

@@ -1,5 +1,5 @@
 """Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
-POST /jobs/{id}/cancel. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model/jobs.py);
+POST /jobs/{id}/cancel. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
 GET never blocks on a worker, it reads the record the worker keeps current.
 """
 
@@ -8,10 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Response
 
-from model.jobs import JOB_ID_PATTERN, JobNotFound
+from model.datadir import JOB_ID_PATTERN, JobNotFound
 
 from ..errors import responses
-from ..jobs import (CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsDep,
+from ..job_service import (CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsDep,
                     JobsResponse, JobState, JobStatus, find_job, job_status, require_admin_key)
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin_key)])

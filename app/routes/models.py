@@ -5,10 +5,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
+from model.datadir import NAME_PATTERN
+
 from ..deps import ServiceDep
 from ..errors import responses
 from ..schemas import ModelInfo, ModelsResponse
-from ..store import NAME_PATTERN, StoredModel
+from ..store import StoredModel
 
 router = APIRouter(tags=["models"])
 

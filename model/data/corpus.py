@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import atomic_write_bytes, fsync_path
+from ..files import atomic_write_bytes, fsync_path, iter_jsonl_objects
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +127,8 @@ def _read_text(path: Path) -> Iterator[list[str]]:
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[list[str]]:
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or text_field not in record:
+        for lineno, record in iter_jsonl_objects(f, path):
+            if text_field not in record:
                 raise ValueError(f"{path}, line {lineno}: no {text_field!r} field (set text_field to the right name)")
             text = record[text_field]
             if not isinstance(text, str):

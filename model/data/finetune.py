@@ -12,7 +12,6 @@ import bz2
 import csv
 import gzip
 import io
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.data.batches import ResumableBatches
+from ..files import iter_jsonl_objects
+from .batches import ResumableBatches
 
 DEFAULT_TEXT_COLUMN, DEFAULT_PAIR_COLUMN, DEFAULT_LABEL_COLUMN = "text", "text_pair", "label"
 
@@ -90,7 +90,7 @@ def read_table(path: str | os.PathLike) -> list[tuple[int, dict]]:
     fmt = table_format(path)
     with _open_text(path) as f:
         if fmt == "jsonl":
-            rows = _jsonl_rows(f, path)
+            rows = list(iter_jsonl_objects(f, path))
         else:
             reader = csv.DictReader(f, delimiter="," if fmt == "csv" else "\t")
             rows = []
@@ -102,21 +102,6 @@ def read_table(path: str | os.PathLike) -> list[tuple[int, dict]]:
                 raise ValueError(f"{path} is empty")
     if not rows:
         raise ValueError(f"{path} has no data rows")
-    return rows
-
-
-def _jsonl_rows(f, path: Path) -> list[tuple[int, dict]]:
-    rows = []
-    for lineno, line in enumerate(f, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
-        rows.append((lineno, record))
     return rows
 
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from model.jobs import JobStore
+from model.datadir import JobStore
 from model.modeling import BertForPreTraining
 
 from .conftest import save_tiny, serve_app, settings_for

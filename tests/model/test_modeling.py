@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from model import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                    BertModel, load_model)
-from model.modeling import heads_in
+from model.weights import heads_in_dir
 from tests.conftest import tiny_config_dict
 
 ATOL = 1e-5
@@ -294,8 +294,8 @@ def test_load_model_picks_the_class_by_heads(tmp_path, tiny_config):
     for cls in OURS.values():
         cls(tiny_config).save_pretrained(tmp_path / cls.__name__)
         assert type(load_model(tmp_path / cls.__name__)) is cls
-    assert heads_in(tmp_path / "BertForPreTraining") == {"pooler", "mlm", "nsp"}
-    assert heads_in(tmp_path / "BertForMaskedLM") == {"mlm"}
+    assert heads_in_dir(tmp_path / "BertForPreTraining") == {"pooler", "mlm", "nsp"}
+    assert heads_in_dir(tmp_path / "BertForMaskedLM") == {"mlm"}
     # An encoder without a pooler (as HF's BertForMaskedLM saves it) loads as a BertModel without one.
     assert BertModel.from_pretrained(tmp_path / "BertForMaskedLM").pooler is None
 
@@ -318,7 +318,7 @@ def test_save_replaces_atomically_and_a_killed_writer_leaves_the_old_model(tmp_p
     # A writer killed while writing into its temp dir: the old directory must stay whole.
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from model.io import atomic_dir
+        from model.files import atomic_dir
         with atomic_dir({str(dst)!r}) as tmp:
             (tmp / "config.json").write_text("{{}}")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -330,7 +330,7 @@ def test_save_replaces_atomically_and_a_killed_writer_leaves_the_old_model(tmp_p
     assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
     # An exception inside the write removes the temp dir and keeps the old model.
     with pytest.raises(RuntimeError):
-        from model.io import atomic_dir
+        from model.files import atomic_dir
         with atomic_dir(dst) as tmp:
             (tmp / "x").write_text("partial")
             raise RuntimeError("boom")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from model.checkpoint import is_complete
-from model.jobs import JobStore
+from model.datadir import JobStore
 from worker.celery_app import make_celery
 from worker.recovery import sweep
 from worker.settings import WorkerSettings
 from worker.training import run_job
 
-from .helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
+from ..helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
 
 
 @pytest.fixture

@@ -1,10 +1,13 @@
-"""Crash-safe file writes and weight loading.
+"""Crash-safe files: atomic directory and file writes, fsync, and the two JSON-lines readers.
 
 Every model and checkpoint directory is written with `atomic_dir`: files go into a hidden temp
 directory beside the target, are fsynced, and the directory is renamed into place, so a process
-killed mid-write leaves either the old directory or the new one, never half of one. Weights are read
-from safetensors, or from `pytorch_model.bin` through `torch.load(weights_only=True)` only: nothing
-is ever unpickled.
+killed mid-write leaves either the old directory or the new one, never half of one. Single files
+(job records, metrics, tokenizer files) go through `atomic_write_bytes` the same way.
+
+JSON lines are read two ways: `read_jsonl` for files this project appends to while it runs
+(metrics.jsonl), which skips the torn last line a killed writer leaves; `iter_jsonl_objects` for a
+user's data files, where any bad line is an error naming the file and line.
 """
 
 from __future__ import annotations
@@ -16,11 +19,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Iterator
-
-import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
+from typing import Callable, Iterable, Iterator
 
 TMP_PREFIX = ".tmp-"
 
@@ -106,12 +105,35 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """The JSON objects of a JSON-lines file, skipping a torn line a killed writer left; [] if absent."""
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    return _parse_jsonl(_read_text(path))
+
+
+def rewrite_jsonl(path: str | Path, keep: Callable[[dict], bool] = lambda record: True) -> list[dict]:
+    """Rewrite a JSON-lines file atomically with only its whole records that `keep` accepts; returns them.
+
+    Rewrites nothing when the file is absent, or already holds exactly those records (no torn line).
+    """
+    text = _read_text(path)
+    if text is None:
         return []
+    records = _parse_jsonl(text)
+    kept = [r for r in records if keep(r)]
+    lines = sum(1 for line in text.splitlines() if line.strip())
+    if len(kept) != lines or (text and not text.endswith("\n")):
+        atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    return kept
+
+
+def _read_text(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _parse_jsonl(text: str | None) -> list[dict]:
     records = []
-    for line in text.splitlines():
+    for line in (text or "").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -121,20 +143,16 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
-def state_dict_keys(path: str | Path) -> list[str]:
-    """Weight names of a model directory; for safetensors read from the header alone."""
-    path = Path(path)
-    if (path / "model.safetensors").is_file():
-        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-            return list(f.keys())
-    return list(load_state_dict(path))
-
-
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Weights of a model directory: model.safetensors, else pytorch_model.bin (weights only)."""
-    path = Path(path)
-    if (path / "model.safetensors").is_file():
-        return load_file(path / "model.safetensors")
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path}")
+def iter_jsonl_objects(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a user's JSON-lines file; a line that is not
+    a JSON object is a ValueError naming `path` and the line."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
+        yield lineno, record

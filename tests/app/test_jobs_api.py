@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,10 +15,10 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 
-from .helpers import BASE_MODEL, corpus_txt, finetune_request, labelled_csv, make_data_dir, pretrain_request
+from ..helpers import BASE_MODEL, corpus_txt, finetune_request, labelled_csv, make_data_dir, pretrain_request
 
 NO_BROKER = "redis://127.0.0.1:1/0"
-NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_' or '-', starting with a letter or digit "
+NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
              "(and not with 'tmp')")
 
 
@@ -117,6 +118,17 @@ def test_a_valid_job_without_a_broker_is_503_and_leaves_no_record(env):
     assert body["error"].startswith("the job queue (broker) cannot be reached, nothing was queued: ")
     assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
     assert client.get("/jobs").json() == {"jobs": []}
+
+
+def test_a_dotted_model_name_is_served_and_can_be_a_job_base_model(tmp_path):
+    """One name rule for models, datasets and jobs: an imported `tiny.v2` is both served and trainable."""
+    data_dir = make_data_dir(tmp_path / "data")
+    shutil.copytree(data_dir / "models" / BASE_MODEL, data_dir / "models" / "tiny.v2")
+    with make_client(data_dir) as client:
+        assert client.get("/models/tiny.v2").json()["name"] == "tiny.v2"
+        assert upload(client, "reviews.v2.csv", labelled_csv()).json()["name"] == "reviews.v2"
+        status, body = post_job(client, {**finetune_request("clf.v2", dataset="reviews.v2"), "base_model": "tiny.v2"})
+    assert status == 503 and body["error"].startswith("the job queue (broker) cannot be reached")  # validated
 
 
 def test_job_lookups(env):

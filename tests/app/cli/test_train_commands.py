@@ -1,50 +1,32 @@
-"""`bert pretrain`, `bert finetune`, `bert evaluate` (model/train_cli.py) end to end on tiny files:
-run directories, metrics.jsonl, the SVG plot, resuming, warm starts, and one-line user errors."""
+"""`bert pretrain`, `bert finetune`, `bert evaluate` (app/cli/train_commands.py over model/runs.py) end to
+end on tiny files: run directories, metrics.jsonl, the SVG plot, resuming, and one-line user errors."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-import torch
 
+from app.cli import main
 from model import BertForPreTraining, BertForSequenceClassification, BertTokenizer, load_model
 from model.checkpoint import list_checkpoints
-from model.cli import main
-from model.io import load_state_dict
-from model.modeling import normalize_state_dict
-from model.train_cli import PretrainJob, _pretraining_model, holdout_documents, run_pretraining
-from model.trainer import TrainConfig
-from tests.conftest import TINY_VOCAB, WORDS, tiny_config_dict
+from tests.conftest import TINY_VOCAB, make_training_files
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 
 def bert(*args):
-    return subprocess.run([sys.executable, "-m", "model", *map(str, args)], capture_output=True, text=True, env=ENV)
+    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True, env=ENV)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A 12-document Google-format corpus, a tokenizer directory, a tiny config.json, a labelled CSV."""
-    root = tmp_path_factory.mktemp("cli")
-    rng = random.Random(0)
-    docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + " ."
-                      for _ in range(rng.randint(2, 5))) for _ in range(12)]
-    (root / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    (root / "vocab").mkdir()
-    BertTokenizer.from_vocab(TINY_VOCAB).save_pretrained(root / "vocab")
-    (root / "tiny.json").write_text(json.dumps(tiny_config_dict()))
-    rows = ["text,label"] + [f"{'good great love' if i % 2 else 'bad awful hate'} {rng.choice(WORDS)},"
-                             f"{'pos' if i % 2 else 'neg'}" for i in range(24)]
-    (root / "reviews.csv").write_text("\n".join(rows) + "\n")
-    return root
+    return make_training_files(tmp_path_factory.mktemp("cli"))
 
 
 PRETRAIN = ["--config", "{root}/tiny.json", "--vocab", "{root}/vocab", "--corpus", "{root}/corpus.txt",
@@ -58,7 +40,7 @@ def pretrain_args(root, out, *extra):
 
 @pytest.fixture(scope="module")
 def pretrained_run(files):
-    """`python -m model pretrain` from scratch, as a user runs it."""
+    """`bert pretrain` from scratch, as a user runs it."""
     out = files / "run"
     proc = bert(*pretrain_args(files, out, "--max-steps", 8))
     assert proc.returncode == 0, proc.stderr
@@ -152,32 +134,6 @@ def test_no_resume_refuses_a_run_directory_with_checkpoints(pretrained_run, file
                                        "(latest: step-8); resume it, or choose another output directory\n")
 
 
-def test_holdout_documents_are_views_of_the_last_documents(files):
-    from model.data import load_corpus
-
-    corpus = load_corpus(files / "corpus.txt", BertTokenizer.from_vocab(TINY_VOCAB), cache_dir=files / "cache")
-    train, held = holdout_documents(corpus, 0.25, 1000)
-    assert (train.num_documents, held.num_documents) == (9, 3)
-    assert [s.tolist() for s in held.document(0)] == [s.tolist() for s in corpus.document(9)]
-    assert train.num_tokens + held.num_tokens == corpus.num_tokens
-    assert holdout_documents(corpus, 0.9, 1000)[1] is None  # would leave fewer than 2 to train on
-
-
-def test_warm_start_from_minilm_keeps_the_encoder_and_ties_the_decoder(minilm_dir, files, tmp_path):
-    job = PretrainJob(corpus=str(files / "corpus.txt"), out=str(tmp_path / "warm"), from_model=str(minilm_dir),
-                      batch_size=2, max_seq_len=16, eval_fraction=0, train=TrainConfig(max_steps=1, log_every=1))
-    _, model = _pretraining_model(job, None)
-    assert model.cls.predictions.word_embeddings[0] is model.bert.embeddings.word_embeddings
-    source = normalize_state_dict(load_state_dict(minilm_dir))
-    ours = model.state_dict()
-    encoder = [k for k in ours if k.startswith("bert.")]
-    assert encoder and all(torch.equal(ours[k], source[k]) for k in encoder if k in source)
-
-    result = run_pretraining(job)
-    assert result.status == "completed"
-    assert type(load_model(result.model_dir)) is BertForPreTraining
-
-
 def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files, tmp_path, capsys):
     from model import BertForMaskedLM
 
@@ -189,20 +145,6 @@ def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files,
                  "--max-seq-len", "32"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert "mlm_accuracy" in metrics and "nsp_accuracy" not in metrics
-
-
-def test_freeze_encoder_trains_only_the_heads(pretrained_run, files, tmp_path):
-    base = pretrained_run / "model"
-    job = PretrainJob(corpus=str(files / "corpus.txt"), out=str(tmp_path / "frozen"), from_model=str(base),
-                      batch_size=4, max_seq_len=32, eval_fraction=0, freeze_encoder=True,
-                      train=TrainConfig(max_steps=3, log_every=1, lr=1e-2))
-    result = run_pretraining(job)
-    before = normalize_state_dict(load_state_dict(base))
-    after = normalize_state_dict(load_state_dict(result.model_dir))
-    frozen = [k for k in after if k.startswith(("bert.embeddings.", "bert.encoder."))]
-    trained = [k for k in after if k.startswith(("cls.", "bert.pooler."))]
-    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
-    assert any(not torch.equal(before[k], after[k]) for k in trained)
 
 
 def test_freeze_encoder_needs_a_warm_start(files, tmp_path, capsys):

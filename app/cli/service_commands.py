@@ -1,7 +1,7 @@
-"""The `bert` command: model/'s commands (vocab, import, info, training) plus `serve` and `worker`.
+"""`bert serve`, `bert up` and `bert worker`: the service, the whole system on one machine, a worker.
 
-`serve` runs this package's FastAPI app under uvicorn. `worker` execs a `celery worker` process on
-the training queue; the app never imports worker/, it only names the Celery app by its module path.
+`serve` runs the FastAPI app under uvicorn. `worker` execs a `celery worker` process on the training
+queue; it names the Celery app by its module path (worker.celery_app) and imports nothing of it.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import os
 import shutil
 import sys
 
-from model.cli import UserError, build_parser, run
+from model.errors import UserError
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import serve
-    from .settings import Settings
+    from ..server import serve
+    from ..settings import Settings
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if args.data_dir:
@@ -27,7 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from .local import up
+    from ..local import up
 
     if args.bootstrap_steps is not None and args.bootstrap_steps < 1:
         raise UserError(f"--bootstrap-steps must be >= 1, got {args.bootstrap_steps}")
@@ -45,8 +45,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     os.execv(celery, argv)
 
 
-def add_service_commands(sub) -> None:
-
+def add_commands(sub) -> None:
+    """Register serve, up and worker on the `bert` command's subparsers."""
     p = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
@@ -70,15 +70,3 @@ def add_service_commands(sub) -> None:
     p.add_argument("--hostname", help="worker node name (default: celery@HOST)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
-
-
-def build_full_parser() -> argparse.ArgumentParser:
-    return build_parser(add_service_commands)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(build_full_parser(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

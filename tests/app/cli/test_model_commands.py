@@ -18,7 +18,7 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
 
 
 def bert(*args):
-    proc = subprocess.run([sys.executable, "-m", "model", *map(str, args)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -56,7 +56,7 @@ def test_imported_minilm_embeds_like_transformers(imported_minilm, minilm_dir):
 
 
 def test_info_reports_architecture_heads_and_vocabulary(imported_minilm, capsys):
-    from model.cli import main
+    from app.cli import main
 
     assert main(["info", str(imported_minilm), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -71,7 +71,7 @@ def test_info_reports_architecture_heads_and_vocabulary(imported_minilm, capsys)
 
 def test_import_refuses_bad_sources_with_one_line_errors(tmp_path, imported_minilm, capsys):
     # In-process (the subprocess path is covered above): main() returns the exit status.
-    from model.cli import main
+    from app.cli import main
 
     assert main(["import", str(tmp_path / "nope"), str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err == f"bert import: error: {tmp_path / 'nope'} is not a directory\n"
@@ -93,7 +93,7 @@ def test_vocab_trains_a_vocabulary_the_tokenizer_loads(tmp_path, capsys):
     assert tok.vocab_size <= 120
     ids = tok.encode("the lazy fox")["input_ids"]
     assert tok.unk_token_id not in ids and ids[0] == tok.cls_token_id
-    from model.cli import main
+    from app.cli import main
 
     assert main(["vocab", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "v2")]) == 2
     assert f"no such file: {tmp_path / 'missing.txt'}" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Training jobs, app side: request/response types, validation against the data directory, and the
-Celery publisher. The app never imports worker/: it writes the job record (model/jobs.py) and sends
-the task by name (`bert.pretrain` / `bert.finetune`) to the "training" queue.
+Celery publisher. The app writes the job record (model.datadir) and sends the job's id to the training
+queue through worker.queue, the one module of worker/ it imports (task names, queue, transport options).
 
 POST /jobs validates everything before anything is queued: the kind, names (plain identifiers, so no
 path can be smuggled in), that the dataset exists and suits the kind, that the base model exists and
@@ -23,19 +23,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from model.io import TMP_PREFIX
-from model.jobs import (STATES, TASK_NAMES, TERMINAL, TRAINING_QUEUE, JobNotFound, JobStore,
-                        add_event, broker_transport_options, now_iso, valid_name)
+from model.datadir import (NAME_RULE, STATES, DataDir, JobNotFound, JobStore, add_event, now_iso,
+                           read_meta, valid_name)
+from model.files import TMP_PREFIX
+from worker.queue import producer, send_job
 
-from . import datasets
 from .errors import ServiceError
 from .settings import Settings
 
 
 # ---------------------------------------------------------------------------- request types
-
-NAME_RULE = datasets.NAME_RULE
-
 
 def _invalid(message: str) -> PydanticCustomError:
     """A validation error whose message is shown as is (a ValueError would get "Value error, " before it)."""
@@ -211,29 +208,19 @@ def job_status(record: dict) -> JobStatus:
 
 # ---------------------------------------------------------------------------- the service
 
-class Jobs:
+class JobService:
     """What the /jobs and /datasets routes share: settings, the job store and the Celery publisher."""
 
     def __init__(self, settings: Settings, data_dir: Path, models=None):
-        from celery import Celery  # the client only: the app never imports worker/
-
         self.settings, self.data_dir = settings, data_dir
         self.store = JobStore(data_dir)
         self.models = models  # app.store.ModelStore, for base-model checks
-        self.celery = Celery("bertserve-app", broker=settings.broker_url, set_as_current=False)
-        self.celery.conf.update(
-            task_serializer="json", accept_content=["json"], task_ignore_result=True,
-            broker_transport_options=broker_transport_options(settings.broker_url, data_dir, 3600),
-            broker_connection_timeout=3,
-        )
+        self.celery = producer(settings.broker_url, data_dir)
         self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time
 
     def publish(self, record: dict) -> None:
         """Send the job's task by name (blocking: call in a thread)."""
-        policy = {"max_retries": self.settings.publish_retries, "interval_start": 0.2, "interval_step": 0.5,
-                  "interval_max": 1.0}
-        self.celery.send_task(TASK_NAMES[record["kind"]], args=[record["id"]], queue=TRAINING_QUEUE,
-                              retry=True, retry_policy=policy)
+        send_job(self.celery, record["id"], record["kind"], retries=self.settings.publish_retries)
 
     async def submit(self, request: PretrainJobRequest | FinetuneJobRequest) -> dict:
         async with self._submit_lock:
@@ -285,15 +272,15 @@ class Jobs:
                 "dataset": req.dataset, "params": params}
 
     def _check_model_name(self, name: str) -> None:
-        if (self.data_dir / "models" / name).exists():
+        if DataDir(self.data_dir).model(name).exists():
             raise ServiceError("validation", f"model_name: model '{name}' already exists; choose another name")
-        for record in self.store.list():
-            if record.get("model_name") == name and record["state"] not in TERMINAL:
-                raise ServiceError("validation", f"model_name: job {record['id']} ({record['state']}) "
-                                                 f"is already training a model named '{name}'")
+        record = self.store.unfinished_job_for_model(name)
+        if record is not None:
+            raise ServiceError("validation", f"model_name: job {record['id']} ({record['state']}) "
+                                             f"is already training a model named '{name}'")
 
     def _dataset(self, name: str, kind: str) -> dict:
-        meta = datasets.read_meta(self.data_dir, name)
+        meta = read_meta(self.data_dir, name)
         if meta is None:
             raise ServiceError("validation", f"dataset: '{name}' not found (upload it with POST /datasets)")
         if meta["kind"] != kind:
@@ -350,16 +337,16 @@ def _check_labels(base, dataset: dict) -> None:
 
 # ---------------------------------------------------------------------------- dependencies
 
-def get_jobs(request: Request) -> Jobs:
-    """The app's Jobs, made on first use (so create_app needs nothing but the include_router lines)."""
+def get_jobs(request: Request) -> JobService:
+    """The app's JobService, made on first use (so create_app needs nothing but the include_router lines)."""
     jobs = getattr(request.app.state, "jobs", None)
     if jobs is None:
         service = request.app.state.service
-        jobs = request.app.state.jobs = Jobs(service.settings, service.settings.data_dir, service.store)
+        jobs = request.app.state.jobs = JobService(service.settings, service.settings.data_dir, service.store)
     return jobs
 
 
-JobsDep = Annotated[Jobs, Depends(get_jobs)]
+JobsDep = Annotated[JobService, Depends(get_jobs)]
 _bearer = HTTPBearer(auto_error=False, description="BERT_ADMIN_KEY (or BERT_API_KEY when no admin key is set).")
 
 
@@ -377,7 +364,7 @@ async def require_admin_key(request: Request, jobs: JobsDep,
         raise ServiceError("unauthorized", f"missing or wrong key: send 'Authorization: Bearer <{which}>'")
 
 
-def find_job(jobs: Jobs, job_id: str) -> dict:
+def find_job(jobs: JobService, job_id: str) -> dict:
     try:
         return jobs.store.read(job_id)
     except JobNotFound:

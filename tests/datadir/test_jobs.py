@@ -1,4 +1,5 @@
-"""model/jobs.py: the record on disk, locked updates across processes, the flock lease, publishing."""
+"""model/datadir: the record on disk, locked updates across processes, the flock lease, the name rule,
+publishing."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import multiprocessing
 
 import pytest
 
-from model.jobs import (PROVENANCE, JobNotFound, JobStore, Lease, broker_transport_options, lease_is_free,
-                        publish_model, valid_job_id, valid_name)
+from model.datadir import (PROVENANCE, JobNotFound, JobStore, Lease, lease_is_free, publish_model, valid_job_id,
+                           valid_name)
 
-from .helpers import LeaseHolder, finetune_spec
+from ..helpers import LeaseHolder, finetune_spec
 
 
 @pytest.fixture
@@ -36,9 +37,11 @@ def test_ids_that_are_not_ids_never_reach_the_disk(store, job_id):
     assert not store.exists(job_id)
 
 
-@pytest.mark.parametrize("name, ok", [("bert-tiny_2", True), ("x", True), ("../x", False), ("a/b", False),
-                                      (".x", False), ("tmp1", False), ("a.b", False), ("x" * 65, False), ("", False)])
+@pytest.mark.parametrize("name, ok", [("bert-tiny_2", True), ("x", True), ("bert.v2", True), ("a..b", True),
+                                      ("../x", False), ("a/b", False), (".x", False), ("..", False), ("tmp1", False),
+                                      ("TMP1", False), ("x" * 64, True), ("x" * 65, False), ("", False), (None, False)])
 def test_names_are_single_plain_path_components(name, ok):
+    """One rule for models, datasets and job model names: dots allowed, never a path or a temp name."""
     assert valid_name(name) is ok
 
 
@@ -111,22 +114,13 @@ def test_publishing_is_one_rename_idempotent_and_never_clobbers(store, tmp_path)
     source = store.job_dir(job_id) / "model"
     source.mkdir()
     (source / "config.json").write_text("{}")
-    target = publish_model(store, job_id, source, "a")
+    target = publish_model(store.data_dir, job_id, source, "a")
     assert target == store.data_dir / "models" / "a" and not source.exists()
     assert json.loads((target / PROVENANCE).read_text())["job_id"] == job_id
     # A retried publish (the worker died before recording success) recognises its own model.
     source.mkdir()
-    assert publish_model(store, job_id, source, "a") == target and not source.exists()
+    assert publish_model(store.data_dir, job_id, source, "a") == target and not source.exists()
     other = store.create(finetune_spec("b"))["id"]
     (store.job_dir(other) / "model").mkdir()
     with pytest.raises(FileExistsError, match="model 'a' already exists"):
-        publish_model(store, other, store.job_dir(other) / "model", "a")
-
-
-def test_broker_options_follow_the_url(tmp_path):
-    assert broker_transport_options("redis://h:6379/0", tmp_path, 99) == {"visibility_timeout": 99}
-    assert broker_transport_options("sqla+sqlite:////x.db", tmp_path, 99) == {}
-    folder = str(tmp_path / "broker")
-    assert broker_transport_options("filesystem://", tmp_path, 99) == {
-        "data_folder_in": folder, "data_folder_out": folder, "control_folder": f"{folder}/control"}
-    assert broker_transport_options(f"filesystem://{tmp_path}/q", tmp_path, 99)["data_folder_in"] == f"{tmp_path}/q"
+        publish_model(store.data_dir, other, store.job_dir(other) / "model", "a")

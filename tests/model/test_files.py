@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from model.io import atomic_dir, state_dict_keys
+from model.files import atomic_dir
+from model.weights import state_dict_keys
 
 
 def test_replacing_a_directory_never_leaves_it_missing(tmp_path):

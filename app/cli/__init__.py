@@ -1,0 +1,37 @@
+"""The `bert` command (argparse): model commands, training commands and the service's commands.
+
+    bert vocab | import | info              app/cli/model_commands.py  (model/ directories)
+    bert pretrain | finetune | evaluate     app/cli/train_commands.py  (model/runs.py, with a progress bar)
+    bert serve | up | worker                app/cli/service_commands.py
+
+Every command is a function `cmd_<name>(args) -> int`; a model.errors.UserError prints one line and
+exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from model.errors import UserError
+
+from . import model_commands, service_commands, train_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bert", description="bertserve: train and serve BERT.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (model_commands, train_commands, service_commands):
+        group.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"bert {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,7 @@
+"""`python -m app.cli ...`: the `bert` command without its console script (bert up starts its worker so)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""`bert vocab`, `bert import` and `bert info`: a WordPiece vocabulary, and model directories."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from model.errors import UserError
+from model.model_dir import import_model, summarize
+from model.tokenizer import train_vocab
+from model.weights import HEAD_NAMES
+
+
+def cmd_vocab(args: argparse.Namespace) -> int:
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise UserError(f"no such file: {', '.join(missing)}")
+    tok = train_vocab(args.files, args.output, vocab_size=args.vocab_size,
+                      lowercase=not args.cased, min_frequency=args.min_frequency)
+    print(f"wrote a {tok.vocab_size}-token {'cased' if args.cased else 'uncased'} vocabulary to {args.output}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    dst = Path(args.dst)
+    if dst.exists() and not args.force:
+        raise UserError(f"{dst} exists; pass --force to replace it")
+    info = import_model(args.src, dst)
+    print(f"imported {args.src} -> {dst}")
+    _print_summary(info)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    path = Path(args.dir)
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} has no config.json: not a model directory")
+    try:
+        info = summarize(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_summary(info)
+    return 0
+
+
+def _print_summary(info: dict) -> None:
+    heads = ", ".join(HEAD_NAMES[h] for h in info["model_heads"]) or "none"
+    print(f"  architecture: {info['architecture']} ({info['layers']} layers, hidden {info['hidden_size']}, "
+          f"{info['heads']} heads, max {info['max_position_embeddings']} positions)")
+    print(f"  parameters:   {info['parameters']:,}")
+    print(f"  heads:        {heads}")
+    if info["labels"]:
+        print(f"  labels:       {', '.join(info['labels'])}")
+    if info["vocab"]:
+        case = "uncased" if info["vocab"]["lowercase"] else "cased"
+        print(f"  vocabulary:   {info['vocab']['size']:,} tokens, {case}")
+
+
+def add_commands(sub) -> None:
+    """Register vocab, import and info on the `bert` command's subparsers."""
+    p = sub.add_parser("vocab", help="train a WordPiece vocabulary from text files")
+    p.add_argument("files", nargs="+", help="plain-text training files")
+    p.add_argument("-o", "--output", required=True, help="directory for vocab.txt and tokenizer.json")
+    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+    p.set_defaults(func=cmd_vocab)
+
+    p = sub.add_parser("import", help="convert a Hugging Face BERT directory into the project's layout")
+    p.add_argument("src", help="HF model directory (config.json, weights, vocab.txt or tokenizer.json)")
+    p.add_argument("dst", help="destination, e.g. data/models/NAME")
+    p.add_argument("--force", action="store_true", help="replace an existing destination")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("info", help="architecture, parameters, heads and vocabulary of a model directory")
+    p.add_argument("dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)

@@ -1,0 +1,70 @@
+"""What the training commands show and how they stop: a tqdm progress bar and Ctrl-C/SIGTERM handling,
+both trainer callbacks (model.trainer.Callback), so model/ never learns about terminals or signals."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from model.trainer import Callback
+
+
+class ProgressBar(Callback):
+    """A tqdm bar: step, loss, lr, tokens/s; tqdm shows the ETA. Evaluations print above it."""
+
+    def __init__(self, stream=None):
+        self.stream, self.bar = stream or sys.stderr, None
+
+    def on_step(self, state: dict[str, Any]) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=state["total_steps"], initial=0, unit="step", file=self.stream, dynamic_ncols=True)
+        self.bar.update(state["step"] - self.bar.n)
+        self.bar.set_postfix_str(f"loss={state['loss']:.4f} lr={state['lr']:.2e} tok/s={state['tokens_per_s']:,.0f} "
+                                 f"epoch={state['epoch']:.2f}")
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        self._write(f"step {metrics['step']}: eval " + format_metrics(metrics))
+
+    def _write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class SignalStop(Callback):
+    """First Ctrl-C (or SIGTERM) asks the loop to stop after this step, saving a checkpoint; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "SignalStop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step (a checkpoint is saved; Ctrl-C again to abort)", file=sys.stderr)
+
+    def should_stop(self) -> bool:
+        return self.requested
+
+
+def format_metrics(metrics: dict[str, Any]) -> str:
+    skip = {"type", "step", "model", "data"}
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items() if k not in skip)

@@ -1,0 +1,26 @@
+"""The data directory: the contract between the service (app/) and the workers (worker/).
+
+Both import this package and nothing of each other; it needs only the standard library and
+model.files, never a web or queue framework. Everything the two sides share lives on disk below
+DATA_DIR, written crash-safely (temp, fsync, rename):
+
+    layout.py    where things live, the name rule, job ids, timestamps
+    jobs.py      job records (job.json), states, events, cancel requests, metrics.jsonl
+    lease.py     the flock lease that makes a job train exactly once, and its heartbeat
+    datasets.py  uploaded datasets and their meta.json
+    publish.py   moving a finished model into DATA_DIR/models/<name>, with its provenance
+"""
+
+from .datasets import DatasetExists, dataset_file, list_datasets, read_meta
+from .jobs import KINDS, STATES, TERMINAL, JobNotFound, JobStore, add_event
+from .layout import (JOB_ID_PATTERN, NAME_PATTERN, NAME_RULE, DataDir, new_job_id, now_iso, valid_job_id,
+                     valid_name)
+from .lease import Lease, lease_is_free, worker_identity
+from .publish import PROVENANCE, publish_model, published_by
+
+__all__ = [
+    "DataDir", "DatasetExists", "JOB_ID_PATTERN", "JobNotFound", "JobStore", "KINDS", "Lease", "NAME_PATTERN",
+    "NAME_RULE", "PROVENANCE", "STATES", "TERMINAL", "add_event", "dataset_file", "lease_is_free",
+    "list_datasets", "new_job_id", "now_iso", "publish_model", "published_by", "read_meta", "valid_job_id",
+    "valid_name", "worker_identity",
+]

@@ -1,0 +1,85 @@
+"""Datasets: DATA_DIR/datasets/<name>/, written once by the app (upload, `bert up`), read by workers.
+
+    DATA_DIR/datasets/<name>/data.<txt|jsonl|csv|tsv>   the file as uploaded
+    DATA_DIR/datasets/<name>/meta.json                  what is known of it (below)
+    DATA_DIR/datasets/<name>/cache/                     token caches workers build (model.data)
+
+meta.json: name, kind ("corpus" or "labelled"), format (a corpus format of model.data, or csv/tsv/
+jsonl), file (the data file's name in the directory), original_filename, bytes, sha256, created_at,
+and counts: documents and sentences (corpus), rows, labels, label_counts and is_pair (labelled).
+
+A dataset is installed by renaming a complete temp directory into place, so it is there whole or
+not at all, and a name is never reused: a dataset a job was trained on stays what it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..files import TMP_PREFIX, fsync_dir, fsync_tree
+from .layout import DataDir, valid_name
+
+META = "meta.json"
+KINDS = ("corpus", "labelled")
+
+
+class DatasetExists(FileExistsError):
+    pass
+
+
+def read_meta(data_dir: str | os.PathLike, name: str) -> dict[str, Any] | None:
+    """A dataset's meta.json, or None when there is no such (readable) dataset."""
+    if not valid_name(name):
+        return None
+    try:
+        return json.loads((DataDir(data_dir).dataset(name) / META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def list_datasets(data_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    root = DataDir(data_dir).datasets
+    if not root.is_dir():
+        return []
+    metas = (read_meta(data_dir, child.name) for child in sorted(root.iterdir()))
+    return [m for m in metas if m is not None]
+
+
+def dataset_file(data_dir: str | os.PathLike, name: str) -> tuple[Path, dict[str, Any]]:
+    """The data file of a dataset and its meta.json; FileNotFoundError when there is no such dataset."""
+    meta = read_meta(data_dir, name)
+    if meta is None:
+        raise FileNotFoundError(f"dataset '{name}' not found in {DataDir(data_dir).datasets}")
+    return DataDir(data_dir).dataset(name) / meta["file"], meta
+
+
+def staging_dir(data_dir: str | os.PathLike, label: str) -> Path:
+    """A new hidden temp directory beside the datasets, to build one in before `install`."""
+    root = DataDir(data_dir).datasets
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}{label}-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    return tmp
+
+
+def install(data_dir: str | os.PathLike, staging: Path, meta: dict[str, Any]) -> Path:
+    """Write meta.json into `staging` (which holds meta["file"]) and rename it to datasets/<name>.
+
+    DatasetExists when the name is taken (never replaced); `staging` is left for the caller to remove.
+    """
+    target = DataDir(data_dir).dataset(meta["name"])
+    (staging / META).write_text(json.dumps(meta, indent=1))
+    fsync_tree(staging)
+    try:
+        os.rename(staging, target)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+            raise DatasetExists(f"dataset '{meta['name']}' already exists") from None
+        raise
+    fsync_dir(target.parent)
+    return target

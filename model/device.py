@@ -1,0 +1,25 @@
+"""Which device runs a model: one rule for the trainer, evaluation, the service and the worker."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(setting: str | torch.device = "auto") -> torch.device:
+    """"auto": CUDA when torch sees a GPU, else the CPU; "cpu", "cuda" or "cuda:N" as given.
+
+    Asking for CUDA where torch sees none is a ValueError quoting the setting, not a failure later
+    in the first forward pass.
+    """
+    if str(setting) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(setting)
+    except RuntimeError:
+        raise ValueError(f"unknown device {str(setting)!r}; expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(setting)!r} was asked for, but torch sees no CUDA device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(setting)!r} was asked for, but torch sees only "
+                         f"{torch.cuda.device_count()} CUDA device(s)")
+    return device

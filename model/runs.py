@@ -1,0 +1,350 @@
+"""Training runs as functions: pretraining, fine-tuning and evaluation of a model directory.
+
+The `bert` command and the Celery worker run the same code; only the callbacks differ (a progress
+bar there, job-record updates in the worker):
+
+    result = run_pretraining(PretrainSpec.from_dict(spec), callbacks=[progress])   # -> TrainResult
+    result = run_finetuning(FinetuneSpec.from_dict(spec), callbacks=[progress])
+    metrics = evaluate_model("runs/x/model", "eval.csv")
+
+A spec is a plain dataclass (JSON in, via `from_dict`) naming the data, the starting model and the
+run directory (`out`). A run directory holds metrics.jsonl, training.svg, checkpoints/step-N/ and,
+when the run completes, model/ (a normal model directory). Running a spec again on the same
+directory resumes from its latest complete checkpoint (`resume=False` refuses to touch a directory
+that has one). User mistakes (missing files, bad options, data that does not fit) raise
+`model.errors.UserError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import checkpoint as ckpt
+from .config import BertConfig
+from .device import resolve_device
+from .errors import UserError
+from .modeling import MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, load_model
+from .precision import resolve_precision
+from .tokenizer import BertTokenizer
+from .trainer import Callback, TrainConfig, Trainer, TrainResult, evaluate, seed_everything
+from .weights import HEAD_NAMES, heads_in_dir
+
+log = logging.getLogger(__name__)
+
+
+log = logging.getLogger(__name__)
+
+# Model shapes for training from scratch (Turc et al. 2019 "Well-Read Students Learn Better": BERT-Tiny
+# and BERT-Small; BERT-Base from the paper). vocab_size comes from the tokenizer.
+MODEL_PRESETS = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+# ---------------------------------------------------------------------------- specifications
+
+@dataclass
+class PretrainSpec:
+    corpus: str  # text corpus: pairs (A<TAB>B), google (sentence per line), text, or jsonl
+    out: str  # run directory
+    from_model: str | None = None  # warm start: any model directory (encoder weights kept, heads added)
+    config: str | None = None  # from scratch: "tiny" | "small" | "base" | path to a config.json
+    vocab: str | None = None  # tokenizer directory (needed with `config`; default: the from_model's)
+    corpus_format: str | None = None  # None = detect from the file
+    text_field: str = "text"  # JSONL field holding the text
+    eval_corpus: str | None = None  # held-out corpus; None = hold out `eval_fraction` of the documents
+    eval_fraction: float = 0.02  # share of documents held out when there is no eval_corpus (0 = none)
+    eval_max_documents: int = 1000  # cap on held-out documents, so evaluation stays quick
+    nsp: bool = True  # next-sentence prediction (BertForPreTraining); False = MLM only (BertForMaskedLM)
+    batch_size: int = 32
+    max_seq_len: int = 128
+    masked_lm_prob: float = 0.15
+    whole_word_mask: bool = False
+    freeze_encoder: bool = False  # train only the heads (and pooler); embeddings and layers stay as loaded
+    cache_dir: str | None = None  # token cache; None = beside the corpus if writable, else out/cache
+    resume: bool = True  # continue from out/checkpoints when it has a complete checkpoint
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000, lr=1e-4, warmup_ratio=0.01))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PretrainSpec":
+        return _spec_from_dict(cls, data)
+
+
+@dataclass
+class FinetuneSpec:
+    train_file: str  # CSV, TSV or JSONL (optionally .gz/.bz2) with text[, text_pair], label columns
+    from_model: str  # model directory to start from (with its tokenizer)
+    out: str  # run directory
+    eval_file: str | None = None  # None = hold out eval_fraction of train_file
+    eval_fraction: float = 0.1
+    group_column: str | None = None  # hold out whole groups (e.g. one film's reviews) when splitting
+    text_column: str = "text"
+    text_pair_column: str | None = "text_pair"  # used when the file has it
+    label_column: str = "label"
+    regression: bool = False  # float labels, MSE loss, one output
+    batch_size: int = 32
+    max_seq_len: int = 128
+    resume: bool = True
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=3, lr=2e-5, warmup_ratio=0.1))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FinetuneSpec":
+        return _spec_from_dict(cls, data)
+
+
+def _spec_from_dict(cls, data: dict[str, Any]):
+    """A spec from JSON: unknown keys are errors; `train` overrides the spec's default TrainConfig."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known: {sorted(known)}")
+    base = {k: v for k, v in data.items() if k != "train"}
+    return cls(**base, train=merge_train_config(default_train_config(cls), data.get("train") or {}))
+
+
+def default_train_config(spec_class) -> TrainConfig:
+    return spec_class.__dataclass_fields__["train"].default_factory()
+
+
+def merge_train_config(default: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """`default` with `overrides`; giving max_steps (or epochs) alone clears the other one."""
+    values = {**default.to_dict(), **overrides}
+    if "max_steps" in overrides and "epochs" not in overrides:
+        values["epochs"] = None
+    if "epochs" in overrides and "max_steps" not in overrides:
+        values["max_steps"] = None
+    if "warmup_ratio" in overrides and "warmup_steps" not in overrides:
+        values["warmup_steps"] = None
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise ValueError(f"unknown TrainConfig field(s) {unknown}")
+    return TrainConfig(**values)
+
+
+# ---------------------------------------------------------------------------- runs
+
+def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> TrainResult:
+    """Pretrain (MLM + NSP, or MLM only) from scratch, from a warm start, or resume; see PretrainSpec."""
+    out = Path(spec.out)
+    resume_from = _resume_point(out, spec.resume)
+    with _user_errors():
+        tokenizer, model = _pretraining_model(spec, resume_from)
+        train_data, eval_data = _pretraining_data(spec, tokenizer)
+        train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
+        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data,
+                          tokenizer=tokenizer, callbacks=callbacks)
+    return trainer.fit(resume=resume_from or False)
+
+
+def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> TrainResult:
+    """Fine-tune a sequence classifier (or regressor) from any model directory; see FinetuneSpec."""
+    from .data import ClassificationBatches, load_classification_data
+
+    out = Path(spec.out)
+    resume_from = _resume_point(out, spec.resume)
+    with _user_errors():
+        data = load_classification_data(
+            spec.train_file, spec.eval_file, text_column=spec.text_column, text_pair_column=spec.text_pair_column,
+            label_column=spec.label_column, regression=spec.regression, eval_fraction=spec.eval_fraction,
+            group_column=spec.group_column, seed=spec.train.seed)
+        seed_everything(spec.train.seed)
+        if resume_from is not None:
+            tokenizer, model = _model_from_checkpoint(resume_from)
+        else:
+            tokenizer = _tokenizer_of(spec.from_model)
+            model = BertForSequenceClassification.from_pretrained(spec.from_model, init_missing_heads=True,
+                                                                  **data.config_updates())
+        _check_seq_len(spec.max_seq_len, model.config)
+        kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, regression=data.regression)
+        train_data = ClassificationBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+        eval_data = ClassificationBatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
+        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data,
+                          tokenizer=tokenizer, callbacks=callbacks)
+    return trainer.fit(resume=resume_from or False)
+
+
+def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_format: str | None = None,
+                   text_column: str = "text", text_pair_column: str | None = "text_pair",
+                   label_column: str = "label", batch_size: int = 32, max_seq_len: int = 128, seed: int = 0,
+                   max_batches: int | None = None, device: str = "auto", precision: str = "auto") -> dict:
+    """Metrics of a model directory (or a run directory's model/) on a corpus or a labelled table."""
+    from .data import ClassificationBatches, PretrainingData, load_classification_data, load_corpus
+
+    model_dir = _model_dir_of(Path(model_dir))
+    with _user_errors():
+        model, tokenizer = load_model(model_dir), _tokenizer_of(model_dir)
+        _check_seq_len(max_seq_len, model.config)
+        if isinstance(model, BertForSequenceClassification):
+            labels = [model.config.id2label[i] for i in sorted(model.config.id2label)]
+            regression = model.num_labels == 1
+            table = load_classification_data(data_path, data_path, text_column=text_column,
+                                             text_pair_column=text_pair_column, label_column=label_column,
+                                             regression=regression, labels=None if regression else labels)
+            data = ClassificationBatches(table.eval, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
+                                         shuffle=False, regression=regression)
+        elif isinstance(model, (BertForPreTraining, BertForMaskedLM)):
+            corpus = load_corpus(data_path, tokenizer, format=corpus_format, cache_dir=_cache_dir(None, Path(data_path), None))
+            data = PretrainingData(corpus, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len, seed=seed,
+                                   nsp=isinstance(model, BertForPreTraining))
+        else:
+            raise UserError(f"{model_dir} has no MLM or classifier head: nothing to evaluate")
+        dev = resolve_device(device)
+        metrics = evaluate(model.to(dev), data, device=dev, precision=resolve_precision(precision, dev),
+                           max_batches=max_batches)
+    return {"model": str(model_dir), "data": str(data_path), **metrics}
+
+
+# ---------------------------------------------------------------------------- their parts
+
+@contextlib.contextmanager
+def _user_errors():
+    """Turn the ValueError/FileNotFoundError of loading files and options into the one-line UserError."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
+
+
+def _resume_point(out: Path, resume: bool) -> Path | None:
+    latest = ckpt.latest_checkpoint(out)
+    if latest is not None and not resume:
+        raise UserError(f"{out} already has checkpoints (latest: {latest.name}); resume it, "
+                        "or choose another output directory")
+    return latest
+
+
+def _model_dir_of(path: Path) -> Path:
+    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
+        return path / "model"  # a run directory
+    if not path.is_dir():
+        raise UserError(f"model directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} has no config.json: not a model directory")
+    return path
+
+
+def _tokenizer_of(path: str | Path | None) -> BertTokenizer:
+    path = Path(path) if path else None
+    if path is None or not path.is_dir():
+        raise UserError(f"tokenizer directory {path} does not exist")
+    if not ((path / "tokenizer.json").is_file() or (path / "vocab.txt").is_file()):
+        raise UserError(f"{path} has no vocab.txt or tokenizer.json")
+    return BertTokenizer.from_pretrained(path)
+
+
+def _model_from_checkpoint(path: Path):
+    """A model of the checkpoint's class and config (weights are loaded by the trainer) and its tokenizer."""
+    config = BertConfig.from_json_file(path / "config.json")
+    cls = MODEL_CLASSES[(config.architectures or ["BertForPreTraining"])[0]]
+    return BertTokenizer.from_pretrained(path), cls(config)
+
+
+def _pretraining_model(spec: PretrainSpec, resume_from: Path | None):
+    seed_everything(spec.train.seed)  # model init (fresh weights or new heads) is part of the seeded run
+    cls = BertForPreTraining if spec.nsp else BertForMaskedLM
+    if resume_from is not None:
+        tokenizer, model = _model_from_checkpoint(resume_from)
+    elif spec.from_model:
+        src = _model_dir_of(Path(spec.from_model))
+        tokenizer = _tokenizer_of(spec.vocab or src)
+        model = cls.from_pretrained(src, init_missing_heads=True)
+        new = sorted(model.heads - heads_in_dir(src))
+        if new:
+            log.info("warm start from %s: new %s", src, ", ".join(HEAD_NAMES[h] for h in new))
+    elif spec.config:
+        if not spec.vocab:
+            raise UserError("--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)")
+        tokenizer = _tokenizer_of(spec.vocab)
+        model = cls(_scratch_config(spec.config, tokenizer))
+    else:
+        raise UserError("say where the model comes from: --from MODEL_DIR (warm start) or --config tiny|small|base|FILE")
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                        f"{model.config.vocab_size}")
+    _check_seq_len(spec.max_seq_len, model.config)
+    if spec.freeze_encoder:
+        freeze_encoder(model)
+    return tokenizer, model
+
+
+def freeze_encoder(model) -> None:
+    """Heads-only training: embeddings and encoder layers get no gradient (the pooler and heads do).
+
+    The MLM decoder's weight is the word-embedding matrix, so it stays frozen too; its bias trains.
+    """
+    for module in (model.bert.embeddings, model.bert.encoder):
+        module.requires_grad_(False)
+
+
+def _scratch_config(name: str, tokenizer: BertTokenizer) -> BertConfig:
+    vocab = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id}
+    if name in MODEL_PRESETS:
+        return BertConfig(**MODEL_PRESETS[name], **vocab)
+    path = Path(name)
+    if not path.is_file():
+        raise UserError(f"--config {name!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor a JSON file")
+    return BertConfig.from_dict({**BertConfig.from_json_file(path).to_dict(), **vocab})
+
+
+def _check_seq_len(max_seq_len: int, config: BertConfig) -> None:
+    if max_seq_len > config.max_position_embeddings:
+        raise UserError(f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings "
+                        f"{config.max_position_embeddings}")
+
+
+def _cache_dir(explicit: str | None, corpus: Path, out: Path | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    if os.access(corpus.parent, os.W_OK) or out is None:
+        return None  # beside the corpus, shared by every run on it
+    return out / "cache"
+
+
+def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
+    from .data import PretrainingData, load_corpus
+
+    def corpus_of(path: str):
+        return load_corpus(path, tokenizer, format=spec.corpus_format, text_field=spec.text_field,
+                           cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)))
+
+    corpus, eval_corpus = corpus_of(spec.corpus), None
+    if spec.eval_corpus:
+        eval_corpus = corpus_of(spec.eval_corpus)
+    elif spec.eval_fraction > 0:
+        corpus, eval_corpus = holdout_documents(corpus, spec.eval_fraction, spec.eval_max_documents,
+                                                min_documents=2 if spec.nsp else 1)
+    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, seed=spec.train.seed, nsp=spec.nsp,
+              masked_lm_prob=spec.masked_lm_prob, whole_word_mask=spec.whole_word_mask)
+    train = PretrainingData(corpus, tokenizer, **kw)
+    return train, PretrainingData(eval_corpus, tokenizer, **kw) if eval_corpus is not None else None
+
+
+def holdout_documents(corpus, fraction: float, max_documents: int, min_documents: int = 2):
+    """(train, eval) views of a TokenizedCorpus: the last documents are held out (no copy: array slices).
+
+    Returns (corpus, None) when the corpus is too small to spare `min_documents` on each side.
+    """
+    from .data import TokenizedCorpus
+
+    n = corpus.num_documents
+    k = min(max(min_documents, round(n * fraction)), max_documents)
+    if n - k < min_documents or k < 1:
+        return corpus, None
+    d = n - k
+    s = int(corpus.document_offsets[d])  # first held-out sentence
+    t = int(corpus.sentence_offsets[s])  # its first token
+    train = TokenizedCorpus(corpus.path, corpus.format, corpus.tokens[:t], corpus.sentence_offsets[: s + 1],
+                            corpus.document_offsets[: d + 1])
+    held = TokenizedCorpus(corpus.path, corpus.format, corpus.tokens[t:], corpus.sentence_offsets[s:] - t,
+                           corpus.document_offsets[d:] - s)
+    return train, held

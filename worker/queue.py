@@ -1,0 +1,61 @@
+"""The training queue as both sides see it: task names, the queue, kombu's transport options, and
+sending a job. The one module of worker/ that the app imports (it publishes jobs; it never imports
+the worker's Celery app or its training code).
+
+A message is a task name and one argument, the job id: everything else is in DATA_DIR/jobs/<id>/
+(model.datadir). JSON only, so a message can never make anyone unpickle anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from celery import Celery
+
+TASK_NAMES = {"pretrain": "bert.pretrain", "finetune": "bert.finetune"}  # Celery task per job kind
+TRAINING_QUEUE = "training"
+_FANOUT_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp")
+
+
+def broker_transport_options(broker_url: str, data_dir: str | os.PathLike, visibility_timeout: int) -> dict:
+    """Kombu transport options for a broker URL, the same for the publisher and the worker.
+
+    Redis (and SQS) take the visibility timeout. The filesystem transport needs its folders: the
+    URL's path (`filesystem:///srv/queue`) or DATA_DIR/broker, with the exchange table in a control/
+    folder below it (kombu's default is ./control, in whatever the working directory is).
+    """
+    scheme = broker_url.split("://", 1)[0].lower()
+    if scheme == "filesystem":
+        path = Path(broker_url.split("://", 1)[1] or Path(data_dir) / "broker")
+        (path / "control").mkdir(parents=True, exist_ok=True)
+        return {"data_folder_in": str(path), "data_folder_out": str(path), "control_folder": str(path / "control")}
+    if scheme in ("redis", "rediss", "redis+socket", "sqs"):
+        return {"visibility_timeout": int(visibility_timeout)}
+    return {}
+
+
+def has_fanout(broker_url: str) -> bool:
+    """Whether the transport has fanout exchanges (needed by remote control: celery inspect, Flower)."""
+    return broker_url.split("://", 1)[0].lower() in _FANOUT_SCHEMES
+
+
+def producer(broker_url: str, data_dir: str | os.PathLike, connect_timeout_s: float = 3.0) -> Celery:
+    """A Celery app that only sends (the app's side): no tasks, no results, fails fast when the broker is down."""
+    celery = Celery("bertserve-producer", broker=broker_url, set_as_current=False)
+    celery.conf.update(
+        task_serializer="json", accept_content=["json"], task_ignore_result=True,
+        broker_transport_options=broker_transport_options(broker_url, data_dir, 3600),
+        broker_connection_timeout=connect_timeout_s,
+    )
+    return celery
+
+
+def send_job(celery: Celery, job_id: str, kind: str, retries: int | None = None) -> None:
+    """Send job `job_id` to the training queue (blocking). `retries`: publish attempts after the first
+    before raising (quickly, within about a second each); None keeps Celery's default policy."""
+    if retries is None:
+        celery.send_task(TASK_NAMES[kind], args=[job_id], queue=TRAINING_QUEUE)
+        return
+    policy = {"max_retries": retries, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
+    celery.send_task(TASK_NAMES[kind], args=[job_id], queue=TRAINING_QUEUE, retry=True, retry_policy=policy)
