@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test run bench bench-full clean
+.PHONY: install demo-data test test-fast lint-imports run bench bench-full clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +26,18 @@ $(DEMO_STAMP): $(STAMP)
 
 demo-data: $(DEMO_STAMP)
 
+# The import contracts in pyproject.toml (which room may import which).
+lint-imports: $(STAMP)
+	$(BIN)/lint-imports
+
 # One torch thread per process: the suite runs servers and workers beside pytest on 2 cores, and
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
-test: $(STAMP) $(DEMO_STAMP)
+test: $(STAMP) $(DEMO_STAMP) lint-imports
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+
+# Everything but the tests marked slow (servers, workers, real training): under a minute on 2 cores.
+test-fast: $(STAMP) $(DEMO_STAMP) lint-imports
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow"
 
 # Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.
 run: $(STAMP) $(DEMO_STAMP)

@@ -162,6 +162,12 @@ def _add_training_options(p: argparse.ArgumentParser, default: TrainConfig) -> N
 
 def add_commands(sub) -> None:
     """Register pretrain, finetune and evaluate on the `bert` command's subparsers."""
+    _add_pretrain(sub)
+    _add_finetune(sub)
+    _add_evaluate(sub)
+
+
+def _add_pretrain(sub) -> None:
     pre_default = default_train_config(PretrainSpec)
     p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) on a text corpus, from scratch or warm-started")
     p.add_argument("--corpus", required=True, help="pairs (A<TAB>B), google (sentence per line), text or jsonl file")
@@ -181,6 +187,8 @@ def add_commands(sub) -> None:
     _add_training_options(p, pre_default)
     p.set_defaults(func=cmd_pretrain)
 
+
+def _add_finetune(sub) -> None:
     ft_default = default_train_config(FinetuneSpec)
     p = sub.add_parser("finetune", help="fine-tune a model directory as a text classifier (or regressor)")
     p.add_argument("--train", required=True, help="CSV, TSV or JSONL with text[, text_pair], label")
@@ -195,6 +203,8 @@ def add_commands(sub) -> None:
     _add_training_options(p, ft_default)
     p.set_defaults(func=cmd_finetune)
 
+
+def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="MLM/NSP or classification metrics of a model on a data file")
     p.add_argument("--model", required=True, metavar="DIR", help="model directory or run directory")
     p.add_argument("--data", required=True, help="corpus (MLM models) or labelled table (classifiers)")

@@ -183,12 +183,7 @@ def load_classification_data(
     pair_col = _pair_column(train_path, rows, text_pair_column)
     needed = [text_column, label_column] + ([pair_col] if pair_col else []) + ([group_column] if group_column else [])
     _check_columns(train_path, rows, needed)
-    if regression:
-        id2label, label2id = {0: "LABEL_0"}, {"LABEL_0": 0}
-    elif labels is not None:
-        id2label, label2id = dict(enumerate(map(str, labels))), {str(x): i for i, x in enumerate(labels)}
-    else:
-        id2label, label2id = build_label_map(_raw_label(train_path, ln, r, label_column) for ln, r in rows)
+    id2label, label2id = _label_maps(train_path, rows, label_column, regression, labels)
     convert = _LabelConverter(label_column, regression, label2id)
     train = [_example(train_path, ln, r, text_column, pair_col, convert) for ln, r in rows]
     groups: dict[str, list] = {}
@@ -199,15 +194,28 @@ def load_classification_data(
         evals = [_example(eval_path, ln, r, text_column, pair_col, convert) for ln, r in eval_rows]
     else:
         group_values = [r[group_column] for _, r in rows] if group_column else None
-        train_idx, eval_idx = split_holdout(len(train), eval_fraction, seed, group_values)
-        evals = [train[i] for i in eval_idx]
-        if group_values is not None:
-            groups = {
-                "train": sorted({str(group_values[i]) for i in train_idx}),
-                "eval": sorted({str(group_values[i]) for i in eval_idx}),
-            }
-        train = [train[i] for i in train_idx]
+        train, evals, groups = _hold_out(train, eval_fraction, seed, group_values)
     return ClassificationData(train, evals, id2label, label2id, regression, pair_col is not None, groups)
+
+
+def _label_maps(path: Path, rows, label_column: str, regression: bool,
+                labels: list[str] | None) -> tuple[dict[int, str], dict[str, int]]:
+    """id2label and label2id: one pseudo-label for regression, `labels` as given, else from the data."""
+    if regression:
+        return {0: "LABEL_0"}, {"LABEL_0": 0}
+    if labels is not None:
+        return dict(enumerate(map(str, labels))), {str(x): i for i, x in enumerate(labels)}
+    return build_label_map(_raw_label(path, ln, r, label_column) for ln, r in rows)
+
+
+def _hold_out(examples: list, fraction: float, seed: int, group_values: list | None):
+    """(train, eval, groups): `fraction` of the examples held out, whole groups at a time when given."""
+    train_idx, eval_idx = split_holdout(len(examples), fraction, seed, group_values)
+    groups = {}
+    if group_values is not None:
+        groups = {"train": sorted({str(group_values[i]) for i in train_idx}),
+                  "eval": sorted({str(group_values[i]) for i in eval_idx})}
+    return [examples[i] for i in train_idx], [examples[i] for i in eval_idx], groups
 
 
 def _pair_column(path: Path, rows, text_pair_column: str | None) -> str | None:

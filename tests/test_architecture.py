@@ -1,0 +1,125 @@
+"""The rooms' walls: import-linter's contracts (pyproject.toml) hold on this tree and catch violations on a
+tree that breaks them, and no project module takes part in an import cycle (module- or function-level)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+PACKAGES = ("model", "app", "worker")
+
+
+def lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run([str(LINT_IMPORTS), str(ROOT / "pyproject.toml"), "--no-cache"], cwd=cwd,
+                          env=env, capture_output=True, text=True)
+
+
+def import_cycles(*packages: str) -> list[list[str]]:
+    """Strongly connected components (size > 1) of the direct-import graph between the packages' modules;
+    grimp reads every import statement, those inside functions too."""
+    graph = grimp.build_graph(*packages, cache_dir=None)
+    modules = sorted(m for m in graph.modules if m.split(".")[0] in packages)
+    edges = {m: sorted(n for n in graph.find_modules_directly_imported_by(m) if n in modules) for m in modules}
+    return _strongly_connected(edges)
+
+
+def _strongly_connected(edges: dict[str, list[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iteratively; only components with a cycle (more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(edges[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(edges[child])))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_this_tree_keeps_every_contract():
+    proc = lint_imports(ROOT, ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+def test_no_project_module_is_in_an_import_cycle():
+    assert import_cycles(*PACKAGES) == []
+
+
+# A small tree with the same three packages that breaks each contract once.
+BROKEN_TREE = {
+    "model/__init__.py": "",
+    "model/files.py": "",
+    "model/modeling.py": "import torch\n",
+    "model/trainer.py": "import argparse\nfrom . import runs\n",  # a CLI framework in model/, and a cycle
+    "model/runs.py": "def run():\n    from . import trainer  # a function-level import closes the cycle\n",
+    "model/datadir/__init__.py": "",
+    "model/datadir/jobs.py": "from .. import modeling\n",  # the contract module reaches torch
+    "app/__init__.py": "",
+    "app/job_service.py": "import worker.queue\n",  # the one allowed crossing
+    "app/engine.py": "from worker import training\n",  # any other is not
+    "worker/__init__.py": "",
+    "worker/queue.py": "from . import settings\n",  # the queue module is not a leaf
+    "worker/settings.py": "",
+    "worker/training.py": "import app.job_service\n",  # worker imports app
+    **{f"worker/{name}.py": "" for name in ("celery_app", "tasks", "recipes", "recovery")},
+}
+
+
+@pytest.fixture(scope="module")
+def broken_tree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("broken")
+    for name, text in BROKEN_TREE.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def test_each_contract_catches_its_violation(broken_tree):
+    proc = lint_imports(broken_tree, broken_tree)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Contracts: 0 kept, 6 broken." in proc.stdout, proc.stdout
+
+
+def test_the_cycle_check_sees_function_level_imports(broken_tree, monkeypatch):
+    monkeypatch.syspath_prepend(str(broken_tree))
+    for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
+        monkeypatch.delitem(sys.modules, name)
+    assert import_cycles(*PACKAGES) == [["model.runs", "model.trainer"]]
