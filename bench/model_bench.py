@@ -35,7 +35,8 @@ import transformers
 
 from bench.common import CONFIGS, gemm_flops, interleaved, machine_line, markdown_table, setup, si
 from model import BertConfig, BertForMaskedLM, BertModel
-from model.modeling import compile_model, use_onednn
+from model.modeling import compile_model
+from model.onednn import use_onednn
 
 MASK_ID = 103  # [MASK] in BERT's uncased vocabulary; any id works for random weights
 DEFAULT_SHAPES = {"small": [(b, t) for b in (1, 8, 32) for t in (16, 128)],

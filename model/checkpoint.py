@@ -13,8 +13,8 @@ A checkpoint is `<run_dir>/checkpoints/step-<N>/`, itself a normal model directo
 Nothing is pickled: tensors go through safetensors, the rest is JSON. The directory is written with
 `model.files.atomic_dir` (temp dir, fsync, rename) and COMPLETE is the last file in the temp dir, so a
 crash at any point leaves either a complete checkpoint or a hidden `.tmp-*` directory that
-`latest_checkpoint` never returns. Pruned checkpoints are renamed to a `.tmp-` name before deletion
-for the same reason.
+`latest_checkpoint` never returns. Pruned checkpoints (`CheckpointRotation` keeps the newest few and
+the best) are renamed to a `.tmp-` name before deletion for the same reason.
 
 References: HF transformers Trainer's checkpoint layout (optimizer/scheduler/rng files, rotation
 keeping the best), PyTorch's "Saving and loading a general checkpoint" recipe.
@@ -100,6 +100,25 @@ def remove_stale_temp_dirs(run_dir: str | Path) -> None:
                 shutil.rmtree(child, ignore_errors=True)
 
 
+def start_point(run_dir: str | Path | None, resume: bool | str | Path) -> Path | None:
+    """The checkpoint a run starts from (None: a fresh start), once a crashed write's leftovers are gone.
+
+    `resume`: False = a fresh start, True = the run's latest complete checkpoint if it has one, a
+    path = that checkpoint. A fresh start in a directory with checkpoints is a ValueError: it would
+    prune (and later "resume") another run's checkpoints.
+    """
+    path = None
+    if resume is True and run_dir is not None:
+        path = latest_checkpoint(run_dir)
+    elif resume and resume is not True:
+        path = Path(resume)
+    if run_dir is not None:
+        remove_stale_temp_dirs(run_dir)
+        if path is None and latest_checkpoint(run_dir) is not None:
+            raise ValueError(f"{run_dir} already has checkpoints; resume, or use another run directory")
+    return path
+
+
 def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: set[Path] = frozenset()) -> list[Path]:
     """Delete complete checkpoints except the newest `keep_last` and those in `keep`; returns the deleted."""
     found = list_checkpoints(run_dir)
@@ -113,6 +132,39 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: set[Path] = fro
             shutil.rmtree(doomed, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+class CheckpointRotation:
+    """Which checkpoints a run keeps: the newest `keep_last`, plus the one with the best eval metric.
+
+        rotation.consider(path, eval_metrics)   before writing checkpoint `path`: is it the new best?
+        rotation.prune(run_dir)                 after writing it: delete the others
+
+    `best_value` and `best_checkpoint` belong in the trainer state each checkpoint stores, so a
+    resumed run goes on from the same best.
+    """
+
+    def __init__(self, keep_last: int, metric: str = "loss", greater_is_better: bool = False):
+        self.keep_last, self.metric, self.greater_is_better = keep_last, metric, greater_is_better
+        self.best_value: float | None = None
+        self.best_checkpoint: str | None = None
+
+    def consider(self, path: str | Path, metrics: dict[str, Any] | None) -> None:
+        """Make `path` the best checkpoint if `metrics` (this step's evaluation; None if there was
+        none) beat the best value so far."""
+        value = metrics.get(self.metric) if metrics else None
+        if value is not None and self._is_better(value):
+            self.best_value, self.best_checkpoint = value, str(path)
+
+    def _is_better(self, value: float) -> bool:
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.greater_is_better else value < self.best_value
+
+    def prune(self, run_dir: str | Path) -> list[Path]:
+        """Delete the run's checkpoints but the newest `keep_last` and the best; returns the deleted."""
+        keep = {Path(self.best_checkpoint)} if self.best_checkpoint else set()
+        return prune_checkpoints(run_dir, self.keep_last, keep)
 
 
 # ---------------------------------------------------------------------------- saving

@@ -27,7 +27,7 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
     max_position_embeddings: int = 512  # learned positions; longer inputs are an error, not an IndexError
     type_vocab_size: int = 2  # segment A / segment B
-    initializer_range: float = 0.02  # std of the truncated-normal-ish init (HF uses normal)
+    initializer_range: float = 0.02  # std of the normal init of Linear and Embedding weights (as HF)
     layer_norm_eps: float = 1e-12  # as in Google's TF code
     pad_token_id: int = 0  # id of [PAD]; its embedding row is zeroed at init
     id2label: dict[int, str] | None = None  # classification labels, set by fine-tuning

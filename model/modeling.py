@@ -1,13 +1,28 @@
 """BERT in PyTorch, from the paper: Devlin et al. (2018), "BERT: Pre-training of Deep Bidirectional
 Transformers for Language Understanding", arXiv:1810.04805.
 
-Ordered from parts to whole: embeddings, self-attention, the post-LN encoder layer, the encoder, the
-pooler, the pretraining heads, then the task models and their loading/saving.
+Ordered from parts to whole:
+
+    outputs            the dataclasses the models return, with HF's field names
+    embeddings         token + learned position + segment (BertEmbeddings)
+    padding            the attention mask, or a packed batch of real tokens only (Packed, should_unpad)
+    attention          self-attention, its output projection and residual (BertAttention)
+    feed-forward       BertIntermediate (dense + act) and BertOutput (dense + residual)
+    layer and encoder  the post-LN Transformer layer (BertLayer) and the stack of them (BertEncoder)
+    heads              the pooler and the MLM head (BertPooler, BertLMPredictionHead)
+    base class         BertPreTrainedModel: weight init, save_pretrained/from_pretrained
+    models             BertModel; the masked-LM loss; BertForPreTraining, BertForMaskedLM,
+                       BertForSequenceClassification
+    helpers            MODEL_CLASSES, class_for_heads, compile_model, load_model
+
+The dense layers go through model.onednn's `dense` (and its `linear` for the tied decoder): oneDNN's
+fused GEMMs on CPU where they pay, F.linear elsewhere.
 
 Parameter names are Hugging Face's (`bert.embeddings.word_embeddings.weight`,
 `bert.encoder.layer.N.attention.self.query.weight`, `cls.predictions.transform.dense.weight`, ...),
-so state dicts move both ways without a conversion table. The one internal difference, a fused
-Q/K/V projection, is hidden behind state-dict hooks that split and join it.
+so state dicts move both ways without a conversion table. Two modules hold their weights under
+other module paths than their state-dict names, and say how where they are defined:
+BertSelfAttention (one fused `qkv`) and BertLMPredictionHead (a decoder tied to the word embeddings).
 
 Fixes over the seed project (codertimo/BERT-pytorch): learned (not sinusoidal) positions, post-LN
 (not pre-LN), a pooler (dense + tanh on [CLS]) feeding NSP and classification, the MLM transform
@@ -17,7 +32,6 @@ both labels (0 = "B follows A", 1 = "B is random", as in Google's and HF's code)
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,174 +42,11 @@ from torch import nn
 
 from .config import BertConfig
 from .files import atomic_dir
+from .onednn import dense, linear
 from .weights import (HEAD_NAMES, HEAD_PREFIXES, LEGACY_KEYS, heads_of_keys, load_state_dict,
                       normalize_state_dict)
 
 IGNORE_INDEX = -100  # MLM labels at positions that are not predicted
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-ACT2FN = {
-    "gelu": F.gelu,  # exact erf form, as Google's BERT and HF's "gelu"
-    "gelu_new": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "relu": F.relu,
-    "tanh": torch.tanh,
-    "silu": F.silu,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Dense layers. On CPU in fp32, oneDNN's GEMM runs 2-2.5x faster than the MKL sgemm behind F.linear
-# on this AMD EPYC (bench/model_bench.py --ablate measures both), fuses the bias, activation and
-# residual add into the GEMM, and is still plain fp32 arithmetic. For inference the weights are
-# reordered once into oneDNN's layout and kept (bf16 weights too). Everything else (GPU, autocast,
-# int8 modules, torch.compile, a torch without oneDNN) goes through torch's own F.linear.
-# ---------------------------------------------------------------------------------------------
-
-# ACT2FN name -> oneDNN post-op (attr, algorithm), as torch.ops.mkldnn._linear_pointwise spells them.
-_ONEDNN_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
-                   "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", ""), "tanh": ("tanh", ""),
-                   "silu": ("swish", "")}
-
-
-def _onednn_linear_works() -> bool:
-    """Whether this torch has oneDNN's fused linear and it agrees with F.linear (probed once)."""
-    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-    if op is None or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
-        return torch.allclose(op(x, w, b, "none", [], ""), F.linear(x, w, b), atol=1e-5)
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-_onednn = {"enabled": _onednn_linear_works()}
-
-
-def use_onednn(enabled: bool) -> bool:
-    """Turn the oneDNN fp32 CPU path on or off for every model in the process; returns the old setting.
-
-    On by default wherever it works. Off means F.linear (MKL), as transformers runs: benchmarks use
-    it to show what the GEMM library contributes.
-    """
-    old = _onednn["enabled"]
-    _onednn["enabled"] = bool(enabled) and _onednn_linear_works()
-    return old
-
-
-# Below about a million multiply-adds (tiny test models, one token) oneDNN's fixed ~12 us a call
-# costs more than it saves; MKL takes those.
-_ONEDNN_MIN_MACS = 1 << 20
-
-
-def _onednn_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (_onednn["enabled"] and x.device.type == "cpu" and x.dtype == weight.dtype
-            and x.dtype in (torch.float32, torch.bfloat16) and x.numel() * weight.shape[0] >= _ONEDNN_MIN_MACS
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
-
-
-class _PackedWeight:
-    """A weight reordered once into oneDNN's blocked layout, kept beside the module that uses it.
-
-    Only a cache: it is rebuilt when the weight changes (another tensor, new storage, or an
-    in-place update that bumps `_version`), it is not a buffer (never saved), and copies of the
-    module drop it (an opaque oneDNN tensor cannot be deep-copied or pickled). Costs one more copy
-    of each weight's memory while the model serves.
-    """
-
-    __slots__ = ("source", "key", "tensor")
-
-    def __init__(self, weight: torch.Tensor, tensor: torch.Tensor):
-        self.source = weakref.ref(weight)  # not a strong ref: a replaced weight must not live on
-        self.key, self.tensor = _weight_key(weight), tensor
-
-    def fits(self, weight: torch.Tensor) -> bool:
-        return self.source() is weight and self.key == _weight_key(weight)
-
-    def __deepcopy__(self, memo):
-        return None
-
-    def __reduce__(self):
-        return type(None), ()
-
-
-def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
-    return weight.data_ptr(), weight._version
-
-
-def _packed(owner: nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """`weight` in oneDNN's layout for inference: at small batches the per-call reorder is a third."""
-    if weight.is_inference():  # no version counter to notice changes by: use it as it is
-        return weight
-    cached = owner.__dict__.get("_onednn_packed")
-    if cached is None or not cached.fits(weight):
-        with torch.no_grad():
-            cached = _PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
-        owner.__dict__["_onednn_packed"] = cached
-    return cached.tensor
-
-
-class _OneDnnLinear(torch.autograd.Function):
-    """y = x W^T + b with all three GEMMs (forward, grad x, grad W) in oneDNN."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        linear = torch.ops.mkldnn._linear_pointwise
-        g2 = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (M, out)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = linear(grad, weight.t(), None, "none", [], "")  # (M, out) @ (out, in)
-        if ctx.needs_input_grad[1]:
-            x2 = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
-            grad_w = linear(g2.t(), x2.t(), None, "none", [], "")  # (out, M) @ (M, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g2.sum(0)
-        return grad_x, grad_w, grad_b
-
-
-def _linear(owner: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            act: str | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
-    """ACT2FN[act](x W^T + b) + add; `owner` keeps the packed weight (callers never pass act and add)."""
-    if _onednn_fits(x, weight):
-        if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):  # inference
-            packed = _packed(owner, weight)
-            if add is not None:
-                return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
-            attr, algorithm = _ONEDNN_POSTOPS[act] if act else ("none", "")
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
-        y = (_OneDnnLinear.apply if x.dtype == torch.float32 else F.linear)(x, weight, bias)
-    else:
-        y = F.linear(x, weight, bias)
-    if act:
-        y = ACT2FN[act](y)
-    return y if add is None else y + add
-
-
-def dense(layer: nn.Module, x: torch.Tensor, act: str | None = None,
-          add: torch.Tensor | None = None) -> torch.Tensor:
-    """ACT2FN[act](layer(x)) + add for a Linear `layer`, by oneDNN where it fits (see above).
-
-    A plain nn.Linear is not called as a module (no per-call module overhead), so forward hooks
-    on it do not fire; any other module (model.precision's Int8Linear) is called as it is.
-    """
-    if type(layer) is nn.Linear:
-        return _linear(layer, x, layer.weight, layer.bias, act, add)
-    y = layer(x)
-    if act:
-        y = ACT2FN[act](y)
-    return y if add is None else y + add
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +81,7 @@ class SequenceClassifierOutput:
 
 
 # ---------------------------------------------------------------------------------------------
-# Parts
+# Embeddings
 # ---------------------------------------------------------------------------------------------
 
 class BertEmbeddings(nn.Module):
@@ -258,11 +109,103 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
+# ---------------------------------------------------------------------------------------------
+# Padding. A padded batch reaches attention as a bool (B, 1, 1, T) mask; or, where it pays
+# (should_unpad), the encoder runs on the real tokens only, packed one sequence after another as
+# (N, H), and only attention needs to know where each sequence starts (Packed). On CUDA that is
+# flash attention's variable-length kernel; on CPU a loop of SDPA calls, one per sequence.
+# ---------------------------------------------------------------------------------------------
+
+def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """The padding mask, built once per batch: (B, T) -> bool (B, 1, 1, T), True = attend.
+
+    Shape (B, 1, 1, T) broadcasts over heads and query positions; a (B, T) mask added to
+    (B, nh, T, T) scores would broadcast wrongly (the seed posts' first pitfall). None when there
+    is no padding, which lets SDPA take its fastest path.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} does not match "
+                         f"input_ids shape {tuple(input_ids.shape)}")
+    mask = attention_mask.bool()
+    if not torch.compiler.is_compiling() and bool(mask.all()):  # a graph break under compile
+        return None
+    return mask[:, None, None, :]
+
+
+try:
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn  # torch >= 2.9, CUDA only
+except ImportError:  # pragma: no cover - older torch
+    _varlen_attn = None
+
+# Flash attention's kernels take head sizes that are a multiple of 8, up to 256.
+VARLEN_HEAD_SIZE_MULTIPLE, VARLEN_MAX_HEAD_SIZE = 8, 256
+
+# On CPU, packing pays once about this share of the batch is padding (measured: 1.3x faster at 26%
+# padding, 1.8x at 45%, even at 14%; small config, batch 32); below it the per-sequence SDPA loop
+# and the gather/scatter cost about what the padded rows save. bench/model_bench.py --cases padded.
+CPU_UNPAD_MIN_PADDING = 0.2
+
+
+def varlen_fits(dtype: torch.dtype, head_size: int, dropout_p: float) -> bool:
+    """Whether flash attention's variable-length kernel takes this attention (on a CUDA device)."""
+    return (_varlen_attn is not None and dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
+            and head_size % VARLEN_HEAD_SIZE_MULTIPLE == 0 and head_size <= VARLEN_MAX_HEAD_SIZE)
+
+
+def should_unpad(mask: torch.Tensor, hidden: torch.Tensor, dropout_p: float, head_size: int) -> bool:
+    """Whether to run this padded batch packed (see above); `mask` is the bool (B, 1, 1, T) one.
+
+    On CUDA only where the varlen kernel fits (else padded SDPA); on CPU once enough is padding.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    if hidden.is_cuda:
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
+        return varlen_fits(dtype, head_size, dropout_p)
+    if hidden.device.type != "cpu":
+        return False
+    return 1.0 - mask.float().mean().item() >= CPU_UNPAD_MIN_PADDING
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Where each sequence sits in a packed (N, ...) batch: rows offsets[i]:offsets[i+1]."""
+
+    cu_seqlens: torch.Tensor  # int32 (B + 1,), on the batch's device
+    offsets: tuple[int, ...]  # the same, as Python ints
+    max_len: int
+
+    @classmethod
+    def from_mask(cls, keep: torch.Tensor) -> Packed:
+        lengths = keep.sum(1, dtype=torch.int32)  # (B, T) bool -> (B,)
+        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        offsets = tuple(cu_seqlens.tolist())
+        return cls(cu_seqlens, offsets, max(b - a for a, b in zip(offsets, offsets[1:])))
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        """Attention within each sequence of packed (N, nh, hs) q, k, v."""
+        if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p):
+            return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+        pieces = []
+        for a, b in zip(self.offsets, self.offsets[1:]):
+            if b > a:  # (L, nh, hs) -> (nh, L, hs) -> SDPA -> (L, nh, hs)
+                qi, ki, vi = (t[a:b].transpose(0, 1) for t in (q, k, v))
+                pieces.append(F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p).transpose(0, 1))
+        return torch.cat(pieces)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
 class BertSelfAttention(nn.Module):
     """Multi-head scaled dot-product attention, softmax(QK^T / sqrt(d_k)) V, via torch's SDPA.
 
-    Q, K and V come from one fused (H -> 3H) projection: one matmul instead of three. The state dict
-    still shows HF's separate `query`, `key` and `value` (see the two hooks).
+    Q, K and V come from one fused (H -> 3H) projection, `qkv`: one matmul instead of three. Its
+    state dict still shows HF's separate `query`, `key` and `value` (weight and bias each): the two
+    hooks below split `qkv` on saving and join the three on loading.
     """
 
     def __init__(self, config: BertConfig):
@@ -334,15 +277,19 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packed | None) -> torch.Tensor:
         return self.output(self.self(x, mask), x)
 
+
+# ---------------------------------------------------------------------------------------------
+# Feed-forward
+# ---------------------------------------------------------------------------------------------
 
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = config.hidden_act  # fused into the GEMM where it can be (see dense)
+        self.act = config.hidden_act  # fused into the GEMM where it can be (see model.onednn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense(self.dense, x, self.act)
@@ -355,6 +302,10 @@ class BertOutput(_ResidualOutput):
         super().__init__(config, config.intermediate_size)
 
 
+# ---------------------------------------------------------------------------------------------
+# Layer and encoder
+# ---------------------------------------------------------------------------------------------
+
 class BertLayer(nn.Module):
     """One post-LN Transformer encoder layer: attention sub-layer, then feed-forward sub-layer."""
 
@@ -364,7 +315,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packed | None) -> torch.Tensor:
         a = self.attention(x, mask)
         return self.output(self.intermediate(a), a)
 
@@ -374,11 +325,15 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packed | None) -> torch.Tensor:
         for layer in self.layer:
             x = layer(x, mask)
         return x
 
+
+# ---------------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------------
 
 class BertPooler(nn.Module):
     """dense + tanh on the [CLS] vector: the sentence representation NSP and classifiers read."""
@@ -394,8 +349,10 @@ class BertPooler(nn.Module):
 class BertLMPredictionHead(nn.Module):
     """MLM head: transform (dense + act + LayerNorm), then a decoder tied to the word embeddings.
 
-    The decoder has no weight of its own (it reads `word_embeddings.weight`), only `bias`: the one
-    line that ties them. HF calls these `cls.predictions.transform.*` and `cls.predictions.bias`.
+    State dict: `cls.predictions.transform.*` and `cls.predictions.bias`, HF's names. The decoder
+    has no module or weight of its own: it reads `word_embeddings.weight` (the one line that ties
+    them), so HF's `cls.predictions.decoder.weight` and `decoder.bias` (the tie's copy and an alias
+    of `bias`) are never saved, and are read as legacy keys when loading (model.weights).
     """
 
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
@@ -409,11 +366,11 @@ class BertLMPredictionHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = self.transform.LayerNorm(dense(self.transform.dense, h, self.act))
-        return _linear(self, h, self.word_embeddings[0].weight, self.bias, None)  # the tied decoder
+        return linear(self, h, self.word_embeddings[0].weight, self.bias)  # the tied decoder
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading and saving, shared by every model class
+# Base class: weight init, loading and saving, shared by every model class
 # ---------------------------------------------------------------------------------------------
 
 class BertPreTrainedModel(nn.Module):
@@ -530,81 +487,6 @@ def _names(keys: list[str], most: int = 8) -> str:
     return ", ".join(keys[:most]) + more
 
 
-def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
-    """The padding mask, built once per batch: (B, T) -> bool (B, 1, 1, T), True = attend.
-
-    Shape (B, 1, 1, T) broadcasts over heads and query positions; a (B, T) mask added to
-    (B, nh, T, T) scores would broadcast wrongly (the seed posts' first pitfall). None when there
-    is no padding, which lets SDPA take its fastest path.
-    """
-    if attention_mask is None:
-        return None
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} does not match "
-                         f"input_ids shape {tuple(input_ids.shape)}")
-    mask = attention_mask.bool()
-    if not torch.compiler.is_compiling() and bool(mask.all()):  # a graph break under compile
-        return None
-    return mask[:, None, None, :]
-
-
-# ---------------------------------------------------------------------------------------------
-# Unpadded batches: the encoder runs on the real tokens only, packed one sequence after another
-# as (N, H); only attention needs to know where each sequence starts. On CUDA in bf16/fp16 that is
-# flash attention's variable-length kernel; elsewhere a loop of SDPA calls, one per sequence.
-# ---------------------------------------------------------------------------------------------
-
-try:
-    from torch.nn.attention.varlen import varlen_attn as _varlen_attn  # torch >= 2.9, CUDA only
-except ImportError:  # pragma: no cover - older torch
-    _varlen_attn = None
-
-# On CPU, packing pays once about this share of the batch is padding (measured: 1.3x faster at 26%
-# padding, 1.8x at 45%, even at 14%; small config, batch 32); below it the per-sequence SDPA loop
-# and the gather/scatter cost about what the padded rows save. bench/model_bench.py --cases padded.
-CPU_UNPAD_MIN_PADDING = 0.2
-
-
-@dataclass(frozen=True)
-class Packed:
-    """Where each sequence sits in a packed (N, ...) batch: rows offsets[i]:offsets[i+1]."""
-
-    cu_seqlens: torch.Tensor  # int32 (B + 1,), on the batch's device
-    offsets: tuple[int, ...]  # the same, as Python ints
-    max_len: int
-
-    @classmethod
-    def from_mask(cls, keep: torch.Tensor) -> Packed:
-        lengths = keep.sum(1, dtype=torch.int32)  # (B, T) bool -> (B,)
-        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        offsets = tuple(cu_seqlens.tolist())
-        return cls(cu_seqlens, offsets, max(b - a for a, b in zip(offsets, offsets[1:])))
-
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-        """Attention within each sequence of packed (N, nh, hs) q, k, v."""
-        if (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-                and dropout_p == 0.0):
-            return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
-        pieces = []
-        for a, b in zip(self.offsets, self.offsets[1:]):
-            if b > a:  # (L, nh, hs) -> (nh, L, hs) -> SDPA -> (L, nh, hs)
-                qi, ki, vi = (t[a:b].transpose(0, 1) for t in (q, k, v))
-                pieces.append(F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p).transpose(0, 1))
-        return torch.cat(pieces)
-
-
-def should_unpad(mask: torch.Tensor, hidden: torch.Tensor, dropout_p: float) -> bool:
-    """Whether to run this padded batch packed (see above); `mask` is the bool (B, 1, 1, T) one."""
-    if torch.compiler.is_compiling():
-        return False
-    if hidden.is_cuda:
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
-        return _varlen_attn is not None and dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
-    if hidden.device.type != "cpu":
-        return False
-    return 1.0 - mask.float().mean().item() >= CPU_UNPAD_MIN_PADDING
-
-
 # ---------------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------------
@@ -632,7 +514,7 @@ class BertModel(BertPreTrainedModel):
         mask = attention_mask_for(attention_mask, input_ids)
         x = self.embeddings(input_ids, token_type_ids)
         dropout_p = self.config.attention_probs_dropout_prob if self.training else 0.0
-        if mask is not None and should_unpad(mask, x, dropout_p):
+        if mask is not None and should_unpad(mask, x, dropout_p, self.config.head_size):
             hidden = self._encode_packed(x, mask[:, 0, 0])
         else:
             hidden = self.encoder(x, mask)
@@ -653,6 +535,22 @@ class BertModel(BertPreTrainedModel):
         if seq_len > limit:
             raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings {limit}; "
                              "truncate the input (tokenizer truncation=True)")
+
+
+def _masked_lm(head: BertLMPredictionHead, hidden: torch.Tensor, labels: torch.Tensor | None,
+              masked_positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits, loss) of the MLM head on (B, T, H) `hidden`, for BertForPreTraining and BertForMaskedLM.
+
+    The head runs only where a prediction is wanted: at the True positions of a bool (B, T)
+    `masked_positions`, by default where labels != -100, or everywhere when neither is given. Logits
+    are (N, V) in row-major (batch, position) order, or (B, T, V); loss is None without labels.
+    """
+    if masked_positions is None and labels is not None:
+        masked_positions = labels != IGNORE_INDEX
+    logits = head(_gather(hidden, masked_positions))
+    if labels is None:
+        return logits, None
+    return logits, _mlm_loss(logits, labels[masked_positions] if masked_positions is not None else labels)
 
 
 def _gather(hidden: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
@@ -691,13 +589,9 @@ class BertForPreTraining(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 next_sentence_label=None, masked_positions=None) -> PreTrainingOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        if masked_positions is None and labels is not None:
-            masked_positions = labels != IGNORE_INDEX
-        logits = self.cls.predictions(_gather(out.last_hidden_state, masked_positions))
+        logits, mlm_loss = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, masked_positions)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)
-        mlm_loss = nsp_loss = None
-        if labels is not None:
-            mlm_loss = _mlm_loss(logits, labels[masked_positions] if masked_positions is not None else labels)
+        nsp_loss = None
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.reshape(-1))
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
@@ -718,13 +612,7 @@ class BertForMaskedLM(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 masked_positions=None) -> MaskedLMOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        if masked_positions is None and labels is not None:
-            masked_positions = labels != IGNORE_INDEX
-        logits = self.cls.predictions(_gather(out.last_hidden_state, masked_positions))
-        loss = None
-        if labels is not None:
-            loss = _mlm_loss(logits, labels[masked_positions] if masked_positions is not None else labels)
-        return MaskedLMOutput(logits, loss)
+        return MaskedLMOutput(*_masked_lm(self.cls.predictions, out.last_hidden_state, labels, masked_positions))
 
 
 class BertForSequenceClassification(BertPreTrainedModel):
@@ -751,6 +639,10 @@ class BertForSequenceClassification(BertPreTrainedModel):
                 loss = F.cross_entropy(logits.float(), labels.reshape(-1))
         return SequenceClassifierOutput(logits, loss)
 
+
+# ---------------------------------------------------------------------------------------------
+# Helpers: model classes by name and by heads, compiling, loading a directory as its class
+# ---------------------------------------------------------------------------------------------
 
 MODEL_CLASSES = {cls.__name__: cls for cls in
                  (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification)}

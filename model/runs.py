@@ -26,13 +26,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import checkpoint as ckpt
+from .callbacks import Callback
 from .config import BertConfig
 from .device import resolve_device
 from .errors import UserError
+from .evaluation import evaluate
 from .modeling import MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, load_model
 from .precision import resolve_precision
 from .tokenizer import BertTokenizer
-from .trainer import Callback, TrainConfig, Trainer, TrainResult, evaluate, seed_everything
+from .trainer import TrainConfig, Trainer, TrainResult, seed_everything
 from .weights import HEAD_NAMES, heads_in_dir
 
 log = logging.getLogger(__name__)
@@ -139,7 +141,7 @@ def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> T
         tokenizer, model = _pretraining_model(spec, resume_from)
         train_data, eval_data = _pretraining_data(spec, tokenizer)
         train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
-        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data,
+        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data, evaluate_fn=evaluate,
                           tokenizer=tokenizer, callbacks=callbacks)
     return trainer.fit(resume=resume_from or False)
 
@@ -166,7 +168,7 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
         kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, regression=data.regression)
         train_data = ClassificationBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
         eval_data = ClassificationBatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
-        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data,
+        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data, evaluate_fn=evaluate,
                           tokenizer=tokenizer, callbacks=callbacks)
     return trainer.fit(resume=resume_from or False)
 

@@ -1,12 +1,21 @@
 """A model-agnostic training loop that reports through callbacks (after karpathy/minGPT's trainer.py).
 
-The loop knows only that `model(**batch).loss` is a scalar to minimise. Everything else, a tqdm bar,
-a Celery progress update, a stop request, enters through `Callback` objects, so model/ never learns
-about the CLI or the worker:
+The loop knows only that `model(**batch)` returns an object whose `loss` is a scalar to minimise;
+it also reports every other scalar field named "*loss" (BERT pretraining's mlm_loss and nsp_loss).
+Everything else enters through arguments: evaluation is the caller's `evaluate_fn` (for BERT,
+model.evaluation.evaluate), and progress, a tqdm bar, a Celery update, a stop request, go through
+`Callback` objects (model/callbacks.py), so model/ never learns about the CLI or the worker:
 
     trainer = Trainer(model, train_data, TrainConfig(lr=1e-4, max_steps=1000), run_dir="runs/x",
-                      eval_data=eval_data, tokenizer=tok, callbacks=[my_callback])
+                      eval_data=eval_data, evaluate_fn=evaluate, tokenizer=tok, callbacks=[my_callback])
     result = trainer.fit(resume=True)        # continue from runs/x/checkpoints/ if a checkpoint is there
+
+With a run directory the trainer adds its own callbacks around the caller's: RUN_DIR/metrics.jsonl
+(MetricsLogger) and RUN_DIR/training.svg (TrainingPlot). It writes checkpoints there
+(model/checkpoint.py: every `save_every` steps, at the end and on a stop request, keeping the last
+`keep_last` plus the best) and, when the run completes, the final model in RUN_DIR/model. Both are
+model directories, so with a run directory the model also needs a `config` (model.config.BertConfig)
+and `save_pretrained`, as every model of model/modeling.py has.
 
 Data is anything with `num_batches(epoch) -> int` and `iter_batches(epoch, start_batch) -> iterator of
 dict[str, Tensor]` whose batches are a pure function of (seed, epoch, batch index): the checkpoint
@@ -16,37 +25,32 @@ Optimisation is BERT's (Devlin et al. 2018, appendix A.2): AdamW with decoupled 
 matrices only (biases and LayerNorm excluded, nanoGPT's `configure_optimizers` rule: dim >= 2),
 linear warmup then linear decay to zero (HF's `get_linear_schedule_with_warmup`), gradient
 clipping, gradient accumulation, optional bf16 autocast.
-
-Evaluation (`evaluate`): pretraining models report MLM loss/accuracy/perplexity over the predicted
-tokens and NSP loss/accuracy; classifiers report accuracy and macro-F1 (regression: MSE).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import checkpoint as ckpt
-from .files import atomic_write_bytes, read_jsonl
-from .modeling import IGNORE_INDEX, BertForSequenceClassification
-from .plot import write_training_plot
+from .callbacks import METRICS_FILE, PLOT_FILE, Callback, MetricsLogger, TrainingPlot
 from .device import resolve_device
 from .precision import autocast, resolve_precision
 
-METRICS_FILE = "metrics.jsonl"
-PLOT_FILE = "training.svg"
 FINAL_MODEL = "model"
 PRECISIONS = ("auto", "fp32", "bf16")
+
+# evaluate_fn(model, eval_data, *, device, precision, max_batches) -> metrics (model.evaluation.evaluate)
+EvaluateFn = Callable[..., dict[str, Any]]
 
 
 @dataclass
@@ -109,23 +113,6 @@ class BatchSource(Protocol):
     def iter_batches(self, epoch: int, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]: ...
 
 
-class Callback:
-    """Hooks the loop calls; override what you need. All run in the training thread."""
-
-    def on_step(self, state: dict[str, Any]) -> None:
-        """Every `log_every` steps: step, total_steps, loss, lr, tokens_per_s, eta_s, epoch (+ grad_norm, ...)."""
-
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        """After each evaluation: step plus the metrics of `evaluate`."""
-
-    def on_checkpoint(self, path: Path) -> None:
-        """After a checkpoint directory is complete on disk."""
-
-    def should_stop(self) -> bool:
-        """Asked after every optimizer step; True stops the run (a checkpoint is saved first)."""
-        return False
-
-
 @dataclass
 class TrainResult:
     status: str  # "completed" or "stopped"
@@ -174,118 +161,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# ---------------------------------------------------------------------------- evaluation
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.device | None = None,
-             precision: str = "fp32", max_batches: int | None = None) -> dict[str, float]:
-    """Metrics of `model` on epoch 0 of `data`, chosen by the model: classification or (masked) LM."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        is_classifier = isinstance(model, BertForSequenceClassification)
-        totals: dict[str, float] = {}
-        for i, batch in enumerate(data.iter_batches(0, 0)):
-            if max_batches is not None and i >= max_batches:
-                break
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast(device, precision):
-                out = model(**batch)
-            _accumulate(totals, _classification_counts(model, out, batch) if is_classifier
-                        else _lm_counts(out, batch))
-        if not totals:
-            raise ValueError("evaluation data has no batches")
-        return _classification_metrics(totals) if is_classifier else _lm_metrics(totals)
-    finally:
-        model.train(was_training)
-
-
-def _accumulate(totals: dict[str, float], counts: dict[str, float]) -> None:
-    for key, value in counts.items():
-        totals[key] = totals.get(key, 0.0) + float(value)
-
-
-def _lm_counts(out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
-    labels = batch["labels"]
-    target = labels[labels != IGNORE_INDEX]  # logits are (N, V) in this row-major order
-    counts = {"mlm_n": target.numel()}
-    if target.numel():
-        counts["mlm_loss_sum"] = F.cross_entropy(logits.float(), target, reduction="sum").item()
-        counts["mlm_correct"] = (logits.argmax(-1) == target).sum().item()
-    nsp = batch.get("next_sentence_label")
-    if nsp is not None and getattr(out, "seq_relationship_logits", None) is not None:
-        nsp_logits = out.seq_relationship_logits.float()
-        counts["nsp_n"] = nsp.numel()
-        counts["nsp_loss_sum"] = F.cross_entropy(nsp_logits, nsp.reshape(-1), reduction="sum").item()
-        counts["nsp_correct"] = (nsp_logits.argmax(-1) == nsp.reshape(-1)).sum().item()
-    return counts
-
-
-def _lm_metrics(t: dict[str, float]) -> dict[str, float]:
-    m: dict[str, float] = {"masked_tokens": int(t["mlm_n"])}
-    if t["mlm_n"]:
-        m["mlm_loss"] = t["mlm_loss_sum"] / t["mlm_n"]
-        m["mlm_accuracy"] = t["mlm_correct"] / t["mlm_n"]
-        m["perplexity"] = math.exp(min(m["mlm_loss"], 700.0))
-    if t.get("nsp_n"):
-        m["nsp_loss"] = t["nsp_loss_sum"] / t["nsp_n"]
-        m["nsp_accuracy"] = t["nsp_correct"] / t["nsp_n"]
-    m["loss"] = m.get("mlm_loss", 0.0) + m.get("nsp_loss", 0.0)  # as in training: sum of the two means
-    return m
-
-
-def _classification_counts(model, out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    logits, labels = out.logits.float(), batch["labels"]
-    if model.num_labels == 1:
-        return {"n": labels.numel(), "se": ((logits.squeeze(-1) - labels.float()) ** 2).sum().item()}
-    preds, labels = logits.argmax(-1), labels.reshape(-1)
-    counts = {"n": labels.numel(), "correct": (preds == labels).sum().item(),
-              "loss_sum": F.cross_entropy(logits, labels, reduction="sum").item()}
-    for c in range(model.num_labels):
-        counts[f"tp{c}"] = ((preds == c) & (labels == c)).sum().item()
-        counts[f"fp{c}"] = ((preds == c) & (labels != c)).sum().item()
-        counts[f"fn{c}"] = ((preds != c) & (labels == c)).sum().item()
-    return counts
-
-
-def _classification_metrics(t: dict[str, float]) -> dict[str, float]:
-    if "se" in t:
-        mse = t["se"] / t["n"]
-        return {"loss": mse, "mse": mse, "examples": int(t["n"])}
-    f1s = []
-    for c in range(sum(k.startswith("tp") for k in t)):
-        tp, fp, fn = t[f"tp{c}"], t[f"fp{c}"], t[f"fn{c}"]
-        if tp + fp + fn:  # a class neither present nor predicted is left out, as scikit-learn does
-            f1s.append(2 * tp / (2 * tp + fp + fn))
-    return {"loss": t["loss_sum"] / t["n"], "accuracy": t["correct"] / t["n"],
-            "macro_f1": sum(f1s) / len(f1s) if f1s else 0.0, "examples": int(t["n"])}
-
-
-# ---------------------------------------------------------------------------- metrics log
-
-class MetricsLog:
-    """RUN_DIR/metrics.jsonl: one JSON object per logged step ("train") and per evaluation ("eval")."""
-
-    def __init__(self, run_dir: Path | None):
-        self.path = run_dir / METRICS_FILE if run_dir is not None else None
-        self.records: list[dict[str, Any]] = []
-
-    def restart_at(self, step: int) -> None:
-        """Keep records up to `step` (a resume re-does what came after the checkpoint)."""
-        if self.path is None or not self.path.is_file():
-            return
-        self.records = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
-        atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in self.records).encode())
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-        if self.path is not None:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-
 # ---------------------------------------------------------------------------- the trainer
 
 class Trainer:
@@ -293,27 +168,30 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, train_data: BatchSource, config: TrainConfig, *,
                  run_dir: str | Path | None = None, eval_data: BatchSource | None = None,
-                 tokenizer=None, callbacks: Sequence[Callback] = (), evaluate_fn=evaluate):
+                 tokenizer=None, callbacks: Sequence[Callback] = (), evaluate_fn: EvaluateFn | None = None):
+        if eval_data is not None and evaluate_fn is None:
+            raise ValueError("eval_data needs an evaluate_fn (for BERT models: model.evaluation.evaluate)")
         self.config = config
         self.device = resolve_device(config.device)
         self.precision = resolve_precision(config.precision, self.device)
         self.model = model.to(self.device)
         self.train_data, self.eval_data = train_data, eval_data
-        self.tokenizer, self.callbacks, self.evaluate_fn = tokenizer, list(callbacks), evaluate_fn
+        self.tokenizer, self.evaluate_fn = tokenizer, evaluate_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.callbacks = list(callbacks)
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            metrics = MetricsLogger(self.run_dir / METRICS_FILE)  # first: the caller's may read its lines
+            self.callbacks = [metrics, *self.callbacks, TrainingPlot(self.run_dir / PLOT_FILE, metrics)]
         self.total_steps = self._total_steps()
         warmup = config.warmup_steps if config.warmup_steps is not None else int(config.warmup_ratio * self.total_steps)
         self.warmup_steps = min(warmup, self.total_steps)
         self.optimizer = configure_optimizer(model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, linear_warmup_decay(self.warmup_steps, self.total_steps))
-        self.metrics = MetricsLog(self.run_dir)
-        # Progress: optimizer steps done, the next micro-batch to read, best checkpoint so far.
+        self.rotation = ckpt.CheckpointRotation(config.keep_last, config.best_metric, config.greater_is_better)
+        # Progress: optimizer steps done, and the next micro-batch to read.
         self.step, self.epoch, self.batch = 0, 0, 0
-        self.best_value: float | None = None
-        self.best_checkpoint: str | None = None
         self.last_checkpoint: str | None = None
         self.last_eval: dict[str, Any] | None = None
         self.tokens_seen = 0
@@ -363,22 +241,17 @@ class Trainer:
 
     # -- the loop's parts --------------------------------------------------------------------------
 
+    def _emit(self, hook: str, *args) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(*args)
+
     def _start(self, resume: bool | str | Path) -> None:
-        path = None
-        if resume is True and self.run_dir is not None:
-            path = ckpt.latest_checkpoint(self.run_dir)
-        elif resume and resume is not True:
-            path = Path(resume)
-        if self.run_dir is not None:
-            ckpt.remove_stale_temp_dirs(self.run_dir)
+        path = ckpt.start_point(self.run_dir, resume)
         if path is None:
-            if self.run_dir is not None and ckpt.latest_checkpoint(self.run_dir) is not None:
-                # A fresh run among an older run's checkpoints would prune (and "resume") the wrong ones.
-                raise ValueError(f"{self.run_dir} already has checkpoints; resume, or use another run directory")
             seed_everything(self.config.seed)
-            self.metrics.restart_at(-1)
         else:
             self._restore(path)
+        self._emit("on_fit_start", self.step, path is not None)
         self.model.train()
         self._started = time.perf_counter()
         self._start_step = self.step
@@ -387,10 +260,9 @@ class Trainer:
         state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         t, d = state["trainer"], state["data"]
         self.step, self.epoch, self.batch = t["step"], d["epoch"], d["batch"]
-        self.best_value, self.best_checkpoint = t["best_value"], t["best_checkpoint"]
+        self.rotation.best_value, self.rotation.best_checkpoint = t["best_value"], t["best_checkpoint"]
         self.tokens_seen, self.last_eval = t["tokens_seen"], t["last_eval"]
         self.last_checkpoint = str(path)
-        self.metrics.restart_at(self.step)
 
     def _micro_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches forever, epoch after epoch; (self.epoch, self.batch) always names the next one."""
@@ -412,10 +284,8 @@ class Trainer:
             with autocast(self.device, self.precision):
                 out = self.model(**batch)
             (out.loss / accum).backward()
-            for name in ("loss", "mlm_loss", "nsp_loss"):
-                value = getattr(out, name, None)
-                if value is not None:
-                    losses[name] = losses.get(name, 0.0) + value.item() / accum
+            for name, value in _losses(out).items():
+                losses[name] = losses.get(name, 0.0) + value.item() / accum
             mask = batch.get("attention_mask")
             tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         if not math.isfinite(losses["loss"]):
@@ -429,7 +299,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return losses, tokens, grad_norm
 
-    def _log_step(self, window: "_Window", lr: float, grad_norm: float | None) -> None:
+    def _log_step(self, window: _Window, lr: float, grad_norm: float | None) -> None:
         now = time.perf_counter()
         done = self.step - self._start_step
         per_step = (now - self._started) / max(1, done)
@@ -438,9 +308,7 @@ class Trainer:
                  "eta_s": per_step * (self.total_steps - self.step), "epoch": self._epoch_progress(),
                  "grad_norm": grad_norm, "tokens_seen": self.tokens_seen}
         window.reset(now)
-        self.metrics.append(state)
-        for cb in self.callbacks:
-            cb.on_step(state)
+        self._emit("on_step", state)
 
     def _epoch_progress(self) -> float:
         return self.epoch + self.batch / max(1, self.train_data.num_batches(self.epoch))
@@ -449,53 +317,44 @@ class Trainer:
         every = self.config.eval_every
         if self.eval_data is None or not (force or last or (every and self.step % every == 0)):
             return False
-        metrics = {"type": "eval", "step": self.step, **self.evaluate()}
-        self.last_eval = metrics
-        self.metrics.append(metrics)
-        for cb in self.callbacks:
-            cb.on_eval(metrics)
-        self._write_plot()
+        self.last_eval = {"type": "eval", "step": self.step, **self.evaluate()}
+        self._emit("on_eval", self.last_eval)
         return True
 
     def _save_checkpoint(self, evaluated: bool) -> None:
         if self.run_dir is None:
             return
         path = ckpt.checkpoint_dir(self.run_dir, self.step)
-        value = self.last_eval.get(self.config.best_metric) if evaluated and self.last_eval else None
-        if value is not None and self._is_better(value):
-            self.best_value, self.best_checkpoint = value, str(path)
+        self.rotation.consider(path, self.last_eval if evaluated else None)
         ckpt.save_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                              trainer_state=self._trainer_state(), data_state={"epoch": self.epoch, "batch": self.batch},
                              tokenizer=self.tokenizer)
         self.last_checkpoint = str(path)
-        keep = {Path(self.best_checkpoint)} if self.best_checkpoint else set()
-        ckpt.prune_checkpoints(self.run_dir, self.config.keep_last, keep)
-        for cb in self.callbacks:
-            cb.on_checkpoint(path)
-
-    def _is_better(self, value: float) -> bool:
-        if self.best_value is None:
-            return True
-        return value > self.best_value if self.config.greater_is_better else value < self.best_value
+        self.rotation.prune(self.run_dir)
+        self._emit("on_checkpoint", path)
 
     def _trainer_state(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total_steps, "best_metric": self.config.best_metric,
-                "best_value": self.best_value, "best_checkpoint": self.best_checkpoint,
+                "best_value": self.rotation.best_value, "best_checkpoint": self.rotation.best_checkpoint,
                 "tokens_seen": self.tokens_seen, "last_eval": self.last_eval, "config": self.config.to_dict()}
 
-    def _finish(self, status: str, window: "_Window") -> TrainResult:
+    def _finish(self, status: str, window: _Window) -> TrainResult:
         model_dir = None
         if self.run_dir is not None and status == "completed":
             model_dir = self.run_dir / FINAL_MODEL
             self.model.save_pretrained(model_dir, tokenizer=self.tokenizer)
-        self._write_plot()
         self.model.eval()
-        return TrainResult(status, self.step, self.total_steps, window.last_loss, self.last_eval,
-                           self.last_checkpoint, self.best_checkpoint, str(model_dir) if model_dir else None)
+        result = TrainResult(status, self.step, self.total_steps, window.last_loss, self.last_eval,
+                             self.last_checkpoint, self.rotation.best_checkpoint,
+                             str(model_dir) if model_dir else None)
+        self._emit("on_fit_end", result)
+        return result
 
-    def _write_plot(self) -> None:
-        if self.run_dir is not None:
-            write_training_plot(self.metrics.records, self.run_dir / PLOT_FILE)
+
+def _losses(out) -> dict[str, torch.Tensor]:
+    """A model output's scalar losses by field name: `loss` and any other set "*loss" field, in field order."""
+    return {name: value for name, value in vars(out).items()
+            if name.endswith("loss") and isinstance(value, torch.Tensor) and value.dim() == 0}
 
 
 @dataclass

@@ -21,7 +21,8 @@ from model.datadir import DataDir, dataset_file
 from model.files import atomic_dir, atomic_write_bytes
 from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
 from model.tokenizer import BertTokenizer
-from model.trainer import Callback, TrainResult
+from model.callbacks import Callback
+from model.trainer import TrainResult
 
 TOKENIZER_DIR = "tokenizer"  # DATA_DIR/jobs/<id>/tokenizer: a from-scratch run's vocabulary
 SCRATCH_CONFIG = "scratch_config.json"

@@ -30,7 +30,8 @@ from model import checkpoint as ckpt
 from model.datadir import TERMINAL, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
 from model.datadir.jobs import CANCEL
 from model.errors import UserError
-from model.trainer import FINAL_MODEL, Callback
+from model.callbacks import Callback
+from model.trainer import FINAL_MODEL
 
 from . import recipes
 from .settings import WorkerSettings

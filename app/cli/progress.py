@@ -7,7 +7,7 @@ import signal
 import sys
 from typing import Any
 
-from model.trainer import Callback
+from model.callbacks import Callback
 
 
 class ProgressBar(Callback):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from model import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
-                   BertModel, load_model)
+                   BertModel, load_model, modeling)
 from model.weights import heads_in_dir
 from tests.conftest import tiny_config_dict
 
@@ -311,6 +312,7 @@ def test_classification_loss_and_regression(tiny_config):
     torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), torch.tensor([0.5, 1.0, -1.0])))
 
 
+@pytest.mark.slow
 def test_save_replaces_atomically_and_a_killed_writer_leaves_the_old_model(tmp_path, tiny_config):
     dst = tmp_path / "m"
     BertModel(tiny_config).save_pretrained(dst)
@@ -346,3 +348,38 @@ def test_bf16_autocast_runs_and_stays_close(tiny_config):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             low = model(ids, mask, types).pooler_output
     assert torch.nn.functional.cosine_similarity(ref, low.float()).min() > 0.99
+
+
+def test_masked_lm_and_pretraining_share_one_mlm_loss(tiny_config):
+    """BertForMaskedLM's loss is BertForPreTraining's mlm_loss on the same encoder and MLM head."""
+    pre = BertForPreTraining(tiny_config).eval()
+    mlm = BertForMaskedLM(tiny_config).eval()
+    mlm.load_state_dict({k: v for k, v in pre.state_dict().items() if not k.startswith(("bert.pooler.", "cls.seq"))})
+    ids, mask, types = padded_batch(tiny_config.vocab_size)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 3] = 7, 9
+    with torch.no_grad():
+        a, b = pre(ids, mask, types, labels=labels), mlm(ids, mask, types, labels=labels)
+        none = mlm(ids, mask, types, labels=torch.full_like(ids, -100))
+    assert torch.equal(a.prediction_logits, b.logits) and torch.equal(a.mlm_loss, b.loss)
+    assert a.nsp_loss is None and torch.equal(a.loss, a.mlm_loss)
+    assert none.logits.shape == (0, tiny_config.vocab_size) and none.loss.item() == 0.0
+
+
+def test_flash_varlen_attention_only_for_head_sizes_its_kernel_takes(monkeypatch):
+    """Packed batches on CUDA need flash attention's varlen kernel: half precision, no dropout, and a
+    head size that is a multiple of 8 up to 256; otherwise the batch stays padded (SDPA with a mask)."""
+    monkeypatch.setattr(modeling, "_varlen_attn", lambda *args: None)  # as on a CUDA build of torch
+    bf16 = torch.bfloat16
+    assert modeling.varlen_fits(bf16, 64, 0.0) and modeling.varlen_fits(torch.float16, 256, 0.0)
+    assert not modeling.varlen_fits(bf16, 12, 0.0)  # hidden 48 over 4 heads
+    assert not modeling.varlen_fits(bf16, 264, 0.0)
+    assert not modeling.varlen_fits(torch.float32, 64, 0.0)
+    assert not modeling.varlen_fits(bf16, 64, 0.1)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    on_cuda = SimpleNamespace(is_cuda=True, dtype=bf16)  # what should_unpad reads of the hidden states
+    assert modeling.should_unpad(mask, on_cuda, 0.0, 64)
+    assert not modeling.should_unpad(mask, on_cuda, 0.0, 12)
+    assert modeling.should_unpad(mask, torch.zeros(2, 4, 48), 0.0, 12)  # CPU: SDPA per sequence, any size
+    monkeypatch.setattr(modeling, "_varlen_attn", None)  # a torch without the kernel
+    assert not modeling.varlen_fits(bf16, 64, 0.0) and not modeling.should_unpad(mask, on_cuda, 0.0, 64)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, modeling
+from model import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, modeling, onednn
 from model.precision import Int8Linear, apply_precision, autocast, precision_of, recommended_precision
 from tests.conftest import tiny_config_dict
 
@@ -156,26 +156,26 @@ def test_autocast_helper():
 
 # -- the fast fp32 paths -----------------------------------------------------------------------
 
-needs_onednn = pytest.mark.skipif(not modeling._onednn_linear_works(), reason="torch without oneDNN")
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason="torch without oneDNN")
 
 
 @pytest.fixture
 def onednn_always(monkeypatch):
     """oneDNN for every matmul, however small (tiny models normally fall under the threshold)."""
-    monkeypatch.setattr(modeling, "_ONEDNN_MIN_MACS", 0)
-    old = modeling.use_onednn(True)
+    monkeypatch.setattr(onednn, "_MIN_MACS", 0)
+    old = onednn.use_onednn(True)
     yield
-    modeling.use_onednn(old)
+    onednn.use_onednn(old)
 
 
 def run_both(fn):
     """fn() through oneDNN, then through torch's own GEMM."""
     first = fn()
-    old = modeling.use_onednn(False)
+    old = onednn.use_onednn(False)
     try:
         return first, fn()
     finally:
-        modeling.use_onednn(old)
+        onednn.use_onednn(old)
 
 
 @needs_onednn

@@ -27,6 +27,7 @@ def test_holdout_documents_are_views_of_the_last_documents(files):
     assert holdout_documents(corpus, 0.9, 1000)[1] is None  # would leave fewer than 2 to train on
 
 
+@pytest.mark.slow
 def test_warm_start_from_minilm_keeps_the_encoder_and_ties_the_decoder(minilm_dir, files, tmp_path):
     spec = PretrainSpec(corpus=str(files / "corpus.txt"), out=str(tmp_path / "warm"), from_model=str(minilm_dir),
                         batch_size=2, max_seq_len=16, eval_fraction=0, train=TrainConfig(max_steps=1, log_every=1))

@@ -1,52 +1,28 @@
 """The training loop (model/trainer.py): overfitting, optimizer groups, schedule, exact resume, stop,
-checkpoint rotation, evaluation metrics. Tiny configs (hidden 32, 2 layers) on a handful of sentences."""
+checkpoint rotation, the default callbacks (metrics.jsonl, training.svg), a model that is not BERT.
+Tiny configs (hidden 32, 2 layers) on a handful of sentences."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
-from model import BertConfig, BertForPreTraining, BertForSequenceClassification
 from model.checkpoint import list_checkpoints
-from model.data import PretrainingData, load_corpus
-from model.modeling import SequenceClassifierOutput
+from model.evaluation import evaluate
+from model.callbacks import Callback
 from model.trainer import (
-    Callback,
     TrainConfig,
     Trainer,
     configure_optimizer,
-    evaluate,
     linear_warmup_decay,
 )
-from tests.conftest import tiny_config_dict
-
-PAIRS = [("the cat sat on the mat", "the dog eats bread"), ("she reads a book", "the sky is blue"),
-         ("he ran fast", "the car is red"), ("we love the movie", "it was a great film"),
-         ("the river runs at night", "the tree is big"), ("a man eats food", "a woman reads"),
-         ("the city is small", "the mountain is green")]
-
-
-
-@pytest.fixture
-def corpus(tmp_path, tiny_tokenizer):
-    path = tmp_path / "pairs.tsv"
-    path.write_text("".join(f"{a}\t{b}\n" for a, b in PAIRS))
-    return load_corpus(path, tiny_tokenizer, cache_dir=tmp_path / "cache")
-
-
-def pretraining_data(corpus, tokenizer, seed=0):
-    # 7 pairs in batches of 3: three batches an epoch, the last one short.
-    return PretrainingData(corpus, tokenizer, batch_size=3, max_seq_len=24, seed=seed)
-
-
-def tiny_model(seed=0, **overrides) -> BertForPreTraining:
-    torch.manual_seed(seed)
-    return BertForPreTraining(BertConfig(**tiny_config_dict(**overrides)))
+from tests.model.conftest import PAIRS, FixedBatches, pretraining_data, tiny_model
 
 
 class Recorder(Callback):
@@ -64,19 +40,6 @@ class Recorder(Callback):
 
     def should_stop(self):
         return self.stop_at is not None and self.steps[-1]["step"] >= self.stop_at
-
-
-class FixedBatches:
-    """The same batches every epoch (no dynamic masking): what the seed project's overfit check used."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def num_batches(self, epoch):
-        return len(self.batches)
-
-    def iter_batches(self, epoch, start_batch=0):
-        yield from self.batches[start_batch:]
 
 
 def fixed_pretraining_batch(tokenizer):
@@ -97,7 +60,7 @@ def test_overfits_a_handful_of_pairs_to_near_zero_mlm_and_nsp_loss(tiny_tokenize
     data = FixedBatches([batch])
     model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     config = TrainConfig(lr=5e-3, max_steps=150, warmup_steps=10, weight_decay=0.0, log_every=50)
-    result = Trainer(model, data, config, eval_data=data).fit()
+    result = Trainer(model, data, config, eval_data=data, evaluate_fn=evaluate).fit()
     m = result.eval_metrics
     assert m["mlm_loss"] < 0.05 and m["nsp_loss"] < 0.05, m
     assert m["mlm_accuracy"] == 1.0 and m["nsp_accuracy"] == 1.0
@@ -194,57 +157,6 @@ def test_keeps_the_last_k_checkpoints_plus_the_best(tmp_path, corpus, tiny_token
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
-def test_mlm_and_nsp_metrics_match_a_direct_computation(corpus, tiny_tokenizer):
-    model = tiny_model().eval()
-    data = pretraining_data(corpus, tiny_tokenizer)
-    metrics = evaluate(model, data)
-    logits, labels, nsp_logits, nsp = [], [], [], []
-    with torch.no_grad():
-        for batch in data.iter_batches(0):
-            out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])  # (B, T, V)
-            picked = batch["labels"] != -100
-            logits.append(out.prediction_logits[picked])
-            labels.append(batch["labels"][picked])
-            nsp_logits.append(out.seq_relationship_logits)
-            nsp.append(batch["next_sentence_label"])
-    logits, labels, nsp_logits, nsp = map(torch.cat, (logits, labels, nsp_logits, nsp))
-    mlm_loss = torch.nn.functional.cross_entropy(logits, labels).item()
-    assert metrics["masked_tokens"] == len(labels)
-    assert metrics["mlm_accuracy"] == pytest.approx((logits.argmax(-1) == labels).float().mean().item())
-    assert metrics["mlm_loss"] == pytest.approx(mlm_loss, rel=1e-5)
-    assert metrics["perplexity"] == pytest.approx(math.exp(mlm_loss), rel=1e-5)
-    assert metrics["nsp_accuracy"] == pytest.approx((nsp_logits.argmax(-1) == nsp).float().mean().item())
-
-
-class FixedLogits(BertForSequenceClassification):
-    """A classifier whose predictions the test chooses."""
-
-    def __init__(self, logits):
-        super().__init__(BertConfig(**tiny_config_dict(), id2label=dict(enumerate("abc"[:logits.shape[1]]))))
-        self.logits = logits
-
-    def forward(self, input_ids, labels=None, **kw):
-        return SequenceClassifierOutput(self.logits[: len(input_ids)])
-
-
-def test_classification_accuracy_and_macro_f1():
-    preds, labels = [0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0]
-    model = FixedLogits(torch.nn.functional.one_hot(torch.tensor(preds), 3).float() * 5)
-    data = FixedBatches([{"input_ids": torch.zeros(6, 3, dtype=torch.long), "labels": torch.tensor(labels)}])
-    m = evaluate(model, data)
-    # per class F1: a 2/(2+1+1) = 0.5, b 2/(2+0+1) = 2/3, c 4/(4+1+0) = 0.8
-    assert m["accuracy"] == pytest.approx(4 / 6)
-    assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 0.8) / 3)
-    assert m["examples"] == 6
-
-
-def test_regression_reports_mse():
-    model = FixedLogits(torch.tensor([[1.0], [2.0], [4.0]]))
-    data = FixedBatches([{"input_ids": torch.zeros(3, 2, dtype=torch.long), "labels": torch.tensor([1.0, 3.0, 2.0])}])
-    m = evaluate(model, data)
-    assert m["mse"] == pytest.approx((0 + 1 + 4) / 3) and m["loss"] == m["mse"]
-
-
 def test_bf16_autocast_on_cpu_trains(corpus, tiny_tokenizer):
     trainer = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
                       TrainConfig(max_steps=2, precision="bf16", log_every=1))
@@ -278,3 +190,96 @@ def test_a_fresh_start_refuses_a_run_directory_with_checkpoints(tmp_path, corpus
     with pytest.raises(ValueError, match="already has checkpoints; resume, or use another run directory"):
         trainer().fit(resume=False)
     assert trainer().fit(resume=True).step == 1  # nothing left to do: the finished run is reported again
+
+
+def test_eval_data_without_an_evaluate_fn_is_a_value_error(corpus, tiny_tokenizer):
+    data = pretraining_data(corpus, tiny_tokenizer)
+    with pytest.raises(ValueError) as e:
+        Trainer(tiny_model(), data, TrainConfig(max_steps=1), eval_data=data)
+    assert str(e.value) == "eval_data needs an evaluate_fn (for BERT models: model.evaluation.evaluate)"
+
+
+@dataclass
+class ToyOutput:
+    prediction: torch.Tensor
+    loss: torch.Tensor
+    aux_loss: torch.Tensor | None = None
+    per_example_loss: torch.Tensor | None = None  # not a scalar: not reported
+
+
+class ToyRegression(torch.nn.Module):
+    """Not a BERT: the loop needs only `model(**batch).loss`."""
+
+    def __init__(self, aux: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear, self.aux = torch.nn.Linear(3, 1), aux
+
+    def forward(self, input_ids, labels):
+        prediction = self.linear(input_ids.float()).squeeze(-1)
+        per_example = (prediction - labels) ** 2
+        aux = prediction.abs().mean() if self.aux else None
+        return ToyOutput(prediction, per_example.mean(), aux, per_example)
+
+
+@pytest.mark.parametrize("aux", [False, True])
+def test_a_model_that_is_not_bert_trains_and_reports_each_scalar_loss(aux):
+    x = torch.tensor([[1, 2, 0], [0, 1, 3]])
+    data = FixedBatches([{"input_ids": x, "labels": torch.tensor([1.0, -1.0])}])
+    rec = Recorder()
+    model = ToyRegression(aux)
+    with torch.no_grad():
+        out = model(x, torch.tensor([1.0, -1.0]))
+    Trainer(model, data, TrainConfig(max_steps=3, log_every=1, lr=1e-2), callbacks=[rec]).fit()
+    losses = [k for k in rec.steps[0] if k.endswith("loss")]
+    assert losses == (["loss", "aux_loss"] if aux else ["loss"])
+    assert rec.steps[0]["loss"] == pytest.approx(out.loss.item())
+    assert rec.steps[-1]["loss"] < rec.steps[0]["loss"]
+
+
+class Hooks(Callback):
+    """Records the hooks in order and what the run directory holds when each one runs."""
+
+    def __init__(self, run_dir):
+        self.run_dir, self.calls = run_dir, []
+
+    def lines(self):
+        return [json.loads(x) for x in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def on_fit_start(self, step, resumed):
+        self.calls.append(("start", step, resumed))
+
+    def on_step(self, state):
+        self.calls.append(("step", state["step"], self.lines()[-1] == state))
+
+    def on_eval(self, metrics):
+        self.calls.append(("eval", metrics["step"], self.lines()[-1] == metrics))
+
+    def on_fit_end(self, result):
+        self.calls.append(("end", result.step, (self.run_dir / "training.svg").read_text()))
+
+
+def test_the_default_callbacks_write_metrics_before_and_the_plot_after_the_callers(tmp_path, corpus, tiny_tokenizer):
+    (tmp_path / "metrics.jsonl").write_text('{"type": "eval", "step": 0, "loss": 9.0}\n')  # not this run's
+    (tmp_path / "training.svg").write_text("stale")
+    losses = iter([3.0, 2.0])
+
+    def fake_eval(model, data, **kw):
+        return {"loss": next(losses)}
+
+    data = pretraining_data(corpus, tiny_tokenizer)
+    hooks = Hooks(tmp_path)
+    config = TrainConfig(max_steps=4, eval_every=2, log_every=2, save_every=2)
+    Trainer(tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=fake_eval,
+            callbacks=[hooks]).fit()
+    assert [c[:3] for c in hooks.calls[:-1]] == [("start", 0, False), ("step", 2, True), ("eval", 2, True),
+                                                 ("step", 4, True), ("eval", 4, True)]
+    end, step, svg = hooks.calls[-1]
+    assert (end, step) == ("end", 4) and "eval loss" in svg
+    assert [(r["type"], r["step"]) for r in hooks.lines()] == [("train", 2), ("eval", 2), ("train", 4), ("eval", 4)]
+
+    hooks = Hooks(tmp_path)
+    resumed = Trainer(tiny_model(), data, TrainConfig(max_steps=4, log_every=1), run_dir=tmp_path, callbacks=[hooks])
+    resumed.fit(resume=tmp_path / "checkpoints" / "step-2")
+    assert hooks.calls[0] == ("start", 2, True)
+    assert [(r["type"], r["step"]) for r in hooks.lines()] == [("train", 2), ("eval", 2), ("train", 3), ("train", 4)]

@@ -1,0 +1,115 @@
+"""Evaluation metrics of a BERT model, chosen by its class; the trainer's `evaluate_fn` for BERT runs.
+
+    metrics = evaluate(model, data, device="cpu", precision="fp32", max_batches=None)
+
+Pretraining models (BertForPreTraining, BertForMaskedLM) report MLM loss, accuracy and perplexity
+over the predicted tokens, and NSP loss and accuracy when the data has NSP labels; `loss` is the sum
+of the two mean losses, as in training. Classifiers report loss, accuracy and macro-F1 (a class
+neither present nor predicted is left out, as scikit-learn does); regressors (one label) report MSE.
+Counts are summed over batches first, so every metric is over the whole evaluation set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from .modeling import IGNORE_INDEX, BertForSequenceClassification
+from .precision import autocast
+
+if TYPE_CHECKING:
+    from .trainer import BatchSource
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.device | None = None,
+             precision: str = "fp32", max_batches: int | None = None) -> dict[str, float]:
+    """Metrics of `model` on epoch 0 of `data`, chosen by the model: classification or (masked) LM."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        is_classifier = isinstance(model, BertForSequenceClassification)
+        totals: dict[str, float] = {}
+        for i, batch in enumerate(data.iter_batches(0, 0)):
+            if max_batches is not None and i >= max_batches:
+                break
+            batch = {k: v.to(device) for k, v in batch.items()}
+            with autocast(device, precision):
+                out = model(**batch)
+            _accumulate(totals, _classification_counts(model, out, batch) if is_classifier
+                        else _lm_counts(out, batch))
+        if not totals:
+            raise ValueError("evaluation data has no batches")
+        return _classification_metrics(totals) if is_classifier else _lm_metrics(totals)
+    finally:
+        model.train(was_training)
+
+
+def _accumulate(totals: dict[str, float], counts: dict[str, float]) -> None:
+    for key, value in counts.items():
+        totals[key] = totals.get(key, 0.0) + float(value)
+
+
+# ---------------------------------------------------------------------------- (masked) LM
+
+def _lm_counts(out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
+    labels = batch["labels"]
+    target = labels[labels != IGNORE_INDEX]  # logits are (N, V) in this row-major order
+    counts = {"mlm_n": target.numel()}
+    if target.numel():
+        counts["mlm_loss_sum"] = F.cross_entropy(logits.float(), target, reduction="sum").item()
+        counts["mlm_correct"] = (logits.argmax(-1) == target).sum().item()
+    nsp = batch.get("next_sentence_label")
+    if nsp is not None and getattr(out, "seq_relationship_logits", None) is not None:
+        nsp_logits = out.seq_relationship_logits.float()
+        counts["nsp_n"] = nsp.numel()
+        counts["nsp_loss_sum"] = F.cross_entropy(nsp_logits, nsp.reshape(-1), reduction="sum").item()
+        counts["nsp_correct"] = (nsp_logits.argmax(-1) == nsp.reshape(-1)).sum().item()
+    return counts
+
+
+def _lm_metrics(t: dict[str, float]) -> dict[str, float]:
+    m: dict[str, float] = {"masked_tokens": int(t["mlm_n"])}
+    if t["mlm_n"]:
+        m["mlm_loss"] = t["mlm_loss_sum"] / t["mlm_n"]
+        m["mlm_accuracy"] = t["mlm_correct"] / t["mlm_n"]
+        m["perplexity"] = math.exp(min(m["mlm_loss"], 700.0))
+    if t.get("nsp_n"):
+        m["nsp_loss"] = t["nsp_loss_sum"] / t["nsp_n"]
+        m["nsp_accuracy"] = t["nsp_correct"] / t["nsp_n"]
+    m["loss"] = m.get("mlm_loss", 0.0) + m.get("nsp_loss", 0.0)  # as in training: sum of the two means
+    return m
+
+
+# ---------------------------------------------------------------------------- classification
+
+def _classification_counts(model, out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    logits, labels = out.logits.float(), batch["labels"]
+    if model.num_labels == 1:
+        return {"n": labels.numel(), "se": ((logits.squeeze(-1) - labels.float()) ** 2).sum().item()}
+    preds, labels = logits.argmax(-1), labels.reshape(-1)
+    counts = {"n": labels.numel(), "correct": (preds == labels).sum().item(),
+              "loss_sum": F.cross_entropy(logits, labels, reduction="sum").item()}
+    for c in range(model.num_labels):
+        counts[f"tp{c}"] = ((preds == c) & (labels == c)).sum().item()
+        counts[f"fp{c}"] = ((preds == c) & (labels != c)).sum().item()
+        counts[f"fn{c}"] = ((preds != c) & (labels == c)).sum().item()
+    return counts
+
+
+def _classification_metrics(t: dict[str, float]) -> dict[str, float]:
+    if "se" in t:
+        mse = t["se"] / t["n"]
+        return {"loss": mse, "mse": mse, "examples": int(t["n"])}
+    f1s = []
+    for c in range(sum(k.startswith("tp") for k in t)):
+        tp, fp, fn = t[f"tp{c}"], t[f"fp{c}"], t[f"fn{c}"]
+        if tp + fp + fn:  # a class neither present nor predicted is left out, as scikit-learn does
+            f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"loss": t["loss_sum"] / t["n"], "accuracy": t["correct"] / t["n"],
+            "macro_f1": sum(f1s) / len(f1s) if f1s else 0.0, "examples": int(t["n"])}
