@@ -8,11 +8,16 @@ straight into a hidden temp directory beside its destination, counting bytes, so
 the limit stops at the limit (413) and nothing is buffered in memory or in /tmp. The directory is
 renamed into place only after the format check passes: a dataset is there whole or not at all.
 Names are never reused: a dataset a job was trained on stays what it was.
+
+Failures say what happened: a body the multipart parser cannot read is a 422, a full disk (or
+quota) while storing the upload a 507, and anything else a logged 500; the partial upload is
+removed in every case.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -21,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
 from model.data import load_classification_data, read_documents
 from model.data.corpus import detect_format
@@ -34,6 +41,7 @@ EXTENSIONS = {".txt": ("corpus",), ".csv": ("labelled",), ".tsv": ("labelled",),
 MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # ---------------------------------------------------------------------------- the upload
 
@@ -125,11 +133,20 @@ class _Upload:
             self._file.write(data)
 
     def close(self) -> None:
+        """Flush the file to disk (where a full disk may first show) and close it."""
         if self._file is not None:
             self._file.flush()
             os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Close the file without keeping its data (the upload failed; its directory goes)."""
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()  # may flush, and fail again on a full disk: the data is unwanted anyway
+            except OSError:
+                pass
 
 
 def check_fields(fields: dict[str, str], data_dir: Path) -> None:
@@ -157,29 +174,37 @@ async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> di
     tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
     try:
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
-        meta = await asyncio.to_thread(_finish, upload, tmp, data_dir)
+        return await asyncio.to_thread(_finish, upload, tmp, data_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in DISK_FULL:
+            message = (f"not enough disk space in the data directory to store the dataset "
+                       f"({os.strerror(e.errno)}); the upload was removed")
+            raise ServiceError("insufficient_storage", message) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return meta
 
 
 async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, data_dir: Path) -> _Upload:
+    """Stream the body through python-multipart into `upload`; its file part lands in `tmp`."""
     upload = _Upload(tmp, max_bytes, data_dir)
-    parser = MultipartParser(boundary, upload.callbacks())
     try:
+        parser = MultipartParser(boundary, upload.callbacks())
         async for chunk in request.stream():
             parser.write(chunk)
             if upload.pending_bytes >= FLUSH_BYTES:
                 await asyncio.to_thread(upload.write, upload.take_pending())
         parser.finalize()
         await asyncio.to_thread(upload.write, upload.take_pending())
-    except ServiceError:
-        raise
-    except Exception as e:  # malformed multipart
-        raise ServiceError("validation", f"malformed multipart body: {e}") from None
-    finally:
         await asyncio.to_thread(upload.close)
+    except (FormParserError, UnicodeDecodeError) as e:  # the parser's own errors: the body is not multipart
+        raise ServiceError("validation", f"malformed multipart body: {e}") from None
+    except ClientDisconnect:  # nobody reads this answer; it keeps a hang-up out of the error log
+        raise ServiceError("validation", "the client disconnected before the upload was complete") from None
+    finally:
+        await asyncio.to_thread(upload.abandon)  # a no-op after close(); else closed before its directory goes
     if upload.filename is None:
         raise ServiceError("validation", "no file: send it in the form field 'file'")
     return upload

@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
 
-ErrorKind = Literal["validation", "overloaded", "not_found", "unavailable", "unauthorized", "too_large", "internal"]
+ErrorKind = Literal["validation", "overloaded", "not_found", "unavailable", "unauthorized", "too_large",
+                    "insufficient_storage", "internal"]
 
 STATUS: dict[str, int] = {
     "validation": 422,
@@ -27,8 +28,10 @@ STATUS: dict[str, int] = {
     "unavailable": 503,
     "unauthorized": 401,
     "too_large": 413,
+    "insufficient_storage": 507,  # the data directory's disk is full (a dataset upload)
     "internal": 500,
 }
+assert set(ErrorKind.__args__) == set(STATUS)
 
 
 class JobProgress(BaseModel):

@@ -31,7 +31,8 @@ from model.errors import UserError
 
 from .datasets import add_local_dataset
 from .errors import ServiceError
-from .job_service import JobService, PretrainJobRequest, PretrainParams
+from .job_service import JobService
+from .schemas import PretrainJobRequest, PretrainParams
 from .server import serve
 from .settings import Settings
 from .store import ModelStore

@@ -1,8 +1,8 @@
 """The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
 
 Middleware, outermost first: metrics (times everything), body limit (413 before the body is
-read). Routers: operations (open: /health, /ready, /metrics), then everything else behind the
-API key. Later resources (/jobs, /datasets with their own admin key) add their router here.
+read). Routers: operations (open: /health, /ready, /metrics); inference and /models behind the
+API key; /jobs and /datasets behind the admin key, which their routers demand themselves.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .deps import require_api_key
 from .errors import install_handlers
 from .metrics import Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware
-from .routes import classify, embeddings, fill_mask, models, nsp, ops
+from .routes import classify, datasets, embeddings, fill_mask, jobs, models, nsp, ops
 from .routes.ops import version
 from .service import Service
 from .settings import Settings
@@ -55,9 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     keyed = [Depends(require_api_key)]
     for module in (fill_mask, nsp, embeddings, classify, models):
         app.include_router(module.router, dependencies=keyed)
-    # Training jobs and datasets: their routers check BERT_ADMIN_KEY themselves (app/jobs.py).
-    from .routes import datasets as datasets_routes, jobs as jobs_routes
-    for module in (jobs_routes, datasets_routes):
+    for module in (jobs, datasets):  # their routers depend on require_admin_key (app/deps.py)
         app.include_router(module.router)
     return app
 

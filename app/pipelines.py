@@ -1,19 +1,24 @@
-"""Request -> tokens -> engine job -> response, for each task.
+"""Request -> tokens -> engine work item -> response, for each task.
 
-Tokenising and decoding run in the service's thread pool; the forward pass in the engine's
-inference thread; only awaiting happens on the event loop. fill-mask answers in the shape of
-transformers' FillMaskPipeline (postprocess: scores from a full-vocabulary softmax, `sequence`
-decoded with special tokens skipped only when the input has a single mask).
+Every route goes through `_infer`: the model (with the head its task needs), the inputs as a list,
+the count limit, preparing the rows off the event loop, then one work item on the engine's
+inference thread. Each route's function adds only what differs: its checks and options while
+preparing, and the shape of its answer. Tokenising and decoding run in the service's thread pool;
+the forward pass in the engine's inference thread; only awaiting happens on the event loop.
+fill-mask answers in the shape of transformers' FillMaskPipeline (postprocess: scores from a
+full-vocabulary softmax, `sequence` decoded with special tokens skipped only when the input has a
+single mask).
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
-from .engine import Job
+from .engine import WorkItem
 from .errors import ServiceError
 from .schemas import (ClassifyRequest, EmbeddingsRequest, FillMaskRequest, NspRequest, OpenAIEmbeddingsRequest,
                       TextPair)
@@ -22,6 +27,10 @@ from .store import LoadedModel
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)
 _UNLIMITED = 10**9
+
+# engine task -> (the head it needs, the route named when a model lacks it)
+TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": ("nsp", "/nsp"),
+         "classify": ("classifier", "/classify")}
 
 
 def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool) -> list[Row]:
@@ -46,27 +55,56 @@ def as_list(inputs) -> tuple[list, bool]:
     return (inputs, False) if isinstance(inputs, list) else ([inputs], True)
 
 
+@dataclass
+class Outcome:
+    """A work item's outcome, with what the route needs to shape its answer."""
+
+    lm: LoadedModel
+    rows: list[Row]
+    results: list  # one per row, as the task's runner returned it (app/inference.py)
+    single: bool  # the request sent one input, not a list
+
+    def answer(self, out: list) -> Any:
+        """One result for one input, the list for a list."""
+        return out[0] if self.single else out
+
+
+def _tokenize(lm: LoadedModel, items: list, truncate: bool) -> tuple[list[Row], dict]:
+    """The usual preparation: the rows, no extra options."""
+    return encode(lm, items, truncate), {}
+
+
+async def _infer(svc: Service, task: str, model: str | None, inputs, prepare: Callable, *args,
+                 params: dict | None = None) -> Outcome:
+    """Run one request's inputs as a work item. `prepare(lm, items, *args)` runs in the thread pool
+    and returns (rows, options to add to `params`)."""
+    head, route = TASKS[task]
+    with svc.incoming():
+        lm = await svc.model(model, head, route)
+        items, single = as_list(inputs)
+        svc.check_count(len(items))
+        rows, options = await svc.off_loop(prepare, lm, items, *args)
+    results = await svc.run(WorkItem(task, lm, rows, {**(params or {}), **options}))
+    return Outcome(lm, rows, results, single)
+
+
 # -- fill-mask ---------------------------------------------------------------------------------
 
 async def fill_mask(svc: Service, req: FillMaskRequest) -> Any:
-    with svc.incoming():
-        lm = await svc.model(req.model, "mlm", "/fill-mask")
-        texts, single = as_list(req.inputs)
-        svc.check_count(len(texts))
-        rows, target_ids = await svc.off_loop(_prepare_fill_mask, lm, texts, req.targets, req.truncate)
-    results = await svc.run(Job("mlm", lm, rows, {"top_k": req.top_k, "target_ids": target_ids}))
-    out = await svc.off_loop(_format_fill_mask, lm, rows, results)
-    return out[0] if single else out
+    outcome = await _infer(svc, "mlm", req.model, req.inputs, _prepare_fill_mask, req.targets, req.truncate,
+                           params={"top_k": req.top_k})
+    return outcome.answer(await svc.off_loop(_format_fill_mask, outcome.lm, outcome.rows, outcome.results))
 
 
-def _prepare_fill_mask(lm: LoadedModel, texts: list[str], targets: list[str] | None, truncate: bool):
+def _prepare_fill_mask(lm: LoadedModel, texts: list[str], targets: list[str] | None,
+                       truncate: bool) -> tuple[list[Row], dict]:
     rows = encode(lm, texts, truncate)
     mask = lm.mask_token_id
     for i, (ids, _) in enumerate(rows):
         if mask not in ids:
             raise ServiceError("validation", f"input {i} has no {lm.tokenizer.mask_token} token; fill-mask "
                                              "needs at least one")
-    return rows, (_target_ids(lm, targets) if targets is not None else None)
+    return rows, {"target_ids": _target_ids(lm, targets) if targets is not None else None}
 
 
 def _target_ids(lm: LoadedModel, targets: list[str]) -> list[int]:
@@ -105,62 +143,44 @@ def _format_fill_mask(lm: LoadedModel, rows: list[Row], results: list) -> list:
 # -- nsp ---------------------------------------------------------------------------------------
 
 async def nsp(svc: Service, req: NspRequest) -> Any:
-    with svc.incoming():
-        lm = await svc.model(req.model, "nsp", "/nsp")
-        pairs, single = as_list(req.inputs)
-        svc.check_count(len(pairs))
-        rows = await svc.off_loop(encode, lm, pairs, req.truncate)
-    scores = await svc.run(Job("nsp", lm, rows))
-    out = [{"is_next": s >= 0.5, "score": s} for s in scores]
-    return out[0] if single else out
+    outcome = await _infer(svc, "nsp", req.model, req.inputs, _tokenize, req.truncate)
+    return outcome.answer([{"is_next": s >= 0.5, "score": s} for s in outcome.results])
 
 
 # -- embeddings --------------------------------------------------------------------------------
 
-async def embed(svc: Service, lm: LoadedModel, texts: list[str], *, pooling: str, normalize: bool,
-                truncate: bool) -> tuple[list[list[float]], int]:
-    """(one vector per text, tokens used)."""
-    with svc.incoming():
-        svc.check_count(len(texts))
-        rows = await svc.off_loop(encode, lm, texts, truncate)
-    vectors = await svc.run(Job("encode", lm, rows, {"pooling": pooling, "normalize": normalize}))
-    return vectors, sum(len(ids) for ids, _ in rows)
-
-
 async def embeddings(svc: Service, req: EmbeddingsRequest) -> Any:
-    lm = await svc.model(req.model)
-    texts, single = as_list(req.inputs)
-    vectors, _ = await embed(svc, lm, texts, pooling=req.pooling, normalize=req.normalize, truncate=req.truncate)
-    return vectors[0] if single else vectors
+    outcome = await _infer(svc, "encode", req.model, req.inputs, _tokenize, req.truncate,
+                           params={"pooling": req.pooling, "normalize": req.normalize})
+    return outcome.answer(outcome.results)
 
 
 async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
-    lm = await svc.model(req.model)
-    if req.dimensions is not None and req.dimensions != lm.config.hidden_size:
-        raise ServiceError("validation", f"model '{lm.name}' makes {lm.config.hidden_size}-dimensional "
-                                         f"embeddings, not {req.dimensions}")
-    texts, _ = as_list(req.input)
-    vectors, tokens = await embed(svc, lm, texts, pooling="mean", normalize=True, truncate=False)
+    outcome = await _infer(svc, "encode", req.model, req.input, _prepare_openai, req.dimensions,
+                           params={"pooling": "mean", "normalize": True})
+    vectors, tokens = outcome.results, sum(len(ids) for ids, _ in outcome.rows)
     if req.encoding_format == "base64":
         vectors = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
-    return {"object": "list", "model": lm.name,
+    return {"object": "list", "model": outcome.lm.name,
             "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _prepare_openai(lm: LoadedModel, texts: list[str], dimensions: int | None) -> tuple[list[Row], dict]:
+    if dimensions is not None and dimensions != lm.config.hidden_size:
+        raise ServiceError("validation", f"model '{lm.name}' makes {lm.config.hidden_size}-dimensional "
+                                         f"embeddings, not {dimensions}")
+    return encode(lm, texts, truncate=False), {}
 
 
 # -- classify ----------------------------------------------------------------------------------
 
 async def classify(svc: Service, req: ClassifyRequest) -> Any:
-    with svc.incoming():
-        lm = await svc.model(req.model, "classifier", "/classify")
-        items, single = as_list(req.inputs)
-        svc.check_count(len(items))
-        rows = await svc.off_loop(encode, lm, items, req.truncate)
-    scores = await svc.run(Job("classify", lm, rows))
-    id2label = lm.config.id2label or {}
-    labels = [id2label.get(i, f"LABEL_{i}") for i in range(len(scores[0]))]
+    outcome = await _infer(svc, "classify", req.model, req.inputs, _tokenize, req.truncate)
+    id2label = outcome.lm.config.id2label or {}
+    labels = [id2label.get(i, f"LABEL_{i}") for i in range(len(outcome.results[0]))]
     out = []
-    for row in scores:
+    for row in outcome.results:
         best = max(range(len(row)), key=row.__getitem__)
         out.append({"label": labels[best], "score": row[best], "scores": dict(zip(labels, row))})
-    return out[0] if single else out
+    return outcome.answer(out)

@@ -1,4 +1,11 @@
-"""Request and response types (`<Verb>Request` / `<Verb>Response`), with the examples /docs shows.
+"""Every request and response type of the service (`<Verb>Request` / `<Verb>Response`), with the
+examples /docs shows: inference, models and operations, datasets, training jobs.
+
+One strictness rule for every request body: JSON types must match exactly (`"top_k": "5"` is not a
+number, `"normalize": 1` not a boolean), unknown fields are errors and NaN/Infinity are refused.
+The one exception is /v1/embeddings, which ignores unknown fields: OpenAI's client libraries may
+send options this service does not implement, and add new ones over time; refusing them would break
+clients that work against OpenAI.
 
 Limits that depend on settings (inputs per request, tokens per input) are checked in
 app/pipelines.py, since a JSON schema cannot read the environment; their documentation is here.
@@ -7,11 +14,16 @@ A single input gets a single result, a list of inputs a list of results in the s
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from model.datadir import NAME_PATTERN
+from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
+from model.datadir.datasets import KINDS as DATASET_KINDS
+
+# The rule above, for every request type (response types are ours: no need).
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 ModelName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64,
                                  description="A model in DATA_DIR/models/; omitted = the default model.",
@@ -21,7 +33,9 @@ Truncate = Annotated[bool, Field(description="Cut inputs longer than the model's
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The base of every request type: see the module docstring."""
+
+    model_config = STRICT
 
 
 _EXAMPLES: dict[str, dict[str, dict]] = {}
@@ -29,7 +43,7 @@ _EXAMPLES: dict[str, dict[str, dict]] = {}
 
 def examples(**named: dict) -> ConfigDict:
     """A model config whose JSON schema carries these request examples; `body_examples` names them."""
-    config = ConfigDict(extra="forbid", json_schema_extra={"examples": list(named.values())})
+    config = ConfigDict(**STRICT, json_schema_extra={"examples": list(named.values())})
     _EXAMPLES[id(config["json_schema_extra"])] = named
     return config
 
@@ -126,11 +140,11 @@ class EmbeddingsRequest(Strict):
 EmbeddingsResponse = list[float] | list[list[float]]
 
 
-class OpenAIEmbeddingsRequest(BaseModel):
+class OpenAIEmbeddingsRequest(Strict):
     """OpenAI's embeddings request (mean pooling, normalised, as sentence-transformers models)."""
 
     model_config = {**examples(openai_client={"input": ["first sentence", "second sentence"], "model": "bert-tiny"}),
-                    "extra": "ignore"}  # OpenAI clients send fields we do not use
+                    "extra": "ignore"}  # OpenAI clients send fields we do not use (module docstring)
     input: str | Annotated[list[str], Field(min_length=1)]
     model: ModelName | None = None
     encoding_format: Literal["float", "base64"] = Field(
@@ -194,7 +208,8 @@ class ModelInfo(BaseModel):
     hidden_size: int | None
     default: bool
     loaded: bool
-    precision: str = Field(description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION).")
+    precision: str = Field(description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION; "
+                                       "auto shows as what it resolved to on this device).")
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
 
 
@@ -219,3 +234,215 @@ class InfoResponse(BaseModel):
     torch: str
     python: str
     settings: dict
+
+
+# -- datasets ----------------------------------------------------------------------------------
+
+# POST /datasets is parsed by app/datasets.py as it streams in, so FastAPI never sees a body model;
+# this is its OpenAPI description.
+DATASET_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"],
+    "properties": {
+        "file": {"type": "string", "format": "binary",
+                 "description": "corpus: .txt or .jsonl (a 'text' field); labelled: .csv, .tsv or .jsonl "
+                                "with 'text' and 'label' (and optionally 'text_pair')"},
+        "name": {"type": "string", "pattern": NAME_PATTERN, "description": "Default: the file name's stem."},
+        "kind": {"type": "string", "enum": list(DATASET_KINDS),
+                 "description": "Default: from the extension (.jsonl: labelled if rows have 'label')."},
+    }}}}}}
+
+DatasetKind = Literal["corpus", "labelled"]
+assert set(DatasetKind.__args__) == set(DATASET_KINDS)
+
+
+class DatasetInfo(BaseModel):
+    name: str
+    kind: DatasetKind
+    format: str
+    file: str
+    original_filename: str
+    bytes: int
+    sha256: str
+    created_at: str
+    documents: int | None = None
+    sentences: int | None = None
+    rows: int | None = None
+    labels: list[str] | None = None
+    label_counts: dict[str, int] | None = None
+    is_pair: bool | None = None
+
+
+class DatasetsResponse(BaseModel):
+    datasets: list[DatasetInfo]
+
+
+# -- training jobs: requests -------------------------------------------------------------------
+
+def _invalid(message: str) -> PydanticCustomError:
+    """A validation error whose message is shown as is (a ValueError would get "Value error, " before it)."""
+    return PydanticCustomError("invalid", message)
+
+
+def _check_name(value: str) -> str:
+    if not valid_name(value):
+        raise _invalid(NAME_RULE)
+    return value
+
+
+# A model, dataset or base-model name in a job: one plain path component (model.datadir's rule).
+Name = Annotated[str, Field(min_length=1, max_length=64, examples=["reviews"]), AfterValidator(_check_name)]
+
+
+class TrainParams(Strict):
+    """Shared by both kinds. Bounds guard the service, not good practice: see the README for that."""
+
+    max_steps: int = Field(1000, ge=1, le=1_000_000, description="Optimizer steps to train.")
+    batch_size: int = Field(32, ge=1, le=4096, description="Examples per micro-batch.")
+    grad_accum_steps: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step.")
+    max_seq_len: int = Field(128, ge=8, le=4096, description="Tokens per example, [CLS]/[SEP] included.")
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    warmup_steps: int = Field(0, ge=0, le=1_000_000, description="Linear warmup; at most max_steps.")
+    save_every: int = Field(100, ge=0, le=1_000_000, description="Checkpoint every N steps (0: only at the end).")
+    keep_last: int = Field(2, ge=1, le=100, description="Checkpoints kept (besides the best).")
+    log_every: int = Field(10, ge=1, le=100_000, description="A metrics.jsonl line every N steps.")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    eval_every: int = Field(0, ge=0, le=1_000_000, description="Evaluate every N steps (0: only at the end).")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.warmup_steps > self.max_steps:
+            raise _invalid(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
+        if self.eval_every and not self.eval_fraction:
+            raise _invalid("eval_every needs eval_fraction > 0 (there is nothing to evaluate on)")
+        return self
+
+
+class FinetuneParams(TrainParams):
+    lr: float = Field(5e-5, gt=0.0, le=1.0, description="Peak learning rate (BERT paper: 2e-5 to 5e-5).")
+    eval_fraction: float = Field(0.1, ge=0.0, le=0.5, description="Share of the rows held out for eval.")
+
+
+class ModelSize(Strict):
+    """The size of a model pretrained from scratch (BERT-base: 768, 12, 12, 3072, 512)."""
+
+    hidden_size: int = Field(256, ge=8, le=4096)
+    num_hidden_layers: int = Field(4, ge=1, le=48)
+    num_attention_heads: int = Field(4, ge=1, le=64)
+    intermediate_size: int = Field(1024, ge=8, le=16384)
+    max_position_embeddings: int = Field(512, ge=16, le=4096)
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise _invalid(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                           f"({self.num_attention_heads})")
+        return self
+
+
+class PretrainParams(TrainParams):
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate (BERT: 1e-4).")
+    eval_fraction: float = Field(0.02, ge=0.0, le=0.5,
+                                 description="Share of the documents held out for eval (at most 1000).")
+    nsp: bool = Field(True, description="Next-sentence prediction beside MLM (BertForPreTraining).")
+    masked_lm_prob: float = Field(0.15, ge=0.01, le=0.5)
+    freeze_encoder: bool = Field(False, description="With base_model: train only the heads; the encoder stays "
+                                                    "as loaded.")
+    config: ModelSize | None = Field(None, description="From scratch only: the model's size.")
+    vocab_size: int | None = Field(None, ge=32, le=200_000,
+                                   description="From scratch only: WordPiece vocabulary learnt from the corpus.")
+    lowercase: bool | None = Field(None, description="From scratch only: lowercase the vocabulary.")
+
+
+class PretrainJobRequest(Strict):
+    kind: Literal["pretrain"]
+    model_name: Name = Field(description="Name of the model to publish in DATA_DIR/models/.")
+    base_model: Name | None = Field(None, description="Continue pretraining this model; omitted: from scratch.")
+    dataset: Name = Field(description="A corpus uploaded with POST /datasets.")
+    params: PretrainParams = Field(default_factory=PretrainParams)
+
+
+class FinetuneJobRequest(Strict):
+    kind: Literal["finetune"]
+    model_name: Name = Field(description="Name of the classifier to publish in DATA_DIR/models/.")
+    base_model: Name = Field(description="The model whose encoder is fine-tuned.")
+    dataset: Name = Field(description="A labelled dataset uploaded with POST /datasets.")
+    params: FinetuneParams = Field(default_factory=FinetuneParams)
+
+
+CreateJobRequest = Annotated[Union[PretrainJobRequest, FinetuneJobRequest], Field(discriminator="kind")]
+
+CREATE_EXAMPLE = {"kind": "finetune", "model_name": "reviews-clf", "base_model": "bert-tiny", "dataset": "reviews",
+                  "params": {"max_steps": 200, "batch_size": 16, "lr": 5e-5, "save_every": 50}}
+
+
+# -- training jobs: responses ------------------------------------------------------------------
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+assert set(JobState.__args__) == set(STATES)
+
+
+class CreateJobResponse(BaseModel):
+    id: str
+    state: JobState
+    status_url: str
+
+
+class JobStatus(BaseModel):
+    """A job as job.json has it, with the latest progress flattened in."""
+
+    id: str
+    kind: Literal["pretrain", "finetune"]
+    state: JobState
+    model_name: str
+    base_model: str | None
+    dataset: str
+    params: dict[str, Any]
+    step: int = Field(description="Optimizer steps done (as of the latest progress report).")
+    total_steps: int
+    loss: float | None = Field(description="Mean training loss over the latest logging window.")
+    lr: float | None
+    tokens_per_s: float | None
+    eta_s: float | None = Field(description="Seconds to go at the current pace (running jobs only).")
+    epoch: float | None
+    latest_checkpoint: str | None = Field(description="Relative to the job directory, e.g. checkpoints/step-200.")
+    attempts: int = Field(description="Times a worker started the job (a worker death costs one).")
+    cancel_requested: bool
+    error: str | None
+    eval: dict[str, Any] | None = Field(description="The latest evaluation (fine-tuning).")
+    result: dict[str, Any] | None = Field(description="Set on success: the published model and final numbers.")
+    created_at: str
+    enqueued_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    updated_at: str
+    heartbeat_at: str | None = Field(description="Last sign of life of the training process (running jobs).")
+    worker: str | None
+    events: list[dict[str, Any]]
+    status_url: str
+    metrics_url: str
+
+    @classmethod
+    def from_record(cls, record: dict) -> JobStatus:
+        """The answer for a job record (model.datadir's job.json)."""
+        progress = record.get("progress") or {}
+        running = record["state"] == "running"
+        return cls(
+            **{k: record.get(k) for k in ("id", "kind", "state", "model_name", "base_model", "dataset", "params",
+                                          "attempts", "error", "eval", "result", "created_at", "enqueued_at",
+                                          "started_at", "finished_at", "updated_at", "worker", "latest_checkpoint")},
+            cancel_requested=bool(record.get("cancel_requested")), events=record.get("events") or [],
+            heartbeat_at=record.get("heartbeat_at") if running else None,
+            step=progress.get("step") or 0, total_steps=progress.get("total_steps") or record["params"]["max_steps"],
+            loss=progress.get("loss"), lr=progress.get("lr"), tokens_per_s=progress.get("tokens_per_s"),
+            eta_s=progress.get("eta_s") if running else None, epoch=progress.get("epoch"),
+            status_url=f"/jobs/{record['id']}", metrics_url=f"/jobs/{record['id']}/metrics")
+
+
+class JobsResponse(BaseModel):
+    jobs: list[JobStatus]
+
+
+class JobMetricsResponse(BaseModel):
+    id: str
+    records: list[dict[str, Any]] = Field(description='metrics.jsonl: {"type": "train"|"eval"|"resume", "step", ...}')

@@ -12,8 +12,9 @@ from typing import Any, Callable
 import torch
 
 from model.device import resolve_device
+from model.precision import recommended_precision
 
-from .engine import Engine, Job
+from .engine import Engine, WorkItem
 from .errors import ServiceError
 from .inference import RUNNERS
 from .metrics import Metrics
@@ -29,8 +30,7 @@ class Service:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up,
-                                default_mlm_model=settings.default_mlm_model,
-                                precision=lambda name: settings.model_precision.get(name, settings.precision))
+                                default_mlm_model=settings.default_mlm_model, precision=self.precision_for)
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
@@ -70,6 +70,13 @@ class Service:
                     log.error("%s", e.message)
             self.metrics.models_loaded.set(self.store.loaded_count())
 
+    def precision_for(self, name: str) -> str:
+        """The precision model `name` is served in: BERT_MODEL_PRECISION's entry, else BERT_PRECISION;
+        "auto" is model.precision's recommendation for this device (bf16 on a CUDA GPU with native
+        bf16, fp32 otherwise)."""
+        precision = self.settings.model_precision.get(name, self.settings.precision)
+        return recommended_precision(self.device) if precision == "auto" else precision
+
     # -- work -----------------------------------------------------------------------------------
 
     async def model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
@@ -78,16 +85,16 @@ class Service:
         return lm
 
     def incoming(self):
-        """`with service.incoming():` around a request's work before its job is queued."""
+        """`with service.incoming():` around a request's work before its work item is queued."""
         if self.engine is None:
             raise ServiceError("unavailable", "the service is not running")
         return self.engine.incoming()
 
-    async def run(self, job: Job) -> list:
-        """Queue a job for the inference thread and wait for its per-row results."""
+    async def run(self, item: WorkItem) -> list:
+        """Queue a work item for the inference thread and wait for its per-row results."""
         if self.engine is None:
             raise ServiceError("unavailable", "the service is not running")
-        return await asyncio.wrap_future(self.engine.submit(job))
+        return await asyncio.wrap_future(self.engine.submit(item))
 
     async def off_loop(self, fn: Callable, *args) -> Any:
         """Tokeniser and other CPU work, in the thread pool, never on the event loop."""
@@ -97,8 +104,8 @@ class Service:
 
     async def warm_up(self, lm: LoadedModel) -> None:
         tok = lm.tokenizer
-        await self.run(Job("encode", lm, [([tok.cls_token_id, tok.sep_token_id], [0, 0])],
-                           {"pooling": "mean", "normalize": True}, wait=False))
+        await self.run(WorkItem("encode", lm, [([tok.cls_token_id, tok.sep_token_id], [0, 0])],
+                                {"pooling": "mean", "normalize": True}, wait=False))
 
     def check_count(self, n: int) -> None:
         if n > self.settings.max_inputs:

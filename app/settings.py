@@ -1,7 +1,7 @@
 """Service settings: one pydantic-settings object, read from BERT_* environment variables.
 
 Every field is documented in the README's configuration table; the limits are enforced where
-they are used (app/engine.py, app/middleware.py, app/routes/*). Reference:
+they are used (app/engine.py, app/middleware.py, app/service.py, app/datasets.py). Reference:
 https://docs.pydantic.dev/latest/concepts/pydantic_settings/
 """
 
@@ -12,6 +12,9 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+Precision = Literal["auto", "fp32", "bf16", "int8"]
 
 
 class Settings(BaseSettings):
@@ -29,11 +32,13 @@ class Settings(BaseSettings):
     # startup: load (and warm up) every stored model when the service starts; lazy: on first use.
     load: Literal["startup", "lazy"] = "startup"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # Inference precision of every model (model/precision.py): fp32, bf16, or int8 (CPU; the encoder's
-    # linear layers). Their measured accuracy cost is in the README's benchmarks.
-    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # Inference precision of every model (model/precision.py), applied to its weights once at load:
+    # auto (model.precision.recommended_precision: bf16 on a CUDA GPU with native bf16, else fp32),
+    # fp32, bf16, or int8 (CPU; the encoder's linear layers). Their measured accuracy cost is in the
+    # README's benchmarks.
+    precision: Precision = "auto"
     # Per-model overrides, JSON: BERT_MODEL_PRECISION='{"minilm": "int8", "wiki-mlm": "bf16"}'.
-    model_precision: dict[str, Literal["fp32", "bf16", "int8"]] = Field(default_factory=dict)
+    model_precision: dict[str, Precision] = Field(default_factory=dict)
     # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory.
     max_batch_tokens: int = Field(16384, ge=1)
     # Texts (or pairs) in one request.

@@ -30,7 +30,8 @@ from .errors import ServiceError
 
 log = logging.getLogger("bertserve.store")
 
-# What each route needs, and the model classes that have it.
+# What each route needs (a servable head), and the model classes that have it. Not model.weights'
+# weight heads (pooler, mlm, nsp, classifier): those say which tensors a directory holds.
 HEAD_CLASSES = {
     "mlm": (BertForMaskedLM, BertForPreTraining),
     "nsp": (BertForPreTraining,),
@@ -39,7 +40,8 @@ HEAD_CLASSES = {
 HEAD_TITLES = {"mlm": "masked-LM (mlm)", "nsp": "next-sentence (nsp)", "classifier": "classifier"}
 
 
-def heads_of_class(cls: type) -> list[str]:
+def servable_heads(cls: type) -> list[str]:
+    """What a route can use a model of class `cls` for: mlm, nsp, classifier (embeddings: any model)."""
     return [head for head, classes in HEAD_CLASSES.items() if issubclass(cls, classes)]
 
 
@@ -80,7 +82,7 @@ class StoredModel:
     identity: tuple  # (inode, mtime_ns) of the directory: changes when it is replaced
     config: BertConfig | None = None
     architecture: str | None = None
-    heads: list[str] = field(default_factory=list)
+    heads: list[str] = field(default_factory=list)  # servable_heads of its class
     num_parameters: int | None = None
     error: str | None = None  # why the directory cannot be served
     loaded: LoadedModel | None = None
@@ -102,15 +104,16 @@ def _count_parameters(cls: type, config: BertConfig, heads: set[str]) -> int:
     return model.num_parameters()
 
 
-def describe(name: str, path: Path, identity: tuple) -> StoredModel:
-    """Read a directory's config and weight names (cheap: no tensors are loaded)."""
+def read_stored_model(name: str, path: Path, identity: tuple) -> StoredModel:
+    """What the store knows of a model directory, from its config and weight names (cheap: no tensors
+    are loaded); a directory that cannot be served gets its reason in `error`."""
     entry = StoredModel(name=name, path=path, identity=identity)
     try:
         entry.config = BertConfig.from_json_file(path / "config.json")
         weight_heads = heads_in_dir(path)
         cls = class_for_heads(weight_heads)
         entry.architecture = cls.__name__
-        entry.heads = heads_of_class(cls)
+        entry.heads = servable_heads(cls)
         entry.num_parameters = _count_parameters(cls, entry.config, weight_heads)
     except Exception as e:  # a broken directory is listed with its reason, not hidden
         entry.error = f"{type(e).__name__}: {e}"
@@ -125,7 +128,7 @@ class ModelStore:
         self.jobs = JobStore(data_dir)
         self.default_name = default_model
         self.default_mlm_name = default_mlm_model  # for the routes that need the MLM or NSP head
-        self.precision_of = precision  # name -> "fp32" | "bf16" | "int8"
+        self.precision_of = precision  # name -> "fp32" | "bf16" | "int8" (resolved: never "auto")
         self.device = device
         self.warm_up = warm_up  # async (LoadedModel) -> None: one forward pass before first use
         self._entries: dict[str, StoredModel] = {}
@@ -153,11 +156,11 @@ class ModelStore:
             for name, identity in found.items():
                 old = self._entries.get(name)
                 if old is None or old.identity != identity:
-                    self._entries[name] = describe(name, self.root / name, identity)
+                    self._entries[name] = read_stored_model(name, self.root / name, identity)
             return [self._entries[n] for n in sorted(self._entries)]
 
     def _refresh(self, name: str) -> StoredModel | None:
-        """The entry for `name`, re-described if its directory was replaced since."""
+        """The entry for `name`, read again if its directory was replaced since."""
         entry = self._entries.get(name)
         if entry is None:
             return None
@@ -167,7 +170,7 @@ class ModelStore:
             return self._entries.get(name)
         if identity != entry.identity:
             with self._lock:
-                self._entries[name] = describe(name, entry.path, identity)
+                self._entries[name] = read_stored_model(name, entry.path, identity)
         return self._entries[name]
 
     # -- lookups --------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Reduced precision for inference, chosen per model: "fp32" (the default), "bf16" or "int8".
+"""Reduced precision for inference, chosen per model: "fp32", "bf16" or "int8";
+`recommended_precision(device)` picks one for a device (what a serving "auto" setting means).
 
     from model.precision import apply_precision
     model = apply_precision(BertModel.from_pretrained(path), "bf16")
 
-fp32  Full precision. On CPU the dense layers already run through oneDNN (model/modeling.py).
+fp32  Full precision. On CPU the dense layers already run through oneDNN (model/onednn.py).
 bf16  Every weight and activation in bfloat16 (model.to(torch.bfloat16)); LayerNorm, softmax and
       the losses still accumulate in fp32 inside their kernels. Outputs are cast back to fp32, so
       callers see the same dtypes as ever. Fast where the hardware does bf16 natively: CPUs with
@@ -176,7 +177,8 @@ def bf16_native(device: str | torch.device = "cpu") -> bool:
 
 
 def recommended_precision(device: str | torch.device = "cpu") -> str:
-    """The default a service should use: bf16 on a GPU that has it, fp32 on CPU (bf16/int8 opt-in)."""
+    """The default a service should use ("auto"): bf16 on a CUDA GPU with native bf16, fp32 anywhere
+    else, the CPU included (bf16/int8 opt-in there). Never initialises CUDA when torch sees none."""
     device = torch.device(device)
     return "bf16" if device.type == "cuda" and bf16_native(device) else "fp32"
 

@@ -236,7 +236,7 @@ def write_dataset(data_dir: Path, name: str, body: bytes, filename: str) -> Path
 
 def finetune_spec(model_name: str, dataset: str = "reviews", **params) -> dict:
     """A job spec as POST /jobs stores it: every parameter resolved."""
-    from app.job_service import FinetuneParams
+    from app.schemas import FinetuneParams
 
     values = dict(max_steps=10, batch_size=8, max_seq_len=32, save_every=5, log_every=1, lr=1e-3)
     return {"kind": "finetune", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,

@@ -10,9 +10,10 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Response
 
 from model.datadir import JOB_ID_PATTERN, JobNotFound
 
+from ..deps import JobServiceDep, require_admin_key
 from ..errors import responses
-from ..job_service import (CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsDep,
-                    JobsResponse, JobState, JobStatus, find_job, job_status, require_admin_key)
+from ..schemas import (CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsResponse, JobState,
+                       JobStatus)
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin_key)])
 
@@ -22,7 +23,7 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="
 @router.post("/jobs", status_code=202, response_model=CreateJobResponse,
              responses=responses("validation", "unauthorized", "unavailable"))
 async def create_job(req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
-                     jobs: JobsDep, response: Response):
+                     jobs: JobServiceDep, response: Response):
     """Queue a pretraining or fine-tuning job; everything is validated first (422), nothing half-queued."""
     record = await jobs.submit(req)
     response.headers["Location"] = f"/jobs/{record['id']}"
@@ -30,34 +31,34 @@ async def create_job(req: Annotated[CreateJobRequest, Body(openapi_examples={"fi
 
 
 @router.get("/jobs", response_model=JobsResponse, responses=responses("validation", "unauthorized"))
-async def list_jobs(jobs: JobsDep,
+async def list_jobs(jobs: JobServiceDep,
                     state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None):
     """Every job, newest first; `?state=running` (queued, running, succeeded, failed, cancelled) filters."""
     records = await asyncio.to_thread(jobs.store.list, state)
-    return JobsResponse(jobs=[job_status(r) for r in records])
+    return JobsResponse(jobs=[JobStatus.from_record(r) for r in records])
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=responses("validation", "unauthorized", "not_found"))
-async def get_job(job_id: JobId, jobs: JobsDep):
+async def get_job(job_id: JobId, jobs: JobServiceDep):
     """A job's state, progress (step, loss, lr, tokens/s, ETA), latest checkpoint, attempts and error."""
-    return job_status(await asyncio.to_thread(find_job, jobs, job_id))
+    return JobStatus.from_record(await asyncio.to_thread(jobs.find, job_id))
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=JobMetricsResponse,
             responses=responses("validation", "unauthorized", "not_found"))
-async def get_job_metrics(job_id: JobId, jobs: JobsDep):
+async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
     """The whole training curve: every logged step, evaluation and resume, in order."""
     try:
         records = await asyncio.to_thread(jobs.store.metrics, job_id)
     except JobNotFound:
-        await asyncio.to_thread(find_job, jobs, job_id)  # raises the 404
+        await asyncio.to_thread(jobs.find, job_id)  # raises the 404
         raise
     return JobMetricsResponse(id=job_id, records=records)
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus,
              responses=responses("validation", "unauthorized", "not_found"))
-async def cancel_job(job_id: JobId, jobs: JobsDep):
+async def cancel_job(job_id: JobId, jobs: JobServiceDep):
     """Cancel: a queued job at once; a running one stops at its next step with a checkpoint."""
-    await asyncio.to_thread(find_job, jobs, job_id)
-    return job_status(await asyncio.to_thread(jobs.store.request_cancel, job_id))
+    await asyncio.to_thread(jobs.find, job_id)
+    return JobStatus.from_record(await asyncio.to_thread(jobs.store.request_cancel, job_id))

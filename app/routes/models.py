@@ -33,7 +33,8 @@ async def list_models(service: ServiceDep):
     """Every model in DATA_DIR/models/, with its heads, size, and whether it is loaded or the default."""
     entries = await asyncio.to_thread(service.store.scan)
     default = service.store.default()
-    return ModelsResponse(models=[model_info(e, default, service.store.precision_of(e.name)) for e in entries], default=default)
+    models = [model_info(e, default, service.store.precision_of(e.name)) for e in entries]
+    return ModelsResponse(models=models, default=default)
 
 
 @router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found",

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.engine import Job, plan_batches
+from app.engine import WorkItem, plan_batches
 
 from .conftest import serve_app, settings_for
 from .test_inference import embed_reference, mlm_reference
@@ -20,8 +20,8 @@ WORDS = "the quick brown fox jumped over a lazy dog and ran to the river with fi
 
 
 def test_plan_batches_sorts_by_length_and_keeps_the_padded_budget():
-    job = Job("encode", model=None, rows=[([0] * n, [0] * n) for n in (9, 3, 30, 5, 8, 4, 70)])
-    items = [(job, i, len(ids)) for i, (ids, _) in enumerate(job.rows)]
+    item = WorkItem("encode", model=None, rows=[([0] * n, [0] * n) for n in (9, 3, 30, 5, 8, 4, 70)])
+    items = [(item, i, len(ids)) for i, (ids, _) in enumerate(item.rows)]
     batches = plan_batches(items, max_tokens=32)
     lengths = [[n for _, _, n in b] for b in batches]
     assert lengths == [[3, 4, 5, 8], [9], [30], [70]]  # 70 is over budget: it runs alone

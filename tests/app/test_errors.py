@@ -69,6 +69,28 @@ async def test_bad_requests_are_422(client, body, message):
     assert r.json() == err("validation", message)
 
 
+@pytest.mark.parametrize("path,body,message", [
+    ("/fill-mask", {"inputs": "the [MASK]", "top_k": "5"}, "top_k: Input should be a valid integer"),
+    ("/fill-mask", {"inputs": "the [MASK]", "top_k": 5.0}, "top_k: Input should be a valid integer"),
+    ("/embeddings", {"inputs": "the cat", "normalize": 1}, "normalize: Input should be a valid boolean"),
+    ("/embeddings", {"inputs": "the cat", "truncate": "true"}, "truncate: Input should be a valid boolean"),
+    ("/v1/embeddings", {"input": "the cat", "dimensions": "32"}, "dimensions: Input should be a valid integer"),
+    ("/nsp", {"inputs": {"text_a": "a", "text_b": "b", "label": 0}}, "inputs.TextPair.label: Extra inputs are not "
+     "permitted; inputs.list[TextPair]: Input should be a valid list"),
+])
+async def test_json_types_must_match_exactly(client, path, body, message):
+    """One strictness rule for every route (app/schemas.py): no "5" for 5, no 1 for true."""
+    r = await client.post(path, json=body)
+    assert r.status_code == 422
+    assert r.json() == err("validation", message)
+
+
+async def test_openai_embeddings_ignore_unknown_fields_only(client):
+    """OpenAI's clients send options we do not implement: those are ignored (types still count: above)."""
+    r = await client.post("/v1/embeddings", json={"input": "the cat", "user": "u1", "some_new_option": {"x": 1}})
+    assert r.status_code == 200 and r.json()["data"][0]["index"] == 0
+
+
 async def test_invalid_json_and_too_many_inputs(client):
     r = await client.post("/embeddings", content=b'{"inputs": ', headers={"content-type": "application/json"})
     assert r.status_code == 422

@@ -5,6 +5,7 @@ that passes validation gets 503, so no test can queue anything by accident.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -12,6 +13,8 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
+from app.datasets import _Upload
+from app.job_service import JobService
 from app.main import create_app
 from app.settings import Settings
 
@@ -22,10 +25,12 @@ NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', start
              "(and not with 'tmp')")
 
 
-def make_client(data_dir, **settings) -> TestClient:
+def make_client(data_dir, raise_server_exceptions: bool = True, **settings) -> TestClient:
+    """raise_server_exceptions=False: answer a bug with the app's 500, as a server does, instead of
+    raising it in the test."""
     settings = {"broker_url": NO_BROKER, **settings.pop("service", {}), **settings}
-    return TestClient(create_app(Settings(data_dir=data_dir, default_model=BASE_MODEL, device="cpu", load="lazy",
-                                          **settings)))
+    app = create_app(Settings(data_dir=data_dir, default_model=BASE_MODEL, device="cpu", load="lazy", **settings))
+    return TestClient(app, raise_server_exceptions=raise_server_exceptions)
 
 
 def tree(root) -> set[str]:
@@ -120,6 +125,21 @@ def test_a_valid_job_without_a_broker_is_503_and_leaves_no_record(env):
     assert client.get("/jobs").json() == {"jobs": []}
 
 
+def test_a_bug_while_publishing_is_a_logged_500_and_leaves_no_record(env, monkeypatch, caplog):
+    _, _, data_dir = env
+
+    def buggy_publish(self, record):
+        raise TypeError("send_job() got an unexpected keyword argument 'retry'")
+
+    monkeypatch.setattr(JobService, "publish", buggy_publish)
+    with make_client(data_dir, raise_server_exceptions=False) as client:
+        assert post_job(client, finetune_request("buggy")) == (
+            500, {"error": "internal server error", "error_type": "internal"})
+        assert client.get("/jobs").json() == {"jobs": []}
+    assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
+    assert "unhandled error on POST /jobs" in caplog.text and "TypeError: send_job()" in caplog.text
+
+
 def test_a_dotted_model_name_is_served_and_can_be_a_job_base_model(tmp_path):
     """One name rule for models, datasets and jobs: an imported `tiny.v2` is both served and trainable."""
     data_dir = make_data_dir(tmp_path / "data")
@@ -185,6 +205,57 @@ def test_bad_uploads_are_refused_and_leave_nothing(env, file, fields, status, me
     r = upload(client, *file, **fields)
     assert (r.status_code, r.json()) == (status, {"error": message, "error_type": "validation" if status == 422 else "too_large"})
     assert tree(outer) == before  # the streamed temp directory is gone too
+
+
+def staging_dirs(data_dir) -> list[str]:
+    return [p.name for p in (data_dir / "datasets").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("code, reason", [(errno.ENOSPC, "No space left on device"),
+                                          (errno.EDQUOT, "Disk quota exceeded")])
+def test_a_full_disk_is_507_and_removes_the_partial_upload(env, monkeypatch, code, reason):
+    """Fault injection: the upload's file write fails as it does on a full disk (or quota)."""
+    client, outer, data_dir = env
+
+    def write(self, data):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(_Upload, "write", write)
+    before = tree(outer)
+    name = f"full-{code}"
+    r = upload(client, "full.csv", labelled_csv(), name=name)
+    assert (r.status_code, r.json()) == (507, {
+        "error": f"not enough disk space in the data directory to store the dataset ({reason}); "
+                 "the upload was removed", "error_type": "insufficient_storage"})
+    assert tree(outer) == before and staging_dirs(data_dir) == []
+    monkeypatch.undo()  # space again: the name was never taken
+    assert upload(client, "full.csv", labelled_csv(), name=name).status_code == 201
+
+
+def test_any_other_failure_while_storing_an_upload_is_a_logged_500(env, monkeypatch, caplog):
+    _, outer, data_dir = env
+
+    def write(self, data):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(_Upload, "write", write)
+    before = tree(outer)
+    with make_client(data_dir, raise_server_exceptions=False) as client:
+        r = upload(client, "broken.csv", labelled_csv(), name="broken")
+    assert (r.status_code, r.json()) == (500, {"error": "internal server error", "error_type": "internal"})
+    assert tree(outer) == before and staging_dirs(data_dir) == []
+    assert "unhandled error on POST /datasets" in caplog.text and "Input/output error" in caplog.text
+
+
+def test_a_malformed_multipart_body_is_422_and_leaves_nothing(env):
+    client, outer, data_dir = env
+    before = tree(outer)
+    r = client.post("/datasets", content=b"no boundary here",
+                    headers={"content-type": "multipart/form-data; boundary=xyz"})
+    assert (r.status_code, r.json()) == (422, {
+        "error": "malformed multipart body: Expected boundary character 45, got 110 at index 2",
+        "error_type": "validation"})
+    assert tree(outer) == before and staging_dirs(data_dir) == []
 
 
 def test_upload_kinds_and_names(env):

@@ -1,10 +1,13 @@
 """BERT_PRECISION / BERT_MODEL_PRECISION: a model served in int8 or bf16 answers close to fp32,
-and /models says which precision each model runs in."""
+/models says which precision each model runs in, and "auto" resolves per device."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from app.metrics import Metrics
+from app.service import Service
 
 from .conftest import serve_app, settings_for
 
@@ -39,3 +42,30 @@ def test_unknown_precision_is_rejected():
 
     with pytest.raises(ValidationError, match="int4"):
         Settings(precision="int4")
+
+
+async def test_auto_is_the_default_and_serves_fp32_on_cpu(data_dir):
+    async with serve_app(settings_for(data_dir, model_precision={"tiny-enc": "auto"})) as client:
+        assert (await client.get("/info")).json()["settings"]["precision"] == "auto"
+        listed = {m["name"]: m["precision"] for m in (await client.get("/models")).json()["models"]}
+        assert listed == {"tiny-pt": "fp32", "tiny-mlm": "fp32", "tiny-enc": "fp32", "tiny-cls": "fp32"}
+        model = client.app.state.service.store.peek("tiny-pt").loaded.model
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("native_bf16, auto", [(True, "bf16"), (False, "fp32")])
+def test_precision_settings_resolve_per_device(data_dir, monkeypatch, native_bf16, auto):
+    """An explicit setting is served as given on any device; "auto" is bf16 only on a CUDA GPU with
+    native bf16. CUDA is faked (the resolver only asks torch.cuda these two questions)."""
+    def resolved(device, **settings):
+        service = Service(settings_for(data_dir, device=device, **settings), Metrics())
+        return {name: service.precision_for(name) for name in ("tiny-pt", "tiny-enc")}
+
+    assert resolved("cpu") == {"tiny-pt": "fp32", "tiny-enc": "fp32"}
+    assert resolved("cpu", precision="bf16", model_precision={"tiny-enc": "auto"}) == {
+        "tiny-pt": "bf16", "tiny-enc": "fp32"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: native_bf16)
+    assert resolved("cuda") == {"tiny-pt": auto, "tiny-enc": auto}
+    assert resolved("cuda", precision="fp32", model_precision={"tiny-enc": "auto"}) == {
+        "tiny-pt": "fp32", "tiny-enc": auto}
