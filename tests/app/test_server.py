@@ -28,6 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_real_uvicorn_serves_and_drains_on_sigterm(data_dir, reference, tokenizer):
     port = free_port()
     env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "tiny-enc", "BERT_DEVICE": "cpu",

@@ -16,6 +16,8 @@ from model import BertModel, BertTokenizer
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
              "Une phrase en français, avec des accents!"]
 
+pytestmark = pytest.mark.slow  # the bert command in subprocesses, and MiniLM imported and compared
+
 
 def bert(*args):
     proc = subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True)

@@ -19,6 +19,8 @@ from tests.conftest import TINY_VOCAB, make_training_files
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+pytestmark = pytest.mark.slow  # subprocesses of the bert command, real training
+
 
 def bert(*args):
     return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True, env=ENV)
