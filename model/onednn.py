@@ -2,9 +2,10 @@
 
 On CPU in fp32, oneDNN's GEMM ran 2-2.5x faster than the MKL sgemm behind F.linear on an AMD EPYC
 (on an Intel Xeon, MKL's home ground, about as fast; bench/model_bench.py --ablate measures both),
-fuses the bias, activation and residual add into the GEMM, and is still plain fp32 arithmetic. For inference the weights are reordered once into oneDNN's
-layout and kept (bf16 weights too). Everything else (GPU, autocast, int8 modules, torch.compile, a
-torch without oneDNN) goes through torch's own F.linear.
+fuses the bias, activation and residual add into the GEMM, and is still plain fp32 arithmetic. For
+inference the weights are reordered once into oneDNN's layout and kept (bf16 weights too).
+Everything else (GPU, autocast, int8 modules, torch.compile, a torch without oneDNN) goes through
+torch's own F.linear.
 
     dense(layer, x, act="gelu")             a module: nn.Linear (or model.precision's Int8Linear)
     linear(owner, x, weight, bias)          a raw weight (the MLM decoder tied to the word embeddings)
