@@ -33,7 +33,7 @@ from starlette.requests import ClientDisconnect
 from model.data import load_classification_data, read_documents
 from model.data.corpus import detect_format
 from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
-from model.datadir.datasets import KINDS, install, staging_dir
+from model.datadir.datasets import DATASET_KINDS, install, staging_dir
 
 from .errors import ServiceError
 
@@ -157,8 +157,8 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
         if DataDir(data_dir).dataset(name).exists():
             raise ServiceError("validation", f"name: dataset '{name}' already exists (datasets are never "
                                              "replaced; upload under another name)")
-    if kind is not None and kind not in KINDS:
-        raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(KINDS)}")
+    if kind is not None and kind not in DATASET_KINDS:
+        raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(DATASET_KINDS)}")
 
 
 async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> dict[str, Any]:
@@ -171,19 +171,18 @@ async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> di
     if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
         raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes "
                                         "(BERT_MAX_DATASET_BYTES)")
-    tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
+    tmp = None
     try:
+        tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
         return await asyncio.to_thread(_finish, upload, tmp, data_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno in DISK_FULL:
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
             message = (f"not enough disk space in the data directory to store the dataset "
                        f"({os.strerror(e.errno)}); the upload was removed")
             raise ServiceError("insufficient_storage", message) from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

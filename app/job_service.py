@@ -15,14 +15,11 @@ accepted job (202) always has both a record and a message.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import uuid
 from pathlib import Path
 
 from kombu.exceptions import OperationalError
 
 from model.datadir import DataDir, JobNotFound, JobStore, add_event, now_iso, read_meta
-from model.files import TMP_PREFIX
 from worker.queue import producer, send_job
 
 from .errors import ServiceError
@@ -59,11 +56,12 @@ class JobService:
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:
-            await asyncio.to_thread(self._discard, record["id"], "the broker could not be reached")
+            await asyncio.to_thread(self.store.discard_unclaimed, record["id"], "the broker could not be reached")
             raise ServiceError("unavailable", f"the job queue (broker) cannot be reached, nothing was queued: "
                                               f"{type(e).__name__}: {e}") from None
         except Exception:  # a bug: no record without a message; the app's handler logs it and answers 500
-            await asyncio.to_thread(self._discard, record["id"], "sending the job failed on an internal error")
+            await asyncio.to_thread(self.store.discard_unclaimed, record["id"],
+                                    "sending the job failed on an internal error")
             raise
         return await asyncio.to_thread(self.store.update, record["id"], _mark_enqueued)
 
@@ -73,24 +71,6 @@ class JobService:
             return self.store.read(job_id)
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
-
-    def _discard(self, job_id: str, why: str) -> None:
-        """Remove a record whose message never left; closed first, under the record lock, so a worker
-        that found it anyway (a recovery sweep) sees a finished job and leaves it alone."""
-        unclaimed = False
-
-        def close(r: dict) -> None:
-            nonlocal unclaimed
-            if r["state"] == "queued" and r["attempts"] == 0:
-                unclaimed = True
-                r["state"], r["error"] = "failed", f"{why}; the job was never queued"
-
-        self.store.update(job_id, close)
-        if unclaimed:
-            job_dir = self.store.job_dir(job_id)
-            doomed = job_dir.parent / f"{TMP_PREFIX}discard-{job_id}-{uuid.uuid4().hex[:6]}"
-            job_dir.rename(doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
 
     # -- validation against the data directory ---------------------------------------------------
 

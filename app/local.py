@@ -28,6 +28,7 @@ import torch
 from model.datadir import DataDir, JobStore, read_meta
 from model.demo_data import AssetMissingError, ensure_minilm, prepare_wiki
 from model.errors import UserError
+from model.files import TMP_PREFIX
 
 from .datasets import add_local_dataset
 from .errors import ServiceError
@@ -54,7 +55,7 @@ def prepare(data_dir: Path, log=print) -> None:
         ensure_minilm(DataDir(data_dir).model(ENCODER))
     if read_meta(data_dir, CORPUS) is None:
         log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
-        with tempfile.TemporaryDirectory(dir=data_dir, prefix=".tmp-") as staging:
+        with tempfile.TemporaryDirectory(dir=data_dir, prefix=TMP_PREFIX) as staging:
             text = Path(staging) / "wiki.txt"
             prepare_wiki(text)
             add_local_dataset(data_dir, text, CORPUS, "corpus")

@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
-from model.datadir.datasets import KINDS as DATASET_KINDS
+from model.datadir.datasets import DATASET_KINDS
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)

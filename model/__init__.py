@@ -1,22 +1,35 @@
-"""bertserve's model package: BERT (Devlin et al., 2018) from scratch in PyTorch, its tokenizer,
-data pipeline, trainer and checkpoints. Importable on its own: it never imports app/ or worker/."""
+"""bertserve's model package: BERT (Devlin et al., 2018) from scratch in PyTorch, its tokenizer, data
+pipeline, trainer and checkpoints, and the data-directory contract (model.datadir) that the service
+and the workers share. Importable on its own: it never imports app/ or worker/.
 
-from .config import BertConfig
-from .modeling import (
-    BertForMaskedLM,
-    BertForPreTraining,
-    BertForSequenceClassification,
-    BertModel,
-    load_model,
-)
-from .tokenizer import BertTokenizer
+The names below load on first use, so `import model.datadir` (standard library only) does not pull
+in torch.
+"""
 
-__all__ = [
-    "BertConfig",
-    "BertModel",
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertTokenizer",
-    "load_model",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "BertConfig": ".config",
+    "BertModel": ".modeling",
+    "BertForPreTraining": ".modeling",
+    "BertForMaskedLM": ".modeling",
+    "BertForSequenceClassification": ".modeling",
+    "load_model": ".modeling",
+    "BertTokenizer": ".tokenizer",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -100,6 +100,10 @@ class LogProgress(Callback):
                  state["loss"], state["lr"], state["tokens_per_s"], state["eta_s"])
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
-        shown = {k: v for k, v in metrics.items() if k not in ("type", "step")}
-        log.info("step %d  eval %s", metrics["step"],
-                 "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items()))
+        log.info("step %d  eval %s", metrics["step"], format_metrics(metrics))
+
+
+def format_metrics(metrics: dict[str, Any]) -> str:
+    """An evaluation's metrics on one line: `loss=0.6440 accuracy=0.7500 examples=8`."""
+    skip = {"type", "step", "model", "data"}
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items() if k not in skip)

@@ -39,9 +39,6 @@ from .weights import HEAD_NAMES, heads_in_dir
 
 log = logging.getLogger(__name__)
 
-
-log = logging.getLogger(__name__)
-
 # Model shapes for training from scratch (Turc et al. 2019 "Well-Read Students Learn Better": BERT-Tiny
 # and BERT-Small; BERT-Base from the paper). vocab_size comes from the tokenizer.
 MODEL_PRESETS = {

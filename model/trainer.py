@@ -47,7 +47,7 @@ from .device import resolve_device
 from .precision import autocast, resolve_precision
 
 FINAL_MODEL = "model"
-PRECISIONS = ("auto", "fp32", "bf16")
+TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes (int8 is inference only)
 
 # evaluate_fn(model, eval_data, *, device, precision, max_batches) -> metrics (model.evaluation.evaluate)
 EvaluateFn = Callable[..., dict[str, Any]]
@@ -98,8 +98,8 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in TRAIN_PRECISIONS:
+            raise ValueError(f"precision must be one of {TRAIN_PRECISIONS}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

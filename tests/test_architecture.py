@@ -123,3 +123,23 @@ def test_the_cycle_check_sees_function_level_imports(broken_tree, monkeypatch):
     for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
         monkeypatch.delitem(sys.modules, name)
     assert import_cycles(*PACKAGES) == [["model.runs", "model.trainer"]]
+
+
+def test_the_app_reaches_into_worker_only_through_a_leaf_queue_module():
+    """Beyond the named contracts: whatever worker/ grows, app/ imports only worker.queue, and that
+    module imports nothing of the project."""
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    app_modules = [m for m in graph.modules if m.split(".")[0] == "app"]
+    reached = {n for m in app_modules for n in graph.find_modules_directly_imported_by(m)
+               if n.split(".")[0] == "worker"}
+    assert reached == {"worker.queue"}
+    assert not {n for n in graph.find_modules_directly_imported_by("worker.queue") if n.split(".")[0] in PACKAGES}
+
+
+def test_the_data_directory_contract_loads_no_framework_and_no_torch():
+    """import-linter sees direct imports; this runs the import (package __init__ files included)."""
+    code = ("import sys, model.datadir; heavy = {'torch', 'numpy', 'fastapi', 'celery', 'kombu', 'pydantic'}; "
+            "print(sorted(heavy & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from celery import Celery
+if TYPE_CHECKING:
+    from celery import Celery
 
 TASK_NAMES = {"pretrain": "bert.pretrain", "finetune": "bert.finetune"}  # Celery task per job kind
 TRAINING_QUEUE = "training"
-_FANOUT_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp")
+_REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
+_FANOUT_SCHEMES = (*_REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
 
 
 def broker_transport_options(broker_url: str, data_dir: str | os.PathLike, visibility_timeout: int) -> dict:
@@ -30,7 +33,7 @@ def broker_transport_options(broker_url: str, data_dir: str | os.PathLike, visib
         path = Path(broker_url.split("://", 1)[1] or Path(data_dir) / "broker")
         (path / "control").mkdir(parents=True, exist_ok=True)
         return {"data_folder_in": str(path), "data_folder_out": str(path), "control_folder": str(path / "control")}
-    if scheme in ("redis", "rediss", "redis+socket", "sqs"):
+    if scheme in (*_REDIS_SCHEMES, "sqs"):
         return {"visibility_timeout": int(visibility_timeout)}
     return {}
 
@@ -42,6 +45,8 @@ def has_fanout(broker_url: str) -> bool:
 
 def producer(broker_url: str, data_dir: str | os.PathLike, connect_timeout_s: float = 3.0) -> Celery:
     """A Celery app that only sends (the app's side): no tasks, no results, fails fast when the broker is down."""
+    from celery import Celery  # here: the service imports Celery only once it publishes a job
+
     celery = Celery("bertserve-producer", broker=broker_url, set_as_current=False)
     celery.conf.update(
         task_serializer="json", accept_content=["json"], task_ignore_result=True,

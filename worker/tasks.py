@@ -8,17 +8,18 @@ warm shutdown (SIGTERM) the running job stops at its next step and is sent again
 from __future__ import annotations
 
 from .celery_app import app, settings
+from .queue import TASK_NAMES
 from .recovery import celery_sender, shutting_down
 from .training import run_job
 
 
-@app.task(name="bert.pretrain", ignore_result=True)
+@app.task(name=TASK_NAMES["pretrain"], ignore_result=True)
 def pretrain(job_id: str) -> dict:
     """Pretrain (MLM, + NSP) a model as DATA_DIR/jobs/<job_id>/job.json describes."""
     return run_job(job_id, "pretrain", settings, shutting_down=shutting_down, requeue=celery_sender(app))
 
 
-@app.task(name="bert.finetune", ignore_result=True)
+@app.task(name=TASK_NAMES["finetune"], ignore_result=True)
 def finetune(job_id: str) -> dict:
     """Fine-tune a classifier as DATA_DIR/jobs/<job_id>/job.json describes."""
     return run_job(job_id, "finetune", settings, shutting_down=shutting_down, requeue=celery_sender(app))

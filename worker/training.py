@@ -181,8 +181,8 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
         published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
         return _fail(store, job_id, e)
-    summary = {"model": record["model_name"], "model_dir": f"models/{published.name}", "step": result.step,
-               "train_loss": result.train_loss, "eval": result.eval_metrics,
+    summary = {"model": record["model_name"], "model_dir": published.relative_to(settings.data_dir).as_posix(),
+               "step": result.step, "train_loss": result.train_loss, "eval": result.eval_metrics,
                "best_checkpoint": _relative(job_dir, result.best_checkpoint)}
 
     def succeeded(r: dict) -> None:

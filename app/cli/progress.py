@@ -1,5 +1,5 @@
 """What the training commands show and how they stop: a tqdm progress bar and Ctrl-C/SIGTERM handling,
-both trainer callbacks (model.trainer.Callback), so model/ never learns about terminals or signals."""
+both trainer callbacks (model.callbacks.Callback), so model/ never learns about terminals or signals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import sys
 from typing import Any
 
-from model.callbacks import Callback
+from model.callbacks import Callback, format_metrics
 
 
 class ProgressBar(Callback):
@@ -64,7 +64,3 @@ class SignalStop(Callback):
     def should_stop(self) -> bool:
         return self.requested
 
-
-def format_metrics(metrics: dict[str, Any]) -> str:
-    skip = {"type", "step", "model", "data"}
-    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items() if k not in skip)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from model import checkpoint as ckpt
+from model.callbacks import format_metrics
 from model.errors import UserError
 from model.runs import (FinetuneSpec, PretrainSpec, default_train_config, evaluate_model, merge_train_config,
                         run_finetuning, run_pretraining)
 from model.trainer import TrainConfig
 
-from .progress import ProgressBar, SignalStop, format_metrics
+from .progress import ProgressBar, SignalStop
 
 
 def _run_with_progress(run, spec) -> int:

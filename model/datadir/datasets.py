@@ -25,7 +25,7 @@ from ..files import TMP_PREFIX, fsync_dir, fsync_tree
 from .layout import DataDir, valid_name
 
 META = "meta.json"
-KINDS = ("corpus", "labelled")
+DATASET_KINDS = ("corpus", "labelled")
 
 
 class DatasetExists(FileExistsError):

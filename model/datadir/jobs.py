@@ -18,6 +18,8 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,7 +28,7 @@ from .layout import DataDir, new_job_id, now_iso, valid_job_id
 
 RECORD, METRICS, CANCEL, LEASE, RECORD_LOCK = "job.json", "metrics.jsonl", "cancel", ".lease", ".record.lock"
 
-KINDS = ("pretrain", "finetune")
+JOB_KINDS = ("pretrain", "finetune")
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 FORMAT_VERSION = 1
@@ -112,6 +114,28 @@ class JobStore:
             atomic_write_bytes(job_dir / RECORD, encode(record))
         return record
 
+    def discard_unclaimed(self, job_id: str, why: str) -> bool:
+        """Remove a job whose message never left (publishing failed); True if it was removed.
+
+        The record is closed first, under its lock, so a worker that found it anyway (a recovery
+        sweep) sees a finished job and leaves it alone; a job a worker already started is kept.
+        """
+        unclaimed = False
+
+        def close(record: dict) -> None:
+            nonlocal unclaimed
+            if record["state"] == "queued" and record["attempts"] == 0:
+                unclaimed = True
+                record["state"], record["error"] = "failed", f"{why}; the job was never queued"
+
+        self.update(job_id, close)
+        if unclaimed:
+            job_dir = self.job_dir(job_id)
+            doomed = job_dir.parent / f"{TMP_PREFIX}discard-{job_id}-{secrets.token_hex(3)}"
+            job_dir.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        return unclaimed
+
     # -- cancel -----------------------------------------------------------------------------------
 
     def request_cancel(self, job_id: str) -> dict[str, Any]:
@@ -165,10 +189,10 @@ def add_event(record: dict, event: str, detail: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def _flocked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
+def _flocked(path: Path) -> Iterator[int]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, mode)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
     finally:
         os.close(fd)  # closing the descriptor drops the lock

@@ -3,7 +3,7 @@
     DATA_DIR/models/<name>/      a model in Hugging Face's layout (served by the app, made by jobs)
     DATA_DIR/datasets/<name>/    an uploaded dataset: data.<ext> + meta.json (datasets.py)
     DATA_DIR/jobs/<id>/          a training job: job.json, metrics.jsonl, checkpoints/ (jobs.py)
-    DATA_DIR/broker/             the filesystem:// broker's folders, when that transport is used
+    DATA_DIR/broker/             the filesystem:// broker's folders (worker/queue.py), when that transport is used
 
 Models and datasets share one name rule: 1-64 letters, digits, '_', '-' or '.', starting with a
 letter or digit, and not starting with "tmp" (any case). A name is therefore always one safe path
@@ -19,7 +19,7 @@ import re
 import secrets
 from pathlib import Path
 
-MODELS, DATASETS, JOBS, BROKER = "models", "datasets", "jobs", "broker"
+MODELS, DATASETS, JOBS = "models", "datasets", "jobs"
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
@@ -54,9 +54,6 @@ class DataDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
 
-    def __fspath__(self) -> str:
-        return str(self.root)
-
     def __repr__(self) -> str:
         return f"DataDir({str(self.root)!r})"
 
@@ -71,10 +68,6 @@ class DataDir:
     @property
     def jobs(self) -> Path:
         return self.root / JOBS
-
-    @property
-    def broker(self) -> Path:
-        return self.root / BROKER
 
     def model(self, name: str) -> Path:
         return self.models / _checked(name, "model")

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from .jobs import LEASE, JobNotFound, JobStore
+from .jobs import LEASE, JobStore
 from .layout import now_iso
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ class Lease:
         while not self._stop.wait(interval_s):
             try:
                 self.store.update(self.job_id, _stamp_heartbeat)
-            except (OSError, ValueError, JobNotFound) as e:  # a full disk, a torn record: the next beat retries
-                log.warning("job %s: heartbeat not written: %s", self.job_id, e)
+            except Exception as e:  # a full disk, a torn record: the run goes on, the next beat retries
+                log.warning("job %s: heartbeat not written: %s: %s", self.job_id, type(e).__name__, e)
 
     def release(self) -> None:
         self._stop.set()
