@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from model.demo_data import ensure_minilm, prepare_wiki
+from model.files import METRICS_FILE
 from model.callbacks import LogProgress
 from model.runs import PretrainSpec, default_train_config, merge_train_config, run_pretraining
 
@@ -64,7 +65,7 @@ def main() -> None:
     started = time.perf_counter()
     result = run_pretraining(spec, callbacks=[LogProgress()])
     print(f"{args.mode}: {result.step} steps in {time.perf_counter() - started:.0f} s; model in {result.model_dir}")
-    print_start_and_end(Path(spec.out) / "metrics.jsonl")
+    print_start_and_end(Path(spec.out) / METRICS_FILE)
 
 
 def print_start_and_end(metrics_file: Path) -> None:

@@ -19,7 +19,6 @@ from .plot import write_training_plot
 
 log = logging.getLogger("model.train")
 
-METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training.svg"
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 TMP_PREFIX = ".tmp-"
+# A training run's curve, one JSON object a line: written by model.callbacks, read by model.datadir.
+METRICS_FILE = "metrics.jsonl"
 
 
 def fsync_path(path: str | Path) -> None:

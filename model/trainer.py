@@ -42,8 +42,9 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
-from .callbacks import METRICS_FILE, PLOT_FILE, Callback, MetricsLogger, TrainingPlot
+from .callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
 from .device import resolve_device
+from .files import METRICS_FILE
 from .precision import autocast, resolve_precision
 
 FINAL_MODEL = "model"

@@ -23,10 +23,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..files import TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
+from ..files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
 from .layout import DataDir, new_job_id, now_iso, valid_job_id
 
-RECORD, METRICS, CANCEL, LEASE, RECORD_LOCK = "job.json", "metrics.jsonl", "cancel", ".lease", ".record.lock"
+RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
+METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
 JOB_KINDS = ("pretrain", "finetune")
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
