@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS
+from model.datadir.jobs import steps_of
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -427,13 +428,14 @@ class JobStatus(BaseModel):
         """The answer for a job record (model.datadir's job.json)."""
         progress = record.get("progress") or {}
         running = record["state"] == "running"
+        step, total_steps = steps_of(record)
         return cls(
             **{k: record.get(k) for k in ("id", "kind", "state", "model_name", "base_model", "dataset", "params",
                                           "attempts", "error", "eval", "result", "created_at", "enqueued_at",
                                           "started_at", "finished_at", "updated_at", "worker", "latest_checkpoint")},
             cancel_requested=bool(record.get("cancel_requested")), events=record.get("events") or [],
             heartbeat_at=record.get("heartbeat_at") if running else None,
-            step=progress.get("step") or 0, total_steps=progress.get("total_steps") or record["params"]["max_steps"],
+            step=step, total_steps=total_steps,
             loss=progress.get("loss"), lr=progress.get("lr"), tokens_per_s=progress.get("tokens_per_s"),
             eta_s=progress.get("eta_s") if running else None, epoch=progress.get("epoch"),
             status_url=f"/jobs/{record['id']}", metrics_url=f"/jobs/{record['id']}/metrics")

@@ -20,6 +20,7 @@ import torch
 
 from model.config import BertConfig
 from model.datadir import DataDir, JobStore, valid_name
+from model.datadir.jobs import steps_of
 from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
                             class_for_heads, load_model)
 from model.precision import apply_precision
@@ -220,9 +221,8 @@ class ModelStore:
         """503 naming the job when a queued or running job will publish a model called `name`."""
         record = self.jobs.unfinished_job_for_model(name)
         if record is not None:
-            progress = record.get("progress") or {}
-            job = {"id": record["id"], "state": record["state"], "step": progress.get("step") or 0,
-                   "total_steps": progress.get("total_steps") or record["params"]["max_steps"],
+            step, total = steps_of(record)
+            job = {"id": record["id"], "state": record["state"], "step": step, "total_steps": total,
                    "status_url": f"/jobs/{record['id']}"}
             raise ServiceError("unavailable", f"model '{name}' is still being trained by job {job['id']} "
                                               f"({job['state']}, step {job['step']}/{job['total_steps']}); "

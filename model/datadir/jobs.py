@@ -176,6 +176,13 @@ class JobStore:
             f.write(json.dumps(record) + "\n")
 
 
+def steps_of(record: dict) -> tuple[int, int]:
+    """(steps done, total steps) of a job as its latest progress report has them (the spec's max_steps
+    until the first report)."""
+    progress = record.get("progress") or {}
+    return progress.get("step") or 0, progress.get("total_steps") or record["params"]["max_steps"]
+
+
 def encode(record: dict) -> bytes:
     """A record as its file holds it: indented JSON, one trailing newline."""
     return (json.dumps(record, indent=1, sort_keys=False) + "\n").encode()
