@@ -23,7 +23,7 @@ import torch
 
 from model import BertConfig, BertForPreTraining, BertTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/5"
 BASE_MODEL = "tiny"
 
