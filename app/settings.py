@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     # Allow listening beyond loopback without BERT_API_KEY.
     allow_public: bool = False
+    # The host address a container's port is published on (`-p ADDR:8000:8000`; compose sets it from
+    # BERT_BIND). In a container the service must listen on 0.0.0.0, so the key guard judges this
+    # address instead of the bind address: loopback serves without a key, anything else needs one.
+    published_host: str | None = None
     # Seconds in-flight requests get to finish after SIGTERM.
     graceful_timeout: float = Field(30.0, ge=0)
     # Threads that tokenise requests (off the event loop).

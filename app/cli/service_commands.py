@@ -1,7 +1,10 @@
-"""`bert serve`, `bert up` and `bert worker`: the service, the whole system on one machine, a worker.
+"""`bert serve`, `bert up`, `bert init` and `bert worker`: the service, the whole system on one
+machine, a first start, a worker.
 
-`serve` runs the FastAPI app under uvicorn. `worker` execs a `celery worker` process on the training
-queue; it names the Celery app by its module path (worker.celery_app) and imports nothing of it.
+`serve` runs the FastAPI app under uvicorn. `init` fills an empty DATA_DIR as `up` does on its first
+start (app/bootstrap.py); the compose stack runs it once before the api and the worker. `worker`
+execs a `celery worker` process on the training queue; it names the Celery app by its module path
+(worker.celery_app) and imports nothing of it.
 """
 
 from __future__ import annotations
@@ -29,9 +32,63 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from ..local import up
 
-    if args.bootstrap_steps is not None and args.bootstrap_steps < 1:
-        raise UserError(f"--bootstrap-steps must be >= 1, got {args.bootstrap_steps}")
-    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=args.bootstrap_steps)
+    steps = _positive_steps(args.bootstrap_steps)
+    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=steps)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from model.demo_data import AssetMissingError
+
+    from ..bootstrap import initialize
+    from ..errors import ServiceError
+    from ..server import exposure_refusal
+    from ..settings import Settings
+
+    settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    # The stack's first container: refuse here too, so a stack that would serve the network without a
+    # key stops before anything starts (the api refuses the same way).
+    refusal = exposure_refusal(settings, settings.host)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    # The flags, else the environment (the compose file passes .env's values that way).
+    bootstrap = not args.no_bootstrap and _env_flag("BERT_BOOTSTRAP") is not False
+    steps = _positive_steps(args.bootstrap_steps if args.bootstrap_steps is not None
+                            else _env_int("BERT_BOOTSTRAP_STEPS"))
+    try:
+        initialize(settings, bootstrap=bootstrap, steps=steps)
+    except AssetMissingError as e:
+        raise UserError(str(e)) from None
+    except ServiceError as e:
+        raise UserError(f"cannot queue the bootstrap job: {e.message}") from None
+    return 0
+
+
+def _positive_steps(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise UserError(f"--bootstrap-steps must be >= 1, got {value}")
+    return value
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{name} must be a whole number, got {value!r}") from None
+
+
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise UserError(f"{name} must be true or false, got {value!r}")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -63,6 +120,14 @@ def add_commands(sub) -> None:
     p.add_argument("--no-bootstrap", action="store_true", help="do not queue the bootstrap fill-mask/NSP job")
     p.add_argument("--bootstrap-steps", type=int, help="train the bootstrap model for N steps instead of the default")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("init", help="fill an empty DATA_DIR as `bert up` does on first start (the compose `init` service)")
+    p.add_argument("--data-dir", help="default BERT_DATA_DIR or ./data")
+    p.add_argument("--no-bootstrap", action="store_true",
+                   help="do not queue the bootstrap fill-mask/NSP job (or BERT_BOOTSTRAP=false)")
+    p.add_argument("--bootstrap-steps", type=int,
+                   help="train the bootstrap model for N steps instead of the default (or BERT_BOOTSTRAP_STEPS)")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("worker", help="run a Celery worker for training jobs")
     p.add_argument("--concurrency", type=int, default=1, help="jobs at once (default 1: one job owns the CPU/GPU)")

@@ -4,6 +4,7 @@
     DATA_DIR/datasets/<name>/    an uploaded dataset: data.<ext> + meta.json (datasets.py)
     DATA_DIR/jobs/<id>/          a training job: job.json, metrics.jsonl, checkpoints/ (jobs.py)
     DATA_DIR/broker/             the filesystem:// broker's folders (worker/queue.py), when that transport is used
+    DATA_DIR/.init.lock          held while a first start fills an empty DATA_DIR (`bert init`, `bert up`)
 
 Models and datasets share one name rule: 1-64 letters, digits, '_', '-' or '.', starting with a
 letter or digit, and not starting with "tmp" (any case). A name is therefore always one safe path
@@ -20,6 +21,7 @@ import secrets
 from pathlib import Path
 
 MODELS, DATASETS, JOBS = "models", "datasets", "jobs"
+INIT_LOCK = ".init.lock"
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
@@ -68,6 +70,10 @@ class DataDir:
     @property
     def jobs(self) -> Path:
         return self.root / JOBS
+
+    @property
+    def init_lock(self) -> Path:
+        return self.root / INIT_LOCK
 
     def model(self, name: str) -> Path:
         return self.models / _checked(name, "model")

@@ -1,0 +1,64 @@
+"""`bert init` (the compose stack's first start) and the key guard of `bert init` / `bert up`, as
+subprocesses with a real Redis: an empty DATA_DIR is filled once, however often and however many
+at once it runs, and a service published beyond loopback without a key writes and starts nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model.datadir import JobStore
+
+from ...helpers import REDIS_URL, ROOT, child_env, flush_redis
+
+pytestmark = pytest.mark.slow
+
+
+def bert(data_dir: Path, *args: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
+                            env=child_env(data_dir, REDIS_URL, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once(tmp_path):
+    flush_redis()
+    data_dir = tmp_path / "data"
+    results = [finish(p) for p in [bert(data_dir, "init", "--bootstrap-steps", "3") for _ in range(2)]]
+    assert [code for code, _, _ in results] == [0, 0], results
+    jobs = JobStore(data_dir).list()
+    assert [j["model_name"] for j in jobs] == ["wiki-mlm"], "one bootstrap job, not one per run"
+    assert jobs[0]["params"]["max_steps"] == 3
+    assert (data_dir / "models" / "minilm" / "config.json").is_file()
+    assert (data_dir / "datasets" / "wiki" / "meta.json").is_file()
+
+    code, out, _ = finish(bert(data_dir, "init"))
+    assert code == 0 and f"bootstrap job {jobs[0]['id']} (queued)" in out
+    assert len(JobStore(data_dir).list()) == 1
+
+
+def test_init_without_the_bootstrap_job_from_the_environment(tmp_path):
+    data_dir = tmp_path / "data"
+    code, out, err = finish(bert(data_dir, "init", BERT_BOOTSTRAP="false"))
+    assert code == 0, err
+    assert JobStore(data_dir).list() == [] and (data_dir / "models" / "minilm").is_dir()
+
+    code, _, err = finish(bert(tmp_path / "other", "init", BERT_BOOTSTRAP="maybe"))
+    assert code == 2 and "BERT_BOOTSTRAP must be true or false, got 'maybe'" in err
+
+
+@pytest.mark.parametrize("command", ["init", "up"])
+def test_published_beyond_loopback_without_a_key_nothing_is_written_or_started(tmp_path, command):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    code, _, err = finish(bert(data_dir, command, BERT_HOST="0.0.0.0", BERT_PUBLISHED_HOST="0.0.0.0"))
+    assert code == 2
+    assert "refusing to serve: the port is published on 0.0.0.0" in err and "BERT_API_KEY" in err
+    assert list(data_dir.iterdir()) == []
