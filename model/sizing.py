@@ -19,18 +19,24 @@ Peak training memory, in bytes, of one optimizer step (N parameters, N_t of them
     states       4 N  +  4 N_t  +  8 N_t                 fp32 weights, fp32 gradients, AdamW's two fp32
                                                          moments (exp_avg, exp_avg_sq)
                + 2 N                                     bf16 only: autocast's bf16 copies of the weights
-    activations  L [e (8 sbh + 2 sbI + 2 a s^2 b) + 2 sbh + a s^2 b]
-               + e 2 sbh + sbh                           the embeddings' sum, LayerNorm and dropout
-               + 2 * 4 m V                               MLM: fp32 log-probabilities of the m = b s p
-                                                         masked positions, and their gradient
+    activations  (L + 1) e (12 sbh + 2 sbI + 3 a s^2 b)  every layer's, and one layer's worth of
+                                                         gradients in flight in the backward pass
+               + e 3 sbh                                 the embeddings' sum, LayerNorm and dropout
+               + 3 * 4 m V                               MLM: fp32 logits and log-probabilities of the
+                                                         m = b s p masked positions, and their gradient
 
-with b the (micro-)batch size, s the sequence length, a the heads, e the bytes of an activation (4 in
-fp32, 2 in bf16) and 1 byte per dropout mask. The per-layer term is Korthikanti et al. 2022,
-"Reducing Activation Recomputation in Large Transformer Models", section 4.1 (34 sbh + 5 a s^2 b
-bytes in 16-bit with I = 4h), with I and e left free: per layer the backward pass keeps the QKV
-input, Q, K and V, the softmax output, its dropout mask and output, the attention context, the FFN
-input, the GELU input and output, two LayerNorm inputs and two dropout masks. The a s^2 b terms are
-those of the unfused ("math") attention; a fused kernel keeps less, so the estimate errs high there.
+    overhead     256 MiB                                 kernels, workspaces, allocator slack (measured)
+
+with b the (micro-)batch size, s the sequence length, a the heads and e the bytes of an activation
+(4 in fp32, 2 in bf16). The per-layer term is Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", section 4.1: e (8 sbh + 2 sbI + 2 a s^2 b) plus 1 byte
+per dropout mask element (2 sbh + a s^2 b), which is 34 sbh + 5 a s^2 b bytes in 16-bit with I = 4h;
+per layer the backward pass keeps the QKV input, Q, K and V, the softmax output, its dropout mask
+and output, the attention context, the FFN input, the GELU input and output, two LayerNorm inputs
+and two dropout masks. Two changes for PyTorch as this project runs it, both measured
+(bench/sizing_bench.py): on a CPU, dropout keeps its mask in the activations' dtype (e bytes, not 1),
+and unfused ("math") attention keeps scaled copies of Q and K (+ e 2 sbh). On a GPU, fused dropout
+and attention kernels keep less, so there the estimate errs high.
 
 Gradient accumulation does not enter: only one micro-batch's activations are alive at a time, and
 its gradients add into the same buffers. Precision "auto" is fp32 on a CPU and bf16 on a GPU; a
@@ -54,6 +60,9 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
 }
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
 GB = 1024**3
+# What training adds beyond tensors: the math libraries' kernels and workspaces and the allocator's
+# slack. Measured (bench/sizing_bench.py): 0.13 GB for a 5.5 M-parameter model, 0.22 GB for BERT-base.
+RUNTIME_OVERHEAD_BYTES = 256 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -67,10 +76,12 @@ class TrainingSize:
     optimizer_bytes: int
     activation_bytes: int
     precision: str  # the one the estimate is for ("fp32" or "bf16")
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
 
     @property
     def memory_bytes(self) -> int:
-        return self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+        return (self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+                + self.overhead_bytes)
 
     @property
     def memory_gb(self) -> float:
@@ -102,18 +113,24 @@ def count_parameters(config: Any, architecture: str, num_labels: int = 2) -> int
     return parts["embeddings"] + parts["encoder"] + sum(parts[p] for p in ARCHITECTURES[architecture])
 
 
+def layer_activation_bytes(config: Any, batch_size: int, seq_len: int, e: int, mask_bytes: int,
+                           scaled_qk: bool = True) -> int:
+    """One encoder layer's activations kept for the backward pass (module docstring)."""
+    h, i, a = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads"))
+    sbh, sbi, attention = seq_len * batch_size * h, seq_len * batch_size * i, a * seq_len * seq_len * batch_size
+    kept = e * (8 * sbh + 2 * sbi + 2 * attention) + mask_bytes * (2 * sbh + attention)
+    return kept + (e * 2 * sbh if scaled_qk else 0)
+
+
 def activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str,
                      masked_lm_prob: float | None = None) -> int:
-    """Bytes of one micro-batch's activations kept for the backward pass (module docstring)."""
+    """Bytes of one micro-batch's activations at the peak of the backward pass (module docstring)."""
     e = ACTIVATION_BYTES[precision]
-    h, i, a = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads"))
-    b, s = batch_size, seq_len
-    sbh, sbi, attention = s * b * h, s * b * i, a * s * s * b
-    layer = e * (8 * sbh + 2 * sbi + 2 * attention) + 2 * sbh + attention
-    total = _get(config, "num_hidden_layers") * layer + e * 2 * sbh + sbh
+    b, s, h = batch_size, seq_len, _get(config, "hidden_size")
+    layer = layer_activation_bytes(config, b, s, e, mask_bytes=e)
+    total = (_get(config, "num_hidden_layers") + 1) * layer + e * 3 * s * b * h
     if masked_lm_prob is not None:
-        masked = round(b * s * masked_lm_prob)
-        total += 2 * 4 * masked * _get(config, "vocab_size")
+        total += 3 * 4 * round(b * s * masked_lm_prob) * _get(config, "vocab_size")
     return total
 
 

@@ -10,10 +10,12 @@ from model.modeling import MODEL_CLASSES, BertModel
 from model.runs import freeze_encoder
 from model.sizing import (
     ARCHITECTURES,
+    RUNTIME_OVERHEAD_BYTES,
     activation_bytes,
     count_parameters,
     estimate_training,
     format_count,
+    layer_activation_bytes,
 )
 
 CONFIGS = [
@@ -52,10 +54,15 @@ def test_frozen_encoder_trains_only_what_freeze_encoder_leaves(architecture):
 def test_a_layer_in_16_bit_is_korthikantis_34_sbh_plus_5_as2b():
     """The reference's per-layer count (16-bit activations, I = 4h, 1-byte masks)."""
     s, b, h, a = 128, 4, 64, 4
-    one = dict(hidden_size=h, intermediate_size=4 * h, num_attention_heads=a, num_hidden_layers=1, vocab_size=10)
+    config = dict(hidden_size=h, intermediate_size=4 * h, num_attention_heads=a)
+    assert layer_activation_bytes(config, b, s, e=2, mask_bytes=1, scaled_qk=False) == 34 * s * b * h + 5 * a * s * s * b
+    # As PyTorch runs it on a CPU: masks in the activations' dtype, scaled copies of Q and K.
+    assert layer_activation_bytes(config, b, s, e=4, mask_bytes=4) == 4 * (12 * s * b * h + 2 * s * b * 4 * h
+                                                                            + 3 * a * s * s * b)
+    one = {**config, "num_hidden_layers": 1, "vocab_size": 10}
     two = {**one, "num_hidden_layers": 2}
-    layer = activation_bytes(two, b, s, "bf16") - activation_bytes(one, b, s, "bf16")
-    assert layer == 34 * s * b * h + 5 * a * s * s * b
+    layer = activation_bytes(two, b, s, "fp32") - activation_bytes(one, b, s, "fp32")
+    assert layer == layer_activation_bytes(config, b, s, e=4, mask_bytes=4)
 
 
 def test_memory_adds_up_and_scales():
@@ -63,7 +70,7 @@ def test_memory_adds_up_and_scales():
     fp32 = estimate_training(config, "BertForPreTraining", batch_size=8, seq_len=32, precision="fp32")
     n = fp32.parameters
     assert (fp32.weights_bytes, fp32.gradient_bytes, fp32.optimizer_bytes) == (4 * n, 4 * n, 8 * n)
-    assert fp32.memory_bytes == 16 * n + fp32.activation_bytes
+    assert fp32.memory_bytes == 16 * n + fp32.activation_bytes + RUNTIME_OVERHEAD_BYTES
     bf16 = estimate_training(config, "BertForPreTraining", batch_size=8, seq_len=32, precision="bf16")
     assert bf16.weights_bytes == 6 * n and bf16.activation_bytes < fp32.activation_bytes
     auto = estimate_training(config, "BertForPreTraining", batch_size=8, seq_len=32)
@@ -75,7 +82,7 @@ def test_memory_adds_up_and_scales():
     # The MLM head's log-probabilities: only heads that have it pay for them.
     mlm = estimate_training(config, "BertForMaskedLM", batch_size=8, seq_len=32, precision="fp32")
     clf = estimate_training(config, "BertForSequenceClassification", batch_size=8, seq_len=32, precision="fp32")
-    assert mlm.activation_bytes - clf.activation_bytes == 2 * 4 * round(8 * 32 * 0.15) * config.vocab_size
+    assert mlm.activation_bytes - clf.activation_bytes == 3 * 4 * round(8 * 32 * 0.15) * config.vocab_size
 
 
 def test_issue_12_job_is_ten_billion_parameters():
