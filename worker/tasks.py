@@ -33,7 +33,7 @@ class JobRequest(Request):
         if isinstance(error, WorkerLostError) and self.args:
             try:
                 note_lost_attempt(JobStore(settings.data_dir), self.args[0], lost_reason(error))
-            except Exception:  # noqa: BLE001 - never stand in the way of the requeue
+            except Exception:  # never stand in the way of the requeue
                 log.exception("job %s: could not record why its worker process was lost", self.args[0])
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
