@@ -189,7 +189,7 @@ class JobReporter(Callback):
         if now - self._last_write < self.interval and state["step"] < state["total_steps"]:
             return
         self._last_write = self._last_runtime_write = now
-        progress, runtime = {k: state.get(k) for k in PROGRESS_KEYS}, round(self.runtime(), 1)
+        progress, runtime = {k: state.get(k) for k in PROGRESS_KEYS}, round(self.runtime(), 3)
         self.store.update(self.job_id, lambda r: r.update(progress=progress, runtime_s=runtime))
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
@@ -203,7 +203,7 @@ class JobReporter(Callback):
         now = time.monotonic()
         if now - self._last_runtime_write >= self.runtime_interval:
             self._last_runtime_write = now
-            runtime = round(self.runtime(), 1)
+            runtime = round(self.runtime(), 3)
             self.store.update(self.job_id, lambda r: r.__setitem__("runtime_s", runtime))
         if self.cancel_path.exists():
             self.stop_reason = "cancelled"
@@ -213,10 +213,10 @@ class JobReporter(Callback):
             self.stop_reason = "time limit"
         return self.stop_reason is not None
 
-    def time_limit_error(self, step: int, checkpoint: str | None) -> str:
+    def time_limit_error(self, step: int, checkpoint: str | None, runtime: float) -> str:
         if self.limit == "max_runtime":
             return (f"time limit: the job's max_runtime ({self.max_runtime} s) was reached at step {step}, after "
-                    f"{self.runtime():.0f} s of training; checkpoint {checkpoint}")
+                    f"{runtime:.0f} s of training; checkpoint {checkpoint}")
         return (f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {step}; "
                 f"checkpoint {checkpoint}")
 
@@ -240,7 +240,7 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
                "step": result.step, "train_loss": result.train_loss, "eval": result.eval_metrics,
                "best_checkpoint": _relative(job_dir, result.best_checkpoint)}
 
-    runtime = round(reporter.runtime(), 1)
+    runtime = round(reporter.runtime(), 3)
 
     def succeeded(r: dict) -> None:
         r["result"], r["error"], r["runtime_s"] = summary, None, runtime
@@ -269,7 +269,7 @@ def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str
     job_dir, reason = store.job_dir(job_id), reporter.stop_reason or "stopped"
     checkpoint = _relative(job_dir, result.checkpoint)
     where = f"at step {result.step}, checkpoint {checkpoint}"
-    runtime = round(reporter.runtime(), 1)
+    runtime = round(reporter.runtime(), 3)
 
     def change(r: dict) -> None:
         r["latest_checkpoint"] = checkpoint or r.get("latest_checkpoint")
@@ -282,7 +282,7 @@ def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str
         elif reason == "cancelled":
             _close(r, "cancelled", "cancelled", where)
         else:
-            r["error"] = reporter.time_limit_error(result.step, checkpoint)
+            r["error"] = reporter.time_limit_error(result.step, checkpoint, runtime)
             _close(r, "failed", reason, where)
 
     record = store.update(job_id, change)
@@ -298,7 +298,7 @@ def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) ->
         pass
 
     def change(r: dict) -> None:
-        r["error"], r["runtime_s"] = message, round(runtime, 1)
+        r["error"], r["runtime_s"] = message, round(runtime, 3)
         _close(r, "failed", "failed", message[:500])
 
     store.update(job_id, change)
