@@ -18,13 +18,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
 
-ErrorKind = Literal["validation", "overloaded", "not_found", "unavailable", "unauthorized", "too_large",
-                    "insufficient_storage", "internal"]
+ErrorKind = Literal["validation", "overloaded", "not_found", "conflict", "unavailable", "unauthorized",
+                    "too_large", "insufficient_storage", "internal"]
 
 STATUS: dict[str, int] = {
     "validation": 422,
     "overloaded": 429,
     "not_found": 404,
+    "conflict": 409,  # the request needs a state the resource has left (cancelling a finished job)
     "unavailable": 503,
     "unauthorized": 401,
     "too_large": 413,

@@ -19,7 +19,17 @@ from pathlib import Path
 
 from kombu.exceptions import OperationalError
 
-from model.datadir import DataDir, JobNotFound, JobStore, add_event, now_iso, read_meta
+from model.config import BertConfig
+from model.datadir import (
+    DataDir,
+    JobFinished,
+    JobNotFound,
+    JobStore,
+    add_event,
+    now_iso,
+    read_meta,
+)
+from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
 from .errors import ServiceError
@@ -65,6 +75,16 @@ class JobService:
             raise
         return await asyncio.to_thread(self.store.update, record["id"], _mark_enqueued)
 
+    def cancel(self, job_id: str) -> dict:
+        """Ask a queued or running job to stop (blocking: call in a thread); 409 once it has finished."""
+        try:
+            return self.store.request_cancel(job_id)
+        except JobNotFound:
+            raise ServiceError("not_found", f"job '{job_id}' not found") from None
+        except JobFinished as e:
+            raise ServiceError("conflict", f"job '{job_id}' has already finished ({e.state}): there is "
+                                           f"nothing to cancel") from None
+
     def find(self, job_id: str) -> dict:
         """A job's record; 404 when there is none (blocking: call in a thread)."""
         try:
@@ -88,8 +108,34 @@ class JobService:
             params = _pretrain_params(req, params)
         else:
             _check_labels(base, dataset)
+        params["max_runtime"] = self._max_runtime(params["max_runtime"])
+        size = _training_size(req, params, base.config if req.base_model is not None else None, dataset)
+        self._check_size(size)
         return {"kind": req.kind, "model_name": req.model_name, "base_model": req.base_model,
-                "dataset": req.dataset, "params": params}
+                "dataset": req.dataset, "params": params, "estimate": size.to_dict()}
+
+    def _max_runtime(self, asked: int | None) -> int:
+        limit = self.settings.job_max_runtime
+        if asked is not None and asked > limit:
+            raise ServiceError("validation", f"params.max_runtime: {asked} s is more than this service allows "
+                                             f"({limit} s, BERT_JOB_MAX_RUNTIME)")
+        return limit if asked is None else asked
+
+    def _check_size(self, size: TrainingSize) -> None:
+        """422 naming the estimate and the limit, for each limit the job is over."""
+        over = []
+        if size.parameters > self.settings.job_max_params:
+            over.append(f"{format_count(size.parameters)} parameters ({size.parameters:,}) is more than the limit "
+                        f"of {format_count(self.settings.job_max_params)} (BERT_JOB_MAX_PARAMS)")
+        if size.memory_gb > self.settings.job_max_memory_gb:
+            states = size.weights_bytes + size.gradient_bytes + size.optimizer_bytes
+            over.append(f"an estimated {size.memory_gb:,.1f} GB of peak training memory ({size.precision}: weights, "
+                        f"gradients and AdamW state {_gb(states)} GB, activations {_gb(size.activation_bytes)} GB, "
+                        f"runtime {_gb(size.overhead_bytes)} GB) is more than the limit of "
+                        f"{self.settings.job_max_memory_gb:g} GB (BERT_JOB_MAX_MEMORY_GB); a smaller batch_size "
+                        f"or max_seq_len uses less (grad_accum_steps keeps the effective batch)")
+        if over:
+            raise ServiceError("validation", "params: the job is too large: " + "; ".join(over))
 
     def _check_model_name(self, name: str) -> None:
         if DataDir(self.data_dir).model(name).exists():
@@ -143,6 +189,23 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
     _check_seq_len(req.params.max_seq_len, config.max_position_embeddings, "params.config")
     return {**params, "config": config.model_dump(), "vocab_size": params["vocab_size"] or 8000,
             "lowercase": True if params["lowercase"] is None else params["lowercase"]}
+
+
+def _training_size(req: JobRequest, params: dict, base_config, dataset: dict) -> TrainingSize:
+    """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
+    if req.kind == "finetune":
+        architecture, config = "BertForSequenceClassification", base_config
+    else:
+        architecture = "BertForPreTraining" if params["nsp"] else "BertForMaskedLM"
+        config = base_config or BertConfig.from_dict({**params["config"], "vocab_size": params["vocab_size"]})
+    return estimate_training(config, architecture, batch_size=params["batch_size"], seq_len=params["max_seq_len"],
+                             precision=params["precision"], num_labels=len(dataset.get("labels") or ()) or 2,
+                             masked_lm_prob=params.get("masked_lm_prob", 0.15),
+                             freeze_encoder=params.get("freeze_encoder", False))
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:,.1f}"
 
 
 def _check_labels(base, dataset: dict) -> None:

@@ -14,6 +14,7 @@ A single input gets a single result, a list of inputs a list of results in the s
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -294,6 +295,27 @@ def _check_name(value: str) -> str:
 Name = Annotated[str, Field(min_length=1, max_length=64, examples=["reviews"]), AfterValidator(_check_name)]
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+)([smhd])")
+MAX_RUNTIME_CEILING = 366 * 86400  # a sanity bound; BERT_JOB_MAX_RUNTIME is the deployment's
+
+
+def _seconds(value: int | str) -> int:
+    """A duration in seconds: an integer, or a string of <number><unit> parts ("90m", "1h30m", "2d")."""
+    if isinstance(value, str):
+        text = value.replace(" ", "")
+        if not text or _DURATION.sub("", text):
+            raise _invalid(f"'{value}' is not a duration: give seconds (an integer) or e.g. '90m', '12h', '1d12h'")
+        value = sum(int(n) * _DURATION_UNITS[unit] for n, unit in _DURATION.findall(text))
+    if not 1 <= value <= MAX_RUNTIME_CEILING:
+        raise _invalid(f"must be between 1 second and 366 days, got {value} s")
+    return value
+
+
+# Seconds, or a duration string; always seconds once validated.
+Duration = Annotated[int | str, AfterValidator(_seconds)]
+
+
 class TrainParams(Strict):
     """Shared by both kinds. Bounds guard the service, not good practice: see the README for that."""
 
@@ -309,6 +331,10 @@ class TrainParams(Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     eval_every: int = Field(0, ge=0, le=1_000_000, description="Evaluate every N steps (0: only at the end).")
+    max_runtime: Duration | None = Field(
+        None, description="Training time allowed, summed over attempts: seconds, or a duration such as '90m', "
+                          "'12h', '1d12h'. Past it the job saves a checkpoint and fails with \"time limit\". "
+                          "At most BERT_JOB_MAX_RUNTIME, which is also the default.")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -408,8 +434,13 @@ class JobStatus(BaseModel):
     epoch: float | None
     latest_checkpoint: str | None = Field(description="Relative to the job directory, e.g. checkpoints/step-200.")
     attempts: int = Field(description="Times a worker started the job (a worker death costs one).")
+    runtime_s: float | None = Field(description="Training time so far, summed over attempts (max_runtime "
+                                                "counts this).")
+    estimate: dict[str, Any] | None = Field(description="The size POST /jobs estimated (model/sizing.py): "
+                                                        "parameters and peak training memory.")
     cancel_requested: bool
-    error: str | None
+    error: str | None = Field(description="Why the job failed; while it runs, why its last attempt was lost "
+                                          "(e.g. the worker process was killed).")
     eval: dict[str, Any] | None = Field(description="The latest evaluation (fine-tuning).")
     result: dict[str, Any] | None = Field(description="Set on success: the published model and final numbers.")
     created_at: str
@@ -431,7 +462,8 @@ class JobStatus(BaseModel):
         step, total_steps = steps_of(record)
         return cls(
             **{k: record.get(k) for k in ("id", "kind", "state", "model_name", "base_model", "dataset", "params",
-                                          "attempts", "error", "eval", "result", "created_at", "enqueued_at",
+                                          "attempts", "runtime_s", "estimate", "error", "eval", "result",
+                                          "created_at", "enqueued_at",
                                           "started_at", "finished_at", "updated_at", "worker", "latest_checkpoint")},
             cancel_requested=bool(record.get("cancel_requested")), events=record.get("events") or [],
             heartbeat_at=record.get("heartbeat_at") if running else None,

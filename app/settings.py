@@ -76,6 +76,14 @@ class Settings(BaseSettings):
     max_dataset_bytes: int = Field(100 * 1024 * 1024, ge=1)
     # Publishing a job retries this many times before answering 503 (broker unreachable).
     publish_retries: int = Field(2, ge=0, le=10)
+    # Jobs are sized before they are queued (model/sizing.py): a model with more parameters than
+    # this, or a run whose estimated peak training memory is above the next, is a 422. The defaults
+    # fit a 23 GB, CPU-only worker machine (BERT-large, 335 M, fits; its AdamW state alone is 5.4 GB).
+    job_max_params: int = Field(500_000_000, ge=1)
+    job_max_memory_gb: float = Field(16.0, gt=0)
+    # Seconds of training a job may take (params.max_runtime, at most this; also the default). Past
+    # it the job checkpoints and fails with "time limit". 3 days, the worker's BERT_JOB_SOFT_TIME_LIMIT.
+    job_max_runtime: int = Field(3 * 24 * 3600, ge=1)
 
     def admin_key_value(self) -> str | None:
         value = self.admin_key.get_secret_value() if self.admin_key is not None else ""

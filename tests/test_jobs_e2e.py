@@ -124,4 +124,9 @@ def test_cancel_queued_and_running(stack):
     # The queued job's message is still delivered; the worker sees the state and does nothing.
     wait_for(lambda: "already cancelled" in stack.worker.log(), 30, "the cancelled job's delivery")
     assert c.get(f"/jobs/{queued}").json()["attempts"] == 0
-    assert c.post(f"/jobs/{running}/cancel").json()["state"] == "cancelled"  # idempotent
+    r = c.post(f"/jobs/{running}/cancel")  # finished: nothing to cancel, and nothing changes
+    assert (r.status_code, r.json()) == (409, {
+        "error": f"job '{running}' has already finished (cancelled): there is nothing to cancel",
+        "error_type": "conflict"})
+    after = c.get(f"/jobs/{running}").json()
+    assert (after["state"], after["events"], after["finished_at"]) == (job["state"], job["events"], job["finished_at"])

@@ -7,12 +7,17 @@ which do not redeliver unacked messages). While the worker runs, a timer repeats
 running jobs only, so a job whose worker vanished is picked up even if that worker never restarts.
 A message sent for a job that another delivery is already handling is harmless: that delivery finds
 the lease taken or the job finished and does nothing.
+
+When only the pool process dies (the OOM killer's SIGKILL), the worker's main process sees it as a
+WorkerLostError with the signal; `note_lost_attempt` writes that reason into the job (worker/tasks.py
+calls it before Celery requeues the message), so the job says why, not only how many attempts it took.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import re
 import threading
 from typing import Callable
 
@@ -52,6 +57,38 @@ def sweep(store: JobStore, send: Callable[[str, str], None],
 def _mark_requeued(record: dict) -> None:
     record["enqueued_at"] = now_iso()
     add_event(record, "re-enqueued", f"recovery sweep (state was {record['state']}, lease free)")
+
+
+def lost_reason(error: BaseException | str) -> str:
+    """Why a pool process died, from billiard's WorkerLostError ("Worker exited prematurely: signal 9
+    (SIGKILL) Job: 0."), in words for the job's record. The kernel's OOM killer sends SIGKILL, so that
+    is the likely cause of one (a person's `kill -9` is the other)."""
+    text = str(error)
+    signal = re.search(r"signal (\d+) \((SIG\w+)\)", text)
+    if signal and signal.group(2) == "SIGKILL":
+        return "the worker process was killed (SIGKILL; likely out of memory: the kernel's OOM killer sends SIGKILL)"
+    if signal:
+        return f"the worker process was killed by signal {signal.group(1)} ({signal.group(2)})"
+    code = re.search(r"exitcode (\d+)", text)
+    if code:
+        return f"the worker process exited unexpectedly (exit code {code.group(1)})"
+    return f"the worker process was lost: {text}"
+
+
+def note_lost_attempt(store: JobStore, job_id: str, reason: str) -> None:
+    """Record on a running job why its attempt's process died, for the next delivery's begin() to
+    report (worker/training.py); called by the worker's main process, which saw the death."""
+
+    def change(r: dict) -> None:
+        if r.get("state") != "running":
+            return
+        r["lost_attempt"] = {"attempt": r["attempts"], "reason": reason, "at": now_iso()}
+        add_event(r, "worker process lost", reason)
+
+    try:
+        store.update(job_id, change)
+    except JobNotFound:
+        pass
 
 
 def celery_sender(app) -> Callable[[str, str], None]:

@@ -7,19 +7,48 @@ warm shutdown (SIGTERM) the running job stops at its next step and is sent again
 
 from __future__ import annotations
 
+import logging
+
+from billiard.exceptions import WorkerLostError
+from celery import Task
+from celery.worker.request import Request
+
+from model.datadir import JobStore
+
 from .celery_app import app, settings
 from .queue import TASK_NAMES
-from .recovery import celery_sender, shutting_down
+from .recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
 from .training import run_job
 
+log = logging.getLogger("bertserve.worker")
 
-@app.task(name=TASK_NAMES["pretrain"], ignore_result=True)
+
+class JobRequest(Request):
+    """A delivery as the worker's main process sees it (Celery's "custom request" hook). When the pool
+    process running the job dies, the reason (the signal) goes into the job's record before Celery
+    requeues the message, so the next attempt can say why the last one ended."""
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        error = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback wraps it
+        if isinstance(error, WorkerLostError) and self.args:
+            try:
+                note_lost_attempt(JobStore(settings.data_dir), self.args[0], lost_reason(error))
+            except Exception:  # never stand in the way of the requeue
+                log.exception("job %s: could not record why its worker process was lost", self.args[0])
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+class JobTask(Task):
+    Request = JobRequest
+
+
+@app.task(name=TASK_NAMES["pretrain"], ignore_result=True, base=JobTask)
 def pretrain(job_id: str) -> dict:
     """Pretrain (MLM, + NSP) a model as DATA_DIR/jobs/<job_id>/job.json describes."""
     return run_job(job_id, "pretrain", settings, shutting_down=shutting_down, requeue=celery_sender(app))
 
 
-@app.task(name=TASK_NAMES["finetune"], ignore_result=True)
+@app.task(name=TASK_NAMES["finetune"], ignore_result=True, base=JobTask)
 def finetune(job_id: str) -> dict:
     """Fine-tune a classifier as DATA_DIR/jobs/<job_id>/job.json describes."""
     return run_job(job_id, "finetune", settings, shutting_down=shutting_down, requeue=celery_sender(app))

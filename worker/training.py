@@ -2,12 +2,13 @@
 
     run_job(job_id, kind, settings)
       1. lease     flock DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: do nothing
-      2. begin     under the record lock: finished/cancelled -> nothing; too many attempts -> failed;
-                   else attempts += 1, state running (a previous attempt that died is noted)
+      2. begin     under the record lock: finished/cancelled -> nothing; a previous attempt that died
+                   is noted, with the reason the worker saw (worker/recovery.py), as the job's error;
+                   too many attempts, or max_runtime used up -> failed; else attempts += 1, running
       3. train     model.runs' run_pretraining/run_finetuning, the job directory as run directory
                    (worker/recipes.py): it continues from the latest complete checkpoint; callbacks write
-                   progress into job.json and stop the loop on a cancel request or the soft time limit
-                   (the trainer checkpoints first)
+                   progress and runtime into job.json and stop the loop on a cancel request, the job's
+                   max_runtime or the worker's soft time limit (the trainer checkpoints first)
       4. finish    completed -> the final model is renamed into DATA_DIR/models/<name> -> succeeded;
                    stopped -> cancelled (or failed: time limit); exception -> failed with the error;
                    the worker is shutting down (SIGTERM) -> handed back: state queued again, the
@@ -105,20 +106,46 @@ def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[d
             outcome = f"not a {kind} job"
         elif cancel_flag or r.get("cancel_requested"):
             outcome = _close(r, "cancelled", event="cancelled before it could run")
-        elif r["attempts"] >= max_attempts:
-            last = r.get("error") or "the worker died during the attempt"
-            r["error"] = f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}"
-            outcome = _close(r, "failed", event="too many attempts")
         else:
             if r["state"] == "running":  # the lease was free, so that attempt's process is gone
-                add_event(r, "attempt did not finish", f"attempt {r['attempts']}: the worker died")
-            r["attempts"] += 1
-            r["state"], r["worker"], r["heartbeat_at"] = "running", worker_identity(), now_iso()
-            r["started_at"] = r.get("started_at") or now_iso()
-            add_event(r, "started", f"attempt {r['attempts']} on {r['worker']}")
+                _note_lost_attempt(r)
+            outcome = _start_attempt(r, max_attempts)
 
     record = store.update(job_id, change)
     return record, outcome
+
+
+def _start_attempt(r: dict, max_attempts: int) -> str:
+    if r["attempts"] >= max_attempts:
+        last = r.get("error") or "the worker died during the attempt"
+        r["error"] = f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}"
+        return _close(r, "failed", event="too many attempts")
+    if _used_up(r):
+        return _close(r, "failed", "time limit", r["error"])
+    r["attempts"] += 1
+    r["state"], r["worker"], r["heartbeat_at"] = "running", worker_identity(), now_iso()
+    r["started_at"] = r.get("started_at") or now_iso()
+    add_event(r, "started", f"attempt {r['attempts']} on {r['worker']}")
+    return "run"
+
+
+def _note_lost_attempt(r: dict) -> None:
+    """Say why the last attempt's process is gone, if the worker's main process saw it die
+    (worker/recovery.py: note_lost_attempt), and keep that as the job's error until it succeeds."""
+    lost = r.get("lost_attempt") or {}
+    reason = lost.get("reason") if lost.get("attempt") == r["attempts"] else None
+    r["error"] = f"attempt {r['attempts']} did not finish: {reason or 'the worker died'}"
+    add_event(r, "attempt did not finish", r["error"])
+
+
+def _used_up(r: dict) -> bool:
+    """Earlier attempts have used the job's whole max_runtime (one was killed past it)."""
+    limit = r["params"].get("max_runtime")
+    if not limit or (r.get("runtime_s") or 0) < limit:
+        return False
+    r["error"] = (f"time limit: the job's max_runtime ({limit} s) was used up by its earlier attempts "
+                  f"({r['runtime_s']:.0f} s); latest checkpoint {r.get('latest_checkpoint')}")
+    return True
 
 
 def _close(r: dict, state: str, event: str, detail: str | None = None) -> str:
@@ -130,24 +157,40 @@ def _close(r: dict, state: str, event: str, detail: str | None = None) -> str:
 # ---------------------------------------------------------------------------- training
 
 class JobReporter(Callback):
-    """Trainer callbacks: progress into job.json (throttled); stop on cancel, worker shutdown or the
-    soft time limit."""
+    """Trainer callbacks: progress and runtime into job.json (throttled); stop on cancel, worker
+    shutdown, the job's max_runtime or the worker's soft time limit.
+
+    Runtime is the wall-clock time of the job's attempts, summed: this attempt's clock starts before
+    the run loads its data (so learning a vocabulary counts) and job.json's `runtime_s` is brought up
+    to date with each progress write and at least every BERT_JOB_HEARTBEAT_S, so a killed attempt
+    loses at most that much of its count. Time spent queued does not count.
+    """
 
     def __init__(self, store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None):
         self.store, self.job_id, self.shutting_down = store, record["id"], shutting_down
         self.cancel_path = store.job_dir(self.job_id) / CANCEL
         self.interval = settings.job_progress_interval_s
-        self.deadline = time.monotonic() + settings.job_soft_time_limit
+        self.runtime_interval = settings.job_heartbeat_s
+        self.started = time.monotonic()
+        self.runtime_before = float(record.get("runtime_s") or 0.0)
+        self.max_runtime = record["params"].get("max_runtime")  # None for jobs queued before it existed
+        left = self.max_runtime - self.runtime_before if self.max_runtime else float("inf")
+        self.limit = "max_runtime" if left <= settings.job_soft_time_limit else "BERT_JOB_SOFT_TIME_LIMIT"
+        self.deadline = self.started + min(left, settings.job_soft_time_limit)
         self.stop_reason: str | None = None
-        self._last_write = 0.0
+        self._last_write = self._last_runtime_write = 0.0
+
+    def runtime(self) -> float:
+        """Seconds of training of this job so far, every attempt included."""
+        return self.runtime_before + (time.monotonic() - self.started)
 
     def on_step(self, state: dict[str, Any]) -> None:
         now = time.monotonic()
         if now - self._last_write < self.interval and state["step"] < state["total_steps"]:
             return
-        self._last_write = now
-        progress = {k: state.get(k) for k in PROGRESS_KEYS}
-        self.store.update(self.job_id, lambda r: r.__setitem__("progress", progress))
+        self._last_write = self._last_runtime_write = now
+        progress, runtime = {k: state.get(k) for k in PROGRESS_KEYS}, round(self.runtime(), 3)
+        self.store.update(self.job_id, lambda r: r.update(progress=progress, runtime_s=runtime))
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
         self.store.update(self.job_id, lambda r: r.__setitem__("eval", metrics))
@@ -157,13 +200,25 @@ class JobReporter(Callback):
         self.store.update(self.job_id, lambda r: r.__setitem__("latest_checkpoint", relative))
 
     def should_stop(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_runtime_write >= self.runtime_interval:
+            self._last_runtime_write = now
+            runtime = round(self.runtime(), 3)
+            self.store.update(self.job_id, lambda r: r.__setitem__("runtime_s", runtime))
         if self.cancel_path.exists():
             self.stop_reason = "cancelled"
         elif self.shutting_down is not None and self.shutting_down.is_set():
             self.stop_reason = "shutdown"
-        elif time.monotonic() > self.deadline:
+        elif now > self.deadline:
             self.stop_reason = "time limit"
         return self.stop_reason is not None
+
+    def time_limit_error(self, step: int, checkpoint: str | None, runtime: float) -> str:
+        if self.limit == "max_runtime":
+            return (f"time limit: the job's max_runtime ({self.max_runtime} s) was reached at step {step}, after "
+                    f"{runtime:.0f} s of training; checkpoint {checkpoint}")
+        return (f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {step}; "
+                f"checkpoint {checkpoint}")
 
 
 def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
@@ -174,19 +229,21 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
         _mark_resume(store, record)
         result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
     except Exception as e:
-        return _fail(store, job_id, e)
+        return _fail(store, job_id, e, reporter.runtime())
     if result.stopped:
-        return _stopped(store, job_id, reporter.stop_reason or "stopped", result)
+        return _stopped(store, job_id, reporter, result)
     try:
         published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
-        return _fail(store, job_id, e)
+        return _fail(store, job_id, e, reporter.runtime())
     summary = {"model": record["model_name"], "model_dir": published.relative_to(settings.data_dir).as_posix(),
                "step": result.step, "train_loss": result.train_loss, "eval": result.eval_metrics,
                "best_checkpoint": _relative(job_dir, result.best_checkpoint)}
 
+    runtime = round(reporter.runtime(), 3)
+
     def succeeded(r: dict) -> None:
-        r["result"], r["error"] = summary, None
+        r["result"], r["error"], r["runtime_s"] = summary, None, runtime
         r["latest_checkpoint"] = _relative(job_dir, result.checkpoint) or r.get("latest_checkpoint")
         _close(r, "succeeded", "succeeded", f"model '{record['model_name']}' published")
 
@@ -208,13 +265,15 @@ def _mark_resume(store: JobStore, record: dict) -> None:
     store.update(record["id"], lambda r: add_event(r, "resumed", f"from {_relative(job_dir, latest)}"))
 
 
-def _stopped(store: JobStore, job_id: str, reason: str, result) -> str:
-    job_dir = store.job_dir(job_id)
+def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str:
+    job_dir, reason = store.job_dir(job_id), reporter.stop_reason or "stopped"
     checkpoint = _relative(job_dir, result.checkpoint)
     where = f"at step {result.step}, checkpoint {checkpoint}"
+    runtime = round(reporter.runtime(), 3)
 
     def change(r: dict) -> None:
         r["latest_checkpoint"] = checkpoint or r.get("latest_checkpoint")
+        r["runtime_s"] = runtime
         r["progress"] = {**(r.get("progress") or {}), "step": result.step, "eta_s": None}  # progress is throttled
         if reason == "shutdown":  # a clean hand-over, not a failed attempt
             r["state"], r["worker"], r["heartbeat_at"] = "queued", None, None
@@ -223,15 +282,14 @@ def _stopped(store: JobStore, job_id: str, reason: str, result) -> str:
         elif reason == "cancelled":
             _close(r, "cancelled", "cancelled", where)
         else:
-            r["error"] = (f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {result.step}; "
-                          f"checkpoint {checkpoint}")
+            r["error"] = reporter.time_limit_error(result.step, checkpoint, runtime)
             _close(r, "failed", reason, where)
 
     record = store.update(job_id, change)
     return HANDED_BACK if reason == "shutdown" else record["state"]
 
 
-def _fail(store: JobStore, job_id: str, error: BaseException) -> str:
+def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) -> str:
     log.exception("job %s failed", job_id)
     message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
     try:
@@ -240,7 +298,7 @@ def _fail(store: JobStore, job_id: str, error: BaseException) -> str:
         pass
 
     def change(r: dict) -> None:
-        r["error"] = message
+        r["error"], r["runtime_s"] = message, round(runtime, 3)
         _close(r, "failed", "failed", message[:500])
 
     store.update(job_id, change)

@@ -57,8 +57,7 @@ async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus,
-             responses=responses("validation", "unauthorized", "not_found"))
+             responses=responses("validation", "unauthorized", "not_found", "conflict"))
 async def cancel_job(job_id: JobId, jobs: JobServiceDep):
-    """Cancel: a queued job at once; a running one stops at its next step with a checkpoint."""
-    await asyncio.to_thread(jobs.find, job_id)
-    return JobStatus.from_record(await asyncio.to_thread(jobs.store.request_cancel, job_id))
+    """Cancel: a queued job at once; a running one stops at its next step with a checkpoint; a finished one is 409."""
+    return JobStatus.from_record(await asyncio.to_thread(jobs.cancel, job_id))

@@ -12,14 +12,14 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
 """
 
 from .datasets import DatasetExists, dataset_file, list_datasets, read_meta
-from .jobs import JOB_KINDS, STATES, TERMINAL, JobNotFound, JobStore, add_event
+from .jobs import JOB_KINDS, STATES, TERMINAL, JobFinished, JobNotFound, JobStore, add_event
 from .layout import (JOB_ID_PATTERN, NAME_PATTERN, NAME_RULE, DataDir, new_job_id, now_iso, valid_job_id,
                      valid_name)
 from .lease import Lease, lease_is_free, worker_identity
 from .publish import PROVENANCE, publish_model, published_by
 
 __all__ = [
-    "DataDir", "DatasetExists", "JOB_ID_PATTERN", "JOB_KINDS", "JobNotFound", "JobStore", "Lease", "NAME_PATTERN",
+    "DataDir", "DatasetExists", "JOB_ID_PATTERN", "JOB_KINDS", "JobFinished", "JobNotFound", "JobStore", "Lease", "NAME_PATTERN",
     "NAME_RULE", "PROVENANCE", "STATES", "TERMINAL", "add_event", "dataset_file", "lease_is_free",
     "list_datasets", "new_job_id", "now_iso", "publish_model", "published_by", "read_meta", "valid_job_id",
     "valid_name", "worker_identity",

@@ -40,6 +40,14 @@ class JobNotFound(KeyError):
     pass
 
 
+class JobFinished(Exception):
+    """What was asked of a job (a cancel) needs it unfinished, and it is `state`."""
+
+    def __init__(self, job_id: str, state: str):
+        super().__init__(f"job {job_id} is {state}")
+        self.job_id, self.state = job_id, state
+
+
 class JobStore:
     """The jobs below DATA_DIR/jobs: create, read, list, update (locked), cancel, metrics."""
 
@@ -140,12 +148,13 @@ class JobStore:
     # -- cancel -----------------------------------------------------------------------------------
 
     def request_cancel(self, job_id: str) -> dict[str, Any]:
-        """Cooperative cancel: a queued job is cancelled now; a running one when its loop next looks."""
+        """Cooperative cancel: a queued job is cancelled now; a running one when its loop next looks.
+        Raises JobFinished for a job that has already succeeded, failed or been cancelled."""
         job_dir = self.job_dir(job_id)
 
         def change(record: dict) -> None:
             if record["state"] in TERMINAL:
-                return
+                raise JobFinished(job_id, record["state"])  # before anything is written
             record["cancel_requested"] = True
             if record["state"] == "queued":
                 record["state"], record["finished_at"] = "cancelled", now_iso()

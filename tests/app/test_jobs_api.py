@@ -17,8 +17,18 @@ from app.datasets import _Upload
 from app.job_service import JobService
 from app.main import create_app
 from app.settings import Settings
+from model.datadir import JobStore, now_iso
+from model.modeling import BertForSequenceClassification
 
-from ..helpers import BASE_MODEL, corpus_txt, finetune_request, labelled_csv, make_data_dir, pretrain_request
+from ..helpers import (
+    BASE_MODEL,
+    corpus_txt,
+    finetune_request,
+    labelled_csv,
+    make_data_dir,
+    pretrain_request,
+    tiny_config,
+)
 
 NO_BROKER = "redis://127.0.0.1:1/0"
 NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
@@ -97,6 +107,30 @@ BAD_JOBS = [
      "pretrain.params.config.num_hidden_layers: Input should be less than or equal to 48"),
     ({"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"max_seq_len": 1024}},
      "params.max_seq_len: 1024 is more than params.config has positions for (512)"),
+    # Sized before queued (model/sizing.py): issue 12's from-scratch job of ~10 B parameters.
+    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki",
+      "params": {"batch_size": 4096, "max_seq_len": 4096, "vocab_size": 200_000,
+                 "config": {"hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 64,
+                            "intermediate_size": 16384, "max_position_embeddings": 4096}}},
+     ("params: the job is too large: 10.5 B parameters (10,536,004,930) is more than the limit of 500.0 M "
+      "(BERT_JOB_MAX_PARAMS); an estimated 2,665,878.2 GB of peak training memory (fp32: weights, gradients and "
+      "AdamW state 157.0 GB, activations 2,665,721.0 GB, runtime 0.2 GB) is more than the limit of 16 GB "
+      "(BERT_JOB_MAX_MEMORY_GB); "
+      "a smaller batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)")),
+    # A model within the parameter limit whose batch is not within the memory limit (BERT-base shape).
+    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki",
+      "params": {"batch_size": 256, "max_seq_len": 512, "vocab_size": 30522,
+                 "config": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                            "intermediate_size": 3072}}},
+     ("params: the job is too large: an estimated 224.2 GB of peak training memory (fp32: weights, gradients and "
+      "AdamW state 1.6 GB, activations 222.3 GB, runtime 0.2 GB) is more than the limit of 16 GB "
+      "(BERT_JOB_MAX_MEMORY_GB); "
+      "a smaller batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)")),
+    (finetune_request("x", max_runtime="2x"),
+     "finetune.params.max_runtime: '2x' is not a duration: give seconds (an integer) or e.g. '90m', '12h', '1d12h'"),
+    (finetune_request("x", max_runtime=0), "finetune.params.max_runtime: must be between 1 second and 366 days, got 0 s"),
+    (finetune_request("x", max_runtime="4d"),
+     "params.max_runtime: 345600 s is more than this service allows (259200 s, BERT_JOB_MAX_RUNTIME)"),
 ]
 
 
@@ -138,6 +172,73 @@ def test_a_bug_while_publishing_is_a_logged_500_and_leaves_no_record(env, monkey
         assert client.get("/jobs").json() == {"jobs": []}
     assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
     assert "unhandled error on POST /jobs" in caplog.text and "TypeError: send_job()" in caplog.text
+
+
+def accept_without_a_broker(monkeypatch) -> None:
+    """Publishing succeeds without sending anything: the job is accepted (202) and stays queued."""
+    monkeypatch.setattr(JobService, "publish", lambda self, record: None)
+
+
+def test_an_accepted_job_carries_its_size_and_runtime_limit(env, monkeypatch):
+    client, _, data_dir = env
+    accept_without_a_broker(monkeypatch)
+    status, body = post_job(client, finetune_request("sized", max_runtime="1h30m"))
+    assert status == 202, body
+    job = client.get(body["status_url"]).json()
+    assert job["params"]["max_runtime"] == 5400 and job["runtime_s"] is None
+    # The tiny base model (tests/helpers.py) as a 2-label classifier: every part counted, all trainable.
+    classifier = BertForSequenceClassification(tiny_config().with_labels(["negative", "positive"]))
+    assert job["estimate"]["parameters"] == job["estimate"]["trainable"] == sum(
+        p.numel() for p in classifier.parameters())
+    assert job["estimate"]["precision"] in ("fp32", "bf16") and job["estimate"]["memory_bytes"] > 0
+    status, body = post_job(client, finetune_request("default-runtime"))
+    assert client.get(body["status_url"]).json()["params"]["max_runtime"] == 259200  # BERT_JOB_MAX_RUNTIME
+    for record in client.get("/jobs").json()["jobs"]:
+        shutil.rmtree(data_dir / "jobs" / record["id"])
+
+
+def test_the_size_limits_are_settings(tmp_path, monkeypatch):
+    data_dir = make_data_dir(tmp_path / "data")
+    accept_without_a_broker(monkeypatch)
+    with make_client(data_dir, job_max_params=19_000) as client:
+        assert upload(client, "reviews.csv", labelled_csv()).status_code == 201
+        assert post_job(client, finetune_request("x")) == (422, {
+            "error": "params: the job is too large: 19.3 K parameters (19,308) is more than the limit of 19.0 K "
+                     "(BERT_JOB_MAX_PARAMS)", "error_type": "validation"})
+    with make_client(data_dir, job_max_memory_gb=0.001, job_max_runtime=60) as client:
+        status, body = post_job(client, finetune_request("x"))
+        assert status == 422 and body["error"].startswith("params: the job is too large: an estimated 0.3 GB")
+        assert body["error"].endswith("is more than the limit of 0.001 GB (BERT_JOB_MAX_MEMORY_GB); a smaller "
+                                      "batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)")
+        assert post_job(client, finetune_request("x", max_runtime="2m"))[1]["error"] == (
+            "params.max_runtime: 120 s is more than this service allows (60 s, BERT_JOB_MAX_RUNTIME)")
+
+
+@pytest.mark.parametrize("state", ["succeeded", "failed", "cancelled"])
+def test_cancelling_a_finished_job_is_409_and_changes_nothing(env, monkeypatch, state):
+    client, _, data_dir = env
+    accept_without_a_broker(monkeypatch)
+    job_id = post_job(client, finetune_request(f"done-{state}"))[1]["id"]
+    store = JobStore(data_dir)
+    store.update(job_id, lambda r: r.update(state=state, finished_at=now_iso()))
+    before = store.read(job_id)
+    r = client.post(f"/jobs/{job_id}/cancel")
+    assert (r.status_code, r.json()) == (409, {
+        "error": f"job '{job_id}' has already finished ({state}): there is nothing to cancel",
+        "error_type": "conflict"})
+    assert store.read(job_id) == before and not store.cancel_requested(job_id)
+    shutil.rmtree(data_dir / "jobs" / job_id)
+
+
+def test_cancelling_a_queued_job_twice(env, monkeypatch):
+    """The first cancel ends a queued job (202); the second finds it finished (409)."""
+    client, _, data_dir = env
+    accept_without_a_broker(monkeypatch)
+    job_id = post_job(client, finetune_request("twice"))[1]["id"]
+    r = client.post(f"/jobs/{job_id}/cancel")
+    assert (r.status_code, r.json()["state"], r.json()["cancel_requested"]) == (202, "cancelled", True)
+    assert client.post(f"/jobs/{job_id}/cancel").status_code == 409
+    shutil.rmtree(data_dir / "jobs" / job_id)
 
 
 def test_a_dotted_model_name_is_served_and_can_be_a_job_base_model(tmp_path):

@@ -8,7 +8,7 @@ import multiprocessing
 
 import pytest
 
-from model.datadir import (PROVENANCE, JobNotFound, JobStore, Lease, lease_is_free, publish_model, valid_job_id,
+from model.datadir import (PROVENANCE, JobFinished, JobNotFound, JobStore, Lease, lease_is_free, publish_model, valid_job_id,
                            valid_name)
 
 from ..helpers import LeaseHolder, finetune_spec
@@ -71,7 +71,11 @@ def test_cancel_is_immediate_when_queued_and_a_flag_when_running(store):
     assert (record["state"], record["cancel_requested"]) == ("running", True)
     assert store.cancel_requested(running)
     store.update(running, lambda r: r.update(state="succeeded"))
-    assert store.request_cancel(running)["state"] == "succeeded"  # finished is finished
+    before = store.read(running)
+    with pytest.raises(JobFinished) as finished:  # finished is finished: the record is left as it was
+        store.request_cancel(running)
+    assert (finished.value.job_id, finished.value.state) == (running, "succeeded")
+    assert store.read(running) == before
 
 
 def test_the_lease_is_exclusive_across_processes_and_dies_with_its_holder(store):

@@ -5,7 +5,9 @@ broker killed and restarted. Every accepted job finishes, once, at the requested
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import time
 from types import SimpleNamespace
 
@@ -102,6 +104,28 @@ def test_worker_deaths_neither_lose_nor_repeat_steps(tmp_path):
         assert all(is_complete(d) for d in step_dirs(s.data_dir, job_id))
         assert not list((job_dir / "checkpoints").glob(".tmp-*"))
         assert (s.data_dir / "models" / "survivor" / "config.json").is_file()
+
+
+def test_a_pool_process_killed_like_the_oom_killer_does_shows_why(tmp_path):
+    """SIGKILL to the pool process only (what the OOM killer does), not the worker's main process: the
+    main process sees the signal, records it on the job, and Celery requeues the message; with one
+    attempt allowed the job fails, and says why."""
+    flush_redis()
+    with stack(tmp_path) as s:
+        s.workers.append(start_worker(s.data_dir, REDIS_URL, "oom", tmp_path, BERT_JOB_MAX_ATTEMPTS="1"))
+        job_id = submit(s, finetune_request("doomed", max_steps=100_000, save_every=0))
+        wait_for(lambda: read_record(s.data_dir, job_id)["progress"].get("step", 0) >= 1, 60, "training")
+        pid = int(read_record(s.data_dir, job_id)["worker"].rsplit(":", 1)[1])
+        assert pid != s.workers[0].proc.pid  # the pool process, not the main one
+        os.kill(pid, signal.SIGKILL)
+        job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=60)
+        reason = "the worker process was killed (SIGKILL; likely out of memory: the kernel's OOM killer sends SIGKILL)"
+        assert job["state"] == "failed" and job["attempts"] == 1
+        assert job["error"] == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
+        events = [(e["event"], e.get("detail")) for e in job["events"]]
+        assert ("worker process lost", reason) in events
+        assert ("attempt did not finish", f"attempt 1 did not finish: {reason}") in events
+        assert s.workers[0].proc.poll() is None  # the worker itself lives on
 
 
 def test_a_duplicate_delivery_never_trains_twice(tmp_path):

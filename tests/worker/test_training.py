@@ -4,11 +4,13 @@ situation, the attempt limit, the soft time limit, and the recovery sweep."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from model.checkpoint import is_complete
+from model.checkpoint import is_complete, load_checkpoint
 from model.datadir import JobStore
+from model.modeling import BertForSequenceClassification, load_model
 from worker.celery_app import make_celery
-from worker.recovery import sweep
+from worker.recovery import lost_reason, note_lost_attempt, sweep
 from worker.settings import WorkerSettings
 from worker.training import run_job
 
@@ -62,7 +64,7 @@ def test_a_job_that_keeps_dying_is_failed_after_max_attempts(data_dir, settings)
     record = store.read(job_id)
     assert record["state"] == "failed" and record["attempts"] == 3
     assert record["error"] == ("gave up after 3 attempts (BERT_JOB_MAX_ATTEMPTS); "
-                               "last: the worker died during the attempt")
+                               "last: attempt 3 did not finish: the worker died")
     assert run_job(job_id, "finetune", settings)["outcome"] == "already failed"
 
 
@@ -94,6 +96,86 @@ def test_the_soft_time_limit_stops_at_a_step_with_a_checkpoint(data_dir, setting
     assert record["error"] == ("stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step 1; "
                                "checkpoint checkpoints/step-1")
     assert is_complete(store.job_dir(job_id) / "checkpoints" / "step-1")
+
+
+def test_max_runtime_stops_the_job_with_a_loadable_checkpoint(data_dir, settings):
+    """Earlier attempts used 59.8 of the job's 60 s: this one stops at its first step past 0.2 s."""
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf", max_steps=100_000, save_every=0, max_runtime=60))["id"]
+    store.update(job_id, lambda r: r.update(runtime_s=59.8))
+    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    record = store.read(job_id)
+    step = record["progress"]["step"]
+    assert 1 <= step < 100_000 and record["runtime_s"] >= 60
+    assert record["error"] == (f"time limit: the job's max_runtime (60 s) was reached at step {step}, after "
+                               f"{record['runtime_s']:.0f} s of training; checkpoint checkpoints/step-{step}")
+    assert record["events"][-1]["event"] == "time limit" and record["latest_checkpoint"] == f"checkpoints/step-{step}"
+    checkpoint = store.job_dir(job_id) / record["latest_checkpoint"]
+    assert is_complete(checkpoint)
+    model = load_model(checkpoint)  # a model directory: the classifier as trained so far
+    state = load_checkpoint(checkpoint, model=BertForSequenceClassification(model.config))["trainer"]
+    assert state["step"] == step and isinstance(model, BertForSequenceClassification)
+    assert model(torch.tensor([[2, 5, 3]])).logits.shape == (1, 2)
+
+
+def test_a_job_whose_max_runtime_is_used_up_fails_without_training(data_dir, settings):
+    """An attempt killed past its max_runtime: the next delivery does not start another."""
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf", max_runtime=30))["id"]
+    store.update(job_id, lambda r: r.update(state="running", attempts=1, runtime_s=31.0))
+    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    record = store.read(job_id)
+    assert (record["attempts"], record["events"][-1]["event"]) == (1, "time limit")
+    assert record["error"] == ("time limit: the job's max_runtime (30 s) was used up by its earlier attempts (31 s); "
+                               "latest checkpoint None")
+    assert not (store.job_dir(job_id) / "checkpoints").exists()
+
+
+def test_runtime_adds_up_over_attempts(data_dir, settings):
+    """A hand-back (worker shutdown) after one step, then a second attempt to the end: both count."""
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf", max_steps=10, max_runtime=600))["id"]
+
+    class Set:
+        def is_set(self):
+            return True
+
+    assert run_job(job_id, "finetune", settings, shutting_down=Set())["outcome"] == "handed back"
+    first = store.read(job_id)["runtime_s"]
+    assert first > 0
+    store.update(job_id, lambda r: r.update(runtime_s=first + 100))  # as if the first had taken 100 s more
+    assert run_job(job_id, "finetune", settings)["outcome"] == "succeeded"
+    record = store.read(job_id)
+    assert record["runtime_s"] > first + 100 and record["error"] is None
+
+
+@pytest.mark.parametrize("noted_attempt, reason", [
+    (1, "the worker process was killed (SIGKILL; likely out of memory: the kernel's OOM killer sends SIGKILL)"),
+    (0, "the worker died"),  # a note about an older attempt says nothing about this one
+])
+def test_a_lost_attempt_shows_why_it_was_lost(data_dir, settings, noted_attempt, reason):
+    store = JobStore(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    store.update(job_id, lambda r: r.update(state="running", attempts=1))
+    if noted_attempt:
+        note_lost_attempt(store, job_id, lost_reason("Worker exited prematurely: signal 9 (SIGKILL) Job: 0."))
+    else:
+        store.update(job_id, lambda r: r.update(lost_attempt={"attempt": 0, "reason": "stale"}))
+    one = settings.model_copy(update={"job_max_attempts": 1})
+    assert run_job(job_id, "finetune", one)["outcome"] == "failed"
+    record = store.read(job_id)
+    assert record["error"] == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
+    lost = next(e for e in record["events"] if e["event"] == "attempt did not finish")
+    assert lost["detail"] == f"attempt 1 did not finish: {reason}"
+
+
+def test_lost_reasons():
+    assert lost_reason("Worker exited prematurely: signal 11 (SIGSEGV) Job: 0.") == (
+        "the worker process was killed by signal 11 (SIGSEGV)")
+    assert lost_reason("Worker exited prematurely: exitcode 70 Job: 0.") == (
+        "the worker process exited unexpectedly (exit code 70)")
+    assert lost_reason("Worker exited prematurely: SystemExit.") == (
+        "the worker process was lost: Worker exited prematurely: SystemExit.")
 
 
 def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):

@@ -1,0 +1,167 @@
+"""How big a training run is, from its config alone: parameters and peak training memory.
+
+Pure arithmetic (no torch), so the service can size a job before anything is queued. The parameter
+count is exact for the classes of model/modeling.py (tests/model/test_sizing.py checks it against
+built models); the memory is an estimate, checked against measured runs by bench/sizing_bench.py.
+
+Parameters (h hidden, I intermediate, L layers, V vocabulary, P positions, T token types):
+
+    embeddings   (V + P + T) h + 2h                      word, position, segment tables + LayerNorm
+    each layer   4h^2 + 2hI + 9h + I                     fused QKV + output (4h^2 + 4h), FFN (2hI + I + h),
+                                                         two LayerNorms (4h)
+    pooler       h^2 + h                                 BertForPreTraining, BertForSequenceClassification
+    MLM head     h^2 + 3h + V                            transform + LayerNorm + bias; the decoder is tied
+    NSP head     2h + 2
+    classifier   n h + n                                 n labels
+
+Peak training memory, in bytes, of one optimizer step (N parameters, N_t of them trainable):
+
+    states       4 N  +  4 N_t  +  8 N_t                 fp32 weights, fp32 gradients, AdamW's two fp32
+                                                         moments (exp_avg, exp_avg_sq)
+               + 2 N                                     bf16 only: autocast's bf16 copies of the weights
+    activations  (L + 1) e (12 sbh + 2 sbI + 3 a s^2 b)  every layer's, and one layer's worth of
+                                                         gradients in flight in the backward pass
+               + e 3 sbh                                 the embeddings' sum, LayerNorm and dropout
+               + 3 * 4 m V                               MLM: fp32 logits and log-probabilities of the
+                                                         m = b s p masked positions, and their gradient
+
+    overhead     256 MiB                                 kernels, workspaces, allocator slack (measured)
+
+with b the (micro-)batch size, s the sequence length, a the heads and e the bytes of an activation
+(4 in fp32, 2 in bf16). The per-layer term is Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", section 4.1: e (8 sbh + 2 sbI + 2 a s^2 b) plus 1 byte
+per dropout mask element (2 sbh + a s^2 b), which is 34 sbh + 5 a s^2 b bytes in 16-bit with I = 4h;
+per layer the backward pass keeps the QKV input, Q, K and V, the softmax output, its dropout mask
+and output, the attention context, the FFN input, the GELU input and output, two LayerNorm inputs
+and two dropout masks. Two changes for PyTorch as this project runs it, both measured
+(bench/sizing_bench.py): on a CPU, dropout keeps its mask in the activations' dtype (e bytes, not 1),
+and unfused ("math") attention keeps scaled copies of Q and K (+ e 2 sbh). On a GPU, fused dropout
+and attention kernels keep less, so there the estimate errs high.
+
+Gradient accumulation does not enter: only one micro-batch's activations are alive at a time, and
+its gradients add into the same buffers. Precision "auto" is fp32 on a CPU and bf16 on a GPU; a
+service that does not know where its jobs run takes the larger of the two (`precision="auto"`).
+The memory is that of the device that trains: RAM on a CPU, GPU memory on CUDA (plus, there, the
+CUDA context, about 0.5 GB, which the estimate leaves out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# What each model class has beside the encoder (model/modeling.py).
+ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "BertModel": ("pooler",),
+    "BertForPreTraining": ("pooler", "mlm", "nsp"),
+    "BertForMaskedLM": ("mlm",),
+    "BertForSequenceClassification": ("pooler", "classifier"),
+}
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
+GB = 1024**3
+# What training adds beyond tensors: the math libraries' kernels and workspaces and the allocator's
+# slack. Measured (bench/sizing_bench.py): 0.13 GB for a 5.5 M-parameter model, 0.22 GB for BERT-base.
+RUNTIME_OVERHEAD_BYTES = 256 * 1024**2
+
+
+@dataclass(frozen=True)
+class TrainingSize:
+    """A training run's size; the byte counts add up to `memory_bytes`."""
+
+    parameters: int
+    trainable: int
+    weights_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    precision: str  # the one the estimate is for ("fp32" or "bf16")
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
+
+    @property
+    def memory_bytes(self) -> int:
+        return (self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+                + self.overhead_bytes)
+
+    @property
+    def memory_gb(self) -> float:
+        return self.memory_bytes / GB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "memory_bytes": self.memory_bytes, "memory_gb": round(self.memory_gb, 3)}
+
+
+def _get(config: Any, name: str) -> int:
+    if isinstance(config, Mapping):
+        return config.get(name, 2) if name == "type_vocab_size" else config[name]  # BERT's default: 2
+    return getattr(config, name)
+
+
+def part_parameters(config: Any, num_labels: int = 2) -> dict[str, int]:
+    """Parameters of each part of a BERT (`config`: a BertConfig or a dict with its fields)."""
+    h, i = _get(config, "hidden_size"), _get(config, "intermediate_size")
+    v = _get(config, "vocab_size")
+    tables = v + _get(config, "max_position_embeddings") + _get(config, "type_vocab_size")
+    return {"embeddings": tables * h + 2 * h,
+            "encoder": _get(config, "num_hidden_layers") * (4 * h * h + 2 * h * i + 9 * h + i),
+            "pooler": h * h + h, "mlm": h * h + 3 * h + v, "nsp": 2 * h + 2, "classifier": num_labels * h + num_labels}
+
+
+def count_parameters(config: Any, architecture: str, num_labels: int = 2) -> int:
+    """Exactly what `sum(p.numel() for p in cls(config).parameters())` is for that model class."""
+    parts = part_parameters(config, num_labels)
+    return parts["embeddings"] + parts["encoder"] + sum(parts[p] for p in ARCHITECTURES[architecture])
+
+
+def layer_activation_bytes(config: Any, batch_size: int, seq_len: int, e: int, mask_bytes: int,
+                           scaled_qk: bool = True) -> int:
+    """One encoder layer's activations kept for the backward pass (module docstring)."""
+    h, i, a = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads"))
+    sbh, sbi, attention = seq_len * batch_size * h, seq_len * batch_size * i, a * seq_len * seq_len * batch_size
+    kept = e * (8 * sbh + 2 * sbi + 2 * attention) + mask_bytes * (2 * sbh + attention)
+    return kept + (e * 2 * sbh if scaled_qk else 0)
+
+
+def activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str,
+                     masked_lm_prob: float | None = None) -> int:
+    """Bytes of one micro-batch's activations at the peak of the backward pass (module docstring)."""
+    e = ACTIVATION_BYTES[precision]
+    b, s, h = batch_size, seq_len, _get(config, "hidden_size")
+    layer = layer_activation_bytes(config, b, s, e, mask_bytes=e)
+    total = (_get(config, "num_hidden_layers") + 1) * layer + e * 3 * s * b * h
+    if masked_lm_prob is not None:
+        total += 3 * 4 * round(b * s * masked_lm_prob) * _get(config, "vocab_size")
+    return total
+
+
+def estimate_training(config: Any, architecture: str, *, batch_size: int, seq_len: int, precision: str = "auto",
+                      num_labels: int = 2, masked_lm_prob: float = 0.15, freeze_encoder: bool = False) -> TrainingSize:
+    """Parameters and peak memory of training `architecture` (a model/modeling.py class name) with
+    AdamW at this micro-batch size and sequence length; `precision` "fp32", "bf16" or "auto" (the
+    larger of the two). `freeze_encoder`: embeddings and encoder get no gradient (heads-only)."""
+    if precision == "auto":
+        return max((estimate_training(config, architecture, batch_size=batch_size, seq_len=seq_len, precision=p,
+                                      num_labels=num_labels, masked_lm_prob=masked_lm_prob,
+                                      freeze_encoder=freeze_encoder) for p in ACTIVATION_BYTES),
+                   key=lambda size: size.memory_bytes)
+    if precision not in ACTIVATION_BYTES:
+        raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; expected one of {sorted(ARCHITECTURES)}")
+    parts = part_parameters(config, num_labels)
+    total = count_parameters(config, architecture, num_labels)
+    trainable = total - (parts["embeddings"] + parts["encoder"] if freeze_encoder else 0)
+    mlm = masked_lm_prob if "mlm" in ARCHITECTURES[architecture] else None
+    return TrainingSize(
+        parameters=total, trainable=trainable,
+        weights_bytes=4 * total + (2 * total if precision == "bf16" else 0),
+        gradient_bytes=4 * trainable, optimizer_bytes=8 * trainable,
+        activation_bytes=activation_bytes(config, batch_size, seq_len, precision, mlm), precision=precision)
+
+
+def format_count(n: float) -> str:
+    """1234 -> "1.2 K", 9.7e9 -> "9.7 B" (parameters)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return str(int(n))
