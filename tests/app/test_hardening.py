@@ -156,7 +156,7 @@ async def test_error_bodies_carry_no_library_text_or_absolute_paths(tmp_path):
     pickled = models / "pickled"
     save_tiny(pickled, BertForPreTraining)
     (pickled / "model.safetensors").unlink()
-    (pickled / "pytorch_model.bin").write_bytes(pickle.dumps({"bert.embeddings.word_embeddings.weight": _Payload()}))
+    (pickled / "pytorch_model.bin").write_bytes(pickle.dumps({"bert.embeddings.word_embeddings.weight": _Payload()}, protocol=2))
     save_tiny(models / "no-weights", BertForPreTraining)
     (models / "no-weights" / "model.safetensors").unlink()  # our own FileNotFoundError, with its path
     (models / "bad-json").mkdir()
