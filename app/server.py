@@ -68,7 +68,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     headers (from connecting, or from the end of its previous answer), may pause at most
     `body_timeout` seconds between two reads of a body, and one connection past `max_connections`
     is answered 503 and closed. A timed-out connection is closed; a handler still reading that body
-    sees the client disconnect. `serving(settings)` makes the subclass with the settings' values."""
+    sees the client disconnect. A request answered before its body was read (a 401, a 413) has the
+    rest of its body discarded for a moment and its connection closed, as nginx's lingering close
+    does, so a client cannot keep it open by trickling the body it declared. `serving(settings)`
+    makes the subclass with the settings' values."""
 
     header_timeout = 10.0
     body_timeout = 30.0
@@ -82,24 +85,29 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                                            "body_timeout": settings.body_timeout,
                                            "max_connections": settings.max_connections})
 
-    _refused = False
+    _closing = False  # answered for good: what the client still sends is read and dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             log.warning("refused a connection: %d are open (BERT_MAX_CONNECTIONS)", len(self.connections) - 1)
-            self._refused = True
             transport.write(_connection_limit_answer(self.max_connections))
-            # Half-close and linger a moment, reading nothing: closing at once, with the client's
-            # request unread, would reset the connection before the client reads the 503.
-            transport.write_eof()
-            self.loop.call_later(1.0, transport.close)
+            self._linger_and_close()
             return
         self._arm(self.header_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if not self._refused:
+        if not self._closing:
             super().data_received(data)
+
+    def _linger_and_close(self) -> None:
+        """Half-close, drop what still arrives for a second, then close: closing at once with the
+        client's bytes unread would reset the connection before the client reads our answer."""
+        self._closing = True
+        self._arm(None)
+        if not self.transport.is_closing():
+            self.transport.write_eof()
+            self.loop.call_later(1.0, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._arm(None)
@@ -121,7 +129,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self._reading_body:  # else the body's own timer runs on
+        if self._reading_body:  # answered before the body was read: the rest is not wanted
+            self._linger_and_close()
+        elif not self._closing:
             self._arm(self.header_timeout)
 
     def _arm(self, seconds: float | None) -> None:

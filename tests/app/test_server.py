@@ -142,6 +142,21 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
                 received, after = _closed_after(conn, 10)
                 assert received == b"" and after < 3, (received, after)
 
+        # Answered before its body was read (413 on the declared length): trickling the rest keeps
+        # the connection open no longer (it stayed open as long as the trickle went on).
+        with socket.create_connection(address) as trickle:
+            trickle.sendall(b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 5000000\r\n\r\n{")
+            answer = b""
+            while b'"error_type":"too_large"}' not in answer:
+                answer += trickle.recv(65536)
+            start = time.monotonic()
+            with pytest.raises(OSError):  # reset or broken pipe once the server has closed
+                while time.monotonic() - start < 6:
+                    trickle.sendall(b"x")
+                    time.sleep(0.2)
+            assert time.monotonic() - start < 4
+
         # A kept-alive connection gets the header deadline again for its next request.
         with socket.create_connection(address) as kept:
             kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
