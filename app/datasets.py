@@ -20,6 +20,7 @@ import asyncio
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -36,6 +37,8 @@ from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
 from model.datadir.datasets import DATASET_KINDS, install, staging_dir
 
 from .errors import ServiceError
+
+log = logging.getLogger("bertserve")
 
 EXTENSIONS = {".txt": ("corpus",), ".csv": ("labelled",), ".tsv": ("labelled",), ".jsonl": ("corpus", "labelled")}
 MAX_FIELD_BYTES = 1024  # the name and kind form fields
@@ -199,7 +202,9 @@ async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, d
         await asyncio.to_thread(upload.write, upload.take_pending())
         await asyncio.to_thread(upload.close)
     except (FormParserError, UnicodeDecodeError) as e:  # the parser's own errors: the body is not multipart
-        raise ServiceError("validation", f"malformed multipart body: {e}") from None
+        log.info("malformed multipart body on POST /datasets: %s", e)  # the parser's words stay here
+        raise ServiceError("validation", "malformed multipart body: it does not follow the multipart/form-data "
+                                         "format with the boundary its Content-Type names") from None
     except ClientDisconnect:  # nobody reads this answer; it keeps a hang-up out of the error log
         raise ServiceError("validation", "the client disconnected before the upload was complete") from None
     finally:

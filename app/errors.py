@@ -2,6 +2,9 @@
 
 Every failure answers `{"error": message, "error_type": kind}`: ServiceError raised anywhere,
 FastAPI's request validation (422), routing misses (404/405) and unexpected exceptions (500).
+429 and 503 say when to come back (Retry-After); 405 lists every method the path has (Allow), and
+OPTIONS on a path that exists answers 204 with that list. Bodies carry our own words only: an
+unexpected exception's text stays in the log.
 Pattern after text-embeddings-inference's router (one ErrorType -> StatusCode table).
 """
 
@@ -12,19 +15,20 @@ from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
 
-ErrorKind = Literal["validation", "overloaded", "not_found", "conflict", "unavailable", "unauthorized",
-                    "too_large", "insufficient_storage", "internal"]
+ErrorKind = Literal["validation", "overloaded", "not_found", "method_not_allowed", "conflict", "unavailable",
+                    "unauthorized", "too_large", "insufficient_storage", "internal"]
 
 STATUS: dict[str, int] = {
     "validation": 422,
     "overloaded": 429,
     "not_found": 404,
+    "method_not_allowed": 405,  # the path exists, this method does not
     "conflict": 409,  # the request needs a state the resource has left (cancelling a finished job)
     "unavailable": 503,
     "unauthorized": 401,
@@ -33,6 +37,11 @@ STATUS: dict[str, int] = {
     "internal": 500,
 }
 assert set(ErrorKind.__args__) == set(STATUS)
+
+# Retry-After (seconds, RFC 9110 section 10.2.3) on every answer with these statuses: a full queue
+# drains within a second or so; a model that is loading, still training or a service that is
+# starting or stopping takes longer.
+RETRY_AFTER_S = {429: 1, 503: 5}
 
 
 class JobProgress(BaseModel):
@@ -72,9 +81,13 @@ def error_body(kind: str, message: str, **details) -> dict:
 
 def error_response(kind: str, message: str, status: int | None = None, headers: dict | None = None,
                    **details) -> JSONResponse:
+    status = status or STATUS[kind]
+    headers = dict(headers or {})
     if kind == "unauthorized":
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return JSONResponse(error_body(kind, message, **details), status_code=status or STATUS[kind], headers=headers)
+        headers["WWW-Authenticate"] = "Bearer"
+    if status in RETRY_AFTER_S:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S[status]))
+    return JSONResponse(error_body(kind, message, **details), status_code=status, headers=headers)
 
 
 def responses(*kinds: str) -> dict:
@@ -89,8 +102,11 @@ def _describe_validation(exc: RequestValidationError) -> str:
             detail = (err.get("ctx") or {}).get("error", "invalid")
             parts.append(f"the body is not valid JSON: {detail} (character {err['loc'][-1]})")
             continue
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        if not loc and err.get("type") == "invalid":  # a whole-body check that names its own place
+            parts.append(err["msg"])
+            continue
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
 
 
@@ -102,16 +118,37 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return error_response("validation", _describe_validation(exc))
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers on this path (the router's own 405 names one route's only)."""
+    methods = {"OPTIONS"}
+    for route in request.app.state.routes:  # app/main.py: every route of the app
+        if route.path_regex.match(request.url.path):
+            methods |= route.methods
+    return sorted(methods)
+
+
+def _unparsable_body(exc: StarletteHTTPException) -> str:
+    """FastAPI answers 400 to a body json.loads raised on other than a syntax error: say which."""
+    if isinstance(exc.__cause__, RecursionError):
+        return "the body is not valid JSON for this service: it is nested too deeply"
+    if isinstance(exc.__cause__, UnicodeDecodeError):
+        return "the body is not valid JSON (it must be UTF-8 text)"
+    return "the body cannot be parsed as JSON"
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """Errors raised by routing and by the framework itself (404, 405, unparsable bodies)."""
     code = exc.status_code
     if code == 404:
         return error_response("not_found", f"no route {request.url.path}")
-    if code == 405:  # the path exists, this method does not: still "no such operation"
+    if code == 405:
+        allow = {"Allow": ", ".join(allowed_methods(request))}
+        if request.method == "OPTIONS":  # what this path answers to (RFC 9110 section 9.3.7)
+            return Response(status_code=204, headers=allow)
         message = f"method {request.method} is not allowed on {request.url.path}"
-        return error_response("not_found", message, status=405, headers=exc.headers)
-    if code == 400:  # FastAPI's answer to a body it cannot decode (not UTF-8): a validation error
-        return error_response("validation", "the body is not valid JSON (it must be UTF-8 text)")
+        return error_response("method_not_allowed", message, headers=allow)
+    if code == 400:  # FastAPI's answer to a body it cannot decode: a validation error
+        return error_response("validation", _unparsable_body(exc))
     kind = next((k for k, s in STATUS.items() if s == code), "validation" if code < 500 else "internal")
     return error_response(kind, str(exc.detail), status=code, headers=exc.headers)
 

@@ -15,6 +15,7 @@ accepted job (202) always has both a record and a message.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from kombu.exceptions import OperationalError
@@ -35,6 +36,8 @@ from worker.queue import producer, send_job
 from .errors import ServiceError
 from .schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from .settings import Settings
+
+log = logging.getLogger("bertserve")
 
 JobRequest = PretrainJobRequest | FinetuneJobRequest
 
@@ -67,8 +70,9 @@ class JobService:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:
             await asyncio.to_thread(self.store.discard_unclaimed, record["id"], "the broker could not be reached")
-            raise ServiceError("unavailable", f"the job queue (broker) cannot be reached, nothing was queued: "
-                                              f"{type(e).__name__}: {e}") from None
+            log.warning("publishing job %s failed: %s: %s", record["id"], type(e).__name__, e)
+            raise ServiceError("unavailable", "the job queue (broker) cannot be reached, nothing was queued; "
+                                              "retry later (the service log has the details)") from None
         except Exception:  # a bug: no record without a message; the app's handler logs it and answers 500
             await asyncio.to_thread(self.store.discard_unclaimed, record["id"],
                                     "sending the job failed on an internal error")

@@ -1,8 +1,10 @@
 """The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
 
-Middleware, outermost first: metrics (times everything), body limit (413 before the body is
-read). Routers: operations (open: /health, /ready, /metrics); inference and /models behind the
-API key; /jobs and /datasets behind the admin key, which their routers demand themselves.
+Middleware, outermost first: metrics (times everything), keys (401 from the headers, before the
+body is read), body limit (413 before the body is read). Routers: operations (open: /health,
+/ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
+/jobs and /datasets behind the admin key, which their routers demand themselves. No trailing-slash
+redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi import Depends, FastAPI
 from .deps import require_api_key
 from .errors import install_handlers
 from .metrics import Metrics, MetricsMiddleware
-from .middleware import BodyLimitMiddleware
+from .middleware import BodyLimitMiddleware, KeyMiddleware, key_guards
 from .routes import classify, datasets, embeddings, fill_mask, jobs, models, nsp, ops
 from .routes.ops import version
 from .service import Service
@@ -24,7 +26,8 @@ DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction
 (also in OpenAI's format) and fine-tuned classifiers, from models in `DATA_DIR/models/`.
 
 Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
-send `Authorization: Bearer <key>` to every route except /health, /ready and /metrics.
+send `Authorization: Bearer <key>` to every route except /health and /ready (and /metrics when
+BERT_METRICS_PUBLIC is true).
 """
 
 
@@ -42,21 +45,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await service.stop()
 
     app = FastAPI(title="bertserve", version=version(), description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)  # /docs, /openapi.json: routes/ops.py
+                  docs_url=None, redoc_url=None, openapi_url=None,  # /docs, /openapi.json: routes/ops.py
+                  redirect_slashes=False)
     app.state.settings = settings
     app.state.service = service
     install_handlers(app)
+    keyed = [Depends(require_api_key)]
+    routers = [(ops.router, []), (ops.metrics_router, [] if settings.metrics_public else keyed), (ops.protected, []),
+               *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, models)),
+               # their routers depend on require_admin_key (app/deps.py)
+               *((module.router, []) for module in (jobs, datasets))]
+    for router, dependencies in routers:
+        app.include_router(router, dependencies=dependencies)
+    app.state.routes = [route for router, _ in routers for route in router.routes]  # for 405's Allow (errors.py)
+
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets",))
+    app.add_middleware(KeyMiddleware, settings=settings, guards=key_guards(routers))
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
-
-    app.include_router(ops.router)
-    app.include_router(ops.protected)
-    keyed = [Depends(require_api_key)]
-    for module in (fill_mask, nsp, embeddings, classify, models):
-        app.include_router(module.router, dependencies=keyed)
-    for module in (jobs, datasets):  # their routers depend on require_admin_key (app/deps.py)
-        app.include_router(module.router)
     return app
 
 

@@ -1,6 +1,10 @@
-"""Pure ASGI middleware that caps request bodies (413) without reading them whole.
+"""Pure ASGI middleware: the key check before anything of the body is read, and the body cap.
 
-A declared Content-Length over the limit is refused before a byte of the body is read. Otherwise
+KeyMiddleware finds the routes of a request's path and the key their dependencies demand
+(app/deps.py), and answers 401 from the headers alone: an anonymous client never has its body read or parsed,
+whatever it sends. A path no route has needs BERT_API_KEY, so nothing about the routes leaks.
+
+BodyLimitMiddleware caps request bodies (413) without reading them whole. A declared Content-Length over the limit is refused before a byte of the body is read. Otherwise
 (chunked or lying clients) the bytes are counted as the app receives them; the moment the count
 passes the limit the app's reads fail, whatever it tries to answer is dropped, and the client gets
 the 413. Pure ASGI rather than BaseHTTPMiddleware so the body is streamed, never buffered here.
@@ -8,9 +12,50 @@ the 413. Pure ASGI rather than BaseHTTPMiddleware so the body is streamed, never
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_response
+from .deps import KEY_OF, api_key, bearer_token, check_bearer_key
+from .errors import ServiceError, error_response
+from .settings import Settings
+
+KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/deps.py's api_key or admin_key
+
+
+class KeyMiddleware:
+    def __init__(self, app: ASGIApp, settings: Settings, guards: list[tuple[re.Pattern, KeyOf | None]]):
+        self.app = app
+        self.settings = settings
+        self.guards = guards  # (a route's path regex, the key it needs; None: open), from key_guards()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (key_of := self.key_for(scope["path"])) is not None:
+            try:
+                check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
+            except ServiceError as e:
+                await error_response(e.kind, e.message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def key_for(self, path: str) -> KeyOf | None:
+        """The key a path's routes need (every method of a path is in one router); BERT_API_KEY for a
+        path no route has."""
+        return next((key_of for regex, key_of in self.guards if regex.match(path)), api_key)
+
+
+def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, KeyOf | None]]:
+    """(path regex, key) of every route of these routers, each with the extra dependencies it is
+    included with, as the key dependencies of app/deps.py declare it."""
+    guards = []
+    for router, dependencies in routers:
+        key_of = next((KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies]
+                       if d.dependency in KEY_OF), None)
+        guards += [(route.path_regex, key_of) for route in router.routes]
+    return guards
 
 
 class BodyTooLarge(Exception):

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS
 from model.datadir.jobs import steps_of
+from model.tokenizer import lone_surrogate_at
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -38,6 +39,35 @@ class Strict(BaseModel):
     """The base of every request type: see the module docstring."""
 
     model_config = STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        """JSON may escape a lone UTF-16 surrogate ("\\ud800"); no text is valid Unicode with one."""
+        if (found := _lone_surrogate(data, "")) is not None:
+            where, char, at = found
+            raise _invalid(f"{where or 'body'} is not valid Unicode: lone surrogate {char!r} at character {at}")
+        return data
+
+
+def _lone_surrogate(data: Any, where: str) -> tuple[str, str, int] | None:
+    """(where, the surrogate, its index) of the first lone surrogate in a JSON value's strings."""
+    if isinstance(data, str):
+        at = None if data.isascii() else lone_surrogate_at(data)
+        return None if at is None else (where, data[at], at)
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if isinstance(key, str) and (found := _lone_surrogate(key, where)) is not None:
+            return found
+        inner = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+        if (found := _lone_surrogate(value, inner)) is not None:
+            return found
+    return None
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    """A validation error whose message is shown as is (a ValueError would get "Value error, " before it)."""
+    return PydanticCustomError("invalid", message)
 
 
 _EXAMPLES: dict[str, dict[str, dict]] = {}
@@ -279,11 +309,6 @@ class DatasetsResponse(BaseModel):
 
 
 # -- training jobs: requests -------------------------------------------------------------------
-
-def _invalid(message: str) -> PydanticCustomError:
-    """A validation error whose message is shown as is (a ValueError would get "Value error, " before it)."""
-    return PydanticCustomError("invalid", message)
-
 
 def _check_name(value: str) -> str:
     if not valid_name(value):

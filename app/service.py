@@ -124,7 +124,7 @@ class Service:
         if name is None:
             return "no default model: set BERT_DEFAULT_MODEL (or store exactly one model)"
         if entry is None:
-            return f"default model '{name}' is not in {self.store.root}"
+            return f"default model '{name}' is not in DATA_DIR/models"
         if entry.error is not None:
             return f"default model '{name}' cannot be served: {entry.error}"
         if entry.loaded is None:

@@ -27,8 +27,12 @@ class Settings(BaseSettings):
     # Model /fill-mask and /nsp use when a request names none; unset = BERT_DEFAULT_MODEL. (`make run`
     # sets it to the bootstrap job's model while BERT_DEFAULT_MODEL stays the MiniLM encoder.)
     default_mlm_model: str | None = None
-    # When set, every route except /health, /ready and /metrics needs `Authorization: Bearer <key>`.
+    # When set, every route except /health and /ready (and /metrics if BERT_METRICS_PUBLIC) needs
+    # `Authorization: Bearer <key>`. Surrounding whitespace is dropped; blank is no key. Beyond
+    # loopback `bert serve` refuses a key shorter than 16 characters.
     api_key: SecretStr | None = None
+    # Serve /metrics without the API key (a Prometheus scraper on a trusted network).
+    metrics_public: bool = False
     # startup: load (and warm up) every stored model when the service starts; lazy: on first use.
     load: Literal["startup", "lazy"] = "startup"
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -61,6 +65,13 @@ class Settings(BaseSettings):
     published_host: str | None = None
     # Seconds in-flight requests get to finish after SIGTERM.
     graceful_timeout: float = Field(30.0, ge=0)
+    # Seconds a client has to send a request's headers (from connecting, or from the end of the
+    # previous answer on a kept-alive connection); then the connection is closed.
+    header_timeout: float = Field(10.0, gt=0)
+    # Seconds a request body may stall between two reads; then the connection is closed.
+    body_timeout: float = Field(30.0, gt=0)
+    # Open connections at once; one more is answered 503 (Retry-After) and closed.
+    max_connections: int = Field(1000, ge=1)
     # Threads that tokenise requests (off the event loop).
     tokenizer_threads: int = Field(2, ge=1)
     # torch intra-op threads for forward passes; 0 = torch's default (one per core).
@@ -86,8 +97,7 @@ class Settings(BaseSettings):
     job_max_runtime: int = Field(3 * 24 * 3600, ge=1)
 
     def admin_key_value(self) -> str | None:
-        value = self.admin_key.get_secret_value() if self.admin_key is not None else ""
-        return value or None
+        return _key(self.admin_key)
 
     def public_dict(self) -> dict:
         """Settings that are safe to show on /info (the API key only as set / not set)."""
@@ -98,6 +108,10 @@ class Settings(BaseSettings):
         return d
 
     def api_key_value(self) -> str | None:
-        if self.api_key is None or not self.api_key.get_secret_value():
-            return None
-        return self.api_key.get_secret_value()
+        return _key(self.api_key)
+
+
+def _key(secret: SecretStr | None) -> str | None:
+    """A key's value without surrounding whitespace (HTTP drops it from headers); blank is no key."""
+    value = secret.get_secret_value().strip() if secret is not None else ""
+    return value or None

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import threading
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+import model as model_package
 from model.config import BertConfig
 from model.datadir import DataDir, JobStore, valid_name
 from model.datadir.jobs import steps_of
@@ -117,9 +120,28 @@ def read_stored_model(name: str, path: Path, identity: tuple) -> StoredModel:
         entry.heads = servable_heads(cls)
         entry.num_parameters = _count_parameters(cls, entry.config, weight_heads)
     except Exception as e:  # a broken directory is listed with its reason, not hidden
-        entry.error = f"{type(e).__name__}: {e}"
-        log.warning("model %s at %s is unusable: %s", name, path, entry.error)
+        entry.error = describe_failure(e, path.parent.parent)
+        log.warning("model %s at %s is unusable: %s: %s", name, path, type(e).__name__, e)
     return entry
+
+
+MODEL_PACKAGE = Path(model_package.__file__).resolve().parent
+
+
+def describe_failure(e: Exception, data_dir: Path) -> str:
+    """Why a model directory cannot be served, in words an answer may carry: our own messages (raised
+    in model/), with paths relative to DATA_DIR; for a library's exception, its type only (its text,
+    which may quote internals, stays in the log)."""
+    if isinstance(e, pickle.UnpicklingError):
+        return ("pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+                "(convert it to model.safetensors)")
+    raised_in = Path(traceback.extract_tb(e.__traceback__)[-1].filename) if e.__traceback__ else None
+    if raised_in is None or not raised_in.resolve().is_relative_to(MODEL_PACKAGE):
+        return f"{type(e).__name__} (the service log has the details)"
+    message = str(e)  # ours, or an OS error from a builtin model/ called (open, stat)
+    for prefix in {str(data_dir), str(data_dir.resolve())}:
+        message = message.replace(prefix.rstrip("/") + "/", "")
+    return message
 
 
 class ModelStore:
@@ -257,7 +279,7 @@ class ModelStore:
                     raise
                 except Exception as e:  # remembered until the directory changes: no retry storm
                     log.exception("loading model %s failed", entry.name)
-                    entry.error = f"loading failed: {type(e).__name__}: {e}"
+                    entry.error = f"loading failed: {describe_failure(e, self.root.parent)}"
                     message = f"model '{entry.name}' cannot be served: {entry.error}"
                     raise ServiceError("unavailable", message) from None
         return entry.loaded

@@ -438,7 +438,19 @@ def _required_id(tokenizer: Tokenizer, token: str) -> int:
 def _check_text(text, name: str) -> str:
     if not isinstance(text, str):
         raise ValueError(f"{name} must be a str, got {type(text).__name__}")
+    if not text.isascii() and (at := lone_surrogate_at(text)) is not None:
+        # The Rust tokenizer takes UTF-8, which cannot hold a lone surrogate (a JSON "\ud800").
+        raise ValueError(f"{name} is not valid Unicode: lone surrogate {text[at]!r} at character {at}")
     return text
+
+
+def lone_surrogate_at(text: str) -> int | None:
+    """The index of the first lone UTF-16 surrogate (U+D800..U+DFFF) in `text`, or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _check_length(enc: Encoding, max_length: int, where: str) -> None:

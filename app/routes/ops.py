@@ -1,4 +1,5 @@
-"""Operations: /health, /ready, /metrics (open), /info, /docs and /openapi.json (behind the API key)."""
+"""Operations: /health, /ready (open), /metrics (behind the API key unless BERT_METRICS_PUBLIC),
+/info, /docs and /openapi.json (behind the API key)."""
 
 import importlib.metadata
 import platform
@@ -14,6 +15,7 @@ from ..schemas import HealthResponse, InfoResponse, ReadyResponse
 
 router = APIRouter(tags=["operations"])
 protected = APIRouter(tags=["operations"], dependencies=[Depends(require_api_key)])
+metrics_router = APIRouter(tags=["operations"])  # app/main.py adds the key unless BERT_METRICS_PUBLIC
 
 
 def version() -> str:
@@ -38,8 +40,9 @@ async def ready(service: ServiceDep):
     return ReadyResponse(model=service.store.default())
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+@metrics_router.get("/metrics", response_class=Response,
+                    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                               **responses("unauthorized")})
 async def metrics(service: ServiceDep):
     """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens."""
     return Response(service.metrics.render(), media_type=service.metrics.content_type)

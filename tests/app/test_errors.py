@@ -104,7 +104,8 @@ async def test_routing_errors(client):
     r = await client.get("/nowhere")
     assert r.status_code == 404 and r.json() == err("not_found", "no route /nowhere")
     r = await client.get("/fill-mask")
-    assert r.status_code == 405 and r.json() == err("not_found", "method GET is not allowed on /fill-mask")
+    assert r.status_code == 405 and r.json() == err("method_not_allowed", "method GET is not allowed on /fill-mask")
+    assert r.headers["allow"] == "OPTIONS, POST"
 
 
 async def test_api_key(data_dir):
@@ -122,7 +123,7 @@ async def test_api_key(data_dir):
         assert (await c.get("/openapi.json", headers=ok)).status_code == 200
         info = (await c.get("/info", headers=ok)).json()
         assert info["settings"]["api_key_set"] is True and "s3cret" not in str(info)
-        for path in ("/health", "/ready", "/metrics"):  # open to probes and scrapers
+        for path in ("/health", "/ready"):  # open to probes
             assert (await c.get(path)).status_code == 200, path
 
 
@@ -176,6 +177,7 @@ async def test_full_queue_is_429(data_dir):
                 r = await c.post("/embeddings", json={"inputs": "the cat"})
                 assert r.status_code == 429
                 assert r.json() == err("overloaded", "the inference queue is full (1 requests waiting); retry later")
+                assert r.headers["retry-after"] == "1"
                 gate.set()
         finally:
             gate.set()
@@ -187,6 +189,7 @@ async def test_ready_is_503_until_the_default_model_is_warm(data_dir):
         r = await c.get("/ready")
         assert r.status_code == 503
         assert r.json() == err("unavailable", "default model 'tiny-pt' is not loaded and warmed up yet")
+        assert r.headers["retry-after"] == "5"
         models = {m["name"]: m["loaded"] for m in (await c.get("/models")).json()["models"]}
         assert not any(models.values())
         assert (await c.post("/embeddings", json={"inputs": "the cat"})).status_code == 200  # loads it

@@ -154,7 +154,8 @@ def test_a_valid_job_without_a_broker_is_503_and_leaves_no_record(env):
     client, _, data_dir = env
     status, body = post_job(client, finetune_request("fine"))
     assert status == 503 and body["error_type"] == "unavailable"
-    assert body["error"].startswith("the job queue (broker) cannot be reached, nothing was queued: ")
+    assert body["error"] == ("the job queue (broker) cannot be reached, nothing was queued; retry later "
+                             "(the service log has the details)")  # not the client library's words
     assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
     assert client.get("/jobs").json() == {"jobs": []}
 
@@ -354,7 +355,8 @@ def test_a_malformed_multipart_body_is_422_and_leaves_nothing(env):
     r = client.post("/datasets", content=b"no boundary here",
                     headers={"content-type": "multipart/form-data; boundary=xyz"})
     assert (r.status_code, r.json()) == (422, {
-        "error": "malformed multipart body: Expected boundary character 45, got 110 at index 2",
+        "error": "malformed multipart body: it does not follow the multipart/form-data format with the boundary "
+                 "its Content-Type names",
         "error_type": "validation"})
     assert tree(outer) == before and staging_dirs(data_dir) == []
 

@@ -1,6 +1,9 @@
 """Property-based API test: schemathesis generates requests from /openapi.json (valid and invalid)
 and checks that no answer is a 5xx and every answer matches the documented status codes, content
-types and schemas (the one error body included). Bounded: 20 examples per operation."""
+types and schemas (the one error body included). Bounded: 20 examples per operation.
+
+A second run puts hostile text into the inference bodies (issue 12): lone UTF-16 surrogates, which
+JSON may escape but no text may hold, and hundreds of [MASK] tokens in one input."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import schemathesis
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
                                                response_schema_conformance, status_code_conformance)
@@ -56,6 +60,40 @@ schema = schema.include(tag=["inference", "models", "operations"])
 @schema.parametrize()
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_conforms_to_its_schema(case):
+    case.call_and_validate(checks=CHECKS)
+
+
+LONE_SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+HOSTILE_TEXT = st.one_of(
+    st.text(st.one_of(LONE_SURROGATES, st.characters(max_codepoint=0x2FFF)), min_size=1, max_size=20)
+    .filter(lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t)),
+    st.integers(1, 600).map(lambda n: "[MASK] " * n),  # far more masks than positions
+    st.tuples(st.integers(1, 300), LONE_SURROGATES).map(lambda nc: f"[MASK]{nc[1]} " * nc[0]),
+)
+
+
+def _hostile(value):
+    """A strategy for `value` with any of its strings possibly swapped for hostile text."""
+    if isinstance(value, str):
+        return st.one_of(st.just(value), HOSTILE_TEXT)
+    if isinstance(value, list):
+        return st.tuples(*map(_hostile, value)).map(list)
+    if isinstance(value, dict):
+        return st.fixed_dictionaries({k: _hostile(v) for k, v in value.items()})
+    return st.just(value)
+
+
+def flatmap_body(context, body):
+    return _hostile(body)
+
+
+inference = schema.include(tag=["inference"])
+
+
+@inference.hooks.apply(flatmap_body)
+@inference.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_hostile_text_is_never_a_server_error(case):
     case.call_and_validate(checks=CHECKS)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.server import is_loopback, serve
+from app.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, serve
 from app.settings import Settings
 
 from .test_inference import embed_reference
@@ -28,27 +28,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(data_dir: Path, port: int, **env_overrides: str) -> subprocess.Popen:
+    """`python -m app.server` on `port`, serving tiny-enc, once /ready answers 200."""
+    env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "tiny-enc", "BERT_DEVICE": "cpu",
+           "BERT_LOAD": "startup", "BERT_API_KEY": "", "PYTHONUNBUFFERED": "1", **env_overrides}
+    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not become ready")
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_real_uvicorn_serves_and_drains_on_sigterm(data_dir, reference, tokenizer):
     port = free_port()
-    env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "tiny-enc", "BERT_DEVICE": "cpu",
-           "BERT_LOAD": "startup", "BERT_GRACEFUL_TIMEOUT": "20", "BERT_API_KEY": "",
-           "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc = start_server(data_dir, port, BERT_GRACEFUL_TIMEOUT="20")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.1)
-
         # An in-flight request: its body is half sent when SIGTERM arrives, the rest after.
         body = json.dumps({"inputs": "the cat sat"}).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
@@ -81,5 +86,105 @@ def test_refuses_public_bind_without_a_key(capsys):
 
 
 def test_loopback_detection():
-    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"))
-    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.com"))
+    """All of 127.0.0.0/8 in the forms the resolver takes, ::1 (plain, bracketed, IPv4-mapped), localhost."""
+    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "LocalHost", "::1", "[::1]", "127.0.0.2", "127.1",
+                                        "127.255.255.254", "::ffff:127.0.0.1", "[::ffff:127.9.9.9]"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.com", "128.1", "::ffff:10.0.0.1",
+                                            "localhost.example.com"))
+
+
+def test_a_blank_key_is_no_key(capsys):
+    settings = Settings(api_key="   ", admin_key=" \t")
+    assert settings.api_key_value() is None and settings.admin_key_value() is None
+    assert Settings(api_key=" s3cret ").api_key_value() == "s3cret"  # HTTP drops the spaces from the header
+    with pytest.raises(SystemExit) as exit_info:
+        serve(host="0.0.0.0", port=free_port(), settings=settings)
+    assert exit_info.value.code == 2
+    assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_short_keys_are_refused_beyond_loopback_only():
+    long_key = "k" * MIN_PUBLIC_KEY_LENGTH
+    assert exposure_refusal(Settings(api_key="k" * 15), "0.0.0.0", False) == (
+        "refusing to listen on 0.0.0.0: it is reachable beyond this machine and BERT_API_KEY is shorter than 16 "
+        "characters. Use a long random key, e.g. `openssl rand -hex 32`.")
+    assert "BERT_ADMIN_KEY is shorter" in exposure_refusal(Settings(api_key=long_key, admin_key="admin"), "::", False)
+    assert "BERT_API_KEY is shorter" in exposure_refusal(Settings(api_key="short"), "10.0.0.1", True)  # allow_public: no key,
+    assert exposure_refusal(Settings(api_key=None), "0.0.0.0", True) is None                          # not a weak one
+    assert exposure_refusal(Settings(api_key=long_key, admin_key=long_key), "0.0.0.0", False) is None
+    assert exposure_refusal(Settings(api_key="short"), "127.1", False) is None
+    assert exposure_refusal(Settings(api_key=None), "127.1", False) is None
+
+
+
+def _closed_after(conn: socket.socket, limit: float) -> tuple[bytes, float]:
+    """What the server sent before closing `conn` (waiting at most `limit` s), and when it closed."""
+    start, received = time.monotonic(), b""
+    conn.settimeout(limit)
+    while chunk := conn.recv(65536):
+        received += chunk
+    return received, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
+    """Slow headers and stalled bodies are closed after their timeouts (they stayed open for good); a
+    connection past BERT_MAX_CONNECTIONS is a 503 with Retry-After; a Host header builds no redirect."""
+    port = free_port()
+    proc = start_server(data_dir, port, BERT_HEADER_TIMEOUT="1", BERT_BODY_TIMEOUT="1", BERT_MAX_CONNECTIONS="4")
+    address = ("127.0.0.1", port)
+    try:
+        with socket.create_connection(address) as slow_headers, socket.create_connection(address) as stalled_body:
+            slow_headers.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
+            stalled_body.sendall(b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 100\r\n\r\n{\"inputs\": ")
+            for conn in (slow_headers, stalled_body):
+                received, after = _closed_after(conn, 10)
+                assert received == b"" and after < 3, (received, after)
+
+        # Answered before its body was read (413 on the declared length): trickling the rest keeps
+        # the connection open no longer (it stayed open as long as the trickle went on).
+        with socket.create_connection(address) as trickle:
+            trickle.sendall(b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 5000000\r\n\r\n{")
+            answer = b""
+            while b'"error_type":"too_large"}' not in answer:
+                answer += trickle.recv(65536)
+            start = time.monotonic()
+            with pytest.raises(OSError):  # reset or broken pipe once the server has closed
+                while time.monotonic() - start < 6:
+                    trickle.sendall(b"x")
+                    time.sleep(0.2)
+            assert time.monotonic() - start < 4
+
+        # A kept-alive connection gets the header deadline again for its next request.
+        with socket.create_connection(address) as kept:
+            kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                answer += kept.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200")
+            kept.sendall(b"GET /health HTTP/1.1\r\n")
+            received, after = _closed_after(kept, 10)
+            assert received == b"" and after < 3, (received, after)
+
+        idle = [socket.create_connection(address) for _ in range(4)]
+        try:
+            with socket.create_connection(address) as one_too_many:
+                one_too_many.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer, _ = _closed_after(one_too_many, 10)
+        finally:
+            for conn in idle:
+                conn.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 5" in head.lower(), answer
+        assert json.loads(body) == {"error": "too many open connections (at most 4); retry later",
+                                    "error_type": "unavailable"}
+
+        time.sleep(0.2)  # the idle ones are gone
+        r = httpx.get(f"http://127.0.0.1:{port}/info/", headers={"Host": "evil.example"})
+        assert r.status_code == 404 and "location" not in r.headers
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # still serving
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -328,3 +328,14 @@ def test_bad_arguments_are_value_errors(ours):
         ours.convert_ids_to_tokens(99999)
     with pytest.raises(ValueError, match="texts is empty"):
         ours([])
+
+
+def test_a_lone_surrogate_is_a_value_error_naming_it(ours):
+    """UTF-8 cannot hold "\\ud800" (JSON can escape it): the Rust tokenizer would raise a TypeError."""
+    with pytest.raises(ValueError, match=r"text is not valid Unicode: lone surrogate '\\ud800' at character 4"):
+        ours.encode("the \ud800 cat")
+    with pytest.raises(ValueError, match=r"text_pair is not valid Unicode: lone surrogate '\\udfff' at character 0"):
+        ours.encode("the cat", "\udfff")
+    with pytest.raises(ValueError, match=r"texts\[1\] is not valid Unicode"):
+        ours(["a", "b \ud83d"])
+    assert ours.encode("caf\u00e9 \U0001f600")["input_ids"]  # a surrogate *pair* is one valid character
