@@ -73,6 +73,8 @@ def error_response(kind: str, message: str, status: int | None = None, headers: 
                    **details) -> JSONResponse:
     if kind == "unauthorized":
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    if kind == "overloaded":  # a full queue drains within moments
+        headers = {"Retry-After": "1", **(headers or {})}
     return JSONResponse(error_body(kind, message, **details), status_code=status or STATUS[kind], headers=headers)
 
 

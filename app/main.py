@@ -1,7 +1,7 @@
 """The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
 
 Middleware, outermost first: metrics (times everything), body limit (413 before the body is
-read). Routers: operations (open: /health, /ready, /metrics); inference and /models behind the
+read), deadline (inference routes: 503 past BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health, /ready, /metrics); inference and /models behind the
 API key; /jobs and /datasets behind the admin key, which their routers demand themselves.
 """
 
@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI
 from .deps import require_api_key
 from .errors import install_handlers
 from .metrics import Metrics, MetricsMiddleware
-from .middleware import BodyLimitMiddleware
+from .middleware import BodyLimitMiddleware, DeadlineMiddleware
 from .routes import classify, datasets, embeddings, fill_mask, jobs, models, nsp, ops
 from .routes.ops import version
 from .service import Service
@@ -26,6 +26,9 @@ DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction
 Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
 send `Authorization: Bearer <key>` to every route except /health, /ready and /metrics.
 """
+
+# Routes whose work is a forward pass: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
+INFERENCE_PATHS = frozenset({"/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -46,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     install_handlers(app)
+    app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=INFERENCE_PATHS)
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets",))
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
