@@ -2,14 +2,15 @@
 
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
 "classify"). The inference thread runs one forward pass at a time and chooses each pass afresh:
-it starts from the queued item that has been served the fewest tokens so far (the oldest among
-equals), so a request that has just arrived goes into the very next pass however large the ones
-before it are, and large requests take turns. With batching on it first lets a new item wait up
-to `max_wait_ms` for company while other requests are still being tokenised (a lone request is
-never held), then fills the pass with rows of queued items for the same model and task, each
-item's rows shortest first, while the padded size (rows x longest) stays within
-`max_batch_tokens`; a row longer than that runs alone. An item leaves the queue when its last row
-is in a pass. The pass runs the task's forward pass under torch.inference_mode, in the precision
+it starts from the queued item that has been served the fewest tokens so far (among equals the
+smallest, then the oldest), so a request that has just arrived goes into the very next pass
+however large the ones before it are, and large requests take turns. With batching on it first
+lets a new item wait up to `max_wait_ms` for company while other requests are still being
+tokenised (a lone request is never held), then fills the pass with rows of queued items for the
+same model and task, each item's rows shortest first, while the padded size (rows x longest)
+stays within `max_batch_tokens` and the other items' rows do not widen the pass past twice its
+first row (so a short request's pass stays short); a row longer than the budget runs alone. An
+item leaves the queue when its last row is in a pass. The pass runs the task's forward pass under torch.inference_mode, in the precision
 the model's weights were converted to when it was loaded (app/store.py,
 model.precision.apply_precision): the engine casts nothing itself. Results go back through
 concurrent futures that the event loop awaits with asyncio.wrap_future; no forward pass ever runs
@@ -119,16 +120,20 @@ def plan_batch(items: list[WorkItem], max_tokens: int) -> list[tuple[WorkItem, i
     """Take one pass's rows, as (work item, row, length), from `items` in order, each item's shortest
     first, while rows x longest <= max_tokens; the taken rows leave the items' `todo`.
 
-    The first row is always taken, so a row longer than the budget runs alone.
+    The first row is always taken, so a row longer than the budget runs alone. Rows of the other
+    items join only if they keep the pass within twice the width of its first row (or the width it
+    already has): a short request is not padded into, and made to wait for, a pass of long rows.
     """
-    planned, longest = [], 0
+    planned, longest, width = [], 0, None  # width: how wide the other items' rows may make the pass
     for item in items:
         while item.todo:
             n = len(item.rows[item.todo[0]][0])
-            if planned and (len(planned) + 1) * max(longest, n) > max_tokens:
+            if planned and ((len(planned) + 1) * max(longest, n) > max_tokens or (width and n > width)):
                 break  # the item's next rows are longer still; a later item's may fit
             planned.append((item, item.todo.pop(0), n))
             longest = max(longest, n)
+        if width is None and planned:
+            width = max(2 * planned[0][2], longest)
     return planned
 
 
@@ -233,9 +238,10 @@ class Engine:
                 return planned
 
     def _first(self) -> WorkItem | None:
-        """Drop the items whose request went away; the least served of the rest, oldest first."""
+        """Drop the items whose request went away; the least served of the rest (the smallest, then
+        the oldest, among equals: a new small request goes before new large ones)."""
         self._drop_gone()
-        return min(self._pending, key=lambda i: (i.served, i.enqueued), default=None)
+        return min(self._pending, key=_priority, default=None)
 
     def _drop_gone(self) -> None:
         gone = [i for i in self._pending if i.cancelled or i.future.done()]  # done: cancelled or failed
@@ -251,7 +257,7 @@ class Engine:
         items = [first]
         if self.batching:
             others = [i for i in self._pending if i is not first and i.key == first.key]
-            items += sorted(others, key=lambda i: (i.served, i.enqueued))
+            items += sorted(others, key=_priority)
         return [i for i in items if i.claim()]
 
     def _wait_for_more(self, first: WorkItem) -> None:
@@ -310,6 +316,10 @@ class Engine:
         if self.metrics is not None:
             self.metrics.forward_seconds.labels(first.model.name, first.task).observe(time.perf_counter() - start)
         return results
+
+
+def _priority(item: WorkItem) -> tuple:
+    return (item.served, item.tokens_left, item.enqueued)
 
 
 def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:

@@ -39,8 +39,9 @@ class Settings(BaseSettings):
     precision: Precision = "auto"
     # Per-model overrides, JSON: BERT_MODEL_PRECISION='{"minilm": "int8", "wiki-mlm": "bf16"}'.
     model_precision: dict[str, Precision] = Field(default_factory=dict)
-    # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory.
-    max_batch_tokens: int = Field(16384, ge=1)
+    # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory, and how
+    # long a small request can wait behind a large one (one pass; bench/bounds_bench.py).
+    max_batch_tokens: int = Field(4096, ge=1)
     # Texts (or pairs) in one request.
     max_inputs: int = Field(64, ge=1)
     # Tokens in one request, all its inputs together (cost known after tokenising); more is a 422.
