@@ -3,14 +3,17 @@
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
 "classify"). The inference thread runs one forward pass at a time and chooses each pass afresh:
 it starts from the queued item that has been served the fewest tokens so far (among equals the
-smallest, then the oldest), so a request that has just arrived goes into the very next pass
-however large the ones before it are, and large requests take turns. With batching on it first
-lets a new item wait up to `max_wait_ms` for company while other requests are still being
-tokenised (a lone request is never held), then fills the pass with rows of queued items for the
-same model and task, each item's rows shortest first, while the padded size (rows x longest)
-stays within `max_batch_tokens` and the other items' rows do not widen the pass past twice its
-first row (so a short request's pass stays short); a row longer than the budget runs alone. An
-item leaves the queue when its last row is in a pass. The pass runs the task's forward pass under torch.inference_mode, in the precision
+oldest). So a large request's later passes come after every request that has not run yet: a new
+request waits for the pass under way and for the first pass of each request queued before it
+that has not started, never for the rest of a large one, and large requests take turns. With
+batching on it first lets a new item wait up to `max_wait_ms` for company while other requests
+are still being tokenised (a lone request is never held), then fills the pass with rows of queued
+items for the same model and task, least served first, each item's rows shortest first, while
+the padded size (rows x longest) stays within `max_batch_tokens`; a row longer than that runs
+alone. Large requests progress in a small one's pass too, so a stream of small requests cannot
+starve them (an unstarted request of another model or task waits its turn by age, not size).
+An item leaves the queue when its last row is in a pass. The pass runs the task's forward pass
+under torch.inference_mode, in the precision
 the model's weights were converted to when it was loaded (app/store.py,
 model.precision.apply_precision): the engine casts nothing itself. Results go back through
 concurrent futures that the event loop awaits with asyncio.wrap_future; no forward pass ever runs
@@ -120,20 +123,16 @@ def plan_batch(items: list[WorkItem], max_tokens: int) -> list[tuple[WorkItem, i
     """Take one pass's rows, as (work item, row, length), from `items` in order, each item's shortest
     first, while rows x longest <= max_tokens; the taken rows leave the items' `todo`.
 
-    The first row is always taken, so a row longer than the budget runs alone. Rows of the other
-    items join only if they keep the pass within twice the width of its first row (or the width it
-    already has): a short request is not padded into, and made to wait for, a pass of long rows.
+    The first row is always taken, so a row longer than the budget runs alone.
     """
-    planned, longest, width = [], 0, None  # width: how wide the other items' rows may make the pass
+    planned, longest = [], 0
     for item in items:
         while item.todo:
             n = len(item.rows[item.todo[0]][0])
-            if planned and ((len(planned) + 1) * max(longest, n) > max_tokens or (width and n > width)):
+            if planned and (len(planned) + 1) * max(longest, n) > max_tokens:
                 break  # the item's next rows are longer still; a later item's may fit
             planned.append((item, item.todo.pop(0), n))
             longest = max(longest, n)
-        if width is None and planned:
-            width = max(2 * planned[0][2], longest)
     return planned
 
 
@@ -238,8 +237,7 @@ class Engine:
                 return planned
 
     def _first(self) -> WorkItem | None:
-        """Drop the items whose request went away; the least served of the rest (the smallest, then
-        the oldest, among equals: a new small request goes before new large ones)."""
+        """Drop the items whose request went away; the least served of the rest, oldest first."""
         self._drop_gone()
         return min(self._pending, key=_priority, default=None)
 
@@ -319,7 +317,7 @@ class Engine:
 
 
 def _priority(item: WorkItem) -> tuple:
-    return (item.served, item.tokens_left, item.enqueued)
+    return (item.served, item.enqueued)
 
 
 def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:
