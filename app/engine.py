@@ -2,16 +2,15 @@
 
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
 "classify"). The inference thread runs one forward pass at a time and chooses each pass afresh:
-it starts from the queued item that has been served the fewest tokens so far (among equals the
-oldest). So a large request's later passes come after every request that has not run yet: a new
-request waits for the pass under way and for the first pass of each request queued before it
-that has not started, never for the rest of a large one, and large requests take turns. With
-batching on it first lets a new item wait up to `max_wait_ms` for company while other requests
-are still being tokenised (a lone request is never held), then fills the pass with rows of queued
-items for the same model and task, least served first, each item's rows shortest first, while
+it starts from the oldest queued item that has not run yet, else from the item whose last pass
+is the longest ago. So a new request waits for the pass under way and for the first pass of each
+request queued before it that has not started, never for the rest of a large one; requests that
+have started take turns, one pass each (round robin), so none is starved. With batching on it
+first lets a new item wait up to `max_wait_ms` for company while other requests are still being
+tokenised (a lone request is never held), then fills the pass with rows of queued
+items for the same model and task in the same order, each item's rows shortest first, while
 the padded size (rows x longest) stays within `max_batch_tokens`; a row longer than that runs
-alone. Large requests progress in a small one's pass too, so a stream of small requests cannot
-starve them (an unstarted request of another model or task waits its turn by age, not size).
+alone. Large requests progress in a small one's pass too.
 An item leaves the queue when its last row is in a pass. The pass runs the task's forward pass
 under torch.inference_mode, in the precision
 the model's weights were converted to when it was loaded (app/store.py,
@@ -25,8 +24,8 @@ before the next pass.
 
 Batching off: each pass holds rows of one item only (the benchmark's baseline).
 References: text-embeddings-inference's queue/batching (token-budget batches); NVIDIA Triton's
-dynamic batcher (max queue delay); least-attained-service scheduling (Rai, Urvoy-Keller and
-Biersack, SIGMETRICS 2003) for the choice of the first item.
+dynamic batcher (max queue delay); for the order, new work first then round robin, as the
+"foreground-background" schedulers of operating systems.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ class WorkItem:
     results: list = field(init=False)
     remaining: int = field(init=False)  # rows without a result yet
     todo: list[int] = field(init=False)  # row indices not yet in a pass, shortest first
-    served: int = 0  # tokens of this item run (or running) so far: the scheduler's priority
+    last_pass: float = 0.0  # when a pass last took rows of this item (0: none yet): the scheduler's order
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.rows)
@@ -230,14 +229,16 @@ class Engine:
                     if first is None:
                         continue
                 planned = plan_batch(self._companions(first), self.max_batch_tokens)
-                for item, _, n in planned:
-                    item.served += n
+                now = time.monotonic()
+                for item, _, _ in planned:
+                    item.last_pass = now
                 self._pending = deque(i for i in self._pending if i.todo)
                 self._set_depth()
                 return planned
 
     def _first(self) -> WorkItem | None:
-        """Drop the items whose request went away; the least served of the rest, oldest first."""
+        """Drop the items whose request went away; of the rest, the oldest that has not run yet, else
+        the one whose last pass is the longest ago."""
         self._drop_gone()
         return min(self._pending, key=_priority, default=None)
 
@@ -250,7 +251,7 @@ class Engine:
             self._set_depth()
 
     def _companions(self, first: WorkItem) -> list[WorkItem]:
-        """`first`, then (batching on) the other items of its model and task, least served first;
+        """`first`, then (batching on) the other items of its model and task, in the same order;
         each marked running as it joins (a cancelled one is left out, and dropped next time)."""
         items = [first]
         if self.batching:
@@ -317,7 +318,7 @@ class Engine:
 
 
 def _priority(item: WorkItem) -> tuple:
-    return (item.served, item.enqueued)
+    return (1, item.last_pass) if item.last_pass else (0, item.enqueued)
 
 
 def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:

@@ -36,10 +36,11 @@ TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": (
          "classify": ("classifier", "/classify")}
 
 
-def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool) -> list[Row]:
-    """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`."""
+def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
+    """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`. Errors number the
+    inputs from `first`."""
     rows = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(items, first):
         a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)
         if truncate:
             enc = lm.tokenizer.encode(a, b, max_length=lm.max_length, truncation=True)
@@ -104,9 +105,10 @@ def _prepare_fill_mask(lm: LoadedModel, texts: list[str], targets: list[str] | N
                        limits: Settings) -> tuple[list[Row], dict]:
     """The rows, and the request's cost checked before any inference: masks per input, and
     candidates (inputs x masks x top_k), each answered and decoded, per request."""
-    rows = encode(lm, texts, truncate)
-    mask, name, masks = lm.mask_token_id, lm.tokenizer.mask_token, 0
-    for i, (ids, _) in enumerate(rows):
+    mask, name, masks, rows = lm.mask_token_id, lm.tokenizer.mask_token, 0, []
+    for i, text in enumerate(texts):  # one at a time: an input over a limit stops the tokenising
+        (ids, types), = encode(lm, [text], truncate, first=i)
+        rows.append((ids, types))
         n = ids.count(mask)
         if n == 0:
             raise ServiceError("validation", f"input {i} has no {name} token; fill-mask needs at least one")
