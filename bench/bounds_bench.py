@@ -128,19 +128,20 @@ async def starvation(port: int, tokenizer, seconds: float) -> list[str]:
     await asyncio.gather(*clients)
     passes = {t: (after[t][0] - before.get(t, (0, 0))[0], after[t][1] - before.get(t, (0, 0))[1]) for t in after}
     ratio = statistics.median(loaded) / statistics.median(idle)
+    med = statistics.median
+    heavy_counts = ", ".join(f"{p} {s} x{n}" for (p, s), n in sorted(statuses.items()))
+    pass_times = ", ".join(f"{t} {n:.0f} x {1000 * sec / n:.0f} ms on average" for t, (n, sec) in passes.items() if n)
     return [
         "| one-word /embeddings | requests | median ms | p90 ms | max ms |",
         "|---|---:|---:|---:|---:|",
-        f"| idle | {len(idle)} | {1000 * statistics.median(idle):.1f} | {1000 * pct(idle, 0.9):.1f} | "
-        f"{1000 * max(idle):.1f} |",
-        f"| beside 4 clients sending the largest requests | {len(loaded)} | {1000 * statistics.median(loaded):.1f} | "
-        f"{1000 * pct(loaded, 0.9):.1f} | {1000 * max(loaded):.1f} |",
+        (f"| idle | {len(idle)} | {1000 * med(idle):.1f} | {1000 * pct(idle, 0.9):.1f} | {1000 * max(idle):.1f} |"),
+        (f"| beside 4 clients sending the largest requests | {len(loaded)} | {1000 * med(loaded):.1f} | "
+         f"{1000 * pct(loaded, 0.9):.1f} | {1000 * max(loaded):.1f} |"),
         "",
-        f"- loaded / idle median: {ratio:.1f}x; loaded median {statistics.median(loaded):.3f} s (target < 1 s)",
-        f"- the 4 heavy clients: {', '.join(f'{p} {s} x{n}' for (p, s), n in sorted(statuses.items()))}; "
-        f"their median {statistics.median(heavy_seconds):.1f} s per request",
-        "- forward passes while probing (a probe waits for at most the one under way): "
-        + ", ".join(f"{t} {n:.0f} x {1000 * sec / n:.0f} ms on average" for t, (n, sec) in passes.items() if n),
+        f"- loaded / idle median: {ratio:.1f}x; loaded median {med(loaded):.3f} s (target < 1 s)",
+        f"- the 4 heavy clients: {heavy_counts}; their median {med(heavy_seconds):.1f} s per request",
+        ("- forward passes while probing (a probe waits for the one under way and the first pass of any "
+         f"request ahead of it): {pass_times}"),
     ]
 
 

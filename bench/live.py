@@ -32,7 +32,8 @@ from model.tokenizer import BertTokenizer  # noqa: E402
 
 def save_models(data_dir: Path) -> BertTokenizer:
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
-    shape = dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "intermediate_size": 1024}
     torch.manual_seed(0)
     BertForPreTraining(BertConfig(**shape)).eval().save_pretrained(data_dir / "models" / "bench", tokenizer=tokenizer)
     config = BertConfig(**shape, id2label={0: "negative", 1: "positive"})
@@ -55,13 +56,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(data_dir: Path, root: Path = ROOT, **env: str) -> tuple[subprocess.Popen, int]:
-    """`python -m app.server` from `root`, BERT_* settings from `env` (names without the prefix)."""
+def start_server(data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None,
+                 **env: str) -> tuple[subprocess.Popen, int]:
+    """`python -m app.server` from `root`, BERT_* settings from `env` (names without the prefix) and
+    other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`."""
     port = free_port()
     settings = {"DATA_DIR": str(data_dir), "DEFAULT_MODEL": "bench", "LOAD": "startup", "API_KEY": "",
                 "DEVICE": "cpu", **env}
     full_env = {**os.environ, **{f"BERT_{k.upper()}": str(v) for k, v in settings.items()},
-                "PYTHONPATH": str(root), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+                "PYTHONPATH": str(root), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+                **(process_env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=root, env=full_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180

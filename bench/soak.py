@@ -33,7 +33,10 @@ def request_mix(tokenizer) -> list[tuple[str, int, str, bytes]]:
     """(kind, weight, path, body) for each kind of request the clients send."""
     short, long = text_of(tokenizer, 12), text_of(tokenizer, 128)
     masked_long = " ".join(["[MASK]"] + long.split()[1:-1] + ["[MASK]"])
-    j = lambda body: json.dumps(body).encode()  # noqa: E731
+
+    def j(body) -> bytes:
+        return json.dumps(body).encode()
+
     return [
         ("embeddings small", 20, "/embeddings", j({"inputs": "the quick brown fox"})),
         ("embeddings large", 3, "/embeddings", j({"inputs": [long] * 16})),
@@ -94,15 +97,15 @@ def summary(mix, statuses: Counter, latencies, failures: Counter, samples, secon
     errors_5xx = sum(n for s, n in by_status.items() if s >= 500)
     warm = next(rss for t, rss in samples if t >= warmup)
     end = samples[-1][1]
-    lines = [f"**Soak:** {seconds / 60:g} min, {clients} clients, {total} requests ({total / seconds:.1f}/s); "
-             f"statuses {dict(sorted(by_status.items()))}; **5xx: {errors_5xx}**; transport errors: "
-             f"{dict(failures) or 0}.",
-             f"RSS after the {warmup:g} s warm-up **{warm:.0f} MB**, at the end **{end:.0f} MB** "
-             f"(**{100 * (end - warm) / warm:+.1f}%**); start {samples[0][1]:.0f} MB, peak "
-             f"{max(r for _, r in samples):.0f} MB.", "",
+    lines = [(f"**Soak:** {seconds / 60:g} min, {clients} clients, {total} requests ({total / seconds:.1f}/s); "
+              f"statuses {dict(sorted(by_status.items()))}; **5xx: {errors_5xx}**; transport errors: "
+              f"{dict(failures) or 0}."),
+             (f"RSS after the {warmup:g} s warm-up **{warm:.0f} MB**, at the end **{end:.0f} MB** "
+              f"(**{100 * (end - warm) / warm:+.1f}%**); start {samples[0][1]:.0f} MB, peak "
+              f"{max(r for _, r in samples):.0f} MB."), "",
              "| kind | requests | statuses | p50 ms | p99 ms |", "|---|---:|---|---:|---:|"]
     for kind, *_ in mix:
-        lat = sorted(latencies[kind])
+        lat = sorted(latencies.get(kind, []))
         if not lat:
             continue
         codes = ", ".join(f"{s} x{n}" for (k, s), n in sorted(statuses.items()) if k == kind)
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, help="seconds before the reference RSS sample "
                                                       "(default 60, at most a fifth of the run)")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between RSS samples (default 10)")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the server (repeatable), e.g. MALLOC_ARENA_MAX=2")
     args = parser.parse_args(argv)
     seconds = args.minutes * 60
     warmup = args.warmup if args.warmup is not None else min(60.0, seconds / 5)
@@ -126,11 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     tokenizer = save_models(data_dir)
     mix = request_mix(tokenizer)
-    proc, port = start_server(data_dir)
+    process_env = dict(pair.split("=", 1) for pair in args.server_env)
+    proc, port = start_server(data_dir, process_env=process_env)
     try:
         result = asyncio.run(soak(port, proc.pid, mix, seconds, args.clients, args.every))
     finally:
         stop_server(proc)
+    print(f"server environment: {process_env or 'as this process'}")
     print(summary(mix, *result, seconds=seconds, warmup=warmup, clients=args.clients))
 
 
