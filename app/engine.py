@@ -1,19 +1,31 @@
 """The batching engine: one inference thread per device, fed by a bounded queue of work items.
 
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
-"classify"). The inference thread takes the oldest item; with batching on it waits up to
-`max_wait_ms` for more work while other requests are still being tokenised (a lone request is
-never held), then takes every queued item for the same model and task up to the token budget,
-sorts their sequences by length, cuts them into batches whose padded size (rows x longest) stays
-under `max_batch_tokens`, pads each batch to its own longest row, and runs the task's forward pass
-under torch.inference_mode, in the precision the model's weights were converted to when it was
-loaded (app/store.py, model.precision.apply_precision): the engine casts nothing itself. Results go
-back through concurrent futures that the event loop awaits with asyncio.wrap_future; no forward
-pass ever runs on the event loop.
+"classify"). The inference thread runs one forward pass at a time and chooses each pass afresh:
+it starts from the oldest queued item that has not run yet, else from the item whose last pass
+is the longest ago. So a new request waits for the pass under way and for the first pass of each
+request queued before it that has not started, never for the rest of a large one; requests that
+have started take turns, one pass each (round robin), so none is starved. With batching on it
+first lets a new item wait up to `max_wait_ms` for company while other requests are still being
+tokenised (a lone request is never held), then fills the pass with rows of queued
+items for the same model and task in the same order, each item's rows shortest first, while
+the padded size (rows x longest) stays within `max_batch_tokens`; a row longer than that runs
+alone. Large requests progress in a small one's pass too.
+An item leaves the queue when its last row is in a pass. The pass runs the task's forward pass
+under torch.inference_mode, in the precision
+the model's weights were converted to when it was loaded (app/store.py,
+model.precision.apply_precision): the engine casts nothing itself. Results go back through
+concurrent futures that the event loop awaits with asyncio.wrap_future; no forward pass ever runs
+on the event loop.
 
-Batching off: each item runs alone, at once (the benchmark's baseline).
+A request that goes away (its client disconnected, or its deadline passed: app/middleware.py)
+cancels its item: still queued, it never runs; part-way through, its remaining rows are dropped
+before the next pass.
+
+Batching off: each pass holds rows of one item only (the benchmark's baseline).
 References: text-embeddings-inference's queue/batching (token-budget batches); NVIDIA Triton's
-dynamic batcher (max queue delay).
+dynamic batcher (max queue delay); for the order, new work first then round robin, as the
+"foreground-background" schedulers of operating systems.
 """
 
 from __future__ import annotations
@@ -45,20 +57,40 @@ class WorkItem:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.monotonic)
     wait: bool = True  # may wait up to max_wait_ms for company (warm-ups do not)
+    cancelled: bool = False  # the request went away: run no more of it (set by the event loop)
+    claimed: bool = False  # in a pass already: its future is running and can no longer be cancelled
     results: list = field(init=False)
-    remaining: int = field(init=False)
+    remaining: int = field(init=False)  # rows without a result yet
+    todo: list[int] = field(init=False)  # row indices not yet in a pass, shortest first
+    last_pass: float = 0.0  # when a pass last took rows of this item (0: none yet): the scheduler's order
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.rows)
         self.remaining = len(self.rows)
+        self.todo = sorted(range(len(self.rows)), key=lambda i: len(self.rows[i][0]))
 
     @property
     def tokens(self) -> int:
         return sum(len(ids) for ids, _ in self.rows)
 
     @property
+    def tokens_left(self) -> int:
+        return sum(len(self.rows[i][0]) for i in self.todo)
+
+    @property
     def key(self) -> tuple:
         return (id(self.model), self.task)
+
+    def claim(self) -> bool:
+        """Mark the future running as the item joins its first pass; False if the request went away."""
+        if not self.claimed and not self.future.done():
+            self.claimed = self.future.set_running_or_notify_cancel()
+        return self.claimed and not self.cancelled
+
+    def cancel(self) -> None:
+        """From the event loop: drop this item's work, queued or part-way (thread-safe)."""
+        self.cancelled = True
+        self.future.cancel()  # succeeds only while no row has run
 
 
 @dataclass
@@ -86,21 +118,21 @@ class Batch:
 Runner = Callable[[Any, Batch], list]
 
 
-def plan_batches(rows: list[tuple[WorkItem, int, int]], max_tokens: int) -> list[list[tuple[WorkItem, int, int]]]:
-    """Cut (work item, row, length) triples, sorted by length, into batches with rows x longest <= max_tokens.
+def plan_batch(items: list[WorkItem], max_tokens: int) -> list[tuple[WorkItem, int, int]]:
+    """Take one pass's rows, as (work item, row, length), from `items` in order, each item's shortest
+    first, while rows x longest <= max_tokens; the taken rows leave the items' `todo`.
 
-    A single row longer than the budget still runs, alone.
+    The first row is always taken, so a row longer than the budget runs alone.
     """
-    batches, current = [], []
-    for item in sorted(rows, key=lambda r: r[2]):
-        # sorted ascending, so the newest row is the longest of the batch it joins
-        if current and (len(current) + 1) * item[2] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(item)
-    if current:
-        batches.append(current)
-    return batches
+    planned, longest = [], 0
+    for item in items:
+        while item.todo:
+            n = len(item.rows[item.todo[0]][0])
+            if planned and (len(planned) + 1) * max(longest, n) > max_tokens:
+                break  # the item's next rows are longer still; a later item's may fit
+            planned.append((item, item.todo.pop(0), n))
+            longest = max(longest, n)
+    return planned
 
 
 class Engine:
@@ -171,77 +203,92 @@ class Engine:
     def _main(self) -> None:
         torch.set_grad_enabled(False)
         while True:
-            items = self._take()
-            if items is None:
+            planned = self._take()
+            if planned is None:
                 return
             self._busy = True
             try:
-                self._run(items)
+                self._run(planned)
             finally:
                 self._busy = False
 
-    def _take(self) -> list[WorkItem] | None:
-        """Block until there is work; return the items of the next forward passes (None: stop)."""
+    def _take(self) -> list[tuple[WorkItem, int, int]] | None:
+        """Block until there is work; return the rows of the next forward pass (None: stop)."""
         with self._cond:
             while True:
                 while not self._pending and not self._stopping:
                     self._cond.wait()
                 if not self._pending:
                     return None
-                if self.batching and self._pending[0].wait:
-                    self._wait_for_more()
-                items = self._pick()
+                first = self._first()
+                if first is None:
+                    continue
+                if self.batching and first.wait and not first.claimed:
+                    self._wait_for_more(first)
+                    first = self._first()  # the wait may have seen it cancelled
+                    if first is None:
+                        continue
+                planned = plan_batch(self._companions(first), self.max_batch_tokens)
+                now = time.monotonic()
+                for item, _, _ in planned:
+                    item.last_pass = now
+                self._pending = deque(i for i in self._pending if i.todo)
                 self._set_depth()
-                # Items whose request went away (client disconnected) are dropped here, unrun.
-                items = [i for i in items if i.future.set_running_or_notify_cancel()]
-                if items:
-                    return items
+                return planned
 
-    def _wait_for_more(self) -> None:
-        """Hold the oldest item up to max_wait for company, but only while more requests are coming:
+    def _first(self) -> WorkItem | None:
+        """Drop the items whose request went away; of the rest, the oldest that has not run yet, else
+        the one whose last pass is the longest ago."""
+        self._drop_gone()
+        return min(self._pending, key=_priority, default=None)
+
+    def _drop_gone(self) -> None:
+        gone = [i for i in self._pending if i.cancelled or i.future.done()]  # done: cancelled or failed
+        if gone:
+            self._pending = deque(i for i in self._pending if not (i.cancelled or i.future.done()))
+            for item in gone:
+                _settle(item.future, exc=concurrent.futures.CancelledError())
+            self._set_depth()
+
+    def _companions(self, first: WorkItem) -> list[WorkItem]:
+        """`first`, then (batching on) the other items of its model and task, in the same order;
+        each marked running as it joins (a cancelled one is left out, and dropped next time)."""
+        items = [first]
+        if self.batching:
+            others = [i for i in self._pending if i is not first and i.key == first.key]
+            items += sorted(others, key=_priority)
+        return [i for i in items if i.claim()]
+
+    def _wait_for_more(self, first: WorkItem) -> None:
+        """Hold a new item up to max_wait for company, but only while more requests are coming:
         a lone client is never delayed."""
-        deadline = self._pending[0].enqueued + self.max_wait
+        deadline = first.enqueued + self.max_wait
         while not self._stopping and self._incoming > 0:
             left = deadline - time.monotonic()
-            if left <= 0 or sum(i.tokens for i in self._pending) >= self.max_batch_tokens:
+            if left <= 0 or sum(i.tokens_left for i in self._pending) >= self.max_batch_tokens:
                 return
             self._cond.wait(left)
-
-    def _pick(self) -> list[WorkItem]:
-        first = self._pending.popleft()
-        if not self.batching:
-            return [first]
-        items, tokens, kept = [first], first.tokens, deque()
-        while self._pending:
-            item = self._pending.popleft()
-            if item.key == first.key and tokens + item.tokens <= self.max_batch_tokens:
-                items.append(item)
-                tokens += item.tokens
-            else:
-                kept.append(item)
-        self._pending = kept
-        return items
 
     def _set_depth(self) -> None:
         if self.metrics is not None:
             self.metrics.queue_depth.set(len(self._pending))
 
-    def _run(self, items: list[WorkItem]) -> None:
-        rows = [(item, i, len(ids)) for item in items for i, (ids, _) in enumerate(item.rows)]
-        for planned in plan_batches(rows, self.max_batch_tokens):
-            batch = self._pad(planned)
-            try:
-                results = self._forward(items[0], batch)
-            except Exception as e:  # one bad batch fails its requests, not the thread
-                log.exception("forward pass failed")
-                for item, _ in batch.origin:
-                    _settle(item.future, exc=e)
-                continue
-            for (item, i), result in zip(batch.origin, results):
-                item.results[i] = result
-                item.remaining -= 1
-                if item.remaining == 0:
-                    _settle(item.future, result=item.results)
+    def _run(self, planned: list[tuple[WorkItem, int, int]]) -> None:
+        if not planned:
+            return
+        batch = self._pad(planned)
+        try:
+            results = self._forward(planned[0][0], batch)
+        except Exception as e:  # one bad batch fails its requests, not the thread
+            log.exception("forward pass failed")
+            for item, _ in batch.origin:
+                _settle(item.future, exc=e)
+            return
+        for (item, i), result in zip(batch.origin, results):
+            item.results[i] = result
+            item.remaining -= 1
+            if item.remaining == 0:
+                _settle(item.future, result=item.results)
 
     def _pad(self, planned: list[tuple[WorkItem, int, int]]) -> Batch:
         pad_id = planned[0][0].model.pad_token_id
@@ -268,6 +315,10 @@ class Engine:
         if self.metrics is not None:
             self.metrics.forward_seconds.labels(first.model.name, first.task).observe(time.perf_counter() - start)
         return results
+
+
+def _priority(item: WorkItem) -> tuple:
+    return (1, item.last_pass) if item.last_pass else (0, item.enqueued)
 
 
 def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:

@@ -1,7 +1,8 @@
 """The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
 
 Middleware, outermost first: metrics (times everything), keys (401 from the headers, before the
-body is read), body limit (413 before the body is read). Routers: operations (open: /health,
+body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
+BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
 /jobs and /datasets behind the admin key, which their routers demand themselves. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
@@ -16,7 +17,7 @@ from fastapi import Depends, FastAPI
 from .deps import require_api_key
 from .errors import install_handlers
 from .metrics import Metrics, MetricsMiddleware
-from .middleware import BodyLimitMiddleware, KeyMiddleware, key_guards
+from .middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
 from .routes import classify, datasets, embeddings, fill_mask, jobs, models, nsp, ops
 from .routes.ops import version
 from .service import Service
@@ -29,6 +30,9 @@ Every error answers `{"error": message, "error_type": kind}`. When the service h
 send `Authorization: Bearer <key>` to every route except /health and /ready (and /metrics when
 BERT_METRICS_PUBLIC is true).
 """
+
+# Routes whose work is a forward pass: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
+INFERENCE_PATHS = frozenset({"/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -59,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router, dependencies=dependencies)
     app.state.routes = [route for router, _ in routers for route in router.routes]  # for 405's Allow (errors.py)
 
+    app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=INFERENCE_PATHS)
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets",))
     app.add_middleware(KeyMiddleware, settings=settings, guards=key_guards(routers))

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: the key check before anything of the body is read, and the body cap.
+"""Pure ASGI middleware: the key check before anything of the body is read, the body cap, and the
+deadline of inference requests.
 
 KeyMiddleware finds the routes of a request's path and the key their dependencies demand
 (app/deps.py), and answers 401 from the headers alone: an anonymous client never has its body read or parsed,
@@ -12,6 +13,9 @@ the 413. Pure ASGI rather than BaseHTTPMiddleware so the body is streamed, never
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 from collections.abc import Callable
 
@@ -23,6 +27,8 @@ from .deps import KEY_OF, api_key, bearer_token, check_bearer_key
 from .errors import ServiceError, error_response
 from .settings import Settings
 
+log = logging.getLogger("bertserve")
+DISCONNECTED = "bertserve.disconnected"  # scope key: the client left before its answer (metrics: 499)
 KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/deps.py's api_key or admin_key
 
 
@@ -108,3 +114,70 @@ class BodyLimitMiddleware:
                 raise
         if exceeded and not started:
             await self._too_large()(scope, receive, send)
+
+
+class DeadlineMiddleware:
+    """Inference requests get `seconds` from their first byte to their answer, and stop when their
+    client goes.
+
+    The handler runs as a task. Past the deadline it is cancelled and the client gets 503; once the
+    body has been read the connection is watched, and a disconnect cancels the handler too, with
+    nothing to answer. Cancelling the handler drops its work: a tokeniser job not yet started, a
+    work item still queued, or the rows of a running one not yet in a pass (app/service.py,
+    app/engine.py). References: Starlette's StreamingResponse (listen_for_disconnect), vLLM's
+    `with_cancellation`.
+    """
+
+    def __init__(self, app: ASGIApp, seconds: float, paths: frozenset[str]):
+        self.app = app
+        self.seconds = seconds
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        body_read, gone = asyncio.Event(), asyncio.Event()
+        started = False
+
+        async def app_receive() -> Message:
+            if body_read.is_set():  # only a disconnect can follow the body, and the watcher takes it
+                await gone.wait()
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+            elif not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def app_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        async def watch() -> None:
+            await body_read.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        handler = asyncio.ensure_future(self.app(scope, app_receive, app_send))
+        others = [asyncio.ensure_future(watch()), asyncio.ensure_future(gone.wait())]
+        try:
+            await asyncio.wait([handler, others[1]], timeout=self.seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in others:
+                task.cancel()
+            if not handler.done():
+                handler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await handler
+        if not handler.cancelled():
+            handler.result()  # the answer was sent; re-raise what the app raised
+        elif gone.is_set():
+            scope[DISCONNECTED] = True
+            log.info("%s %s: the client went away; its work was dropped", scope["method"], scope["path"])
+        elif not started:
+            await error_response("unavailable", f"the request took longer than BERT_REQUEST_TIMEOUT "
+                                                f"({self.seconds:g} s); its work was dropped")(scope, receive, send)

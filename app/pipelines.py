@@ -7,7 +7,9 @@ preparing, and the shape of its answer. Tokenising and decoding run in the servi
 the forward pass in the engine's inference thread; only awaiting happens on the event loop.
 fill-mask answers in the shape of transformers' FillMaskPipeline (postprocess: scores from a
 full-vocabulary softmax, `sequence` decoded with special tokens skipped only when the input has a
-single mask).
+single mask). A request's cost is checked once it is tokenised, before it reaches the engine: its
+tokens (BERT_MAX_REQUEST_TOKENS) and, for fill-mask, masks per input and candidates per request;
+each candidate's `sequence` splices the candidate into the input decoded once per mask.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .errors import ServiceError
 from .schemas import (ClassifyRequest, EmbeddingsRequest, FillMaskRequest, NspRequest, OpenAIEmbeddingsRequest,
                       TextPair)
 from .service import Service
+from .settings import Settings
 from .store import LoadedModel
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)
@@ -33,10 +36,11 @@ TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": (
          "classify": ("classifier", "/classify")}
 
 
-def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool) -> list[Row]:
-    """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`."""
+def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
+    """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`. Errors number the
+    inputs from `first`."""
     rows = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(items, first):
         a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)
         if truncate:
             enc = lm.tokenizer.encode(a, b, max_length=lm.max_length, truncation=True)
@@ -84,6 +88,7 @@ async def _infer(svc: Service, task: str, model: str | None, inputs, prepare: Ca
         items, single = as_list(inputs)
         svc.check_count(len(items))
         rows, options = await svc.off_loop(prepare, lm, items, *args)
+        svc.check_tokens(sum(len(ids) for ids, _ in rows))
     results = await svc.run(WorkItem(task, lm, rows, {**(params or {}), **options}))
     return Outcome(lm, rows, results, single)
 
@@ -92,19 +97,33 @@ async def _infer(svc: Service, task: str, model: str | None, inputs, prepare: Ca
 
 async def fill_mask(svc: Service, req: FillMaskRequest) -> Any:
     outcome = await _infer(svc, "mlm", req.model, req.inputs, _prepare_fill_mask, req.targets, req.truncate,
-                           params={"top_k": req.top_k})
+                           req.top_k, svc.settings, params={"top_k": req.top_k})
     return outcome.answer(await svc.off_loop(_format_fill_mask, outcome.lm, outcome.rows, outcome.results))
 
 
-def _prepare_fill_mask(lm: LoadedModel, texts: list[str], targets: list[str] | None,
-                       truncate: bool) -> tuple[list[Row], dict]:
-    rows = encode(lm, texts, truncate)
-    mask = lm.mask_token_id
-    for i, (ids, _) in enumerate(rows):
-        if mask not in ids:
-            raise ServiceError("validation", f"input {i} has no {lm.tokenizer.mask_token} token; fill-mask "
-                                             "needs at least one")
-    return rows, {"target_ids": _target_ids(lm, targets) if targets is not None else None}
+def _prepare_fill_mask(lm: LoadedModel, texts: list[str], targets: list[str] | None, truncate: bool, top_k: int,
+                       limits: Settings) -> tuple[list[Row], dict]:
+    """The rows, and the request's cost checked before any inference: masks per input, and
+    candidates (inputs x masks x top_k), each answered and decoded, per request."""
+    mask, name, masks, rows = lm.mask_token_id, lm.tokenizer.mask_token, 0, []
+    for i, text in enumerate(texts):  # one at a time: an input over a limit stops the tokenising
+        (ids, types), = encode(lm, [text], truncate, first=i)
+        rows.append((ids, types))
+        n = ids.count(mask)
+        if n == 0:
+            raise ServiceError("validation", f"input {i} has no {name} token; fill-mask needs at least one")
+        if n > limits.max_masks_per_input:
+            raise ServiceError("validation", f"input {i} has {n} {name} tokens, more than the "
+                                             f"{limits.max_masks_per_input} per input that "
+                                             "BERT_MAX_MASKS_PER_INPUT allows")
+        masks += n
+    target_ids = _target_ids(lm, targets) if targets is not None else None
+    candidates = masks * min(top_k, len(target_ids) if target_ids else lm.tokenizer.vocab_size)
+    if candidates > limits.max_fill_mask_candidates:
+        raise ServiceError("validation", f"the request asks for {candidates} candidates ({masks} {name} tokens x "
+                                         f"top_k), more than the {limits.max_fill_mask_candidates} per request that "
+                                         "BERT_MAX_FILL_MASK_CANDIDATES allows")
+    return rows, {"target_ids": target_ids}
 
 
 def _target_ids(lm: LoadedModel, targets: list[str]) -> list[int]:
@@ -128,14 +147,9 @@ def _format_fill_mask(lm: LoadedModel, rows: list[Row], results: list) -> list:
         single = len(positions) == 1
         answers = []
         for pos, (scores, token_ids) in zip(positions, per_mask):
-            candidates = []
-            for score, token in zip(scores, token_ids):
-                filled = list(ids)
-                filled[pos] = token
-                candidates.append({"score": score, "token": token,
-                                   "token_str": tok.decode([token], skip_special_tokens=False),
-                                   "sequence": tok.decode(filled, skip_special_tokens=single)})
-            answers.append(candidates)
+            sequences = tok.decode_filled(ids, pos, token_ids, skip_special_tokens=single)
+            answers.append([{"score": score, "token": token, "token_str": tok.decode([token], skip_special_tokens=False),
+                             "sequence": sequence} for score, token, sequence in zip(scores, token_ids, sequences)])
         out.append(answers[0] if single else answers)
     return out
 

@@ -33,6 +33,7 @@ class Service:
                                 default_mlm_model=settings.default_mlm_model, precision=self.precision_for)
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
+        self._pool_jobs = 0  # jobs given to the pool and not yet answered (app/service.py off_loop)
         self._loader: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -91,16 +92,32 @@ class Service:
         return self.engine.incoming()
 
     async def run(self, item: WorkItem) -> list:
-        """Queue a work item for the inference thread and wait for its per-row results."""
+        """Queue a work item for the inference thread and wait for its per-row results. If the
+        request goes away meanwhile (this task is cancelled), so does the item's unrun work."""
         if self.engine is None:
             raise ServiceError("unavailable", "the service is not running")
-        return await asyncio.wrap_future(self.engine.submit(item))
+        future = self.engine.submit(item)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            item.cancel()
+            raise
 
     async def off_loop(self, fn: Callable, *args) -> Any:
-        """Tokeniser and other CPU work, in the thread pool, never on the event loop."""
+        """Tokeniser and other CPU work, in the thread pool, never on the event loop. At most
+        BERT_MAX_TOKENIZER_QUEUE jobs wait for (or run on) its threads; one more is a 429. A job whose
+        request goes away before a thread takes it is dropped unrun (the executor's future is
+        cancelled with this task)."""
         if self.pool is None:
             raise ServiceError("unavailable", "the service is not running")
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        limit = self.settings.max_tokenizer_queue
+        if self._pool_jobs >= limit:
+            raise ServiceError("overloaded", f"the tokeniser queue is full ({limit} jobs waiting); retry later")
+        self._pool_jobs += 1  # only the event loop counts, so no lock
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self._pool_jobs -= 1
 
     async def warm_up(self, lm: LoadedModel) -> None:
         tok = lm.tokenizer
@@ -110,6 +127,13 @@ class Service:
     def check_count(self, n: int) -> None:
         if n > self.settings.max_inputs:
             raise ServiceError("validation", f"at most {self.settings.max_inputs} inputs per request, got {n}")
+
+    def check_tokens(self, n: int) -> None:
+        """A request's cost, known once it is tokenised; over budget it never reaches the engine."""
+        if n > self.settings.max_request_tokens:
+            raise ServiceError("validation", f"the request is {n} tokens long (all inputs together), more than the "
+                                             f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
+                                             "allows")
 
     # -- readiness ------------------------------------------------------------------------------
 

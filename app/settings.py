@@ -43,12 +43,25 @@ class Settings(BaseSettings):
     precision: Precision = "auto"
     # Per-model overrides, JSON: BERT_MODEL_PRECISION='{"minilm": "int8", "wiki-mlm": "bf16"}'.
     model_precision: dict[str, Precision] = Field(default_factory=dict)
-    # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory.
-    max_batch_tokens: int = Field(16384, ge=1)
+    # Padded tokens (batch rows x longest row) in one forward pass; bounds activation memory, and how
+    # long a small request can wait behind a large one (one pass; bench/bounds_bench.py).
+    max_batch_tokens: int = Field(4096, ge=1)
     # Texts (or pairs) in one request.
     max_inputs: int = Field(64, ge=1)
+    # Tokens in one request, all its inputs together (cost known after tokenising); more is a 422.
+    max_request_tokens: int = Field(32768, ge=1)
+    # [MASK] tokens in one /fill-mask input; more is a 422.
+    max_masks_per_input: int = Field(32, ge=1)
+    # /fill-mask candidates in one request: inputs x masks x top_k (top_k capped by the targets); more
+    # is a 422. Bounds the answer's size and the decoding behind it.
+    max_fill_mask_candidates: int = Field(1024, ge=1)
     # Requests waiting for the inference thread; one more is answered 429.
     max_queue: int = Field(256, ge=1)
+    # Tokenising and decoding jobs waiting for (or on) a tokeniser thread; one more is answered 429.
+    max_tokenizer_queue: int = Field(256, ge=1)
+    # Seconds an inference request may take, from its first byte to its answer; past it the client
+    # gets 503 and the request's work is dropped (queued work unrun, running work between batches).
+    request_timeout: float = Field(30.0, gt=0)
     # How long the first waiting request may wait for others to share its batch.
     max_wait_ms: float = Field(2.0, ge=0)
     # Request bodies above this are answered 413 without being read whole.

@@ -276,6 +276,32 @@ class BertTokenizer:
             ids = ids.tolist()
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_filled(self, ids: Sequence[int], position: int, candidates: Sequence[int],
+                      skip_special_tokens: bool = True) -> list[str]:
+        """`decode(ids with ids[position] = c)` for each candidate c, decoding the rest of `ids` once.
+
+        WordPiece's decoder turns each token into a piece of its own: "##" dropped from a continuation,
+        a space before any other token but the first, then that piece's space before punctuation
+        cleaned up (tokenizers' decoders::wordpiece works token by token). So a filled sequence is
+        the text before `position`, the candidate's piece and the text after it. A special candidate
+        that skip_special_tokens drops shifts which token is first: that one is decoded whole.
+        """
+        ids = list(ids)
+        skipped = set(self.all_special_ids) if skip_special_tokens else set()
+        head = self.decode(ids[:position], skip_special_tokens)
+        first = all(t in skipped for t in ids[:position])  # the candidate opens the text
+        tail = [self._tok.id_to_token(t) for t in ids[position + 1:] if t not in skipped]
+        after = self._tok.decoder.decode(["x"] + tail)[1:]  # pieces as they are after a first token
+        out = []
+        for c in candidates:
+            if c in skipped:
+                out.append(self.decode(ids[:position] + [c] + ids[position + 1:], skip_special_tokens))
+                continue
+            token = self.convert_ids_to_tokens(c)
+            piece = self._tok.decoder.decode([token]) if first else self._tok.decoder.decode(["x", token])[1:]
+            out.append(head + piece + after)
+        return out
+
     # ------------------------------------------------------------------ encoding
 
     def encode(

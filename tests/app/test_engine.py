@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.engine import WorkItem, plan_batches
+from app.engine import WorkItem, plan_batch
 
 from .conftest import serve_app, settings_for
 from .test_inference import embed_reference, mlm_reference
@@ -19,14 +19,22 @@ pytestmark = pytest.mark.anyio
 WORDS = "the quick brown fox jumped over a lazy dog and ran to the river with five happy children".split()
 
 
-def test_plan_batches_sorts_by_length_and_keeps_the_padded_budget():
+def test_plan_batch_takes_shortest_rows_first_within_the_padded_budget():
     item = WorkItem("encode", model=None, rows=[([0] * n, [0] * n) for n in (9, 3, 30, 5, 8, 4, 70)])
-    items = [(item, i, len(ids)) for i, (ids, _) in enumerate(item.rows)]
-    batches = plan_batches(items, max_tokens=32)
-    lengths = [[n for _, _, n in b] for b in batches]
+    passes = []
+    while item.todo:
+        passes.append(plan_batch([item], max_tokens=32))
+    lengths = [[n for _, _, n in p] for p in passes]
     assert lengths == [[3, 4, 5, 8], [9], [30], [70]]  # 70 is over budget: it runs alone
-    assert all(len(b) * max(b) <= 32 for b in lengths if len(b) > 1)
-    assert sorted(i for b in batches for _, i, _ in b) == list(range(7))
+    assert sorted(i for p in passes for _, i, _ in p) == list(range(7))
+
+
+def test_plan_batch_fills_a_pass_from_later_items_in_order():
+    big = WorkItem("encode", model=None, rows=[([0] * 10, [0] * 10)] * 5)
+    small = WorkItem("encode", model=None, rows=[([0] * 3, [0] * 3)])
+    planned = plan_batch([small, big], max_tokens=32)
+    assert [(it is small, n) for it, _, n in planned] == [(True, 3), (False, 10), (False, 10)]  # 3 x 10 <= 32
+    assert small.todo == [] and len(big.todo) == 3
 
 
 def metric(text: str, name: str, **labels) -> float:

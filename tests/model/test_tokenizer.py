@@ -189,6 +189,22 @@ def test_decode_inverts_encode_for_simple_text(ours, hf, text, want):
     assert ours.decode(ids, skip_special_tokens=False) == f"[CLS] {want} [SEP]"
 
 
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_decode_filled_equals_decoding_each_filled_sequence(ours, skip_special_tokens):
+    rng = random.Random(0)
+    vocab = ours.get_vocab()
+    # words, "##" continuations, punctuation and apostrophes (the decoder's cleanup), special tokens
+    pool = [vocab[t] for t in ("the", "cat", "do", "not", "n", "it", "s", "isn", "##ing", "##s", "##ly", ".", ",",
+                               "!", "?", "'", "-", "[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]")]
+    pool += rng.sample(range(ours.vocab_size), 200)
+    for _ in range(300):
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
+        position = rng.randrange(len(ids))
+        candidates = [rng.choice(pool) for _ in range(8)]
+        expected = [ours.decode(ids[:position] + [c] + ids[position + 1:], skip_special_tokens) for c in candidates]
+        assert ours.decode_filled(ids, position, candidates, skip_special_tokens) == expected, (ids, position)
+
+
 # ---------------------------------------------------------------- round trips
 
 

@@ -1,0 +1,148 @@
+"""A live `bert serve` for the load benchmarks (bench/bounds_bench.py, bench/soak.py): models saved
+into a temporary DATA_DIR, the server started as its own process (from this checkout or another,
+to compare before and after), its resident memory read from /proc, and a keep-alive HTTP/1.1
+client that reads whole answers and survives closed connections.
+
+Models: "bench", BertForPreTraining with 4 layers, hidden 256, 4 heads and 512 positions (as
+bench/serve_bench.py), and "bench-clf", a BertForSequenceClassification of the same shape with
+labels negative/positive; random weights, the all-MiniLM-L6-v2 WordPiece vocabulary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import MINILM_DIR  # noqa: E402
+from model.config import BertConfig  # noqa: E402
+from model.modeling import BertForPreTraining, BertForSequenceClassification  # noqa: E402
+from model.tokenizer import BertTokenizer  # noqa: E402
+
+
+def save_models(data_dir: Path) -> BertTokenizer:
+    tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
+    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "intermediate_size": 1024}
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig(**shape)).eval().save_pretrained(data_dir / "models" / "bench", tokenizer=tokenizer)
+    config = BertConfig(**shape, id2label={0: "negative", 1: "positive"})
+    BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / "bench-clf",
+                                                                  tokenizer=tokenizer)
+    return tokenizer
+
+
+def text_of(tokenizer: BertTokenizer, tokens: int, words: str = "the quick brown fox jumps over a lazy dog") -> str:
+    """A text that tokenises to exactly `tokens` tokens, [CLS] and [SEP] included."""
+    ids = tokenizer.encode((words + " ") * tokens, max_length=tokens, truncation=True)["input_ids"][1:-1]
+    text = tokenizer.decode(ids)
+    assert len(tokenizer.encode(text)["input_ids"]) == tokens
+    return text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None,
+                 **env: str) -> tuple[subprocess.Popen, int]:
+    """`python -m app.server` from `root`, BERT_* settings from `env` (names without the prefix) and
+    other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`."""
+    port = free_port()
+    settings = {"DATA_DIR": str(data_dir), "DEFAULT_MODEL": "bench", "LOAD": "startup", "API_KEY": "",
+                "DEVICE": "cpu", **env}
+    full_env = {**os.environ, **{f"BERT_{k.upper()}": str(v) for k, v in settings.items()},
+                "PYTHONPATH": str(root), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+                **(process_env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=root, env=full_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if asyncio.run(one_request(port, "GET", "/ready"))[0] == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection, requests one at a time, reopened when the server closes it."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=2 ** 24)
+            try:
+                return await self._exchange(method, path, body)
+            except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+                self.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        self.writer.write((f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("closed")
+        length, closing = 0, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and value.strip().lower() == "close":
+                closing = True
+        payload = await self.reader.readexactly(length)
+        if closing:
+            self.close()
+        return int(status_line.split()[1]), payload
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def one_request(port: int, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    client = Client(port)
+    try:
+        return await client.request(method, path, body)
+    finally:
+        client.close()
