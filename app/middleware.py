@@ -25,10 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .deps import KEY_OF, api_key, bearer_token, check_bearer_key
 from .errors import ServiceError, error_response
+from .metrics import DISCONNECTED
 from .settings import Settings
 
 log = logging.getLogger("bertserve")
-DISCONNECTED = "bertserve.disconnected"  # scope key: the client left before its answer (metrics: 499)
 KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/deps.py's api_key or admin_key
 
 
