@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -23,13 +22,6 @@ from .settings import Settings
 from .store import LoadedModel, ModelStore
 
 log = logging.getLogger("bertserve")
-
-# oneDNN keeps compiled kernels for up to 1,024 shapes per process, and a server meets a new shape
-# (rows x longest row) with almost every batch: its RSS grew by 28% in a minute of mixed load
-# (README, "Bounded work"). A few are plenty for the repeats that matter. oneDNN reads the variable
-# when it makes its first kernel, so setting it here, before any inference, is in time; an
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY in the environment wins.
-ONEDNN_CACHE_CAPACITY = "8"
 
 
 class Service:
@@ -48,7 +40,6 @@ class Service:
 
     async def start(self) -> None:
         s = self.settings
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
         self.engine = Engine(self.device, RUNNERS, max_batch_tokens=s.max_batch_tokens, max_queue=s.max_queue,
