@@ -389,11 +389,16 @@ class Curves {
       const box = this.container.querySelector(`[data-chart="${id}"]`);
       box.dataset.points = data[0].length;
       if (!this.plots[i]) {
-        if (!data[0].length) return;
+        if (!data[0].length) {
+          box.querySelector(".plot").textContent = id === "accuracy" ? "No evaluation yet." : "No points yet.";
+          return;
+        }
+        box.querySelector(".plot").textContent = "";
         const width = Math.max(260, box.clientWidth || 480);
         this.plots[i] = new uPlot({
           width, height: 200, title: undefined, scales: {x: {time: false}},
-          axes: [{label: "step", stroke: "currentColor"}, {stroke: "currentColor", size: 60}],
+          axes: [{label: "step", stroke: "currentColor"},
+                 {stroke: "currentColor", size: 84, values: (u, ticks) => ticks.map((v) => fmt.num(v, 3))}],
           series: [{label: "step"}, ...series.map(([, , label], k) => ({label, stroke: COLORS[k], width: 1.5,
                                                                           spanGaps: true, show: shown[k]}))],
         }, data, box.querySelector(".plot"));
@@ -627,7 +632,8 @@ async function newJobPage() {
 // "finetune.params.max_steps: Input should be ...; model_name: ..." -> beside each field it names.
 function showFieldErrors(f, message, formError) {
   const slots = [...f.querySelectorAll(".field-error")].map((el) => el.id.slice(4));
-  for (const part of message.split("; ")) {
+  // Parts are joined by "; " (app/errors.py); a message may hold "; " itself, so split only before a location.
+  for (const part of message.split(/; (?=(?:(?:finetune|pretrain)\.)?[\w.]+: )/)) {
     const m = /^(?:(?:finetune|pretrain)\.)?([\w.]+): ([\s\S]*)$/.exec(part);
     const path = m ? m[1] : null;
     const name = path && slots.filter((s) => path === s || path.startsWith(`${s}.`))
