@@ -4,7 +4,8 @@ Middleware, outermost first: metrics (times everything), keys (401 from the head
 body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
-/jobs and /datasets behind the admin key, which their routers demand themselves. No trailing-slash
+/jobs and /datasets behind the admin key, which their routers demand themselves; /console (the web
+console's static files, app/routes/console.py) open, as it carries no data. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
 
@@ -18,7 +19,7 @@ from .deps import require_api_key
 from .errors import install_handlers
 from .metrics import Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
-from .routes import classify, datasets, embeddings, fill_mask, jobs, models, nsp, ops
+from .routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops
 from .routes.ops import version
 from .service import Service
 from .settings import Settings
@@ -58,7 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = [(ops.router, []), (ops.metrics_router, [] if settings.metrics_public else keyed), (ops.protected, []),
                *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, models)),
                # their routers depend on require_admin_key (app/deps.py)
-               *((module.router, []) for module in (jobs, datasets))]
+               *((module.router, []) for module in (jobs, datasets)),
+               (console.router, [])]  # open: static files that carry no data
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
     app.state.routes = [route for router, _ in routers for route in router.routes]  # for 405's Allow (errors.py)

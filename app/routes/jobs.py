@@ -1,17 +1,19 @@
 """Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
-POST /jobs/{id}/cancel. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
+GET /jobs/{id}/events (Server-Sent Events, app/job_events.py), POST /jobs/{id}/cancel. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
 GET never blocks on a worker, it reads the record the worker keeps current.
 """
 
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from model.datadir import JOB_ID_PATTERN, JobNotFound
 
 from ..deps import JobServiceDep, require_admin_key
 from ..errors import responses
+from ..job_events import job_events
 from ..schemas import (CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsResponse, JobState,
                        JobStatus)
 
@@ -54,6 +56,17 @@ async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
         await asyncio.to_thread(jobs.find, job_id)  # raises the 404
         raise
     return JobMetricsResponse(id=job_id, records=records)
+
+
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                             "description": "progress, state, metrics, reset and end events (see the README)"},
+                       **responses("validation", "unauthorized", "not_found")})
+async def stream_job_events(job_id: JobId, jobs: JobServiceDep, request: Request):
+    """Server-Sent Events: the job's progress, state changes and metrics records as they come; ends with the job."""
+    await asyncio.to_thread(jobs.find, job_id)  # a 404 now, before the stream starts
+    return StreamingResponse(job_events(jobs.store, job_id, request.is_disconnected), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus,

@@ -1,0 +1,173 @@
+"""GET /jobs/{id}/events (app/job_events.py): the stream of a finished job over the app, and the
+generator of a running one driven while the test plays the worker (appending metrics, rewriting
+them on a resume, changing state). The stream against a real worker, with curl, is in
+tests/test_console.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from app.job_events import MetricsTail, job_events
+from model.datadir import JobStore
+from model.files import rewrite_jsonl
+
+from ..helpers import finetune_spec, make_data_dir
+from .test_jobs_api import make_client
+
+pytestmark = pytest.mark.anyio
+
+
+def parse_sse(text: str) -> list[tuple[str, dict]]:
+    """(event, data) of every event; comment lines (keep-alives) are skipped, as clients do."""
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
+        if fields:
+            events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def train(step: int) -> dict:
+    return {"type": "train", "step": step, "loss": 1.0 / step, "lr": 1e-3}
+
+
+def append_text(path, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def set_state(store: JobStore, job_id: str, state: str, step: int = 0) -> dict:
+    def change(r):
+        r["state"] = state
+        r["progress"] = {"step": step, "total_steps": 10, "loss": 0.5}
+    return store.update(job_id, change)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return JobStore(make_data_dir(tmp_path / "data"))
+
+
+def test_a_finished_job_streams_its_whole_curve_then_ends(store):
+    job_id = store.create(finetune_spec("clf"))["id"]
+    for step in (1, 2, 3):
+        store.append_metric(job_id, train(step))
+    store.append_metric(job_id, {"type": "eval", "step": 3, "accuracy": 0.75, "macro_f1": 0.5})
+    record = set_state(store, job_id, "succeeded", step=3)
+    with make_client(store.data_dir) as client:
+        r = client.get(f"/jobs/{job_id}/events")
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        events = parse_sse(r.text)
+        expected_job = client.get(f"/jobs/{job_id}").json()
+    assert [name for name, _ in events] == ["metrics"] * 4 + ["progress", "state", "end"]
+    assert [data for _, data in events[:4]] == store.metrics(job_id)
+    assert events[4][1] == expected_job and events[4][1]["updated_at"] == record["updated_at"]
+    assert events[5:] == [("state", {"state": "succeeded", "previous": None}), ("end", {"state": "succeeded"})]
+
+
+def test_unknown_job_is_404_and_a_wrong_key_401_before_any_stream(store):
+    with make_client(store.data_dir, admin_key="admin-key-0123456789") as client:
+        r = client.get("/jobs/20240101T000000-0000abcd/events")
+        assert (r.status_code, r.json()) == (401, {"error": "missing or wrong key: send 'Authorization: Bearer "
+                                                            "<BERT_ADMIN_KEY>'", "error_type": "unauthorized"})
+        r = client.get("/jobs/20240101T000000-0000abcd/events",
+                       headers={"Authorization": "Bearer admin-key-0123456789"})
+        assert (r.status_code, r.json()) == (404, {"error": "job '20240101T000000-0000abcd' not found",
+                                                   "error_type": "not_found"})
+        r = client.get("/jobs/not-a-job/events", headers={"Authorization": "Bearer admin-key-0123456789"})
+        assert r.status_code == 422
+
+
+class Reader:
+    """Consumes job_events() in a task, so the test can play the worker meanwhile."""
+
+    def __init__(self, store: JobStore, job_id: str):
+        self.events: list[tuple[str, dict]] = []
+        self.gone = False
+        self.task = asyncio.create_task(self._run(store, job_id))
+
+    async def _run(self, store, job_id):
+        async def disconnected():
+            return self.gone
+        async for chunk in job_events(store, job_id, disconnected, poll_s=0.01):
+            self.events += parse_sse(chunk)
+
+    async def until(self, predicate, timeout: float = 5.0):
+        async def wait():
+            while not predicate(self.events):
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(wait(), timeout)
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.events]
+
+
+async def test_a_running_job_streams_records_as_written_and_ends_with_the_job(store):
+    job_id = store.create(finetune_spec("clf"))["id"]
+    set_state(store, job_id, "running", step=0)
+    reader = Reader(store, job_id)
+    await reader.until(lambda ev: ("state", {"state": "running", "previous": None}) in ev)
+    assert reader.names() == ["progress", "state"]
+
+    store.append_metric(job_id, train(1))
+    append_text(store.job_dir(job_id) / "metrics.jsonl", json.dumps(train(2))[:10])  # the writer is mid-line
+    await reader.until(lambda ev: ("metrics", train(1)) in ev)
+    await asyncio.sleep(0.05)
+    assert ("metrics", train(2)) not in reader.events  # never a torn record
+    append_text(store.job_dir(job_id) / "metrics.jsonl", json.dumps(train(2))[10:] + "\n")
+    await reader.until(lambda ev: ("metrics", train(2)) in ev)
+
+    set_state(store, job_id, "running", step=2)
+    await reader.until(lambda ev: [e for e in ev if e[0] == "progress"][-1][1]["step"] == 2)
+    assert not reader.task.done()
+
+    # A resumed attempt rewrites the file (only step 1 survives) and continues from there.
+    rewrite_jsonl(store.job_dir(job_id) / "metrics.jsonl", lambda r: r["step"] <= 1)
+    store.append_metric(job_id, train(2))
+    await reader.until(lambda ev: ev.count(("metrics", train(2))) == 2)
+    after_reset = reader.events[reader.names().index("reset") + 1:]
+    assert [e for e in after_reset if e[0] == "metrics"] == [("metrics", train(1)), ("metrics", train(2))]
+
+    store.append_metric(job_id, train(3))
+    set_state(store, job_id, "cancelled", step=3)
+    await asyncio.wait_for(reader.task, 5)
+    assert reader.events[-2:] == [("state", {"state": "cancelled", "previous": "running"}),
+                                  ("end", {"state": "cancelled"})]
+    assert ("metrics", train(3)) in reader.events  # the last record arrives before the end
+
+
+async def test_the_stream_stops_when_the_client_goes(store):
+    job_id = store.create(finetune_spec("clf"))["id"]
+    set_state(store, job_id, "running")
+    reader = Reader(store, job_id)
+    await reader.until(lambda ev: len(ev) >= 2)
+    reader.gone = True
+    await asyncio.wait_for(reader.task, 2)  # the job still runs; the stream does not
+    assert "end" not in reader.names()
+
+
+async def test_a_discarded_job_ends_the_stream(store):
+    job_id = store.create(finetune_spec("clf"))["id"]
+    reader = Reader(store, job_id)
+    await reader.until(lambda ev: len(ev) >= 2)
+    assert store.discard_unclaimed(job_id, "the broker could not be reached")
+    await asyncio.wait_for(reader.task, 5)
+    assert reader.events[-1] == ("end", {"state": None})
+
+
+def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.read() == (False, [])  # no file yet
+    path.write_text('{"step": 1}\n{"step"')
+    assert tail.read() == (False, [{"step": 1}])
+    append_text(path, ': 2}\nnot json\n{"step": 3}\n')
+    assert tail.read() == (False, [{"step": 2}, {"step": 3}])
+    path.write_text('{"step": 1}\n')  # shorter than what was read: rewritten in place
+    assert tail.read() == (True, [{"step": 1}])
