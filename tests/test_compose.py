@@ -126,6 +126,7 @@ def test_a_fresh_stack_serves_at_once_trains_on_the_worker_and_resumes_after_a_r
         assert client.get("/ready").json() == {"status": "ready", "model": "minilm"}
         r = client.post("/embeddings", json={"inputs": ["a fresh stack serves at once"]})
         assert r.status_code == 200 and len(r.json()[0]) == 384
+        assert client.get("/console").status_code == 200, "the console's files are in the installed package"
 
         # The bootstrap job: /fill-mask names it while it trains, and answers once it has published.
         (job,) = [j for j in client.get("/jobs", headers=admin).json()["jobs"] if j["model_name"] == "wiki-mlm"]
