@@ -173,7 +173,12 @@ def serve(host: str | None = None, port: int | None = None, allow_public: bool =
         print(why, file=sys.stderr)
         raise SystemExit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="info",
+    try:
+        app = create_app(settings)
+    except ValueError as e:  # a device torch cannot see, int8 on a GPU: one line, not a traceback
+        print(f"refusing to start: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=settings.graceful_timeout, access_log=False,
                             http=GuardedHttpProtocol.serving(settings))
     uvicorn.Server(config).run()

@@ -24,11 +24,25 @@ from .store import LoadedModel, ModelStore
 log = logging.getLogger("bertserve")
 
 
+def check_precisions(settings: Settings, device: torch.device) -> None:
+    """int8 (model/precision.py's Int8Linear) runs on the CPU only: asked for on a GPU, every model
+    would fail to load while /health says ok. Refused at start, naming the setting."""
+    if device.type != "cuda":
+        return
+    if settings.precision == "int8":
+        raise ValueError("BERT_PRECISION=int8 runs on the CPU only; on a GPU use bf16 or auto")
+    int8 = sorted(name for name, precision in settings.model_precision.items() if precision == "int8")
+    if int8:
+        raise ValueError(f"BERT_MODEL_PRECISION asks int8 for {', '.join(int8)}: int8 runs on the CPU only; "
+                         "on a GPU use bf16 or auto")
+
+
 class Service:
     def __init__(self, settings: Settings, metrics: Metrics):
         self.settings = settings
         self.metrics = metrics
         self.device = resolve_device(settings.device)
+        check_precisions(settings, self.device)
         self.store = ModelStore(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up,
                                 default_mlm_model=settings.default_mlm_model, precision=self.precision_for)
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once

@@ -288,6 +288,12 @@ class ModelStore:
         precision = self.precision_of(entry.name)
         model = apply_precision(load_model(entry.path, device=self.device), precision)
         tokenizer = BertTokenizer.from_pretrained(entry.path)
+        if tokenizer.vocab_size > model.config.vocab_size:
+            # An id past the embedding table is an IndexError for one batch on the CPU, but on CUDA a
+            # device-side assert that poisons the context for every later batch: refuse it here.
+            entry.error = (f"its tokenizer has {tokenizer.vocab_size:,} tokens but the model's embeddings only "
+                           f"{model.config.vocab_size:,} rows (config.json's vocab_size)")
+            raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
         log.info("loaded model %s (%s, %s) on %s", entry.name, type(model).__name__, precision, self.device)
         return LoadedModel(entry.name, model, tokenizer, max_length, precision)

@@ -9,7 +9,6 @@ configuration table. Reference: https://docs.pydantic.dev/latest/concepts/pydant
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,4 +41,4 @@ class WorkerSettings(BaseSettings):
     # Seconds between sweeps that re-enqueue running jobs whose worker died (0: only at start-up).
     worker_sweep_interval_s: float = Field(60.0, ge=0)
     # Where training runs: "auto" picks CUDA when the worker has it.
-    worker_device: Literal["auto", "cpu", "cuda"] = "auto"
+    worker_device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")  # or cuda:N

@@ -188,3 +188,26 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_device_torch_cannot_see_or_int8_on_a_gpu_is_refused_at_start(capsys):
+    import torch
+    from pydantic import ValidationError
+
+    from app.service import check_precisions
+
+    with pytest.raises(SystemExit) as exit_info:
+        serve(host="127.0.0.1", port=free_port(), settings=Settings(device="cuda:7", load="lazy"))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refusing to start: device 'cuda:7' was asked for, but torch sees")
+
+    gpu = torch.device("cuda")  # a device object needs no GPU
+    with pytest.raises(ValueError, match="BERT_PRECISION=int8 runs on the CPU only"):
+        check_precisions(Settings(precision="int8"), gpu)
+    with pytest.raises(ValueError, match="BERT_MODEL_PRECISION asks int8 for a, b"):
+        check_precisions(Settings(model_precision={"b": "int8", "a": "int8", "c": "bf16"}), gpu)
+    check_precisions(Settings(precision="int8"), torch.device("cpu"))
+    assert Settings(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ValidationError):
+        Settings(device="gpu")

@@ -9,7 +9,7 @@ import pytest
 
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
 
-from .conftest import MODELS, save_tiny, serve_app, settings_for, tiny_config
+from .conftest import MODELS, VOCAB, save_tiny, serve_app, settings_for, tiny_config
 
 pytestmark = pytest.mark.anyio
 
@@ -92,3 +92,19 @@ async def test_invalid_model_names_never_reach_the_filesystem(client):
         assert r.status_code == 422, name
     r = await client.get("/models/.hidden")
     assert r.status_code == 422
+
+
+async def test_a_tokenizer_larger_than_the_embeddings_is_refused_at_load(tmp_path):
+    """An id past the embedding table is a device-side assert on CUDA that poisons every later batch:
+    such a model is refused when it loads, with the reason, and remembered."""
+    save_tiny(tmp_path / "models" / "good", BertModel)
+    save_tiny(tmp_path / "models" / "short", BertModel, vocab_size=len(VOCAB) - 3)
+    reason = (f"its tokenizer has {len(VOCAB)} tokens but the model's embeddings only {len(VOCAB) - 3} rows "
+              "(config.json's vocab_size)")
+    async with serve_app(settings_for(tmp_path, default_model="good")) as c:
+        for _ in range(2):
+            r = await c.post("/embeddings", json={"inputs": "a", "model": "short"})
+            assert (r.status_code, r.json()) == (503, {"error": f"model 'short' cannot be served: {reason}",
+                                                       "error_type": "unavailable"})
+        listed = {m["name"]: m for m in (await c.get("/models")).json()["models"]}
+        assert listed["short"]["error"] == reason and listed["good"]["error"] is None
