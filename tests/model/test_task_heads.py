@@ -186,3 +186,28 @@ def test_minilm_encoder_with_a_random_head_matches_transformers(name, minilm_dir
         ours.save_pretrained(tmp_path / "ours")
         back = getattr(transformers, name).from_pretrained(tmp_path / "ours").eval()
         assert_same(name, theirs, back(input_ids=ids, attention_mask=mask, token_type_ids=types), mask)
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_tiny_task_model_overfits_a_padded_batch(name):
+    """Every head learns: tags, answer spans and choices of a few padded examples, loss near zero."""
+    torch.manual_seed(0)
+    config = BertConfig(**tiny_config_dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                           id2label=dict(enumerate(LABELS))))
+    model = OURS[name](config).train()
+    ids, mask, types = inputs_for(name, config.vocab_size)
+    g = torch.Generator().manual_seed(2)
+    if name == "BertForTokenClassification":
+        labels = torch.randint(0, len(LABELS), ids.shape, generator=g).masked_fill(mask == 0, -100)
+        targets = {"labels": labels}
+    elif name == "BertForQuestionAnswering":
+        targets = {"start_positions": torch.tensor([2, 1, 0]), "end_positions": torch.tensor([5, 6, 0])}
+    else:
+        targets = {"labels": torch.tensor([2, 0])}  # the same row both times (the choices are rows 0-2 and 2-0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(100):
+        loss = model(ids, mask, types, **targets).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
