@@ -211,3 +211,22 @@ def test_tiny_task_model_overfits_a_padded_batch(name):
         loss.backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("name", OURS)
+def test_reduced_precision_keeps_task_outputs_fp32_and_close(name, precision):
+    """The serving precisions (model.precision) apply to the task heads' classes as to the others."""
+    from model.precision import apply_precision, precision_of
+
+    torch.manual_seed(0)
+    model = OURS[name](BertConfig(**tiny_config_dict(id2label=dict(enumerate(LABELS))))).eval()
+    ids, mask, types = inputs_for(name, model.config.vocab_size)
+    with torch.no_grad():
+        ref = model(ids, mask, types)
+        low_model = apply_precision(model, precision)
+        low = low_model(ids, mask, types)
+    assert precision_of(low_model) == precision
+    for field in FIELDS[name]:
+        assert getattr(low, field).dtype == torch.float32
+        torch.testing.assert_close(getattr(low, field), getattr(ref, field), atol=0.05, rtol=0.05, msg=field)
