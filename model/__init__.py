@@ -16,6 +16,9 @@ _EXPORTS = {
     "BertForPreTraining": ".modeling",
     "BertForMaskedLM": ".modeling",
     "BertForSequenceClassification": ".modeling",
+    "BertForTokenClassification": ".modeling",
+    "BertForQuestionAnswering": ".modeling",
+    "BertForMultipleChoice": ".modeling",
     "load_model": ".modeling",
     "BertTokenizer": ".tokenizer",
 }

@@ -29,7 +29,8 @@ def import_model(src: str | Path, dst: str | Path) -> dict:
         raise UserError(f"{src} has no config.json: not a Hugging Face model directory")
     try:
         state = normalize_state_dict(load_state_dict(src))
-        model = class_for_heads(heads_of_keys(state))._from_state(src, state, "cpu", False, {})
+        architectures = BertConfig.from_json_file(src / "config.json").architectures
+        model = class_for_heads(heads_of_keys(state), architectures)._from_state(src, state, "cpu", False, {})
         tokenizer = BertTokenizer.from_pretrained(src)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
@@ -52,7 +53,7 @@ def summarize(path: str | Path) -> dict:
         vocab = {"size": tok.vocab_size, "lowercase": tok.lowercase}
     return {
         "path": str(path),
-        "architecture": class_for_heads(heads).__name__,
+        "architecture": class_for_heads(heads, config.architectures).__name__,
         "layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
         "heads": config.num_attention_heads,

@@ -12,8 +12,9 @@ Ordered from parts to whole:
     heads              the pooler and the MLM head (BertPooler, BertLMPredictionHead)
     base class         BertPreTrainedModel: weight init, save_pretrained/from_pretrained
     models             BertModel; the masked-LM loss; BertForPreTraining, BertForMaskedLM,
-                       BertForSequenceClassification
-    helpers            MODEL_CLASSES, class_for_heads, compile_model, load_model
+                       BertForSequenceClassification, BertForTokenClassification,
+                       BertForQuestionAnswering, BertForMultipleChoice
+    helpers            MODEL_CLASSES, class_for_heads, class_for_dir, compile_model, load_model
 
 The dense layers go through model.onednn's `dense` (and its `linear` for the tied decoder): oneDNN's
 fused GEMMs on CPU where they pay, F.linear elsewhere.
@@ -43,8 +44,8 @@ from torch import nn
 from .config import BertConfig
 from .files import atomic_dir
 from .onednn import dense, linear
-from .weights import (HEAD_NAMES, HEAD_PREFIXES, LEGACY_KEYS, heads_of_keys, load_state_dict,
-                      normalize_state_dict)
+from .weights import (HEAD_NAMES, HEAD_PREFIXES, LEGACY_KEYS, heads_in_dir, heads_of_keys,
+                      load_state_dict, normalize_state_dict)
 
 IGNORE_INDEX = -100  # MLM labels at positions that are not predicted
 
@@ -77,6 +78,25 @@ class MaskedLMOutput:
 @dataclass
 class SequenceClassifierOutput:
     logits: torch.Tensor  # (B, num_labels)
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class TokenClassifierOutput:
+    logits: torch.Tensor  # (B, T, num_labels)
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class QuestionAnsweringModelOutput:
+    start_logits: torch.Tensor  # (B, T)
+    end_logits: torch.Tensor  # (B, T)
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class MultipleChoiceModelOutput:
+    logits: torch.Tensor  # (B, num_choices)
     loss: torch.Tensor | None = None
 
 
@@ -640,18 +660,118 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return SequenceClassifierOutput(logits, loss)
 
 
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout
+    return nn.Dropout(config.hidden_dropout_prob if p is None else p)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Encoder (no pooler, as HF) + dropout + linear on every token's vector (paper, 4.3: NER).
+
+    Loss: cross-entropy over the positions whose label is not -100 (the continuation pieces of a
+    word and the special tokens, in the usual first-WordPiece labelling).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
+                labels=None) -> TokenClassifierOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = dense(self.classifier, self.dropout(hidden))  # (B, T, num_labels)
+        loss = None
+        if labels is not None:  # (B, T, L) -> (B*T, L) against (B*T,)
+            loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+        return TokenClassifierOutput(logits, loss)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Encoder (no pooler, as HF) + one linear giving each token a start and an end logit (paper, 4.2:
+    SQuAD). No dropout before it, as in HF.
+
+    Loss (HF's): the mean of the start and end cross-entropies; a position outside the sequence is
+    clamped to T and ignored, so an answer cut off by a window does not count.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start, end
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None) -> QuestionAnsweringModelOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = dense(self.qa_outputs, hidden)  # (B, T, 2)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.shape[1]
+            start, end = (p.reshape(-1).clamp(0, ignored) for p in (start_positions, end_positions))
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+        return QuestionAnsweringModelOutput(start_logits, end_logits, loss)
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """Encoder + dropout + a linear scoring each choice's pooled [CLS] (paper, 4.4: SWAG).
+
+    Inputs are (B, C, T): every choice is a sequence pair of its own, run as one (B*C, T) batch.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
+                labels=None) -> MultipleChoiceModelOutput:
+        if input_ids.dim() != 3:
+            raise ValueError(f"input_ids must be (batch, num_choices, seq_len), got shape {tuple(input_ids.shape)}")
+        B, C, T = input_ids.shape
+        flat = [None if t is None else t.reshape(B * C, T) for t in (input_ids, attention_mask, token_type_ids)]
+        pooled = self.bert(*flat).pooler_output  # (B*C, H)
+        logits = dense(self.classifier, self.dropout(pooled)).view(B, C)  # (B*C, 1) -> (B, C)
+        loss = None if labels is None else F.cross_entropy(logits.float(), labels.reshape(-1))
+        return MultipleChoiceModelOutput(logits, loss)
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers: model classes by name and by heads, compiling, loading a directory as its class
 # ---------------------------------------------------------------------------------------------
 
 MODEL_CLASSES = {cls.__name__: cls for cls in
-                 (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification)}
+                 (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+                  BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)}
+# The classes whose head is `classifier.*`: sequence (on the pooled [CLS]), token (on every token,
+# no pooler) and multiple choice (one score per choice, on the pooled [CLS]).
+CLASSIFIER_CLASSES = (BertForSequenceClassification, BertForTokenClassification, BertForMultipleChoice)
 
 
-def class_for_heads(heads: set[str]) -> type[BertPreTrainedModel]:
-    """The richest model class whose heads a directory has."""
+def class_for_heads(heads: set[str], architectures: list[str] | None = None) -> type[BertPreTrainedModel]:
+    """The model class a directory loads as, from its weights' heads and config.json's `architectures`.
+
+    The weights decide, richest class first: a QA head, a classifier, MLM + NSP + pooler, MLM, else
+    the bare encoder. A `classifier.*` head alone does not say which task it serves, so there
+    `architectures` (which transformers and save_pretrained both write) decides when it names one of
+    the classifier classes; without it, a classifier with a pooler is a sequence classifier and one
+    without is a token classifier (neither transformers' nor ours saves a pooler with it).
+    """
+    if "qa" in heads:
+        return BertForQuestionAnswering
     if "classifier" in heads:
-        return BertForSequenceClassification
+        named = [cls for cls in CLASSIFIER_CLASSES if cls.__name__ in (architectures or ())]
+        if named:
+            return named[0]
+        return BertForSequenceClassification if "pooler" in heads else BertForTokenClassification
     if {"mlm", "nsp", "pooler"} <= heads:
         return BertForPreTraining
     if "mlm" in heads:
@@ -673,10 +793,17 @@ def compile_model(model: BertPreTrainedModel, dynamic: bool = True, **options) -
     return model
 
 
+def class_for_dir(path: str | Path) -> type[BertPreTrainedModel]:
+    """The class a model directory loads as (class_for_heads), from its config and weight names only."""
+    path = Path(path)
+    return class_for_heads(heads_in_dir(path), BertConfig.from_json_file(path / "config.json").architectures)
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> BertPreTrainedModel:
     """Load a model directory as the class its weights support (see class_for_heads)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
     state = normalize_state_dict(load_state_dict(path))
-    return class_for_heads(heads_of_keys(state))._from_state(path, state, device, False, {})
+    architectures = BertConfig.from_json_file(path / "config.json").architectures
+    return class_for_heads(heads_of_keys(state), architectures)._from_state(path, state, device, False, {})

@@ -9,10 +9,13 @@ Parameters (h hidden, I intermediate, L layers, V vocabulary, P positions, T tok
     embeddings   (V + P + T) h + 2h                      word, position, segment tables + LayerNorm
     each layer   4h^2 + 2hI + 9h + I                     fused QKV + output (4h^2 + 4h), FFN (2hI + I + h),
                                                          two LayerNorms (4h)
-    pooler       h^2 + h                                 BertForPreTraining, BertForSequenceClassification
+    pooler       h^2 + h                                 BertForPreTraining, BertForSequenceClassification,
+                                                         BertForMultipleChoice
     MLM head     h^2 + 3h + V                            transform + LayerNorm + bias; the decoder is tied
     NSP head     2h + 2
-    classifier   n h + n                                 n labels
+    classifier   n h + n                                 n labels (sequence and token classification)
+    QA head      2h + 2                                  a start and an end logit per token
+    choice head  h + 1                                   one score per choice (multiple choice)
 
 Peak training memory, in bytes, of one optimizer step (N parameters, N_t of them trainable):
 
@@ -57,6 +60,9 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "BertForPreTraining": ("pooler", "mlm", "nsp"),
     "BertForMaskedLM": ("mlm",),
     "BertForSequenceClassification": ("pooler", "classifier"),
+    "BertForTokenClassification": ("classifier",),
+    "BertForQuestionAnswering": ("qa",),
+    "BertForMultipleChoice": ("pooler", "choice"),
 }
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
 GB = 1024**3
@@ -104,7 +110,8 @@ def part_parameters(config: Any, num_labels: int = 2) -> dict[str, int]:
     tables = v + _get(config, "max_position_embeddings") + _get(config, "type_vocab_size")
     return {"embeddings": tables * h + 2 * h,
             "encoder": _get(config, "num_hidden_layers") * (4 * h * h + 2 * h * i + 9 * h + i),
-            "pooler": h * h + h, "mlm": h * h + 3 * h + v, "nsp": 2 * h + 2, "classifier": num_labels * h + num_labels}
+            "pooler": h * h + h, "mlm": h * h + 3 * h + v, "nsp": 2 * h + 2, "classifier": num_labels * h + num_labels,
+            "qa": 2 * h + 2, "choice": h + 1}
 
 
 def count_parameters(config: Any, architecture: str, num_labels: int = 2) -> int:

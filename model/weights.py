@@ -9,7 +9,9 @@ layout, and the heads a directory has are read off its key names (`heads_in_dir`
 safetensors header only, no tensors).
 
 Head names: "pooler" (bert.pooler), "mlm" (cls.predictions), "nsp" (cls.seq_relationship),
-"classifier". They describe weights; what a model can serve is the service's business.
+"classifier" (classifier: sequence, token or multiple-choice classification alike), "qa"
+(qa_outputs). They describe weights; which class a directory loads as is model.modeling's
+`class_for_heads`, and what a model can serve is the service's business.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ HEAD_PREFIXES = {
     "mlm": "cls.predictions.",
     "nsp": "cls.seq_relationship.",
     "classifier": "classifier.",
+    "qa": "qa_outputs.",
 }
-HEAD_NAMES = {"pooler": "pooler", "mlm": "MLM head", "nsp": "NSP head", "classifier": "classifier head"}
+HEAD_NAMES = {"pooler": "pooler", "mlm": "MLM head", "nsp": "NSP head", "classifier": "classifier head",
+              "qa": "question-answering head"}
 # Keys real HF checkpoints carry that hold nothing we need: a buffer and the tied decoder.
 LEGACY_KEYS = {"bert.embeddings.position_ids", "cls.predictions.decoder.weight",
                "cls.predictions.decoder.bias"}
@@ -58,7 +62,7 @@ def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch
     out = {}
     for key, value in state_dict.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        if not key.startswith(("bert.", "cls.", "classifier.")):
+        if not key.startswith(("bert.", "cls.", "classifier.", "qa_outputs.")):
             key = "bert." + key  # a bare BertModel's keys
         out[key] = value
     if "cls.predictions.bias" not in out and "cls.predictions.decoder.bias" in out:
@@ -73,5 +77,5 @@ def heads_of_keys(keys: Iterable[str]) -> set[str]:
 
 
 def heads_in_dir(path: str | Path) -> set[str]:
-    """Heads present in a model directory's weights: a subset of pooler, mlm, nsp, classifier."""
+    """Heads present in a model directory's weights: a subset of HEAD_PREFIXES' names."""
     return heads_of_keys(normalize_state_dict(dict.fromkeys(state_dict_keys(path))))
