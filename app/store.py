@@ -115,7 +115,7 @@ def read_stored_model(name: str, path: Path, identity: tuple) -> StoredModel:
     try:
         entry.config = BertConfig.from_json_file(path / "config.json")
         weight_heads = heads_in_dir(path)
-        cls = class_for_heads(weight_heads)
+        cls = class_for_heads(weight_heads, entry.config.architectures)  # as load_model chooses
         entry.architecture = cls.__name__
         entry.heads = servable_heads(cls)
         entry.num_parameters = _count_parameters(cls, entry.config, weight_heads)
