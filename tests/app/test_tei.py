@@ -253,8 +253,7 @@ async def test_tokenize_limits(tei):
                                        ("/rerank", {"query": "a", "texts": ["b"]}), ("/tokenize", {"inputs": "a"})])
 async def test_tei_routes_need_the_api_key(tei_dir, path, body):
     key = "tei-key-0123456789abcdef"
-    async with serve_app(settings_for(tei_dir, api_key=key, rerank_model="tiny-rerank", predict_model="tiny-cls"),
-                         ) as c:
+    async with serve_app(settings_for(tei_dir, api_key=key, rerank_model="tiny-rerank", predict_model="tiny-cls")) as c:
         r = await c.post(path, json=body)
         assert r.status_code == 401
         assert r.json() == err("unauthorized", "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'")
@@ -267,7 +266,7 @@ def test_classify_runner_gives_logits_to_rows_that_ask_in_a_mixed_batch(tei_dir,
 
     model = BertForSequenceClassification.from_pretrained(tei_dir / "models" / "tiny-cls").eval()
     lm = LoadedModel("tiny-cls", model, tokenizer, 32)
-    rows = [(tokenizer.encode(t)["input_ids"], [0] * len(tokenizer.encode(t)["input_ids"])) for t in ("the cat", "a dog")]
+    rows = [(ids, [0] * len(ids)) for ids in (tokenizer.encode(t)["input_ids"] for t in ("the cat", "a dog"))]
     items = [WorkItem("classify", lm, rows[:1], {"logits": True}), WorkItem("classify", lm, rows[1:], {})]
     engine = Engine(torch.device("cpu"), {"classify": run_classify}, max_batch_tokens=4096, max_queue=8,
                     max_wait_ms=50.0, batching=True)
