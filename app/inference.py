@@ -62,9 +62,14 @@ def run_nsp(lm, batch) -> list[float]:
 
 
 def run_classify(lm, batch) -> list[list[float]]:
-    """Per row, one score per label (id order)."""
+    """Per row, one score per label (id order); the logits themselves for a row whose params ask for
+    them ("logits": the TEI routes, which score them their own way: app/tei.py)."""
     logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()
-    return score_logits(logits, lm.config).cpu().tolist()
+    raw = [p.get("logits", False) for p in batch.params]
+    scores = logits if all(raw) else score_logits(logits, lm.config)
+    if not any(raw) or all(raw):
+        return scores.cpu().tolist()
+    return [r if want_raw else s for want_raw, r, s in zip(raw, logits.cpu().tolist(), scores.cpu().tolist())]
 
 
 def score_logits(logits: torch.Tensor, config) -> torch.Tensor:

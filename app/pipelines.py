@@ -79,10 +79,12 @@ def _tokenize(lm: LoadedModel, items: list, truncate: bool) -> tuple[list[Row], 
 
 
 async def _infer(svc: Service, task: str, model: str | None, inputs, prepare: Callable, *args,
-                 params: dict | None = None) -> Outcome:
+                 params: dict | None = None, route: str | None = None) -> Outcome:
     """Run one request's inputs as a work item. `prepare(lm, items, *args)` runs in the thread pool
-    and returns (rows, options to add to `params`)."""
-    head, route = TASKS[task]
+    and returns (rows, options to add to `params`). `route` names the route in errors when it is
+    not the task's own."""
+    head, task_route = TASKS[task]
+    route = route or task_route
     with svc.incoming():
         lm = await svc.model(model, head, route)
         items, single = as_list(inputs)

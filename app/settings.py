@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     # Model /fill-mask and /nsp use when a request names none; unset = BERT_DEFAULT_MODEL. (`make run`
     # sets it to the bootstrap job's model while BERT_DEFAULT_MODEL stays the MiniLM encoder.)
     default_mlm_model: str | None = None
+    # Models the text-embeddings-inference routes use when a request names none (TEI's clients never
+    # do): /rerank a one-label sequence classifier (a cross-encoder), /predict a classifier. Unset =
+    # BERT_DEFAULT_MODEL.
+    rerank_model: str | None = None
+    predict_model: str | None = None
     # When set, every route except /health and /ready (and /metrics if BERT_METRICS_PUBLIC) needs
     # `Authorization: Bearer <key>`. Surrounding whitespace is dropped; blank is no key. Beyond
     # loopback `bert serve` refuses a key shorter than 16 characters.

@@ -249,6 +249,12 @@ class BertTokenizer:
     def all_special_ids(self) -> list[int]:
         return [self._ids[role] for role in ("unk", "sep", "pad", "cls", "mask")]  # transformers' order
 
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        """The Rust `tokenizers.Tokenizer` underneath (transformers' name for it), for what this wrapper
+        does not expose: offsets, special-token masks, other truncation. Read it; do not reconfigure it."""
+        return self._tok
+
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
         return self._tok.encode(_check_text(text, "text"), add_special_tokens=False).tokens

@@ -1,0 +1,56 @@
+"""text-embeddings-inference's routes: POST /embed, /predict, /rerank and /tokenize in TEI's shapes
+(app/tei.py says what is followed), for TEI's clients."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body
+
+from .. import tei
+from ..deps import ServiceDep
+from ..errors import responses
+from ..schemas import (EmbedRequest, EmbedResponse, PredictRequest, PredictResponse, RerankRequest, RerankResponse,
+                       TokenizeRequest, TokenizeResponse, body_examples)
+from .fill_mask import INFERENCE_ERRORS
+
+router = APIRouter(tags=["text-embeddings-inference"])
+EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]
+PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
+RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]
+TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(TokenizeRequest))]
+
+
+def ok(example) -> dict:
+    return {200: {"content": {"application/json": {"example": example}}}}
+
+
+@router.post("/embed", response_model=EmbedResponse,
+             responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
+async def embed(req: EmbedBody, service: ServiceDep):
+    """TEI's /embed: one mean-pooled vector per input (unit length unless normalize is false)."""
+    return await tei.embed(service, req)
+
+
+@router.post("/predict", response_model=PredictResponse,
+             responses={**INFERENCE_ERRORS, **ok([{"score": 0.94, "label": "positive"},
+                                                  {"score": 0.06, "label": "negative"}])})
+async def predict(req: PredictBody, service: ServiceDep):
+    """TEI's /predict: every label's score for each text or pair, best first (needs a classifier head)."""
+    return await tei.predict(service, req)
+
+
+@router.post("/rerank", response_model=RerankResponse, response_model_exclude_none=True,
+             responses={**INFERENCE_ERRORS, **ok([{"index": 0, "score": 0.98}, {"index": 1, "score": 0.01}])})
+async def rerank(req: RerankBody, service: ServiceDep):
+    """TEI's /rerank: the texts by a cross-encoder's relevance to the query, best first (one-label classifier)."""
+    return await tei.rerank(service, req)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse,
+             responses={**responses("validation", "unauthorized", "not_found", "too_large", "overloaded",
+                                    "unavailable"),
+                        **ok([[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+                               {"id": 3231, "text": "test", "special": False, "start": 0, "stop": 4},
+                               {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None}]])})
+async def tokenize(req: TokenizeBody, service: ServiceDep):
+    """TEI's /tokenize: each input's tokens with ids and character offsets (special tokens: null offsets)."""
+    return await tei.tokenize(service, req)

@@ -1,0 +1,182 @@
+"""text-embeddings-inference (TEI) compatibility: /embed, /predict, /rerank and /tokenize answer as
+TEI's router does, computed by this service's own tasks (encode and classify, batched by the engine).
+
+What is followed, from huggingface/text-embeddings-inference:
+- router/src/http/types.rs: the request and response shapes (app/schemas.py). /embed and /tokenize
+  answer a list per input even for one input; /predict answers one input's list or a batch's lists;
+  a /predict list of two strings is one pair, not two texts.
+- core/src/infer.rs `predict`: unless raw_scores, softmax over the labels, sigmoid for one label;
+  router/src/http/server.rs `predict`: each input's labels sorted best first.
+- router/src/http/server.rs `rerank`: one (query, text) pair per text through a one-label
+  classifier, sigmoid unless raw_scores, ranks sorted best first (a stable ascending sort reversed,
+  so ties keep TEI's order); `text` only with return_text.
+- router/src/http/server.rs `tokenize`: each token's id, special flag and character offsets from
+  the tokenizer's Encoding; a special token's text is its own, with null offsets; any other's is
+  the input's characters start:stop.
+- truncation_direction: tokenizers' truncation direction, longest_first for pairs.
+What is ours: errors keep this service's body and status (422 for an input too long, where TEI
+answers 413), the request limits (BERT_MAX_INPUTS, BERT_MAX_REQUEST_TOKENS) and the API key apply
+as on every inference route, pooling is mean (TEI reads the model's sentence-transformers pooling;
+every encoder served here is pooled the /embeddings way), and prompt_name must be null (no prompts).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+
+from tokenizers import Tokenizer
+
+from model.tokenizer import BertTokenizer
+
+from .errors import ServiceError
+from .pipelines import Row, _infer, as_list, encode
+from .schemas import EmbedRequest, PredictRequest, RerankRequest, TextPair, TokenizeRequest
+from .service import Service
+from .store import LoadedModel
+
+# -- truncation --------------------------------------------------------------------------------
+
+_left: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {max_length: copy}
+_left_lock = threading.Lock()
+
+
+def _left_truncating(tok: BertTokenizer, max_length: int) -> Tokenizer:
+    """A copy of the tokenizer that truncates from the left (the Rust tokenizer's truncation is
+    mutable state shared by threads: never flip it on the shared one)."""
+    with _left_lock:
+        copies = _left.setdefault(tok, {})
+        if max_length not in copies:
+            copy = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+            copy.enable_truncation(max_length, strategy="longest_first", direction="left")
+            copies[max_length] = copy
+        return copies[max_length]
+
+
+def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str) -> list[Row]:
+    """encode() with TEI's truncation options: null truncate is false; "Left" cuts the start."""
+    if not truncate or direction.lower() == "right":
+        return encode(lm, items, bool(truncate))
+    tok = _left_truncating(lm.tokenizer, lm.max_length)
+    rows = []
+    for item in items:
+        a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)
+        enc = tok.encode(a, b)
+        rows.append((enc.ids, enc.type_ids))
+    return rows
+
+
+def _no_prompt(lm: LoadedModel, prompt_name: str | None) -> None:
+    if prompt_name is not None:
+        raise ServiceError("validation", f"prompt_name '{prompt_name}' is not supported: model '{lm.name}' has no "
+                                         "prompts; put the prompt at the start of the text instead")
+
+
+# -- /embed ------------------------------------------------------------------------------------
+
+async def embed(svc: Service, req: EmbedRequest) -> list[list[float]]:
+    outcome = await _infer(svc, "encode", req.model, req.inputs, _prepare_embed, req.truncate,
+                           req.truncation_direction, req.prompt_name,
+                           params={"pooling": "mean", "normalize": req.normalize}, route="/embed")
+    return outcome.results
+
+
+def _prepare_embed(lm: LoadedModel, texts: list[str], truncate: bool | None, direction: str,
+                   prompt_name: str | None) -> tuple[list[Row], dict]:
+    _no_prompt(lm, prompt_name)
+    return _encode(lm, texts, truncate, direction), {}
+
+
+# -- /predict ----------------------------------------------------------------------------------
+
+def _predict_inputs(inputs) -> tuple[list[str | TextPair], bool]:
+    """TEI's PredictInput as (texts or pairs, whether it was one input)."""
+    def sequence(value: list[str]) -> str | TextPair:
+        return value[0] if len(value) == 1 else TextPair.model_construct(text_a=value[0], text_b=value[1])
+
+    if isinstance(inputs, str):
+        return [inputs], True
+    if isinstance(inputs[0], str):  # one text or one pair
+        return [sequence(inputs)], True
+    return [sequence(v) for v in inputs], False
+
+
+def tei_scores(logits: list[float], raw: bool) -> list[float]:
+    """TEI's predict: the logits, or softmax over labels (sigmoid for one label)."""
+    if raw:
+        return logits
+    if len(logits) == 1:
+        return [0.5 * (1.0 + math.tanh(logits[0] / 2))]  # sigmoid, without overflow
+    top = max(logits)
+    exps = [math.exp(x - top) for x in logits]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def _best_first(entries: list[dict]) -> list[dict]:
+    """TEI sorts ascending (stable) and reverses: equal scores end in reverse input order."""
+    return sorted(entries, key=lambda e: e["score"])[::-1]
+
+
+async def predict(svc: Service, req: PredictRequest) -> list:
+    items, single = _predict_inputs(req.inputs)
+    outcome = await _infer(svc, "classify", req.model or svc.settings.predict_model, items, _prepare_predict,
+                           req.truncate, req.truncation_direction, params={"logits": True}, route="/predict")
+    id2label = outcome.lm.config.id2label or {}
+    out = []
+    for logits in outcome.results:
+        scores = tei_scores(logits, req.raw_scores)
+        out.append(_best_first([{"score": s, "label": id2label.get(i, f"LABEL_{i}")} for i, s in enumerate(scores)]))
+    return out[0] if single else out
+
+
+def _prepare_predict(lm: LoadedModel, items: list, truncate: bool | None, direction: str) -> tuple[list[Row], dict]:
+    return _encode(lm, items, truncate, direction), {}
+
+
+# -- /rerank -----------------------------------------------------------------------------------
+
+async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
+    pairs = [TextPair.model_construct(text_a=req.query, text_b=text) for text in req.texts]
+    outcome = await _infer(svc, "classify", req.model or svc.settings.rerank_model, pairs, _prepare_rerank,
+                           req.truncate, req.truncation_direction, params={"logits": True}, route="/rerank")
+    ranks = []
+    for index, logits in enumerate(outcome.results):
+        rank = {"index": index, "score": tei_scores(logits, req.raw_scores)[0]}
+        if req.return_text:
+            rank["text"] = req.texts[index]
+        ranks.append(rank)
+    return _best_first(ranks)
+
+
+def _prepare_rerank(lm: LoadedModel, pairs: list[TextPair], truncate: bool | None,
+                    direction: str) -> tuple[list[Row], dict]:
+    if lm.config.num_labels != 1:
+        raise ServiceError("validation", f"model '{lm.name}' is not a re-ranker: /rerank needs a sequence classifier "
+                                         f"with one label (a cross-encoder), and it has {lm.config.num_labels}")
+    return _encode(lm, pairs, truncate, direction), {}
+
+
+# -- /tokenize ---------------------------------------------------------------------------------
+
+async def tokenize(svc: Service, req: TokenizeRequest) -> list[list[dict]]:
+    lm = await svc.model(req.model, None, "/tokenize")
+    texts, _ = as_list(req.inputs)
+    svc.check_count(len(texts))
+    tokens = await svc.off_loop(_tokenize, lm, texts, req.add_special_tokens, req.prompt_name)
+    svc.check_tokens(sum(len(t) for t in tokens))
+    return tokens
+
+
+def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, prompt_name: str | None) -> list:
+    _no_prompt(lm, prompt_name)
+    backend = lm.tokenizer.backend_tokenizer
+    out = []
+    for text in texts:
+        enc = backend.encode(text, add_special_tokens=add_special_tokens)
+        out.append([{"id": i, "text": token, "special": True, "start": None, "stop": None} if special else
+                    {"id": i, "text": text[start:stop], "special": False, "start": start, "stop": stop}
+                    for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask,
+                                                                enc.tokens)])
+    return out

@@ -1,0 +1,283 @@
+"""text-embeddings-inference's routes (/embed, /predict, /rerank, /tokenize) over real ASGI: TEI's
+shapes (the request bodies of TEI's README), values against transformers on the same weights, and
+this service's errors, limits and key.
+
+Models: tiny-pt (default), tiny-enc, tiny-cls (labels negative/positive) and tiny-rerank, a
+one-label BertForSequenceClassification: a random cross-encoder.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.engine import WorkItem
+from app.inference import run_classify
+from model.modeling import BertForSequenceClassification
+
+from .conftest import MODELS, save_tiny, serve_app, settings_for
+
+pytestmark = pytest.mark.anyio
+transformers = pytest.importorskip("transformers")
+
+MODEL_NAMES = {"tiny-pt": "tiny-pt", "tiny-enc": "tiny-enc", "tiny-cls": "tiny-cls"}
+QUERY = "what is a quick brown fox ?"
+TEXTS = ["the quick brown fox jumped over the lazy dog", "paris is the capital of france",
+         "a red car", "the fox ran", "she ate food"]
+
+
+def err(kind: str, message: str) -> dict:
+    return {"error": message, "error_type": kind}
+
+
+@pytest.fixture(scope="module")
+def tei_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tei")
+    for i, name in enumerate(MODEL_NAMES):
+        extra = {"id2label": {0: "negative", 1: "positive"}} if name == "tiny-cls" else {}
+        save_tiny(root / "models" / name, MODELS[name], seed=i, **extra)
+    save_tiny(root / "models" / "tiny-rerank", BertForSequenceClassification, seed=7, id2label={0: "LABEL_0"})
+    return root
+
+
+@pytest.fixture(scope="module")
+async def tei(tei_dir):
+    async with serve_app(settings_for(tei_dir, rerank_model="tiny-rerank", predict_model="tiny-cls")) as c:
+        yield c
+
+
+def hf(tei_dir, name: str, cls_name: str = "BertForSequenceClassification"):
+    path = tei_dir / "models" / name
+    return (getattr(transformers, cls_name).from_pretrained(path).eval(),
+            transformers.AutoTokenizer.from_pretrained(path))
+
+
+def hf_logits(model, tok, texts, pairs=None, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**tok(texts, pairs, padding=True, return_tensors="pt", **kwargs)).logits
+
+
+# -- /rerank ------------------------------------------------------------------------------------
+
+async def test_rerank_as_teis_readme_shows(tei):
+    r = await tei.post("/rerank", json={"query": "What is Deep Learning?",
+                                        "texts": ["Deep Learning is not...", "Deep learning is..."]})
+    assert r.status_code == 200
+    body = r.json()
+    assert [sorted(rank) for rank in body] == [["index", "score"]] * 2
+    assert sorted(rank["index"] for rank in body) == [0, 1]
+    assert body[0]["score"] >= body[1]["score"]
+
+
+async def test_rerank_scores_are_transformers_sigmoid_logits_best_first(tei, tei_dir):
+    model, tok = hf(tei_dir, "tiny-rerank")
+    logits = hf_logits(model, tok, [QUERY] * len(TEXTS), TEXTS)[:, 0]
+    r = await tei.post("/rerank", json={"query": QUERY, "texts": TEXTS, "return_text": True})
+    assert r.status_code == 200
+    body = r.json()
+    expected = logits.sigmoid().tolist()
+    assert [rank["index"] for rank in body] == sorted(range(len(TEXTS)), key=lambda i: -expected[i])
+    for rank in body:
+        assert list(rank) == ["index", "text", "score"]  # TEI's field order
+        assert rank["text"] == TEXTS[rank["index"]]
+        assert rank["score"] == pytest.approx(expected[rank["index"]], abs=1e-5)
+    raw = (await tei.post("/rerank", json={"query": QUERY, "texts": TEXTS, "raw_scores": True})).json()
+    assert {rank["index"]: rank["score"] for rank in raw} == pytest.approx(dict(enumerate(logits.tolist())),
+                                                                           abs=1e-5)
+    assert [rank["index"] for rank in raw] == [rank["index"] for rank in body]  # sigmoid keeps the order
+
+
+async def test_rerank_truncation_both_directions(tei, tei_dir):
+    model, tok = hf(tei_dir, "tiny-rerank")
+    long_text = " ".join(["dog", "cat"] * 30)  # 60 tokens; the tiny models take 32
+    r = await tei.post("/rerank", json={"query": QUERY, "texts": [long_text]})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "input 0 is 70 tokens long, more than the 32 model 'tiny-rerank' takes; "
+                                         "shorten it or send \"truncate\": true")
+    for direction in ("Right", "Left", "left"):
+        tok.truncation_side = direction.lower()
+        expected = hf_logits(model, tok, [QUERY], [long_text], truncation="longest_first", max_length=32)
+        r = await tei.post("/rerank", json={"query": QUERY, "texts": [long_text], "truncate": True,
+                                            "truncation_direction": direction, "raw_scores": True})
+        assert r.status_code == 200, r.json()
+        assert r.json()[0]["score"] == pytest.approx(expected[0, 0].item(), abs=1e-5), direction
+    scores = []
+    for direction in ("Left", "Right"):  # the texts' ends differ: so do the answers
+        r = await tei.post("/rerank", json={"query": "dog", "texts": [long_text + " house"], "truncate": True,
+                                            "truncation_direction": direction, "raw_scores": True})
+        scores.append(r.json()[0]["score"])
+    assert scores[0] != scores[1]
+
+
+async def test_rerank_needs_a_one_label_classifier(tei):
+    r = await tei.post("/rerank", json={"query": "q", "texts": ["a"], "model": "tiny-cls"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "model 'tiny-cls' is not a re-ranker: /rerank needs a sequence classifier "
+                                         "with one label (a cross-encoder), and it has 2")
+    r = await tei.post("/rerank", json={"query": "q", "texts": ["a"], "model": "tiny-enc"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "model 'tiny-enc' has no classifier head, which /rerank needs (it is a "
+                                         "BertModel; heads: none)")
+
+
+async def test_rerank_limits_and_empty_texts(tei):
+    r = await tei.post("/rerank", json={"query": "q", "texts": []})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "texts: List should have at least 1 item after validation, not 0")
+    r = await tei.post("/rerank", json={"query": "q", "texts": ["a"] * 65})
+    assert r.status_code == 422 and r.json() == err("validation", "at most 64 inputs per request, got 65")
+
+
+async def test_rerank_tokens_limit(tei_dir):
+    async with serve_app(settings_for(tei_dir, rerank_model="tiny-rerank", max_request_tokens=20)) as c:
+        r = await c.post("/rerank", json={"query": "the fox", "texts": ["a red car", "the fox ran", "a dog"]})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "the request is 23 tokens long (all inputs together), more than the 20 "
+                                         "that BERT_MAX_REQUEST_TOKENS allows")
+
+
+# -- /predict -----------------------------------------------------------------------------------
+
+async def test_predict_shapes_and_scores_as_tei(tei, tei_dir):
+    model, tok = hf(tei_dir, "tiny-cls")
+    single = (await tei.post("/predict", json={"inputs": "I like you. I love you"})).json()  # TEI's README
+    expected = hf_logits(model, tok, ["I like you. I love you"]).softmax(-1)[0].tolist()
+    assert [p["label"] for p in single] == sorted(["negative", "positive"], key=lambda n: -expected[
+        ["negative", "positive"].index(n)])
+    assert {p["label"]: p["score"] for p in single} == pytest.approx(dict(zip(["negative", "positive"], expected)),
+                                                                     abs=1e-5)
+    pair = (await tei.post("/predict", json={"inputs": ["a man eats food", "a woman ate"]})).json()  # ONE pair
+    pair_logits = hf_logits(model, tok, ["a man eats food"], ["a woman ate"])[0]
+    assert isinstance(pair[0], dict)
+    assert {p["label"]: p["score"] for p in pair} == pytest.approx(
+        dict(zip(["negative", "positive"], pair_logits.softmax(-1).tolist())), abs=1e-5)
+    batch = (await tei.post("/predict", json={"inputs": [["a man eats food"], ["a man eats food", "a woman ate"]],
+                                              "raw_scores": True})).json()
+    assert len(batch) == 2 and all(isinstance(b, list) for b in batch)
+    assert {p["label"]: p["score"] for p in batch[1]} == pytest.approx(
+        dict(zip(["negative", "positive"], pair_logits.tolist())), abs=1e-5)
+    assert [p["score"] for p in batch[1]] == sorted((p["score"] for p in batch[1]), reverse=True)
+
+
+async def test_predict_one_label_model_is_sigmoid(tei, tei_dir):
+    model, tok = hf(tei_dir, "tiny-rerank")
+    r = await tei.post("/predict", json={"inputs": ["the fox", "a red car"], "model": "tiny-rerank"})
+    assert r.json() == [{"score": pytest.approx(hf_logits(model, tok, ["the fox"], ["a red car"])[0, 0]
+                                                .sigmoid().item(), abs=1e-5), "label": "LABEL_0"}]
+
+
+async def test_predict_refuses_bad_inputs_and_models(tei):
+    r = await tei.post("/predict", json={"inputs": ["a", "b", "c"]})
+    assert r.status_code == 422
+    r = await tei.post("/predict", json={"inputs": "the cat", "model": "tiny-enc"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "model 'tiny-enc' has no classifier head, which /predict needs (it is a "
+                                         "BertModel; heads: none)")
+
+
+# -- /embed -------------------------------------------------------------------------------------
+
+async def test_embed_is_a_list_of_vectors_as_tei(tei):
+    r = await tei.post("/embed", json={"inputs": "What is Deep Learning?"})  # TEI's README
+    assert r.status_code == 200
+    body = r.json()
+    assert len(body) == 1 and len(body[0]) == 32
+    assert sum(x * x for x in body[0]) == pytest.approx(1.0, abs=1e-5)  # normalize defaults to true
+    ours = (await tei.post("/embeddings", json={"inputs": "What is Deep Learning?"})).json()
+    assert body[0] == pytest.approx(ours, abs=1e-6)
+    raw = (await tei.post("/embed", json={"inputs": ["the cat", "a dog"], "normalize": False,
+                                          "truncate": None})).json()
+    ours = (await tei.post("/embeddings", json={"inputs": ["the cat", "a dog"], "normalize": False})).json()
+    assert len(raw) == 2 and all(a == pytest.approx(b, abs=1e-6) for a, b in zip(raw, ours))
+
+
+async def test_embed_left_truncation_and_prompt_name(tei, tei_dir):
+    model, tok = hf(tei_dir, "tiny-enc", "BertModel")
+    text = " ".join(["dog"] * 20 + ["cat"] * 20)
+    tok.truncation_side = "left"
+    enc = tok([text], truncation=True, max_length=32, return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.nn.functional.normalize(model(**enc).last_hidden_state.mean(1), dim=-1)[0]
+    r = await tei.post("/embed", json={"inputs": text, "truncate": True, "truncation_direction": "Left",
+                                       "model": "tiny-enc"})
+    assert r.json()[0] == pytest.approx(expected.tolist(), abs=1e-5)
+    r = await tei.post("/embed", json={"inputs": "the cat", "prompt_name": "query"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "prompt_name 'query' is not supported: model 'tiny-pt' has no prompts; put "
+                                         "the prompt at the start of the text instead")
+
+
+async def test_tei_requests_ignore_unknown_fields_but_not_wrong_types(tei):
+    r = await tei.post("/embed", json={"inputs": "the cat", "dimensions": None, "something_new": 1})
+    assert r.status_code == 200
+    r = await tei.post("/embed", json={"inputs": "the cat", "normalize": "yes"})
+    assert r.status_code == 422 and r.json() == err("validation", "normalize: Input should be a valid boolean")
+
+
+# -- /tokenize ----------------------------------------------------------------------------------
+
+async def test_tokenize_as_tei(tei, tei_dir):
+    tok = transformers.AutoTokenizer.from_pretrained(tei_dir / "models" / "tiny-pt")
+    text = "The Quick brown fox jumped, happily!"
+    r = await tei.post("/tokenize", json={"inputs": text})
+    assert r.status_code == 200
+    [tokens] = r.json()
+    enc = tok(text, return_offsets_mapping=True)
+    assert [t["id"] for t in tokens] == enc["input_ids"]
+    assert tokens[0] == {"id": tok.cls_token_id, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    assert tokens[-1] == {"id": tok.sep_token_id, "text": "[SEP]", "special": True, "start": None, "stop": None}
+    for t, (start, stop) in zip(tokens[1:-1], enc["offset_mapping"][1:-1]):
+        assert t == {"id": t["id"], "text": text[start:stop], "special": False, "start": start, "stop": stop}
+    assert [t["text"] for t in tokens[1:4]] == ["The", "Quick", "brown"]  # the input's characters, not lower-cased
+    r = await tei.post("/tokenize", json={"inputs": ["the cat", "a dog"], "add_special_tokens": False})
+    assert r.json() == [[{"id": tok.convert_tokens_to_ids("the"), "text": "the", "special": False, "start": 0,
+                          "stop": 3},
+                         {"id": tok.convert_tokens_to_ids("cat"), "text": "cat", "special": False, "start": 4,
+                          "stop": 7}],
+                        [{"id": tok.convert_tokens_to_ids("a"), "text": "a", "special": False, "start": 0, "stop": 1},
+                         {"id": tok.convert_tokens_to_ids("dog"), "text": "dog", "special": False, "start": 2,
+                          "stop": 5}]]
+
+
+async def test_tokenize_limits(tei):
+    r = await tei.post("/tokenize", json={"inputs": ["a"] * 65})
+    assert r.status_code == 422 and r.json() == err("validation", "at most 64 inputs per request, got 65")
+    r = await tei.post("/tokenize", json={"inputs": "a", "model": "nope"})
+    assert r.status_code == 404
+    assert r.json() == err("not_found", "model 'nope' not found (available: tiny-cls, tiny-enc, tiny-pt, tiny-rerank)")
+
+
+# -- key, engine --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,body", [("/embed", {"inputs": "a"}), ("/predict", {"inputs": "a"}),
+                                       ("/rerank", {"query": "a", "texts": ["b"]}), ("/tokenize", {"inputs": "a"})])
+async def test_tei_routes_need_the_api_key(tei_dir, path, body):
+    key = "tei-key-0123456789abcdef"
+    async with serve_app(settings_for(tei_dir, api_key=key, rerank_model="tiny-rerank", predict_model="tiny-cls")) as c:
+        r = await c.post(path, json=body)
+        assert r.status_code == 401
+        assert r.json() == err("unauthorized", "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'")
+        assert (await c.post(path, json=body, headers={"Authorization": f"Bearer {key}"})).status_code == 200
+
+
+def test_classify_runner_gives_logits_to_rows_that_ask_in_a_mixed_batch(tei_dir, tokenizer):
+    from app.engine import Engine
+    from app.store import LoadedModel
+
+    model = BertForSequenceClassification.from_pretrained(tei_dir / "models" / "tiny-cls").eval()
+    lm = LoadedModel("tiny-cls", model, tokenizer, 32)
+    rows = [(ids, [0] * len(ids)) for ids in (tokenizer.encode(t)["input_ids"] for t in ("the cat", "a dog"))]
+    items = [WorkItem("classify", lm, rows[:1], {"logits": True}), WorkItem("classify", lm, rows[1:], {})]
+    engine = Engine(torch.device("cpu"), {"classify": run_classify}, max_batch_tokens=4096, max_queue=8,
+                    max_wait_ms=50.0, batching=True)
+    engine.start()
+    try:
+        futures = [engine.submit(item) for item in items]
+        raw, scored = (f.result(timeout=10)[0] for f in futures)
+    finally:
+        engine.stop(5.0)
+    with torch.no_grad():
+        expect_raw = model(torch.tensor([rows[0][0]])).logits[0]
+        expect_scored = model(torch.tensor([rows[1][0]])).logits[0].softmax(-1)
+    assert raw == pytest.approx(expect_raw.tolist(), abs=1e-5)
+    assert scored == pytest.approx(expect_scored.tolist(), abs=1e-5)
