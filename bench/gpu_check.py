@@ -29,7 +29,7 @@ gpu_check.json (rows and machine), pretrain_metrics.jsonl, pretrain_eval.json.
 
 Sizing of the full CUDA run on an H100/H200 (estimated, not yet measured): parity ~10 s; inference
 3 shapes x 2 contenders x ~2 s of turns ~20 s (base config); training small + base, 2 contenders,
-~20 s each ~40 s; service start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500
+~20 s each ~40 s (batch 64 x 128); service start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500
 steps of MiniLM at batch 64 x 128 (~30 ms a step) ~60 s plus tokenising the leads ~40 s; review ~10 s;
 imports and CUDA start-up ~20 s: about 4-5 minutes in all.
 """
@@ -144,9 +144,15 @@ def row_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
 def check_parity(ctx: Context, cfg: dict | None = None, batch: int = 4, seq: int = 64) -> list[Row]:
     """fp32 max |diff| and bf16 cosine of our three pretraining-family classes against transformers."""
     cfg = cfg or CONFIGS["small"]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity means true fp32 GEMMs
-    torch.backends.cudnn.allow_tf32 = False
-    ids, mask, types = padded_batch(batch, seq, cfg["vocab_size"], ctx.device)
+    try:
+        return parity_rows(ctx, cfg, *padded_batch(batch, seq, cfg["vocab_size"], ctx.device))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def parity_rows(ctx: Context, cfg: dict, ids, mask, types) -> list[Row]:
     rows = []
     for name in PARITY_CLASSES:
         hf, ours = twin(name, cfg, ctx.device)
@@ -234,7 +240,7 @@ def count_syncs(fn, times: int) -> int:
 
 def check_training(ctx: Context) -> list[Row]:
     """Training tokens/s ours vs transformers for the small and base configs, MFU on CUDA."""
-    sizes = {"small": (32, 128), "base": (32, 128)} if ctx.cuda else \
+    sizes = {"small": (64, 128), "base": (64, 128)} if ctx.cuda else \
         {"small": (8, 128) if ctx.quick else (32, 128), "base": (2, 128) if ctx.quick else (8, 128)}
     rows, peak = [], peak_flops(ctx.device)
     for kind, (b, s) in sizes.items():
