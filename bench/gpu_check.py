@@ -1,0 +1,447 @@
+"""Everything a GPU must show, in one call: one markdown table (check, result, target, verdict).
+
+Checks (each isolated: an exception is a FAIL row naming it, and the others still run):
+  parity      BertModel, BertForPreTraining, BertForMaskedLM against transformers on the same random
+              weights and a padded batch: fp32 max |diff| <= 1e-4 (TF32 off); our bf16 path
+              (model.precision.apply_precision) against fp32 transformers, cosine >= 0.999 (the mean
+              over rows; the worst row is printed beside it);
+  inference   BertModel tokens/s, ours against transformers (attn_implementation="sdpa", same weights)
+              at B1/L16, B32/L128, B64/L512; bf16 weights on CUDA, fp32 on the CPU; medians of turns;
+  training    BertForPreTraining steps (MLM + NSP, AdamW, fused on CUDA; bf16 autocast on CUDA) for the
+              small and base configs, tokens/s against transformers, and model-FLOPs utilisation
+              (6 x parameters x tokens/s over the GPU's dense bf16 peak: 989 TFLOP/s for H100/H200,
+              else n/a); on CUDA also the host syncs in our step (torch.cuda.set_sync_debug_mode);
+  service     a live `bert serve` on the device: /embeddings and /fill-mask at 32 clients (128-token
+              inputs), plus a model whose tokenizer is larger than its embeddings (refused at load,
+              docs/gpu-review item 2) followed by a valid request that must still answer 200;
+  pretrain    a MiniLM-warm-started pretraining run (model.runs.run_pretraining) on the Wikipedia
+              leads, its held-out MLM and NSP accuracy, and the host syncs per step of the trainer;
+  review      cheap items of the GPU review: head_dim 25 and 512 models in padded bf16 eval (no crash,
+              cosine to fp32), and the peak GPU memory of an encode at max_batch_tokens (16384).
+
+It needs nothing from the network: models are built from configs or read from the MiniLM package,
+the text from the Wikipedia-leads package, transformers is the reference. Files written to --out
+(default $OUT, else a temporary folder), at most 4 small ones: gpu_check.md (the table),
+gpu_check.json (rows and machine), pretrain_metrics.jsonl, pretrain_eval.json.
+
+    .venv/bin/python -m bench.gpu_check --device cpu --quick    # ~3-4 minutes on 2 CPU cores
+    .venv/bin/python -m bench.gpu_check                         # on a GPU: everything, sized for < 8 minutes
+
+Sizing of the full CUDA run on an H100/H200 (estimated, not yet measured): parity ~10 s; inference
+3 shapes x 2 contenders x ~2 s of turns ~20 s (base config); training small + base, 2 contenders,
+~20 s each ~40 s (batch 64 x 128); service start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500
+steps of MiniLM at batch 64 x 128 (~30 ms a step) ~60 s plus tokenising the leads ~40 s; review ~10 s;
+imports and CUDA start-up ~20 s: about 4-5 minutes in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from bench.common import CONFIGS, interleaved, markdown_table, si
+from model import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel
+from model.precision import apply_precision, autocast
+
+H100_CLASS_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 / H200 SXM (NVIDIA's data sheets)
+INFERENCE_SHAPES = [(1, 16), (32, 128), (64, 512)]
+MAX_BATCH_TOKENS = 16384
+
+
+@dataclass
+class Row:
+    check: str
+    result: str
+    target: str
+    verdict: str  # "PASS", "FAIL" or "info" (measured, no target), "n/a" (skipped here)
+
+
+@dataclass
+class Context:
+    device: torch.device
+    quick: bool
+    out: Path
+    work: Path  # scratch space for models and runs (not --out: that is for the few result files)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- 1. parity --------------------------------------------------------------------------------
+
+PARITY_CLASSES = {"BertModel": (transformers.BertModel, BertModel),
+                  "BertForPreTraining": (transformers.BertForPreTraining, BertForPreTraining),
+                  "BertForMaskedLM": (transformers.BertForMaskedLM, BertForMaskedLM)}
+
+
+def twin(name: str, cfg: dict, device: torch.device, seed: int = 0):
+    """transformers' model `name` (random weights, sdpa) and ours holding the very same weights."""
+    hf_cls, ours_cls = PARITY_CLASSES[name]
+    torch.manual_seed(seed)
+    hf = hf_cls(transformers.BertConfig(**cfg, attn_implementation="sdpa")).eval()
+    ours = ours_cls(BertConfig(**cfg)).eval()
+    ours.load_state_dict({k: v for k, v in hf.state_dict().items()
+                          if not k.startswith("cls.predictions.decoder.")}, strict=True)
+    return hf.to(device), ours.to(device)
+
+
+def padded_batch(batch: int, seq: int, vocab: int, device: torch.device, seed: int = 0):
+    """Random ids and a ragged attention mask (the first row full length, the others shorter)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000 % vocab, vocab, (batch, seq), generator=g)
+    lengths = torch.randint(max(2, seq // 4), seq + 1, (batch,), generator=g)
+    lengths[0] = seq
+    mask = (torch.arange(seq)[None] < lengths[:, None]).long()
+    types = torch.zeros_like(ids)
+    types[:, seq // 2:] = 1
+    return ids.to(device), mask.to(device), (types * mask).to(device)
+
+
+def outputs(model, ids, mask, types) -> list[torch.Tensor]:
+    """The outputs that matter, at real tokens only (padding rows are undefined on both sides)."""
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    real = mask.bool()
+    if hasattr(out, "last_hidden_state"):
+        return [out.last_hidden_state[real].float(), out.pooler_output.float()]
+    if hasattr(out, "prediction_logits"):
+        return [out.prediction_logits[real].float(), out.seq_relationship_logits.float()]
+    return [out.logits[real].float()]
+
+
+def row_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([F.cosine_similarity(x, y, dim=-1) for x, y in zip(a, b)])
+
+
+def check_parity(ctx: Context, cfg: dict | None = None, batch: int = 4, seq: int = 64) -> list[Row]:
+    """fp32 max |diff| and bf16 cosine of our three pretraining-family classes against transformers."""
+    cfg = cfg or CONFIGS["small"]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity means true fp32 GEMMs
+    try:
+        return parity_rows(ctx, cfg, *padded_batch(batch, seq, cfg["vocab_size"], ctx.device))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def parity_rows(ctx: Context, cfg: dict, ids, mask, types) -> list[Row]:
+    rows = []
+    for name in PARITY_CLASSES:
+        hf, ours = twin(name, cfg, ctx.device)
+        ref = outputs(hf, ids, mask, types)
+        diff = max((x - y).abs().max().item() for x, y in zip(ref, outputs(ours, ids, mask, types)))
+        rows.append(Row(f"parity fp32 {name}", f"max diff {diff:.1e}", "<= 1e-4", verdict(diff <= 1e-4)))
+        cos = row_cosines(ref, outputs(apply_precision(ours, "bf16"), ids, mask, types))
+        rows.append(Row(f"parity bf16 {name}", f"cosine mean {cos.mean().item():.5f}, min {cos.min().item():.5f}",
+                        ">= 0.999 (mean)", verdict(cos.mean().item() >= 0.999)))
+    return rows
+
+
+# -- 2. inference -----------------------------------------------------------------------------
+
+def timed(contenders: dict, device: torch.device, quick: bool) -> dict:
+    """Seconds per call (median of turns, bench/common.py), each call ending in a device sync."""
+    fns = {name: (lambda f=f: (f(), sync(device))) for name, f in contenders.items()}
+    return interleaved(fns, rounds=3 if quick else 7, block_s=0.1 if quick else 0.3,
+                       budget_s=4.0 if quick else 8.0)
+
+
+def check_inference(ctx: Context) -> list[Row]:
+    """Encoder tokens/s, ours vs transformers, same weights; bf16 on CUDA (as the service runs), fp32 on CPU."""
+    kind = "base" if ctx.cuda else "small"
+    hf, ours = twin("BertModel", CONFIGS[kind], ctx.device)
+    if ctx.cuda:
+        hf, ours = hf.to(torch.bfloat16), apply_precision(ours, "bf16")
+    rows = []
+    for batch, seq in INFERENCE_SHAPES:
+        ids = torch.randint(1000, 30000, (batch, seq), device=ctx.device)
+        mask = torch.ones_like(ids)
+        with torch.inference_mode():
+            t = timed({"hf": lambda ids=ids, mask=mask: hf(input_ids=ids, attention_mask=mask),
+                       "ours": lambda ids=ids, mask=mask: ours(ids, mask)}, ctx.device, ctx.quick)
+        tokens = batch * seq
+        ratio = t["hf"].median / t["ours"].median
+        rows.append(Row(f"inference {kind} B{batch}/L{seq} ({'bf16' if ctx.cuda else 'fp32'})",
+                        f"ours {si(tokens / t['ours'].median, 'tok/s')}, hf {si(tokens / t['hf'].median, 'tok/s')}, "
+                        f"{ratio:.2f}x", ">= 0.9x hf", verdict(ratio >= 0.9)))
+    return rows
+
+
+# -- 3. training ------------------------------------------------------------------------------
+
+def pretraining_batch(batch: int, seq: int, vocab: int, device: torch.device, seed: int = 0) -> dict:
+    from bench.train_bench import random_batch
+    return {k: v.to(device) for k, v in random_batch(batch, seq, vocab, seed).items()}
+
+
+def train_step(model, batch: dict, device: torch.device):
+    """One optimizer step as the trainer takes it: autocast (bf16 on CUDA), backward, clip, AdamW."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
+    precision = "bf16" if device.type == "cuda" else "fp32"
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast(device.type, precision):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return H100_CLASS_BF16_PEAK if ("H100" in name or "H200" in name) else None
+
+
+def count_syncs(fn, times: int) -> int:
+    """Host-device synchronisations torch reports (set_sync_debug_mode "warn") over `times` calls."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(times):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def check_training(ctx: Context) -> list[Row]:
+    """Training tokens/s ours vs transformers for the small and base configs, MFU on CUDA."""
+    sizes = {"small": (64, 128), "base": (64, 128)} if ctx.cuda else \
+        {"small": (8, 128) if ctx.quick else (32, 128), "base": (2, 128) if ctx.quick else (8, 128)}
+    rows, peak = [], peak_flops(ctx.device)
+    for kind, (b, s) in sizes.items():
+        hf, ours = (m.train() for m in twin("BertForPreTraining", CONFIGS[kind], ctx.device))
+        batch = pretraining_batch(b, s, CONFIGS[kind]["vocab_size"], ctx.device)
+        steps = {"hf": train_step(hf, batch, ctx.device), "ours": train_step(ours, batch, ctx.device)}
+        t = timed(steps, ctx.device, ctx.quick)
+        tokens, params = b * s, sum(p.numel() for p in ours.parameters())
+        ours_tps, hf_tps = tokens / t["ours"].median, tokens / t["hf"].median
+        mfu = f"MFU ours {6 * params * ours_tps / peak:.1%}, hf {6 * params * hf_tps / peak:.1%}" if peak else "MFU n/a"
+        rows.append(Row(f"training {kind} B{b}/L{s} ({'bf16 autocast' if ctx.cuda else 'fp32'})",
+                        f"ours {si(ours_tps, 'tok/s')}, hf {si(hf_tps, 'tok/s')}, {ours_tps / hf_tps:.2f}x; "
+                        f"{mfu}", ">= 0.9x hf", verdict(ours_tps >= 0.9 * hf_tps)))
+        if ctx.cuda and kind == "small":
+            n = count_syncs(steps["ours"], 3)
+            rows.append(Row("host syncs in our training step", f"{n / 3:.1f} per step (3 steps)",
+                            "0 (clip_grad_norm and AdamW without .item())", verdict(n == 0)))
+    return rows
+
+
+# -- 4. the service ---------------------------------------------------------------------------
+
+def save_bad_vocab_model(data_dir: Path) -> None:
+    """A model whose tokenizer (MiniLM, 30,522 tokens) is larger than its 1,000-row embeddings."""
+    from bench.live import MINILM_DIR
+    from model.tokenizer import BertTokenizer
+    tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
+    config = BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64)
+    BertModel(config).save_pretrained(data_dir / "models" / "bad-vocab", tokenizer=tokenizer)
+
+
+def check_service(ctx: Context) -> list[Row]:
+    """/embeddings and /fill-mask at 32 clients on a live server on the device; item 2 of the review."""
+    from bench import live, serve_bench
+    data_dir = ctx.work / "serve"
+    tokenizer = live.save_models(data_dir)
+    save_bad_vocab_model(data_dir)
+    proc, port = live.start_server(data_dir, DEVICE=str(ctx.device), MAX_QUEUE="1024")
+    rows, seconds = [], 2.0 if ctx.quick else 5.0
+    try:
+        status, body = asyncio.run(live.one_request(port, "POST", "/embeddings",
+                                                    json.dumps({"inputs": "hello", "model": "bad-vocab"}).encode()))
+        ok_status, _ = asyncio.run(live.one_request(port, "POST", "/embeddings", b'{"inputs": "hello world"}'))
+        rows.append(Row("out-of-range vocabulary, then a valid request",
+                        f"bad model {status} ({json.loads(body).get('error', '')[:70]}...), "
+                        f"valid request {ok_status}", "503 then 200", verdict(status == 503 and ok_status == 200)))
+        for endpoint in serve_bench.ENDPOINTS:
+            texts = serve_bench.make_inputs(tokenizer, 64, 128, masked=endpoint == "fill-mask")
+            r = asyncio.run(serve_bench.load(port, endpoint, texts, 128, 32, seconds))
+            rows.append(Row(f"service /{endpoint}, 32 clients, 128 tokens",
+                            f"{r.rps:.1f} req/s, {si(r.tps, 'tok/s')}, p50 {r.pct(0.5):.0f} ms, "
+                            f"p99 {r.pct(0.99):.0f} ms, {r.errors} errors", "0 errors", verdict(r.errors == 0)))
+    finally:
+        live.stop_server(proc)
+    return rows
+
+
+# -- 5. pretraining from MiniLM ---------------------------------------------------------------
+
+# (steps, batch, sequence length) by (on CUDA, --quick): the full GPU run ~1 minute of steps on an H100;
+# on the CPU a MiniLM step of 64 x 128 takes seconds, so it trains less there.
+PRETRAIN_SIZES = {(True, False): (1500, 64, 128), (True, True): (200, 32, 128),
+                  (False, False): (300, 16, 128), (False, True): (120, 16, 64)}
+
+
+def check_pretrain(ctx: Context) -> list[Row]:
+    """A short warm-started pretraining run on the Wikipedia leads; held-out MLM and NSP accuracy."""
+    from model.demo_data import find_asset, prepare_wiki
+    from model.runs import PretrainSpec, run_pretraining
+    from model.trainer import TrainConfig
+
+    corpus = ctx.work / "wiki.txt"
+    prepare_wiki(corpus, limit=1500 if ctx.quick else None)
+    steps, batch, seq = PRETRAIN_SIZES[ctx.cuda, ctx.quick]
+    spec = PretrainSpec(corpus=str(corpus), out=str(ctx.work / "pretrain"), from_model=str(find_asset("minilm")),
+                        batch_size=batch, max_seq_len=seq, eval_max_documents=100 if ctx.quick else 500,
+                        train=TrainConfig(max_steps=steps, lr=1e-4, warmup_ratio=0.05, log_every=10,
+                                          device=str(ctx.device), max_eval_batches=10 if ctx.quick else 50))
+    start = time.perf_counter()
+    if ctx.cuda:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                result = run_pretraining(spec)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+    else:
+        result = run_pretraining(spec)
+    seconds = time.perf_counter() - start
+    m = result.eval_metrics or {}
+    shutil.copy(ctx.work / "pretrain" / "metrics.jsonl", ctx.out / "pretrain_metrics.jsonl")
+    (ctx.out / "pretrain_eval.json").write_text(json.dumps(result.to_dict(), indent=1))
+    target = "> 0.2 MLM, > 0.67 NSP (the 200-step CPU placeholder)"
+    ok = m.get("mlm_accuracy", 0) > 0.2 and m.get("nsp_accuracy", 0) > 0.67
+    rows = [Row(f"pretraining MiniLM warm start, {steps} steps of {batch}x{seq}",
+                f"held-out MLM accuracy {m.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
+                f"{m.get('nsp_accuracy', float('nan')):.3f}, {seconds:.0f} s",
+                target if not ctx.quick else "(quick: too short to judge)",
+                verdict(ok) if not ctx.quick else "info")]
+    if ctx.cuda:
+        rows.append(Row("host syncs in the trainer", f"{syncs / steps:.2f} per step ({syncs} in {steps} steps, "
+                        "logging and evaluation included)", "small (a log interval's .item())", "info"))
+    return rows
+
+
+# -- 6. the GPU review's cheap items ----------------------------------------------------------
+
+def odd_head_rows(ctx: Context) -> list[Row]:
+    rows = []
+    for head_dim, heads in ((25, 4), (512, 2)):
+        cfg = {"vocab_size": 1000, "hidden_size": head_dim * heads, "num_hidden_layers": 2,
+               "num_attention_heads": heads, "intermediate_size": 4 * head_dim * heads}
+        torch.manual_seed(0)
+        fp32 = BertModel(BertConfig(**cfg)).eval().to(ctx.device)
+        ids, mask, types = padded_batch(8, 64, 1000, ctx.device)
+        ref = outputs(fp32, ids, mask, types)
+        cos = row_cosines(ref, outputs(apply_precision(copy.deepcopy(fp32), "bf16"), ids, mask, types))
+        rows.append(Row(f"head_dim {head_dim}, padded batch, bf16 eval",
+                        f"ran; cosine to fp32 mean {cos.mean().item():.5f}, min {cos.min().item():.5f}",
+                        "runs, cosine >= 0.999 (mean)", verdict(cos.mean().item() >= 0.999)))
+    return rows
+
+
+def memory_row(ctx: Context) -> Row:
+    if not ctx.cuda:
+        return Row(f"peak GPU memory, encode at {MAX_BATCH_TOKENS} tokens", "no GPU here", "measured", "n/a")
+    model = apply_precision(BertModel(BertConfig(**CONFIGS["base"])).eval().to(ctx.device), "bf16")
+    ids = torch.randint(1000, 30000, (MAX_BATCH_TOKENS // 512, 512), device=ctx.device)
+    sync(ctx.device)
+    torch.cuda.reset_peak_memory_stats(ctx.device)
+    before = torch.cuda.memory_allocated(ctx.device)
+    with torch.inference_mode():
+        model(ids, torch.ones_like(ids))
+    sync(ctx.device)
+    peak = torch.cuda.max_memory_allocated(ctx.device) - before
+    return Row(f"peak GPU memory, base bf16 encode at {MAX_BATCH_TOKENS} tokens (32x512)",
+               f"{peak / 2 ** 20:.0f} MiB above the weights", "measured", "info")
+
+
+def check_review(ctx: Context) -> list[Row]:
+    return odd_head_rows(ctx) + [memory_row(ctx)]
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+CHECKS = {"parity": check_parity, "inference": check_inference, "training": check_training,
+          "service": check_service, "pretrain": check_pretrain, "review": check_review}
+
+
+def run_check(name: str, ctx: Context) -> list[Row]:
+    start = time.perf_counter()
+    try:
+        rows = CHECKS[name](ctx)
+    except Exception as e:  # noqa: BLE001 - one check's failure is a row; the rest still run
+        traceback.print_exc(file=sys.stderr)
+        rows = [Row(name, f"error: {type(e).__name__}: {str(e)[:200]}".replace("|", "/").replace("\n", " "),
+                    "runs", "FAIL")]
+    print(f"[gpu_check] {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def machine(device: torch.device) -> str:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU (CPU run)"
+    return (f"{gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}, "
+            f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda, cuda:N or cpu")
+    p.add_argument("--quick", action="store_true", help="smaller sizes and fewer iterations")
+    p.add_argument("--out", default=os.environ.get("OUT") or None, help="result folder (default $OUT, else a temp dir)")
+    p.add_argument("--checks", nargs="+", choices=list(CHECKS), default=list(CHECKS))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out or tempfile.mkdtemp(prefix="gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-work-") as work:
+        ctx = Context(device, args.quick, out, Path(work))
+        rows = [row for name in args.checks for row in run_check(name, ctx)]
+    wall = time.perf_counter() - start
+    table = markdown_table(["check", "result", "target", "verdict"],
+                           [[r.check, r.result, r.target, r.verdict] for r in rows])
+    header = (f"## GPU check ({'quick' if args.quick else 'full'}, --device {device})\n\n{machine(device)}; "
+              f"wall time {wall:.0f} s\n")
+    print(header + "\n" + table)
+    (out / "gpu_check.md").write_text(header + "\n" + table + "\n")
+    (out / "gpu_check.json").write_text(json.dumps({"machine": machine(device), "quick": args.quick,
+                                                    "wall_s": round(wall, 1), "rows": [asdict(r) for r in rows]},
+                                                   indent=1))
+    print(f"\nresults in {out}", file=sys.stderr)
+    return 1 if any(r.verdict == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
