@@ -13,6 +13,9 @@ tiny-qa (BertForQuestionAnswering), tiny-cls (a sequence classifier: the wrong h
 
 from __future__ import annotations
 
+import re
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -335,3 +338,57 @@ async def test_routes_need_the_api_key(tasks_dir, path, body):
         assert r.status_code == 401
         assert r.json() == err("unauthorized", "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'")
         assert (await c.post(path, json=body, headers={"Authorization": f"Bearer {key}"})).status_code == 200
+
+
+# -- the rest of every inference route: text checks, deadline, batching --------------------------
+
+async def test_a_lone_surrogate_is_422(svc):
+    r = await svc.post("/token-classification", content=rb'{"inputs": ["ok", "a \ud800"], "model": "tiny-ner"}',
+                       headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", r"inputs[1] is not valid Unicode: lone surrogate '\ud800' at character 2")
+    r = await svc.post("/question-answering", content=rb'{"question": "q", "context": "\udc00", "model": "tiny-qa"}',
+                       headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", r"context is not valid Unicode: lone surrogate '\udc00' at character 0")
+
+
+@pytest.mark.parametrize("path,task,body", [
+    ("/token-classification", "token_classify", {"inputs": "a dog", "model": "tiny-ner"}),
+    ("/question-answering", "qa", {"question": "a ?", "context": "a dog", "model": "tiny-qa"})])
+async def test_request_timeout_is_503(tasks_dir, path, task, body):
+    async with serve_app(settings_for(tasks_dir, default_model="tiny-ner", request_timeout=0.5)) as c:
+        engine, gate = c.app.state.service.engine, threading.Event()
+        runner = engine.runners[task]
+        engine.runners[task] = lambda lm, batch: (gate.wait(10), runner(lm, batch))[1]
+        try:
+            r = await c.post(path, json=body)
+        finally:
+            gate.set()
+            engine.runners[task] = runner
+    assert r.status_code == 503
+    assert r.json() == err("unavailable", "the request took longer than BERT_REQUEST_TIMEOUT (0.5 s); its work was "
+                                          "dropped")
+
+
+async def test_windows_and_texts_are_batched_in_one_pass(svc):
+    before = (await svc.get("/metrics")).text
+    r = await svc.post("/question-answering", json={"question": QUESTION, "context": LONG_CONTEXT, "model": "tiny-qa"})
+    assert r.status_code == 200
+    r = await svc.post("/token-classification", json={"inputs": TEXTS, "model": "tiny-ner"})
+    assert r.status_code == 200
+    after = (await svc.get("/metrics")).text
+
+    def metric(text, name, task):  # passes (count) or rows (sum) of the task's forward passes
+        found = re.search(rf'bert_batch_size_{name}\{{model="tiny-\w+",task="{task}"\}} (\S+)', text)
+        return 0.0 if found is None else float(found.group(1))
+
+    def passes(text, task):
+        return metric(text, "count", task)
+
+    def rows(text, task):
+        return metric(text, "sum", task)
+
+    assert rows(after, "token_classify") - rows(before, "token_classify") == len(TEXTS)
+    assert rows(after, "qa") - rows(before, "qa") >= 4  # the windows of one question
+    assert passes(after, "qa") - passes(before, "qa") == 1  # ... in one forward pass
