@@ -392,3 +392,53 @@ async def test_windows_and_texts_are_batched_in_one_pass(svc):
     assert rows(after, "token_classify") - rows(before, "token_classify") == len(TEXTS)
     assert rows(after, "qa") - rows(before, "qa") >= 4  # the windows of one question
     assert passes(after, "qa") - passes(before, "qa") == 1  # ... in one forward pass
+
+
+# -- MiniLM-based heads: a real vocabulary (casing, accents, sub-words, [UNK]) and long contexts ------
+
+MINILM_TEXTS = ["Wolfgang Müller lives in Berlin-Köln since 1998!", "Dr. Émilie Dupont visited São Paulo's museums.",
+                "unbelievably tokenization-heavy sentences 🙂 are fun", "I live in Berlin"]
+MINILM_CONTEXT = " ".join(["Wolfgang Müller was born in Berlin in 1998 and moved to São Paulo in 2010.",
+                           "He studied tokenization at the university, then worked at a museum.",
+                           "Émilie Dupont, his colleague, lives in Köln and visits him every summer."] * 10)
+
+
+@pytest.fixture(scope="module")
+def minilm_heads(tmp_path_factory):
+    from tests.conftest import MINILM_DIR
+    if not MINILM_DIR.is_dir():
+        pytest.fail(f"{MINILM_DIR} is missing: run `make demo-data`")
+    root = tmp_path_factory.mktemp("minilm-heads")
+    tok = transformers.AutoTokenizer.from_pretrained(MINILM_DIR)
+    for name, cls, extra in [("minilm-ner", "BertForTokenClassification", {"id2label": NER_LABELS}),
+                             ("minilm-qa", "BertForQuestionAnswering", {})]:
+        torch.manual_seed(0)  # the head is new: random, seeded
+        model = getattr(transformers, cls).from_pretrained(MINILM_DIR, **extra).eval()
+        model.save_pretrained(root / "models" / name)
+        tok.save_pretrained(root / "models" / name)
+    return root
+
+
+@pytest.mark.slow
+async def test_minilm_heads_equal_transformers(minilm_heads):
+    path = minilm_heads / "models"
+    ner = transformers.BertForTokenClassification.from_pretrained(path / "minilm-ner").eval()
+    qa = transformers.BertForQuestionAnswering.from_pretrained(path / "minilm-qa").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path / "minilm-ner")
+    async with serve_app(settings_for(minilm_heads, default_model="minilm-ner")) as c:
+        for strategy in STRATEGIES:
+            pipe = transformers.pipeline("token-classification", model=ner, tokenizer=tok,
+                                         aggregation_strategy=strategy)
+            r = await c.post("/token-classification", json={"inputs": MINILM_TEXTS, "model": "minilm-ner",
+                                                            "aggregation_strategy": strategy, "ignore_labels": []})
+            assert r.status_code == 200, r.json()
+            for ours, theirs in zip(r.json(), pipe(MINILM_TEXTS, ignore_labels=[])):
+                assert_same(ours, theirs)
+        for options in ({}, {"top_k": 3, "handle_impossible_answer": True},
+                        {"max_seq_len": 64, "doc_stride": 16, "top_k": 2}):
+            for question in ("Where does Émilie Dupont live?", "When was Wolfgang born?"):
+                r = await c.post("/question-answering", json={"question": question, "context": MINILM_CONTEXT,
+                                                              "model": "minilm-qa", **options})
+                assert r.status_code == 200, r.json()
+                assert_answers(r.json(), qa_reference(qa, tok, question, MINILM_CONTEXT, **options))
+    assert len(tok(MINILM_CONTEXT)["input_ids"]) > 384  # the default windows are several too
