@@ -17,11 +17,13 @@ What is followed, from transformers 4.x pipelines/question_answering.py (Questio
   the start and end tokens (token_to_word, word_to_chars), else the tokens' offsets.
 What is ours: the question and context come as two strings (or two lists of the same length, one
 answer per pair); a question that leaves no room for the context, or a doc_stride that does not fit
-in a window, is a 422 naming the sizes; BERT_MAX_REQUEST_TOKENS counts every window's tokens.
+in a window, is a 422 naming the sizes; BERT_MAX_REQUEST_TOKENS counts every window's tokens, from
+the question's and context's token counts before any window is made (a small doc_stride makes many).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,13 +43,14 @@ async def question_answering(svc: Service, req: QuestionAnsweringRequest) -> Any
     single = isinstance(req.question, str)
     pairs = list(zip([req.question], [req.context]) if single else zip(req.question, req.context))
     windows: list[list[Encoding]] = []  # filled while preparing: per pair, its windows' encodings
-    outcome = await _infer(svc, "qa", req.model, pairs, _prepare, req.max_seq_len, req.doc_stride, windows)
+    outcome = await _infer(svc, "qa", req.model, pairs, _prepare, req.max_seq_len, req.doc_stride,
+                           svc.check_tokens, windows)
     out = await svc.off_loop(_answer, pairs, windows, outcome.results, req)
     return out[0] if single else out
 
 
 def _prepare(lm: LoadedModel, pairs: list[tuple[str, str]], max_seq_len: int | None, doc_stride: int | None,
-             windows: list) -> tuple[list[Row], dict]:
+             check_tokens: Callable[[int], None], windows: list) -> tuple[list[Row], dict]:
     if max_seq_len is None:
         max_seq_len = min(lm.max_length, 384)
     elif max_seq_len > lm.max_length:
@@ -56,17 +59,19 @@ def _prepare(lm: LoadedModel, pairs: list[tuple[str, str]], max_seq_len: int | N
     if doc_stride is None:
         doc_stride = min(max_seq_len // 2, 128)
     tok = truncating(lm.tokenizer, max_seq_len, stride=doc_stride, strategy="only_second")
-    rows = []
+    rows, tokens = [], 0
     for i, (question, context) in enumerate(pairs):
-        _check_fits(lm, i, question, context, max_seq_len, doc_stride)
+        tokens += _check_fits(lm, i, question, context, max_seq_len, doc_stride)
+        check_tokens(tokens)  # before the windows are made: a small stride makes very many
         enc = tok.encode(question, context)
         windows.append([enc, *enc.overflowing])
         rows += [(w.ids, w.type_ids) for w in windows[-1]]
     return rows, {}
 
 
-def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_len: int, doc_stride: int) -> None:
-    """What the Rust tokenizer would fail on (or panic over), as a 422 that names the sizes."""
+def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_len: int, doc_stride: int) -> int:
+    """What the Rust tokenizer would fail on (or panic over), as a 422 that names the sizes; else
+    how many tokens the pair's windows will hold, counted before they are made."""
     for name, text in (("question", question), ("context", context)):
         if not text.strip():
             raise ServiceError("validation", f"{name} {i} is empty")
@@ -74,7 +79,7 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
     q = len(backend.encode(question, add_special_tokens=False).ids)
     c = len(backend.encode(context, add_special_tokens=False).ids)
     if q + c + SPECIAL_TOKENS_IN_A_PAIR <= max_seq_len:
-        return  # one window: nothing to cut
+        return q + c + SPECIAL_TOKENS_IN_A_PAIR  # one window: nothing to cut
     room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR
     if room < 1:
         raise ServiceError("validation", f"question {i} is {q} tokens long: with [CLS] and two [SEP] it leaves no "
@@ -82,6 +87,10 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
     if doc_stride >= room:
         raise ServiceError("validation", f"doc_stride {doc_stride} must be less than the {room} context tokens "
                                          f"that fit in a window beside question {i} (max_seq_len {max_seq_len})")
+    # As the tokenizer cuts: the first window holds `room` context tokens, each next one the last
+    # doc_stride tokens of the one before and up to room - doc_stride new ones.
+    windows = 1 + -(-(c - room) // (room - doc_stride))
+    return windows * (q + SPECIAL_TOKENS_IN_A_PAIR) + c + (windows - 1) * doc_stride
 
 
 def _answer(pairs: list[tuple[str, str]], windows: list[list[Encoding]], results: list,

@@ -442,3 +442,42 @@ async def test_minilm_heads_equal_transformers(minilm_heads):
                 assert r.status_code == 200, r.json()
                 assert_answers(r.json(), qa_reference(qa, tok, question, MINILM_CONTEXT, **options))
     assert len(tok(MINILM_CONTEXT)["input_ids"]) > 384  # the default windows are several too
+
+
+async def test_question_answering_refuses_too_many_windows_before_making_them(tasks_dir, monkeypatch):
+    """A stride one short of the window moves it one token at a time: 10,000 windows for a 10,000-token
+    context. Refused from the token counts alone, before the tokenizer makes any window."""
+    from app import question_answering
+
+    windowed = []
+
+    class Recording:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def encode(self, *texts):
+            windowed.append(texts)
+            return self.tok.encode(*texts)
+
+    truncating = question_answering.truncating
+    monkeypatch.setattr(question_answering, "truncating", lambda *a, **k: Recording(truncating(*a, **k)))
+    async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=2000)) as c:
+        r = await c.post("/question-answering", json={"question": QUESTION, "context": "the dog " * 5000,
+                                                       "model": "tiny-qa", "max_seq_len": 16, "doc_stride": 6})
+        assert r.status_code == 422
+        assert r.json() == err("validation", "the request is 159904 tokens long (all inputs together), more than "
+                                             "the 2000 that BERT_MAX_REQUEST_TOKENS allows")
+        assert windowed == []
+        # the count is exact (what the tokenizer's windows hold): at the limit it is answered
+        body = {"question": QUESTION, "context": LONG_CONTEXT, "model": "tiny-qa", "max_seq_len": 16, "doc_stride": 3}
+        _, tok = hf(tasks_dir, "tiny-qa", "BertForQuestionAnswering")
+        windows = tok(QUESTION, LONG_CONTEXT, truncation="only_second", max_length=16, stride=3,
+                      return_overflowing_tokens=True)["input_ids"]
+        tokens = sum(map(len, windows))
+    async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=tokens)) as c:
+        assert (await c.post("/question-answering", json=body)).status_code == 200
+        assert len(windowed) == 1
+    async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=tokens - 1)) as c:
+        r = await c.post("/question-answering", json=body)
+        assert r.status_code == 422
+        assert r.json()["error"].startswith("the request is ")
