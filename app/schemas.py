@@ -248,6 +248,8 @@ class TokenClassificationRequest(Strict):
                             "tokens of one entity; first, average and max first make each word one label (its "
                             "first token's, its tokens' mean scores', its best-scored token's), then group.")
     ignore_labels: list[str] = Field(["O"], description="Labels left out of the answer.")
+    stride: int | None = Field(None, ge=0, description="Read a text longer than the model whole, in windows that "
+                                                       "share this many tokens (not with aggregation_strategy none).")
     truncate: Truncate = False
 
 

@@ -12,14 +12,19 @@ What is followed, from transformers' pipelines/token_classification.py (TokenCla
   its tokens' mean scores', its best-scored token's), then words are grouped as simple; a group's
   `word` is its tokens joined by the WordPiece decoder;
 - entries labelled as in `ignore_labels` (default ["O"]) are left out.
-What is ours: an input longer than the model is a 422 unless "truncate": true (transformers
-truncates silently); the limits and errors of every inference route.
+- `stride`: each text read whole, in windows of the model's length that share `stride` tokens
+  (the fast tokenizer's overflowing tokens); every window's entities, then of those that overlap
+  the longer (at equal length the better-scored) kept; not with aggregation_strategy none.
+What is ours: without `stride`, an input longer than the model is a 422 unless "truncate": true
+(transformers truncates silently); with it, the windows' tokens are counted against
+BERT_MAX_REQUEST_TOKENS before they are made; the limits and errors of every inference route.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,6 +38,7 @@ from .schemas import TokenClassificationRequest
 from .service import Service
 from .store import LoadedModel
 
+SPECIAL_TOKENS = 2  # [CLS] text [SEP]
 _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {options: copy}
 _copies_lock = threading.Lock()
 
@@ -51,15 +57,19 @@ def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: s
 
 
 async def token_classification(svc: Service, req: TokenClassificationRequest) -> Any:
-    encodings: list[Encoding] = []  # filled while preparing: the offsets the answer needs
-    outcome = await _infer(svc, "token_classify", req.model, req.inputs, _prepare, req.truncate, encodings)
+    windows: list[list[Encoding]] = []  # filled while preparing: per text, its windows' offsets
+    outcome = await _infer(svc, "token_classify", req.model, req.inputs, _prepare, req.truncate, req.stride,
+                           req.aggregation_strategy, svc.check_tokens, windows)
     texts = [req.inputs] if outcome.single else req.inputs
-    out = await svc.off_loop(_answer, outcome.lm, texts, encodings, outcome.results, req.aggregation_strategy,
+    out = await svc.off_loop(_answer, outcome.lm, texts, windows, outcome.results, req.aggregation_strategy,
                              set(req.ignore_labels))
     return outcome.answer(out)
 
 
-def _prepare(lm: LoadedModel, texts: list[str], truncate: bool, encodings: list) -> tuple[list[Row], dict]:
+def _prepare(lm: LoadedModel, texts: list[str], truncate: bool, stride: int | None, strategy: str,
+             check_tokens: Callable[[int], None], windows: list) -> tuple[list[Row], dict]:
+    if stride is not None:
+        return _prepare_windows(lm, texts, stride, strategy, check_tokens, windows)
     tok = truncating(lm.tokenizer, lm.max_length) if truncate else lm.tokenizer.backend_tokenizer
     for i, text in enumerate(texts):
         enc = tok.encode(text)
@@ -67,19 +77,68 @@ def _prepare(lm: LoadedModel, texts: list[str], truncate: bool, encodings: list)
             raise ServiceError("validation", f"input {i} is {len(enc.ids)} tokens long, more than the "
                                              f"{lm.max_length} model '{lm.name}' takes; shorten it or send "
                                              "\"truncate\": true")
-        encodings.append(enc)
-    return [(enc.ids, enc.type_ids) for enc in encodings], {}
+        windows.append([enc])
+    return [(w[0].ids, w[0].type_ids) for w in windows], {}
 
 
-def _answer(lm: LoadedModel, texts: list[str], encodings: list[Encoding], results: list, strategy: str,
+def _prepare_windows(lm: LoadedModel, texts: list[str], stride: int, strategy: str,
+                     check_tokens: Callable[[int], None], windows: list) -> tuple[list[Row], dict]:
+    """transformers' `stride`: each text in windows of the model's length sharing `stride` tokens;
+    their tokens counted (and checked) before any window is made."""
+    room = lm.max_length - SPECIAL_TOKENS
+    if strategy == "none":
+        raise ServiceError("validation", "stride reads the whole text in windows, and their entities are merged "
+                                         "by character span: choose an aggregation_strategy other than none")
+    if stride >= room:
+        raise ServiceError("validation", f"stride {stride} must be less than the {room} tokens a window of model "
+                                         f"'{lm.name}' holds beside [CLS] and [SEP]")
+    backend, tokens = lm.tokenizer.backend_tokenizer, 0
+    for text in texts:
+        n = len(backend.encode(text, add_special_tokens=False).ids)
+        count = 1 if n <= room else 1 + -(-(n - room) // (room - stride))  # as the tokenizer cuts
+        tokens += count * SPECIAL_TOKENS + n + (count - 1) * stride
+        check_tokens(tokens)
+    tok = truncating(lm.tokenizer, lm.max_length, stride=stride)
+    rows = []
+    for text in texts:
+        enc = tok.encode(text)
+        windows.append([enc, *enc.overflowing])
+        rows += [(w.ids, w.type_ids) for w in windows[-1]]
+    return rows, {}
+
+
+def _answer(lm: LoadedModel, texts: list[str], windows: list[list[Encoding]], results: list, strategy: str,
             ignore: set[str]) -> list[list[dict]]:
     labels = lm.config.id2label or {}
-    out = []
-    for text, enc, probs in zip(texts, encodings, results):
-        tokens = _tokens(lm, text, enc, np.asarray(probs, dtype=np.float32))
-        entities = _aggregate(lm, tokens, strategy, labels)
-        out.append([e for e in entities if e.get("entity", e.get("entity_group")) not in ignore])
+    out, row = [], 0
+    for text, encodings in zip(texts, windows):
+        entities = []
+        for enc, probs in zip(encodings, results[row:row + len(encodings)]):
+            tokens = _tokens(lm, text, enc, np.asarray(probs, dtype=np.float32))
+            entities += [e for e in _aggregate(lm, tokens, strategy, labels)
+                         if e.get("entity", e.get("entity_group")) not in ignore]
+        row += len(encodings)
+        out.append(_merge_overlaps(entities) if len(encodings) > 1 else entities)
     return out
+
+
+def _merge_overlaps(entities: list[dict]) -> list[dict]:
+    """transformers' aggregate_overlapping_entities: of entities whose spans overlap (windows share
+    tokens), the longer is kept, the better-scored at equal length."""
+    if not entities:
+        return entities
+    entities = sorted(entities, key=lambda e: e["start"])
+    merged, previous = [], entities[0]
+    for entity in entities:
+        if previous["start"] <= entity["start"] < previous["end"]:
+            length, previous_length = entity["end"] - entity["start"], previous["end"] - previous["start"]
+            if length > previous_length or length == previous_length and entity["score"] > previous["score"]:
+                previous = entity
+        else:
+            merged.append(previous)
+            previous = entity
+    merged.append(previous)
+    return merged
 
 
 def _tokens(lm: LoadedModel, text: str, enc: Encoding, scores: np.ndarray) -> list[dict]:

@@ -137,6 +137,49 @@ async def test_token_classification_long_input_422_unless_truncated(svc, tasks_d
     assert len(r.json()) == 30
 
 
+LONG_TEXT = " ".join(["the quick brown fox jumped over the lazy dog and went to paris . the cats sat on the mat",
+                      "in the house . Zebras bought milk from the store and the dogs ran to the big city by the river",
+                      "in france"] * 2)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES[1:])
+@pytest.mark.parametrize("stride", [0, 5, 20])
+async def test_token_classification_stride_reads_the_whole_text_as_transformers(svc, tasks_dir, strategy, stride):
+    model, tok = hf(tasks_dir, "tiny-ner", "BertForTokenClassification")
+    assert len(tok(LONG_TEXT)["input_ids"]) > 2 * MAX_POSITIONS  # three windows or more
+    pipe = transformers.pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy=strategy,
+                                 stride=stride)
+    r = await svc.post("/token-classification", json={"inputs": [LONG_TEXT, "a dog"], "model": "tiny-ner",
+                                                      "aggregation_strategy": strategy, "stride": stride,
+                                                      "ignore_labels": []})
+    assert r.status_code == 200, r.json()
+    assert_same(r.json()[0], pipe(LONG_TEXT, ignore_labels=[]))
+    assert_same(r.json()[1], pipe("a dog", ignore_labels=[]))
+    assert r.json()[0][-1]["end"] == len(LONG_TEXT)  # read to the end
+
+
+async def test_token_classification_stride_errors_and_tokens_limit(svc, tasks_dir):
+    r = await svc.post("/token-classification", json={"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 4})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "stride reads the whole text in windows, and their entities are merged by "
+                                         "character span: choose an aggregation_strategy other than none")
+    r = await svc.post("/token-classification", json={"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 30,
+                                                      "aggregation_strategy": "first"})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "stride 30 must be less than the 30 tokens a window of model 'tiny-ner' "
+                                         "holds beside [CLS] and [SEP]")
+    _, tok = hf(tasks_dir, "tiny-ner", "BertForTokenClassification")
+    tokens = sum(map(len, tok(LONG_TEXT, truncation=True, max_length=32, stride=7,
+                              return_overflowing_tokens=True)["input_ids"]))
+    body = {"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 7, "aggregation_strategy": "simple"}
+    for limit, status in ((tokens, 200), (tokens - 1, 422)):  # counted exactly, before the windows are made
+        async with serve_app(settings_for(tasks_dir, default_model="tiny-ner", max_request_tokens=limit)) as c:
+            r = await c.post("/token-classification", json=body)
+        assert r.status_code == status, (limit, r.json())
+    assert r.json() == err("validation", f"the request is {tokens} tokens long (all inputs together), more than "
+                                         f"the {tokens - 1} that BERT_MAX_REQUEST_TOKENS allows")
+
+
 async def test_token_classification_errors(svc):
     r = await svc.post("/token-classification", json={"inputs": "a dog", "model": "tiny-cls"})
     assert r.status_code == 422
