@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -39,20 +40,25 @@ from .service import Service
 from .store import LoadedModel
 
 SPECIAL_TOKENS = 2  # [CLS] text [SEP]
-_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {options: copy}
+COPIES_PER_TOKENIZER = 8  # the options come from requests (stride, max_seq_len): keep the recent few
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {options: copy}, LRU
 _copies_lock = threading.Lock()
 
 
 def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: str = "longest_first") -> Tokenizer:
     """A copy of the tokenizer that truncates so (the Rust tokenizer's truncation is mutable state
-    shared by threads: never set it on the shared one)."""
+    shared by threads: never set it on the shared one). The last few are kept for reuse."""
     with _copies_lock:
-        copies = _copies.setdefault(tok, {})
+        copies = _copies.setdefault(tok, OrderedDict())
         key = (max_length, stride, strategy)
-        if key not in copies:
+        if key in copies:
+            copies.move_to_end(key)
+        else:
             copy = Tokenizer.from_str(tok.backend_tokenizer.to_str())
             copy.enable_truncation(max_length, stride=stride, strategy=strategy)
             copies[key] = copy
+            if len(copies) > COPIES_PER_TOKENIZER:
+                copies.popitem(last=False)
         return copies[key]
 
 
