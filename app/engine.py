@@ -1,7 +1,7 @@
 """The batching engine: one inference thread per device, fed by a bounded queue of work items.
 
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
-"classify"). The inference thread runs one forward pass at a time and chooses each pass afresh:
+"classify", "token_classify", "qa"). The inference thread runs one forward pass at a time and chooses each pass afresh:
 it starts from the oldest queued item that has not run yet, else from the item whose last pass
 is the longest ago. So a new request waits for the pass under way and for the first pass of each
 request queued before it that has not started, never for the rest of a large one; requests that
@@ -50,7 +50,7 @@ log = logging.getLogger("bertserve.engine")
 class WorkItem:
     """One request's work: `rows` are (input_ids, token_type_ids) pairs, `params` task options."""
 
-    task: str  # a key of the engine's runners: "encode", "mlm", "nsp" or "classify"
+    task: str  # a key of the engine's runners: "encode", "mlm", "nsp", "classify", "token_classify", "qa"
     model: Any  # app.store.LoadedModel
     rows: list[tuple[list[int], list[int]]]
     params: dict = field(default_factory=dict)

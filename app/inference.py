@@ -5,7 +5,9 @@ row (so the event loop never touches a tensor). The reference for each is the mo
 pass: fill-mask = softmax of BertForMaskedLM logits (as transformers' FillMaskPipeline), nsp =
 softmax of BertForPreTraining's seq_relationship logits, embeddings = BertModel's last_hidden_state
 pooled, classify = BertForSequenceClassification logits through the function transformers'
-TextClassificationPipeline would apply.
+TextClassificationPipeline would apply, token_classify = softmax of BertForTokenClassification logits
+per token (as TokenClassificationPipeline), qa = BertForQuestionAnswering's start and end logits
+(scored by app/question_answering.py, which needs each window's own).
 """
 
 from __future__ import annotations
@@ -82,4 +84,23 @@ def score_logits(logits: torch.Tensor, config) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-RUNNERS = {"encode": run_encode, "mlm": run_mlm, "nsp": run_nsp, "classify": run_classify}
+def _unpadded(batch, values: torch.Tensor) -> list:
+    """Per row, its values at its real (not padding) positions: (B, T, ...) -> B lists."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    return [row[:n] for row, n in zip(values.cpu().tolist(), lengths)]
+
+
+def run_token_classify(lm, batch) -> list[list[list[float]]]:
+    """Per row, per token: every label's probability (softmax over labels)."""
+    logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()  # (B, T, L)
+    return _unpadded(batch, logits.softmax(-1))
+
+
+def run_qa(lm, batch) -> list[tuple[list[float], list[float]]]:
+    """Per row (a window): its start and end logits, one per token."""
+    out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids)
+    return list(zip(_unpadded(batch, out.start_logits.float()), _unpadded(batch, out.end_logits.float())))
+
+
+RUNNERS = {"encode": run_encode, "mlm": run_mlm, "nsp": run_nsp, "classify": run_classify,
+           "token_classify": run_token_classify, "qa": run_qa}

@@ -19,13 +19,14 @@ from .deps import require_api_key
 from .errors import install_handlers
 from .metrics import Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
-from .routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei
+from .routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei, token_tasks
 from .routes.ops import version
 from .service import Service
 from .settings import Settings
 
 DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction, embeddings
-(also in OpenAI's format) and fine-tuned classifiers, from models in `DATA_DIR/models/`; /embed,
+(also in OpenAI's format), fine-tuned classifiers, token classification and extractive question
+answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`; /embed,
 /predict, /rerank and /tokenize answer as text-embeddings-inference does.
 
 Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
@@ -35,6 +36,7 @@ BERT_METRICS_PUBLIC is true).
 
 # Routes whose work is a forward pass: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
 INFERENCE_PATHS = frozenset({"/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify",
+                             "/token-classification", "/question-answering",
                              "/embed", "/predict", "/rerank"})  # text-embeddings-inference's
 
 
@@ -59,7 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_handlers(app)
     keyed = [Depends(require_api_key)]
     routers = [(ops.router, []), (ops.metrics_router, [] if settings.metrics_public else keyed), (ops.protected, []),
-               *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, tei, models)),
+               *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks,
+                                                            tei, models)),
                # their routers depend on require_admin_key (app/deps.py)
                *((module.router, []) for module in (jobs, datasets)),
                (console.router, [])]  # open: static files that carry no data

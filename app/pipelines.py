@@ -33,7 +33,8 @@ _UNLIMITED = 10**9
 
 # engine task -> (the head it needs, the route named when a model lacks it)
 TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": ("nsp", "/nsp"),
-         "classify": ("classifier", "/classify")}
+         "classify": ("classifier", "/classify"), "token_classify": ("token_classifier", "/token-classification"),
+         "qa": ("qa", "/question-answering")}
 
 
 def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:

@@ -24,8 +24,9 @@ import model as model_package
 from model.config import BertConfig
 from model.datadir import DataDir, JobStore, valid_name
 from model.datadir.jobs import steps_of
-from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel,
-                            class_for_heads, load_model)
+from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
+                            BertForSequenceClassification, BertForTokenClassification, BertModel, class_for_heads,
+                            load_model)
 from model.precision import apply_precision
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
@@ -40,12 +41,16 @@ HEAD_CLASSES = {
     "mlm": (BertForMaskedLM, BertForPreTraining),
     "nsp": (BertForPreTraining,),
     "classifier": (BertForSequenceClassification,),
+    "token_classifier": (BertForTokenClassification,),
+    "qa": (BertForQuestionAnswering,),
 }
-HEAD_TITLES = {"mlm": "masked-LM (mlm)", "nsp": "next-sentence (nsp)", "classifier": "classifier"}
+HEAD_TITLES = {"mlm": "masked-LM (mlm)", "nsp": "next-sentence (nsp)", "classifier": "classifier",
+               "token_classifier": "token-classifier (token_classifier)", "qa": "question-answering (qa)"}
 
 
 def servable_heads(cls: type) -> list[str]:
-    """What a route can use a model of class `cls` for: mlm, nsp, classifier (embeddings: any model)."""
+    """What a route can use a model of class `cls` for: mlm, nsp, classifier, token_classifier, qa
+    (embeddings: any model)."""
     return [head for head, classes in HEAD_CLASSES.items() if issubclass(cls, classes)]
 
 

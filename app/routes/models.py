@@ -18,7 +18,7 @@ router = APIRouter(tags=["models"])
 def model_info(entry: StoredModel, default: str | None, precision: str) -> ModelInfo:
     config = entry.config
     labels = None
-    if config is not None and config.id2label and "classifier" in entry.heads:
+    if config is not None and config.id2label and {"classifier", "token_classifier"} & set(entry.heads):
         labels = [config.id2label[i] for i in sorted(config.id2label)]
     return ModelInfo(
         name=entry.name, architecture=entry.architecture, heads=entry.heads, labels=labels,

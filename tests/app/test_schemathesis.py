@@ -21,7 +21,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
 
 from app.main import create_app
 
-from model.modeling import BertForPreTraining, BertForSequenceClassification, BertModel
+from model.modeling import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+                            BertForTokenClassification, BertModel)
 
 from .conftest import save_tiny, settings_for
 
@@ -35,6 +36,8 @@ EXAMPLE_MODELS = {
     "sentiment": (BertForSequenceClassification, {"id2label": {0: "negative", 1: "positive"}}),
     "nli": (BertForSequenceClassification, {"id2label": {0: "entailment", 1: "neutral", 2: "contradiction"}}),
     "encoder": (BertModel, {}),
+    "ner": (BertForTokenClassification, {"id2label": {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}}),
+    "qa": (BertForQuestionAnswering, {}),
 }
 
 
@@ -101,6 +104,7 @@ def test_hostile_text_is_never_a_server_error(case):
 def test_the_run_reached_every_outcome():
     """The examples and generated cases hit real models (200s), not only rejections."""
     text = APP.state.service.metrics.render().decode()
-    for route in ("/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify"):
+    for route in ("/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify", "/token-classification",
+                  "/question-answering"):
         for status in ("200", "422"):
             assert f'route="{route}",status="{status}"' in text, (route, status)
