@@ -70,10 +70,6 @@ class WorkItem:
         self.todo = sorted(range(len(self.rows)), key=lambda i: len(self.rows[i][0]))
 
     @property
-    def tokens(self) -> int:
-        return sum(len(ids) for ids, _ in self.rows)
-
-    @property
     def tokens_left(self) -> int:
         return sum(len(self.rows[i][0]) for i in self.todo)
 

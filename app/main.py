@@ -30,8 +30,8 @@ answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`
 /predict, /rerank and /tokenize answer as text-embeddings-inference does.
 
 Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
-send `Authorization: Bearer <key>` to every route except /health and /ready (and /metrics when
-BERT_METRICS_PUBLIC is true).
+send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
+files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 """
 
 # Routes whose work is a forward pass: they get BERT_REQUEST_TIMEOUT and stop when the client goes.

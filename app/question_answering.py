@@ -30,11 +30,10 @@ import numpy as np
 from tokenizers import Encoding
 
 from .errors import ServiceError
-from .pipelines import Row, _infer
+from .pipelines import Row, _infer, truncating, window_count
 from .schemas import QuestionAnsweringRequest
 from .service import Service
 from .store import LoadedModel
-from .token_classification import truncating
 
 SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
@@ -89,7 +88,7 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
                                          f"that fit in a window beside question {i} (max_seq_len {max_seq_len})")
     # As the tokenizer cuts: the first window holds `room` context tokens, each next one the last
     # doc_stride tokens of the one before and up to room - doc_stride new ones.
-    windows = 1 + -(-(c - room) // (room - doc_stride))
+    windows = window_count(c, room, doc_stride)
     return windows * (q + SPECIAL_TOKENS_IN_A_PAIR) + c + (windows - 1) * doc_stride
 
 

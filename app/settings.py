@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.device import DEVICE_PATTERN
+
 
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 
@@ -41,7 +43,7 @@ class Settings(BaseSettings):
     # startup: load (and warm up) every stored model when the service starts; lazy: on first use.
     load: Literal["startup", "lazy"] = "startup"
     # auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N (one GPU of several).
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    device: str = Field("auto", pattern=DEVICE_PATTERN)
     # Inference precision of every model (model/precision.py), applied to its weights once at load:
     # auto (model.precision.recommended_precision: bf16 on a CUDA GPU with native bf16, else fp32),
     # fp32, bf16, or int8 (CPU; the encoder's linear layers). Their measured accuracy cost is in the

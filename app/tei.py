@@ -23,42 +23,21 @@ every encoder served here is pooled the /embeddings way), and prompt_name must b
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-
-from tokenizers import Tokenizer
-
-from model.tokenizer import BertTokenizer
 
 from .errors import ServiceError
-from .pipelines import Row, _infer, as_list, encode
+from .pipelines import Row, _infer, as_list, encode, truncating
 from .schemas import EmbedRequest, PredictRequest, RerankRequest, TextPair, TokenizeRequest
 from .service import Service
 from .store import LoadedModel
 
 # -- truncation --------------------------------------------------------------------------------
 
-_left: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {max_length: copy}
-_left_lock = threading.Lock()
-
-
-def _left_truncating(tok: BertTokenizer, max_length: int) -> Tokenizer:
-    """A copy of the tokenizer that truncates from the left (the Rust tokenizer's truncation is
-    mutable state shared by threads: never flip it on the shared one)."""
-    with _left_lock:
-        copies = _left.setdefault(tok, {})
-        if max_length not in copies:
-            copy = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-            copy.enable_truncation(max_length, strategy="longest_first", direction="left")
-            copies[max_length] = copy
-        return copies[max_length]
-
 
 def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str) -> list[Row]:
     """encode() with TEI's truncation options: null truncate is false; "Left" cuts the start."""
     if not truncate or direction.lower() == "right":
         return encode(lm, items, bool(truncate))
-    tok = _left_truncating(lm.tokenizer, lm.max_length)
+    tok = truncating(lm.tokenizer, lm.max_length, direction="left")
     rows = []
     for item in items:
         a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)

@@ -22,46 +22,19 @@ BERT_MAX_REQUEST_TOKENS before they are made; the limits and errors of every inf
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
-
-from model.tokenizer import BertTokenizer
+from tokenizers import Encoding
 
 from .errors import ServiceError
-from .pipelines import Row, _infer
+from .pipelines import Row, _infer, truncating, window_count
 from .schemas import TokenClassificationRequest
 from .service import Service
 from .store import LoadedModel
 
 SPECIAL_TOKENS = 2  # [CLS] text [SEP]
-COPIES_PER_TOKENIZER = 8  # the options come from requests (stride, max_seq_len): keep the recent few
-_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {options: copy}, LRU
-_copies_lock = threading.Lock()
-
-
-def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: str = "longest_first") -> Tokenizer:
-    """A copy of the tokenizer that truncates so (the Rust tokenizer's truncation is mutable state
-    shared by threads: never set it on the shared one). The last few are kept for reuse."""
-    with _copies_lock:
-        copies = _copies.setdefault(tok, OrderedDict())
-        key = (max_length, stride, strategy)
-        if key in copies:
-            copies.move_to_end(key)
-        else:
-            copy = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-            copy.enable_truncation(max_length, stride=stride, strategy=strategy)
-            copies[key] = copy
-            if len(copies) > COPIES_PER_TOKENIZER:
-                copies.popitem(last=False)
-        return copies[key]
-
-
 async def token_classification(svc: Service, req: TokenClassificationRequest) -> Any:
     windows: list[list[Encoding]] = []  # filled while preparing: per text, its windows' offsets
     outcome = await _infer(svc, "token_classify", req.model, req.inputs, _prepare, req.truncate, req.stride,
@@ -101,7 +74,7 @@ def _prepare_windows(lm: LoadedModel, texts: list[str], stride: int, strategy: s
     backend, tokens = lm.tokenizer.backend_tokenizer, 0
     for text in texts:
         n = len(backend.encode(text, add_special_tokens=False).ids)
-        count = 1 if n <= room else 1 + -(-(n - room) // (room - stride))  # as the tokenizer cuts
+        count = window_count(n, room, stride)
         tokens += count * SPECIAL_TOKENS + n + (count - 1) * stride
         check_tokens(tokens)
     tok = truncating(lm.tokenizer, lm.max_length, stride=stride)

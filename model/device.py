@@ -1,8 +1,18 @@
-"""Which device runs a model: one rule for the trainer, evaluation, the service and the worker."""
+"""Which device runs a model: one rule for the trainer, evaluation, the service and the worker.
+
+torch is imported when a device is resolved, not with this module: the settings objects read
+DEVICE_PATTERN, and the worker's healthcheck imports its settings without torch.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+# A device setting as the service and the worker accept it (BERT_DEVICE, BERT_WORKER_DEVICE).
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
 
 def resolve_device(setting: str | torch.device = "auto") -> torch.device:
@@ -11,6 +21,8 @@ def resolve_device(setting: str | torch.device = "auto") -> torch.device:
     Asking for CUDA where torch sees none is a ValueError quoting the setting, not a failure later
     in the first forward pass.
     """
+    import torch
+
     if str(setting) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

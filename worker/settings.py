@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.device import DEVICE_PATTERN
+
 DAY = 24 * 3600
 
 
@@ -41,4 +43,4 @@ class WorkerSettings(BaseSettings):
     # Seconds between sweeps that re-enqueue running jobs whose worker died (0: only at start-up).
     worker_sweep_interval_s: float = Field(60.0, ge=0)
     # Where training runs: "auto" picks CUDA when the worker has it.
-    worker_device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")  # or cuda:N
+    worker_device: str = Field("auto", pattern=DEVICE_PATTERN)  # or cuda:N

@@ -103,7 +103,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    """Register serve, up and worker on the `bert` command's subparsers."""
+    """Register serve, up, init and worker on the `bert` command's subparsers."""
     p = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")

@@ -15,6 +15,11 @@ FillMaskBody = Annotated[FillMaskRequest, Body(openapi_examples=body_examples(Fi
 INFERENCE_ERRORS = responses("validation", "unauthorized", "not_found", "too_large", "overloaded", "unavailable")
 
 
+def ok(example) -> dict:
+    """OpenAPI's 200 with an example body, for routes whose response model has none."""
+    return {200: {"content": {"application/json": {"example": example}}}}
+
+
 @router.post("/fill-mask", response_model=FillMaskResponse, responses={
     **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": FILL_MASK_EXAMPLE}}}})
 async def fill_mask(req: FillMaskBody, service: ServiceDep):

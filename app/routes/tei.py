@@ -7,20 +7,15 @@ from fastapi import APIRouter, Body
 
 from .. import tei
 from ..deps import ServiceDep
-from ..errors import responses
 from ..schemas import (EmbedRequest, EmbedResponse, PredictRequest, PredictResponse, RerankRequest, RerankResponse,
                        TokenizeRequest, TokenizeResponse, body_examples)
-from .fill_mask import INFERENCE_ERRORS
+from .fill_mask import INFERENCE_ERRORS, ok
 
 router = APIRouter(tags=["text-embeddings-inference"])
 EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]
 PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
 RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]
 TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(TokenizeRequest))]
-
-
-def ok(example) -> dict:
-    return {200: {"content": {"application/json": {"example": example}}}}
 
 
 @router.post("/embed", response_model=EmbedResponse,
@@ -46,8 +41,7 @@ async def rerank(req: RerankBody, service: ServiceDep):
 
 
 @router.post("/tokenize", response_model=TokenizeResponse,
-             responses={**responses("validation", "unauthorized", "not_found", "too_large", "overloaded",
-                                    "unavailable"),
+             responses={**INFERENCE_ERRORS,
                         **ok([[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
                                {"id": 3231, "text": "test", "special": False, "start": 0, "stop": 4},
                                {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None}]])})

@@ -10,7 +10,7 @@ from .. import question_answering, token_classification
 from ..deps import ServiceDep
 from ..schemas import (QuestionAnsweringRequest, QuestionAnsweringResponse, TokenClassificationRequest,
                        TokenClassificationResponse, body_examples)
-from .fill_mask import INFERENCE_ERRORS
+from .fill_mask import INFERENCE_ERRORS, ok
 
 router = APIRouter(tags=["inference"])
 TokenClassificationBody = Annotated[TokenClassificationRequest,
@@ -21,10 +21,6 @@ QuestionAnsweringBody = Annotated[QuestionAnsweringRequest,
 ENTITIES = [{"entity_group": "PER", "score": 0.998, "word": "wolfgang", "start": 11, "end": 19},
             {"entity_group": "LOC", "score": 0.999, "word": "berlin", "start": 34, "end": 40}]
 ANSWER = {"score": 0.97, "start": 15, "end": 21, "answer": "london"}
-
-
-def ok(example) -> dict:
-    return {200: {"content": {"application/json": {"example": example}}}}
 
 
 @router.post("/token-classification", response_model=TokenClassificationResponse, response_model_exclude_none=True,
