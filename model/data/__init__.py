@@ -9,8 +9,12 @@
     config.id2label, config.label2id = ft.id2label, ft.label2id
     batches = ClassificationBatches(ft.train, tokenizer, batch_size=32, max_seq_len=128)
 
+    tc = load_token_classification_data("train.conll")             # or .jsonl {"tokens": [...], "tags": [...]}
+    examples = encode_tagged(tc.train, tokenizer, tc.label2id, max_seq_len=128)  # first-piece labels, parts
+
 Modules: corpus (formats, sentence splitting, cache), pretraining (packing, NSP, masking),
-finetune (tables, labels, splits), batches (resumable batch streams).
+finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
+batches (resumable batch streams).
 """
 
 from model.data.batches import ResumableBatches
@@ -43,6 +47,15 @@ from model.data.pretraining import (
     plan_instances,
     truncate_seq_pair,
 )
+from model.data.token_classification import (
+    TaggedSentence,
+    TokenClassificationData,
+    TokenClassificationExample,
+    build_tag_map,
+    encode_tagged,
+    load_token_classification_data,
+    read_tagged,
+)
 
 __all__ = [
     "FORMATS",
@@ -54,17 +67,24 @@ __all__ = [
     "MaskingVocab",
     "PretrainingData",
     "ResumableBatches",
+    "TaggedSentence",
+    "TokenClassificationData",
+    "TokenClassificationExample",
     "TokenizedCorpus",
     "build_label_map",
+    "build_tag_map",
     "collate_pretraining",
     "detect_format",
     "encode_sentences",
+    "encode_tagged",
     "load_classification_data",
     "load_corpus",
+    "load_token_classification_data",
     "mask_tokens",
     "plan_instances",
     "read_documents",
     "read_table",
+    "read_tagged",
     "split_holdout",
     "split_sentences",
     "tokenizer_fingerprint",
