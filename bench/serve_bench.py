@@ -29,8 +29,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -46,6 +44,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import live  # noqa: E402
 from model.config import BertConfig  # noqa: E402
 from model.modeling import BertForPreTraining  # noqa: E402
 from model.tokenizer import BertTokenizer  # noqa: E402
@@ -115,40 +114,13 @@ def bare_forward(model, tokenizer, texts: list[str], endpoint: str, seconds: flo
 
 # -- the server and a small HTTP/1.1 client ----------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(data_dir: Path, batching: bool, torch_threads: int) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "bench", "BERT_LOAD": "startup",
-           "BERT_BATCHING": str(batching).lower(), "BERT_MAX_QUEUE": "1024", "BERT_API_KEY": "",
-           "BERT_TORCH_THREADS": str(torch_threads)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            status, _ = asyncio.run(_one_request(port, "GET", "/ready", b""))
-            if status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+    """bench/live.py's server, with this benchmark's settings (the device as the environment says)."""
+    return live.start_server(data_dir, BATCHING=str(batching).lower(), MAX_QUEUE="1024",
+                             TORCH_THREADS=str(torch_threads), DEVICE=os.environ.get("BERT_DEVICE", "auto"))
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+stop_server = live.stop_server
 
 
 class Connection:
