@@ -1,7 +1,8 @@
 """Real parts for the job tests: a data directory with a tiny base model, small datasets, a real
 `celery worker` subprocess, a real uvicorn server, a private redis-server, and polling helpers.
 
-Redis: the machine's shared server at 127.0.0.1:6379, database 5 (flushed per test), unless a test
+Redis: the machine's shared server at 127.0.0.1:6379, database 5 (flushed per test;
+BERT_TEST_REDIS_URL names another, so two checkouts can run their suites at once), unless a test
 starts its own (`RedisServer`, on a free port in a temp dir) to kill it.
 """
 
@@ -24,7 +25,7 @@ import torch
 from model import BertConfig, BertForPreTraining, BertTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/5"
+REDIS_URL = os.environ.get("BERT_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")
 BASE_MODEL = "tiny"
 
 WORDS = ("the a an is was are of to and in on at it he she they we you i this that cat dog man woman "

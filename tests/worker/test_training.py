@@ -13,6 +13,7 @@ from worker.celery_app import make_celery
 from worker.recovery import lost_reason, note_lost_attempt, sweep
 from worker.settings import WorkerSettings
 from worker.training import run_job
+from ..helpers import REDIS_URL
 
 from ..helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
 
@@ -195,7 +196,7 @@ def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
 
 
 def test_the_celery_app_is_configured_for_long_jobs(tmp_path):
-    app = make_celery(WorkerSettings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/5",
+    app = make_celery(WorkerSettings(data_dir=tmp_path, broker_url=REDIS_URL,
                                      visibility_timeout=7200, job_soft_time_limit=100, job_time_limit_grace=20))
     conf = app.conf
     assert (conf.task_serializer, conf.result_serializer, conf.accept_content) == ("json", "json", ["json"])
