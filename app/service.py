@@ -22,6 +22,8 @@ from .settings import Settings
 from .store import LoadedModel, ModelStore
 
 log = logging.getLogger("bertserve")
+# Longest warm-up row: long enough for the kernels a real batch takes, short enough to cost ~nothing.
+WARM_UP_TOKENS = 128
 
 
 def check_precisions(settings: Settings, device: torch.device) -> None:
@@ -134,9 +136,16 @@ class Service:
             self._pool_jobs -= 1
 
     async def warm_up(self, lm: LoadedModel) -> None:
+        """Forward passes before the first request, so its latency has no kernel loading in it: a padded
+        batch (two lengths: masked attention, or the packed path) and an unpadded one (plain attention),
+        at up to WARM_UP_TOKENS, because each attention path loads its own kernels on a GPU."""
         tok = lm.tokenizer
-        await self.run(WorkItem("encode", lm, [([tok.cls_token_id, tok.sep_token_id], [0, 0])],
-                                {"pooling": "mean", "normalize": True}, wait=False))
+        n = max(2, min(WARM_UP_TOKENS, lm.max_length))
+        long = [tok.cls_token_id] + [tok.unk_token_id] * (n - 2) + [tok.sep_token_id]
+        short = [tok.cls_token_id, tok.sep_token_id]
+        for rows in ([short, long], [long, long]):
+            await self.run(WorkItem("encode", lm, [(ids, [0] * len(ids)) for ids in rows],
+                                    {"pooling": "mean", "normalize": True}, wait=False))
 
     def check_count(self, n: int) -> None:
         if n > self.settings.max_inputs:

@@ -158,7 +158,7 @@ class ModelStore:
         self.default_mlm_name = default_mlm_model  # for the routes that need the MLM or NSP head
         self.precision_of = precision  # name -> "fp32" | "bf16" | "int8" (resolved: never "auto")
         self.device = device
-        self.warm_up = warm_up  # async (LoadedModel) -> None: one forward pass before first use
+        self.warm_up = warm_up  # async (LoadedModel) -> None: forward passes before first use
         self._entries: dict[str, StoredModel] = {}
         self._lock = threading.Lock()
 

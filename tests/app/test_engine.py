@@ -100,4 +100,27 @@ async def test_batching_off_runs_each_request_alone(data_dir):
         text = (await c.get("/metrics")).text
         rows = metric(text, "bert_batch_size_sum", task="encode")
         passes = metric(text, "bert_batch_size_count", task="encode")
-        assert rows == 1 + 17 * 2 and passes == 1 + 17  # the warm-up, then one pass per request
+        assert rows == 4 + 17 * 2 and passes == 2 + 17  # the warm-up's two, then one pass per request
+
+
+async def test_warm_up_runs_a_padded_and_an_unpadded_batch(data_dir):
+    """Each attention path (masked or packed, and plain) loads its own kernels on a GPU: the warm-up runs
+    both before the first request, with rows as long as the model takes (up to WARM_UP_TOKENS)."""
+    from app.service import Service
+
+    seen = []
+    settings = settings_for(data_dir, load="lazy", default_model="tiny-enc")
+    async with serve_app(settings, wait_ready=False) as c:
+        assert (await c.post("/embeddings", json={"inputs": "the cat"})).status_code == 200
+        service: Service = c._transport.app.state.service
+        lm = service.store.peek("tiny-enc").loaded
+        original = service.run
+
+        async def spy(item):
+            seen.append(sorted(len(ids) for ids, _ in item.rows))
+            return await original(item)
+
+        service.run = spy
+        await service.warm_up(lm)
+    n = min(128, lm.max_length)
+    assert seen == [[2, n], [n, n]]
