@@ -103,11 +103,22 @@ class Batch:
     def params(self) -> list[dict]:
         return [item.params for item, _ in self.origin]
 
+    host_mask: torch.Tensor | None = None  # attention_mask as built, on the CPU, once it has moved
+
     @property
     def model_mask(self) -> torch.Tensor | None:
         """The attention mask to give the model: None when no row is padded, which lets it skip
-        the mask (SDPA's fastest path) without first asking the device whether it is all ones."""
-        return None if self.tokens == self.input_ids.numel() else self.attention_mask
+        the mask (SDPA's fastest path) without first asking the device whether it is all ones; else
+        the host copy, from which the model reads where sequences start without a device sync."""
+        if self.tokens == self.input_ids.numel():
+            return None
+        return self.host_mask if self.host_mask is not None else self.attention_mask
+
+    @property
+    def lengths(self) -> list[int]:
+        """Real tokens per row, from the host copy of the mask (no device sync)."""
+        mask = self.host_mask if self.host_mask is not None else self.attention_mask
+        return mask.sum(1).tolist()
 
 
 # task -> runner(model, batch) -> one result per batch row (see app/inference.py)
@@ -302,8 +313,12 @@ class Engine:
     def _forward(self, first: WorkItem, batch: Batch) -> list:
         if self.metrics is not None:
             self.metrics.observe_batch(first.model.name, first.task, batch)
+        if self.device.type == "cuda":  # a copy from pageable memory is not asynchronous: pin (torch caches pinned blocks)
+            batch.input_ids, batch.token_type_ids, batch.attention_mask = (
+                t.pin_memory() for t in (batch.input_ids, batch.token_type_ids, batch.attention_mask))
         batch.input_ids = batch.input_ids.to(self.device, non_blocking=True)
         batch.token_type_ids = batch.token_type_ids.to(self.device, non_blocking=True)
+        batch.host_mask = batch.attention_mask
         batch.attention_mask = batch.attention_mask.to(self.device, non_blocking=True)
         start = time.perf_counter()
         with torch.inference_mode():

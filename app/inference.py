@@ -86,7 +86,7 @@ def score_logits(logits: torch.Tensor, config) -> torch.Tensor:
 
 def _unpadded(batch, values: torch.Tensor) -> list:
     """Per row, its values at its real (not padding) positions: (B, T, ...) -> B lists."""
-    lengths = batch.attention_mask.sum(1).tolist()
+    lengths = batch.lengths
     return [row[:n] for row, n in zip(values.cpu().tolist(), lengths)]
 
 

@@ -17,7 +17,8 @@ Checks (each isolated: an exception is a FAIL row naming it, and the others stil
   pretrain    a MiniLM-warm-started pretraining run (model.runs.run_pretraining) on the Wikipedia
               leads, its held-out MLM and NSP accuracy, and the host syncs per step of the trainer;
   review      cheap items of the GPU review: head_dim 25 and 512 models in padded bf16 eval (no crash,
-              cosine to fp32), and the peak GPU memory of an encode at max_batch_tokens (16384).
+              cosine to fp32), the peak GPU memory of an encode at max_batch_tokens (16384), and the
+              host syncs of a padded bf16 forward with the mask on the host (item 5: none expected).
 
 It needs nothing from the network: models are built from configs or read from the MiniLM package,
 the text from the Wikipedia-leads package, transformers is the reference. Files written to --out
@@ -383,8 +384,26 @@ def memory_row(ctx: Context) -> Row:
                f"{peak / 2 ** 20:.0f} MiB above the weights", "measured", "info")
 
 
+def packed_sync_row(ctx: Context) -> Row:
+    """The service's padded forward (bf16, mask kept on the host as app/engine.py does): host syncs."""
+    if not ctx.cuda:
+        return Row("host syncs in a padded bf16 forward, mask on the host", "no GPU here", "0 per forward", "n/a")
+    model = apply_precision(BertModel(BertConfig(**CONFIGS["base"])).eval().to(ctx.device), "bf16")
+    ids, mask, types = padded_batch(16, 128, 30000, torch.device("cpu"))
+    ids, types = ids.pin_memory().to(ctx.device, non_blocking=True), types.pin_memory().to(ctx.device, non_blocking=True)
+
+    def forward():
+        with torch.inference_mode():
+            model(ids, mask, types)
+
+    forward()  # kernels loaded outside the count
+    n = count_syncs(forward, 3)
+    return Row("host syncs in a padded bf16 forward, mask on the host", f"{n / 3:.1f} per forward (3 forwards)",
+               "0 per forward", verdict(n == 0))
+
+
 def check_review(ctx: Context) -> list[Row]:
-    return odd_head_rows(ctx) + [memory_row(ctx)]
+    return odd_head_rows(ctx) + [memory_row(ctx), packed_sync_row(ctx)]
 
 
 # -- the run ----------------------------------------------------------------------------------

@@ -198,10 +198,13 @@ class Packed:
     max_len: int
 
     @classmethod
-    def from_mask(cls, keep: torch.Tensor) -> Packed:
+    def from_mask(cls, keep: torch.Tensor, device: torch.device | None = None) -> Packed:
+        """From the (B, T) bool mask; `cu_seqlens` on `device` (default the mask's). A mask on the host
+        gives the offsets without a device sync."""
         lengths = keep.sum(1, dtype=torch.int32)  # (B, T) bool -> (B,)
         cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
         offsets = tuple(cu_seqlens.tolist())
+        cu_seqlens = cu_seqlens.to(device or keep.device, non_blocking=True)
         return cls(cu_seqlens, offsets, max(b - a for a, b in zip(offsets, offsets[1:])))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -530,6 +533,9 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> BaseModelOutput:
+        """`attention_mask` may stay on the CPU while the ids are on a GPU (the service's engine does
+        so): whether to mask or pack, and where each sequence starts, are then read off the host copy,
+        without a device-to-host sync."""
         self._check_input(input_ids)
         mask = attention_mask_for(attention_mask, input_ids)
         x = self.embeddings(input_ids, token_type_ids)
@@ -537,15 +543,15 @@ class BertModel(BertPreTrainedModel):
         if mask is not None and should_unpad(mask, x, dropout_p, self.config.head_size):
             hidden = self._encode_packed(x, mask[:, 0, 0])
         else:
-            hidden = self.encoder(x, mask)
+            hidden = self.encoder(x, None if mask is None else mask.to(x.device, non_blocking=True))
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
 
     def _encode_packed(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """The encoder on the real tokens only; padded positions of the result are zeros."""
         B, T, H = x.shape
-        rows = keep.reshape(-1).nonzero().squeeze(1)  # (B, T) bool -> indices of real tokens
-        packed = self.encoder(x.reshape(B * T, H).index_select(0, rows), Packed.from_mask(keep))  # (N, H)
+        rows = keep.reshape(-1).nonzero().squeeze(1).to(x.device, non_blocking=True)  # (B, T) -> real token indices
+        packed = self.encoder(x.reshape(B * T, H).index_select(0, rows), Packed.from_mask(keep, x.device))  # (N, H)
         return x.new_zeros(B * T, H).index_copy(0, rows, packed).view(B, T, H)
 
     def _check_input(self, input_ids: torch.Tensor) -> None:
