@@ -86,7 +86,11 @@ def test_running_again_with_more_steps_resumes(pretrained_run, files, tmp_path, 
     assert "resuming from" in capsys.readouterr().err
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 2, 4, 4, 6, 8, 8, 10, 10]  # train and eval records, each step once
-    assert [p.name for p in list_checkpoints(out)] == ["step-8", "step-10"]
+    # The last two, plus step-4 if its evaluation is still the best (checkpoints and evals at 4, 8, 10).
+    records = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    evals = {r["step"]: r["loss"] for r in records if r["type"] == "eval" and r["step"] in (4, 8, 10)}
+    kept = ["step-4"] if min(evals, key=evals.get) == 4 else []
+    assert [p.name for p in list_checkpoints(out)] == kept + ["step-8", "step-10"]
 
 
 def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files, tmp_path, capsys):
@@ -107,7 +111,9 @@ def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files,
 
 
 @pytest.mark.parametrize("args, message", [
-    (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file: nope.txt"),
+    (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file or directory: nope.txt"),
+    (["pretrain", "--corpus", "{root}/vocab", "--out", "{out}", "--config", "tiny", "--vocab", "{root}/vocab"],
+     "{root}/vocab is not a complete token store: no manifest.json (the builder writes it last)"),
     (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny"],
      "--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)"),
     (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}"],
