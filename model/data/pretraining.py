@@ -179,8 +179,9 @@ def _random_segments(shards, token_bases, document_bases, own, target, rng) -> t
     where = rng.random(m)
     shard_of = np.searchsorted(document_bases, other, side="right") - 1
     lo, hi = np.empty(m, np.int64), np.empty(m, np.int64)
+    by_document = np.argsort(other, kind="stable")  # sorted look-ups stay in cache: several times faster
     for t in np.unique(shard_of).tolist():
-        at = np.flatnonzero(shard_of == t)
+        at = by_document[shard_of[by_document] == t]
         docs, offsets = shards[t].document_offsets, shards[t].sentence_offsets
         d = other[at] - document_bases[t]
         first, last = np.asarray(docs[d]), np.asarray(docs[d + 1])
