@@ -14,7 +14,7 @@ import model.data.pretraining as pretraining
 from model.callbacks import Callback
 from model.data import InstancePlan, PretrainingData, TokenStore, is_store, load_corpus, open_store
 from model.data.pretraining import _chunk_starts
-from model.runs import PretrainSpec, holdout_documents, run_pretraining
+from model.runs import PretrainSpec, evaluate_model, holdout_documents, run_pretraining
 from model.tokenizer import BertTokenizer
 from model.trainer import TrainConfig
 from model.weights import load_state_dict
@@ -243,3 +243,5 @@ def test_a_run_on_a_store_resumes_to_the_weights_of_an_uninterrupted_run(tmp_pat
     assert max(epochs) > 1  # the run crossed epochs, so plans of several epochs were resumed into
     a, b = load_state_dict(straight.model_dir), load_state_dict(resumed.model_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    metrics = evaluate_model(straight.model_dir, store, batch_size=4, max_seq_len=32)  # `bert evaluate --data`
+    assert metrics["data"] == str(store) and 0 <= metrics["nsp_accuracy"] <= 1 and metrics["mlm_loss"] > 0
