@@ -6,12 +6,12 @@ another document, unused segments put back), producing token ranges, not token c
 shuffled. Example i of epoch e is built from the plan with a random generator seeded by (seed, e, i):
 truncation side and masking are drawn afresh every epoch yet reproducible, so any position resumes exactly.
 
-The packing is vectorised with numpy rather than a loop over sentences: every sentence draws what a
-chunk starting there would need, which fixes where the next chunk would start, and the chunks taken
-are the chain of starts from a block's first sentence, followed by pointer doubling (log2 rounds), so
-planning 200 M tokens takes seconds, not the minutes a Python loop needs (bench/plan_bench.py). A
-TokenStore (model/data/store.py) is planned shard by shard, each from its own child generator, with
-global token offsets; a single file is a store of one shard.
+The packing is vectorised with numpy rather than a loop over sentences: every sentence draws what a chunk
+starting there would need, which fixes where the next chunk would then start; the chunks taken are the
+chain of starts from a block's first sentence, followed by pointer doubling in log2(chunks) rounds.
+That plans 200 M tokens in about a second, 7x faster than the sequential loop it replaced, with the same
+statistics (bench/plan_bench.py). A TokenStore (model/data/store.py) is planned shard by shard, each
+from its own child generator, in global token offsets; a single file is planned as a store of one shard.
 
 Departures from Google's script, each on purpose:
   * the short target length (short_seq_prob) is drawn per instance, not once per document;
