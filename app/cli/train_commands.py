@@ -182,7 +182,8 @@ def _add_pretrain(sub) -> None:
                    help="pairs (A<TAB>B), google (sentence per line), text or jsonl file, or a token store directory")
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
     p.add_argument("--text-field", default="text", help="JSONL field with the text")
-    p.add_argument("--eval-corpus", help="held-out corpus (default: hold out --eval-fraction of the documents)")
+    p.add_argument("--eval-corpus",
+                   help="held-out corpus or token store (default: hold out --eval-fraction of the documents)")
     p.add_argument("--eval-fraction", type=float, default=0.02, help="share of documents held out (0: no eval)")
     p.add_argument("--from", dest="from_model", metavar="MODEL_DIR", help="warm start from a model directory")
     p.add_argument("--config", help="from scratch: tiny, small, base, or a config.json")

@@ -13,6 +13,9 @@ is read as a TokenizedCorpus. A TokenStore puts its shards end to end: global to
 document indices are a shard's local index plus the counts of the shards before it, and `tokens[lo:hi]`
 reads the one shard that holds the range (a sentence, hence a segment, never spans shards).
 
+A store is always packed as documents (Google's rules, model/data/pretraining.py), whatever its
+sources' formats were: a line of a "pairs" source is a document of two sentences there.
+
 Opening checks what is cheap: format and version, every shard's files, their lengths against the
 manifest's counts, the arrays' end points, and the tokenizer fingerprint against the tokenizer a run
 trains with. The builder's sha256 of each file is not re-hashed here (minutes on a large store).

@@ -14,7 +14,9 @@ import pytest
 from app.cli import main
 from model import BertForPreTraining, BertForSequenceClassification, BertTokenizer, load_model
 from model.checkpoint import list_checkpoints
+from model.data import load_corpus
 from tests.conftest import TINY_VOCAB, make_training_files
+from tests.model.store_helpers import write_store
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -91,6 +93,16 @@ def test_running_again_with_more_steps_resumes(pretrained_run, files, tmp_path, 
     evals = {r["step"]: r["loss"] for r in records if r["type"] == "eval" and r["step"] in (4, 8, 10)}
     kept = ["step-4"] if min(evals, key=evals.get) == 4 else []
     assert [p.name for p in list_checkpoints(out)] == kept + ["step-8", "step-10"]
+
+
+def test_pretrain_from_a_token_store_directory(files, tmp_path, capsys):
+    tok = BertTokenizer.from_pretrained(files / "vocab")
+    store = write_store(tmp_path / "store", load_corpus(files / "corpus.txt", tok, cache_dir=tmp_path), tok, [6])
+    args = [a.replace(str(files / "corpus.txt"), str(store)) for a in pretrain_args(files, tmp_path / "run")]
+    assert main([*args, "--max-steps", "4"]) == 0
+    assert type(load_model(tmp_path / "run" / "model")) is BertForPreTraining
+    evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == [0, 4]  # held out: the tail of the last shard
 
 
 def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files, tmp_path, capsys):
