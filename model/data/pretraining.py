@@ -92,6 +92,8 @@ def plan_instances(corpus, max_num_tokens: int, short_seq_prob: float, nsp: bool
                 cols["b_lo"][rand], cols["b_hi"][rand] = _random_segments(
                     shards, token_bases, document_bases, own, target[rand], block_rng)
             parts.append(cols)
+    if not parts:  # no documents at all
+        return InstancePlan(*(np.zeros(0, np.int8 if f == "is_random_next" else np.int64) for f in _FIELDS))
     return InstancePlan(*(np.concatenate([p[f] for p in parts]) for f in _FIELDS))
 
 

@@ -186,6 +186,15 @@ def test_a_store_is_packed_from_whole_documents_with_balanced_nsp_across_shards(
     assert max(lengths) <= 48 and np.mean(np.array(lengths) >= 40) > 0.5
 
 
+def test_an_empty_shard_is_read_and_planned_past(tmp_path, corpus, tok):
+    store = open_store(write_store(tmp_path / "gap", corpus, tok, [13, 13, 27]), tok)
+    assert [s.num_documents for s in store.shards] == [13, 0, 14, 13]
+    starts = corpus.sentence_offsets
+    assert np.array_equal(store.tokens[starts[130] : starts[131]], corpus.tokens[starts[130] : starts[131]])
+    _check_plan(store, corpus, PretrainingData(store, tok, max_seq_len=48, seed=3).plan(0))
+    assert len(PretrainingData(store, tok, max_seq_len=48, nsp=False).plan(0)) > 0
+
+
 def test_blocks_of_a_shard_are_planned_alike(store_dir, corpus, tok, monkeypatch):
     store = open_store(store_dir, tok)
     whole = len(PretrainingData(store, tok, max_seq_len=48, seed=3).plan(0))
