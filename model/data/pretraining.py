@@ -140,15 +140,17 @@ def _plan_block(shard, d0: int, d1: int, max_num_tokens, short_seq_prob, nsp, rn
     is_random = rng.random(n) < 0.5
     single = ~is_random & (end - i == 1)
     with_next = single & (i + 1 < doc_hi)  # one sentence: B = the next one, which this chunk consumes
-    with_prev = single & (i + 1 == doc_hi) & (i > doc_lo)  # the document's last: A = the one before
-    # (a one-sentence document has no "B follows A" pair: skipped, rather than skew NSP to 1)
-    skipped = single & ~with_next & ~with_prev
     # A random B puts the chunk's unused sentences back: the next chunk starts at a_end.
     take = _chunk_starts(np.where(is_random, a_end, np.where(with_next, i + 2, end)))
-    take = take[~skipped[take]]
-    a_lo = np.where(with_prev, i - 1, i)[take]
-    a_hi = np.where(with_prev, i, a_end)[take]  # (with_next: a_end is i + 1 already)
-    b_hi = np.where(with_next, i + 2, end)[take]
+    # From here on, only the chunks taken.
+    single, with_next, a_end, end = single[take], with_next[take], a_end[take], end[take]
+    with_prev = single & ~with_next & (take > doc_lo[take])  # the document's last: A = the one before
+    # (a one-sentence document has no "B follows A" pair: skipped, rather than skew NSP to 1)
+    kept = ~single | with_next | with_prev
+    take, with_next, with_prev, a_end, end = take[kept], with_next[kept], with_prev[kept], a_end[kept], end[kept]
+    a_lo = np.where(with_prev, take - 1, take)
+    a_hi = np.where(with_prev, take, a_end)  # (with_next: a_end is take + 1 already)
+    b_hi = np.where(with_next, take + 2, end)
     cols = {"a_lo": starts[a_lo], "a_hi": starts[a_hi], "b_lo": starts[a_hi], "b_hi": starts[b_hi],
             "is_random_next": is_random[take].astype(np.int8)}
     return cols, doc_of[take], goal[take] - (cols["a_hi"] - cols["a_lo"])
