@@ -334,7 +334,8 @@ def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
 
     if Path(path).is_dir():
         if spec.corpus_format:
-            raise UserError(f"--format {spec.corpus_format} is for text corpora; {path} is a token store directory")
+            raise UserError(f"--format {spec.corpus_format} is for text corpora, but {path} is a directory "
+                            "(read as a token store)")
         return open_store(path, tokenizer)
     return load_corpus(path, tokenizer, format=spec.corpus_format, text_field=spec.text_field,
                        cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)))
@@ -348,12 +349,14 @@ def holdout_documents(corpus, fraction: float, max_documents: int, min_documents
     """
     n = corpus.num_documents
     k = min(max(min_documents, round(n * fraction)), max_documents)
-    last = corpus.shards[-1] if hasattr(corpus, "shards") else corpus
-    k = min(k, last.num_documents - 1) if last is not corpus else k
+    is_store = hasattr(corpus, "shards")
+    last = corpus.shards[-1] if is_store else corpus
+    if is_store:
+        k = min(k, last.num_documents - 1)
     if n - k < min_documents or k < max(1, min(min_documents, max_documents)):
         return corpus, None
     train, held = _split_tail(last, k)
-    return (corpus.with_last_shard(train) if last is not corpus else train), held
+    return (corpus.with_last_shard(train) if is_store else train), held
 
 
 def _split_tail(corpus, k: int):
