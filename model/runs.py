@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import checkpoint as ckpt
 from .callbacks import Callback
 from .config import BertConfig
@@ -344,19 +346,24 @@ def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
 def holdout_documents(corpus, fraction: float, max_documents: int, min_documents: int = 2):
     """(train, eval) views of a TokenizedCorpus or TokenStore: the last documents are held out (array slices).
 
-    A store's held-out documents are the tail of its last shard (at most all of that shard's documents but
-    one). Returns (corpus, None) when the corpus is too small to spare `min_documents` on each side.
+    A store's held-out documents are its last ones too, in as many shards as they take (a TokenStore
+    each side). Returns (corpus, None) when the corpus is too small to spare `min_documents` on each side.
     """
     n = corpus.num_documents
     k = min(max(min_documents, round(n * fraction)), max_documents)
-    is_store = hasattr(corpus, "shards")
-    last = corpus.shards[-1] if is_store else corpus
-    if is_store:
-        k = min(k, last.num_documents - 1)
-    if n - k < min_documents or k < max(1, min(min_documents, max_documents)):
+    if n - k < min_documents or k < 1:
         return corpus, None
-    train, held = _split_tail(last, k)
-    return (corpus.with_last_shard(train) if is_store else train), held
+    if hasattr(corpus, "shards"):
+        return _split_store(corpus, n - k)
+    return _split_tail(corpus, k)
+
+
+def _split_store(store, d: int):
+    """A TokenStore cut before its document `d` (global index): the shard holding it is cut in two."""
+    j = int(np.searchsorted(store.document_bases, d, side="right")) - 1
+    head, tail = _split_tail(store.shards[j], int(store.document_bases[j + 1]) - d)
+    before = [*store.shards[:j], head] if head.num_documents else store.shards[:j]
+    return store.with_shards(before), store.with_shards([tail, *store.shards[j + 1 :]])
 
 
 def _split_tail(corpus, k: int):

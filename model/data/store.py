@@ -118,9 +118,9 @@ class TokenStore:
             out[at] = local + self.document_bases[s]
         return out
 
-    def with_last_shard(self, shard: TokenizedCorpus) -> TokenStore:
-        """The same store with its last shard replaced (a held-out tail cut off it)."""
-        return TokenStore(self.path, self.manifest, [*self.shards[:-1], shard])
+    def with_shards(self, shards: list[TokenizedCorpus]) -> TokenStore:
+        """A store of other shards under the same path and manifest (a held-out split's two sides)."""
+        return TokenStore(self.path, self.manifest, list(shards))
 
 
 def open_store(path: str | os.PathLike, tokenizer=None) -> TokenStore:

@@ -160,14 +160,14 @@ def _pooled(data: PretrainingData, epochs: int) -> InstancePlan:
                           ("a_lo", "a_hi", "b_lo", "b_hi", "is_random_next")))
 
 
-def _check_plan(store: TokenStore, corpus, plan: InstancePlan) -> None:
+def _check_plan(store: TokenStore, plan: InstancePlan) -> None:
     rand = plan.is_random_next.astype(bool)
     doc_a, doc_b = store.document_of_token(plan.a_lo), store.document_of_token(plan.b_lo)
     assert (doc_a == store.document_of_token(plan.a_hi - 1)).all()  # segments never straddle documents
     assert (doc_b == store.document_of_token(plan.b_hi - 1)).all()
     assert (doc_a[rand] != doc_b[rand]).all()
     assert (doc_a[~rand] == doc_b[~rand]).all() and (plan.b_lo[~rand] == plan.a_hi[~rand]).all()
-    starts = set(corpus.sentence_offsets.tolist())
+    starts = set(np.concatenate([s.sentence_offsets + b for s, b in zip(store.shards, store.token_bases)]).tolist())
     assert all(int(x) in starts for x in np.r_[plan.a_lo, plan.a_hi, plan.b_lo, plan.b_hi])
 
 
@@ -177,7 +177,7 @@ def test_a_store_is_packed_from_whole_documents_with_balanced_nsp_across_shards(
     plan = _pooled(data, 10)  # each epoch packs anew: pool them for the statistics
     rand = plan.is_random_next.astype(bool)
     assert 0.45 < rand.mean() < 0.55 and len(plan) > 1000
-    _check_plan(store, corpus, plan)
+    _check_plan(store, plan)
     shard_of = np.searchsorted(store.token_bases, plan.a_lo, side="right") - 1
     other_shard = np.searchsorted(store.token_bases, plan.b_lo, side="right") - 1
     assert (shard_of[~rand] == other_shard[~rand]).all() and (shard_of[rand] != other_shard[rand]).mean() > 0.4
@@ -191,7 +191,7 @@ def test_an_empty_shard_is_read_and_planned_past(tmp_path, corpus, tok):
     assert [s.num_documents for s in store.shards] == [13, 0, 14, 13]
     starts = corpus.sentence_offsets
     assert np.array_equal(store.tokens[starts[130] : starts[131]], corpus.tokens[starts[130] : starts[131]])
-    _check_plan(store, corpus, PretrainingData(store, tok, max_seq_len=48, seed=3).plan(0))
+    _check_plan(store, PretrainingData(store, tok, max_seq_len=48, seed=3).plan(0))
     assert len(PretrainingData(store, tok, max_seq_len=48, nsp=False).plan(0)) > 0
 
 
@@ -200,7 +200,7 @@ def test_blocks_of_a_shard_are_planned_alike(store_dir, corpus, tok, monkeypatch
     whole = len(PretrainingData(store, tok, max_seq_len=48, seed=3).plan(0))
     monkeypatch.setattr(pretraining, "PLAN_BLOCK_SENTENCES", 40)  # a block is a few documents
     data = PretrainingData(store, tok, max_seq_len=48, seed=3)
-    _check_plan(store, corpus, _pooled(data, 3))
+    _check_plan(store, _pooled(data, 3))
     assert abs(len(data.plan(0)) - whole) < 0.1 * whole
 
 
@@ -230,15 +230,23 @@ def test_store_batches_are_a_function_of_seed_epoch_and_batch(store_dir, tok):
 # ---------------------------------------------------------------------------- runs
 
 
-def test_held_out_documents_of_a_store_are_the_tail_of_its_last_shard(store_dir, corpus, tok, tmp_path):
+def test_held_out_documents_of_a_store_are_its_last_ones_in_as_many_shards_as_they_take(store_dir, corpus, tok):
     store = open_store(store_dir, tok)
     train, held = holdout_documents(store, 0.1, 1000)
-    assert isinstance(train, TokenStore) and [s.num_documents for s in train.shards] == [13, 14, 9]
-    assert held.num_documents == 4 and train.num_tokens + held.num_tokens == corpus.num_tokens
-    assert [s.tolist() for s in held.document(0)] == [s.tolist() for s in corpus.document(36)]
-    assert holdout_documents(store, 0.9, 1000)[1].num_documents == 12  # all of the last shard's but one
-    short_tail = open_store(write_store(tmp_path / "tail", corpus, tok, [38]), tok)
-    assert holdout_documents(short_tail, 0.1, 1000)[1] is None  # its last shard spares 1 document; NSP needs 2
+    assert [s.num_documents for s in train.shards] == [13, 14, 9] and [s.num_documents for s in held.shards] == [4]
+    assert [s.tolist() for s in held.shards[0].document(0)] == [s.tolist() for s in corpus.document(36)]
+    train, held = holdout_documents(store, 0.6, 1000)  # 24 documents: the tail of shard 1 and all of shard 2
+    assert [s.num_documents for s in train.shards] == [13, 3] and [s.num_documents for s in held.shards] == [11, 13]
+    first = int(corpus.document_offsets[16])  # the first held-out sentence, and its first token
+    t = int(corpus.sentence_offsets[first])
+    for lo, hi in zip(corpus.sentence_offsets[first:-1], corpus.sentence_offsets[first + 1 :]):
+        assert np.array_equal(held.tokens[lo - t : hi - t], corpus.tokens[lo:hi])  # the corpus's last documents
+    train, held = holdout_documents(store, 27 / 40, 1000)  # exactly shards 1 and 2
+    assert [s.num_documents for s in train.shards] == [13] and [s.num_documents for s in held.shards] == [14, 13]
+    assert train.num_tokens + held.num_tokens == corpus.num_tokens
+    assert holdout_documents(store, 0.99, 1000)[1] is None  # would leave fewer than 2 to train on
+    for side in holdout_documents(store, 0.6, 1000):  # each side plans on its own
+        _check_plan(side, PretrainingData(side, tok, max_seq_len=48, seed=1).plan(0))
 
 
 class _StopAt(Callback):

@@ -102,7 +102,7 @@ def test_pretrain_from_a_token_store_directory(files, tmp_path, capsys):
     assert main([*args, "--max-steps", "4"]) == 0
     assert type(load_model(tmp_path / "run" / "model")) is BertForPreTraining
     evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
-    assert [e["step"] for e in evals] == [0, 4]  # held out: the tail of the last shard
+    assert [e["step"] for e in evals] == [0, 4]  # on the store's last documents, held out
 
 
 def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files, tmp_path, capsys):
