@@ -77,6 +77,7 @@ bench: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.model_bench --quick
 	$(BIN)/python -m bench.train_bench --quick
 	$(BIN)/python -m bench.tokenizer_bench
+	$(BIN)/python -m bench.plan_bench --tokens 2e7
 	$(BIN)/python -m bench.precision_bench --quick
 	$(BIN)/python -m bench.serve_bench --duration 2
 
@@ -86,6 +87,7 @@ bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.model_bench --configs small --cases encoder padded --ablate
 	$(BIN)/python -m bench.train_bench
 	$(BIN)/python -m bench.tokenizer_bench
+	$(BIN)/python -m bench.plan_bench
 	$(BIN)/python -m bench.precision_bench
 	$(BIN)/python -m bench.serve_bench
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import checkpoint as ckpt
 from .callbacks import Callback
 from .config import BertConfig
@@ -52,7 +54,7 @@ MODEL_PRESETS = {
 
 @dataclass
 class PretrainSpec:
-    corpus: str  # text corpus: pairs (A<TAB>B), google (sentence per line), text, or jsonl
+    corpus: str  # text corpus (pairs A<TAB>B, google, text, jsonl) or a token store directory (model/data/store.py)
     out: str  # run directory
     from_model: str | None = None  # warm start: any model directory (encoder weights kept, heads added)
     config: str | None = None  # from scratch: "tiny" | "small" | "base" | path to a config.json
@@ -175,7 +177,7 @@ def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_forma
                    label_column: str = "label", batch_size: int = 32, max_seq_len: int = 128, seed: int = 0,
                    max_batches: int | None = None, device: str = "auto", precision: str = "auto") -> dict:
     """Metrics of a model directory (or a run directory's model/) on a corpus or a labelled table."""
-    from .data import ClassificationBatches, PretrainingData, load_classification_data, load_corpus
+    from .data import ClassificationBatches, PretrainingData, load_classification_data, load_corpus, open_store
 
     model_dir = _model_dir_of(Path(model_dir))
     with _user_errors():
@@ -190,7 +192,11 @@ def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_forma
             data = ClassificationBatches(table.eval, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
                                          shuffle=False, regression=regression)
         elif isinstance(model, (BertForPreTraining, BertForMaskedLM)):
-            corpus = load_corpus(data_path, tokenizer, format=corpus_format, cache_dir=_cache_dir(None, Path(data_path), None))
+            if Path(data_path).is_dir():
+                corpus = open_store(data_path, tokenizer)
+            else:
+                corpus = load_corpus(data_path, tokenizer, format=corpus_format,
+                                     cache_dir=_cache_dir(None, Path(data_path), None))
             data = PretrainingData(corpus, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len, seed=seed,
                                    nsp=isinstance(model, BertForPreTraining))
         else:
@@ -310,15 +316,11 @@ def _cache_dir(explicit: str | None, corpus: Path, out: Path | None) -> Path | N
 
 
 def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
-    from .data import PretrainingData, load_corpus
+    from .data import PretrainingData
 
-    def corpus_of(path: str):
-        return load_corpus(path, tokenizer, format=spec.corpus_format, text_field=spec.text_field,
-                           cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)))
-
-    corpus, eval_corpus = corpus_of(spec.corpus), None
+    corpus, eval_corpus = _open_corpus(spec.corpus, spec, tokenizer), None
     if spec.eval_corpus:
-        eval_corpus = corpus_of(spec.eval_corpus)
+        eval_corpus = _open_corpus(spec.eval_corpus, spec, tokenizer)
     elif spec.eval_fraction > 0:
         corpus, eval_corpus = holdout_documents(corpus, spec.eval_fraction, spec.eval_max_documents,
                                                 min_documents=2 if spec.nsp else 1)
@@ -328,18 +330,47 @@ def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
     return train, PretrainingData(eval_corpus, tokenizer, **kw) if eval_corpus is not None else None
 
 
+def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
+    """A token store directory (model/data/store.py), else a text corpus tokenised through its cache."""
+    from .data import load_corpus, open_store
+
+    if Path(path).is_dir():
+        if spec.corpus_format:
+            raise UserError(f"--format {spec.corpus_format} is for text corpora, but {path} is a directory "
+                            "(read as a token store)")
+        return open_store(path, tokenizer)
+    return load_corpus(path, tokenizer, format=spec.corpus_format, text_field=spec.text_field,
+                       cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)))
+
+
 def holdout_documents(corpus, fraction: float, max_documents: int, min_documents: int = 2):
-    """(train, eval) views of a TokenizedCorpus: the last documents are held out (no copy: array slices).
+    """(train, eval) views of a TokenizedCorpus or TokenStore: the last documents are held out (array slices).
 
-    Returns (corpus, None) when the corpus is too small to spare `min_documents` on each side.
+    A store's held-out documents are its last ones too, in as many shards as they take (a TokenStore
+    each side). Returns (corpus, None) when the corpus is too small to spare `min_documents` on each side.
     """
-    from .data import TokenizedCorpus
-
     n = corpus.num_documents
     k = min(max(min_documents, round(n * fraction)), max_documents)
     if n - k < min_documents or k < 1:
         return corpus, None
-    d = n - k
+    if hasattr(corpus, "shards"):
+        return _split_store(corpus, n - k)
+    return _split_tail(corpus, k)
+
+
+def _split_store(store, d: int):
+    """A TokenStore cut before its document `d` (global index): the shard holding it is cut in two."""
+    j = int(np.searchsorted(store.document_bases, d, side="right")) - 1
+    head, tail = _split_tail(store.shards[j], int(store.document_bases[j + 1]) - d)
+    before = [*store.shards[:j], head] if head.num_documents else store.shards[:j]
+    return store.with_shards(before), store.with_shards([tail, *store.shards[j + 1 :]])
+
+
+def _split_tail(corpus, k: int):
+    """A TokenizedCorpus cut before its last `k` documents, as two views of the same arrays."""
+    from .data import TokenizedCorpus
+
+    d = corpus.num_documents - k
     s = int(corpus.document_offsets[d])  # first held-out sentence
     t = int(corpus.sentence_offsets[s])  # its first token
     train = TokenizedCorpus(corpus.path, corpus.format, corpus.tokens[:t], corpus.sentence_offsets[: s + 1],

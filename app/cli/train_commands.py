@@ -62,9 +62,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.freeze_encoder and not args.from_model:
         raise UserError("--freeze-encoder needs --from MODEL_DIR (a fresh encoder has nothing worth freezing)")
     spec = PretrainSpec(
-        corpus=_existing_file(args.corpus), out=args.out, from_model=args.from_model, config=args.config,
+        corpus=_existing_corpus(args.corpus), out=args.out, from_model=args.from_model, config=args.config,
         vocab=args.vocab, corpus_format=args.format, text_field=args.text_field,
-        eval_corpus=_existing_file(args.eval_corpus) if args.eval_corpus else None, eval_fraction=args.eval_fraction,
+        eval_corpus=_existing_corpus(args.eval_corpus) if args.eval_corpus else None, eval_fraction=args.eval_fraction,
         nsp=not args.no_nsp, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
         masked_lm_prob=args.mlm_probability, whole_word_mask=args.whole_word_mask, cache_dir=args.cache_dir,
         freeze_encoder=args.freeze_encoder,
@@ -86,7 +86,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     _set_threads(args)
-    metrics = evaluate_model(args.model, _existing_file(args.data), corpus_format=args.format,
+    metrics = evaluate_model(args.model, _existing_corpus(args.data), corpus_format=args.format,
                              text_column=args.text_column, text_pair_column=args.text_pair_column,
                              label_column=args.label_column, batch_size=args.batch_size,
                              max_seq_len=args.max_seq_len, seed=args.seed, max_batches=args.max_batches,
@@ -102,6 +102,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _existing_file(path: str) -> str:
     if not Path(path).is_file():
         raise UserError(f"no such file: {path}")
+    return path
+
+
+def _existing_corpus(path: str) -> str:
+    """A corpus file, or a directory (a token store: its own checks name what is wrong with it)."""
+    if not Path(path).exists():
+        raise UserError(f"no such file or directory: {path}")
     return path
 
 
@@ -171,10 +178,12 @@ def add_commands(sub) -> None:
 def _add_pretrain(sub) -> None:
     pre_default = default_train_config(PretrainSpec)
     p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) on a text corpus, from scratch or warm-started")
-    p.add_argument("--corpus", required=True, help="pairs (A<TAB>B), google (sentence per line), text or jsonl file")
+    p.add_argument("--corpus", required=True,
+                   help="pairs (A<TAB>B), google (sentence per line), text or jsonl file, or a token store directory")
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
     p.add_argument("--text-field", default="text", help="JSONL field with the text")
-    p.add_argument("--eval-corpus", help="held-out corpus (default: hold out --eval-fraction of the documents)")
+    p.add_argument("--eval-corpus",
+                   help="held-out corpus or token store (default: hold out --eval-fraction of the documents)")
     p.add_argument("--eval-fraction", type=float, default=0.02, help="share of documents held out (0: no eval)")
     p.add_argument("--from", dest="from_model", metavar="MODEL_DIR", help="warm start from a model directory")
     p.add_argument("--config", help="from scratch: tiny, small, base, or a config.json")
@@ -208,7 +217,7 @@ def _add_finetune(sub) -> None:
 def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="MLM/NSP or classification metrics of a model on a data file")
     p.add_argument("--model", required=True, metavar="DIR", help="model directory or run directory")
-    p.add_argument("--data", required=True, help="corpus (MLM models) or labelled table (classifiers)")
+    p.add_argument("--data", required=True, help="corpus or token store (MLM models), or labelled table (classifiers)")
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-seq-len", type=int, default=128)

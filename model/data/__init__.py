@@ -1,6 +1,7 @@
 """Training data: pretraining corpora (tokenised once, cached as numpy arrays) and fine-tuning tables.
 
     corpus = load_corpus("wiki.txt", tokenizer)                    # any of the four corpus formats
+    corpus = open_store("wiki.store", tokenizer)                   # or a sharded token store (a directory)
     data = PretrainingData(corpus, tokenizer, batch_size=32, max_seq_len=128, seed=0)
     for batch in data.iter_batches(epoch, start_batch):             # or: for batch in data (stateful)
         model(**batch)                                              # BertForPreTraining keyword names
@@ -12,7 +13,7 @@
     tc = load_token_classification_data("train.conll")             # or .jsonl {"tokens": [...], "tags": [...]}
     examples = encode_tagged(tc.train, tokenizer, tc.label2id, max_seq_len=128)  # first-piece labels, parts
 
-Modules: corpus (formats, sentence splitting, cache), pretraining (packing, NSP, masking),
+Modules: corpus (formats, sentence splitting, cache), store (sharded token stores), pretraining (packing, NSP, masking),
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
 batches (resumable batch streams).
 """
@@ -47,6 +48,7 @@ from model.data.pretraining import (
     plan_instances,
     truncate_seq_pair,
 )
+from model.data.store import TokenStore, is_store, open_store
 from model.data.token_classification import (
     TaggedSentence,
     TokenClassificationData,
@@ -70,6 +72,7 @@ __all__ = [
     "TaggedSentence",
     "TokenClassificationData",
     "TokenClassificationExample",
+    "TokenStore",
     "TokenizedCorpus",
     "build_label_map",
     "build_tag_map",
@@ -77,10 +80,12 @@ __all__ = [
     "detect_format",
     "encode_sentences",
     "encode_tagged",
+    "is_store",
     "load_classification_data",
     "load_corpus",
     "load_token_classification_data",
     "mask_tokens",
+    "open_store",
     "plan_instances",
     "read_documents",
     "read_table",

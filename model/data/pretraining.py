@@ -1,17 +1,24 @@
 """Pretraining examples: Google-style segment packing, next-sentence pairs and dynamic MLM masking.
 
-Per epoch, `plan_instances` walks the documents the way google-research/bert create_pretraining_data.py
+Per epoch, `plan_instances` packs the documents the way google-research/bert create_pretraining_data.py
 does (accumulate sentences until a target length, random split point, 50% random next segment from
 another document, unused segments put back), producing token ranges, not token copies. The plan is then
 shuffled. Example i of epoch e is built from the plan with a random generator seeded by (seed, e, i):
 truncation side and masking are drawn afresh every epoch yet reproducible, so any position resumes exactly.
+
+The packing is vectorised with numpy rather than a loop over sentences: every sentence draws what a chunk
+starting there would need, which fixes where the next chunk would then start; the chunks taken are the
+chain of starts from a block's first sentence, followed by pointer doubling in log2(chunks) rounds.
+That plans 200 M tokens in about a second, 7x faster than the sequential loop it replaced, with the same
+statistics (bench/plan_bench.py). A TokenStore (model/data/store.py) is planned shard by shard, each
+from its own child generator, in global token offsets; a single file is planned as a store of one shard.
 
 Departures from Google's script, each on purpose:
   * the short target length (short_seq_prob) is drawn per instance, not once per document;
   * a one-sentence chunk that draws "B follows" takes the document's next sentence as B (or, at the
     document's end, the previous sentence as A), and a one-sentence document that draws it is skipped,
     rather than being forced to a random B: Google's rule tilts NSP towards label 1 on short documents;
-  * the random document is drawn from the other documents, never from this one;
+  * the random document is drawn from the other documents (of the whole store), never from this one;
   * masking happens when an example is read (dynamic, as RoBERTa), and random replacements are drawn
     from non-special ids only.
 For the "pairs" format each line is a fixed (A, B) pair; the negative B is another line's B whose tokens
@@ -22,8 +29,6 @@ Reference: google-research/bert `create_pretraining_data.py`; Devlin et al. 2018
 
 from __future__ import annotations
 
-import random
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,87 +59,144 @@ class InstancePlan:
         return InstancePlan(*(getattr(self, f)[order] for f in ("a_lo", "a_hi", "b_lo", "b_hi", "is_random_next")))
 
 
-class _PlanBuilder:
-    """Plan columns grown as compact int64 arrays (40 bytes an instance, not a tuple of Python ints)."""
-
-    def __init__(self):
-        self.columns = [array("q") for _ in range(5)]
-
-    def add(self, a_lo, a_hi, b_lo, b_hi, is_random):
-        for column, value in zip(self.columns, (a_lo, a_hi, b_lo, b_hi, is_random)):
-            column.append(value)
-
-    def build(self) -> InstancePlan:
-        a_lo, a_hi, b_lo, b_hi, is_random = (np.frombuffer(c, dtype=np.int64) for c in self.columns)
-        return InstancePlan(a_lo, a_hi, b_lo, b_hi, is_random.astype(np.int8))
+# A shard is planned in blocks of whole documents of about this many sentences, so the per-sentence
+# arrays of one block (about 100 bytes a sentence) stay small whatever the size of the shard or file.
+PLAN_BLOCK_SENTENCES = 1 << 20
+_FIELDS = ("a_lo", "a_hi", "b_lo", "b_hi", "is_random_next")
 
 
-def plan_instances(
-    corpus: TokenizedCorpus, max_num_tokens: int, short_seq_prob: float, nsp: bool, rng: random.Random
-) -> InstancePlan:
-    """Token ranges of every instance of one pass over the corpus, in corpus order."""
+def plan_instances(corpus, max_num_tokens: int, short_seq_prob: float, nsp: bool,
+                   rng: np.random.Generator) -> InstancePlan:
+    """Token ranges of every instance of one pass over a TokenizedCorpus or TokenStore, in corpus order.
+
+    Offsets are global (a store's shards end to end). Each shard, and each block of a shard, draws from
+    its own child of `rng`, so a shard's plan does not depend on the shards before it.
+    """
     if nsp and corpus.num_documents < 2:
         raise ValueError(
             f"next-sentence prediction needs at least 2 documents; {corpus.path} has {corpus.num_documents}"
         )
     if corpus.format == "pairs":
         return _plan_pairs(corpus, nsp, rng)
-    plan = _PlanBuilder()
-    for d in range(corpus.num_documents):
-        _plan_document(corpus, d, max_num_tokens, short_seq_prob, nsp, rng, plan)
-    return plan.build()
+    shards, token_bases, document_bases = _shards_of(corpus)
+    parts = []
+    for s, (shard, shard_rng) in enumerate(zip(shards, rng.spawn(len(shards)))):
+        blocks = _blocks(shard)
+        for (d0, d1), block_rng in zip(blocks, shard_rng.spawn(len(blocks))):
+            cols, doc, target = _plan_block(shard, d0, d1, max_num_tokens, short_seq_prob, nsp, block_rng)
+            for f in _FIELDS[:4] if nsp else _FIELDS[:2]:
+                cols[f] += token_bases[s]
+            if nsp:  # B from another document, anywhere in the store
+                rand = cols["is_random_next"] == 1
+                own = document_bases[s] + d0 + doc[rand]
+                cols["b_lo"][rand], cols["b_hi"][rand] = _random_segments(
+                    shards, token_bases, document_bases, own, target[rand], block_rng)
+            parts.append(cols)
+    if not parts:  # no documents at all
+        return InstancePlan(*(np.zeros(0, np.int8 if f == "is_random_next" else np.int64) for f in _FIELDS))
+    return InstancePlan(*(np.concatenate([p[f] for p in parts]) for f in _FIELDS))
 
 
-def _plan_document(corpus, d, max_num_tokens, short_seq_prob, nsp, rng, plan: _PlanBuilder) -> None:
-    s0, s1 = int(corpus.document_offsets[d]), int(corpus.document_offsets[d + 1])
-    starts = corpus.sentence_offsets[s0 : s1 + 1].tolist()  # token offset of each sentence, then the end
-    n = s1 - s0
-
-    def target() -> int:
-        # Mostly fill the sequence; sometimes aim short so the model also sees short inputs.
-        return rng.randint(2, max_num_tokens) if rng.random() < short_seq_prob else max_num_tokens
-
-    chunk_start, length, goal, i = 0, 0, target(), 0
-    while i < n:
-        length += starts[i + 1] - starts[i]
-        if i == n - 1 or length >= goal:
-            k = i - chunk_start + 1  # sentences in the chunk
-            a_end = chunk_start + (rng.randint(1, k - 1) if k >= 2 else 1)  # A is sentences [chunk_start, a_end)
-            a_lo, a_hi = starts[chunk_start], starts[a_end]
-            if not nsp:
-                plan.add(a_lo, starts[i + 1], 0, 0, 0)
-            else:
-                is_random = rng.random() < 0.5
-                if not is_random and k >= 2:
-                    plan.add(a_lo, a_hi, a_hi, starts[i + 1], 0)
-                elif not is_random and i + 1 < n:  # one sentence: B = the next one, which this chunk consumes
-                    i += 1
-                    plan.add(a_lo, a_hi, starts[i], starts[i + 1], 0)
-                elif not is_random and chunk_start > 0:  # the document's last sentence: A = the one before
-                    plan.add(starts[chunk_start - 1], a_lo, a_lo, a_hi, 0)
-                # (a one-sentence document has no "B follows A" pair: skipped, rather than skew NSP to 1)
-                if is_random:
-                    b_lo, b_hi = _random_segment(corpus, d, goal - (a_hi - a_lo), rng)
-                    plan.add(a_lo, a_hi, b_lo, b_hi, 1)
-                    i = a_end - 1  # put the unused sentences back for the next chunk
-            chunk_start, length, goal = i + 1, 0, target()
-        i += 1
+def _shards_of(corpus):
+    """(shards, token bases, document bases): a store's shards, or a single file as a store of one shard."""
+    if hasattr(corpus, "shards"):
+        return corpus.shards, corpus.token_bases, corpus.document_bases
+    return [corpus], np.array([0, corpus.num_tokens]), np.array([0, corpus.num_documents])
 
 
-def _random_segment(corpus: TokenizedCorpus, d: int, target_length: int, rng: random.Random) -> tuple[int, int]:
-    """Sentences from a random point of a document other than `d`, until `target_length` tokens (at least one)."""
-    other = rng.randrange(corpus.num_documents - 1)
-    other += other >= d
-    s0, s1 = int(corpus.document_offsets[other]), int(corpus.document_offsets[other + 1])
-    start = rng.randrange(s0, s1)
-    offsets = corpus.sentence_offsets
-    lo = int(offsets[start])
-    j = int(np.searchsorted(offsets[start + 1 : s1 + 1], lo + target_length, side="left"))
-    hi = int(offsets[min(start + 1 + j, s1)])
+def _blocks(shard) -> list[tuple[int, int]]:
+    """Document ranges [d0, d1) of about PLAN_BLOCK_SENTENCES sentences each (a long document stays whole)."""
+    marks = np.arange(0, shard.num_sentences, PLAN_BLOCK_SENTENCES)
+    cuts = np.unique(np.r_[np.searchsorted(shard.document_offsets, marks, side="left"), shard.num_documents])
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+
+
+def _plan_block(shard, d0: int, d1: int, max_num_tokens, short_seq_prob, nsp, rng):
+    """Google's packing of documents [d0, d1) of a shard, vectorised -> (columns, document of each, B's target).
+
+    Every sentence draws what a chunk starting there would need (its target length, A's split point,
+    the NSP coin), so the chunk that would start at each sentence, and where the next one would start,
+    are known at once; the chunks taken are the orbit of the first sentence under "next start"
+    (`_chunk_starts`). Only the sentences that start a chunk use their draws, and those are independent,
+    as the script's per-instance draws are. Columns are the shard's token offsets; documents block-local.
+    """
+    docs = np.asarray(shard.document_offsets[d0 : d1 + 1], dtype=np.int64)
+    s0, n = int(docs[0]), int(docs[-1] - docs[0])
+    starts = np.asarray(shard.sentence_offsets[s0 : s0 + n + 1], dtype=np.int64)  # each sentence's start, then the end
+    doc_of = np.repeat(np.arange(d1 - d0), np.diff(docs))
+    doc_lo, doc_hi = docs[doc_of] - s0, docs[doc_of + 1] - s0  # the sentences of each sentence's document
+    i = np.arange(n)
+    # Mostly fill the sequence; sometimes aim short so the model also sees short inputs.
+    goal = np.where(rng.random(n) < short_seq_prob, rng.integers(2, max_num_tokens + 1, n), max_num_tokens)
+    # A chunk takes sentences until it reaches its goal or its document ends: sentences [i, end).
+    end = np.minimum(np.searchsorted(starts, starts[:-1] + goal, side="left"), doc_hi)
+    a_end = i + 1 + (rng.random(n) * (end - i - 1)).astype(np.int64)  # A = [i, a_end), 1 <= a_end - i < end - i
+    if not nsp:
+        take = _chunk_starts(end)
+        zero = np.zeros(len(take), np.int64)
+        cols = {"a_lo": starts[take], "a_hi": starts[end[take]], "b_lo": zero, "b_hi": zero.copy(),
+                "is_random_next": np.zeros(len(take), np.int8)}
+        return cols, doc_of[take], goal[take]
+    is_random = rng.random(n) < 0.5
+    single = ~is_random & (end - i == 1)
+    with_next = single & (i + 1 < doc_hi)  # one sentence: B = the next one, which this chunk consumes
+    # A random B puts the chunk's unused sentences back: the next chunk starts at a_end.
+    take = _chunk_starts(np.where(is_random, a_end, np.where(with_next, i + 2, end)))
+    # From here on, only the chunks taken.
+    single, with_next, a_end, end = single[take], with_next[take], a_end[take], end[take]
+    with_prev = single & ~with_next & (take > doc_lo[take])  # the document's last: A = the one before
+    # (a one-sentence document has no "B follows A" pair: skipped, rather than skew NSP to 1)
+    kept = ~single | with_next | with_prev
+    take, with_next, with_prev, a_end, end = take[kept], with_next[kept], with_prev[kept], a_end[kept], end[kept]
+    a_lo = np.where(with_prev, take - 1, take)
+    a_hi = np.where(with_prev, take, a_end)  # (with_next: a_end is take + 1 already)
+    b_hi = np.where(with_next, take + 2, end)
+    cols = {"a_lo": starts[a_lo], "a_hi": starts[a_hi], "b_lo": starts[a_hi], "b_hi": starts[b_hi],
+            "is_random_next": is_random[take].astype(np.int8)}
+    return cols, doc_of[take], goal[take] - (cols["a_hi"] - cols["a_lo"])
+
+
+def _chunk_starts(after: np.ndarray) -> np.ndarray:
+    """The orbit 0, after[0], after[after[0]], ... of the indices below n = len(after), by pointer doubling.
+
+    `after[i] > i` is where the next chunk starts when one starts at i. With `orbit` the first L chunk
+    starts and `jump` = `after` applied L times, jump[orbit] are the next L: log2(chunks) numpy rounds.
+    """
+    n = len(after)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    jump = np.r_[after, n]  # n, past the end, maps to itself
+    orbit = np.zeros(1, np.int64)
+    while True:
+        orbit = np.concatenate([orbit, jump[orbit]])
+        if orbit[-1] == n:
+            return orbit[: np.searchsorted(orbit, n)]
+        jump = jump[jump]
+
+
+def _random_segments(shards, token_bases, document_bases, own, target, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Global token ranges: from a random sentence of a random document other than `own` (global indices),
+    sentences until `target` tokens (at least one), the way Google's script takes a random next segment."""
+    m = len(own)
+    other = rng.integers(document_bases[-1] - 1, size=m)
+    other += other >= own
+    where = rng.random(m)
+    shard_of = np.searchsorted(document_bases, other, side="right") - 1
+    lo, hi = np.empty(m, np.int64), np.empty(m, np.int64)
+    by_document = np.argsort(other, kind="stable")  # sorted look-ups stay in cache: several times faster
+    for t in np.unique(shard_of).tolist():
+        at = by_document[shard_of[by_document] == t]
+        docs, offsets = shards[t].document_offsets, shards[t].sentence_offsets
+        d = other[at] - document_bases[t]
+        first, last = np.asarray(docs[d]), np.asarray(docs[d + 1])
+        start = first + (where[at] * (last - first)).astype(np.int64)
+        seg_lo = np.asarray(offsets[start])
+        stop = np.clip(np.searchsorted(offsets, seg_lo + target[at], side="left"), start + 1, last)
+        lo[at], hi[at] = seg_lo + token_bases[t], np.asarray(offsets[stop]) + token_bases[t]
     return lo, hi
 
 
-def _plan_pairs(corpus: TokenizedCorpus, nsp: bool, rng: random.Random) -> InstancePlan:
+def _plan_pairs(corpus: TokenizedCorpus, nsp: bool, rng: np.random.Generator) -> InstancePlan:
     # Each document is one line: sentence A then sentence B.
     first = corpus.document_offsets[:-1]
     a_lo, a_hi = corpus.sentence_offsets[first], corpus.sentence_offsets[first + 1]
@@ -144,13 +206,12 @@ def _plan_pairs(corpus: TokenizedCorpus, nsp: bool, rng: random.Random) -> Insta
     if not nsp:  # one segment: the whole line
         return InstancePlan(a_lo, b_hi, np.zeros(n, np.int64), np.zeros(n, np.int64), is_random)
     tokens = corpus.tokens
-    for i in range(n):
-        if rng.random() >= 0.5:
-            continue
+    coin = rng.random(n) < 0.5
+    others = rng.integers(n - 1, size=(n, 10))  # up to 10 tries: another line's B, one that reads differently
+    others += others >= np.arange(n)[:, None]
+    for i in np.flatnonzero(coin).tolist():
         mine = tokens[b_lo[i] : b_hi[i]]
-        for _ in range(10):  # another line's B, and not one that reads the same as this line's B
-            j = rng.randrange(n - 1)
-            j += j >= i
+        for j in others[i].tolist():
             if not np.array_equal(tokens[b_lo[j] : b_hi[j]], mine):
                 b_lo[i], b_hi[i], is_random[i] = b_lo[j], b_hi[j], 1
                 break
@@ -259,7 +320,7 @@ def _choose_words(ids, candidates, vocab: MaskingVocab, num: int, rng) -> np.nda
 
 
 class PretrainingData(ResumableBatches):
-    """Masked-LM (+ next-sentence) batches from a TokenizedCorpus, resumable at any (epoch, batch).
+    """Masked-LM (+ next-sentence) batches from a TokenizedCorpus or TokenStore, resumable at any (epoch, batch).
 
     Batch: input_ids, token_type_ids, attention_mask, labels (B, T) LongTensors padded to the longest
     example in the batch, plus next_sentence_label (B,) when `nsp`.
@@ -301,7 +362,7 @@ class PretrainingData(ResumableBatches):
     def plan(self, epoch: int) -> InstancePlan:
         """This epoch's instances in the order they are served (kept for the two most recent epochs)."""
         if epoch not in self._plans:
-            rng = random.Random(hash_seed(self.seed, epoch, _PLAN))
+            rng = np.random.default_rng([self.seed, epoch, _PLAN])
             plan = plan_instances(self.corpus, self.max_num_tokens, self.short_seq_prob, self.nsp, rng)
             order = np.random.default_rng([self.seed, epoch, _ORDER]).permutation(len(plan))
             if len(self._plans) >= 2:
@@ -356,7 +417,3 @@ def collate_pretraining(examples: list[dict], pad_id: int) -> dict[str, torch.Te
         batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples], dtype=torch.long)
     return batch
 
-
-def hash_seed(*parts: int) -> int:
-    """One integer seed from several (stable across runs and Python versions, unlike hash())."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0])

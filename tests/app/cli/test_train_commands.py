@@ -14,7 +14,9 @@ import pytest
 from app.cli import main
 from model import BertForPreTraining, BertForSequenceClassification, BertTokenizer, load_model
 from model.checkpoint import list_checkpoints
+from model.data import load_corpus
 from tests.conftest import TINY_VOCAB, make_training_files
+from tests.model.store_helpers import write_store
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -86,7 +88,21 @@ def test_running_again_with_more_steps_resumes(pretrained_run, files, tmp_path, 
     assert "resuming from" in capsys.readouterr().err
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 2, 4, 4, 6, 8, 8, 10, 10]  # train and eval records, each step once
-    assert [p.name for p in list_checkpoints(out)] == ["step-8", "step-10"]
+    # The last two, plus step-4 if its evaluation is still the best (checkpoints and evals at 4, 8, 10).
+    records = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    evals = {r["step"]: r["loss"] for r in records if r["type"] == "eval" and r["step"] in (4, 8, 10)}
+    kept = ["step-4"] if min(evals, key=evals.get) == 4 else []
+    assert [p.name for p in list_checkpoints(out)] == kept + ["step-8", "step-10"]
+
+
+def test_pretrain_from_a_token_store_directory(files, tmp_path, capsys):
+    tok = BertTokenizer.from_pretrained(files / "vocab")
+    store = write_store(tmp_path / "store", load_corpus(files / "corpus.txt", tok, cache_dir=tmp_path), tok, [6])
+    args = [a.replace(str(files / "corpus.txt"), str(store)) for a in pretrain_args(files, tmp_path / "run")]
+    assert main([*args, "--max-steps", "4"]) == 0
+    assert type(load_model(tmp_path / "run" / "model")) is BertForPreTraining
+    evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == [0, 4]  # on the store's last documents, held out
 
 
 def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files, tmp_path, capsys):
@@ -107,7 +123,12 @@ def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files,
 
 
 @pytest.mark.parametrize("args, message", [
-    (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file: nope.txt"),
+    (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file or directory: nope.txt"),
+    (["pretrain", "--corpus", "{root}/vocab", "--out", "{out}", "--config", "tiny", "--vocab", "{root}/vocab"],
+     "{root}/vocab is not a complete token store: no manifest.json (the builder writes it last)"),
+    (["pretrain", "--corpus", "{root}/vocab", "--format", "google", "--out", "{out}", "--config", "tiny",
+      "--vocab", "{root}/vocab"],
+     "--format google is for text corpora, but {root}/vocab is a directory (read as a token store)"),
     (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny"],
      "--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)"),
     (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}"],
