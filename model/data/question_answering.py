@@ -170,19 +170,24 @@ def encode_squad(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384
         raise ValueError(f"max_query_length must be >= 1, got {max_query_length!r}")
     if doc_stride is None:
         doc_stride = default_doc_stride(max_seq_len, max_query_length)
-    room = max_seq_len - max_query_length - SPECIAL_TOKENS_IN_A_PAIR  # context tokens beside the longest question
-    if room < 1 or doc_stride < 0 or doc_stride >= room:
-        raise ValueError(f"doc_stride {doc_stride} must be at least 0 and less than the {room} context tokens that "
-                         f"fit in a window of max_seq_len {max_seq_len} beside a question of max_query_length "
-                         f"{max_query_length}")
     windows_of = truncating(tokenizer, max_seq_len, stride=doc_stride, strategy="only_second")
     windows = []
     for index, example in enumerate(examples):
         question = cut_question(tokenizer, example.question.lstrip(), max_query_length)
+        _check_room(tokenizer, example.id, question, max_seq_len, doc_stride)
         enc = windows_of.encode(question, example.context)
         for w in (enc, *enc.overflowing):
             windows.append(_window(index, example, w))
     return windows
+
+
+def _check_room(tokenizer, qid: str, question: str, max_seq_len: int, doc_stride: int) -> None:
+    """What the Rust tokenizer would fail on, as a ValueError naming the sizes and the question."""
+    q = len(tokenizer.backend_tokenizer.encode(question, add_special_tokens=False).ids)
+    room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR  # context tokens per window
+    if room < 1 or not 0 <= doc_stride < room:
+        raise ValueError(f"question {qid!r}: doc_stride {doc_stride} must be at least 0 and less than the {room} "
+                         f"context tokens that fit beside its {q} tokens in a window of max_seq_len {max_seq_len}")
 
 
 def cut_question(tokenizer, question: str, max_tokens: int) -> str:
