@@ -138,7 +138,8 @@ def default_train_config(spec_class) -> TrainConfig:
 
 
 def merge_train_config(default: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
-    """`default` with `overrides`; giving max_steps (or epochs) alone clears the other one."""
+    """`default` with `overrides`; giving max_steps (or epochs) alone clears the other one; giving
+    best_metric alone sets greater_is_better by its name (False for a loss)."""
     values = {**default.to_dict(), **overrides}
     if "max_steps" in overrides and "epochs" not in overrides:
         values["epochs"] = None
@@ -146,6 +147,8 @@ def merge_train_config(default: TrainConfig, overrides: dict[str, Any]) -> Train
         values["max_steps"] = None
     if "warmup_ratio" in overrides and "warmup_steps" not in overrides:
         values["warmup_steps"] = None
+    if "best_metric" in overrides and "greater_is_better" not in overrides:
+        values["greater_is_better"] = not str(overrides["best_metric"]).endswith("loss")  # losses fall, scores rise
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
     if unknown:
         raise ValueError(f"unknown TrainConfig field(s) {unknown}")
