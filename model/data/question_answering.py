@@ -170,31 +170,33 @@ def encode_squad(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384
         raise ValueError(f"max_query_length must be >= 1, got {max_query_length!r}")
     if doc_stride is None:
         doc_stride = default_doc_stride(max_seq_len, max_query_length)
+    questions = [cut_question(tokenizer, e.question.lstrip(), max_query_length) for e in examples]
+    for example, (_, n) in zip(examples, questions):
+        _check_room(example.id, n, max_seq_len, doc_stride)  # before the tokenizer fails on it
     windows_of = truncating(tokenizer, max_seq_len, stride=doc_stride, strategy="only_second")
     windows = []
-    for index, example in enumerate(examples):
-        question = cut_question(tokenizer, example.question.lstrip(), max_query_length)
-        _check_room(tokenizer, example.id, question, max_seq_len, doc_stride)
+    for index, (example, (question, _)) in enumerate(zip(examples, questions)):
         enc = windows_of.encode(question, example.context)
         for w in (enc, *enc.overflowing):
             windows.append(_window(index, example, w))
     return windows
 
 
-def _check_room(tokenizer, qid: str, question: str, max_seq_len: int, doc_stride: int) -> None:
-    """What the Rust tokenizer would fail on, as a ValueError naming the sizes and the question."""
-    q = len(tokenizer.backend_tokenizer.encode(question, add_special_tokens=False).ids)
+def _check_room(qid: str, q: int, max_seq_len: int, doc_stride: int) -> None:
+    """A window must hold the question's `q` tokens, three special ones and more than doc_stride of the context."""
     room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR  # context tokens per window
     if room < 1 or not 0 <= doc_stride < room:
         raise ValueError(f"question {qid!r}: doc_stride {doc_stride} must be at least 0 and less than the {room} "
                          f"context tokens that fit beside its {q} tokens in a window of max_seq_len {max_seq_len}")
 
 
-def cut_question(tokenizer, question: str, max_tokens: int) -> str:
-    """The question's text up to the end of its `max_tokens`-th token. WordPiece matches the longest
-    prefix first, so the cut text tokenises to exactly those tokens."""
+def cut_question(tokenizer, question: str, max_tokens: int) -> tuple[str, int]:
+    """The question's text up to the end of its `max_tokens`-th token, and its token count. WordPiece
+    matches the longest prefix first, so the cut text tokenises to exactly those tokens."""
     enc = tokenizer.backend_tokenizer.encode(question, add_special_tokens=False)
-    return question if len(enc.ids) <= max_tokens else question[:enc.offsets[max_tokens - 1][1]]
+    if len(enc.ids) <= max_tokens:
+        return question, len(enc.ids)
+    return question[:enc.offsets[max_tokens - 1][1]], max_tokens
 
 
 def _window(index: int, example: QAExample, enc) -> QAWindow:

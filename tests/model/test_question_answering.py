@@ -202,7 +202,8 @@ def test_long_question_cut_to_max_query_length_tokens(minilm_dir):
     hf = BertTokenizerFast.from_pretrained(minilm_dir)
     question = "In which unbelievably antidisestablishmentarian city, " * 6 + "is the lake?"
     assert len(hf.tokenize(question)) > 20
-    cut = cut_question(tokenizer, question, 20)
+    cut, n = cut_question(tokenizer, question, 20)
+    assert n == 20 and cut_question(tokenizer, "Where?", 20) == ("Where?", 2)
     assert hf.tokenize(cut) == hf.tokenize(question)[:20]
     example = QAExample("q", question, "Lake Zürich is in Zürich.", ["Zürich"], [18])
     (window,) = encode_squad([example], tokenizer, max_seq_len=64, doc_stride=8, max_query_length=20)
