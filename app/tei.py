@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import math
 
+from model.tokenizer import truncating
+
 from .errors import ServiceError
-from .pipelines import Row, _infer, as_list, encode, truncating
+from .pipelines import Row, _infer, as_list, encode
 from .schemas import EmbedRequest, PredictRequest, RerankRequest, TextPair, TokenizeRequest
 from .service import Service
 from .store import LoadedModel
