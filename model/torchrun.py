@@ -10,10 +10,14 @@ does the same for this launcher (model/distributed.py: init), so no rank trains 
 import signal
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import main
 
 from model.distributed import die_with_parent
 
 if __name__ == "__main__":
     die_with_parent(signal.SIGKILL)
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except SignalException as e:  # Ctrl-C or SIGTERM: torchrun has passed it on to the ranks, which stopped
+        sys.exit(128 + int(e.sigval))

@@ -62,7 +62,8 @@ class SignalStop(Callback):
         if self.requested:
             return
         self.requested = True
-        print("\nstopping after this step (a checkpoint is saved; Ctrl-C again to abort)", file=sys.stderr)
+        again = "; Ctrl-C again to abort" if self.abort_on_second else ""
+        print(f"\nstopping after this step (a checkpoint is saved{again})", file=sys.stderr)
 
     def should_stop(self) -> bool:
         return self.requested

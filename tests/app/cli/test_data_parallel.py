@@ -187,3 +187,20 @@ def test_the_ranks_run_the_same_command_without_the_launcher_options():
     assert torchrun_command(["x.py"], 1, 2, 1, "h:29500", python="py")[3:] == [
         "--nproc-per-node=1", "--max-restarts=0", "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
         "--rdzv-endpoint=h:29500", "x.py"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(files):
+    out = files / "interrupted"
+    launcher = bert(*args(files, out, "--nproc-per-node", 2, "--max-steps", 100_000), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+    os.killpg(launcher.pid, signal.SIGINT)  # as the terminal sends Ctrl-C: to the launcher, torchrun and ranks
+    code, stdout, err = finished(launcher)
+    assert code == 130, err
+    step = int(stdout.split("stopped at step ")[1].split("/")[0])
+    assert (out / "checkpoints" / f"step-{step}" / "COMPLETE").is_file()
+    assert err.count("stopping after this step (a checkpoint is saved)") == 2  # one line per rank
+    assert "Traceback" not in err
