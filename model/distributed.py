@@ -165,6 +165,18 @@ def rank_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 8_191 + rank * 131 + 1) % (2**63 - 1)
 
 
+# What gloo and NCCL say when another rank is gone; from inside DDP's backward they arrive as plain RuntimeError.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "gloo", "NCCL")
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """True for an error that says another rank failed (a collective lost its peer), not this rank's own
+    problem: the run should end as "a process died" and be resumed, not be judged a failure of the job."""
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_GONE)
+
+
 def destroy() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -44,7 +44,7 @@ from model.datadir import TERMINAL, JobStore, Lease, add_event, now_iso, publish
 from model.datadir.jobs import CANCEL
 from model.errors import UserError
 from model.callbacks import Callback
-from model.distributed import launched, torchrun_command
+from model.distributed import is_peer_failure, launched, torchrun_command
 from model.trainer import FINAL_MODEL
 
 from . import recipes
@@ -246,6 +246,8 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
         _mark_resume(store, record)
         result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
     except Exception as e:
+        if launched() and is_peer_failure(e):  # another rank died: this attempt is lost (train_ranks), not failed
+            raise
         return _fail(store, job_id, e, reporter.runtime())
     if result.stopped:
         return _stopped(store, job_id, reporter, result)

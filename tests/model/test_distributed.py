@@ -67,3 +67,15 @@ def test_one_process_takes_the_whole_batch_unweighted():
 def test_dropout_seeds_differ_by_rank_and_step_and_repeat():
     seeds = {rank_seed(0, step, rank) for step in range(50) for rank in range(4)}
     assert len(seeds) == 200 and rank_seed(7, 3, 1) == rank_seed(7, 3, 1)
+
+
+def test_a_lost_peer_is_told_apart_from_a_ranks_own_error():
+    from torch.distributed import DistBackendError
+
+    from model.distributed import is_peer_failure
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:15794: "
+                        "Connection reset by peer.")
+    assert is_peer_failure(gloo) and is_peer_failure(DistBackendError("NCCL communicator was aborted"))
+    assert not is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_peer_failure(ValueError("Connection reset by peer"))
