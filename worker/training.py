@@ -283,12 +283,28 @@ def train_ranks(store: JobStore, record: dict, settings: WorkerSettings, shuttin
         proc = subprocess.Popen(cmd, env=_rank_env(settings), stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     signalled = False
-    while proc.poll() is None:
-        if not signalled and shutting_down is not None and shutting_down.is_set():
-            os.killpg(proc.pid, signal.SIGTERM)  # torchrun and every rank: all stop at the same step
-            signalled = True
-        time.sleep(0.2)
+    try:
+        while proc.poll() is None:
+            if not signalled and shutting_down is not None and shutting_down.is_set():
+                os.killpg(proc.pid, signal.SIGTERM)  # torchrun and every rank: all stop at the same step
+                signalled = True
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:  # leaving on an exception: the ranks must not train on without the lease
+            _end_group(proc)
     return _ranks_outcome(store, job_id, proc.returncode)
+
+
+def _end_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM to torchrun's process group (the ranks checkpoint and stop), SIGKILL after `grace_s`."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def check_devices(devices: int, settings: WorkerSettings) -> None:
