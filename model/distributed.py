@@ -122,6 +122,14 @@ def any_rank(flag: bool, d: Dist) -> bool:
     return bool(all_reduce_sum(torch.tensor([float(flag)], dtype=torch.float64), d)[0] > 0)
 
 
+def same_on_all_ranks(value: float, d: Dist) -> bool:
+    """True on every rank when every rank holds the same `value` (all equal iff W * sum(v^2) == sum(v)^2)."""
+    if not d.enabled:
+        return True
+    total, squares = all_reduce_sum(torch.tensor([value, value * value], dtype=torch.float64), d).tolist()
+    return abs(d.world * squares - total * total) <= 1e-9 * max(1.0, total * total)
+
+
 def rank_rows(batch: dict[str, torch.Tensor], d: Dist) -> tuple[dict[str, torch.Tensor], float]:
     """This rank's rows of a global batch, `rank::world`, and the factor its losses take (1, or 0 when the
     batch has fewer rows than ranks and this rank has none: it then runs row 0 so DDP's all-reduce still

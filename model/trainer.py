@@ -281,6 +281,9 @@ class Trainer:
             seed_everything(self.config.seed)
         else:
             self._restore(path)
+        if not distributed.same_on_all_ranks(self.step, self.dist):
+            raise ValueError(f"the processes start from different steps (this one, rank {self.dist.rank}: step "
+                             f"{self.step}); every node must see the same run directory {self.run_dir}")
         self._emit("on_fit_start", self.step, path is not None)
         self.model.train()
         self._started = time.perf_counter()

@@ -79,3 +79,9 @@ def test_a_lost_peer_is_told_apart_from_a_ranks_own_error():
     assert is_peer_failure(gloo) and is_peer_failure(DistBackendError("NCCL communicator was aborted"))
     assert not is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_peer_failure(ValueError("Connection reset by peer"))
+
+
+def test_one_process_always_agrees_with_itself():
+    from model.distributed import same_on_all_ranks
+
+    assert same_on_all_ranks(40, Dist())
