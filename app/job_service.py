@@ -115,10 +115,17 @@ class JobService:
         else:
             _check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
+        self._check_devices(params["devices"])
         size = _training_size(req, params, base.config if req.base_model is not None else None, dataset)
         self._check_size(size)
         return {"kind": req.kind, "model_name": req.model_name, "base_model": req.base_model,
                 "dataset": req.dataset, "params": params, "estimate": size.to_dict()}
+
+    def _check_devices(self, asked: int) -> None:
+        limit = self.settings.job_max_devices
+        if asked > limit:
+            raise ServiceError("validation", f"params.devices: {asked} is more than this service allows "
+                                             f"({limit}, BERT_JOB_MAX_DEVICES)")
 
     def _max_runtime(self, asked: int | None) -> int:
         limit = self.settings.job_max_runtime

@@ -446,6 +446,9 @@ class TrainParams(Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     eval_every: int = Field(0, ge=0, le=1_000_000, description="Evaluate every N steps (0: only at the end).")
+    devices: int = Field(1, ge=1, le=64, description="Data-parallel processes on the worker's machine (one per "
+                                                       "GPU on CUDA), through torchrun; batch_size stays the "
+                                                       "global batch. At most BERT_JOB_MAX_DEVICES.")
     max_runtime: Duration | None = Field(
         None, description="Training time allowed, summed over attempts: seconds, or a duration such as '90m', "
                           "'12h', '1d12h'. Past it the job saves a checkpoint and fails with \"time limit\". "
@@ -575,6 +578,8 @@ class JobStatus(BaseModel):
     tokens_per_s: float | None
     eta_s: float | None = Field(description="Seconds to go at the current pace (running jobs only).")
     epoch: float | None
+    rank_tokens_per_s: list[float] | None = Field(None, description="Tokens/s of each process, rank 0 first "
+                                                                     "(jobs with devices > 1).")
     latest_checkpoint: str | None = Field(description="Relative to the job directory, e.g. checkpoints/step-200.")
     attempts: int = Field(description="Times a worker started the job (a worker death costs one).")
     runtime_s: float | None = Field(description="Training time so far, summed over attempts (max_runtime "
@@ -613,6 +618,7 @@ class JobStatus(BaseModel):
             step=step, total_steps=total_steps,
             loss=progress.get("loss"), lr=progress.get("lr"), tokens_per_s=progress.get("tokens_per_s"),
             eta_s=progress.get("eta_s") if running else None, epoch=progress.get("epoch"),
+            rank_tokens_per_s=progress.get("rank_tokens_per_s"),
             status_url=f"/jobs/{record['id']}", metrics_url=f"/jobs/{record['id']}/metrics")
 
 

@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     # Seconds of training a job may take (params.max_runtime, at most this; also the default). Past
     # it the job checkpoints and fails with "time limit". 3 days, the worker's BERT_JOB_SOFT_TIME_LIMIT.
     job_max_runtime: int = Field(3 * 24 * 3600, ge=1)
+    # The most processes (GPUs, or CPU processes) a job may train on (params.devices, data parallel
+    # through torchrun). Set it to what every worker has: a worker with fewer fails the job.
+    job_max_devices: int = Field(1, ge=1, le=64)
 
     def admin_key_value(self) -> str | None:
         return _key(self.admin_key)

@@ -10,6 +10,11 @@ Checks, printed with the table:
     steps (so the gradients agree too), within 1e-4;
   * a short run on Wikipedia text (MiniLM vocabulary), ours fp32 against ours bf16 from the same
     initial weights and batches: the loss curves stay within a few percent.
+Data parallel (--ddp-steps, 0 to skip): `bert pretrain` on the Wikipedia leads, one process against
+`--nproc-per-node 2` (gloo, one thread per process) at the same global batch, in turns; the trainer's
+metrics.jsonl gives tokens/s per process (the first logged window, warm-up, is left out); scaling
+efficiency = a DDP process's tokens/s / the single process's. Two processes need two idle cores to
+show it: on a shared machine the table says what the cores gave.
 
     .venv/bin/python -m bench.train_bench            # ~1-2 minutes on 2 idle cores
     .venv/bin/python -m bench.train_bench --quick
@@ -19,7 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -30,6 +39,7 @@ import transformers
 
 from bench.common import CONFIGS, MINILM_DIR, WIKI_JSON, interleaved, machine_line, markdown_table, setup
 from model import BertConfig, BertForPreTraining, BertTokenizer
+from model.demo_data import prepare_wiki
 from model.precision import autocast
 
 IGNORE = -100
@@ -145,6 +155,40 @@ def loss_curve(args) -> str:
     return markdown_table(["steps", "fp32 loss (mean)", "bf16 loss (mean)", "bf16 vs fp32"], rows)
 
 
+def ddp_run(work: Path, name: str, args, nproc: int) -> list[float]:
+    """One `bert pretrain` run; each logged window's tokens/s per process (warm-up window left out)."""
+    out = work / name
+    cfg = {**CONFIGS[args.config], "max_position_embeddings": 512, "type_vocab_size": 2}
+    (work / "config.json").write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "app.cli", "pretrain", "--config", str(work / "config.json"), "--vocab",
+           str(MINILM_DIR), "--corpus", str(work / "wiki.txt"), "--batch-size", str(args.batch), "--max-seq-len",
+           str(args.seq), "--eval-fraction", "0", "--max-steps", str(args.ddp_steps), "--log-every",
+           str(max(1, args.ddp_steps // 6)), "--threads", "1", "--no-resume", "--out", str(out),
+           "--nproc-per-node", str(nproc)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rates = [r.get("rank_tokens_per_s") or [r["tokens_per_s"]] for r in records if r["type"] == "train"][1:]
+    return [statistics.fmean(r) for r in rates]
+
+
+def ddp_table(args) -> str:
+    """Tokens/s per process: one process against two DDP ranks at the same global batch, in turns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        prepare_wiki(work / "wiki.txt", limit=3000)
+        rates: dict[int, list[float]] = {1: [], 2: []}
+        for turn in range(args.ddp_rounds):
+            for nproc in (1, 2):
+                rates[nproc] += ddp_run(work, f"run-{nproc}-{turn}", args, nproc)
+    single, ddp = statistics.median(rates[1]), statistics.median(rates[2])
+    rows = [["1 process", f"{single:,.0f} ({min(rates[1]):,.0f}-{max(rates[1]):,.0f})", f"{single:,.0f}", "1.00"],
+            ["2 DDP processes (gloo)", f"{ddp:,.0f} ({min(rates[2]):,.0f}-{max(rates[2]):,.0f})",
+             f"{2 * ddp:,.0f}", f"{ddp / single:.2f}"]]
+    return markdown_table(["", "tokens/s per process, median (min-max)", "tokens/s in all",
+                           "scaling efficiency"], rows)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", choices=sorted(CONFIGS), default="small")
@@ -154,10 +198,13 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--budget", type=float, default=60.0, help="seconds for the timing; cuts rounds (min 3)")
     p.add_argument("--curve-steps", type=int, default=40)
-    p.add_argument("--quick", action="store_true", help="3 rounds, a 15-step curve")
+    p.add_argument("--ddp-steps", type=int, default=30, help="steps per data-parallel run (0: skip DDP)")
+    p.add_argument("--ddp-rounds", type=int, default=2, help="turns of (1 process, 2 DDP processes)")
+    p.add_argument("--ddp-only", action="store_true", help="only the data-parallel table")
+    p.add_argument("--quick", action="store_true", help="3 rounds, a 15-step curve, 12 DDP steps")
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.curve_steps, args.budget = 3, 15, 20.0
+        args.rounds, args.curve_steps, args.budget, args.ddp_steps = 3, 15, 20.0, 12
     return args
 
 
@@ -166,6 +213,8 @@ def main(argv=None) -> None:
     setup(args.threads)
     batch = random_batch(args.batch, args.seq, CONFIGS[args.config]["vocab_size"])
     print(f"## Training benchmark\n\n{machine_line()}\n")
+    if args.ddp_only:
+        return print_ddp(args)
     print(f"{args.config} config, batch {args.batch}, seq {args.seq}, MLM (15%) + NSP, AdamW. "
           "Times: median (min-max) ms per step.\n")
     table, _ = timing_table(args, batch)
@@ -174,6 +223,15 @@ def main(argv=None) -> None:
     print("```\n" + loss_check(args, batch) + "\n```\n", flush=True)
     print(f"Loss curve, {args.curve_steps} steps on Wikipedia text, ours fp32 vs ours bf16 autocast:\n")
     print(loss_curve(args) + "\n")
+    print_ddp(args)
+
+
+def print_ddp(args) -> None:
+    if args.ddp_steps < 1:
+        return
+    print(f"Data parallel: `bert pretrain`, {args.config} config from scratch on Wikipedia leads, global batch "
+          f"{args.batch}, seq {args.seq}, {args.ddp_steps} steps x {args.ddp_rounds} turns, 1 thread per process:\n")
+    print(ddp_table(args) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import checkpoint as ckpt
+from . import distributed
 from .callbacks import Callback
 from .config import BertConfig
 from .device import resolve_device
@@ -165,8 +166,9 @@ def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> T
     resume_from = _resume_point(out, spec.resume)
     with _user_errors():
         tokenizer, model = _pretraining_model(spec, resume_from)
-        train_data, eval_data = _pretraining_data(spec, tokenizer)
-        train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
+        with _main_rank_first(spec.train):
+            train_data, eval_data = _pretraining_data(spec, tokenizer)
+            train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
         trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data, evaluate_fn=evaluate,
                           tokenizer=tokenizer, callbacks=callbacks)
     return trainer.fit(resume=resume_from or False)
@@ -309,6 +311,11 @@ def _user_errors():
         raise
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
+
+
+def _main_rank_first(train: TrainConfig):
+    """Under torchrun, rank 0 loads first (it may build the token cache), the others then read what it built."""
+    return distributed.main_first(resolve_device(train.device))
 
 
 def _resume_point(out: Path, resume: bool) -> Path | None:

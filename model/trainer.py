@@ -25,11 +25,22 @@ Optimisation is BERT's (Devlin et al. 2018, appendix A.2): AdamW with decoupled 
 matrices only (biases and LayerNorm excluded, nanoGPT's `configure_optimizers` rule: dim >= 2),
 linear warmup then linear decay to zero (HF's `get_linear_schedule_with_warmup`), gradient
 clipping, gradient accumulation, optional bf16 autocast.
+
+Under torchrun (model/distributed.py) the same loop is data-parallel: the model is wrapped in DDP, each
+rank trains on its rows of every global micro-batch with its losses weighted so the averaged gradient is
+the global batch's (equal to one process at the same batch size), accumulation micro-batches skip DDP's
+all-reduce (`no_sync`) until the last, losses and token counts are summed over ranks each step, a stop
+request on any rank stops all at the same step, and rank 0 alone runs the run directory's callbacks and
+writes checkpoints and the final model. Dropout is seeded per (seed, step, rank), so ranks draw different
+masks and a resumed run draws the same ones. A checkpoint records the world size; it resumes with any
+(the global batch and its data order do not depend on it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import random
 import time
@@ -42,10 +53,13 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
+from . import distributed
 from .callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
 from .device import resolve_device
 from .files import METRICS_FILE
 from .precision import autocast, resolve_precision
+
+log = logging.getLogger(__name__)
 
 FINAL_MODEL = "model"
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes (int8 is inference only)
@@ -177,13 +191,16 @@ class Trainer:
             raise ValueError("eval_data needs an evaluate_fn (for BERT models: model.evaluation.evaluate)")
         self.config = config
         self.device = resolve_device(config.device)
+        self.dist = distributed.init(self.device)
+        self.device = distributed.rank_device(self.device, self.dist)
         self.precision = resolve_precision(config.precision, self.device)
         self.model = model.to(self.device)
+        self.ddp = self._wrap(self.model)
         self.train_data, self.eval_data = train_data, eval_data
         self.tokenizer, self.evaluate_fn = tokenizer, evaluate_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.callbacks = list(callbacks)
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             metrics = MetricsLogger(self.run_dir / METRICS_FILE)  # first: the caller's may read its lines
             self.callbacks = [metrics, *self.callbacks, TrainingPlot(self.run_dir / PLOT_FILE, metrics)]
@@ -199,6 +216,15 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.last_eval: dict[str, Any] | None = None
         self.tokens_seen = 0
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DDP around the model when there are ranks (it broadcasts rank 0's weights now); else the model."""
+        if not self.dist.enabled:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
 
     def _total_steps(self) -> int:
         if self.config.max_steps is not None:
@@ -221,15 +247,15 @@ class Trainer:
         status = "completed"
         while self.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
-            losses, tokens, grad_norm = self._optimizer_step(stream)
+            losses, rank_tokens, grad_norm = self._optimizer_step(stream)
             self.step += 1
-            self.tokens_seen += tokens
-            window.add(losses, tokens)
+            self.tokens_seen += sum(rank_tokens)
+            window.add(losses, rank_tokens)
             last = self.step == self.total_steps
             if self.step % self.config.log_every == 0 or last:
                 self._log_step(window, lr, grad_norm)
             evaluated = self._maybe_evaluate(last)
-            stop = not last and any(cb.should_stop() for cb in self.callbacks)
+            stop = not last and distributed.any_rank(any(cb.should_stop() for cb in self.callbacks), self.dist)
             if last or stop or (self.config.save_every and self.step % self.config.save_every == 0):
                 self._save_checkpoint(evaluated)
             if stop:
@@ -255,6 +281,9 @@ class Trainer:
             seed_everything(self.config.seed)
         else:
             self._restore(path)
+        if not distributed.same_on_all_ranks(self.step, self.dist):
+            raise ValueError(f"the processes start from different steps (this one, rank {self.dist.rank}: step "
+                             f"{self.step}); every node must see the same run directory {self.run_dir}")
         self._emit("on_fit_start", self.step, path is not None)
         self.model.train()
         self._started = time.perf_counter()
@@ -263,6 +292,10 @@ class Trainer:
     def _restore(self, path: Path) -> None:
         state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         t, d = state["trainer"], state["data"]
+        saved_world = t.get("world_size", 1)
+        if saved_world != self.dist.world and self.dist.is_main:
+            log.info("resuming a checkpoint of %d process(es) with %d: the global batch and its data order "
+                     "are unchanged", saved_world, self.dist.world)
         self.step, self.epoch, self.batch = t["step"], d["epoch"], d["batch"]
         self.rotation.best_value, self.rotation.best_checkpoint = t["best_value"], t["best_checkpoint"]
         self.tokens_seen, self.last_eval = t["tokens_seen"], t["last_eval"]
@@ -281,17 +314,28 @@ class Trainer:
                 yield batch
             self.epoch, self.batch = epoch + 1, 0
 
-    def _optimizer_step(self, stream) -> tuple[dict[str, float], int, float | None]:
+    def _optimizer_step(self, stream) -> tuple[dict[str, float], list[int], float | None]:
+        """One optimizer step over `grad_accum_steps` micro-batches; returns the global batch's mean losses,
+        the tokens each rank trained on, and the gradient norm before clipping."""
         accum, losses, tokens = self.config.grad_accum_steps, {}, 0
-        for _ in range(accum):
-            batch = {k: v.to(self.device) for k, v in next(stream).items()}
-            with autocast(self.device, self.precision):
-                out = self.model(**batch)
-            (out.loss / accum).backward()
-            for name, value in _losses(out).items():
-                losses[name] = losses.get(name, 0.0) + value.item() / accum
-            mask = batch.get("attention_mask")
-            tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        if self.dist.enabled:
+            torch.manual_seed(distributed.rank_seed(self.config.seed, self.step, self.dist.rank))
+        for i in range(accum):
+            batch = next(stream)
+            local, factor = distributed.rank_rows(batch, self.dist)
+            local = {k: v.to(self.device) for k, v in local.items()}
+            # DDP all-reduces gradients on the last micro-batch only (the others accumulate locally).
+            sync = i == accum - 1 or not self.dist.enabled
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast(self.device, self.precision):
+                    out = self.ddp(**local)
+                loss, reported = self._weighted_losses(out, batch, local, factor)
+                (loss / accum).backward()
+            for name, value in reported.items():
+                losses[name] = losses.get(name, 0.0) + value / accum
+            mask = local.get("attention_mask")
+            tokens += 0 if factor == 0 else int(mask.sum()) if mask is not None else local["input_ids"].numel()
+        losses, rank_tokens = self._sum_over_ranks(losses, tokens)
         if not math.isfinite(losses["loss"]):
             raise FloatingPointError(f"training loss became {losses['loss']} at step {self.step + 1}; "
                                      f"try a lower learning rate (now {self.config.lr})")
@@ -301,16 +345,48 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return losses, tokens, grad_norm
+        return losses, rank_tokens, grad_norm
+
+    def _weighted_losses(self, out, batch, local, factor: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss to backpropagate and this rank's share of each reported loss (see model/distributed.py).
+
+        One process: `out.loss` and the losses as they are. Ranks: each part of the loss (mlm_loss and
+        nsp_loss, or loss alone) weighted by its share of the global batch's labels."""
+        found = _losses(out)
+        if not self.dist.enabled:
+            return out.loss, {name: value.item() for name, value in found.items()}
+        parts = [name for name in found if name != "loss"] or ["loss"]
+        weights = distributed.loss_weights(batch, local, parts, self.dist, factor)
+        loss = sum(found[name] * weights[name] for name in parts)
+        reported = {name: found[name].item() * weights[name] / self.dist.world for name in parts}
+        if "loss" not in reported:  # the total of the parts, as the model sums them
+            reported = {"loss": sum(reported.values()), **reported}
+        return loss, {name: reported[name] for name in found}
+
+    def _sum_over_ranks(self, losses: dict[str, float], tokens: int) -> tuple[dict[str, float], list[int]]:
+        """Each rank's shares summed into the global batch's losses, and the tokens of each rank; one
+        all-reduce of a small vector (every rank has the same loss names in the same order)."""
+        if not self.dist.enabled:
+            return losses, [tokens]
+        world, names = self.dist.world, list(losses)
+        vector = torch.zeros(len(names) + world, dtype=torch.float64)
+        vector[: len(names)] = torch.tensor([losses[n] for n in names], dtype=torch.float64)
+        vector[len(names) + self.dist.rank] = tokens
+        vector = distributed.all_reduce_sum(vector, self.dist)
+        summed = {n: float(v) for n, v in zip(names, vector[: len(names)].tolist())}
+        return summed, [int(t) for t in vector[len(names):].tolist()]
 
     def _log_step(self, window: _Window, lr: float, grad_norm: float | None) -> None:
         now = time.perf_counter()
         done = self.step - self._start_step
         per_step = (now - self._started) / max(1, done)
+        elapsed = max(1e-9, now - window.since)
         state = {"type": "train", "step": self.step, "total_steps": self.total_steps,
-                 **window.means(), "lr": lr, "tokens_per_s": window.tokens / max(1e-9, now - window.since),
+                 **window.means(), "lr": lr, "tokens_per_s": sum(window.rank_tokens) / elapsed,
                  "eta_s": per_step * (self.total_steps - self.step), "epoch": self._epoch_progress(),
                  "grad_norm": grad_norm, "tokens_seen": self.tokens_seen}
+        if self.dist.enabled:  # tokens/s of each rank, rank 0 first: a slow rank shows here
+            state.update(world_size=self.dist.world, rank_tokens_per_s=[t / elapsed for t in window.rank_tokens])
         window.reset(now)
         self._emit("on_step", state)
 
@@ -319,6 +395,8 @@ class Trainer:
 
     def _maybe_evaluate(self, last: bool, force: bool = False) -> bool:
         every = self.config.eval_every
+        if not self.dist.is_main:  # rank 0 evaluates alone; the others wait at the next step's all-reduce
+            return False
         if self.eval_data is None or not (force or last or (every and self.step % every == 0)):
             return False
         self.last_eval = {"type": "eval", "step": self.step, **self.evaluate()}
@@ -329,6 +407,9 @@ class Trainer:
         if self.run_dir is None:
             return
         path = ckpt.checkpoint_dir(self.run_dir, self.step)
+        if not self.dist.is_main:  # rank 0 writes it (the weights and optimizer are the same on every rank)
+            self.last_checkpoint = str(path)
+            return
         self.rotation.consider(path, self.last_eval if evaluated else None)
         ckpt.save_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                              trainer_state=self._trainer_state(), data_state={"epoch": self.epoch, "batch": self.batch},
@@ -340,13 +421,16 @@ class Trainer:
     def _trainer_state(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total_steps, "best_metric": self.config.best_metric,
                 "best_value": self.rotation.best_value, "best_checkpoint": self.rotation.best_checkpoint,
-                "tokens_seen": self.tokens_seen, "last_eval": self.last_eval, "config": self.config.to_dict()}
+                "tokens_seen": self.tokens_seen, "last_eval": self.last_eval, "config": self.config.to_dict(),
+                "world_size": self.dist.world}
 
     def _finish(self, status: str, window: _Window) -> TrainResult:
         model_dir = None
         if self.run_dir is not None and status == "completed":
             model_dir = self.run_dir / FINAL_MODEL
-            self.model.save_pretrained(model_dir, tokenizer=self.tokenizer)
+            if self.dist.is_main:
+                self.model.save_pretrained(model_dir, tokenizer=self.tokenizer)
+        distributed.barrier(self.dist)  # every rank returns once the checkpoint and model are on disk
         self.model.eval()
         result = TrainResult(status, self.step, self.total_steps, window.last_loss, self.last_eval,
                              self.last_checkpoint, self.rotation.best_checkpoint,
@@ -368,14 +452,14 @@ class _Window:
     since: float = field(default_factory=time.perf_counter)
     sums: dict[str, float] = field(default_factory=dict)
     steps: int = 0
-    tokens: int = 0
+    rank_tokens: list[int] = field(default_factory=list)  # tokens each rank trained on
     last_loss: float | None = None
 
-    def add(self, losses: dict[str, float], tokens: int) -> None:
+    def add(self, losses: dict[str, float], rank_tokens: list[int]) -> None:
         for key, value in losses.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
         self.steps += 1
-        self.tokens += tokens
+        self.rank_tokens = [a + b for a, b in zip(self.rank_tokens, rank_tokens)] or list(rank_tokens)
 
     def means(self) -> dict[str, float]:
         means = {k: v / max(1, self.steps) for k, v in self.sums.items()}
@@ -383,4 +467,4 @@ class _Window:
         return means
 
     def reset(self, now: float) -> None:
-        self.sums, self.steps, self.tokens, self.since = {}, 0, 0, now
+        self.sums, self.steps, self.rank_tokens, self.since = {}, 0, [], now

@@ -64,6 +64,13 @@ def finetune_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> F
         **(qa if task == "question-answering" else {}), train=train_overrides(p, device)))
 
 
+def prepare(record: dict, data_dir: Path, job_dir: Path) -> None:
+    """What a run writes into the job directory before it trains (a from-scratch run's vocabulary and
+    config), done once here before a data-parallel job's ranks start, so they do not race to write it."""
+    if record["kind"] == "pretrain":
+        pretrain_spec(record, Path(data_dir), Path(job_dir), "cpu")
+
+
 def run(record: dict, data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]) -> TrainResult:
     """Train (or resume) the job in `job_dir`; raises model.errors.UserError for bad data or options."""
     if record["kind"] == "pretrain":

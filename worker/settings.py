@@ -44,3 +44,6 @@ class WorkerSettings(BaseSettings):
     worker_sweep_interval_s: float = Field(60.0, ge=0)
     # Where training runs: "auto" picks CUDA when the worker has it.
     worker_device: str = Field("auto", pattern=DEVICE_PATTERN)  # or cuda:N
+    # The most processes a job's params.devices may ask of this worker (data parallel through
+    # torchrun); unset: the GPUs torch sees when training on CUDA, else the CPU cores.
+    worker_devices: int | None = Field(None, ge=1, le=1024)

@@ -17,11 +17,23 @@
 Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
 worker/recovery.py) then finds the lease free and the state "running", and resumes.
 This module does not import celery: tests drive it directly.
+
+A job with params.devices = N > 1 trains data-parallel: step 3 runs torchrun (model.torchrun) with N
+ranks of worker/ddp_job.py as a child process in its own session, and rank 0 does steps 3 and 4 as
+above (the same `train`, its JobReporter writing job.json; the lease stays here). This process waits:
+on a warm shutdown it sends SIGTERM to the ranks' process group (they stop at the same step, rank 0
+checkpoints and records the hand-back); if the ranks end without rank 0 recording an outcome (one
+died), the attempt is noted as lost and the job sent again, to resume from its latest checkpoint. The
+launcher and the ranks die with this process (PR_SET_PDEATHSIG), so a `kill -9` leaves nothing running.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -32,6 +44,7 @@ from model.datadir import TERMINAL, JobStore, Lease, add_event, now_iso, publish
 from model.datadir.jobs import CANCEL
 from model.errors import UserError
 from model.callbacks import Callback
+from model.distributed import is_peer_failure, launched, torchrun_command
 from model.trainer import FINAL_MODEL
 
 from . import recipes
@@ -41,8 +54,10 @@ log = logging.getLogger("bertserve.worker")
 
 ERROR_LOG = "error.log"
 HANDED_BACK = "handed back"
+RANKS_LOST = "training processes lost"  # a data-parallel attempt ended without an outcome: sent again
+RANKS_LOG = "ranks.log"  # a data-parallel job's torchrun output
 PROGRESS_KEYS = ("step", "total_steps", "loss", "mlm_loss", "nsp_loss", "lr", "tokens_per_s", "eta_s", "epoch",
-                 "grad_norm", "tokens_seen")
+                 "grad_norm", "tokens_seen", "world_size", "rank_tokens_per_s")
 
 
 class Flag(Protocol):
@@ -76,7 +91,7 @@ def run_job(job_id: str, kind: str, settings: WorkerSettings, *, shutting_down: 
             outcome = train(store, record, settings, shutting_down)
         finally:
             _free_accelerator_memory()
-    if outcome == HANDED_BACK and requeue is not None:  # only now: the next delivery must find the lease free
+    if outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None:  # only now: the next delivery must find the lease free
         requeue(job_id, kind)
         store.update(job_id, lambda r: add_event(r, "re-enqueued", "after the hand-back"))
     return {"job": job_id, "outcome": outcome}
@@ -223,12 +238,16 @@ class JobReporter(Callback):
 
 def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
     """Run (or resume) the training of a job this process holds the lease of; returns the outcome."""
+    if record["params"].get("devices", 1) > 1 and not launched():
+        return train_ranks(store, record, settings, shutting_down)
     job_id, job_dir = record["id"], store.job_dir(record["id"])
     reporter = JobReporter(store, record, settings, shutting_down)
     try:
         _mark_resume(store, record)
         result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
     except Exception as e:
+        if launched() and is_peer_failure(e):  # another rank died: this attempt is lost (train_ranks), not failed
+            raise
         return _fail(store, job_id, e, reporter.runtime())
     if result.stopped:
         return _stopped(store, job_id, reporter, result)
@@ -249,6 +268,87 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
 
     store.update(job_id, succeeded)
     return "succeeded"
+
+
+def train_ranks(store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+    """A data-parallel job: torchrun with params.devices ranks of worker/ddp_job.py; see the module docstring."""
+    job_id, job_dir, devices = record["id"], store.job_dir(record["id"]), record["params"]["devices"]
+    try:
+        check_devices(devices, settings)
+        recipes.prepare(record, settings.data_dir, job_dir)
+    except Exception as e:
+        return _fail(store, job_id, e, float(record.get("runtime_s") or 0.0))
+    cmd = torchrun_command(["-m", "worker.ddp_job", job_id], devices)
+    with open(job_dir / RANKS_LOG, "ab") as log_file:
+        proc = subprocess.Popen(cmd, env=_rank_env(settings), stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    signalled = False
+    try:
+        while proc.poll() is None:
+            if not signalled and shutting_down is not None and shutting_down.is_set():
+                os.killpg(proc.pid, signal.SIGTERM)  # torchrun and every rank: all stop at the same step
+                signalled = True
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:  # leaving on an exception: the ranks must not train on without the lease
+            _end_group(proc)
+    return _ranks_outcome(store, job_id, proc.returncode)
+
+
+def _end_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM to torchrun's process group (the ranks checkpoint and stop), SIGKILL after `grace_s`."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def check_devices(devices: int, settings: WorkerSettings) -> None:
+    """UserError when this worker has fewer devices than the job asks (BERT_WORKER_DEVICES)."""
+    import torch
+
+    from model.device import resolve_device
+
+    on_cuda = resolve_device(settings.worker_device).type == "cuda"
+    have = settings.worker_devices or (torch.cuda.device_count() if on_cuda else os.cpu_count() or 1)
+    if devices > have:
+        what = "GPUs" if on_cuda else "processes"
+        raise UserError(f"params.devices is {devices}, but this worker runs at most {have} {what} "
+                        f"(BERT_WORKER_DEVICES)")
+    if on_cuda and settings.worker_device.startswith("cuda:"):
+        raise UserError(f"params.devices is {devices}, but BERT_WORKER_DEVICE={settings.worker_device} names "
+                        "one GPU; a data-parallel job takes cuda:0 to cuda:N-1 (set it to cuda or auto)")
+
+
+def _rank_env(settings: WorkerSettings) -> dict[str, str]:
+    """The ranks read this worker's settings from the environment, as this process did."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            env[f"BERT_{name.upper()}"] = str(value)
+    return env
+
+
+def _ranks_outcome(store: JobStore, job_id: str, code: int) -> str:
+    """What rank 0 recorded; when it recorded nothing (a rank died, the launcher failed), a lost attempt."""
+    record = store.read(job_id)
+    if record["state"] == "queued":
+        return HANDED_BACK
+    if record["state"] in TERMINAL:
+        return record["state"]
+    reason = (f"a training process of the data-parallel run ended it (torchrun exit status {code}; "
+              f"see {RANKS_LOG} in the job directory)")
+
+    def lost(r: dict) -> None:  # read by the next delivery's begin() (_note_lost_attempt)
+        r["lost_attempt"] = {"attempt": r["attempts"], "reason": reason, "at": now_iso()}
+        add_event(r, RANKS_LOST, reason)
+
+    store.update(job_id, lost)
+    return RANKS_LOST
 
 
 def _mark_resume(store: JobStore, record: dict) -> None:

@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line as given: `--nproc-per-node N` runs it again under torchrun
     try:
         return args.func(args)
     except UserError as e:

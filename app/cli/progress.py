@@ -40,10 +40,11 @@ class ProgressBar(Callback):
 
 
 class SignalStop(Callback):
-    """First Ctrl-C (or SIGTERM) asks the loop to stop after this step, saving a checkpoint; a second Ctrl-C aborts."""
+    """First Ctrl-C (or SIGTERM) asks the loop to stop after this step, saving a checkpoint; a second Ctrl-C
+    aborts (unless `abort_on_second` is False: under torchrun, which passes the terminal's signal on)."""
 
-    def __init__(self):
-        self.requested = False
+    def __init__(self, abort_on_second: bool = True):
+        self.requested, self.abort_on_second = False, abort_on_second
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "SignalStop":
@@ -56,10 +57,13 @@ class SignalStop(Callback):
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
-        if self.requested and signum == signal.SIGINT:
+        if self.requested and signum == signal.SIGINT and self.abort_on_second:
             raise KeyboardInterrupt
+        if self.requested:
+            return
         self.requested = True
-        print("\nstopping after this step (a checkpoint is saved; Ctrl-C again to abort)", file=sys.stderr)
+        again = "; Ctrl-C again to abort" if self.abort_on_second else ""
+        print(f"\nstopping after this step (a checkpoint is saved{again})", file=sys.stderr)
 
     def should_stop(self) -> bool:
         return self.requested

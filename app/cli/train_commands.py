@@ -16,30 +16,39 @@ from typing import Any
 
 from model import checkpoint as ckpt
 from model.callbacks import format_metrics
+from model.distributed import env_dist, launched
 from model.errors import UserError
 from model.runs import (TASKS, FinetuneSpec, PretrainSpec, default_train_config, evaluate_model, merge_train_config,
                         run_finetuning, run_pretraining, task_train_config)
 from model.trainer import TrainConfig
 
+from .launch import add_launch_options, relaunch, wants_launcher
 from .progress import ProgressBar, SignalStop
 
 
 def _run_with_progress(run, spec) -> int:
+    """Run a spec with a progress bar and Ctrl-C handling. Under torchrun, rank 0 alone draws and prints."""
+    main_rank = env_dist().is_main
     # The run functions and the data pipeline log what they do (tokenising, warm start) at INFO.
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s",
+                        stream=sys.stderr)
     bar = ProgressBar()
     latest = ckpt.latest_checkpoint(spec.out)
-    if latest is not None and spec.resume:
+    if latest is not None and spec.resume and main_rank:
         print(f"resuming from {latest}", file=sys.stderr)
-    with SignalStop() as stop:
+    # Under torchrun a rank's second signal is torchrun passing the first on: it must not abort the step.
+    with SignalStop(abort_on_second=not launched()) as stop:
         try:
-            result = run(spec, callbacks=[bar, stop])
+            result = run(spec, callbacks=[bar, stop] if main_rank else [stop])
         finally:
             bar.close()
+    if not main_rank:
+        return 0
     if result.stopped:
         print(f"stopped at step {result.step}/{result.total_steps}; checkpoint {result.checkpoint}. "
               "Run the same command to resume.")
-        return 130 if stop.requested else 0
+        # A rank's non-zero status would make torchrun call the run failed; the launcher says 130.
+        return 130 if stop.requested and not launched() else 0
     print(f"done: {result.step} steps; final model in {result.model_dir}")
     if result.eval_metrics:
         print("eval: " + format_metrics(result.eval_metrics))
@@ -56,6 +65,8 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    if wants_launcher(args):
+        return relaunch(args, args.argv)
     _set_threads(args)
     if args.from_model and args.config:
         raise UserError("give --from (warm start) or --config (from scratch), not both")
@@ -73,6 +84,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
+    if wants_launcher(args):
+        return relaunch(args, args.argv)
     _set_threads(args)
     if args.regression and args.task != "sequence-classification":
         raise UserError(f"--regression is for --task sequence-classification, not {args.task}")
@@ -170,6 +183,7 @@ def _add_training_options(p: argparse.ArgumentParser, default: TrainConfig) -> N
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from RUN_DIR's latest complete checkpoint (default); --no-resume refuses "
                         "a RUN_DIR that has one")
+    add_launch_options(p)
 
 
 def add_commands(sub) -> None:

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.slow
 
 
 @contextlib.contextmanager
-def stack(tmp_path, broker_url: str = REDIS_URL):
+def stack(tmp_path, broker_url: str = REDIS_URL, server_env: dict[str, str] | None = None):
     """A data dir with a base model and the "reviews" dataset, served by a real uvicorn."""
     data_dir = make_data_dir(tmp_path / "data")
-    server, url = start_server(data_dir, broker_url, tmp_path)
+    server, url = start_server(data_dir, broker_url, tmp_path, **(server_env or {}))
     client = httpx.Client(base_url=url, timeout=30)
     workers = []
     try:

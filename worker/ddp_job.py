@@ -1,0 +1,60 @@
+"""`python -m worker.ddp_job JOB_ID`, run by torchrun: one rank of a job with params.devices > 1.
+
+worker/training.py (train_ranks) starts torchrun with N of these, in the job's lease holder's stead;
+the settings come from the environment it passes on. Rank 0 runs the job exactly as a single-process
+worker does (worker/training.py: train: JobReporter into job.json, publish, cancel, hand-back); the
+other ranks only train (model/runs.py under DDP, model/trainer.py), with a SIGTERM stop request as
+their one callback. A SIGTERM (the worker's warm shutdown, sent to the whole process group) asks every
+rank to stop after the current step; rank 0 then checkpoints and records the hand-back.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from model.callbacks import Callback
+from model.datadir import JobStore
+from model.distributed import die_with_parent, env_dist
+
+from . import recipes
+from .settings import WorkerSettings
+from .training import train
+
+log = logging.getLogger("bertserve.worker")
+
+
+class SignalFlag(Callback):
+    """Set by SIGTERM/SIGINT; as a callback, stops the loop after the step (rank 0: the hand-back)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self.event.set())
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def should_stop(self) -> bool:
+        return self.is_set()
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()  # before anything: no rank outlives the launcher (worker/training.py)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(rank)s %(message)s")
+    job_id, settings, flag = argv[0], WorkerSettings(), SignalFlag()
+    store, d = JobStore(settings.data_dir), env_dist()
+    logging.getLogger().handlers[0].addFilter(lambda r: setattr(r, "rank", d.rank) or True)
+    record = store.read(job_id)
+    if d.is_main:
+        outcome = train(store, record, settings, shutting_down=flag)
+        log.info("job %s: %s", job_id, outcome)
+    else:
+        recipes.run(record, settings.data_dir, store.job_dir(job_id), settings.worker_device, [flag])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
