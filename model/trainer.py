@@ -26,6 +26,11 @@ matrices only (biases and LayerNorm excluded, nanoGPT's `configure_optimizers` r
 linear warmup then linear decay to zero (HF's `get_linear_schedule_with_warmup`), gradient
 clipping, gradient accumulation, optional bf16 autocast.
 
+A step never waits for the device: losses stay on it (detached) and are summed there, the gradient norm
+is a device tensor, tokens are counted on the host's batch, and CUDA batches go through pinned memory
+with non-blocking copies; losses and the norm are read once per log line (and before a checkpoint,
+which is refused when the loss went non-finite). Data-parallel runs add one all-reduce per step.
+
 Under torchrun (model/distributed.py) the same loop is data-parallel: the model is wrapped in DDP, each
 rank trains on its rows of every global micro-batch with its losses weighted so the averaged gradient is
 the global batch's (equal to one process at the same batch size), accumulation micro-batches skip DDP's
@@ -257,6 +262,7 @@ class Trainer:
             evaluated = self._maybe_evaluate(last)
             stop = not last and distributed.any_rank(any(cb.should_stop() for cb in self.callbacks), self.dist)
             if last or stop or (self.config.save_every and self.step % self.config.save_every == 0):
+                self._check_finite(window)  # never a checkpoint of weights a non-finite loss has reached
                 self._save_checkpoint(evaluated)
             if stop:
                 status = "stopped"
@@ -323,7 +329,9 @@ class Trainer:
         for i in range(accum):
             batch = next(stream)
             local, factor = distributed.rank_rows(batch, self.dist)
-            local = {k: v.to(self.device) for k, v in local.items()}
+            mask = local.get("attention_mask")  # tokens counted on the host copy: no device sync
+            tokens += 0 if factor == 0 else int(mask.sum()) if mask is not None else local["input_ids"].numel()
+            local = self._to_device(local)
             # DDP all-reduces gradients on the last micro-batch only (the others accumulate locally).
             sync = i == accum - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
@@ -333,28 +341,30 @@ class Trainer:
                 (loss / accum).backward()
             for name, value in reported.items():
                 losses[name] = losses.get(name, 0.0) + value / accum
-            mask = local.get("attention_mask")
-            tokens += 0 if factor == 0 else int(mask.sum()) if mask is not None else local["input_ids"].numel()
         losses, rank_tokens = self._sum_over_ranks(losses, tokens)
-        if not math.isfinite(losses["loss"]):
-            raise FloatingPointError(f"training loss became {losses['loss']} at step {self.step + 1}; "
-                                     f"try a lower learning rate (now {self.config.lr})")
         grad_norm = None
-        if self.config.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        if self.config.max_grad_norm is not None:  # a 0-dim tensor, read at the next log line
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return losses, rank_tokens, grad_norm
 
-    def _weighted_losses(self, out, batch, local, factor: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch on the training device; on CUDA through pinned memory, so the copies are asynchronous."""
+        if self.device.type != "cuda":
+            return {k: v.to(self.device) for k, v in batch.items()}
+        return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _weighted_losses(self, out, batch, local, factor: float) -> tuple[torch.Tensor, dict[str, Any]]:
         """The loss to backpropagate and this rank's share of each reported loss (see model/distributed.py).
 
-        One process: `out.loss` and the losses as they are. Ranks: each part of the loss (mlm_loss and
-        nsp_loss, or loss alone) weighted by its share of the global batch's labels."""
+        One process: `out.loss` and the losses as they are, left on the device (detached) so that a step
+        never waits for the GPU; they are read once per log line. Ranks: each part of the loss (mlm_loss
+        and nsp_loss, or loss alone) weighted by its share of the global batch's labels."""
         found = _losses(out)
         if not self.dist.enabled:
-            return out.loss, {name: value.item() for name, value in found.items()}
+            return out.loss, {name: value.detach() for name, value in found.items()}
         parts = [name for name in found if name != "loss"] or ["loss"]
         weights = distributed.loss_weights(batch, local, parts, self.dist, factor)
         loss = sum(found[name] * weights[name] for name in parts)
@@ -368,6 +378,7 @@ class Trainer:
         all-reduce of a small vector (every rank has the same loss names in the same order)."""
         if not self.dist.enabled:
             return losses, [tokens]
+        losses = {n: float(v) for n, v in losses.items()}
         world, names = self.dist.world, list(losses)
         vector = torch.zeros(len(names) + world, dtype=torch.float64)
         vector[: len(names)] = torch.tensor([losses[n] for n in names], dtype=torch.float64)
@@ -376,7 +387,16 @@ class Trainer:
         summed = {n: float(v) for n, v in zip(names, vector[: len(names)].tolist())}
         return summed, [int(t) for t in vector[len(names):].tolist()]
 
-    def _log_step(self, window: _Window, lr: float, grad_norm: float | None) -> None:
+    def _check_finite(self, window: _Window) -> None:
+        """Raise when the loss went non-finite since the last log line (one device read, not one per step)."""
+        loss = window.sum_of("loss")
+        if loss is not None and not math.isfinite(loss):
+            first = self.step - window.steps + 1
+            raise FloatingPointError(f"training loss became {loss} (steps {first}-{self.step}); "
+                                     f"try a lower learning rate (now {self.config.lr})")
+
+    def _log_step(self, window: _Window, lr: float, grad_norm: torch.Tensor | float | None) -> None:
+        self._check_finite(window)
         now = time.perf_counter()
         done = self.step - self._start_step
         per_step = (now - self._started) / max(1, done)
@@ -384,7 +404,7 @@ class Trainer:
         state = {"type": "train", "step": self.step, "total_steps": self.total_steps,
                  **window.means(), "lr": lr, "tokens_per_s": sum(window.rank_tokens) / elapsed,
                  "eta_s": per_step * (self.total_steps - self.step), "epoch": self._epoch_progress(),
-                 "grad_norm": grad_norm, "tokens_seen": self.tokens_seen}
+                 "grad_norm": None if grad_norm is None else float(grad_norm), "tokens_seen": self.tokens_seen}
         if self.dist.enabled:  # tokens/s of each rank, rank 0 first: a slow rank shows here
             state.update(world_size=self.dist.world, rank_tokens_per_s=[t / elapsed for t in window.rank_tokens])
         window.reset(now)
@@ -450,19 +470,23 @@ class _Window:
     """Losses and tokens since the last log line."""
 
     since: float = field(default_factory=time.perf_counter)
-    sums: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, Any] = field(default_factory=dict)  # floats, or 0-dim tensors on the device
     steps: int = 0
     rank_tokens: list[int] = field(default_factory=list)  # tokens each rank trained on
     last_loss: float | None = None
 
-    def add(self, losses: dict[str, float], rank_tokens: list[int]) -> None:
+    def add(self, losses: dict[str, Any], rank_tokens: list[int]) -> None:
+        """Losses as floats, or as 0-dim device tensors (summed on the device; read in `means`)."""
         for key, value in losses.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
         self.steps += 1
         self.rank_tokens = [a + b for a, b in zip(self.rank_tokens, rank_tokens)] or list(rank_tokens)
 
+    def sum_of(self, key: str) -> float | None:
+        return float(self.sums[key]) if key in self.sums else None
+
     def means(self) -> dict[str, float]:
-        means = {k: v / max(1, self.steps) for k, v in self.sums.items()}
+        means = {k: float(v) / max(1, self.steps) for k, v in self.sums.items()}
         self.last_loss = means.get("loss")
         return means
 

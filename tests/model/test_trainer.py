@@ -237,6 +237,28 @@ def test_a_model_that_is_not_bert_trains_and_reports_each_scalar_loss(aux):
     assert rec.steps[-1]["loss"] < rec.steps[0]["loss"]
 
 
+def test_a_non_finite_loss_fails_the_run_at_the_next_log_line_before_any_checkpoint(tmp_path):
+    """Losses are read once per log line (a step never waits for the device), so a loss that blows up
+    at step 3 is caught at step 4's log line, or before a checkpoint, whichever comes first."""
+
+    class BlowsUp(ToyRegression):
+        def forward(self, input_ids, labels):
+            out = super().forward(input_ids, labels)
+            self.calls = getattr(self, "calls", 0) + 1
+            return ToyOutput(out.prediction, out.loss * (float("inf") if self.calls == 3 else 1.0))
+
+    x = torch.tensor([[1, 2, 0], [0, 1, 3]])
+    data = FixedBatches([{"input_ids": x, "labels": torch.tensor([1.0, -1.0])}])
+    rec = Recorder()
+    with pytest.raises(FloatingPointError, match=r"training loss became (inf|nan) \(steps 3-4\)"):
+        Trainer(BlowsUp(False), data, TrainConfig(max_steps=10, log_every=2, lr=1e-2), callbacks=[rec]).fit()
+    assert [s["step"] for s in rec.steps] == [2]
+    with pytest.raises(FloatingPointError, match=r"\(steps 1-3\)"):  # no log line yet; the checkpoint at 3 is refused
+        Trainer(BlowsUp(False), data, TrainConfig(max_steps=10, log_every=5, save_every=3, lr=1e-2),
+                run_dir=tmp_path).fit()
+    assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
+
+
 class Hooks(Callback):
     """Records the hooks in order and what the run directory holds when each one runs."""
 
