@@ -400,6 +400,9 @@ class BertPreTrainedModel(nn.Module):
     """Weight init, from_pretrained/save_pretrained and parameter counting for every model class."""
 
     prefix = "bert."  # where the encoder's keys live in this class's state dict
+    # The attention mask may stay on the CPU while the ids are on a GPU (BertModel.forward): callers
+    # that know it (the trainer, the engine) then pack or mask without a device sync.
+    takes_host_attention_mask = True
 
     def __init__(self, config: BertConfig):
         super().__init__()

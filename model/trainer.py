@@ -351,10 +351,13 @@ class Trainer:
         return losses, rank_tokens, grad_norm
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The batch on the training device; on CUDA through pinned memory, so the copies are asynchronous."""
+        """The batch on the training device; on CUDA through pinned memory, so the copies are asynchronous,
+        and the attention mask left on the host for a model that takes it there (BERT's), which then
+        decides between masking and packing without asking the GPU."""
         if self.device.type != "cuda":
             return {k: v.to(self.device) for k, v in batch.items()}
-        return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        host = {"attention_mask"} if getattr(self.model, "takes_host_attention_mask", False) else set()
+        return {k: v if k in host else v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _weighted_losses(self, out, batch, local, factor: float) -> tuple[torch.Tensor, dict[str, Any]]:
         """The loss to backpropagate and this rank's share of each reported loss (see model/distributed.py).
