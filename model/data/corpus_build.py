@@ -252,6 +252,7 @@ def _dedup_in_unit(docs: Iterator[list[list[str]]], seen: set[int], stats: dict)
     for doc in docs:
         stats["documents_read"] += 1
         stats["paragraphs_read"] += len(doc)
+        stats["sentences_read"] += sum(map(len, doc))
         paragraphs, keys = [], []
         for paragraph in doc:
             key = paragraph_key(paragraph)
@@ -282,7 +283,6 @@ def _batches(docs: Iterator[tuple], max_chars: int) -> Iterator[list[tuple]]:
 def _encode_batch(batch: list[tuple], pairs: bool, stats: dict) -> dict:
     """Tokenise a batch of documents and apply the sentence filters; returns the kept part as arrays."""
     sentences = [s for paragraphs, _ in batch for p in paragraphs for s in p]
-    stats["sentences_read"] += len(sentences)
     sent_per_para = np.array([len(p) for paragraphs, _ in batch for p in paragraphs], dtype=np.int64)
     para_per_doc = np.array([len(paragraphs) for paragraphs, _ in batch], dtype=np.int64)
     keys = np.fromiter(chain.from_iterable(k for _, k in batch), dtype=np.uint64, count=len(sent_per_para))
