@@ -87,7 +87,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _ends_with_abbreviation(text: str) -> bool:
-    words = text.split()
+    words = text.rsplit(None, 1)  # only the last word matters; splitting the whole text is quadratic
     if not words:
         return False
     word = words[-1].rstrip(".").lstrip("\"'(\u201c").lower()

@@ -243,8 +243,8 @@ def _report(counters, read_bytes: list[int], tokens: int) -> None:
 
 def paragraph_key(sentences: Sequence[str]) -> int:
     """The dedup key of a paragraph: 64 bits of blake2b over its words joined by single spaces."""
-    text = " ".join(" ".join(sentences).split())
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "little")
+    text = " ".join(" ".join(sentences).split()).encode("utf-8", "replace")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
 def _dedup_in_unit(docs: Iterator[list[list[str]]], seen: set[int], stats: dict) -> Iterator[tuple]:
