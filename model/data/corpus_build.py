@@ -222,11 +222,12 @@ def _process_unit(unit: Unit, build_dir: str, text_field: str) -> dict:
                            byte_range=None if unit.start is None else (unit.start, unit.end))
     parts, pending, seen = [], [], set()
     for batch in _batches(_dedup_in_unit(docs, seen, stats), ENCODE_CHARS):
-        pending.append(_encode_batch(batch, unit.format == "pairs", stats))
+        piece = _encode_batch(batch, unit.format == "pairs", stats)
+        pending.append(piece)
         if sum(len(p["tokens"]) for p in pending) >= PART_TOKENS:
             parts.append(_write_part(build_dir, unit.index, len(parts), pending))
             pending = []
-        _report(counters, read_bytes, pending and len(pending[-1]["tokens"]))
+        _report(counters, read_bytes, len(piece["tokens"]))
     if pending or not parts:
         parts.append(_write_part(build_dir, unit.index, len(parts), pending))
     _report(counters, read_bytes, 0)

@@ -223,6 +223,18 @@ def test_store_is_the_same_for_any_worker_count_and_unit_size(tmp_path, tiny_tok
     assert {**one, "build": None} == {**two, "build": None}  # only the unit size (an option) differs
 
 
+def test_units_written_in_many_parts_give_the_same_store(tmp_path, tiny_tokenizer, monkeypatch):
+    import model.data.corpus_build as cb
+
+    inputs = write_inputs(tmp_path / "in")
+    build_store([inputs], tiny_tokenizer, tmp_path / "whole", options=BuildOptions(shard_tokens=500))
+    monkeypatch.setattr(cb, "PART_TOKENS", 40)
+    monkeypatch.setattr(cb, "ENCODE_CHARS", 100)
+    build_store([inputs], tiny_tokenizer, tmp_path / "parts", options=BuildOptions(shard_tokens=500))
+    assert store_files(tmp_path / "parts") == store_files(tmp_path / "whole")
+    assert manifest_without_time(tmp_path / "parts") == manifest_without_time(tmp_path / "whole")
+
+
 def test_a_finished_store_is_kept_and_another_build_into_it_refused(tmp_path, tiny_tokenizer):
     inputs = write_inputs(tmp_path / "in")
     first = build_store([inputs], tiny_tokenizer, tmp_path / "store")
@@ -236,6 +248,7 @@ def test_resume_after_a_crash_gives_the_uninterrupted_store(tmp_path, tiny_token
 
     inputs = write_inputs(tmp_path / "in")
     options = BuildOptions(shard_tokens=300, unit_bytes=2048)
+    monkeypatch.setattr(cb, "PART_TOKENS", 100)  # units in several parts: a resume skips into the middle of one
     build_store([inputs], tiny_tokenizer, tmp_path / "whole", options=options)
     real, calls = cb._ShardWriter.consume, []
 
