@@ -245,14 +245,14 @@ def main() -> None:
                                             str(inputs)], env)
         c = json.loads(c_out)
         shutil.rmtree(store, ignore_errors=True)
-        b_wall, b_rss, _ = run_sampled([sys.executable, "-m", "app.cli", "corpus", "build", str(inputs),
+        b_wall, b_rss, summary = run_sampled([sys.executable, "-m", "app.cli", "corpus", "build", str(inputs),
                                         "--tokenizer", str(MINILM_DIR), "--out", str(store),
                                         "--workers", str(args.workers)], env)
         manifest = json.loads((store / "manifest.json").read_text())
         turns.append({"tokens": c["tokens"], "ceiling_s": c["encode_s"], "ceiling_rss": c_rss, "build_s": b_wall,
                       "build_rss": b_rss, "stored_tokens": manifest["totals"]["tokens"],
                       "shards": len(manifest["shards"]), "stats": manifest["stats"]})
-        print(json.dumps(turns[-1]), flush=True)
+        print(summary.strip() + "\n" + json.dumps(turns[-1]), flush=True)
     med = {k: statistics.median(t[k] for t in turns) for k in ("tokens", "ceiling_s", "build_s", "build_rss",
                                                                 "ceiling_rss", "stored_tokens")}
     ceiling_rate, build_rate = med["tokens"] / med["ceiling_s"], med["tokens"] / med["build_s"]
