@@ -5,7 +5,6 @@ options into its arguments and shows a progress bar and a summary line."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 

@@ -101,7 +101,8 @@ def _ends_with_abbreviation(text: str) -> bool:
 class _RawSlice(io.RawIOBase):
     """Bytes [start, end) of a file (end None: to its end), telling `on_read` how many bytes each read took."""
 
-    def __init__(self, path: Path, start: int = 0, end: int | None = None, on_read: Callable[[int], None] | None = None):
+    def __init__(self, path: Path, start: int = 0, end: int | None = None,
+                 on_read: Callable[[int], None] | None = None):
         self._f = open(path, "rb")
         self._f.seek(start)
         self._left = None if end is None else end - start

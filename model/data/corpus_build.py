@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_write_bytes, fsync_dir, fsync_path
+from ..files import atomic_write_bytes, fsync_dir
 from .corpus import READ_FORMATS, _ArrayWriter, compression_of, detect_format, read_paragraphs, tokenizer_fingerprint
 
 STORE_FORMAT = "bertserve-token-store"
