@@ -14,7 +14,8 @@ articles carry templates, references, tables, links and categories. Then, in tur
            (sampled every 0.2 s from /proc).
 
 tokens/s for both is the ceiling's token count of the whole input over the side's time, so the ratio
-is the ceiling's encode time over the build's wall time. The build tokenises less than the ceiling
+is the ceiling's encode time over the build's wall time. CPU seconds of both sides are reported as well:
+on a machine others share, their ratio moves far less than wall-clock time. The build tokenises less than the ceiling
 (a paragraph repeated within a work unit is dropped before tokenising), so the stricter ratio, the
 tokens the store keeps over the build's time, is printed too. Medians over --repeat turns.
 
@@ -157,14 +158,15 @@ def ceiling(directory: Path) -> dict:
 
     tok = BertTokenizer.from_pretrained(MINILM_DIR).backend_tokenizer
     tokens = sentences = 0
-    encode_s = 0.0
+    encode_s = encode_cpu_s = 0.0
     batch, size = [], 0
 
     def flush():
-        nonlocal tokens, sentences, encode_s, batch, size
-        t = time.perf_counter()
+        nonlocal tokens, sentences, encode_s, encode_cpu_s, batch, size
+        t, cpu = time.perf_counter(), time.process_time()  # process time: all Rust threads
         encodings = tok.encode_batch_fast(batch, add_special_tokens=False)
         encode_s += time.perf_counter() - t
+        encode_cpu_s += time.process_time() - cpu
         tokens += sum(len(e.ids) for e in encodings)
         sentences += len(batch)
         batch, size = [], 0
@@ -178,7 +180,7 @@ def ceiling(directory: Path) -> dict:
                 flush()
     if batch:
         flush()
-    return {"tokens": tokens, "sentences": sentences, "encode_s": encode_s}
+    return {"tokens": tokens, "sentences": sentences, "encode_s": encode_s, "encode_cpu_s": encode_cpu_s}
 
 
 def tree_rss(root: int) -> int:
@@ -203,8 +205,11 @@ def tree_rss(root: int) -> int:
     return total
 
 
-def run_sampled(cmd: list[str], env: dict) -> tuple[float, int, str]:
-    """Wall seconds, peak tree RSS and stdout of a command."""
+def run_sampled(cmd: list[str], env: dict) -> tuple[float, int, str, float]:
+    """Wall seconds, peak tree RSS, stdout and CPU seconds (the whole process tree) of a command."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak, started = 0, time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True, cwd=ROOT)
     out = []
@@ -217,7 +222,9 @@ def run_sampled(cmd: list[str], env: dict) -> tuple[float, int, str]:
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{cmd} failed with status {proc.returncode}")
-    return seconds, peak, "".join(out)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, peak, "".join(out), cpu
 
 
 def main() -> None:
@@ -243,20 +250,22 @@ def main() -> None:
            "PYTHONPATH": str(ROOT)}
     turns = []
     for _ in range(args.repeat):
-        c_wall, c_rss, c_out = run_sampled([sys.executable, "-m", "bench.corpus_bench", "--ceiling-only",
+        c_wall, c_rss, c_out, _ = run_sampled([sys.executable, "-m", "bench.corpus_bench", "--ceiling-only",
                                             str(inputs)], env)
         c = json.loads(c_out)
         shutil.rmtree(store, ignore_errors=True)
-        b_wall, b_rss, summary = run_sampled([sys.executable, "-m", "app.cli", "corpus", "build", str(inputs),
+        b_wall, b_rss, summary, b_cpu = run_sampled([sys.executable, "-m", "app.cli", "corpus", "build", str(inputs),
                                         "--tokenizer", str(MINILM_DIR), "--out", str(store),
                                         "--workers", str(args.workers)], env)
         manifest = json.loads((store / "manifest.json").read_text())
-        turns.append({"tokens": c["tokens"], "ceiling_s": c["encode_s"], "ceiling_rss": c_rss, "build_s": b_wall,
+        turns.append({"tokens": c["tokens"], "ceiling_s": c["encode_s"], "ceiling_cpu_s": c["encode_cpu_s"],
+                      "ceiling_rss": c_rss, "build_s": b_wall, "build_cpu_s": b_cpu,
                       "build_rss": b_rss, "stored_tokens": manifest["totals"]["tokens"],
                       "shards": len(manifest["shards"]), "stats": manifest["stats"]})
         print(summary.strip() + "\n" + json.dumps(turns[-1]), flush=True)
     med = {k: statistics.median(t[k] for t in turns) for k in ("tokens", "ceiling_s", "build_s", "build_rss",
-                                                                "ceiling_rss", "stored_tokens")}
+                                                                "ceiling_rss", "stored_tokens", "ceiling_cpu_s",
+                                                                "build_cpu_s")}
     ceiling_rate, build_rate = med["tokens"] / med["ceiling_s"], med["tokens"] / med["build_s"]
     print(f"\n{machine_line()}; {args.workers} workers / {args.workers} Rust threads; medians of {args.repeat}")
     print("| side | time | tokens/s | MiB/s (on disk) | peak RSS |\n|---|---|---|---|---|")
@@ -268,6 +277,11 @@ def main() -> None:
     print(f"\nbuild / ceiling: {build_rate / ceiling_rate:.1%} counting input tokens; "
           f"{stored_rate / ceiling_rate:.1%} counting only the {med['stored_tokens']:,.0f} tokens stored after "
           f"dedup and cleaning (of {med['tokens']:,.0f}); {turns[-1]['shards']} shards")
+    ratios = [t["ceiling_s"] / t["build_s"] for t in turns]
+    print(f"per turn (ceiling time / build time): {', '.join(f'{r:.0%}' for r in ratios)}; CPU seconds: "
+          f"ceiling {med['ceiling_cpu_s']:.1f} (encode calls), build {med['build_cpu_s']:.1f} (whole process "
+          f"tree), ratio {med['ceiling_cpu_s'] / med['build_cpu_s']:.1%}: what the build would reach on idle cores "
+          "it keeps busy")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ STORE_VERSION = 1
 MANIFEST = "manifest.json"
 BUILD_DIR = ".build"  # work files of an unfinished build (unit parts, done-records); removed at the end
 DEFAULT_SHARD_TOKENS = 64 * 2**20
-DEFAULT_UNIT_BYTES = 32 * 2**20  # big enough to amortise a task, small enough to spread a file over workers
+# Big enough to amortise a task, small enough to spread a file over workers and even out the last ones.
+DEFAULT_UNIT_BYTES = 8 * 2**20
 # Text per encode_batch call: large enough that Rust does the work, small enough to stream.
 ENCODE_CHARS = 1 << 20
 PART_TOKENS = 8 * 2**20  # a unit's output is written in parts of about this many tokens (bounded memory)
