@@ -71,8 +71,11 @@ def test_kill_9_midway_then_rerun_gives_the_uninterrupted_store(tmp_path, vocab_
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
     assert not (tmp_path / "killed" / "manifest.json").exists()
+    first = (tmp_path / "killed" / "shard-00000.tokens.npy").stat()
 
     bert(*cmd[3:])
+    kept = (tmp_path / "killed" / "shard-00000.tokens.npy").stat()
+    assert (kept.st_ino, kept.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # resumed, not rebuilt
     tokenizer = BertTokenizer.from_pretrained(vocab_dir)
     build_store([inputs], tokenizer, tmp_path / "whole", options=BuildOptions(shard_tokens=20000,
                                                                               unit_bytes=int(0.25 * 2**20)))
