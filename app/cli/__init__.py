@@ -3,6 +3,7 @@
     bert vocab | import | info              app/cli/model_commands.py  (model/ directories)
     bert pretrain | finetune | evaluate     app/cli/train_commands.py  (model/runs.py, with a progress bar)
     bert serve | up | worker                app/cli/service_commands.py
+    bert corpus build                       app/cli/corpus_commands.py  (model/data/corpus_build.py)
 
 Every command is a function `cmd_<name>(args) -> int`; a model.errors.UserError prints one line and
 exits with status 2, never a traceback.
@@ -15,13 +16,13 @@ import sys
 
 from model.errors import UserError
 
-from . import model_commands, service_commands, train_commands
+from . import corpus_commands, model_commands, service_commands, train_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bert", description="bertserve: train and serve BERT.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (model_commands, train_commands, service_commands):
+    for group in (model_commands, train_commands, corpus_commands, service_commands):
         group.add_commands(sub)
     return parser
 

@@ -68,3 +68,26 @@ class SignalStop(Callback):
     def should_stop(self) -> bool:
         return self.requested
 
+
+
+class BuildProgressBar:
+    """`bert corpus build`'s bar: input bytes read (tqdm shows MB/s and the ETA) and tokens/s; a TTY only."""
+
+    def __init__(self, stream=None):
+        self.stream, self.bar = stream or sys.stderr, None
+
+    def __call__(self, state: dict[str, Any]) -> None:
+        if not self.stream.isatty():
+            return
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=state["bytes_total"], initial=state["bytes_done"], unit="B", unit_scale=True,
+                            unit_divisor=1024, file=self.stream, dynamic_ncols=True, desc="corpus")
+        self.bar.update(state["bytes_done"] - self.bar.n)
+        rate = state["tokens"] / max(state["elapsed_s"], 1e-9)
+        self.bar.set_postfix_str(f"tok/s={rate:,.0f} tokens={state['tokens']:,} shards={state['shards']}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

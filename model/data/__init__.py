@@ -20,101 +20,77 @@
 Modules: corpus (formats, sentence splitting, cache), store (sharded token stores), pretraining (packing, NSP, masking),
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
 question_answering (SQuAD JSON, windows, answer positions),
-batches (resumable batch streams).
+batches (resumable batch streams), corpus_build (sharded token stores from raw text at scale), wikixml
+(Wikipedia XML dumps).
+
+The names below load on first use, as in model/__init__.py: a process that needs only the corpus readers
+(a `bert corpus build` worker) does not pull in torch.
 """
 
-from model.data.batches import ResumableBatches
-from model.data.corpus import (
-    FORMATS,
-    TokenizedCorpus,
-    detect_format,
-    encode_sentences,
-    load_corpus,
-    read_documents,
-    split_sentences,
-    tokenizer_fingerprint,
-)
-from model.data.finetune import (
-    ClassificationBatches,
-    ClassificationData,
-    LabeledExample,
-    build_label_map,
-    load_classification_data,
-    read_table,
-    split_holdout,
-)
-from model.data.pretraining import (
-    IGNORE_INDEX,
-    InstancePlan,
-    MaskingVocab,
-    PretrainingData,
-    collate_pretraining,
-    mask_tokens,
-    plan_instances,
-    truncate_seq_pair,
-)
-from model.data.question_answering import (
-    QABatches,
-    QAData,
-    QAExample,
-    QAWindow,
-    encode_squad,
-    load_qa_data,
-    read_squad,
-)
-from model.data.store import TokenStore, is_store, open_store
-from model.data.token_classification import (
-    TaggedSentence,
-    TokenClassificationBatches,
-    TokenClassificationData,
-    TokenClassificationExample,
-    build_tag_map,
-    encode_tagged,
-    load_token_classification_data,
-    read_tagged,
-)
+from __future__ import annotations
 
-__all__ = [
-    "FORMATS",
-    "IGNORE_INDEX",
-    "ClassificationBatches",
-    "ClassificationData",
-    "InstancePlan",
-    "LabeledExample",
-    "MaskingVocab",
-    "PretrainingData",
-    "ResumableBatches",
-    "TaggedSentence",
-    "TokenClassificationData",
-    "TokenClassificationExample",
-    "TokenStore",
-    "TokenizedCorpus",
-    "build_label_map",
-    "build_tag_map",
-    "collate_pretraining",
-    "detect_format",
-    "encode_sentences",
-    "encode_tagged",
-    "is_store",
-    "load_classification_data",
-    "load_corpus",
-    "load_token_classification_data",
-    "mask_tokens",
-    "open_store",
-    "plan_instances",
-    "read_documents",
-    "read_table",
-    "read_tagged",
-    "split_holdout",
-    "split_sentences",
-    "tokenizer_fingerprint",
-    "truncate_seq_pair",
-    "QABatches",
-    "QAData",
-    "QAExample",
-    "QAWindow",
-    "encode_squad",
-    "load_qa_data",
-    "read_squad",
-    "TokenClassificationBatches",
-]
+import importlib
+
+_EXPORTS = {
+    "ResumableBatches": ".batches",
+    "FORMATS": ".corpus",
+    "TokenizedCorpus": ".corpus",
+    "detect_format": ".corpus",
+    "encode_sentences": ".corpus",
+    "load_corpus": ".corpus",
+    "read_documents": ".corpus",
+    "split_sentences": ".corpus",
+    "tokenizer_fingerprint": ".corpus",
+    "ClassificationBatches": ".finetune",
+    "ClassificationData": ".finetune",
+    "LabeledExample": ".finetune",
+    "build_label_map": ".finetune",
+    "load_classification_data": ".finetune",
+    "read_table": ".finetune",
+    "split_holdout": ".finetune",
+    "IGNORE_INDEX": ".pretraining",
+    "InstancePlan": ".pretraining",
+    "MaskingVocab": ".pretraining",
+    "PretrainingData": ".pretraining",
+    "collate_pretraining": ".pretraining",
+    "mask_tokens": ".pretraining",
+    "plan_instances": ".pretraining",
+    "truncate_seq_pair": ".pretraining",
+    "TaggedSentence": ".token_classification",
+    "TokenClassificationData": ".token_classification",
+    "TokenClassificationExample": ".token_classification",
+    "build_tag_map": ".token_classification",
+    "encode_tagged": ".token_classification",
+    "load_token_classification_data": ".token_classification",
+    "read_tagged": ".token_classification",
+    "TokenClassificationBatches": ".token_classification",
+    "QABatches": ".question_answering",
+    "QAData": ".question_answering",
+    "QAExample": ".question_answering",
+    "QAWindow": ".question_answering",
+    "encode_squad": ".question_answering",
+    "load_qa_data": ".question_answering",
+    "read_squad": ".question_answering",
+    "TokenStore": ".store",
+    "is_store": ".store",
+    "open_store": ".store",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        try:  # a submodule (`model.data.pretraining`) not imported yet
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -7,6 +7,11 @@ Four formats, detected from the file (or named with `format=`):
     "text"    plain text; a paragraph (blank-line separated block) is a document, split into sentences
     "jsonl"   one JSON object per line; its text field is a document, split into sentences
 
+plus "wikixml", a Wikipedia `pages-articles` XML dump (model/data/wikixml.py), one article a document.
+Any of them may be compressed: `.gz`, `.bz2`, `.xz` (standard library) or `.zst` (zstandard); the format is
+detected from the name without that suffix and from the decompressed first lines. `read_paragraphs` also
+reads a byte range of an uncompressed file (model/data/corpus_build.py cuts large files so).
+
 The cache for `<corpus>` and one tokenizer is four files beside it (or in `cache_dir`):
 
     <corpus>.<key>.tokens.npy     every token id, flat, uint16 when the vocabulary fits, else int32
@@ -24,13 +29,17 @@ Reference: google-research/bert `create_pretraining_data.py` (input format, docu
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
+import io
 import json
 import logging
+import lzma
 import os
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +50,9 @@ from ..files import atomic_write_bytes, fsync_path, iter_jsonl_objects
 log = logging.getLogger(__name__)
 
 FORMATS = ("pairs", "google", "text", "jsonl")
+# What read_documents and load_corpus read: the four above and Wikipedia XML dumps.
+READ_FORMATS = FORMATS + ("wikixml",)
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 CACHE_VERSION = 1
 # Sentences tokenised per call: big enough for the Rust tokenizer's parallelism, small enough to stream.
 CHUNK_SENTENCES = 20_000
@@ -75,7 +87,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _ends_with_abbreviation(text: str) -> bool:
-    words = text.split()
+    words = text.rsplit(None, 1)  # only the last word matters; splitting the whole text is quadratic
     if not words:
         return False
     word = words[-1].rstrip(".").lstrip("\"'(\u201c").lower()
@@ -83,86 +95,194 @@ def _ends_with_abbreviation(text: str) -> bool:
     return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
 
 
+# ---------------------------------------------------------------------------- opening files
+
+
+class _RawSlice(io.RawIOBase):
+    """Bytes [start, end) of a file (end None: to its end), telling `on_read` how many bytes each read took."""
+
+    def __init__(self, path: Path, start: int = 0, end: int | None = None,
+                 on_read: Callable[[int], None] | None = None):
+        self._f = open(path, "rb")
+        self._f.seek(start)
+        self._left = None if end is None else end - start
+        self._on_read = on_read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer)
+        if self._left is not None:
+            view = view[: self._left]
+        n = self._f.readinto(view)
+        if self._left is not None:
+            self._left -= n
+        if self._on_read is not None and n:
+            self._on_read(n)
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def compression_of(path: str | os.PathLike) -> str | None:
+    """The compression suffix of a file name (".gz", ".bz2", ".xz", ".zst"), or None."""
+    suffix = Path(path).suffix.lower()
+    return suffix if suffix in COMPRESSIONS else None
+
+
+def open_binary(
+    path: str | os.PathLike,
+    byte_range: tuple[int, int] | None = None,
+    on_read: Callable[[int], None] | None = None,
+) -> io.BufferedIOBase:
+    """A file's bytes, decompressed by its suffix; `byte_range` (uncompressed files only) reads a slice.
+
+    `on_read(n)` hears of every n bytes read from disk (compressed bytes for compressed files): progress.
+    """
+    path = Path(path)
+    compression = compression_of(path)
+    if byte_range is not None and compression is not None:
+        raise ValueError(f"a byte range of a compressed file cannot be read: {path} ({byte_range})")
+    raw = _RawSlice(path, *(byte_range or (0, None)), on_read=on_read)
+    if compression is None:
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+    if compression == ".gz":
+        return gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb")
+    if compression == ".bz2":
+        return bz2.BZ2File(io.BufferedReader(raw, 1 << 20), mode="rb")
+    if compression == ".xz":
+        return lzma.LZMAFile(io.BufferedReader(raw, 1 << 20), mode="rb")
+    import zstandard  # only where .zst files are read
+
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
+
+
+def open_text(path: str | os.PathLike, byte_range: tuple[int, int] | None = None, errors: str = "strict",
+              on_read: Callable[[int], None] | None = None) -> io.TextIOBase:
+    """A file as UTF-8 text with universal newlines, decompressed by its suffix (see open_binary)."""
+    return io.TextIOWrapper(open_binary(path, byte_range, on_read), encoding="utf-8", errors=errors)
+
+
 # ---------------------------------------------------------------------------- readers
 
-# A document is a list of sentences. Readers stream documents so a corpus never has to fit in memory.
+# A document is a list of paragraphs, a paragraph a list of sentences (the unit corpus_build deduplicates).
+# Readers stream documents so a corpus never has to fit in memory.
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 
 
-def _read_pairs(path: Path) -> Iterator[list[str]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 2:
-                what = "no tab" if len(parts) == 1 else f"{len(parts) - 1} tabs"
-                raise ValueError(
-                    f"{path}, line {lineno}: expected 'sentence A<TAB>sentence B', found {what}: {line[:80]!r}"
-                )
-            a, b = parts[0].strip(), parts[1].strip()
-            if not a or not b:
-                raise ValueError(f"{path}, line {lineno}: sentence {'A' if not a else 'B'} is empty: {line[:80]!r}")
-            yield [a, b]
+def _read_pairs(f, path: Path) -> Iterator[list[list[str]]]:
+    for lineno, line in enumerate(f, start=1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2:
+            what = "no tab" if len(parts) == 1 else f"{len(parts) - 1} tabs"
+            raise ValueError(
+                f"{path}, line {lineno}: expected 'sentence A<TAB>sentence B', found {what}: {line[:80]!r}"
+            )
+        a, b = parts[0].strip(), parts[1].strip()
+        if not a or not b:
+            raise ValueError(f"{path}, line {lineno}: sentence {'A' if not a else 'B'} is empty: {line[:80]!r}")
+        yield [[a, b]]
 
 
-def _read_google(path: Path) -> Iterator[list[str]]:
+def _read_google(f, path: Path) -> Iterator[list[list[str]]]:
     doc: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                doc.append(line)
-            elif doc:
-                yield doc
-                doc = []
+    for line in f:
+        line = line.strip()
+        if line:
+            doc.append(line)
+        elif doc:
+            yield [doc]
+            doc = []
     if doc:
-        yield doc
+        yield [doc]
 
 
-def _read_text(path: Path) -> Iterator[list[str]]:
-    for paragraph in _read_google(path):
-        yield split_sentences(" ".join(paragraph))
+def _read_text(f, path: Path) -> Iterator[list[list[str]]]:
+    for [paragraph] in _read_google(f, path):
+        yield [split_sentences(" ".join(paragraph))]
 
 
-def _read_jsonl(path: Path, text_field: str) -> Iterator[list[str]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, record in iter_jsonl_objects(f, path):
-            if text_field not in record:
-                raise ValueError(f"{path}, line {lineno}: no {text_field!r} field (set text_field to the right name)")
-            text = record[text_field]
-            if not isinstance(text, str):
-                raise ValueError(f"{path}, line {lineno}: field {text_field!r} is {type(text).__name__}, not a string")
-            yield split_sentences(text)
+def _read_jsonl(f, path: Path, text_field: str) -> Iterator[list[list[str]]]:
+    for lineno, record in iter_jsonl_objects(f, path):
+        if text_field not in record:
+            raise ValueError(f"{path}, line {lineno}: no {text_field!r} field (set text_field to the right name)")
+        text = record[text_field]
+        if not isinstance(text, str):
+            raise ValueError(f"{path}, line {lineno}: field {text_field!r} is {type(text).__name__}, not a string")
+        yield [split_sentences(p) for p in _PARAGRAPH_BREAK.split(text)]
+
+
+def read_paragraphs(
+    path: str | os.PathLike,
+    format: str | None = None,
+    text_field: str = "text",
+    *,
+    byte_range: tuple[int, int] | None = None,
+    errors: str = "strict",
+    on_read: Callable[[int], None] | None = None,
+    stats: dict | None = None,
+) -> Iterator[list[list[str]]]:
+    """Stream the documents of a corpus file as lists of paragraphs (lists of sentence strings).
+
+    `byte_range` reads only that slice of an uncompressed file (cut at a document boundary: a blank line,
+    or a newline for one-document-a-line formats); line numbers in errors then count from its start.
+    `stats` (wikixml) gets counts of what the reader skipped.
+    """
+    path = Path(path)
+    format = format or detect_format(path)
+    if format not in READ_FORMATS:
+        raise ValueError(f"unknown corpus format {format!r}; expected one of {READ_FORMATS}")
+    return _paragraphs(path, format, text_field, byte_range, errors, on_read, stats)
+
+
+def _paragraphs(path, format, text_field, byte_range, errors, on_read, stats) -> Iterator[list[list[str]]]:
+    if format == "wikixml":
+        from .wikixml import read_wiki_articles  # mwparserfromhell loads only for dumps
+
+        with open_binary(path, byte_range, on_read) as f:
+            for article in read_wiki_articles(f, path, stats):
+                paragraphs = [p for p in map(split_sentences, article) if p]
+                if paragraphs:
+                    yield paragraphs
+        return
+    with open_text(path, byte_range, errors, on_read) as f:
+        if format == "pairs":
+            yield from _read_pairs(f, path)
+        elif format == "google":
+            yield from _read_google(f, path)
+        elif format == "text":
+            yield from _read_text(f, path)
+        else:
+            yield from _read_jsonl(f, path, text_field)
 
 
 def read_documents(path: str | os.PathLike, format: str | None = None, text_field: str = "text") -> Iterator[list[str]]:
     """Stream the documents (lists of sentence strings) of a corpus file."""
-    path = Path(path)
-    format = format or detect_format(path)
-    if format == "pairs":
-        return _read_pairs(path)
-    if format == "google":
-        return _read_google(path)
-    if format == "text":
-        return _read_text(path)
-    if format == "jsonl":
-        return _read_jsonl(path, text_field)
-    raise ValueError(f"unknown corpus format {format!r}; expected one of {FORMATS}")
+    return ([s for paragraph in doc for s in paragraph] for doc in read_paragraphs(path, format, text_field))
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """Guess a corpus's format: by extension (.jsonl/.ndjson, .tsv), else from its first lines."""
+    """Guess a corpus's format: by extension (.jsonl/.ndjson, .tsv, .xml; a compression suffix is looked
+    through), else from its first lines."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus not found: {path}")
-    suffix = path.suffix.lower()
+    name = path.name[: -len(compression_of(path))] if compression_of(path) else path.name
+    suffix = Path(name).suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
         return "jsonl"
     if suffix == ".tsv":
         return "pairs"
+    if suffix == ".xml":
+        return "wikixml"
     lines = []
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for line in f:
             if line.strip():
                 lines.append(line.rstrip("\r\n"))
@@ -170,6 +290,8 @@ def detect_format(path: str | os.PathLike) -> str:
                     break
     if not lines:
         raise ValueError(f"corpus {path} is empty")
+    if lines[0].lstrip().startswith(("<mediawiki", "<?xml")):
+        return "wikixml"
     if all("\t" in line for line in lines):
         return "pairs"
     if lines[0].lstrip().startswith("{") and _is_json_object(lines[0]):
@@ -294,8 +416,8 @@ def load_corpus(
     """Tokenised corpus from its cache, building the cache first if missing or stale."""
     path = Path(path)
     format = format or detect_format(path)
-    if format not in FORMATS:
-        raise ValueError(f"unknown corpus format {format!r}; expected one of {FORMATS}")
+    if format not in READ_FORMATS:
+        raise ValueError(f"unknown corpus format {format!r}; expected one of {READ_FORMATS}")
     key_src = f"v{CACHE_VERSION}|{tokenizer_fingerprint(tokenizer)}|{format}|{text_field if format == 'jsonl' else ''}"
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir) if cache_dir is not None else None
