@@ -296,3 +296,24 @@ def test_key_set_finds_exactly_what_was_added():
     assert keys.contains(added).all()
     assert not keys.contains(rng.integers(0, 2**64, size=5000, dtype=np.uint64)).any()
     assert paragraph_key(["A  b", "c"]) == paragraph_key(["A b c"]) != paragraph_key(["a b c"])
+
+
+def test_a_built_store_trains_as_the_files_it_came_from(tmp_path, tiny_tokenizer):
+    """Builder and reader agree: the store `build_store` writes opens with the run's tokenizer, holds the
+    documents of its inputs in order, and gives pretraining batches; another tokenizer is refused."""
+    from model.data import PretrainingData, open_store
+    from model.tokenizer import BertTokenizer
+    from tests.conftest import TINY_VOCAB
+
+    inputs = write_inputs(tmp_path / "in")
+    build_store([inputs], tiny_tokenizer, tmp_path / "store", options=BuildOptions(shard_tokens=500))
+    store = open_store(tmp_path / "store", tiny_tokenizer)
+    _, documents = read_store(tmp_path / "store")
+    assert len(store.shards) > 1 and store.num_documents == len(documents)
+    data = PretrainingData(store, tiny_tokenizer, batch_size=4, max_seq_len=32, seed=0)
+    batch = next(data.iter_batches(0, 0))
+    assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].shape[1] <= 32
+    assert int(batch["input_ids"].max()) < tiny_tokenizer.vocab_size
+    other = BertTokenizer.from_vocab(TINY_VOCAB + ["extra"])
+    with pytest.raises(ValueError, match="fingerprint"):
+        open_store(tmp_path / "store", other)
