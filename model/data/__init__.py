@@ -14,7 +14,7 @@
 
 Modules: corpus (formats, sentence splitting, cache), pretraining (packing, NSP, masking),
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
-batches (resumable batch streams).
+batches (resumable batch streams), synthetic (template NER and SQuAD sets with held-out entities).
 """
 
 from model.data.batches import ResumableBatches
