@@ -1,4 +1,4 @@
-"""text-embeddings-inference (TEI) compatibility: /embed, /predict, /rerank and /tokenize answer as
+"""text-embeddings-inference (TEI) compatibility: /embed, /predict, /rerank, /similarity and /tokenize answer as
 TEI's router does, computed by this service's own tasks (encode and classify, batched by the engine).
 
 What is followed, from huggingface/text-embeddings-inference:
@@ -10,6 +10,9 @@ What is followed, from huggingface/text-embeddings-inference:
 - router/src/http/server.rs `rerank`: one (query, text) pair per text through a one-label
   classifier, sigmoid unless raw_scores, ranks sorted best first (a stable ascending sort reversed,
   so ties keep TEI's order); `text` only with return_text.
+- router/src/http/server.rs `similarity`: the source sentence and the sentences embedded as one
+  /embed batch (so they count together against the input limit), then the cosine similarity of the
+  source's vector with each sentence's, in the sentences' order; `parameters` holds the options.
 - router/src/http/server.rs `tokenize`: each token's id, special flag and character offsets from
   the tokenizer's Encoding; a special token's text is its own, with null offsets; any other's is
   the input's characters start:stop.
@@ -26,7 +29,8 @@ import math
 
 from .errors import ServiceError
 from .pipelines import Row, _infer, as_list, encode, truncating
-from .schemas import EmbedRequest, PredictRequest, RerankRequest, TextPair, TokenizeRequest
+from .schemas import (EmbedRequest, PredictRequest, RerankRequest, SimilarityParameters, SimilarityRequest, TextPair,
+                      TokenizeRequest)
 from .service import Service
 from .store import LoadedModel
 
@@ -65,6 +69,18 @@ def _prepare_embed(lm: LoadedModel, texts: list[str], truncate: bool | None, dir
                    prompt_name: str | None) -> tuple[list[Row], dict]:
     _no_prompt(lm, prompt_name)
     return _encode(lm, texts, truncate, direction), {}
+
+
+# -- /similarity -------------------------------------------------------------------------------
+
+async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
+    params = req.parameters or SimilarityParameters()
+    texts = [req.inputs.source_sentence, *req.inputs.sentences]
+    outcome = await _infer(svc, "encode", req.model, texts, _prepare_embed, params.truncate,
+                           params.truncation_direction, params.prompt_name,
+                           params={"pooling": "mean", "normalize": True}, route="/similarity")
+    source, *others = outcome.results
+    return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
 
 
 # -- /predict ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""text-embeddings-inference's routes: POST /embed, /predict, /rerank and /tokenize in TEI's shapes
+"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity and /tokenize in TEI's shapes
 (app/tei.py says what is followed), for TEI's clients."""
 
 from typing import Annotated
@@ -8,13 +8,14 @@ from fastapi import APIRouter, Body
 from .. import tei
 from ..deps import ServiceDep
 from ..schemas import (EmbedRequest, EmbedResponse, PredictRequest, PredictResponse, RerankRequest, RerankResponse,
-                       TokenizeRequest, TokenizeResponse, body_examples)
+                       SimilarityRequest, SimilarityResponse, TokenizeRequest, TokenizeResponse, body_examples)
 from .fill_mask import INFERENCE_ERRORS, ok
 
 router = APIRouter(tags=["text-embeddings-inference"])
 EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]
 PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
 RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]
+SimilarityBody = Annotated[SimilarityRequest, Body(openapi_examples=body_examples(SimilarityRequest))]
 TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(TokenizeRequest))]
 
 
@@ -38,6 +39,12 @@ async def predict(req: PredictBody, service: ServiceDep):
 async def rerank(req: RerankBody, service: ServiceDep):
     """TEI's /rerank: the texts by a cross-encoder's relevance to the query, best first (one-label classifier)."""
     return await tei.rerank(service, req)
+
+
+@router.post("/similarity", response_model=SimilarityResponse, responses={**INFERENCE_ERRORS, **ok([0.87, 0.12])})
+async def similarity(req: SimilarityBody, service: ServiceDep):
+    """TEI's /similarity: the cosine similarity of source_sentence with each sentence (mean-pooled embeddings)."""
+    return await tei.similarity(service, req)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse,
