@@ -13,6 +13,9 @@ What is followed, from huggingface/text-embeddings-inference:
 - router/src/http/server.rs `similarity`: the source sentence and the sentences embedded as one
   /embed batch (so they count together against the input limit), then the cosine similarity of the
   source's vector with each sentence's, in the sentences' order; `parameters` holds the options.
+- router/src/http/server.rs `run`: POST / is /predict, /rerank or /embed by the model's type (here
+  the model the body names, or BERT_DEFAULT_MODEL); /similarity for an encoder given
+  {source_sentence, sentences}, which TEI does when started with TASK=sentence-similarity.
 - router/src/http/server.rs `tokenize`: each token's id, special flag and character offsets from
   the tokenizer's Encoding; a special token's text is its own, with null offsets; any other's is
   the input's characters start:stop.
@@ -26,6 +29,11 @@ every encoder served here is pooled the /embeddings way), and prompt_name must b
 from __future__ import annotations
 
 import math
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from model.modeling import BertForSequenceClassification
 
 from .errors import ServiceError
 from .pipelines import Row, _infer, as_list, encode, truncating
@@ -81,6 +89,30 @@ async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
                            params={"pooling": "mean", "normalize": True}, route="/similarity")
     source, *others = outcome.results
     return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
+
+
+# -- POST / -------------------------------------------------------------------------------------
+
+def root_route(lm: LoadedModel, body: dict) -> str:
+    """What TEI's POST / is for its model's type (router/src/http/server.rs `run`): a re-ranker (a
+    one-label classifier) reranks, another classifier predicts, an encoder embeds; an encoder compares
+    when `inputs` is {source_sentence, sentences} (TEI does that with TASK=sentence-similarity)."""
+    if isinstance(lm.model, BertForSequenceClassification):
+        return "/rerank" if lm.config.num_labels == 1 else "/predict"
+    return "/similarity" if isinstance(body.get("inputs"), dict) else "/embed"
+
+
+async def root(svc: Service, body: dict) -> list:
+    """POST /: the body read as the request of root_route, for the model it names or the default one."""
+    name = body.get("model")
+    lm = await svc.model(name if isinstance(name, str) else None, None, "/")
+    route = root_route(lm, body)
+    request_type, run = ROOT_ROUTES[route]
+    try:
+        req = request_type.model_validate(body)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+    return await run(svc, req.model_copy(update={"model": lm.name}))
 
 
 # -- /predict ----------------------------------------------------------------------------------
@@ -175,3 +207,7 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
                     for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask,
                                                                 enc.tokens)])
     return out
+
+
+ROOT_ROUTES = {"/embed": (EmbedRequest, embed), "/similarity": (SimilarityRequest, similarity),
+               "/predict": (PredictRequest, predict), "/rerank": (RerankRequest, rerank)}

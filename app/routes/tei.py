@@ -1,7 +1,7 @@
-"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity and /tokenize in TEI's shapes
+"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity and /tokenize, and POST / in TEI's shapes
 (app/tei.py says what is followed), for TEI's clients."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
@@ -55,3 +55,14 @@ async def similarity(req: SimilarityBody, service: ServiceDep):
 async def tokenize(req: TokenizeBody, service: ServiceDep):
     """TEI's /tokenize: each input's tokens with ids and character offsets (special tokens: null offsets)."""
     return await tei.tokenize(service, req)
+
+
+@router.post("/", response_model=EmbedResponse | SimilarityResponse | PredictResponse | RerankResponse,
+             response_model_exclude_none=True, responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
+async def root(body: Annotated[dict[str, Any], Body(openapi_examples={
+                   "embed": {"summary": "an encoder: /embed", "value": {"inputs": "What is Deep Learning?"}},
+                   "rerank": {"summary": "a cross-encoder: /rerank", "value": {"query": "What is Deep Learning?",
+                                                                               "texts": ["Deep Learning is..."]}}})],
+               service: ServiceDep):
+    """TEI's POST /: /embed, /predict or /rerank by the model's type (BERT_DEFAULT_MODEL unless `model`)."""
+    return await tei.root(service, body)

@@ -8,7 +8,9 @@ What the client (huggingface_hub 2.x) sends, from its source (inference/_client.
   sentence_similarity(s, others)  POST <url> {"inputs": {"source_sentence", "sentences"}, "parameters": {}}
                                   (TEI's /similarity)
   health_check()                  GET <url>/health
-with `Authorization: Bearer <token>`. It has no call for /rerank or /tokenize: TEI's README documents
+  get_endpoint_info()             GET <url>/info   (ours answers this service's info, not TEI's Info)
+with `Authorization: Bearer <token>`; given the server's bare URL, the POSTs go to TEI's POST /, which
+answers by the model's type. It has no call for /rerank or /tokenize: TEI's README documents
 those with curl, and tests/app/test_tei.py sends exactly those bodies; here one of each goes over real
 HTTP with the key. Values are checked against transformers on the same weights.
 """
@@ -151,14 +153,22 @@ def test_similarity_limits_options_and_errors(served):
     assert r.status_code == 401
 
 
-def test_health_check_and_what_the_client_finds_missing(served):
+def test_the_bare_url_answers_as_teis_post_root(served):
+    url, root = served
+    got = client(url).feature_extraction(TEXTS[:2])  # POST /: the default model `tiny` is an encoder
+    assert got == pytest.approx(hf_embeddings(root, TEXTS[:2]).numpy(), abs=1e-5)
+    similar = client(url).sentence_similarity("the cat sat on the mat", TEXTS)
+    assert similar == pytest.approx(client(url, "/similarity").sentence_similarity("the cat sat on the mat", TEXTS),
+                                    abs=1e-6)
+
+
+def test_health_check_and_endpoint_info(served):
     url, _ = served
     # health_check wants the provider named (2.x defaults it to None, "auto" for the other calls).
     assert huggingface_hub.InferenceClient(model=url, provider="hf-inference").health_check() is True
-    # POST / and GET /info are TEI's, not ours (README: TEI compatibility): a client given the bare URL fails.
-    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as e:
-        client(url).feature_extraction("the cat")
-    assert e.value.response.status_code in (404, 405)
+    # GET /info is this service's own (name, version, settings), not TEI's Info (model_id, model_type, ...).
+    info = huggingface_hub.InferenceClient(model=url, provider="hf-inference", token=KEY).get_endpoint_info()
+    assert info["name"] == "bertserve" and "model_id" not in info
 
 
 def test_rerank_and_tokenize_over_http_as_teis_readme(served):
