@@ -13,9 +13,10 @@ question forms (QA) that training never shows: a model has to read the context, 
 
 Entity types are CoNLL-2003's PER, LOC, ORG plus DATE (OntoNotes'); multiword entities are B-/I- tagged.
 Surface variety: lower-cased sentences, optional end punctuation, titles outside the entity ("Dr."),
-numbers that are not dates, and several entities of one type per sentence or context (distractors).
+people by surname alone (companies are named after surnames too), numbers that are not dates, and
+several entities of one type per sentence or context (distractors).
 
-QA contexts hold facts about two or three people and a company; about a sixth of the questions ask
+QA contexts hold facts about two or three people and a company; nearly a fifth of the questions ask
 about someone the context never names or a fact it never states (SQuAD 2.0's unanswerable questions).
 
 Everything is drawn from one random.Random(seed): the same seed writes the same files byte for byte.
@@ -35,7 +36,6 @@ from pathlib import Path
 from ..files import atomic_write_bytes
 
 SPLITS = ("train", "test")
-ENTITY_TYPES = ("PER", "LOC", "ORG", "DATE")
 
 # -- pools (written here, no network); each is cut into train/test parts by position -------------
 
@@ -135,8 +135,9 @@ def draw_distinct(rng: random.Random, pools: Pools, kind: str, n: int) -> list[l
 
 # -- NER ------------------------------------------------------------------------------------------
 
-# Tokens separated by spaces; {PER}, {LOC}, {ORG}, {DATE} (and ...2 for a second one) are entities,
-# {TITLE} {ROLE} {NUM} fill O tokens. The last NER_TEST_ONLY templates are never used for training.
+# Tokens separated by spaces; {PER}, {LOC}, {ORG}, {DATE} (and ...2 for a second one, {PERS} for a
+# surname alone) are entities, {TITLE} {ROLE} {NUM} fill O tokens. The last NER_TEST_ONLY templates
+# are never used for training.
 NER_TEMPLATES = (
     "{PER} was born in {LOC} on {DATE} .",
     "{PER} moved to {LOC} in {DATE} to work for {ORG} .",
@@ -174,6 +175,9 @@ NER_TEMPLATES = (
     "{NUM} people attended the meeting in {LOC} on {DATE} .",
     "Last seen in {LOC} , {PER} is wanted by {ORG} .",
     "{PER} was appointed {ROLE} of {ORG} on {DATE} .",
+    "{PERS} said the deal with {ORG} was final .",
+    "Asked about {LOC} , {PERS} declined to comment .",
+    "{PERS} joined {ORG} after leaving {ORG2} .",
     # test only
     "Reports from {LOC} suggest that {PER} will buy {ORG} before {DATE} .",
     "It was {PER} who first mapped the hills around {LOC} .",
@@ -183,10 +187,20 @@ NER_TEMPLATES = (
     "Thanks to {PER} , {ORG} survived the crisis of {DATE} .",
     "{PER} ( born {DATE} ) is a {ROLE} in {LOC} .",
     "The letter from {PER} reached {LOC} on {DATE} .",
+    "According to her lawyer , {PERS} never visited {LOC} .",
+    "{ORG} confirmed that {PERS} had resigned on {DATE} .",
 )
-NER_TEST_ONLY = 8
-_SLOT_TYPES = {"PER": "PER", "PER2": "PER", "LOC": "LOC", "LOC2": "LOC", "ORG": "ORG", "ORG2": "ORG",
-               "DATE": "DATE", "DATE2": "DATE"}
+NER_TEST_ONLY = 10
+
+
+def surname(rng: random.Random, pools: Pools) -> list[str]:
+    """A person by surname alone ("Hale said"), a word company names are made of too ("Hale Mining")."""
+    return [rng.choice(pools.last)]
+
+
+# slot: (entity type, maker)
+_SLOTS = {"PER": ("PER", person), "PER2": ("PER", person), "PERS": ("PER", surname), "LOC": ("LOC", place),
+          "LOC2": ("LOC", place), "ORG": ("ORG", company), "ORG2": ("ORG", company), "DATE": ("DATE", date)}
 
 
 def ner_templates(split: str) -> list[str]:
@@ -195,16 +209,16 @@ def ner_templates(split: str) -> list[str]:
 
 
 def render_ner(rng: random.Random, pools: Pools, template: str) -> tuple[list[str], list[str]]:
-    """One sentence from a template: (tokens, IOB2 tags), entities of a kind distinct within it."""
-    slots = [t[1:-1] for t in template.split() if t.startswith("{") and t.endswith("}") and len(t) > 2]
-    drawn = {kind: iter(draw_distinct(rng, pools, kind, sum(_SLOT_TYPES.get(s) == kind for s in slots)))
-             for kind in ENTITY_TYPES}
-    tokens, tags = [], []
+    """One sentence from a template: (tokens, IOB2 tags), no entity twice in it."""
+    tokens, tags, seen = [], [], set()
     for token in template.split():
         slot = token[1:-1] if token.startswith("{") and len(token) > 2 else None
-        if slot in _SLOT_TYPES:
-            kind = _SLOT_TYPES[slot]
-            entity = next(drawn[kind])
+        if slot in _SLOTS:
+            kind, make = _SLOTS[slot]
+            entity = make(rng, pools)
+            while " ".join(entity) in seen:
+                entity = make(rng, pools)
+            seen.add(" ".join(entity))
             tokens += entity
             tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(entity) - 1)
         else:
