@@ -1,9 +1,12 @@
 """Dataset uploads: a streamed, size-capped, format-checked upload into DATA_DIR/datasets/<name>/
 (the layout and meta.json are model.datadir.datasets').
 
-Two kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
-"text" field) and "labelled" (fine-tuning: .csv/.tsv/.jsonl with "text" and "label" columns, and an
-optional "text_pair"). The multipart body is parsed as it arrives and the file part is written
+Four kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
+"text" field), "labelled" (sequence classification: .csv/.tsv/.jsonl with "text" and "label" columns,
+and an optional "text_pair"), "token-labelled" (token classification: CoNLL columns in .conll/.iob/
+.iob2/.bio/.txt/.tsv, or .jsonl with "tokens" and "tags"; IOB2 tags) and "qa" (extractive QA: SQuAD
+v1.1/v2.0 .json). Where a suffix fits several kinds the first is the default (.jsonl: sniffed from
+its first record), and `kind` picks another. The multipart body is parsed as it arrives and the file part is written
 straight into a hidden temp directory beside its destination, counting bytes, so an upload over
 the limit stops at the limit (413) and nothing is buffered in memory or in /tmp. The directory is
 renamed into place only after the format check passes: a dataset is there whole or not at all.
@@ -31,7 +34,8 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from model.data import load_classification_data, read_documents
+from model.data import load_classification_data, read_documents, read_squad, read_tagged
+from model.metrics import entities
 from model.data.corpus import detect_format
 from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
 from model.datadir.datasets import DATASET_KINDS, install, staging_dir
@@ -40,7 +44,11 @@ from .errors import ServiceError
 
 log = logging.getLogger("bertserve")
 
-EXTENSIONS = {".txt": ("corpus",), ".csv": ("labelled",), ".tsv": ("labelled",), ".jsonl": ("corpus", "labelled")}
+# suffix -> the kinds a file with it can be, the default first
+EXTENSIONS = {".txt": ("corpus", "token-labelled"), ".csv": ("labelled",), ".tsv": ("labelled", "token-labelled"),
+              ".jsonl": ("corpus", "labelled", "token-labelled"), ".conll": ("token-labelled",),
+              ".iob": ("token-labelled",), ".iob2": ("token-labelled",), ".bio": ("token-labelled",),
+              ".json": ("qa",)}
 MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
@@ -225,16 +233,16 @@ def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256
     """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
     ext = Path(filename).suffix.lower()
     kinds = EXTENSIONS[ext]
-    fields.setdefault("kind", kinds[0] if len(kinds) == 1 else _sniff_jsonl_kind(tmp / f"data{ext}"))
+    fields.setdefault("kind", _sniff_jsonl_kind(tmp / f"data{ext}") if ext == ".jsonl" else kinds[0])
     check_fields(fields, data_dir)
     name, kind = fields["name"], fields["kind"]
     if kind not in EXTENSIONS[ext]:
-        raise ServiceError("validation", f"kind: a {kind} dataset cannot be a {ext} file "
-                                         f"(corpus: .txt or .jsonl; labelled: .csv, .tsv or .jsonl)")
+        suffixes = "; ".join(f"{k}: {', '.join(x for x in EXTENSIONS if k in EXTENSIONS[x])}" for k in DATASET_KINDS)
+        raise ServiceError("validation", f"kind: a {kind} dataset cannot be a {ext} file ({suffixes})")
     path = tmp / f"data{ext}"
     meta = {"name": name, "kind": kind, "file": path.name, "original_filename": filename[:200],
             "bytes": size, "sha256": sha256, "created_at": now_iso()}
-    meta.update(_check_corpus(path) if kind == "corpus" else _check_labelled(path))
+    meta.update(CHECKS[kind](path))
     try:
         install(data_dir, tmp, meta)
     except DatasetExists:
@@ -263,7 +271,10 @@ def _sniff_jsonl_kind(path: Path) -> str:
         for line in f:
             if line.strip():
                 try:
-                    return "labelled" if "label" in json.loads(line) else "corpus"
+                    record = json.loads(line)
+                    if "tokens" in record and "tags" in record:
+                        return "token-labelled"
+                    return "labelled" if "label" in record else "corpus"
                 except (ValueError, TypeError):
                     break
     return "corpus"
@@ -305,6 +316,34 @@ def _check_labelled(path: Path) -> dict[str, Any]:
         counts[label] = counts.get(label, 0) + 1
     return {"format": path.suffix.lstrip("."), "rows": len(data.train), "labels": list(data.id2label.values()),
             "label_counts": counts, "is_pair": data.is_pair}
+
+
+def _check_token_labelled(path: Path) -> dict[str, Any]:
+    try:
+        sentences = read_tagged(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError("validation", f"file: not a usable token-labelled file (CoNLL columns, or JSONL with "
+                                         f"tokens and tags; IOB2 tags): {_clean(e, path)}") from None
+    entity_counts: dict[str, int] = {}
+    for sentence in sentences:
+        for type_, _, _ in entities(sentence.tags):
+            entity_counts[type_] = entity_counts.get(type_, 0) + 1
+    return {"format": "jsonl" if path.suffix == ".jsonl" else "conll", "sentences": len(sentences),
+            "tokens": sum(len(s.tokens) for s in sentences), "labels": sorted({t for s in sentences for t in s.tags}),
+            "entity_counts": dict(sorted(entity_counts.items()))}
+
+
+def _check_qa(path: Path) -> dict[str, Any]:
+    try:
+        examples = read_squad(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError("validation", f"file: not a usable SQuAD file: {_clean(e, path)}") from None
+    return {"format": "squad", "questions": len(examples), "impossible": sum(e.is_impossible for e in examples),
+            "contexts": len({e.context for e in examples})}
+
+
+CHECKS = {"corpus": _check_corpus, "labelled": _check_labelled, "token-labelled": _check_token_labelled,
+          "qa": _check_qa}
 
 
 def _clean(error: Exception, path: Path) -> str:

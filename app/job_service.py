@@ -21,6 +21,7 @@ from pathlib import Path
 from kombu.exceptions import OperationalError
 
 from model.config import BertConfig
+from model.datadir.datasets import KIND_OF_TASK
 from model.datadir import (
     DataDir,
     JobFinished,
@@ -101,8 +102,9 @@ class JobService:
     async def validate(self, req: JobRequest) -> dict:
         """Checks pydantic cannot make (they need the disk); returns the spec to store."""
         await asyncio.to_thread(self._check_model_name, req.model_name)
-        needs = "corpus" if req.kind == "pretrain" else "labelled"
-        dataset = await asyncio.to_thread(self._dataset, req.dataset, needs)
+        task = None if req.kind == "pretrain" else req.params.task
+        needs = "corpus" if task is None else KIND_OF_TASK[task]
+        dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
         params = req.params.model_dump()
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
@@ -149,13 +151,13 @@ class JobService:
             raise ServiceError("validation", f"model_name: job {record['id']} ({record['state']}) "
                                              f"is already training a model named '{name}'")
 
-    def _dataset(self, name: str, kind: str) -> dict:
+    def _dataset(self, name: str, kind: str, task: str | None) -> dict:
         meta = read_meta(self.data_dir, name)
         if meta is None:
             raise ServiceError("validation", f"dataset: '{name}' not found (upload it with POST /datasets)")
         if meta["kind"] != kind:
-            raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; this job needs a "
-                                             f"{kind} one")
+            needs = f"task {task} needs a {kind} one" if task else f"this job needs a {kind} one"
+            raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; {needs}")
         return meta
 
     async def _base_model(self, name: str):
@@ -198,7 +200,7 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
 def _training_size(req: JobRequest, params: dict, base_config, dataset: dict) -> TrainingSize:
     """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
     if req.kind == "finetune":
-        architecture, config = "BertForSequenceClassification", base_config
+        architecture, config = FINETUNE_ARCHITECTURES[params["task"]], base_config
     else:
         architecture = "BertForPreTraining" if params["nsp"] else "BertForMaskedLM"
         config = base_config or BertConfig.from_dict({**params["config"], "vocab_size": params["vocab_size"]})
@@ -212,9 +214,16 @@ def _gb(n: int) -> str:
     return f"{n / GB:,.1f}"
 
 
+# The model class a fine-tuning task trains (model/runs.py), for sizing and base-model checks.
+FINETUNE_ARCHITECTURES = {"sequence-classification": "BertForSequenceClassification",
+                          "token-classification": "BertForTokenClassification",
+                          "question-answering": "BertForQuestionAnswering"}
+
+
 def _check_labels(base, dataset: dict) -> None:
-    """A base that is already a classifier keeps its head, so the label count must match."""
-    if "classifier" not in base.heads:
+    """A base that is already a (sequence or token) classifier keeps its `classifier` weights when
+    fine-tuned for either classification task, so the label (tag) count must match."""
+    if not {"classifier", "token_classifier"} & set(base.heads) or dataset["kind"] == "qa":
         return
     have, want = base.config.num_labels, len(dataset["labels"])
     if have != want:

@@ -15,16 +15,10 @@ each candidate's `sequence` splices the candidate into the input decoded once pe
 from __future__ import annotations
 
 import base64
-import threading
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from tokenizers import Tokenizer
-
-from model.tokenizer import BertTokenizer
 
 from .engine import WorkItem
 from .errors import ServiceError
@@ -36,37 +30,6 @@ from .store import LoadedModel
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)
 _UNLIMITED = 10**9
-
-
-# -- tokenizers that truncate, and the windows they cut -------------------------------------------
-
-COPIES_PER_TOKENIZER = 8  # the options come from requests (stride, max_seq_len): keep the recent few
-_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {options: copy}, LRU
-_copies_lock = threading.Lock()
-
-
-def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: str = "longest_first",
-               direction: str = "right") -> Tokenizer:
-    """A copy of the tokenizer that truncates so (the Rust tokenizer's truncation is mutable state
-    shared by threads: never set it on the shared one). The last few are kept for reuse."""
-    with _copies_lock:
-        copies = _copies.setdefault(tok, OrderedDict())
-        key = (max_length, stride, strategy, direction)
-        if key in copies:
-            copies.move_to_end(key)
-        else:
-            copy = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-            copy.enable_truncation(max_length, stride=stride, strategy=strategy, direction=direction)
-            copies[key] = copy
-            if len(copies) > COPIES_PER_TOKENIZER:
-                copies.popitem(last=False)
-        return copies[key]
-
-
-def window_count(n: int, room: int, stride: int) -> int:
-    """How many windows the tokenizer cuts `n` tokens into when a window holds `room` of them and
-    each next one repeats the last `stride` of the one before."""
-    return 1 if n <= room else 1 + -(-(n - room) // (room - stride))
 
 
 # engine task -> (the head it needs, the route named when a model lacks it)

@@ -6,11 +6,9 @@ What is followed, from transformers 4.x pipelines/question_answering.py (Questio
   model's maximum, at most 384), the context cut ("only_second") into windows that share
   doc_stride tokens (default max_seq_len // 2, at most 128), as the fast tokenizer's overflowing
   tokens; each window is one row of a forward pass;
-- select_starts_ends: per window, every token that is not context ([CLS] excepted) gets logit
-  -10000 before a softmax of the start and of the end logits; P(start=[CLS]) x P(end=[CLS]) is the
-  empty answer's score (the lowest over the windows); then [CLS] is set to 0;
-- decode_spans: the (start, end) matrix of P(start) x P(end), upper-triangular and cut at
-  max_answer_len tokens, its top_k cells per window (both ends on allowed tokens);
+- select_starts_ends and decode_spans: per window, model/qa_spans.py `window_spans` (shared with
+  SQuAD evaluation): a softmax over the context and [CLS], the empty answer's score, the top_k
+  spans of at most max_answer_len tokens;
 - answers from every window ranked by score (a stable sort), the empty one added with
   handle_impossible_answer, top_k kept; one answer is answered alone, more as a list;
 - character offsets from the window's Encoding: with align_to_words, widened to the words holding
@@ -29,8 +27,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
+from model.qa_spans import NO_NULL, window_spans
+from model.tokenizer import truncating, window_count
+
 from .errors import ServiceError
-from .pipelines import Row, _infer, truncating, window_count
+from .pipelines import Row, _infer
 from .schemas import QuestionAnsweringRequest
 from .service import Service
 from .store import LoadedModel
@@ -98,10 +99,13 @@ def _answer(pairs: list[tuple[str, str]], windows: list[list[Encoding]], results
     for (_, context), encodings in zip(pairs, windows):
         logits = results[row:row + len(encodings)]
         row += len(encodings)
-        answers, null = [], 1000000.0  # the empty answer's score: the lowest over the windows
+        answers, null = [], NO_NULL  # the empty answer's score: the lowest over the windows
         for enc, (start, end) in zip(encodings, logits):
-            starts, ends, scores, null = _spans(enc, np.asarray(start, dtype=np.float32),
-                                                np.asarray(end, dtype=np.float32), null, req)
+            context_mask = np.array([sid == 1 for sid in enc.sequence_ids], dtype=bool)
+            starts, ends, scores, null = window_spans(
+                np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32), context_mask,
+                max_answer_len=req.max_answer_len, top_k=req.top_k, null=null,
+                handle_impossible=req.handle_impossible_answer)
             for s, e, score in zip(starts, ends, scores):
                 first, last = _chars(enc, int(s), int(e), req.align_to_words)
                 answers.append({"score": score.item(), "start": first, "end": last, "answer": context[first:last]})
@@ -110,36 +114,6 @@ def _answer(pairs: list[tuple[str, str]], windows: list[list[Encoding]], results
         answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:req.top_k]
         out.append(answers[0] if len(answers) == 1 else answers)
     return out
-
-
-def _spans(enc: Encoding, start: np.ndarray, end: np.ndarray, null: float,
-           req: QuestionAnsweringRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """transformers' select_starts_ends and decode_spans for one window."""
-    allowed = np.array([sid == 1 for sid in enc.sequence_ids], dtype=bool)  # context tokens
-    allowed[0] = True  # [CLS]: the empty answer
-    start = _softmax(np.where(allowed, start, -10000.0))
-    end = _softmax(np.where(allowed, end, -10000.0))
-    if req.handle_impossible_answer:
-        null = min(null, (start[0] * end[0]).item())
-    start[0] = end[0] = 0.0
-    candidates = np.tril(np.triu(np.outer(start, end)), req.max_answer_len - 1)  # (T, T): end >= start
-    flat = candidates.flatten()
-    if req.top_k == 1:
-        best = np.array([np.argmax(flat)])
-    elif len(flat) < req.top_k:
-        best = np.argsort(-flat)
-    else:
-        best = np.argpartition(-flat, req.top_k)[:req.top_k]
-        best = best[np.argsort(-flat[best])]
-    starts, ends = np.unravel_index(best, candidates.shape)
-    keep = allowed[starts] & allowed[ends]
-    starts, ends = starts[keep], ends[keep]
-    return starts, ends, candidates[starts, ends], null
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    x = np.exp(x - x.max())
-    return x / x.sum()
 
 
 def _chars(enc: Encoding, s: int, e: int, align_to_words: bool) -> tuple[int, int]:

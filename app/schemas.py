@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
-from model.datadir.datasets import DATASET_KINDS
+from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK
 from model.datadir.jobs import steps_of
 from model.tokenizer import lone_surrogate_at
 
@@ -358,13 +358,17 @@ DATASET_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/
     "properties": {
         "file": {"type": "string", "format": "binary",
                  "description": "corpus: .txt or .jsonl (a 'text' field); labelled: .csv, .tsv or .jsonl "
-                                "with 'text' and 'label' (and optionally 'text_pair')"},
+                                "with 'text' and 'label' (and optionally 'text_pair'); token-labelled: CoNLL "
+                                "columns (.conll, .iob, .iob2, .bio, .txt, .tsv) or .jsonl with 'tokens' and "
+                                "'tags' (IOB2); qa: SQuAD v1.1/v2.0 .json"},
         "name": {"type": "string", "pattern": NAME_PATTERN, "description": "Default: the file name's stem."},
         "kind": {"type": "string", "enum": list(DATASET_KINDS),
-                 "description": "Default: from the extension (.jsonl: labelled if rows have 'label')."},
+                 "description": "Default: from the extension, the first kind it can be (.txt: corpus; .tsv: "
+                                "labelled; .jsonl: token-labelled if rows have 'tokens' and 'tags', labelled "
+                                "if 'label', else corpus)."},
     }}}}}}
 
-DatasetKind = Literal["corpus", "labelled"]
+DatasetKind = Literal["corpus", "labelled", "token-labelled", "qa"]
 assert set(DatasetKind.__args__) == set(DATASET_KINDS)
 
 
@@ -383,6 +387,11 @@ class DatasetInfo(BaseModel):
     labels: list[str] | None = None
     label_counts: dict[str, int] | None = None
     is_pair: bool | None = None
+    tokens: int | None = None
+    entity_counts: dict[str, int] | None = None
+    questions: int | None = None
+    impossible: int | None = None
+    contexts: int | None = None
 
 
 class DatasetsResponse(BaseModel):
@@ -451,9 +460,37 @@ class TrainParams(Strict):
         return self
 
 
+FinetuneTask = Literal["sequence-classification", "token-classification", "question-answering"]
+assert set(FinetuneTask.__args__) == set(KIND_OF_TASK)
+SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
+
+
 class FinetuneParams(TrainParams):
     lr: float = Field(5e-5, gt=0.0, le=1.0, description="Peak learning rate (BERT paper: 2e-5 to 5e-5).")
     eval_fraction: float = Field(0.1, ge=0.0, le=0.5, description="Share of the rows held out for eval.")
+    task: FinetuneTask = Field("sequence-classification", description=(
+        "What to train: sequence-classification (a labelled dataset), token-classification (token-labelled; "
+        "best checkpoint by entity f1) or question-answering (qa; best checkpoint by f1)."))
+    doc_stride: int | None = Field(None, ge=0, le=4096, description=(
+        "question-answering: context tokens that windows of a long context share (default 128, or half the "
+        "context room of a short window). Less than max_seq_len - max_query_length - 3."))
+    max_query_length: int = Field(64, ge=1, le=4096, description="question-answering: question tokens kept.")
+
+    @model_validator(mode="after")
+    def _qa_window(self):
+        if self.task != "question-answering":
+            if self.doc_stride is not None:
+                raise _invalid(f"doc_stride is for task question-answering, not {self.task}")
+            return self
+        room = self.max_seq_len - self.max_query_length - SPECIAL_TOKENS_IN_A_PAIR
+        if room < 1:
+            raise _invalid(f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
+                           f"of max_query_length ({self.max_query_length}) and 3 special tokens")
+        if self.doc_stride is not None and self.doc_stride >= room:
+            raise _invalid(f"doc_stride ({self.doc_stride}) must be less than the {room} context tokens a window "
+                           f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
+                           f"{self.max_query_length}")
+        return self
 
 
 class ModelSize(Strict):

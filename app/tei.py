@@ -34,9 +34,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from model.modeling import BertForSequenceClassification
+from model.tokenizer import truncating
 
 from .errors import ServiceError
-from .pipelines import Row, _infer, as_list, encode, truncating
+from .pipelines import Row, _infer, as_list, encode
 from .schemas import (EmbedRequest, PredictRequest, RerankRequest, SimilarityParameters, SimilarityRequest, TextPair,
                       TokenizeRequest)
 from .service import Service

@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
+from model.tokenizer import truncating, window_count
+
 from .errors import ServiceError
-from .pipelines import Row, _infer, truncating, window_count
+from .pipelines import Row, _infer
 from .schemas import TokenClassificationRequest
 from .service import Service
 from .store import LoadedModel

@@ -7,6 +7,13 @@ over the predicted tokens, and NSP loss and accuracy when the data has NSP label
 of the two mean losses, as in training. Classifiers report loss, accuracy and macro-F1 (a class
 neither present nor predicted is left out, as scikit-learn does); regressors (one label) report MSE.
 Counts are summed over batches first, so every metric is over the whole evaluation set.
+
+Token classifiers and QA models are scored over sentences and questions, which can span several
+rows (a long sentence's parts, a long context's windows). For them the evaluation data scores the
+model's outputs itself: `evaluate` runs the rows in order and hands each row's outputs to
+`data.score(outputs)` (TokenClassificationBatches: predicted tag ids -> precision, recall, f1 of
+entities and word accuracy; QABatches: start and end logits -> exact_match and f1, model/metrics.py),
+then adds the mean `loss` per row and the row count.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from .modeling import IGNORE_INDEX, BertForSequenceClassification
+from .modeling import IGNORE_INDEX, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from .precision import autocast
 
 if TYPE_CHECKING:
@@ -32,6 +39,8 @@ def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.d
     was_training = model.training
     model.eval()
     try:
+        if isinstance(model, (BertForTokenClassification, BertForQuestionAnswering)):
+            return _scored_by_data(model, data, device, precision, max_batches)
         is_classifier = isinstance(model, BertForSequenceClassification)
         totals: dict[str, float] = {}
         for i, batch in enumerate(data.iter_batches(0, 0)):
@@ -52,6 +61,38 @@ def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.d
 def _accumulate(totals: dict[str, float], counts: dict[str, float]) -> None:
     for key, value in counts.items():
         totals[key] = totals.get(key, 0.0) + float(value)
+
+
+# ---------------------------------------------------------------------------- scored by the data
+
+def _scored_by_data(model, data, device, precision: str, max_batches: int | None) -> dict[str, float]:
+    """Loss and row outputs over the rows in order, the task metrics from `data.score(outputs)`."""
+    if getattr(data, "shuffle", False) or not hasattr(data, "score"):
+        raise ValueError(f"{type(model).__name__} is evaluated on unshuffled data that scores its outputs "
+                         f"(TokenClassificationBatches, QABatches with shuffle=False), not {type(data).__name__}")
+    outputs, loss_sum, rows = [], 0.0, 0
+    for i, batch in enumerate(data.iter_batches(0, 0)):
+        if max_batches is not None and i >= max_batches:
+            break
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast(device, precision):
+            out = model(**batch)
+        n = batch["input_ids"].shape[0]
+        loss_sum, rows = loss_sum + out.loss.item() * n, rows + n
+        outputs += _row_outputs(out, batch["attention_mask"])
+    if not rows:
+        raise ValueError("evaluation data has no batches")
+    return {"loss": loss_sum / rows, **data.score(outputs), "rows": rows}
+
+
+def _row_outputs(out, attention_mask: torch.Tensor) -> list:
+    """Per row, without padding: predicted label ids (token classification) or (start, end) logits (QA)."""
+    lengths = attention_mask.sum(-1).tolist()
+    if hasattr(out, "start_logits"):
+        start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+        return [(start[i, :n], end[i, :n]) for i, n in enumerate(lengths)]
+    predicted = out.logits.argmax(-1).cpu().tolist()  # (B, T)
+    return [row[:n] for row, n in zip(predicted, lengths)]
 
 
 # ---------------------------------------------------------------------------- (masked) LM

@@ -4,8 +4,8 @@ The `bert` command and the Celery worker run the same code; only the callbacks d
 bar there, job-record updates in the worker):
 
     result = run_pretraining(PretrainSpec.from_dict(spec), callbacks=[progress])   # -> TrainResult
-    result = run_finetuning(FinetuneSpec.from_dict(spec), callbacks=[progress])
-    metrics = evaluate_model("runs/x/model", "eval.csv")
+    result = run_finetuning(FinetuneSpec.from_dict(spec), callbacks=[progress])   # task: classification,
+    metrics = evaluate_model("runs/x/model", "eval.csv")                         # tagging (NER) or SQuAD QA
 
 A spec is a plain dataclass (JSON in, via `from_dict`) naming the data, the starting model and the
 run directory (`out`). A run directory holds metrics.jsonl, training.svg, checkpoints/step-N/ and,
@@ -31,7 +31,8 @@ from .config import BertConfig
 from .device import resolve_device
 from .errors import UserError
 from .evaluation import evaluate
-from .modeling import MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, load_model
+from .modeling import (MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
+                       BertForSequenceClassification, BertForTokenClassification, load_model)
 from .precision import resolve_precision
 from .tokenizer import BertTokenizer
 from .trainer import TrainConfig, Trainer, TrainResult, seed_everything
@@ -77,11 +78,18 @@ class PretrainSpec:
         return _spec_from_dict(cls, data)
 
 
+TASKS = ("sequence-classification", "token-classification", "question-answering")
+
+
 @dataclass
 class FinetuneSpec:
-    train_file: str  # CSV, TSV or JSONL (optionally .gz/.bz2) with text[, text_pair], label columns
+    # sequence-classification: CSV, TSV or JSONL with text[, text_pair], label columns;
+    # token-classification: CoNLL columns or JSONL {tokens, tags}; question-answering: SQuAD JSON.
+    # Any of them optionally .gz/.bz2.
+    train_file: str
     from_model: str  # model directory to start from (with its tokenizer)
     out: str  # run directory
+    task: str = "sequence-classification"  # or "token-classification" (NER) or "question-answering" (SQuAD)
     eval_file: str | None = None  # None = hold out eval_fraction of train_file
     eval_fraction: float = 0.1
     group_column: str | None = None  # hold out whole groups (e.g. one film's reviews) when splitting
@@ -91,22 +99,38 @@ class FinetuneSpec:
     regression: bool = False  # float labels, MSE loss, one output
     batch_size: int = 32
     max_seq_len: int = 128
+    doc_stride: int | None = None  # QA: context tokens windows share; None = 128, less in short windows
+    max_query_length: int = 64  # QA: question tokens kept
+    max_answer_len: int = 30  # QA evaluation: longest answer in tokens
     resume: bool = True
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=3, lr=2e-5, warmup_ratio=0.1))
 
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FinetuneSpec":
-        return _spec_from_dict(cls, data)
+        return _spec_from_dict(cls, data, task_train_config(data.get("task", TASKS[0])))
 
 
-def _spec_from_dict(cls, data: dict[str, Any]):
+def task_train_config(task: str) -> TrainConfig:
+    """FinetuneSpec's default TrainConfig for `task`: tagging and QA keep the checkpoint with the best F1."""
+    config = default_train_config(FinetuneSpec)
+    if task in ("token-classification", "question-answering"):
+        config = dataclasses.replace(config, best_metric="f1", greater_is_better=True)
+    return config
+
+
+def _spec_from_dict(cls, data: dict[str, Any], default_train: TrainConfig | None = None):
     """A spec from JSON: unknown keys are errors; `train` overrides the spec's default TrainConfig."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known: {sorted(known)}")
     base = {k: v for k, v in data.items() if k != "train"}
-    return cls(**base, train=merge_train_config(default_train_config(cls), data.get("train") or {}))
+    default_train = default_train or default_train_config(cls)
+    return cls(**base, train=merge_train_config(default_train, data.get("train") or {}))
 
 
 def default_train_config(spec_class) -> TrainConfig:
@@ -114,7 +138,8 @@ def default_train_config(spec_class) -> TrainConfig:
 
 
 def merge_train_config(default: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
-    """`default` with `overrides`; giving max_steps (or epochs) alone clears the other one."""
+    """`default` with `overrides`; giving max_steps (or epochs) alone clears the other one; giving
+    best_metric alone sets greater_is_better by its name (False for a loss)."""
     values = {**default.to_dict(), **overrides}
     if "max_steps" in overrides and "epochs" not in overrides:
         values["epochs"] = None
@@ -122,6 +147,8 @@ def merge_train_config(default: TrainConfig, overrides: dict[str, Any]) -> Train
         values["max_steps"] = None
     if "warmup_ratio" in overrides and "warmup_steps" not in overrides:
         values["warmup_steps"] = None
+    if "best_metric" in overrides and "greater_is_better" not in overrides:
+        values["greater_is_better"] = not str(overrides["best_metric"]).endswith("loss")  # losses fall, scores rise
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
     if unknown:
         raise ValueError(f"unknown TrainConfig field(s) {unknown}")
@@ -144,38 +171,94 @@ def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> T
 
 
 def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> TrainResult:
-    """Fine-tune a sequence classifier (or regressor) from any model directory; see FinetuneSpec."""
-    from .data import ClassificationBatches, load_classification_data
-
+    """Fine-tune a model directory for spec.task: a sequence classifier (or regressor), a token
+    classifier (NER) or an extractive QA model; see FinetuneSpec."""
     out = Path(spec.out)
     resume_from = _resume_point(out, spec.resume)
     with _user_errors():
-        data = load_classification_data(
-            spec.train_file, spec.eval_file, text_column=spec.text_column, text_pair_column=spec.text_pair_column,
-            label_column=spec.label_column, regression=spec.regression, eval_fraction=spec.eval_fraction,
-            group_column=spec.group_column, seed=spec.train.seed)
+        model_class, data, config_updates = _FINETUNE_DATA[spec.task](spec)
         seed_everything(spec.train.seed)
         if resume_from is not None:
             tokenizer, model = _model_from_checkpoint(resume_from)
         else:
             tokenizer = _tokenizer_of(spec.from_model)
-            model = BertForSequenceClassification.from_pretrained(spec.from_model, init_missing_heads=True,
-                                                                  **data.config_updates())
+            model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
-        kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, regression=data.regression)
-        train_data = ClassificationBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
-        eval_data = ClassificationBatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
+        train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data, evaluate_fn=evaluate,
                           tokenizer=tokenizer, callbacks=callbacks)
     return trainer.fit(resume=resume_from or False)
 
 
+def _classification_data(spec: FinetuneSpec):
+    from .data import load_classification_data
+
+    data = load_classification_data(
+        spec.train_file, spec.eval_file, text_column=spec.text_column, text_pair_column=spec.text_pair_column,
+        label_column=spec.label_column, regression=spec.regression, eval_fraction=spec.eval_fraction,
+        group_column=spec.group_column, seed=spec.train.seed)
+    return BertForSequenceClassification, data, data.config_updates()
+
+
+def _classification_batches(spec: FinetuneSpec, data, tokenizer):
+    from .data import ClassificationBatches
+
+    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, regression=data.regression)
+    train = ClassificationBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    return train, ClassificationBatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
+
+
+def _tagging_data(spec: FinetuneSpec):
+    from .data import load_token_classification_data
+
+    data = load_token_classification_data(spec.train_file, spec.eval_file, eval_fraction=spec.eval_fraction,
+                                          seed=spec.train.seed)
+    return BertForTokenClassification, data, data.config_updates()
+
+
+def _tagging_batches(spec: FinetuneSpec, data, tokenizer):
+    from .data import TokenClassificationBatches
+
+    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len)
+    train = TokenClassificationBatches(data.train, tokenizer, data.label2id, seed=spec.train.seed, **kw)
+    evals = TokenClassificationBatches(data.eval, tokenizer, data.label2id, shuffle=False, **kw) if data.eval else None
+    return train, evals
+
+
+def _qa_data(spec: FinetuneSpec):
+    from .data import load_qa_data
+
+    data = load_qa_data(spec.train_file, spec.eval_file, eval_fraction=spec.eval_fraction, seed=spec.train.seed)
+    return BertForQuestionAnswering, data, {}
+
+
+def _qa_batches(spec: FinetuneSpec, data, tokenizer):
+    from .data import QABatches
+
+    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, doc_stride=spec.doc_stride,
+              max_query_length=spec.max_query_length, max_answer_len=spec.max_answer_len,
+              allow_impossible=data.has_impossible)
+    train = QABatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    return train, QABatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
+
+
+# task -> (model class, data, config updates) and task -> (train batches, eval batches or None)
+_FINETUNE_DATA = {"sequence-classification": _classification_data, "token-classification": _tagging_data,
+                  "question-answering": _qa_data}
+_FINETUNE_BATCHES = {"sequence-classification": _classification_batches, "token-classification": _tagging_batches,
+                     "question-answering": _qa_batches}
+
+
 def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_format: str | None = None,
                    text_column: str = "text", text_pair_column: str | None = "text_pair",
                    label_column: str = "label", batch_size: int = 32, max_seq_len: int = 128, seed: int = 0,
-                   max_batches: int | None = None, device: str = "auto", precision: str = "auto") -> dict:
-    """Metrics of a model directory (or a run directory's model/) on a corpus or a labelled table."""
-    from .data import ClassificationBatches, PretrainingData, load_classification_data, load_corpus
+                   max_batches: int | None = None, device: str = "auto", precision: str = "auto",
+                   doc_stride: int | None = None, max_query_length: int = 64, max_answer_len: int = 30) -> dict:
+    """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus (MLM
+    models), a labelled table (sequence classifiers), tagged sentences (token classifiers; entity
+    precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
+    from .data import (ClassificationBatches, PretrainingData, QABatches, TokenClassificationBatches,
+                       load_classification_data, load_corpus, read_squad, read_tagged)
 
     model_dir = _model_dir_of(Path(model_dir))
     with _user_errors():
@@ -189,12 +272,20 @@ def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_forma
                                              regression=regression, labels=None if regression else labels)
             data = ClassificationBatches(table.eval, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
                                          shuffle=False, regression=regression)
+        elif isinstance(model, BertForTokenClassification):
+            label2id = {model.config.id2label[i]: i for i in sorted(model.config.id2label)}
+            data = TokenClassificationBatches(read_tagged(data_path), tokenizer, label2id, batch_size=batch_size,
+                                              max_seq_len=max_seq_len, shuffle=False)
+        elif isinstance(model, BertForQuestionAnswering):
+            data = QABatches(read_squad(data_path), tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
+                             doc_stride=doc_stride, max_query_length=max_query_length,
+                             max_answer_len=max_answer_len, shuffle=False)
         elif isinstance(model, (BertForPreTraining, BertForMaskedLM)):
             corpus = load_corpus(data_path, tokenizer, format=corpus_format, cache_dir=_cache_dir(None, Path(data_path), None))
             data = PretrainingData(corpus, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len, seed=seed,
                                    nsp=isinstance(model, BertForPreTraining))
         else:
-            raise UserError(f"{model_dir} has no MLM or classifier head: nothing to evaluate")
+            raise UserError(f"{model_dir} has no MLM, classifier or QA head: nothing to evaluate")
         dev = resolve_device(device)
         metrics = evaluate(model.to(dev), data, device=dev, precision=resolve_precision(precision, dev),
                            max_batches=max_batches)

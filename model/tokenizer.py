@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -474,6 +476,38 @@ def _check_text(text, name: str) -> str:
         # The Rust tokenizer takes UTF-8, which cannot hold a lone surrogate (a JSON "\ud800").
         raise ValueError(f"{name} is not valid Unicode: lone surrogate {text[at]!r} at character {at}")
     return text
+
+
+# -- tokenizers that truncate, and the windows they cut ---------------------------------------------
+# The QA and token-classification routes (app/) and SQuAD training windows (model/data) cut the same way.
+
+COPIES_PER_TOKENIZER = 8  # the options come from requests (stride, max_seq_len): keep the recent few
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenizer -> {options: copy}, LRU
+_copies_lock = threading.Lock()
+
+
+def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: str = "longest_first",
+               direction: str = "right") -> Tokenizer:
+    """A copy of the tokenizer that truncates so (the Rust tokenizer's truncation is mutable state
+    shared by threads: never set it on the shared one). The last few are kept for reuse."""
+    with _copies_lock:
+        copies = _copies.setdefault(tok, OrderedDict())
+        key = (max_length, stride, strategy, direction)
+        if key in copies:
+            copies.move_to_end(key)
+        else:
+            copy = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+            copy.enable_truncation(max_length, stride=stride, strategy=strategy, direction=direction)
+            copies[key] = copy
+            if len(copies) > COPIES_PER_TOKENIZER:
+                copies.popitem(last=False)
+        return copies[key]
+
+
+def window_count(n: int, room: int, stride: int) -> int:
+    """How many windows the tokenizer cuts `n` tokens into when a window holds `room` of them and
+    each next one repeats the last `stride` of the one before."""
+    return 1 if n <= room else 1 + -(-(n - room) // (room - stride))
 
 
 def lone_surrogate_at(text: str) -> int | None:

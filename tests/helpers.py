@@ -66,6 +66,38 @@ def corpus_txt(documents: int = 30) -> bytes:
     return ("\n\n".join(docs) + "\n").encode()
 
 
+# Token classification: who (PER) does what with which thing (THING) where (LOC).
+TAGGED = [
+    (["the", "man", "eats", "bread", "in", "the", "city"], ["O", "B-PER", "O", "B-THING", "O", "O", "B-LOC"]),
+    (["she", "reads", "a", "book", "at", "the", "river"], ["B-PER", "O", "O", "B-THING", "O", "O", "B-LOC"]),
+    (["the", "woman", "sat", "on", "the", "big", "red", "car"],
+     ["O", "B-PER", "O", "O", "O", "B-THING", "I-THING", "I-THING"]),
+    (["he", "ran", "to", "the", "mountain"], ["B-PER", "O", "O", "O", "B-LOC"]),
+]
+QA_CONTEXTS = ["the man eats bread in the city . the dog sat on the mat", "she reads a book at the river at night"]
+QA_QUESTIONS = [("what does the man eat ?", 0, "bread"), ("where does he eat ?", 0, "the city"),
+                ("what sat on the mat ?", 0, "the dog"), ("what does she read ?", 1, "a book"),
+                ("where does she read ?", 1, "the river"), ("when does she read ?", 1, "night")]
+
+
+def tagged_conll(repeat: int = 5) -> bytes:
+    """CoNLL columns (token and tag), a blank line after each sentence."""
+    return "".join("".join(f"{t} {g}\n" for t, g in zip(*sentence)) + "\n" for sentence in TAGGED * repeat).encode()
+
+
+def squad_json(impossible: bool = False) -> bytes:
+    """SQuAD v1.1 (or v2.0 with one impossible question per context)."""
+    paragraphs = []
+    for k, context in enumerate(QA_CONTEXTS):
+        qas = [{"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+               for i, (q, c, a) in enumerate(QA_QUESTIONS) if c == k]
+        if impossible:
+            qas.append({"id": f"x{k}", "question": "what is blue ?", "answers": [], "is_impossible": True})
+        paragraphs.append({"context": context, "qas": qas})
+    return json.dumps({"version": "v2.0" if impossible else "v1.1",
+                       "data": [{"title": "t", "paragraphs": paragraphs}]}).encode()
+
+
 def finetune_request(model_name: str, dataset: str = "reviews", **params) -> dict:
     values = dict(max_steps=30, batch_size=8, max_seq_len=32, save_every=10, log_every=1, lr=1e-3)
     return {"kind": "finetune", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,

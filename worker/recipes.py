@@ -56,10 +56,12 @@ def pretrain_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> P
 def finetune_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
+    task = p.get("task", "sequence-classification")  # records from before tasks were added: classification
+    qa = {"doc_stride": p.get("doc_stride"), "max_query_length": p.get("max_query_length", 64)}
     return FinetuneSpec.from_dict(dict(
         train_file=str(table), from_model=str(DataDir(data_dir).model(record["base_model"])), out=str(job_dir),
-        eval_fraction=p["eval_fraction"], batch_size=p["batch_size"], max_seq_len=p["max_seq_len"],
-        train=train_overrides(p, device)))
+        task=task, eval_fraction=p["eval_fraction"], batch_size=p["batch_size"], max_seq_len=p["max_seq_len"],
+        **(qa if task == "question-answering" else {}), train=train_overrides(p, device)))
 
 
 def run(record: dict, data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]) -> TrainResult:

@@ -17,8 +17,8 @@ from typing import Any
 from model import checkpoint as ckpt
 from model.callbacks import format_metrics
 from model.errors import UserError
-from model.runs import (FinetuneSpec, PretrainSpec, default_train_config, evaluate_model, merge_train_config,
-                        run_finetuning, run_pretraining)
+from model.runs import (TASKS, FinetuneSpec, PretrainSpec, default_train_config, evaluate_model, merge_train_config,
+                        run_finetuning, run_pretraining, task_train_config)
 from model.trainer import TrainConfig
 
 from .progress import ProgressBar, SignalStop
@@ -74,13 +74,16 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     _set_threads(args)
+    if args.regression and args.task != "sequence-classification":
+        raise UserError(f"--regression is for --task sequence-classification, not {args.task}")
     spec = FinetuneSpec(
-        train_file=_existing_file(args.train), from_model=args.from_model, out=args.out,
+        train_file=_existing_file(args.train), from_model=args.from_model, out=args.out, task=args.task,
         eval_file=_existing_file(args.eval) if args.eval else None, eval_fraction=args.eval_fraction,
         group_column=args.group_column, text_column=args.text_column, text_pair_column=args.text_pair_column,
         label_column=args.label_column, regression=args.regression, batch_size=args.batch_size,
-        max_seq_len=args.max_seq_len, resume=args.resume,
-        train=_train_config(args, default_train_config(FinetuneSpec)))
+        max_seq_len=args.max_seq_len, doc_stride=args.doc_stride, max_query_length=args.max_query_length,
+        max_answer_len=args.max_answer_len, resume=args.resume,
+        train=_train_config(args, task_train_config(args.task)))
     return _run_with_progress(run_finetuning, spec)
 
 
@@ -90,7 +93,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                              text_column=args.text_column, text_pair_column=args.text_pair_column,
                              label_column=args.label_column, batch_size=args.batch_size,
                              max_seq_len=args.max_seq_len, seed=args.seed, max_batches=args.max_batches,
-                             device=args.device, precision=args.precision)
+                             device=args.device, precision=args.precision, doc_stride=args.doc_stride,
+                             max_query_length=args.max_query_length, max_answer_len=args.max_answer_len)
     if args.json:
         print(json.dumps(metrics, indent=2))
     else:
@@ -191,8 +195,14 @@ def _add_pretrain(sub) -> None:
 
 def _add_finetune(sub) -> None:
     ft_default = default_train_config(FinetuneSpec)
-    p = sub.add_parser("finetune", help="fine-tune a model directory as a text classifier (or regressor)")
-    p.add_argument("--train", required=True, help="CSV, TSV or JSONL with text[, text_pair], label")
+    p = sub.add_parser("finetune", help="fine-tune a model directory as a text classifier (or regressor), "
+                                        "a token classifier (NER) or an extractive QA model")
+    p.add_argument("--task", choices=TASKS, default=TASKS[0],
+                   help="sequence-classification (default; a table), token-classification (CoNLL or JSONL "
+                        "tokens/tags; best checkpoint by entity f1) or question-answering (SQuAD v1.1/v2.0 JSON; "
+                        "best checkpoint by f1)")
+    p.add_argument("--train", required=True, help="CSV, TSV or JSONL with text[, text_pair], label; CoNLL or "
+                                                  "JSONL {tokens, tags} (token-classification); SQuAD JSON (QA)")
     p.add_argument("--eval", help="held-out file (default: hold out --eval-fraction of --train)")
     p.add_argument("--eval-fraction", type=float, default=0.1)
     p.add_argument("--group-column", help="hold out whole groups of this column (e.g. a film)")
@@ -201,14 +211,16 @@ def _add_finetune(sub) -> None:
                                                 "unless --max-steps is given")
     p.add_argument("--regression", action="store_true", help="float labels, MSE loss")
     _add_table_options(p)
+    _add_qa_options(p)
     _add_training_options(p, ft_default)
     p.set_defaults(func=cmd_finetune)
 
 
 def _add_evaluate(sub) -> None:
-    p = sub.add_parser("evaluate", help="MLM/NSP or classification metrics of a model on a data file")
+    p = sub.add_parser("evaluate", help="MLM/NSP, classification, NER or QA metrics of a model on a data file")
     p.add_argument("--model", required=True, metavar="DIR", help="model directory or run directory")
-    p.add_argument("--data", required=True, help="corpus (MLM models) or labelled table (classifiers)")
+    p.add_argument("--data", required=True, help="corpus (MLM models), labelled table (classifiers), CoNLL/JSONL "
+                                                 "tagged sentences (token classifiers) or SQuAD JSON (QA models)")
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-seq-len", type=int, default=128)
@@ -217,8 +229,10 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print the metrics as JSON: f1, precision, recall, accuracy (NER); exact_match, f1 (QA)")
     _add_table_options(p)
+    _add_qa_options(p)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -226,3 +240,12 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--text-pair-column", default="text_pair")
     p.add_argument("--label-column", default="label")
+
+
+def _add_qa_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("question answering")
+    g.add_argument("--doc-stride", type=int, help="context tokens that windows of a long context share "
+                                                  "(default 128, or half a short window's context)")
+    g.add_argument("--max-query-length", type=int, default=64, help="question tokens kept (default 64)")
+    g.add_argument("--max-answer-len", type=int, default=30, help="longest answer in tokens when evaluating "
+                                                                  "(default 30)")

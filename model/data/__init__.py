@@ -11,9 +11,14 @@
 
     tc = load_token_classification_data("train.conll")             # or .jsonl {"tokens": [...], "tags": [...]}
     examples = encode_tagged(tc.train, tokenizer, tc.label2id, max_seq_len=128)  # first-piece labels, parts
+    batches = TokenClassificationBatches(tc.train, tokenizer, tc.label2id, batch_size=32)
+
+    qa = load_qa_data("train-v2.0.json")                          # SQuAD v1.1 / v2.0, checked
+    batches = QABatches(qa.train, tokenizer, max_seq_len=384, doc_stride=128)  # run_qa.py's windows
 
 Modules: corpus (formats, sentence splitting, cache), pretraining (packing, NSP, masking),
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
+question_answering (SQuAD JSON, windows, answer positions),
 batches (resumable batch streams), synthetic (template NER and SQuAD sets with held-out entities).
 """
 
@@ -47,8 +52,18 @@ from model.data.pretraining import (
     plan_instances,
     truncate_seq_pair,
 )
+from model.data.question_answering import (
+    QABatches,
+    QAData,
+    QAExample,
+    QAWindow,
+    encode_squad,
+    load_qa_data,
+    read_squad,
+)
 from model.data.token_classification import (
     TaggedSentence,
+    TokenClassificationBatches,
     TokenClassificationData,
     TokenClassificationExample,
     build_tag_map,
@@ -89,4 +104,12 @@ __all__ = [
     "split_sentences",
     "tokenizer_fingerprint",
     "truncate_seq_pair",
+    "QABatches",
+    "QAData",
+    "QAExample",
+    "QAWindow",
+    "encode_squad",
+    "load_qa_data",
+    "read_squad",
+    "TokenClassificationBatches",
 ]

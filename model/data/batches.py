@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -89,3 +90,42 @@ class _EpochView(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         return self.data.example(self.epoch, index)
+
+
+class RowBatches(ResumableBatches):
+    """Batches of encoded rows (lists of ids), shuffled per epoch by (seed, epoch) unless `shuffle=False`;
+    `collate` pads them (see `pad`). Token classification and QA windows batch this way."""
+
+    def __init__(self, rows: list, batch_size: int, seed: int, shuffle: bool, drop_last: bool = False):
+        super().__init__(batch_size, seed, drop_last)
+        if not rows:
+            raise ValueError("no examples to batch")
+        self.rows, self.shuffle = rows, shuffle
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def num_examples(self, epoch: int) -> int:
+        return len(self.rows)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            n = len(self.rows)
+            order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def example(self, epoch: int, index: int):
+        return self.rows[self._epoch_order(epoch)[index]]
+
+
+def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    """(B, T) long tensor of `rows` padded with `value` to the longest."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def padded_inputs(input_ids: list[list[int]], token_type_ids: list[list[int]] | None, pad_id: int) -> dict:
+    """input_ids, token_type_ids and attention_mask (B, T) of unpadded rows."""
+    ids = pad(input_ids, pad_id)
+    types = pad(token_type_ids, 0) if token_type_ids is not None else torch.zeros_like(ids)
+    mask = pad([[1] * len(r) for r in input_ids], 0)
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}

@@ -32,7 +32,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..files import iter_jsonl_objects
+from ..metrics import tagging_scores
+from .batches import RowBatches, pad, padded_inputs
 from .finetune import _open_text, split_holdout
 from .pretraining import IGNORE_INDEX
 
@@ -289,3 +293,40 @@ def _word_spans(word_ids: list[int], n_words: int) -> list[tuple[int, int]]:
             spans.append((first[w], end[w]))
             at = end[w]
     return spans
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+class TokenClassificationBatches(RowBatches):
+    """Encoded parts of tagged sentences (encode_tagged) as batches: input_ids, token_type_ids,
+    attention_mask and labels (B, T), labels padded with -100.
+
+    As evaluation data (shuffle=False) it scores a model's predicted tag ids per row (`score`):
+    a sentence's parts are joined again, so an entity across a cut is one entity.
+    """
+
+    def __init__(self, sentences: list[TaggedSentence], tokenizer, label2id: dict[str, int], *,
+                 batch_size: int = 32, max_seq_len: int = 128, seed: int = 0, shuffle: bool = True):
+        super().__init__(encode_tagged(sentences, tokenizer, label2id, max_seq_len), batch_size, seed, shuffle)
+        self.pad_id = tokenizer.pad_token_id
+        self.id2label = {i: label for label, i in label2id.items()}
+
+    def collate(self, rows: list[TokenClassificationExample]) -> dict[str, torch.Tensor]:
+        batch = padded_inputs([r.input_ids for r in rows], None, self.pad_id)
+        batch["labels"] = pad([r.labels for r in rows], IGNORE_INDEX)
+        return batch
+
+    def score(self, predicted: list[list[int]]) -> dict[str, float]:
+        """precision, recall, f1 (entities) and accuracy (words) of the predicted tag ids of the first
+        len(predicted) rows, in order (a sentence only when all its parts are among them)."""
+        gold, pred, sentence = {}, {}, []
+        for row, ids in zip(self.rows, predicted):
+            if row.part == 0:
+                gold[row.sentence], pred[row.sentence] = [], []
+            labelled = [t for t, label in enumerate(row.labels) if label != IGNORE_INDEX]
+            gold[row.sentence] += [self.id2label[row.labels[t]] for t in labelled]
+            pred[row.sentence] += [self.id2label[ids[t]] for t in labelled]
+            if row.part == row.parts - 1:
+                sentence.append(row.sentence)
+        return tagging_scores([gold[s] for s in sentence], [pred[s] for s in sentence])

@@ -1,12 +1,14 @@
 """Datasets: DATA_DIR/datasets/<name>/, written once by the app (upload, `bert up`), read by workers.
 
-    DATA_DIR/datasets/<name>/data.<txt|jsonl|csv|tsv>   the file as uploaded
+    DATA_DIR/datasets/<name>/data.<ext>                 the file as uploaded (txt jsonl csv tsv conll json ...)
     DATA_DIR/datasets/<name>/meta.json                  what is known of it (below)
     DATA_DIR/datasets/<name>/cache/                     token caches workers build (model.data)
 
-meta.json: name, kind ("corpus" or "labelled"), format (a corpus format of model.data, or csv/tsv/
-jsonl), file (the data file's name in the directory), original_filename, bytes, sha256, created_at,
-and counts: documents and sentences (corpus), rows, labels, label_counts and is_pair (labelled).
+meta.json: name, kind ("corpus", "labelled", "token-labelled" or "qa"), format (a corpus format of
+model.data; csv/tsv/jsonl; conll/jsonl; squad), file (the data file's name in the directory),
+original_filename, bytes, sha256, created_at, and counts: documents and sentences (corpus); rows,
+labels, label_counts and is_pair (labelled); sentences, tokens, labels (the tags), entity_counts
+(token-labelled); questions, impossible, contexts (qa).
 
 A dataset is installed by renaming a complete temp directory into place, so it is there whole or
 not at all, and a name is never reused: a dataset a job was trained on stays what it was.
@@ -25,7 +27,10 @@ from ..files import TMP_PREFIX, fsync_dir, fsync_tree
 from .layout import DataDir, valid_name
 
 META = "meta.json"
-DATASET_KINDS = ("corpus", "labelled")
+DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")
+# The fine-tuning task (model.runs.TASKS) each kind of dataset trains.
+KIND_OF_TASK = {"sequence-classification": "labelled", "token-classification": "token-labelled",
+                "question-answering": "qa"}
 
 
 class DatasetExists(FileExistsError):

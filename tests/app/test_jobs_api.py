@@ -68,7 +68,7 @@ BAD_JOBS = [
     ({"model_name": "x", "dataset": "reviews"},
      "body: Unable to extract tag using discriminator 'kind'"),
     (finetune_request("x", dataset="nope"), "dataset: 'nope' not found (upload it with POST /datasets)"),
-    (finetune_request("x", dataset="wiki"), "dataset: 'wiki' is a corpus dataset; this job needs a labelled one"),
+    (finetune_request("x", dataset="wiki"), "dataset: 'wiki' is a corpus dataset; task sequence-classification needs a labelled one"),
     (pretrain_request("x", dataset="reviews"), "dataset: 'reviews' is a labelled dataset; this job needs a corpus one"),
     ({**finetune_request("x"), "base_model": "ghost"}, "base_model: model 'ghost' not found in DATA_DIR/models"),
     ({k: v for k, v in finetune_request("x").items() if k != "base_model"}, "finetune.base_model: Field required"),
@@ -282,14 +282,15 @@ def test_datasets_are_described(env):
 
 
 BAD_UPLOADS = [
-    (("evil.exe", b"x"), {}, 422, "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl file"),
+    (("evil.exe", b"x"), {}, 422, "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl, .conll, .iob, .iob2, .bio, .json file"),
     (("a.csv", labelled_csv()), {"name": "../x"}, 422, f"name: '../x' {NAME_RULE}"),
     (("a.csv", labelled_csv()), {"name": "/tmp/x"}, 422, f"name: '/tmp/x' {NAME_RULE}"),
     (("a.csv", labelled_csv()), {"name": "reviews"}, 422,
      "name: dataset 'reviews' already exists (datasets are never replaced; upload under another name)"),
-    (("a.csv", labelled_csv()), {"name": "a", "kind": "images"}, 422, "kind: 'images' is not one of corpus, labelled"),
+    (("a.csv", labelled_csv()), {"name": "a", "kind": "images"}, 422, "kind: 'images' is not one of corpus, labelled, token-labelled, qa"),
     (("a.txt", corpus_txt()), {"name": "a", "kind": "labelled"}, 422,
-     "kind: a labelled dataset cannot be a .txt file (corpus: .txt or .jsonl; labelled: .csv, .tsv or .jsonl)"),
+     "kind: a labelled dataset cannot be a .txt file (corpus: .txt, .jsonl; labelled: .csv, .tsv, .jsonl; "
+     "token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json)"),
     (("a.csv", b"text,lab\nhello,1\n"), {}, 422, "file: not a usable labelled table (columns text, label and "
                                                "optionally text_pair): the file: missing column(s) ['label']; found ['lab', 'text']"),
     (("a.csv", b"text,label\nhello,1\nbye,1\n"), {}, 422, "file: a classifier needs at least 2 labels, found ['1']"),

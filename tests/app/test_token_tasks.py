@@ -529,7 +529,7 @@ async def test_question_answering_refuses_too_many_windows_before_making_them(ta
 async def test_tokenizer_copies_for_request_options_are_bounded(svc):
     """stride, max_seq_len and doc_stride come from requests: a copy of the tokenizer per combination
     would grow without end; the last few are kept."""
-    from app.pipelines import COPIES_PER_TOKENIZER, _copies
+    from model.tokenizer import COPIES_PER_TOKENIZER, _copies
 
     for stride in range(COPIES_PER_TOKENIZER + 4):
         r = await svc.post("/question-answering", json={"question": "a ?", "context": "a dog", "model": "tiny-qa",
