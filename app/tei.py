@@ -33,6 +33,7 @@ import math
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from model.datadir import valid_name
 from model.modeling import BertForSequenceClassification
 from model.tokenizer import truncating
 
@@ -105,8 +106,8 @@ def root_route(lm: LoadedModel, body: dict) -> str:
 
 async def root(svc: Service, body: dict) -> list:
     """POST /: the body read as the request of root_route, for the model it names or the default one."""
-    name = body.get("model")
-    lm = await svc.model(name if isinstance(name, str) else None, None, "/")
+    name = body.get("model")  # not a valid name: the default model's request type reports it
+    lm = await svc.model(name if isinstance(name, str) and valid_name(name) else None, None, "/")
     route = root_route(lm, body)
     request_type, run = ROOT_ROUTES[route]
     try:

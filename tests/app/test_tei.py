@@ -272,6 +272,9 @@ async def test_post_root_errors(tei):
     assert r.json() == err("validation", "body: Input should be a valid dictionary")
     r = await tei.post("/", json={"inputs": "a", "model": "nope"})
     assert r.status_code == 404
+    r = await tei.post("/", json={"inputs": "a", "model": "../" + "x" * 100})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "model: String should have at most 64 characters")
     r = await tei.get("/")
     assert r.status_code == 405
 
