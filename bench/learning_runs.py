@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--qa-train", type=int, default=800, help="train contexts (about 4.9 questions each)")
     p.add_argument("--qa-dev", type=int, default=40)
     p.add_argument("--qa-test", type=int, default=150)
-    p.add_argument("--qa-steps", type=int, default=300)
+    p.add_argument("--qa-steps", type=int, default=450)
     p.add_argument("--qa-max-seq-len", type=int, default=128, help="the longest question + context is 112 pieces")
     p.add_argument("--qa-lr", type=float, default=1e-4)
     p.add_argument("--doc-stride", type=int, default=32)
