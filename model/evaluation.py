@@ -13,7 +13,7 @@ rows (a long sentence's parts, a long context's windows). For them the evaluatio
 model's outputs itself: `evaluate` runs the rows in order and hands each row's outputs to
 `data.score(outputs)` (TokenClassificationBatches: predicted tag ids -> precision, recall, f1 of
 entities and word accuracy; QABatches: start and end logits -> exact_match and f1, model/metrics.py),
-then adds the mean `loss` per row and the row count.
+then adds `loss` (the batches' losses averaged, each weighted by its rows) and the row count.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from .helpers import REDIS_URL, finetune_request, flush_redis, labelled_csv, make_data_dir, start_server, start_worker
+from .helpers import (REDIS_URL, finetune_request, flush_redis, labelled_csv, make_data_dir, start_server, start_worker,
+                      tagged_conll)
 
 pytestmark = pytest.mark.slow
 
@@ -214,6 +215,29 @@ def test_upload_a_dataset_with_a_progress_bar(browser):
     until(b, lambda d: "40 rows" in text_of(b, "tr[data-dataset='reviews']"), what="the uploaded dataset")
     assert "negative (20), positive (20)" in text_of(b, "tr[data-dataset='reviews']")
     shot(b, "datasets")
+
+
+def test_a_token_labelled_upload_and_the_task_select_picks_its_datasets(browser):
+    from selenium.webdriver.support.ui import Select
+
+    b = browser
+    path = b.shots.parent / "ner.conll"
+    path.write_bytes(tagged_conll())
+    open_page(b, "#/datasets")
+    until(b, lambda d: css(b, "#upload-file"), what="the upload form")
+    css(b, "#upload-file")[0].send_keys(str(path))
+    type_into(b, "#upload-name", "console-ner")
+    css(b, "#upload button[type=submit]")[0].click()
+    until(b, lambda d: "20 sentences" in text_of(b, "tr[data-dataset='console-ner']"), what="the tagged dataset")
+    assert "LOC (15), PER (20), THING (15)" in text_of(b, "tr[data-dataset='console-ner']")
+    open_page(b, "#/new")
+    until(b, lambda d: css(b, "[id='params.task']"), what="the task select")
+    names = lambda: [o.get_attribute("value") for o in Select(css(b, "#new-job #dataset")[0]).options]  # noqa: E731
+    assert "console-ner" not in names()
+    Select(css(b, "[id='params.task']")[0]).select_by_value("token-classification")
+    assert names() == ["console-ner"]
+    open_page(b, "#/datasets")  # away, so the next test's #/new is a fresh form
+    until(b, lambda d: css(b, "#upload-file"), what="the datasets page")
 
 
 def submit_job_form(b, fields: dict[str, str]):

@@ -538,11 +538,14 @@ async function jobPage(jobId) {
 // -- new job ---------------------------------------------------------------------------------------
 
 let jobForm = null;  // GET /console/job-form.json: the parameters per kind, as the API declares them
+// The dataset kind each fine-tuning task trains on (model/datadir/datasets.py KIND_OF_TASK).
+const TASK_DATASET_KIND = {"sequence-classification": "labelled", "token-classification": "token-labelled",
+                           "question-answering": "qa"};
 
 async function newJobPage() {
   jobForm = jobForm || await (await fetch("/console/job-form.json", {credentials: "omit"})).json();
   const [{models}, {datasets}] = await Promise.all([api("/models"), api("/datasets")]);
-  const kind = h("select", {}, h("option", {value: "finetune", text: "fine-tune a classifier"}),
+  const kind = h("select", {}, h("option", {value: "finetune", text: "fine-tune (classifier, NER tagger, QA)"}),
                  h("option", {value: "pretrain", text: "pretrain (MLM, NSP)"}));
   const base = h("select", {});
   const dataset = h("select", {});
@@ -562,10 +565,6 @@ async function newJobPage() {
     const k = kind.value;
     base.replaceChildren(...(k === "pretrain" ? [h("option", {value: "", text: "— none: from scratch —"})] : []),
       ...models.filter((m) => !m.error).map((m) => h("option", {value: m.name, text: m.name})));
-    const wanted = k === "pretrain" ? "corpus" : "labelled";
-    dataset.replaceChildren(...datasets.filter((d) => d.kind === wanted).map((d) =>
-      h("option", {value: d.name, text: `${d.name} (${d.kind})`})));
-    if (!dataset.options.length) dataset.append(h("option", {value: "", text: `no ${wanted} dataset: upload one`}));
     params.replaceChildren(...jobForm[k].map((p) => {
       const id = `params.${p.name}`;
       let input;
@@ -585,8 +584,22 @@ async function newJobPage() {
                h("p", {class: "hint", id: `hint-${id}`, text: hint}), errorSlot(id));
     }));
   };
-  kind.addEventListener("change", fill);
-  fill();
+  // The datasets a job can use: a corpus to pretrain, else the kind its params.task trains on.
+  const fillDatasets = () => {
+    const task = params.querySelector('[id="params.task"]');
+    const wanted = kind.value === "pretrain" ? "corpus" : TASK_DATASET_KIND[(task && task.value) || "sequence-classification"];
+    dataset.replaceChildren(...datasets.filter((d) => d.kind === wanted).map((d) =>
+      h("option", {value: d.name, text: `${d.name} (${d.kind})`})));
+    if (!dataset.options.length) dataset.append(h("option", {value: "", text: `no ${wanted} dataset: upload one`}));
+  };
+  const refill = () => {
+    fill();
+    fillDatasets();
+    const task = params.querySelector('[id="params.task"]');
+    if (task) task.addEventListener("change", fillDatasets);
+  };
+  kind.addEventListener("change", refill);
+  refill();
 
   const submit = h("button", {type: "submit", id: "submit-job", text: "Start job"});
   const f = h("form", {id: "new-job", novalidate: true}, h("section", {class: "card"}, top),
@@ -672,8 +685,11 @@ function upload(formData, onProgress) {  // XMLHttpRequest: fetch cannot report 
 async function datasetsPage() {
   const {datasets} = await api("/datasets");
   const counts = (d) => d.kind === "labelled" ? `${fmt.count(d.rows)} rows${d.is_pair ? " (pairs)" : ""}` :
+    d.kind === "token-labelled" ? `${fmt.count(d.sentences)} sentences, ${fmt.count(d.tokens)} tokens` :
+    d.kind === "qa" ? `${fmt.count(d.questions)} questions (${fmt.count(d.impossible)} impossible)` :
     `${fmt.count(d.documents)} documents, ${fmt.count(d.sentences)} sentences`;
-  const labels = (d) => d.label_counts ? Object.entries(d.label_counts).map(([l, n]) => `${l} (${n})`).join(", ") :
+  const tally = (c) => Object.entries(c).map(([l, n]) => `${l} (${n})`).join(", ");
+  const labels = (d) => d.label_counts ? tally(d.label_counts) : d.entity_counts ? tally(d.entity_counts) :
     (d.labels || []).join(", ") || "–";
   const table = h("div", {class: "table-wrap"}, h("table", {id: "datasets-table"},
     h("thead", {}, h("tr", {}, ["Name", "Kind", "Contents", "Labels", "Size", "Uploaded"].map((t, i) =>
@@ -685,12 +701,15 @@ async function datasetsPage() {
       h("tr", {}, h("td", {colspan: 6, text: "No datasets yet."})))));
   const bar = h("progress", {id: "upload-progress", max: 1, value: 0, hidden: true, "aria-label": "upload progress"});
   const uploadForm = form("upload", [
-    field("upload-file", "File (.txt or .jsonl corpus; .csv, .tsv or .jsonl with text,label)",
-          h("input", {type: "file", accept: ".txt,.jsonl,.csv,.tsv"})),
+    field("upload-file", "File (.txt or .jsonl corpus; .csv, .tsv or .jsonl with text,label; CoNLL or .jsonl with " +
+          "tokens,tags; SQuAD .json)",
+          h("input", {type: "file", accept: ".txt,.jsonl,.csv,.tsv,.conll,.iob,.iob2,.bio,.json"})),
     field("upload-name", "Name (empty: the file name's stem)", h("input", {type: "text"})),
     field("upload-kind", "Kind", h("select", {}, h("option", {value: "", text: "from the file"}),
                                    h("option", {value: "corpus", text: "corpus"}),
-                                   h("option", {value: "labelled", text: "labelled"}))),
+                                   h("option", {value: "labelled", text: "labelled"}),
+                                   h("option", {value: "token-labelled", text: "token-labelled (NER)"}),
+                                   h("option", {value: "qa", text: "qa (SQuAD)"}))),
     bar,
   ], "Upload", async () => {
     const file = document.getElementById("upload-file").files[0];

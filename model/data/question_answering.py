@@ -170,13 +170,13 @@ def encode_squad(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384
         raise ValueError(f"max_query_length must be >= 1, got {max_query_length!r}")
     if doc_stride is None:
         doc_stride = default_doc_stride(max_seq_len, max_query_length)
-    questions = [cut_question(tokenizer, e.question.lstrip(), max_query_length) for e in examples]
+    questions = cut_questions(tokenizer, [e.question.lstrip() for e in examples], max_query_length)
     for example, (_, n) in zip(examples, questions):
         _check_room(example.id, n, max_seq_len, doc_stride)  # before the tokenizer fails on it
     windows_of = truncating(tokenizer, max_seq_len, stride=doc_stride, strategy="only_second")
+    encodings = windows_of.encode_batch([(q, e.context) for (q, _), e in zip(questions, examples)])
     windows = []
-    for index, (example, (question, _)) in enumerate(zip(examples, questions)):
-        enc = windows_of.encode(question, example.context)
+    for index, (example, enc) in enumerate(zip(examples, encodings)):
         for w in (enc, *enc.overflowing):
             windows.append(_window(index, example, w))
     return windows
@@ -190,13 +190,16 @@ def _check_room(qid: str, q: int, max_seq_len: int, doc_stride: int) -> None:
                          f"context tokens that fit beside its {q} tokens in a window of max_seq_len {max_seq_len}")
 
 
-def cut_question(tokenizer, question: str, max_tokens: int) -> tuple[str, int]:
-    """The question's text up to the end of its `max_tokens`-th token, and its token count. WordPiece
+def cut_questions(tokenizer, questions: list[str], max_tokens: int) -> list[tuple[str, int]]:
+    """Each question's text up to the end of its `max_tokens`-th token, and its token count. WordPiece
     matches the longest prefix first, so the cut text tokenises to exactly those tokens."""
-    enc = tokenizer.backend_tokenizer.encode(question, add_special_tokens=False)
-    if len(enc.ids) <= max_tokens:
-        return question, len(enc.ids)
-    return question[:enc.offsets[max_tokens - 1][1]], max_tokens
+    out = []
+    for question, enc in zip(questions, tokenizer.backend_tokenizer.encode_batch(questions, add_special_tokens=False)):
+        if len(enc.ids) <= max_tokens:
+            out.append((question, len(enc.ids)))
+        else:
+            out.append((question[:enc.offsets[max_tokens - 1][1]], max_tokens))
+    return out
 
 
 def _window(index: int, example: QAExample, enc) -> QAWindow:
@@ -213,6 +216,8 @@ def answer_tokens(offsets: list[tuple[int, int] | None], start_char: int, end_ch
     """run_qa.py's (start token, end token) of the characters [start_char, end_char) in one window,
     or (0, 0) when they are not wholly inside its context."""
     tokens = [t for t, o in enumerate(offsets) if o is not None]
+    if not tokens:  # a context of characters the tokenizer drops
+        return 0, 0
     first, last = tokens[0], tokens[-1]
     if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
         return 0, 0

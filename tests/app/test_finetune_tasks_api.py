@@ -134,3 +134,23 @@ def test_a_token_classifier_base_must_have_the_datasets_tag_count(tmp_path):
         body = {**finetune_request("x", dataset="ner", task="token-classification"), "base_model": "tagger"}
         assert post_job(client, body) == (422, {"error": "base_model: 'tagger' is a classifier with 2 labels; "
                                                          "dataset 'ner' has 5", "error_type": "validation"})
+
+
+def test_accepted_jobs_are_sized_as_their_tasks_model(env, monkeypatch):
+    from model.modeling import BertForQuestionAnswering
+
+    from .test_jobs_api import accept_without_a_broker
+
+    client, _, data_dir = env
+    accept_without_a_broker(monkeypatch)
+    tags = ["B-LOC", "B-PER", "B-THING", "I-THING", "O"]
+    for task, dataset, model, qa in (
+            ("token-classification", "ner", BertForTokenClassification(tiny_config().with_labels(tags)), {}),
+            ("question-answering", "squad", BertForQuestionAnswering(tiny_config()), {"max_query_length": 16})):
+        status, body = post_job(client, finetune_request(f"sized-{task}", dataset=dataset, task=task, **qa))
+        assert status == 202, body
+        job = client.get(body["status_url"]).json()
+        assert (job["params"]["task"], job["params"]["max_query_length"]) == (task, qa.get("max_query_length", 64))
+        assert job["estimate"]["parameters"] == sum(p.numel() for p in model.parameters())
+    for record in client.get("/jobs").json()["jobs"]:
+        shutil.rmtree(data_dir / "jobs" / record["id"])

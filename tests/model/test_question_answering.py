@@ -11,7 +11,7 @@ import json
 import pytest
 
 from model import BertTokenizer
-from model.data.question_answering import (QABatches, QAExample, answer_tokens, cut_question, default_doc_stride,
+from model.data.question_answering import (QABatches, QAExample, answer_tokens, cut_questions, default_doc_stride,
                                            encode_squad, load_qa_data, read_squad)
 
 CONTEXT = "the cat sat on the mat . the dog eats bread"
@@ -202,8 +202,8 @@ def test_long_question_cut_to_max_query_length_tokens(minilm_dir):
     hf = BertTokenizerFast.from_pretrained(minilm_dir)
     question = "In which unbelievably antidisestablishmentarian city, " * 6 + "is the lake?"
     assert len(hf.tokenize(question)) > 20
-    cut, n = cut_question(tokenizer, question, 20)
-    assert n == 20 and cut_question(tokenizer, "Where?", 20) == ("Where?", 2)
+    (cut, n), short = cut_questions(tokenizer, [question, "Where?"], 20)
+    assert n == 20 and short == ("Where?", 2)
     assert hf.tokenize(cut) == hf.tokenize(question)[:20]
     example = QAExample("q", question, "Lake Zürich is in Zürich.", ["Zürich"], [18])
     (window,) = encode_squad([example], tokenizer, max_seq_len=64, doc_stride=8, max_query_length=20)
@@ -220,6 +220,7 @@ def test_answer_tokens_rule():
     assert answer_tokens(offsets, 11, 14) == (6, 6)  # the last context token (run_qa's quirk mended)
     assert answer_tokens(offsets, 11, 20) == (0, 0)  # runs past the window
     assert answer_tokens(offsets[:3] + [None] + offsets[4:], 0, 3) == (0, 0)  # starts before it
+    assert answer_tokens([None, None, None], 0, 1) == (0, 0)  # no context tokens at all
 
 
 def test_encode_errors(tiny_tokenizer):
