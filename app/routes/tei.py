@@ -1,5 +1,5 @@
-"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity and /tokenize, and POST / in TEI's shapes
-(app/tei.py says what is followed), for TEI's clients."""
+"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity, /tokenize and / in
+TEI's shapes (app/tei.py says what is followed), for TEI's clients."""
 
 from typing import Annotated, Any
 

@@ -61,7 +61,8 @@ ORG_PATTERNS = ("{} {}", "{} {}", "{} {}", "{} & {} {}", "{} {} Ltd", "{} {} Inc
 MONTHS = """January February March April May June July August September October November December""".split()
 YEARS = list(range(1850, 2040))
 DATE_PATTERNS = ("{d} {m} {y}", "{m} {d} , {y}", "{m} {y}", "{y}", "{d} {m} {y}")
-ROLES = "nurse teacher chemist pilot baker lawyer surveyor geologist carpenter doctor banker painter".split()  # take "a"
+# Roles take "a" in the templates, so none starts with a vowel.
+ROLES = "nurse teacher chemist pilot baker lawyer surveyor geologist carpenter doctor banker painter".split()
 TITLES = ("Dr.", "Mr.", "Ms.", "Professor", "Judge", "Captain")
 
 
@@ -229,7 +230,8 @@ def render_ner(rng: random.Random, pools: Pools, template: str) -> tuple[list[st
 
 def _filler(rng: random.Random, slot: str) -> str:
     if slot == "NUM":  # numbers that are not dates: a model must not tag every number DATE
-        return rng.choice([str(rng.randint(2, 99)), str(rng.randint(100, 999)), f"{rng.randint(1, 9)},{rng.randint(100, 999)}"])
+        return rng.choice([str(rng.randint(2, 99)), str(rng.randint(100, 999)),
+                           f"{rng.randint(1, 9)},{rng.randint(100, 999)}"])
     if slot == "ROLE":
         return rng.choice(ROLES)
     if slot == "TITLE":

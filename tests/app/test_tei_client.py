@@ -174,15 +174,15 @@ def test_health_check_and_endpoint_info(served):
 def test_rerank_and_tokenize_over_http_as_teis_readme(served):
     url, root = served
     headers = {"Authorization": f"Bearer {KEY}"}
-    r = httpx.post(f"{url}/rerank", headers=headers,
-                   json={"query": "What is Deep Learning?", "texts": ["Deep Learning is not...", "Deep learning is..."]})
+    texts = ["Deep Learning is not...", "Deep learning is..."]
+    r = httpx.post(f"{url}/rerank", headers=headers, json={"query": "What is Deep Learning?", "texts": texts})
     assert r.status_code == 200
     path = root / "models" / "tiny-rerank"
     model = transformers.BertForSequenceClassification.from_pretrained(path).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     with torch.no_grad():
-        scores = model(**tok(["What is Deep Learning?"] * 2, ["Deep Learning is not...", "Deep learning is..."],
-                             padding=True, return_tensors="pt")).logits[:, 0].sigmoid().tolist()
+        scores = model(**tok(["What is Deep Learning?"] * 2, texts, padding=True,
+                             return_tensors="pt")).logits[:, 0].sigmoid().tolist()
     assert r.json() == [{"index": i, "score": pytest.approx(scores[i], abs=1e-5)}
                         for i in sorted(range(2), key=lambda i: -scores[i])]
     r = httpx.post(f"{url}/tokenize", headers=headers, json={"inputs": "What is Deep Learning?"})
