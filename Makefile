@@ -80,8 +80,9 @@ bench: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.plan_bench --tokens 2e7
 	$(BIN)/python -m bench.precision_bench --quick
 	$(BIN)/python -m bench.serve_bench --duration 2
+	$(BIN)/python -m bench.learning_runs --quick
 
-# The README's tables (~20 minutes on 2 idle cores).
+# The README's tables (~30 minutes on 2 idle cores).
 bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.model_bench
 	$(BIN)/python -m bench.model_bench --configs small --cases encoder padded --ablate
@@ -90,6 +91,7 @@ bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.plan_bench
 	$(BIN)/python -m bench.precision_bench
 	$(BIN)/python -m bench.serve_bench
+	$(BIN)/python -m bench.learning_runs
 
 clean:
 	rm -rf $(VENV) .lock-venv build *.egg-info

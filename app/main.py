@@ -27,7 +27,7 @@ from .settings import Settings
 DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction, embeddings
 (also in OpenAI's format), fine-tuned classifiers, token classification and extractive question
 answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`; /embed,
-/predict, /rerank and /tokenize answer as text-embeddings-inference does.
+/predict, /rerank, /similarity and /tokenize answer as text-embeddings-inference does.
 
 Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
 send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
@@ -37,7 +37,7 @@ files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 # Routes whose work is a forward pass: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
 INFERENCE_PATHS = frozenset({"/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify",
                              "/token-classification", "/question-answering",
-                             "/embed", "/predict", "/rerank"})  # text-embeddings-inference's
+                             "/embed", "/predict", "/rerank", "/similarity", "/"})  # text-embeddings-inference's
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

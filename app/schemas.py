@@ -633,10 +633,10 @@ class JobMetricsResponse(BaseModel):
 
 # -- text-embeddings-inference (TEI) compatibility ---------------------------------------------
 # The request and response shapes of huggingface/text-embeddings-inference's router
-# (router/src/http/types.rs: EmbedRequest, PredictRequest, RerankRequest, TokenizeRequest and their
-# responses), so a TEI client works unchanged. As /v1/embeddings, these ignore unknown fields: TEI
+# (router/src/http/types.rs: EmbedRequest, PredictRequest, RerankRequest, TokenizeRequest, SimilarityRequest
+# and their responses), so a TEI client works unchanged. As /v1/embeddings, these ignore unknown fields: TEI
 # itself does (serde's default), so clients written against it may send fields we do not read.
-# `model` is ours (TEI serves one model); omitted, BERT_DEFAULT_MODEL (/embed, /tokenize),
+# `model` is ours (TEI serves one model); omitted, BERT_DEFAULT_MODEL (/embed, /similarity, /tokenize),
 # BERT_PREDICT_MODEL (/predict) or BERT_RERANK_MODEL (/rerank) serves the request.
 
 TeiTruncate = Annotated[bool | None, Field(description="Cut inputs longer than the model's maximum instead of "
@@ -738,3 +738,31 @@ class SimpleToken(BaseModel):
 
 
 TokenizeResponse = list[list[SimpleToken]]  # one list per input, a list even for one input (as TEI)
+
+
+class SimilarityInput(Strict):
+    model_config = {"extra": "ignore"}
+    source_sentence: str = Field(description="The text the others are compared with.")
+    sentences: Annotated[list[str], Field(min_length=1, description="The texts compared with source_sentence.")]
+
+
+class SimilarityParameters(Strict):
+    model_config = {"extra": "ignore"}
+    truncate: TeiTruncate = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: PromptName = None
+
+
+class SimilarityRequest(Strict):
+    """TEI's POST /similarity (huggingface_hub's sentence_similarity): the cosine similarity of the
+    source sentence's embedding with each sentence's (all together at most BERT_MAX_INPUTS texts)."""
+
+    model_config = {**examples(compare={"inputs": {"source_sentence": "What is Deep Learning?",
+                                                   "sentences": ["What is Machine Learning?", "Paris is in France."]}}),
+                    "extra": "ignore"}
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+    model: ModelName | None = None
+
+
+SimilarityResponse = list[float]  # one cosine similarity per sentence, in their order

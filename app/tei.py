@@ -1,4 +1,4 @@
-"""text-embeddings-inference (TEI) compatibility: /embed, /predict, /rerank and /tokenize answer as
+"""text-embeddings-inference (TEI) compatibility: /embed, /predict, /rerank, /similarity and /tokenize answer as
 TEI's router does, computed by this service's own tasks (encode and classify, batched by the engine).
 
 What is followed, from huggingface/text-embeddings-inference:
@@ -10,6 +10,12 @@ What is followed, from huggingface/text-embeddings-inference:
 - router/src/http/server.rs `rerank`: one (query, text) pair per text through a one-label
   classifier, sigmoid unless raw_scores, ranks sorted best first (a stable ascending sort reversed,
   so ties keep TEI's order); `text` only with return_text.
+- router/src/http/server.rs `similarity`: the source sentence and the sentences embedded as one
+  /embed batch (so they count together against the input limit), then the cosine similarity of the
+  source's vector with each sentence's, in the sentences' order; `parameters` holds the options.
+- router/src/http/server.rs `run`: POST / is /predict, /rerank or /embed by the model's type (here
+  the model the body names, or BERT_DEFAULT_MODEL); /similarity for an encoder given
+  {source_sentence, sentences}, which TEI does when started with TASK=sentence-similarity.
 - router/src/http/server.rs `tokenize`: each token's id, special flag and character offsets from
   the tokenizer's Encoding; a special token's text is its own, with null offsets; any other's is
   the input's characters start:stop.
@@ -24,11 +30,17 @@ from __future__ import annotations
 
 import math
 
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from model.datadir import valid_name
+from model.modeling import BertForSequenceClassification
 from model.tokenizer import truncating
 
 from .errors import ServiceError
 from .pipelines import Row, _infer, as_list, encode
-from .schemas import EmbedRequest, PredictRequest, RerankRequest, TextPair, TokenizeRequest
+from .schemas import (EmbedRequest, PredictRequest, RerankRequest, SimilarityParameters, SimilarityRequest, TextPair,
+                      TokenizeRequest)
 from .service import Service
 from .store import LoadedModel
 
@@ -67,6 +79,42 @@ def _prepare_embed(lm: LoadedModel, texts: list[str], truncate: bool | None, dir
                    prompt_name: str | None) -> tuple[list[Row], dict]:
     _no_prompt(lm, prompt_name)
     return _encode(lm, texts, truncate, direction), {}
+
+
+# -- /similarity -------------------------------------------------------------------------------
+
+async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
+    params = req.parameters or SimilarityParameters()
+    texts = [req.inputs.source_sentence, *req.inputs.sentences]
+    outcome = await _infer(svc, "encode", req.model, texts, _prepare_embed, params.truncate,
+                           params.truncation_direction, params.prompt_name,
+                           params={"pooling": "mean", "normalize": True}, route="/similarity")
+    source, *others = outcome.results
+    return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
+
+
+# -- POST / -------------------------------------------------------------------------------------
+
+def root_route(lm: LoadedModel, body: dict) -> str:
+    """What TEI's POST / is for its model's type (router/src/http/server.rs `run`): a re-ranker (a
+    one-label classifier) reranks, another classifier predicts, an encoder embeds; an encoder compares
+    when `inputs` is {source_sentence, sentences} (TEI does that with TASK=sentence-similarity)."""
+    if isinstance(lm.model, BertForSequenceClassification):
+        return "/rerank" if lm.config.num_labels == 1 else "/predict"
+    return "/similarity" if isinstance(body.get("inputs"), dict) else "/embed"
+
+
+async def root(svc: Service, body: dict) -> list:
+    """POST /: the body read as the request of root_route, for the model it names or the default one."""
+    name = body.get("model")  # not a valid name: the default model's request type reports it
+    lm = await svc.model(name if isinstance(name, str) and valid_name(name) else None, None, "/")
+    route = root_route(lm, body)
+    request_type, run = ROOT_ROUTES[route]
+    try:
+        req = request_type.model_validate(body)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+    return await run(svc, req.model_copy(update={"model": lm.name}))
 
 
 # -- /predict ----------------------------------------------------------------------------------
@@ -161,3 +209,7 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
                     for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask,
                                                                 enc.tokens)])
     return out
+
+
+ROOT_ROUTES = {"/embed": (EmbedRequest, embed), "/similarity": (SimilarityRequest, similarity),
+               "/predict": (PredictRequest, predict), "/rerank": (RerankRequest, rerank)}

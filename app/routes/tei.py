@@ -1,20 +1,21 @@
-"""text-embeddings-inference's routes: POST /embed, /predict, /rerank and /tokenize in TEI's shapes
-(app/tei.py says what is followed), for TEI's clients."""
+"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity, /tokenize and / in
+TEI's shapes (app/tei.py says what is followed), for TEI's clients."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
 from .. import tei
 from ..deps import ServiceDep
 from ..schemas import (EmbedRequest, EmbedResponse, PredictRequest, PredictResponse, RerankRequest, RerankResponse,
-                       TokenizeRequest, TokenizeResponse, body_examples)
+                       SimilarityRequest, SimilarityResponse, TokenizeRequest, TokenizeResponse, body_examples)
 from .fill_mask import INFERENCE_ERRORS, ok
 
 router = APIRouter(tags=["text-embeddings-inference"])
 EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]
 PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
 RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]
+SimilarityBody = Annotated[SimilarityRequest, Body(openapi_examples=body_examples(SimilarityRequest))]
 TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(TokenizeRequest))]
 
 
@@ -40,6 +41,12 @@ async def rerank(req: RerankBody, service: ServiceDep):
     return await tei.rerank(service, req)
 
 
+@router.post("/similarity", response_model=SimilarityResponse, responses={**INFERENCE_ERRORS, **ok([0.87, 0.12])})
+async def similarity(req: SimilarityBody, service: ServiceDep):
+    """TEI's /similarity: the cosine similarity of source_sentence with each sentence (mean-pooled embeddings)."""
+    return await tei.similarity(service, req)
+
+
 @router.post("/tokenize", response_model=TokenizeResponse,
              responses={**INFERENCE_ERRORS,
                         **ok([[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
@@ -48,3 +55,14 @@ async def rerank(req: RerankBody, service: ServiceDep):
 async def tokenize(req: TokenizeBody, service: ServiceDep):
     """TEI's /tokenize: each input's tokens with ids and character offsets (special tokens: null offsets)."""
     return await tei.tokenize(service, req)
+
+
+@router.post("/", response_model=EmbedResponse | SimilarityResponse | PredictResponse | RerankResponse,
+             response_model_exclude_none=True, responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
+async def root(body: Annotated[dict[str, Any], Body(openapi_examples={
+                   "embed": {"summary": "an encoder: /embed", "value": {"inputs": "What is Deep Learning?"}},
+                   "rerank": {"summary": "a cross-encoder: /rerank", "value": {"query": "What is Deep Learning?",
+                                                                               "texts": ["Deep Learning is..."]}}})],
+               service: ServiceDep):
+    """TEI's POST /: /embed, /predict or /rerank by the model's type (BERT_DEFAULT_MODEL unless `model`)."""
+    return await tei.root(service, body)

@@ -21,7 +21,7 @@ Modules: corpus (formats, sentence splitting, cache), store (sharded token store
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
 question_answering (SQuAD JSON, windows, answer positions),
 batches (resumable batch streams), corpus_build (sharded token stores from raw text at scale), wikixml
-(Wikipedia XML dumps).
+(Wikipedia XML dumps), synthetic (template NER and SQuAD sets with held-out entities).
 
 The names below load on first use, as in model/__init__.py: a process that needs only the corpus readers
 (a `bert corpus build` worker) does not pull in torch.

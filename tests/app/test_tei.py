@@ -1,4 +1,4 @@
-"""text-embeddings-inference's routes (/embed, /predict, /rerank, /tokenize) over real ASGI: TEI's
+"""text-embeddings-inference's routes (/embed, /predict, /rerank, /similarity, /tokenize, POST /) over real ASGI: TEI's
 shapes (the request bodies of TEI's README), values against transformers on the same weights, and
 this service's errors, limits and key.
 
@@ -247,10 +247,58 @@ async def test_tokenize_limits(tei):
     assert r.json() == err("not_found", "model 'nope' not found (available: tiny-cls, tiny-enc, tiny-pt, tiny-rerank)")
 
 
+# -- POST / and /similarity --------------------------------------------------------------------
+
+async def test_post_root_answers_by_the_models_type_as_tei(tei):
+    body = {"inputs": "the cat"}
+    assert (await tei.post("/", json={**body, "model": "tiny-enc"})).json() == \
+        (await tei.post("/embed", json={**body, "model": "tiny-enc"})).json()
+    assert (await tei.post("/", json={**body, "model": "tiny-cls"})).json() == \
+        (await tei.post("/predict", json={**body, "model": "tiny-cls"})).json()
+    pair = {"query": "the fox", "texts": ["a red car", "the fox ran"], "model": "tiny-rerank"}
+    assert (await tei.post("/", json=pair)).json() == (await tei.post("/rerank", json=pair)).json()
+    similar = {"inputs": {"source_sentence": "the fox", "sentences": ["a red car", "the fox ran"]}}
+    assert (await tei.post("/", json=similar)).json() == (await tei.post("/similarity", json=similar)).json()
+    default = (await tei.post("/", json=body)).json()  # BERT_DEFAULT_MODEL, tiny-pt: an encoder with heads
+    assert default == (await tei.post("/embed", json=body)).json()
+
+
+async def test_post_root_errors(tei):
+    r = await tei.post("/", json={"query": "the fox", "texts": ["a"], "model": "tiny-cls"})
+    assert r.status_code == 422  # a two-label classifier predicts: the body lacks `inputs`
+    assert r.json() == err("validation", "inputs: Field required")
+    r = await tei.post("/", json=["the cat"])
+    assert r.status_code == 422
+    assert r.json() == err("validation", "body: Input should be a valid dictionary")
+    r = await tei.post("/", json={"inputs": "a", "model": "nope"})
+    assert r.status_code == 404
+    r = await tei.post("/", json={"inputs": "a", "model": "../" + "x" * 100})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "model: String should have at most 64 characters")
+    r = await tei.get("/")
+    assert r.status_code == 405
+
+
+async def test_similarity_is_the_cosine_of_embed_vectors(tei):
+    texts = ["the quick brown fox", "a red car", "the fox ran"]
+    vectors = (await tei.post("/embed", json={"inputs": texts})).json()
+    r = await tei.post("/similarity", json={"inputs": {"source_sentence": texts[0], "sentences": texts[1:]},
+                                            "parameters": None})
+    assert r.status_code == 200
+    assert r.json() == pytest.approx([sum(a * b for a, b in zip(vectors[0], v)) for v in vectors[1:]], abs=1e-6)
+    r = await tei.post("/similarity", json={"inputs": {"source_sentence": "a", "sentences": ["b"]},
+                                            "parameters": {"prompt_name": "query"}})
+    assert r.status_code == 422
+    assert r.json() == err("validation", "prompt_name 'query' is not supported: model 'tiny-pt' has no prompts; put "
+                                         "the prompt at the start of the text instead")
+
+
 # -- key, engine --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path,body", [("/embed", {"inputs": "a"}), ("/predict", {"inputs": "a"}),
-                                       ("/rerank", {"query": "a", "texts": ["b"]}), ("/tokenize", {"inputs": "a"})])
+                                       ("/rerank", {"query": "a", "texts": ["b"]}), ("/tokenize", {"inputs": "a"}),
+                                       ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
+                                       ("/", {"inputs": "a"})])
 async def test_tei_routes_need_the_api_key(tei_dir, path, body):
     key = "tei-key-0123456789abcdef"
     async with serve_app(settings_for(tei_dir, api_key=key, rerank_model="tiny-rerank", predict_model="tiny-cls")) as c:
