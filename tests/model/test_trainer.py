@@ -305,3 +305,40 @@ def test_the_default_callbacks_write_metrics_before_and_the_plot_after_the_calle
     resumed.fit(resume=tmp_path / "checkpoints" / "step-2")
     assert hooks.calls[0] == ("start", 2, True)
     assert [(r["type"], r["step"]) for r in hooks.lines()] == [("train", 2), ("eval", 2), ("train", 3), ("train", 4)]
+
+
+def test_prefetching_trains_on_the_same_batches_and_resumes_exactly(tmp_path, corpus, tiny_tokenizer):
+    """A thread building batches ahead changes nothing: the same weights as without it over several
+    epochs, and a run stopped midway (batches read ahead are dropped) resumes to the same final weights."""
+    def run(run_dir, prefetch, stop_at=None):
+        config = TrainConfig(lr=2e-3, max_steps=7, warmup_steps=2, log_every=1, seed=7, prefetch_batches=prefetch)
+        trainer = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer, seed=7), config, run_dir=run_dir,
+                          tokenizer=tiny_tokenizer, callbacks=[Recorder(stop_at)])
+        trainer.fit(resume=True)
+        return trainer.model.state_dict()
+
+    plain = run(tmp_path / "plain", 0)
+    ahead = run(tmp_path / "ahead", 3)
+    assert all(torch.equal(plain[k], ahead[k]) for k in plain)
+    run(tmp_path / "resumed", 3, stop_at=4)
+    resumed = run(tmp_path / "resumed", 3)
+    assert all(torch.equal(plain[k], resumed[k]) for k in plain)
+
+
+def test_an_error_building_a_batch_ahead_reaches_the_training_loop():
+    class Broken:
+        def num_batches(self, epoch):
+            return 4
+
+        def iter_batches(self, epoch, start_batch=0):
+            yield {"input_ids": torch.tensor([[1, 2, 0]]), "labels": torch.tensor([1.0])}
+            raise ValueError("row 7 of the corpus is unreadable")
+
+    with pytest.raises(ValueError, match="row 7 of the corpus is unreadable"):
+        Trainer(ToyRegression(False), Broken(), TrainConfig(max_steps=3, prefetch_batches=2)).fit()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5])
+def test_prefetch_batches_must_be_a_non_negative_integer(bad):
+    with pytest.raises(ValueError, match=f"prefetch_batches must be an integer >= 0, got {bad}"):
+        TrainConfig(max_steps=1, prefetch_batches=bad)
