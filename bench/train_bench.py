@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -98,6 +99,15 @@ def timing_table(args, batch) -> tuple[str, dict]:
     ours_bf16.load_state_dict(ours.state_dict())
     steps = {"hf": step_fn(hf, adamw(hf), batch), "ours": step_fn(ours, adamw(ours), batch),
              "ours bf16": step_fn(ours_bf16, adamw(ours_bf16), batch, bf16=True)}
+    if args.compile:  # TrainConfig(compile=True): compiled before the timing, its cost printed apart
+        _, plain = models(args.config)
+        plain.load_state_dict(ours.state_dict())
+        compiled = torch.compile(plain)
+        step = step_fn(compiled, adamw(plain), batch)
+        start = time.perf_counter()
+        step(), step()
+        print(f"torch.compile: first two steps (compiling) {time.perf_counter() - start:.1f} s\n", flush=True)
+        steps["ours compiled"] = step
     t = interleaved(steps, rounds=args.rounds, block_s=0.0, budget_s=args.budget)
     base = t["hf"].median
     rows = [[name, t[name].fmt(), f"{1 / t[name].median:.2f}", f"{base / t[name].median:.2f}x"]
@@ -201,6 +211,7 @@ def parse_args(argv=None):
     p.add_argument("--ddp-steps", type=int, default=30, help="steps per data-parallel run (0: skip DDP)")
     p.add_argument("--ddp-rounds", type=int, default=2, help="turns of (1 process, 2 DDP processes)")
     p.add_argument("--ddp-only", action="store_true", help="only the data-parallel table")
+    p.add_argument("--compile", action="store_true", help="also ours under torch.compile (TrainConfig.compile)")
     p.add_argument("--quick", action="store_true", help="3 rounds, a 15-step curve, 12 DDP steps")
     args = p.parse_args(argv)
     if args.quick:

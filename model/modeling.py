@@ -573,23 +573,25 @@ def _masked_lm(head: BertLMPredictionHead, hidden: torch.Tensor, labels: torch.T
     The head runs only where a prediction is wanted: at the True positions of a bool (B, T)
     `masked_positions`, by default where labels != -100, or everywhere when neither is given. Logits
     are (N, V) in row-major (batch, position) order, or (B, T, V); loss is None without labels.
+    `masked_positions` may be on the CPU while `hidden` is on a GPU (the trainer passes it so): the
+    rows are then found on the host, without the device sync a boolean index costs.
     """
     if masked_positions is None and labels is not None:
         masked_positions = labels != IGNORE_INDEX
-    logits = head(_gather(hidden, masked_positions))
-    if labels is None:
-        return logits, None
-    return logits, _mlm_loss(logits, labels[masked_positions] if masked_positions is not None else labels)
+    if masked_positions is None:
+        logits = head(hidden)
+        return logits, None if labels is None else _mlm_loss(logits, labels)
+    rows = _rows(hidden, masked_positions)
+    logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows))  # (B, T, H) -> (N, H)
+    return logits, None if labels is None else _mlm_loss(logits, labels.reshape(-1).index_select(0, rows))
 
 
-def _gather(hidden: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-    """(B, T, H) -> (N, H) at the True positions of a bool (B, T) mask; all positions if None."""
-    if positions is None:
-        return hidden
+def _rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Flat (batch, position) indices, on hidden's device, of the True positions of a bool (B, T) mask."""
     if positions.shape != hidden.shape[:2]:
         raise ValueError(f"masked_positions shape {tuple(positions.shape)} does not match "
                          f"the batch {tuple(hidden.shape[:2])}")
-    return hidden[positions]
+    return positions.reshape(-1).nonzero().squeeze(1).to(hidden.device, non_blocking=True)
 
 
 def _mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -606,6 +608,8 @@ class BertForPreTraining(BertPreTrainedModel):
     the decoder is (H x V), most of the arithmetic of a small BERT, and every other position's
     logits would be thrown away. Logits are then (N, V), in row-major (batch, position) order.
     """
+
+    takes_host_masked_positions = True  # `masked_positions` may be a CPU tensor (see _masked_lm)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -630,6 +634,8 @@ class BertForPreTraining(BertPreTrainedModel):
 
 class BertForMaskedLM(BertPreTrainedModel):
     """Encoder (no pooler, as HF) + MLM head; see BertForPreTraining for `masked_positions`."""
+
+    takes_host_masked_positions = True
 
     def __init__(self, config: BertConfig):
         super().__init__(config)

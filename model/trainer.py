@@ -27,8 +27,9 @@ linear warmup then linear decay to zero (HF's `get_linear_schedule_with_warmup`)
 clipping, gradient accumulation, optional bf16 autocast.
 
 A step never waits for the device: losses stay on it (detached) and are summed there, the gradient norm
-is a device tensor, tokens are counted on the host's batch, and CUDA batches go through pinned memory
-with non-blocking copies; losses and the norm are read once per log line (and before a checkpoint,
+is a device tensor, tokens are counted on the host's batch, the attention mask and the MLM rows stay on
+the host for a BERT model (which reads them there), and CUDA batches go through pinned memory with
+non-blocking copies, built ahead by a thread (`prefetch_batches`); losses and the norm are read once per log line (and before a checkpoint,
 which is refused when the loss went non-finite). Data-parallel runs add one all-reduce per step.
 
 Under torchrun (model/distributed.py) the same loop is data-parallel: the model is wrapped in DDP, each
@@ -71,6 +72,8 @@ log = logging.getLogger(__name__)
 FINAL_MODEL = "model"
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes (int8 is inference only)
 
+IGNORE_INDEX = -100  # labels that take no part in a loss (HF's convention, model/modeling.py's)
+
 # evaluate_fn(model, eval_data, *, device, precision, max_batches) -> metrics (model.evaluation.evaluate)
 EvaluateFn = Callable[..., dict[str, Any]]
 
@@ -101,6 +104,10 @@ class TrainConfig:
     # Micro-batches built ahead by a thread while the device computes (pinned on CUDA); the batches are
     # the same either way. None: 2 on CUDA, 0 elsewhere (on a CPU the thread takes cores from the step).
     prefetch_batches: int | None = None
+    # torch.compile the training forward (and so its backward): the first steps, and each new batch
+    # shape until shapes are marked dynamic, pay for compiling; bench/train_bench.py --compile says
+    # whether it pays for a given model and device.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)
@@ -209,6 +216,7 @@ class Trainer:
         self.precision = resolve_precision(config.precision, self.device)
         self.model = model.to(self.device)
         self.ddp = self._wrap(self.model)
+        self.forward = torch.compile(self.ddp) if config.compile else self.ddp
         self.train_data, self.eval_data = train_data, eval_data
         self.tokenizer, self.evaluate_fn = tokenizer, evaluate_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -344,12 +352,14 @@ class Trainer:
             local, factor = distributed.rank_rows(batch, self.dist)
             mask = local.get("attention_mask")  # tokens counted on the host copy: no device sync
             tokens += 0 if factor == 0 else int(mask.sum()) if mask is not None else local["input_ids"].numel()
+            if "labels" in local and getattr(self.model, "takes_host_masked_positions", False):
+                local["masked_positions"] = local["labels"] != IGNORE_INDEX  # found on the host: no sync
             local = self._to_device(local)
             # DDP all-reduces gradients on the last micro-batch only (the others accumulate locally).
             sync = i == accum - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast(self.device, self.precision):
-                    out = self.ddp(**local)
+                    out = self.forward(**local)
                 loss, reported = self._weighted_losses(out, batch, local, factor)
                 (loss / accum).backward()
             for name, value in reported.items():
@@ -369,7 +379,9 @@ class Trainer:
         decides between masking and packing without asking the GPU."""
         if self.device.type != "cuda":
             return {k: v.to(self.device) for k, v in batch.items()}
-        host = {"attention_mask"} if getattr(self.model, "takes_host_attention_mask", False) else set()
+        host = {"masked_positions"}
+        if getattr(self.model, "takes_host_attention_mask", False):
+            host.add("attention_mask")
         return {k: v if k in host else v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _weighted_losses(self, out, batch, local, factor: float) -> tuple[torch.Tensor, dict[str, Any]]:

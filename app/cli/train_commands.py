@@ -132,7 +132,8 @@ def _existing_corpus(path: str) -> str:
 def _train_config(args: argparse.Namespace, default: TrainConfig) -> TrainConfig:
     overrides = {name: getattr(args, name) for name in
                  ("max_steps", "epochs", "lr", "weight_decay", "grad_accum_steps", "max_grad_norm", "seed",
-                  "eval_every", "eval_on_start", "save_every", "keep_last", "log_every", "precision", "device")
+                  "eval_every", "eval_on_start", "save_every", "keep_last", "log_every", "precision", "device",
+                  "compile")
                  if getattr(args, name, None) is not None}
     if args.warmup is not None:
         overrides.update(_parse_warmup(args.warmup))
@@ -178,6 +179,8 @@ def _add_training_options(p: argparse.ArgumentParser, default: TrainConfig) -> N
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"),
                    help="bf16 autocast or fp32 (default auto: bf16 on CUDA, fp32 on CPU)")
     g.add_argument("--device", help="cpu, cuda, cuda:N (default auto)")
+    g.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the training step (compiling takes the first steps; measure first)")
     g.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; on a busy "
                                                "machine 1 can be several times faster)")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,

@@ -342,3 +342,17 @@ def test_an_error_building_a_batch_ahead_reaches_the_training_loop():
 def test_prefetch_batches_must_be_a_non_negative_integer(bad):
     with pytest.raises(ValueError, match=f"prefetch_batches must be an integer >= 0, got {bad}"):
         TrainConfig(max_steps=1, prefetch_batches=bad)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_trains_like_the_eager_one(corpus, tiny_tokenizer):
+    """TrainConfig(compile=True): the same losses as eager (dropout off: the RNG streams differ)."""
+    def losses(compile):
+        rec = Recorder()
+        model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        Trainer(model, pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=3, log_every=1, lr=1e-3,
+                compile=compile), callbacks=[rec]).fit()
+        return [s["loss"] for s in rec.steps]
+
+    eager, compiled = losses(False), losses(True)
+    assert compiled == pytest.approx(eager, rel=1e-4)
