@@ -43,12 +43,7 @@ def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.d
             return _scored_by_data(model, data, device, precision, max_batches)
         is_classifier = isinstance(model, BertForSequenceClassification)
         totals: dict[str, float] = {}
-        for i, batch in enumerate(data.iter_batches(0, 0)):
-            if max_batches is not None and i >= max_batches:
-                break
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast(device, precision):
-                out = model(**batch)
+        for batch, out in _forward(model, data, device, precision, max_batches):
             _accumulate(totals, _classification_counts(model, out, batch) if is_classifier
                         else _lm_counts(out, batch))
         if not totals:
@@ -56,6 +51,17 @@ def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.d
         return _classification_metrics(totals) if is_classifier else _lm_metrics(totals)
     finally:
         model.train(was_training)
+
+
+def _forward(model, data, device, precision: str, max_batches: int | None):
+    """(batch on `device`, the model's output) for the first `max_batches` batches of epoch 0."""
+    for i, batch in enumerate(data.iter_batches(0, 0)):
+        if max_batches is not None and i >= max_batches:
+            return
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast(device, precision):
+            out = model(**batch)
+        yield batch, out
 
 
 def _accumulate(totals: dict[str, float], counts: dict[str, float]) -> None:
@@ -71,12 +77,7 @@ def _scored_by_data(model, data, device, precision: str, max_batches: int | None
         raise ValueError(f"{type(model).__name__} is evaluated on unshuffled data that scores its outputs "
                          f"(TokenClassificationBatches, QABatches with shuffle=False), not {type(data).__name__}")
     outputs, loss_sum, rows = [], 0.0, 0
-    for i, batch in enumerate(data.iter_batches(0, 0)):
-        if max_batches is not None and i >= max_batches:
-            break
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with autocast(device, precision):
-            out = model(**batch)
+    for batch, out in _forward(model, data, device, precision, max_batches):
         n = batch["input_ids"].shape[0]
         loss_sum, rows = loss_sum + out.loss.item() * n, rows + n
         outputs += _row_outputs(out, batch["attention_mask"])

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..files import iter_jsonl_objects
-from .batches import ResumableBatches
+from .batches import RowBatches
 
 DEFAULT_TEXT_COLUMN, DEFAULT_PAIR_COLUMN, DEFAULT_LABEL_COLUMN = "text", "text_pair", "label"
 
@@ -270,7 +270,7 @@ def _text(path: Path, lineno: int, row: dict, column: str) -> str:
 # ---------------------------------------------------------------------------- batches
 
 
-class ClassificationBatches(ResumableBatches):
+class ClassificationBatches(RowBatches):
     """Tokenised, shuffled-per-epoch batches of labelled examples: input_ids, token_type_ids,
     attention_mask (B, T) padded to the longest in the batch, labels (B,) long (float for regression).
     """
@@ -287,25 +287,12 @@ class ClassificationBatches(ResumableBatches):
         regression: bool = False,
         drop_last: bool = False,
     ):
-        super().__init__(batch_size, seed, drop_last)
-        if not examples:
-            raise ValueError("no examples to batch")
-        self.examples, self.tokenizer, self.max_seq_len = examples, tokenizer, max_seq_len
-        self.shuffle, self.regression = shuffle, regression
-        self._order: tuple[int, np.ndarray] | None = None
+        super().__init__(examples, batch_size, seed, shuffle, drop_last)
+        self.tokenizer, self.max_seq_len, self.regression = tokenizer, max_seq_len, regression
 
-    def num_examples(self, epoch: int) -> int:
-        return len(self.examples)
-
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        if self._order is None or self._order[0] != epoch:
-            n = len(self.examples)
-            order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
-            self._order = (epoch, order)
-        return self._order[1]
-
-    def example(self, epoch: int, index: int) -> LabeledExample:
-        return self.examples[self._epoch_order(epoch)[index]]
+    @property
+    def examples(self) -> list[LabeledExample]:
+        return self.rows
 
     def collate(self, examples: list[LabeledExample]) -> dict[str, torch.Tensor]:
         pairs = [e.text_pair for e in examples] if examples[0].text_pair is not None else None
