@@ -282,12 +282,16 @@ def detect_format(path: str | os.PathLike) -> str:
     if suffix == ".xml":
         return "wikixml"
     lines = []
-    with open_text(path) as f:
-        for line in f:
-            if line.strip():
-                lines.append(line.rstrip("\r\n"))
-                if len(lines) >= _SNIFF_LINES:
-                    break
+    try:
+        with open_text(path) as f:
+            for line in f:
+                if line.strip():
+                    lines.append(line.rstrip("\r\n"))
+                    if len(lines) >= _SNIFF_LINES:
+                        break
+    except UnicodeDecodeError as e:
+        raise ValueError(f"corpus {path} is not UTF-8 text (byte {e.object[e.start]:#04x} where UTF-8 "
+                         "was expected)") from None
     if not lines:
         raise ValueError(f"corpus {path} is empty")
     if lines[0].lstrip().startswith(("<mediawiki", "<?xml")):

@@ -317,3 +317,13 @@ def test_a_built_store_trains_as_the_files_it_came_from(tmp_path, tiny_tokenizer
     other = BertTokenizer.from_vocab(TINY_VOCAB + ["extra"])
     with pytest.raises(ValueError, match="fingerprint"):
         open_store(tmp_path / "store", other)
+
+
+def test_an_input_that_is_not_text_is_refused_naming_the_file(tmp_path, tiny_tokenizer):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("the cat sat .\n")
+    (tmp_path / "in" / "b.txt.tokens.npy").write_bytes(b"\x93NUMPY\x01\x00")  # a cache file globbed in by mistake
+    with pytest.raises(ValueError, match=r"corpus .*b\.txt\.tokens\.npy is not UTF-8 text \(byte 0x93 where "
+                                         r"UTF-8 was expected\)"):
+        build_store([tmp_path / "in"], tiny_tokenizer, tmp_path / "store")
+    assert not (tmp_path / "store" / "manifest.json").exists()
