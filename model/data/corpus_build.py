@@ -63,10 +63,8 @@ import numpy as np
 
 from ..files import atomic_write_bytes, fsync_dir
 from .corpus import READ_FORMATS, _ArrayWriter, compression_of, detect_format, read_paragraphs, tokenizer_fingerprint
+from .store import MANIFEST, STORE_FORMAT, STORE_VERSION
 
-STORE_FORMAT = "bertserve-token-store"
-STORE_VERSION = 1
-MANIFEST = "manifest.json"
 BUILD_DIR = ".build"  # work files of an unfinished build (unit parts, done-records); removed at the end
 DEFAULT_SHARD_TOKENS = 64 * 2**20
 # Big enough to amortise a task, small enough to spread a file over workers and even out the last ones.
