@@ -323,6 +323,11 @@ class ModelInfo(BaseModel):
     loaded: bool
     precision: str = Field(description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION; "
                                        "auto shows as what it resolved to on this device).")
+    kernels: str | None = Field(None, description="Once loaded, the kernels it runs through on this machine: "
+                                                  "onednn-fp32, torch-fp32, onednn-bf16, bf16-emulated (...), "
+                                                  "int8-vnni, int8-emulated (...), cuda-fp32, cuda-bf16 (...).")
+    why: str | None = Field(None, description="Once loaded, why those kernels: what this CPU or GPU has, e.g. "
+                                              "\"cpu AVX2, no native bf16, no VNNI\", and what is emulated.")
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
 
 
@@ -344,6 +349,8 @@ class InfoResponse(BaseModel):
     name: str
     version: str
     device: str
+    cpu: str = Field(description="The processor and what torch reports it can do, e.g. "
+                                 "\"AMD EPYC: cpu AVX2, no native bf16, no VNNI\".")
     torch: str
     python: str
     settings: dict

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from model import kernels
 from model.device import resolve_device
 from model.precision import recommended_precision
 
@@ -61,6 +62,9 @@ class Service:
         self.engine = Engine(self.device, RUNNERS, max_batch_tokens=s.max_batch_tokens, max_queue=s.max_queue,
                              max_wait_ms=s.max_wait_ms, batching=s.batching, metrics=self.metrics)
         self.engine.start()
+        if self.device.type == "cpu":
+            info = kernels.cpu()
+            log.info("cpu: %s, %d cores: %s", info.name, info.cores, info.summary())
         self.pool = ThreadPoolExecutor(s.tokenizer_threads, thread_name_prefix="tokenize")
         await asyncio.to_thread(self.store.scan)
         if self.settings.load == "startup":

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import model as model_package
+from model import kernels
 from model.config import BertConfig
 from model.datadir import DataDir, JobStore, valid_name
 from model.datadir.jobs import steps_of
@@ -300,7 +301,9 @@ class ModelStore:
                            f"{model.config.vocab_size:,} rows (config.json's vocab_size)")
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
-        log.info("loaded model %s (%s, %s) on %s", entry.name, type(model).__name__, precision, self.device)
+        plan = kernels.warn_if_emulated(precision, self.device)  # decides the paths off the event loop
+        log.info("loaded model %s (%s, %s, kernels %s) on %s", entry.name, type(model).__name__, precision,
+                 plan["kernels"], self.device)
         return LoadedModel(entry.name, model, tokenizer, max_length, precision)
 
     def loaded_count(self) -> int:

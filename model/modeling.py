@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+from . import kernels
 from .config import BertConfig
 from .files import atomic_dir
 from .onednn import dense, linear
@@ -183,7 +184,7 @@ def should_unpad(mask: torch.Tensor, hidden: torch.Tensor, dropout_p: float, hea
         return False
     if hidden.is_cuda:
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
-        return varlen_fits(dtype, head_size, dropout_p)
+        return varlen_fits(dtype, head_size, dropout_p) and kernels.enabled("flash-varlen")
     if hidden.device.type != "cpu":
         return False
     return 1.0 - mask.float().mean().item() >= CPU_UNPAD_MIN_PADDING
@@ -209,8 +210,11 @@ class Packed:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """Attention within each sequence of packed (N, nh, hs) q, k, v."""
-        if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p):
-            return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+        if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p) and kernels.enabled("flash-varlen"):
+            try:
+                return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+            except RuntimeError as e:  # off for the process; this call goes through SDPA per sequence
+                kernels.fail("flash-varlen", e)
         pieces = []
         for a, b in zip(self.offsets, self.offsets[1:]):
             if b > a:  # (L, nh, hs) -> (nh, L, hs) -> SDPA -> (L, nh, hs)

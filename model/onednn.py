@@ -1,28 +1,30 @@
 """Dense layers, y = act(x W^T + b) + add, with a oneDNN fast path on CPU (model/modeling.py calls `dense`).
 
-On CPU in fp32, oneDNN's GEMM ran 2-2.5x faster than the MKL sgemm behind F.linear on an AMD EPYC
-(on an Intel Xeon, MKL's home ground, about as fast; bench/model_bench.py --ablate measures both),
-fuses the bias, activation and residual add into the GEMM, and is still plain fp32 arithmetic. For
-inference the weights are reordered once into oneDNN's layout and kept (bf16 weights too).
-Everything else (GPU, autocast, int8 modules, torch.compile, a torch without oneDNN) goes through
-torch's own F.linear.
+On x86 CPUs with AVX2 or better, oneDNN's fp32 GEMM runs faster than the BLAS behind F.linear (the
+README's "CPUs and precision" has the numbers per CPU kind), fuses the bias, activation and residual
+add into the GEMM, and is still plain fp32 arithmetic. For inference the weights are reordered once
+into oneDNN's layout and kept (bf16 weights too). Everything else (GPU, autocast, int8 modules,
+torch.compile, a torch without oneDNN) goes through torch's own F.linear.
 
     dense(layer, x, act="gelu")             a module: nn.Linear (or model.precision's Int8Linear)
     linear(owner, x, weight, bias)          a raw weight (the MLM decoder tied to the word embeddings)
     use_onednn(False)                       F.linear everywhere, as transformers runs (benchmarks)
 
-Whether this torch's oneDNN works is probed once, not at import: at the first dense call that could
-use it (on CPU, fp32 or bf16, big enough, outside autocast and torch.compile), or at use_onednn.
+Whether oneDNN runs, per dtype, is model.kernels' decision ("onednn-fp32", "onednn-bf16"): asked of
+the machine and confirmed by a probe at the first dense call that could use it (on CPU, big enough,
+outside autocast and torch.compile), never at import. Where bf16 has no oneDNN GEMM (CPUs without
+bf16 support), bf16 layers compute each GEMM in fp32 instead: the same numbers, slower than fp32.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import kernels
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -49,48 +51,46 @@ _MIN_MACS = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------
-# The switch: on wherever oneDNN works, decided at the first call
+# The switch: model.kernels decides, per dtype, whether oneDNN runs here
 # ---------------------------------------------------------------------------------------------
 
-@functools.cache
+_PATHS = {torch.float32: "onednn-fp32", torch.bfloat16: "onednn-bf16"}  # model.kernels' path names
+
+
 def available() -> bool:
-    """Whether this torch has oneDNN's fused linear and it agrees with F.linear (probed once, then cached)."""
-    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-    if op is None or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)  # its own: probing mid-run must not shift the dropout stream
-        x, w, b = torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g)
-        return torch.allclose(op(x, w, b, "none", [], ""), F.linear(x, w, b), atol=1e-5)
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-_onednn: dict[str, bool | None] = {"enabled": None}  # None: not decided yet (see _enabled)
-
-
-def _enabled() -> bool:
-    if _onednn["enabled"] is None:
-        _onednn["enabled"] = available()
-    return _onednn["enabled"]
+    """Whether the oneDNN fp32 path runs in this process (model.kernels: the machine has it, its probe
+    agreed, nothing switched it off)."""
+    return kernels.enabled("onednn-fp32")
 
 
 def use_onednn(enabled: bool) -> bool:
-    """Turn the oneDNN fp32 CPU path on or off for every model in the process; returns the old setting.
+    """Turn the oneDNN paths (fp32 and bf16) off for every model in the process, or back to the
+    machine's choice; returns whether the fp32 path was on.
 
-    On by default wherever it works. Off means F.linear (MKL), as transformers runs: benchmarks use
-    it to show what the GEMM library contributes.
+    On by default wherever it works and pays (model.kernels). Off means F.linear (MKL), as
+    transformers runs: benchmarks use it to show what the GEMM library contributes.
     """
-    old = _enabled()
-    _onednn["enabled"] = bool(enabled) and available()
+    old = kernels.override("onednn-fp32", None if enabled else False)
+    kernels.override("onednn-bf16", None if enabled else False)
     return old
 
 
-def _fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # is_compiling() before _enabled(): the first probe must not happen inside a graph being traced.
-    return (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in (torch.float32, torch.bfloat16)
+def _path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """The oneDNN path this call takes, or None for torch's own F.linear."""
+    # is_compiling() before kernels.enabled(): the first probe must not happen inside a graph being traced.
+    if not (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _PATHS
             and x.numel() * weight.shape[0] >= _MIN_MACS and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and _enabled())
+            and not torch.compiler.is_compiling()):
+        return None
+    name = _PATHS[x.dtype]
+    return name if kernels.enabled(name) else None
+
+
+def _emulate_bf16(x: torch.Tensor) -> bool:
+    """bf16 on a CPU whose oneDNN has no bf16 GEMM, where ATen's own bf16 GEMM ran 7x slower than
+    fp32 (AVX2): each GEMM in fp32 instead (see `linear`)."""
+    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling() and not kernels.enabled("onednn-bf16"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,9 +126,10 @@ def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), weight._version
 
 
-def _packed(owner: nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """`weight` in oneDNN's layout for inference: at small batches the per-call reorder is a third."""
-    if weight.is_inference():  # no version counter to notice changes by: use it as it is
+def _packed(owner: nn.Module | None, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` in oneDNN's layout for inference: at small batches the per-call reorder is a third.
+    No owner (a weight made for this call only): as it is."""
+    if owner is None or weight.is_inference():  # no version counter to notice changes by: as it is
         return weight
     cached = owner.__dict__.get("_onednn_packed")
     if cached is None or not cached.fits(weight):
@@ -167,19 +168,42 @@ class _OneDnnLinear(torch.autograd.Function):
 # The entry points
 # ---------------------------------------------------------------------------------------------
 
-def linear(owner: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def linear(owner: nn.Module | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            act: str | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
-    """ACT2FN[act](x W^T + b) + add (never both act and add); `owner` keeps the packed weight."""
-    if _fits(x, weight):
-        if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):  # inference
-            packed = _packed(owner, weight)
-            if add is not None:
-                return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
-            attr, algorithm = _POSTOPS[act] if act else ("none", "")
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
-        y = (_OneDnnLinear.apply if x.dtype == torch.float32 else F.linear)(x, weight, bias)
-    else:
-        y = F.linear(x, weight, bias)
+    """ACT2FN[act](x W^T + b) + add (never both act and add); `owner` keeps the packed weight.
+
+    bf16 where oneDNN has no bf16 GEMM is computed in fp32 on the same bf16 numbers and rounded back:
+    products of bf16 values are exact in fp32, so this is a bf16 GEMM with fp32 accumulation, as a
+    native one. A oneDNN call that raises switches its path off (model.kernels.fail) and is answered
+    by F.linear.
+    """
+    if _emulate_bf16(x):
+        up = [None if t is None else t.float() for t in (x, weight, bias, add)]
+        return linear(None, up[0], up[1], up[2], act, up[3]).to(torch.bfloat16)
+    path = _path(x, weight)
+    if path is None:
+        return _epilogue(F.linear(x, weight, bias), act, add)
+    try:
+        return _onednn_linear(owner, x, weight, bias, act, add)
+    except RuntimeError as e:
+        y = _epilogue(F.linear(x, weight, bias), act, add)  # raises too where the inputs, not the kernel, are wrong
+        kernels.fail(path, e)
+        return y
+
+
+def _onednn_linear(owner: nn.Module | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   act: str | None, add: torch.Tensor | None) -> torch.Tensor:
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):  # inference
+        packed = _packed(owner, weight)
+        if add is not None:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
+        attr, algorithm = _POSTOPS[act] if act else ("none", "")
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
+    y = (_OneDnnLinear.apply if x.dtype == torch.float32 else F.linear)(x, weight, bias)
+    return _epilogue(y, act, add)
+
+
+def _epilogue(y: torch.Tensor, act: str | None, add: torch.Tensor | None) -> torch.Tensor:
     if act:
         y = ACT2FN[act](y)
     return y if add is None else y + add
@@ -194,7 +218,4 @@ def dense(layer: nn.Module, x: torch.Tensor, act: str | None = None,
     """
     if type(layer) is nn.Linear:
         return linear(layer, x, layer.weight, layer.bias, act, add)
-    y = layer(x)
-    if act:
-        y = ACT2FN[act](y)
-    return y if add is None else y + add
+    return _epilogue(layer(x), act, add)

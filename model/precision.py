@@ -8,11 +8,13 @@ fp32  Full precision. On CPU the dense layers already run through oneDNN (model/
 bf16  Every weight and activation in bfloat16 (model.to(torch.bfloat16)); LayerNorm, softmax and
       the losses still accumulate in fp32 inside their kernels. Outputs are cast back to fp32, so
       callers see the same dtypes as ever. Fast where the hardware does bf16 natively: CPUs with
-      avx512_bf16 or AMX (see `bf16_native`), and CUDA GPUs from Ampere on. Elsewhere oneDNN
-      emulates it and it may be slower than fp32: measure with bench/precision_bench.py.
+      avx512_bf16, AMX or avx_ne_convert (see `bf16_native`), and CUDA GPUs from Ampere on.
+      Elsewhere it still runs, emulated: the GEMMs are computed in fp32 on the bf16 numbers
+      (model.onednn), correct but slower than fp32; the service warns once.
 int8  Dynamic W8A8 quantisation of the encoder's Linear layers (Int8Linear below): int8 weights
       with one scale per output channel, activations quantised on the fly with one scale per
-      token, an exact int8 x int8 -> int32 GEMM (torch._int_mm; VNNI/AMX make it fast), then
+      token, an exact int8 x int8 -> int32 GEMM (torch._int_mm where the CPU has VNNI or AMX;
+      elsewhere the same values multiplied in fp32, emulated and slower than fp32), then
       rescaled to fp32. CPU only, inference only. The heads (pooler, classifier, MLM transform and
       the decoder, which is the word-embedding matrix itself) stay fp32: a small share of the time
       and most of the accuracy risk. Why not torch.ao's quantize_dynamic: its activations are
@@ -20,6 +22,8 @@ int8  Dynamic W8A8 quantisation of the encoder's Linear layers (Int8Linear below
       with per-channel weights) and 88% classification agreement, where per-token scales keep
       the cosine above 0.995; and torch.ao.quantization is deprecated in favour of torchao. It is
       faster, though (fused kernels): bench/precision_bench.py times both.
+
+Which kernels run at each precision on this machine is model.kernels' choice (`describe`).
 
 Measured costs against fp32 (bench/precision_bench.py prints them for this machine): the sentence
 embedding cosine, fill-mask top-1 agreement and classification agreement on the same inputs.
@@ -32,13 +36,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
-from pathlib import Path
+import logging
 
 import torch
 from torch import nn
 
+from . import kernels
+from .onednn import linear
+
 PRECISIONS = ("fp32", "bf16", "int8")
+log = logging.getLogger(__name__)
 
 
 class Int8Linear(nn.Module):
@@ -71,7 +78,7 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
         scale = torch.linalg.vector_norm(x2, float("inf"), dim=1, keepdim=True).clamp_min_(1e-12).div_(127)
         q = torch.div(x2, scale).round_().to(torch.int8)
-        y = torch._int_mm(q, self.weight_int8.t()).to(torch.float32).mul_(scale)  # (M, K) @ (K, N)
+        y = _int8_gemm(q, self.weight_int8).mul_(scale)  # (M, K) @ (K, N)
         if self.bias is None:
             y.mul_(self.weight_scale)
         else:
@@ -94,6 +101,20 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _int8_gemm(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(M, K) int8 @ (N, K)^T int8 -> (M, N) fp32: torch._int_mm where the CPU has int8 dot products
+    (model.kernels' "int8-vnni"), else the same values multiplied in fp32 (exact while a sum stays
+    under 2^24, within fp32's rounding past it), which ran 20x faster than _int_mm without VNNI."""
+    if kernels.enabled("int8-vnni"):
+        try:
+            return torch._int_mm(q, weight.t()).to(torch.float32)
+        except RuntimeError as e:
+            y = linear(None, q.float(), weight.float(), None)
+            kernels.fail("int8-vnni", e)
+            return y
+    return linear(None, q.float(), weight.float(), None)
+
+
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
@@ -111,12 +132,8 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     checkpoint. Raises ValueError, quoting the value, for an unknown precision or an impossible
     conversion (int8 on GPU, in training mode, or from int8 to anything else).
 
-    Measured on this project's CPU (2-core AMD EPYC with avx512_bf16 and VNNI, 2 threads), base
-    encoder, against our fp32 (bench/precision_bench.py): bf16 1.8x faster at batch 1 and 8 x 128,
-    MiniLM embedding cosine >= 0.9999, 99.6% classification and 97.6% fill-mask top-1 agreement;
-    int8 1.6x at batch 1 but no faster at batch 8 (its quantise/rescale passes are separate
-    memory-bound kernels), cosine >= 0.995, 98.6% and 96% agreement. Prefer bf16 where
-    `bf16_native`; int8 for small batches on CPUs without native bf16.
+    Which is faster depends on the CPU (README, "CPUs and precision"): bf16 where `bf16_native`,
+    int8 at small batches where the CPU has VNNI; without either, fp32 is the fastest.
     """
     check_precision(precision)
     current = precision_of(model)
@@ -163,36 +180,30 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
     """A training precision setting for `device`: "auto" is bf16 autocast on CUDA, fp32 elsewhere."""
     if precision == "auto":
         return "bf16" if torch.device(device).type == "cuda" else "fp32"
-    return check_precision(precision)
+    if check_precision(precision) == "bf16" and torch.device(device).type == "cpu" and not bf16_native("cpu"):
+        log.warning("bf16 autocast on this CPU (%s) runs bf16 GEMMs without hardware support, slower than "
+                    "fp32: use precision fp32 here", kernels.cpu().summary())
+    return precision
 
 
 def bf16_native(device: str | torch.device = "cpu") -> bool:
-    """Whether `device` computes bf16 in hardware (else bf16 is emulated and can be slower than fp32)."""
+    """Whether `device` computes bf16 in hardware (else bf16 is emulated and slower than fp32)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return device.type == "cpu" and kernels.cpu().bf16_native
 
 
 def recommended_precision(device: str | torch.device = "cpu") -> str:
     """The default a service should use ("auto"): bf16 on a CUDA GPU with native bf16, fp32 anywhere
-    else, the CPU included (bf16/int8 opt-in there). Never initialises CUDA when torch sees none."""
+    else. Never bf16 or int8 on a CPU, even one where they are faster: neither keeps fill-mask's top-1
+    on every input (bench/precision_bench.py), so both stay opt-in there. Never initialises CUDA when
+    torch sees none."""
     device = torch.device(device)
     return "bf16" if device.type == "cuda" and bf16_native(device) else "fp32"
 
 
 # -- internals --------------------------------------------------------------------------------
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: no cheap way to tell, so say no
-        return set()
-    match = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    return set(match.group(1).split()) if match else set()
-
 
 def _encoder(model: nn.Module) -> nn.Module:
     bert = getattr(model, "bert", model)
@@ -202,23 +213,12 @@ def _encoder(model: nn.Module) -> nn.Module:
     return encoder
 
 
-def int8_supported() -> bool:
-    """Whether this torch can run Int8Linear on the CPU (torch._int_mm, exact on a small probe)."""
-    try:
-        a = torch.tensor([[1, -2], [3, 4]], dtype=torch.int8)
-        return torch.equal(torch._int_mm(a, a), (a.int() @ a.int()))
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-
-
 def _quantize_int8(model: nn.Module) -> nn.Module:
     if model.training:
         raise ValueError("int8 is for inference: call model.eval() before apply_precision(model, 'int8')")
     devices = {p.device.type for p in model.parameters()}
     if devices != {"cpu"}:
         raise ValueError(f"int8 runs on CPU only; the model is on {', '.join(sorted(devices))}")
-    if not int8_supported():
-        raise ValueError(f"int8 needs torch._int_mm on the CPU, which torch {torch.__version__} lacks")
     model.float()
     for parent in list(_encoder(model).modules()):
         for name, child in list(parent.named_children()):

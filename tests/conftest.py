@@ -57,6 +57,19 @@ def one_torch_thread():
 
 
 @pytest.fixture
+def kernel_paths():
+    """model.kernels' paths as a test leaves them are put back as they were (forced, failed, decided)."""
+    from model import kernels
+
+    fields = ("decided", "why", "machine", "forced")
+    saved = {name: {f: getattr(p, f) for f in fields} for name, p in kernels.PATHS.items()}
+    yield kernels
+    for name, values in saved.items():
+        for f, value in values.items():
+            setattr(kernels.PATHS[name], f, value)
+
+
+@pytest.fixture
 def tiny_config():
     from model import BertConfig
     return BertConfig(**tiny_config_dict())

@@ -6,8 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from model import kernels
+from model.device import resolve_device
 from model.errors import UserError
 from model.model_dir import import_model, summarize
+from model.precision import PRECISIONS, recommended_precision
 from model.tokenizer import train_vocab
 from model.weights import HEAD_NAMES
 
@@ -40,11 +43,34 @@ def cmd_info(args: argparse.Namespace) -> int:
         info = summarize(path)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
+    info["kernels"] = _kernels_here(args.device)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         _print_summary(info)
+        _print_kernels(info["kernels"])
     return 0
+
+
+def _kernels_here(device_setting: str) -> dict:
+    """What this machine would run the model with at each precision (model.kernels), and what auto is."""
+    try:
+        device = resolve_device(device_setting)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    where = kernels.cpu().name if device.type == "cpu" else str(device)
+    precisions = PRECISIONS if device.type == "cpu" else ("fp32", "bf16")  # int8 runs on the CPU only
+    return {"device": str(device), "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
+            "auto": recommended_precision(device), **{p: kernels.describe(p, device) for p in precisions}}
+
+
+def _print_kernels(plan: dict) -> None:
+    print(f"  this machine: {plan['machine']}")
+    for precision in PRECISIONS:
+        if precision in plan:
+            name = f"{precision} (auto)" if precision == plan["auto"] else precision
+            why = plan[precision]["why"].partition(": ")[2] if ": " in plan[precision]["why"] else ""
+            print(f"    {name + ':':12} {plan[precision]['kernels']}{f': {why}' if why else ''}")
 
 
 def _print_summary(info: dict) -> None:
@@ -76,7 +102,9 @@ def add_commands(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing destination")
     p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser("info", help="architecture, parameters, heads and vocabulary of a model directory")
+    p = sub.add_parser("info", help="architecture, parameters, heads and vocabulary of a model directory, "
+                                    "and the kernels this machine would run it with at each precision")
     p.add_argument("dir")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default="auto", help="where the kernels would run: auto, cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_info)

@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
+from model import kernels
 from model.datadir import NAME_PATTERN
 
 from ..deps import ServiceDep
@@ -15,7 +16,7 @@ from ..store import StoredModel
 router = APIRouter(tags=["models"])
 
 
-def model_info(entry: StoredModel, default: str | None, precision: str) -> ModelInfo:
+def model_info(entry: StoredModel, default: str | None, precision: str, device) -> ModelInfo:
     config = entry.config
     labels = None
     if config is not None and config.id2label and {"classifier", "token_classifier"} & set(entry.heads):
@@ -25,7 +26,8 @@ def model_info(entry: StoredModel, default: str | None, precision: str) -> Model
         num_parameters=entry.num_parameters,
         max_position_embeddings=config.max_position_embeddings if config else None,
         hidden_size=config.hidden_size if config else None,
-        default=entry.name == default, loaded=entry.loaded is not None, precision=precision, error=entry.error)
+        default=entry.name == default, loaded=entry.loaded is not None, precision=precision, error=entry.error,
+        **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}))
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
@@ -33,7 +35,7 @@ async def list_models(service: ServiceDep):
     """Every model in DATA_DIR/models/, with its heads, size, and whether it is loaded or the default."""
     entries = await asyncio.to_thread(service.store.scan)
     default = service.store.default()
-    models = [model_info(e, default, service.store.precision_of(e.name)) for e in entries]
+    models = [model_info(e, default, service.store.precision_of(e.name), service.device) for e in entries]
     return ModelsResponse(models=models, default=default)
 
 
@@ -42,4 +44,4 @@ async def list_models(service: ServiceDep):
 async def get_model(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], service: ServiceDep):
     """One model's description."""
     entry = await service.store.lookup(name)
-    return model_info(entry, service.store.default(), service.store.precision_of(entry.name))
+    return model_info(entry, service.store.default(), service.store.precision_of(entry.name), service.device)

@@ -9,6 +9,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from model import kernels
+
 from ..deps import ServiceDep, require_api_key
 from ..errors import ServiceError, responses
 from ..schemas import HealthResponse, InfoResponse, ReadyResponse
@@ -52,6 +54,7 @@ async def metrics(service: ServiceDep):
 async def info(service: ServiceDep):
     """Version, device and the settings that are safe to show."""
     return InfoResponse(name="bertserve", version=version(), device=str(service.device),
+                        cpu=f"{kernels.cpu().name}: {kernels.cpu().summary()}",
                         torch=torch.__version__, python=platform.python_version(),
                         settings=service.settings.public_dict())
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from model import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                    BertModel, load_model, modeling)
+from model import kernels
 from model.weights import heads_in_dir
 from tests.conftest import tiny_config_dict
 
@@ -366,10 +367,11 @@ def test_masked_lm_and_pretraining_share_one_mlm_loss(tiny_config):
     assert none.logits.shape == (0, tiny_config.vocab_size) and none.loss.item() == 0.0
 
 
-def test_flash_varlen_attention_only_for_head_sizes_its_kernel_takes(monkeypatch):
+def test_flash_varlen_attention_only_for_head_sizes_its_kernel_takes(monkeypatch, kernel_paths):
     """Packed batches on CUDA need flash attention's varlen kernel: half precision, no dropout, and a
     head size that is a multiple of 8 up to 256; otherwise the batch stays padded (SDPA with a mask)."""
     monkeypatch.setattr(modeling, "_varlen_attn", lambda *args: None)  # as on a CUDA build of torch
+    kernels.override("flash-varlen", True)  # as on a GPU where its probe agreed
     bf16 = torch.bfloat16
     assert modeling.varlen_fits(bf16, 64, 0.0) and modeling.varlen_fits(torch.float16, 256, 0.0)
     assert not modeling.varlen_fits(bf16, 12, 0.0)  # hidden 48 over 4 heads
@@ -381,5 +383,7 @@ def test_flash_varlen_attention_only_for_head_sizes_its_kernel_takes(monkeypatch
     assert modeling.should_unpad(mask, on_cuda, 0.0, 64)
     assert not modeling.should_unpad(mask, on_cuda, 0.0, 12)
     assert modeling.should_unpad(mask, torch.zeros(2, 4, 48), 0.0, 12)  # CPU: SDPA per sequence, any size
+    kernels.override("flash-varlen", False)  # a GPU where it is missing or its probe disagreed
+    assert modeling.varlen_fits(bf16, 64, 0.0) and not modeling.should_unpad(mask, on_cuda, 0.0, 64)
     monkeypatch.setattr(modeling, "_varlen_attn", None)  # a torch without the kernel
     assert not modeling.varlen_fits(bf16, 64, 0.0) and not modeling.should_unpad(mask, on_cuda, 0.0, 64)
