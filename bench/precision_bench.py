@@ -40,9 +40,9 @@ from torch import nn
 
 from bench.common import (CONFIGS, MINILM_DIR, ROTTEN_TOMATOES, WIKI_JSON, interleaved, machine_line,
                           markdown_table, setup)
-from model import BertConfig, BertForMaskedLM, BertModel, BertTokenizer
+from model import BertConfig, BertForMaskedLM, BertModel, BertTokenizer, kernels
 from model.data.corpus import split_sentences
-from model.precision import apply_precision, autocast, bf16_native
+from model.precision import apply_precision, autocast
 
 PRECISIONS = ("bf16", "int8", "int8 torch.ao")
 
@@ -237,7 +237,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     setup(args.threads)
-    print(f"## Precision benchmark\n\n{machine_line()}; bf16 native: {bf16_native('cpu')}\n")
+    plan = "; ".join(f"{p} {kernels.describe(p)['kernels']}" for p in ("fp32", "bf16", "int8"))
+    print(f"## Precision benchmark\n\n{machine_line()}\n\nKernels here: {plan}\n")
     if not args.skip_speed:
         print("Encoder forward, median (min-max) ms:\n\n" + speed_table(args) + "\n", flush=True)
     if not args.skip_accuracy:
