@@ -8,7 +8,9 @@ moves the spread rather than the verdict. Threads are pinned with torch.set_num_
 
 from __future__ import annotations
 
+import json
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -34,6 +36,24 @@ CONFIGS = {
     "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                  vocab_size=30522),
 }
+
+
+def make_inputs(tokenizer, n: int, tokens: int, masked: bool = False, seed: int = 0) -> list[str]:
+    """n texts of `tokens` tokens each (after tokenisation, [CLS] and [SEP] included), cut from the
+    Wikipedia leads; `masked` puts one [MASK] in each. `tokenizer`: model.tokenizer.BertTokenizer."""
+    leads = [v["extract"] for v in json.loads(WIKI_JSON.read_text()).values() if len(v.get("extract", "")) > 1200]
+    rng = random.Random(seed)
+    texts = []
+    while len(texts) < n:
+        ids = tokenizer.encode(rng.choice(leads), max_length=tokens, truncation=True)["input_ids"][1:-1]
+        if len(ids) < tokens - 2:
+            continue
+        if masked:
+            ids[rng.randrange(len(ids))] = tokenizer.mask_token_id
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        if len(tokenizer.encode(text)["input_ids"]) == tokens:  # the decode round trip kept the length
+            texts.append(text)
+    return texts
 
 
 def setup(threads: int, seed: int = 0) -> None:

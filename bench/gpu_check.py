@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from bench.common import CONFIGS, interleaved, markdown_table, si
+from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
 from model import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel
 from model.precision import apply_precision, autocast
 
@@ -290,7 +290,7 @@ def check_service(ctx: Context) -> list[Row]:
                         f"bad model {status} ({json.loads(body).get('error', '')[:70]}...), "
                         f"valid request {ok_status}", "503 then 200", verdict(status == 503 and ok_status == 200)))
         for endpoint in serve_bench.ENDPOINTS:
-            texts = serve_bench.make_inputs(tokenizer, 64, 128, masked=endpoint == "fill-mask")
+            texts = make_inputs(tokenizer, 64, 128, masked=endpoint == "fill-mask")
             r = asyncio.run(serve_bench.load(port, endpoint, texts, 128, 32, seconds))
             rows.append(Row(f"service /{endpoint}, 32 clients, 128 tokens",
                             f"{r.rps:.1f} req/s, {si(r.tps, 'tok/s')}, p50 {r.pct(0.5):.0f} ms, "

@@ -1,7 +1,7 @@
-"""A live `bert serve` for the load benchmarks (bench/bounds_bench.py, bench/soak.py): models saved
-into a temporary DATA_DIR, the server started as its own process (from this checkout or another,
-to compare before and after), its resident memory read from /proc, and a keep-alive HTTP/1.1
-client that reads whole answers and survives closed connections.
+"""A live `bert serve` for the load benchmarks (bench/bounds_bench.py, bench/soak.py, bench/peer_bench.py):
+models saved into a temporary DATA_DIR, the server started as its own process (from this checkout or
+another, to compare before and after), its resident memory read from /proc, a keep-alive HTTP/1.1
+client that reads whole answers and survives closed connections, and a closed-loop load of them.
 
 Models: "bench", BertForPreTraining with 4 layers, hidden 256, 4 heads and 512 positions (as
 bench/serve_bench.py), and "bench-clf", a BertForSequenceClassification of the same shape with
@@ -68,13 +68,21 @@ def start_server(data_dir: Path, root: Path = ROOT, process_env: dict[str, str] 
                 **(process_env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=root, env=full_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
+    wait_ready(proc, port)
+    return proc, port
+
+
+def wait_ready(proc: subprocess.Popen, port: int, method: str = "GET", path: str = "/ready", body: bytes = b"",
+               timeout: float = 180) -> None:
+    """Until `method path` answers 200 (bertserve's /ready; any server's real request); a server that
+    exits or is still not ready after `timeout` seconds is a RuntimeError (and killed)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if asyncio.run(one_request(port, "GET", "/ready"))[0] == 200:
-                return proc, port
+            if asyncio.run(one_request(port, method, path, body))[0] == 200:
+                return
         except OSError:
             pass
         time.sleep(0.3)
@@ -146,3 +154,33 @@ async def one_request(port: int, method: str, path: str, body: bytes = b"") -> t
         return await client.request(method, path, body)
     finally:
         client.close()
+
+
+async def closed_loop(port: int, path: str, bodies: list[bytes], clients: int, seconds: float,
+                      warmup: float) -> list[tuple[float, float, bool]]:
+    """Closed-loop load: `clients` keep-alive connections, client i sending POST `path` with bodies[i],
+    bodies[i + clients], ... (cycling), each when its last answer is in, from now until `warmup +
+    seconds` have passed (the requests then in flight are awaited). Every request as (sent, answered,
+    status was 200), in seconds from the end of the warm-up; a failed connection counts as not 200 and
+    is reopened by the next request."""
+    start = time.perf_counter()
+    origin, stop_at = start + warmup, start + warmup + seconds
+    spans: list[tuple[float, float, bool]] = []
+
+    async def client(i: int) -> None:
+        conn, k = Client(port), i
+        try:
+            while (sent := time.perf_counter()) < stop_at:
+                try:
+                    ok = (await conn.request("POST", path, bodies[k % len(bodies)]))[0] == 200
+                except (OSError, asyncio.IncompleteReadError, ValueError):
+                    ok = False
+                    conn.close()
+                    await asyncio.sleep(0.01)  # a dead server would otherwise be a busy loop
+                spans.append((sent - origin, time.perf_counter() - origin, ok))
+                k += clients
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return spans

