@@ -23,14 +23,17 @@ _api_bearer = HTTPBearer(auto_error=False, description="BERT_API_KEY, when the s
 _admin_bearer = HTTPBearer(auto_error=False, description="BERT_ADMIN_KEY (or BERT_API_KEY when no admin key is set).")
 
 
-def get_service(request: Request) -> Service:
+# The dependencies are `async def`: FastAPI runs a plain `def` one in its thread pool, a thread hop
+# per request for an attribute read.
+
+async def get_service(request: Request) -> Service:
     return request.app.state.service
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def get_job_service(request: Request) -> JobService:
+async def get_job_service(request: Request) -> JobService:
     """The app's JobService, made on first use (so create_app needs nothing but the include_router lines)."""
     jobs = getattr(request.app.state, "jobs", None)
     if jobs is None:
