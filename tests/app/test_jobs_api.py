@@ -335,6 +335,43 @@ def test_a_full_disk_is_507_and_removes_the_partial_upload(env, monkeypatch, cod
     assert upload(client, "full.csv", labelled_csv(), name=name).status_code == 201
 
 
+def many_labels_csv(labels: int, rows_of_first: int = 1) -> bytes:
+    rows = [f"text {i},label-{i}" for i in range(labels)] + [f"more text {k},label-0" for k in range(rows_of_first)]
+    return ("text,label\n" + "\n".join(rows) + "\n").encode()
+
+
+def test_label_counts_are_bounded_at_upload_and_at_job_submission(tmp_path, monkeypatch):
+    data_dir = make_data_dir(tmp_path / "data")
+    accept_without_a_broker(monkeypatch)
+    with make_client(data_dir, max_labels=5) as client:
+        r = upload(client, "six.csv", many_labels_csv(6))
+        assert (r.status_code, r.json()) == (422, {"error": "file: 6 distinct labels, more than the 5 this service "
+                                                            "allows (BERT_MAX_LABELS)", "error_type": "validation"})
+        tags = "".join(f"w{i} B-T{i}\n\n" for i in range(6)).encode()  # 6 tags in CoNLL columns
+        r = upload(client, "tags.conll", tags)
+        assert r.json()["error"] == "file: 6 distinct labels, more than the 5 this service allows (BERT_MAX_LABELS)"
+        r = upload(client, "long.csv", f"text,label\na,{'x' * 201}\nb,y\n".encode())
+        assert r.json()["error"] == f"file: the label '{'x' * 40}'... is 201 characters long; a label has at most 200"
+        assert not list((data_dir / "datasets").iterdir())
+    with make_client(data_dir, max_labels=6) as client:  # a dataset taken in under a higher limit
+        assert upload(client, "six.csv", many_labels_csv(6)).status_code == 201
+    with make_client(data_dir, max_labels=5) as client:
+        assert post_job(client, finetune_request("x", dataset="six")) == (422, {
+            "error": "dataset: 'six' has 6 labels, more than the 5 this service trains (BERT_MAX_LABELS)",
+            "error_type": "validation"})
+
+
+def test_a_dataset_description_lists_at_most_100_labels(tmp_path):
+    with make_client(make_data_dir(tmp_path / "data")) as client:
+        meta = upload(client, "many.csv", many_labels_csv(150, rows_of_first=3)).json()
+        assert meta["num_labels"] == 150 and meta["rows"] == 153
+        assert len(meta["labels"]) == len(meta["label_counts"]) == 100
+        assert meta["label_counts"]["label-0"] == 4 and set(meta["labels"]) == set(meta["label_counts"])
+        assert client.get("/datasets").json()["datasets"] == [meta]
+        reviews = upload(client, "reviews.csv", labelled_csv()).json()
+        assert (reviews["num_labels"], reviews["labels"]) == (2, ["negative", "positive"])
+
+
 def test_any_other_failure_while_storing_an_upload_is_a_logged_500(env, monkeypatch, caplog):
     _, outer, data_dir = env
 
