@@ -35,6 +35,7 @@ from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
 from .errors import ServiceError
+from .job_events import EventStreams
 from .schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from .settings import Settings
 
@@ -57,6 +58,7 @@ class JobService:
         self.models = models  # app.store.ModelStore, for base-model checks
         self.celery = producer(settings.broker_url, data_dir)
         self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time
+        self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
 
     def publish(self, record: dict) -> None:
         """Send the job's task by name (blocking: call in a thread)."""

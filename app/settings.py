@@ -129,6 +129,13 @@ class Settings(BaseSettings):
     # through torchrun). Set it to what every worker has: a worker with fewer fails the job.
     job_max_devices: int = Field(1, ge=1, le=64)
 
+    # GET /jobs/{id}/events: streams open at once, in all and per job (one more is a 429 with
+    # Retry-After), and the seconds one stream lasts before the server closes it (a client then
+    # reconnects with Last-Event-ID, and the curve goes on from where it was).
+    max_event_streams: int = Field(64, ge=1)
+    max_event_streams_per_job: int = Field(4, ge=1)
+    event_stream_max_seconds: float = Field(3600.0, gt=0)
+
     def admin_key_value(self) -> str | None:
         return _key(self.admin_key)
 
