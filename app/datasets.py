@@ -12,6 +12,14 @@ the limit stops at the limit (413) and nothing is buffered in memory or in /tmp.
 renamed into place only after the format check passes: a dataset is there whole or not at all.
 Names are never reused: a dataset a job was trained on stays what it was.
 
+The format check reads the whole file: a file over INLINE_CHECK_BYTES is checked in a child
+process whose CPU time (and wall-clock time) BERT_DATASET_CHECK_SECONDS bounds, so a hostile file
+costs the API process nothing but a wait. What one upload may hold is bounded too: at most
+BERT_MAX_LABELS distinct labels (tags), each at most MAX_LABEL_CHARS long, and at most
+MAX_EXAMPLE_CHARS of text in one example (a row, a tagged sentence, a QA context); a corpus's
+lines and paragraphs are cut by model/data/corpus.py's readers. meta.json lists at most
+LISTED_LABELS labels (the most frequent), so GET /datasets stays small; `num_labels` counts them all.
+
 Failures say what happened: a body the multipart parser cannot read is a 422, a full disk (or
 quota) while storing the upload a 507, and anything else a logged 500; the partial upload is
 removed in every case.
@@ -25,7 +33,11 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +50,10 @@ from model.data import load_classification_data, read_documents, read_squad, rea
 from model.metrics import entities
 from model.data.corpus import detect_format
 from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
-from model.datadir.datasets import DATASET_KINDS, install, staging_dir
+from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, install, staging_dir
 
 from .errors import ServiceError
+from .settings import Settings
 
 log = logging.getLogger("bertserve")
 
@@ -53,6 +66,9 @@ MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+INLINE_CHECK_BYTES = 1 << 20  # a file up to this size is checked in the API process (a thread), a larger one not
+MAX_LABEL_CHARS = 200
+MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or QA context
 
 # ---------------------------------------------------------------------------- the upload
 
@@ -172,8 +188,9 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
         raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(DATASET_KINDS)}")
 
 
-async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> dict[str, Any]:
+async def receive_upload(request: Request, data_dir: Path, settings: Settings) -> dict[str, Any]:
     """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json."""
+    max_bytes = settings.max_dataset_bytes
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
         raise ServiceError("validation", "send the dataset as multipart/form-data (curl -F file=@data.csv "
@@ -186,7 +203,7 @@ async def receive_upload(request: Request, data_dir: Path, max_bytes: int) -> di
     try:
         tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
-        return await asyncio.to_thread(_finish, upload, tmp, data_dir)
+        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -222,14 +239,15 @@ async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, d
     return upload
 
 
-def _finish(upload: _Upload, tmp: Path, data_dir: Path) -> dict[str, Any]:
+def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings) -> dict[str, Any]:
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
     fields = dict(upload.fields)
     fields.setdefault("name", Path(upload.filename).stem)
-    return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir)
+    return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir, settings)
 
 
-def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path) -> dict:
+def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path,
+             settings: Settings) -> dict:
     """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
     ext = Path(filename).suffix.lower()
     kinds = EXTENSIONS[ext]
@@ -242,7 +260,7 @@ def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256
     path = tmp / f"data{ext}"
     meta = {"name": name, "kind": kind, "file": path.name, "original_filename": filename[:200],
             "bytes": size, "sha256": sha256, "created_at": now_iso()}
-    meta.update(CHECKS[kind](path))
+    meta.update(check_file(kind, path, settings))
     try:
         install(data_dir, tmp, meta)
     except DatasetExists:
@@ -250,8 +268,10 @@ def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256
     return meta
 
 
-def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = None) -> dict[str, Any]:
+def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = None,
+                      settings: Settings | None = None) -> dict[str, Any]:
     """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
+    settings = settings or Settings()
     if Path(src).suffix.lower() not in EXTENSIONS:
         raise ServiceError("validation", f"file: {src} must end in one of {', '.join(EXTENSIONS)}")
     tmp = staging_dir(data_dir, "local")
@@ -260,7 +280,7 @@ def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = N
         shutil.copyfile(src, dst)
         digest = hashlib.sha256(dst.read_bytes()).hexdigest()
         fields = {"name": name, **({"kind": kind} if kind else {})}
-        return _install(tmp, Path(src).name, fields, dst.stat().st_size, digest, data_dir)
+        return _install(tmp, Path(src).name, fields, dst.stat().st_size, digest, data_dir, settings)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -268,19 +288,67 @@ def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = N
 
 def _sniff_jsonl_kind(path: Path) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                    if "tokens" in record and "tags" in record:
-                        return "token-labelled"
-                    return "labelled" if "label" in record else "corpus"
-                except (ValueError, TypeError):
-                    break
-    return "corpus"
+        line = f.readline(MAX_EXAMPLE_CHARS + 1)
+        while line and not line.strip():
+            line = f.readline(MAX_EXAMPLE_CHARS + 1)
+    try:
+        record = json.loads(line)
+    except (ValueError, TypeError, RecursionError):
+        return "corpus"
+    if not isinstance(record, dict):
+        return "corpus"
+    if "tokens" in record and "tags" in record:
+        return "token-labelled"
+    return "labelled" if "label" in record else "corpus"
 
 
-def _check_corpus(path: Path) -> dict[str, Any]:
+# ---------------------------------------------------------------------------- the format checks
+
+def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
+    """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked
+    here for a small file and in a child process with a CPU and time bound for a larger one."""
+    limits = {"max_labels": settings.max_labels}
+    if path.stat().st_size <= INLINE_CHECK_BYTES:
+        return CHECKS[kind](path, **limits)
+    return _check_in_child(kind, path, limits, settings.dataset_check_seconds)
+
+
+def _check_in_child(kind: str, path: Path, limits: dict, seconds: float) -> dict[str, Any]:
+    request = json.dumps({"kind": kind, "path": str(path), "limits": limits, "seconds": seconds})
+    too_slow = ServiceError("validation", f"file: checking the dataset took longer than {seconds:g} s "
+                                          "(BERT_DATASET_CHECK_SECONDS); upload a smaller file")
+    try:
+        done = subprocess.run([sys.executable, "-c", "from app.datasets import check_main; check_main()"],
+                              input=request, capture_output=True, text=True, timeout=seconds + 10)
+    except subprocess.TimeoutExpired:
+        raise too_slow from None
+    if done.returncode == -9 or done.returncode == -24:  # SIGKILL, SIGXCPU: past the CPU limit
+        raise too_slow
+    try:
+        answer = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        log.error("the dataset check process failed (exit status %s): %s", done.returncode, done.stderr[-4000:])
+        raise RuntimeError("the dataset check process failed")
+    if "error" in answer:
+        raise ServiceError("validation", answer["error"])
+    return answer["meta"]
+
+
+def check_main() -> None:
+    """The child process of _check_in_child: a request on stdin, {"meta"} or {"error"} on stdout."""
+    request = json.loads(sys.stdin.read())
+    cpu = max(1, int(request["seconds"]))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at `cpu` s, SIGKILL 5 s later
+    try:
+        answer = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
+    except ServiceError as e:
+        answer = {"error": e.message}
+    sys.stdout.write(json.dumps(answer))
+
+
+def _check_corpus(path: Path, max_labels: int) -> dict[str, Any]:
     if not _has_text(path):
         raise ServiceError("validation", "file: the corpus has no text")
     try:
@@ -298,52 +366,83 @@ def _check_corpus(path: Path) -> dict[str, Any]:
 
 def _has_text(path: Path) -> bool:
     with open(path, encoding="utf-8", errors="replace") as f:
-        return any(line.strip() for line in f)
+        while piece := f.read(1 << 16):
+            if not piece.isspace():
+                return True
+    return False
 
 
-def _check_labelled(path: Path) -> dict[str, Any]:
+def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     try:
         data = load_classification_data(path, path)  # eval = train: no split, every row checked
     except (ValueError, UnicodeDecodeError, KeyError) as e:
         raise ServiceError("validation", f"file: not a usable labelled table (columns text, label and "
                                          f"optionally text_pair): {_clean(e, path)}") from None
-    if len(data.id2label) < 2:
-        found = list(data.id2label.values())
-        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {found}")
-    counts: dict[str, int] = {}
-    for example in data.train:
-        label = data.id2label[example.label]
-        counts[label] = counts.get(label, 0) + 1
-    return {"format": path.suffix.lstrip("."), "rows": len(data.train), "labels": list(data.id2label.values()),
+    labels = list(data.id2label.values())
+    if len(labels) < 2:
+        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {labels}")
+    _check_labels(labels, max_labels)
+    _check_sizes(f"row {i + 1}'s text" for i, e in enumerate(data.train)
+                 if len(e.text) + len(e.text_pair or "") > MAX_EXAMPLE_CHARS)
+    listed, counts = _listed(labels, Counter(data.id2label[example.label] for example in data.train))
+    return {"format": path.suffix.lstrip("."), "rows": len(data.train), "num_labels": len(labels), "labels": listed,
             "label_counts": counts, "is_pair": data.is_pair}
 
 
-def _check_token_labelled(path: Path) -> dict[str, Any]:
+def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     try:
         sentences = read_tagged(path)
     except (ValueError, UnicodeDecodeError) as e:
         raise ServiceError("validation", f"file: not a usable token-labelled file (CoNLL columns, or JSONL with "
                                          f"tokens and tags; IOB2 tags): {_clean(e, path)}") from None
-    entity_counts: dict[str, int] = {}
-    for sentence in sentences:
-        for type_, _, _ in entities(sentence.tags):
-            entity_counts[type_] = entity_counts.get(type_, 0) + 1
+    tags = sorted({t for s in sentences for t in s.tags})
+    _check_labels(tags, max_labels)
+    _check_sizes(f"the sentence on line {s.line}" for s in sentences if sum(map(len, s.tokens)) > MAX_EXAMPLE_CHARS)
+    listed, _ = _listed(tags, Counter(t for s in sentences for t in s.tags))
+    _, entity_counts = _listed([], Counter(type_ for s in sentences for type_, _, _ in entities(s.tags)))
     return {"format": "jsonl" if path.suffix == ".jsonl" else "conll", "sentences": len(sentences),
-            "tokens": sum(len(s.tokens) for s in sentences), "labels": sorted({t for s in sentences for t in s.tags}),
+            "tokens": sum(len(s.tokens) for s in sentences), "num_labels": len(tags), "labels": listed,
             "entity_counts": dict(sorted(entity_counts.items()))}
 
 
-def _check_qa(path: Path) -> dict[str, Any]:
+def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
     try:
         examples = read_squad(path)
     except (ValueError, UnicodeDecodeError) as e:
         raise ServiceError("validation", f"file: not a usable SQuAD file: {_clean(e, path)}") from None
+    _check_sizes(f"question {e.id!r}'s context" for e in examples if len(e.context) > MAX_EXAMPLE_CHARS)
     return {"format": "squad", "questions": len(examples), "impossible": sum(e.is_impossible for e in examples),
             "contexts": len({e.context for e in examples})}
 
 
 CHECKS = {"corpus": _check_corpus, "labelled": _check_labelled, "token-labelled": _check_token_labelled,
           "qa": _check_qa}
+
+
+def _check_labels(labels: list[str], max_labels: int) -> None:
+    if len(labels) > max_labels:
+        raise ServiceError("validation", f"file: {len(labels)} distinct labels, more than the {max_labels} this "
+                                         "service allows (BERT_MAX_LABELS)")
+    long = next((label for label in labels if len(label) > MAX_LABEL_CHARS), None)
+    if long is not None:
+        raise ServiceError("validation", f"file: the label {long[:40]!r}... is {len(long)} characters long; a label "
+                                         f"has at most {MAX_LABEL_CHARS}")
+
+
+def _check_sizes(too_long) -> None:
+    """A 422 naming the first example (`too_long` yields their descriptions) over MAX_EXAMPLE_CHARS."""
+    first = next(iter(too_long), None)
+    if first is not None:
+        raise ServiceError("validation", f"file: {first} is longer than {MAX_EXAMPLE_CHARS} characters, the most "
+                                         "one example may hold")
+
+
+def _listed(labels: list[str], counts: Counter) -> tuple[list[str], dict[str, int]]:
+    """The labels and counts meta.json lists: all of them, or the LISTED_LABELS most frequent."""
+    if len(labels) <= LISTED_LABELS and len(counts) <= LISTED_LABELS:
+        return labels, dict(counts)
+    top = dict(counts.most_common(LISTED_LABELS))
+    return [label for label in labels if label in top][:LISTED_LABELS], top
 
 
 def _clean(error: Exception, path: Path) -> str:

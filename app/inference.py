@@ -63,15 +63,26 @@ def run_nsp(lm, batch) -> list[float]:
     return out.seq_relationship_logits.float().softmax(-1)[:, 0].cpu().tolist()
 
 
-def run_classify(lm, batch) -> list[list[float]]:
-    """Per row, one score per label (id order); the logits themselves for a row whose params ask for
-    them ("logits": the TEI routes, which score them their own way: app/tei.py)."""
-    logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()
-    raw = [p.get("logits", False) for p in batch.params]
-    scores = logits if all(raw) else score_logits(logits, lm.config)
-    if not any(raw) or all(raw):
-        return scores.cpu().tolist()
-    return [r if want_raw else s for want_raw, r, s in zip(raw, logits.cpu().tolist(), scores.cpu().tolist())]
+def run_classify(lm, batch) -> list:
+    """Per row, one score per label (id order), as its params ask: "scoring" "pipeline" (the default,
+    score_logits), "tei" (TEI's: softmax, sigmoid for one label) or "logits" (the logits themselves;
+    "logits": true says so too). With "top_k" below the label count, a row is (scores, label ids) of
+    its k best instead, best first: a model with many labels answers a few, chosen here."""
+    logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()  # (B, L)
+    kinds = [p.get("scoring") or ("logits" if p.get("logits") else "pipeline") for p in batch.params]
+    scored = {kind: SCORINGS[kind](logits, lm.config) for kind in set(kinds)}
+    ks = [p.get("top_k") or logits.shape[-1] for p in batch.params]
+    if len(scored) == 1 and all(k >= logits.shape[-1] for k in ks):
+        return next(iter(scored.values())).cpu().tolist()
+    out = []
+    for row, (kind, k) in enumerate(zip(kinds, ks)):
+        scores = scored[kind][row]
+        if k < scores.shape[-1]:
+            values, ids = scores.topk(k)
+            out.append((values.cpu().tolist(), ids.cpu().tolist()))
+        else:
+            out.append(scores.cpu().tolist())
+    return out
 
 
 def score_logits(logits: torch.Tensor, config) -> torch.Tensor:
@@ -82,6 +93,14 @@ def score_logits(logits: torch.Tensor, config) -> torch.Tensor:
     if config.problem_type == "multi_label_classification" or logits.shape[-1] == 1:
         return logits.sigmoid()
     return logits.softmax(-1)
+
+
+def tei_softmax(logits: torch.Tensor, config) -> torch.Tensor:
+    """text-embeddings-inference's predict (core/src/infer.rs): sigmoid for one label, else softmax."""
+    return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
+
+
+SCORINGS = {"pipeline": score_logits, "tei": tei_softmax, "logits": lambda logits, config: logits}
 
 
 def _unpadded(batch, values: torch.Tensor) -> list:

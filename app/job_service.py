@@ -21,7 +21,7 @@ from pathlib import Path
 from kombu.exceptions import OperationalError
 
 from model.config import BertConfig
-from model.datadir.datasets import KIND_OF_TASK
+from model.datadir.datasets import KIND_OF_TASK, num_labels
 from model.datadir import (
     DataDir,
     JobFinished,
@@ -35,6 +35,7 @@ from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
 from .errors import ServiceError
+from .job_events import EventStreams
 from .schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from .settings import Settings
 
@@ -57,6 +58,7 @@ class JobService:
         self.models = models  # app.store.ModelStore, for base-model checks
         self.celery = producer(settings.broker_url, data_dir)
         self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time
+        self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
 
     def publish(self, record: dict) -> None:
         """Send the job's task by name (blocking: call in a thread)."""
@@ -113,6 +115,7 @@ class JobService:
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
         else:
+            self._check_label_count(dataset)
             _check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
         self._check_devices(params["devices"])
@@ -120,6 +123,12 @@ class JobService:
         self._check_size(size)
         return {"kind": req.kind, "model_name": req.model_name, "base_model": req.base_model,
                 "dataset": req.dataset, "params": params, "estimate": size.to_dict()}
+
+    def _check_label_count(self, dataset: dict) -> None:
+        have, limit = num_labels(dataset), self.settings.max_labels
+        if dataset["kind"] != "qa" and have > limit:
+            raise ServiceError("validation", f"dataset: '{dataset['name']}' has {have} labels, more than the {limit} "
+                                             "this service trains (BERT_MAX_LABELS)")
 
     def _check_devices(self, asked: int) -> None:
         limit = self.settings.job_max_devices
@@ -212,7 +221,7 @@ def _training_size(req: JobRequest, params: dict, base_config, dataset: dict) ->
         architecture = "BertForPreTraining" if params["nsp"] else "BertForMaskedLM"
         config = base_config or BertConfig.from_dict({**params["config"], "vocab_size": params["vocab_size"]})
     return estimate_training(config, architecture, batch_size=params["batch_size"], seq_len=params["max_seq_len"],
-                             precision=params["precision"], num_labels=len(dataset.get("labels") or ()) or 2,
+                             precision=params["precision"], num_labels=num_labels(dataset) or 2,
                              masked_lm_prob=params.get("masked_lm_prob", 0.15),
                              freeze_encoder=params.get("freeze_encoder", False))
 
@@ -232,7 +241,7 @@ def _check_labels(base, dataset: dict) -> None:
     fine-tuned for either classification task, so the label (tag) count must match."""
     if not {"classifier", "token_classifier"} & set(base.heads) or dataset["kind"] == "qa":
         return
-    have, want = base.config.num_labels, len(dataset["labels"])
+    have, want = base.config.num_labels, num_labels(dataset)
     if have != want:
         raise ServiceError("validation", f"base_model: '{base.name}' is a classifier with {have} labels; "
                                          f"dataset '{dataset['name']}' has {want}")

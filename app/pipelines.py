@@ -194,11 +194,38 @@ def _prepare_openai(lm: LoadedModel, texts: list[str], dimensions: int | None) -
 # -- classify ----------------------------------------------------------------------------------
 
 async def classify(svc: Service, req: ClassifyRequest) -> Any:
-    outcome = await _infer(svc, "classify", req.model, req.inputs, _tokenize, req.truncate)
-    id2label = outcome.lm.config.id2label or {}
-    labels = [id2label.get(i, f"LABEL_{i}") for i in range(len(outcome.results[0]))]
+    outcome = await _infer(svc, "classify", req.model, req.inputs, _prepare_classify, req.truncate, req.top_k,
+                           svc.settings.max_label_scores)
     out = []
-    for row in outcome.results:
-        best = max(range(len(row)), key=row.__getitem__)
-        out.append({"label": labels[best], "score": row[best], "scores": dict(zip(labels, row))})
+    for scores, names in label_scores(outcome):
+        best = max(range(len(scores)), key=scores.__getitem__)
+        out.append({"label": names[best], "score": scores[best], "scores": dict(zip(names, scores))})
     return outcome.answer(out)
+
+
+def _prepare_classify(lm: LoadedModel, items: list, truncate: bool, top_k: int | None,
+                      limit: int) -> tuple[list[Row], dict]:
+    return encode(lm, items, truncate), {"top_k": scores_per_input(lm, top_k, limit)}
+
+
+def scores_per_input(lm: LoadedModel, top_k: int | None, limit: int) -> int:
+    """How many label scores each input gets: top_k (at most the labels), by default every label up to
+    `limit` (BERT_MAX_LABEL_SCORES); asking for more than `limit` is a 422."""
+    labels = lm.config.num_labels
+    if top_k is None:
+        return min(labels, limit)
+    if min(top_k, labels) > limit:
+        raise ServiceError("validation", f"top_k: {top_k} label scores per input is more than the {limit} that "
+                                         "BERT_MAX_LABEL_SCORES allows")
+    return min(top_k, labels)
+
+
+def label_scores(outcome: Outcome) -> list[tuple[list[float], list[str]]]:
+    """Each classified row's scores and the names of their labels: every label in id order, or the
+    best few, best first (app/inference.py run_classify with top_k)."""
+    id2label = outcome.lm.config.id2label or {}
+    out = []
+    for result in outcome.results:
+        scores, ids = result if isinstance(result, tuple) else (result, range(len(result)))
+        out.append((scores, [id2label.get(i, f"LABEL_{i}") for i in ids]))
+    return out

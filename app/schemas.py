@@ -21,9 +21,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
-from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK
+from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import steps_of
 from model.tokenizer import lone_surrogate_at
+
+from .settings import Settings
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -206,6 +208,12 @@ class OpenAIEmbeddingsResponse(BaseModel):
 
 # -- classify ----------------------------------------------------------------------------------
 
+# How many labels' scores a classifier's answer holds per input (/classify, TEI's /predict).
+LabelTopK = Annotated[int | None, Field(ge=1, description=(
+    "Labels scored per input, best first. Default: every label of a model with at most "
+    f"BERT_MAX_LABEL_SCORES ({Settings.model_fields['max_label_scores'].default}) labels, else the best that many; "
+    "a larger top_k is a 422."))]
+
 class ClassifyRequest(Strict):
     """Texts or text pairs for a fine-tuned classifier."""
 
@@ -216,13 +224,15 @@ class ClassifyRequest(Strict):
     inputs: str | TextPair | Annotated[list[str | TextPair], Field(min_length=1)]
     model: ModelName
     truncate: Truncate = False
+    top_k: LabelTopK = None
 
 
 class ClassifyResult(BaseModel):
     label: str = Field(description="The best label (config.id2label).")
     score: float = Field(description="Its score.")
-    scores: dict[str, float] = Field(description="Every label's score: softmax over labels (sigmoid for a "
-                                                 "single or multi-label head, the raw value for regression).")
+    scores: dict[str, float] = Field(description="The labels' scores: softmax over labels (sigmoid for a single or "
+                                                 "multi-label head, the raw value for regression); every label in "
+                                                 "id order, or the top_k best, best first.")
 
 
 ClassifyResponse = ClassifyResult | list[ClassifyResult]
@@ -391,6 +401,8 @@ class DatasetInfo(BaseModel):
     documents: int | None = None
     sentences: int | None = None
     rows: int | None = None
+    num_labels: int | None = Field(None, description=f"Distinct labels (tags); `labels` and the counts list at "
+                                                     f"most {LISTED_LABELS} of them, the most frequent.")
     labels: list[str] | None = None
     label_counts: dict[str, int] | None = None
     is_pair: bool | None = None
@@ -687,6 +699,7 @@ class PredictRequest(Strict):
     truncation_direction: TruncationDirection = "Right"
     raw_scores: bool = Field(False, description="Logits as they are; else softmax over the labels (sigmoid for "
                                                 "one label), as TEI.")
+    top_k: LabelTopK = None
     model: ModelName | None = None
 
 

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     # /fill-mask candidates in one request: inputs x masks x top_k (top_k capped by the targets); more
     # is a 422. Bounds the answer's size and the decoding behind it.
     max_fill_mask_candidates: int = Field(1024, ge=1)
+    # Label scores per input in a /classify or /predict answer when the request sets no top_k: every
+    # label of a model with at most this many, else the best this many. A larger top_k is a 422.
+    max_label_scores: int = Field(100, ge=1)
     # Requests waiting for the inference thread; one more is answered 429.
     max_queue: int = Field(256, ge=1)
     # Tokenising and decoding jobs waiting for (or on) a tokeniser thread; one more is answered 429.
@@ -106,6 +109,12 @@ class Settings(BaseSettings):
     broker_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"))
     # Largest dataset upload, in bytes (streamed to disk; the upload stops at the limit with 413).
     max_dataset_bytes: int = Field(100 * 1024 * 1024, ge=1)
+    # Seconds of CPU time (and of waiting) the format check of an uploaded dataset over 1 MiB may
+    # take; it runs in a child process, and past this the upload is a 422.
+    dataset_check_seconds: float = Field(300.0, gt=0)
+    # Distinct labels (classes, or tags) of a labelled or token-labelled dataset: more is a 422 at
+    # upload and at POST /jobs. Each label is a classifier output, scored at every evaluation.
+    max_labels: int = Field(10_000, ge=2)
     # Publishing a job retries this many times before answering 503 (broker unreachable).
     publish_retries: int = Field(2, ge=0, le=10)
     # Jobs are sized before they are queued (model/sizing.py): a model with more parameters than
@@ -119,6 +128,13 @@ class Settings(BaseSettings):
     # The most processes (GPUs, or CPU processes) a job may train on (params.devices, data parallel
     # through torchrun). Set it to what every worker has: a worker with fewer fails the job.
     job_max_devices: int = Field(1, ge=1, le=64)
+
+    # GET /jobs/{id}/events: streams open at once, in all and per job (one more is a 429 with
+    # Retry-After), and the seconds one stream lasts before the server closes it (a client then
+    # reconnects with Last-Event-ID, and the curve goes on from where it was).
+    max_event_streams: int = Field(64, ge=1)
+    max_event_streams_per_job: int = Field(4, ge=1)
+    event_stream_max_seconds: float = Field(3600.0, gt=0)
 
     def admin_key_value(self) -> str | None:
         return _key(self.admin_key)

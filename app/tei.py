@@ -6,7 +6,9 @@ What is followed, from huggingface/text-embeddings-inference:
   answer a list per input even for one input; /predict answers one input's list or a batch's lists;
   a /predict list of two strings is one pair, not two texts.
 - core/src/infer.rs `predict`: unless raw_scores, softmax over the labels, sigmoid for one label;
-  router/src/http/server.rs `predict`: each input's labels sorted best first.
+  router/src/http/server.rs `predict`: each input's labels sorted best first. Ours: `top_k` (the
+  labels returned per input, by default every label up to BERT_MAX_LABEL_SCORES, else the best
+  that many), scored and chosen in the inference thread (app/inference.py).
 - router/src/http/server.rs `rerank`: one (query, text) pair per text through a one-label
   classifier, sigmoid unless raw_scores, ranks sorted best first (a stable ascending sort reversed,
   so ties keep TEI's order); `text` only with return_text.
@@ -38,7 +40,7 @@ from model.modeling import BertForSequenceClassification
 from model.tokenizer import truncating
 
 from .errors import ServiceError
-from .pipelines import Row, _infer, as_list, encode
+from .pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input
 from .schemas import (EmbedRequest, PredictRequest, RerankRequest, SimilarityParameters, SimilarityRequest, TextPair,
                       TokenizeRequest)
 from .service import Service
@@ -151,17 +153,16 @@ def _best_first(entries: list[dict]) -> list[dict]:
 async def predict(svc: Service, req: PredictRequest) -> list:
     items, single = _predict_inputs(req.inputs)
     outcome = await _infer(svc, "classify", req.model or svc.settings.predict_model, items, _prepare_predict,
-                           req.truncate, req.truncation_direction, params={"logits": True}, route="/predict")
-    id2label = outcome.lm.config.id2label or {}
-    out = []
-    for logits in outcome.results:
-        scores = tei_scores(logits, req.raw_scores)
-        out.append(_best_first([{"score": s, "label": id2label.get(i, f"LABEL_{i}")} for i, s in enumerate(scores)]))
+                           req.truncate, req.truncation_direction, req.top_k, svc.settings.max_label_scores,
+                           params={"scoring": "logits" if req.raw_scores else "tei"}, route="/predict")
+    out = [_best_first([{"score": s, "label": name} for s, name in zip(scores, names)])
+           for scores, names in label_scores(outcome)]
     return out[0] if single else out
 
 
-def _prepare_predict(lm: LoadedModel, items: list, truncate: bool | None, direction: str) -> tuple[list[Row], dict]:
-    return _encode(lm, items, truncate, direction), {}
+def _prepare_predict(lm: LoadedModel, items: list, truncate: bool | None, direction: str, top_k: int | None,
+                     limit: int) -> tuple[list[Row], dict]:
+    return _encode(lm, items, truncate, direction), {"top_k": scores_per_input(lm, top_k, limit)}
 
 
 # -- /rerank -----------------------------------------------------------------------------------

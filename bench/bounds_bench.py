@@ -9,12 +9,23 @@
    BERT_MAX_FILL_MASK_CANDIDATES): its median and p90 latency, and loaded / idle (target: median
    under 1 s).
 
+3. Hostile data (issue 26, items 3-6), each reproduction sent while a one-word /embeddings probe runs
+   beside it: its status, seconds and answer size, the server's RSS before -> after, and the probe's
+   median against its idle median from the same run (target: refused fast or bounded, and the probe
+   within 5x of idle). Labels: a 16 MB CSV with 1 M distinct labels and a CoNLL file with 500 k tags
+   (422), GET /datasets with a 10 k-label dataset stored, /classify and /predict on a 100 k-label
+   classifier; event streams: 30 clients on a job with a 200 k-line curve (the per-job cap answers
+   429); uploads: a .txt starting with <mediawiki holding an 8 MB element, a 100 MB single-line
+   corpus. Beside the server: `bert corpus build` on a 16 KB .bz2 holding one 300 MiB line (peak RSS
+   of the build process) and an entity-expansion .xml (refused). `--skip-hostile` leaves it out.
+
 The server is bench/live.py's (4 layers, hidden 256, 512 positions, CPU), with default settings.
 `--root DIR` runs the server from another checkout (e.g. the commit before, for a before/after);
 `--skip-oversize` leaves part 1 out (do so for a checkout without the limits: there the 64-copy
 request grows the server by gigabytes).
 
-    .venv/bin/python bench/bounds_bench.py                    # about 2 minutes
+    .venv/bin/python bench/bounds_bench.py                    # about 8 minutes (part 3: about 6)
+    .venv/bin/python bench/bounds_bench.py --only-hostile     # part 3 alone
     .venv/bin/python bench/bounds_bench.py --seconds 10 --skip-oversize --root /tmp/old-checkout
 """
 
@@ -23,10 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import bz2
 import json
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -145,27 +159,227 @@ async def starvation(port: int, tokenizer, seconds: float) -> list[str]:
     ]
 
 
+# -- 3. hostile data ---------------------------------------------------------------------------
+
+BOUNDARY = "benchboundary"
+
+
+def multipart(filename: str, data: bytes, **fields: str) -> bytes:
+    parts = [f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts.append(f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                 f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def save_many_label_classifier(data_dir: Path, tokenizer, labels: int) -> None:
+    import torch
+
+    from model.config import BertConfig
+    from model.modeling import BertForSequenceClassification
+
+    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "intermediate_size": 1024}
+    torch.manual_seed(0)
+    config = BertConfig(**shape, id2label={i: f"label-{i}" for i in range(labels)})
+    BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / "many", tokenizer=tokenizer)
+
+
+def write_long_curve(data_dir: Path, lines: int) -> str:
+    sys.path.insert(0, str(ROOT))
+    from model.datadir import JobStore
+
+    store = JobStore(data_dir)
+    spec = {"kind": "finetune", "model_name": "curve", "base_model": "bench", "dataset": "d",
+            "params": {"task": "sequence-classification", "max_steps": lines}, "estimate": {}}
+    job_id = store.create(spec)["id"]
+    with open(store.job_dir(job_id) / "metrics.jsonl", "w") as f:
+        for step in range(1, lines + 1):
+            f.write(json.dumps({"type": "train", "step": step, "loss": 1.0 / step, "lr": 1e-4, "tokens_per_s": 1e4,
+                                "epoch": step / lines}) + "\n")
+    store.update(job_id, lambda r: r.update(state="running"))
+    return job_id
+
+
+async def hold_stream(port: int, path: str, seconds: float) -> tuple[int, int]:
+    """GET an event stream, read it for `seconds` (or to its end): (status, bytes read)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2 ** 24)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+    status, total, stop = 0, 0, time.perf_counter() + seconds
+    try:
+        status = int((await reader.readline()).split()[1])
+        while (left := stop - time.perf_counter()) > 0:
+            chunk = await asyncio.wait_for(reader.read(1 << 16), left)
+            if not chunk:
+                break
+            total += len(chunk)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass
+    writer.close()
+    return status, total
+
+
+async def beside_probe(port: int, pid: int, label: str, work, min_seconds: float = 3.0) -> tuple[list[str], float]:
+    """Run `work()` (-> (status text, answer bytes)) again and again for at least `min_seconds`, with the
+    /embeddings probe beside it: a table row (the slowest run's seconds) and the probe's median."""
+    before, latencies, runs = rss_mb(pid), [], []
+    task = asyncio.create_task(probe_into(port, latencies))
+    await asyncio.sleep(0.5)
+    latencies.clear()
+    start = time.perf_counter()
+    while not runs or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        status, size = await work()
+        runs.append(time.perf_counter() - t0)
+    task.cancel()
+    after = rss_mb(pid)
+    median = statistics.median(latencies)
+    return [f"| {label} | {status} | {len(runs)} | {max(runs):.2f} | {size} | {before:.0f} -> {after:.0f} | "
+            f"{len(latencies)} | {1000 * median:.1f} |"], median
+
+
+async def probe_into(port: int, out: list[float]) -> None:
+    client, body = Client(port), json.dumps({"inputs": "hello"}).encode()
+    while True:
+        start = time.perf_counter()
+        status, _ = await client.request("POST", "/embeddings", body)
+        out.append(time.perf_counter() - start)
+        await asyncio.sleep(0.1)
+
+
+async def hostile(port: int, pid: int, data_dir: Path, curve_job: str, seconds: float) -> list[str]:
+    client = Client(port)
+    idle = await probe(port, seconds)
+    idle_median = statistics.median(idle)
+
+    names = iter(range(10**6))
+
+    def upload(filename: str, data: bytes, **fields):
+        async def go():
+            body = multipart(filename, data, name=f"{Path(filename).stem}-{next(names)}", **fields)
+            status, answer = await client.request("POST", "/datasets", body,
+                                                  f"multipart/form-data; boundary={BOUNDARY}")
+            return f"{status} `{answer.decode()[:90]}`" if status >= 400 else str(status), len(answer)
+        return go
+
+    def post(path: str, body: dict):
+        async def go():
+            status, answer = await client.request("POST", path, json.dumps(body).encode())
+            return f"{status} `{answer.decode()[:90]}`" if status >= 400 else str(status), len(answer)
+        return go
+
+    async def get_datasets():
+        status, answer = await client.request("GET", "/datasets")
+        return str(status), len(answer)
+
+    async def streams():
+        results = await asyncio.gather(*(hold_stream(port, f"/jobs/{curve_job}/events", 10) for _ in range(30)))
+        counts = Counter(status for status, _ in results)
+        return ", ".join(f"{s} x{n}" for s, n in sorted(counts.items())), sum(size for _, size in results)
+
+    labels_csv = ("text,label\n" + "".join(f"t{i},l{i}\n" for i in range(1_000_000))).encode()
+    tags = "".join(f"w B-T{i}\n\n" for i in range(500_000)).encode()
+    ten_k = ("text,label\n" + "".join(f"text {i},label-{i}\n" for i in range(10_000))).encode()
+    dump = b"<mediawiki>\n<page><title>A</title><revision><text>" + b"word " * ((8 << 20) // 5) + \
+        b"</text></revision></page>\n</mediawiki>\n"
+    one_line = b"word " * (100 * 10**6 // 5)
+    cases = [
+        ("16 MB CSV, 1 M distinct labels", upload("labels.csv", labels_csv)),
+        ("CoNLL, 500 k tags", upload("tags.conll", tags)),
+        ("CSV, 10 k labels (the limit)", upload("tenk.csv", ten_k)),
+        ("GET /datasets with it stored", get_datasets),
+        ("/classify, 100 k-label model", post("/classify", {"inputs": ["a short text"] * 8, "model": "many"})),
+        ("/predict, 100 k-label model", post("/predict", {"inputs": [["a short text"]] * 8, "model": "many"})),
+        ("30 event streams, 200 k-line curve (10 s)", streams),
+        (".txt starting <mediawiki, 8 MB element", upload("dump.txt", dump, kind="corpus")),
+        ("100 MB single-line corpus .txt", upload("line.txt", one_line, kind="corpus")),
+    ]
+    lines = ["| reproduction | status | runs | seconds (slowest) | answer bytes | server RSS MB | probes | "
+             "probe median ms |", "|---|---|---:|---:|---:|---|---:|---:|"]
+    ratios = []
+    for label, work in cases:
+        row, median = await beside_probe(port, pid, label, work)
+        lines += row
+        ratios.append((label, median / idle_median))
+    client.close()
+    lines += ["", f"- idle probe median {1000 * idle_median:.1f} ms; probe median / idle, per reproduction: "
+              + "; ".join(f"{label} {r:.1f}x" for label, r in ratios)]
+    return lines
+
+
+# `bert ARGS...` in this process, then its peak RSS (VmHWM, KiB: ru_maxrss would include the parent's,
+# inherited at fork) on stdout's last line, whatever the outcome.
+BUILD_AND_REPORT_RSS = """
+import sys
+from pathlib import Path
+from app.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")))
+sys.exit(code)
+"""
+
+
+def corpus_build_rss(work: Path) -> list[str]:
+    """`bert corpus build` on a 16 KB .bz2 holding one 300 MiB line, and on an XML bomb, in subprocesses."""
+    line = work / "one-line.txt.bz2"
+    with bz2.open(line, "wb") as f:
+        for _ in range(300):
+            f.write(b"word " * ((1 << 20) // 5) + b"word ")
+    bomb = work / "bomb.xml"
+    bomb.write_text('<?xml version="1.0"?>\n<!DOCTYPE mediawiki [<!ENTITY a "' + "a" * 1000 + '">'
+                    + "".join(f'<!ENTITY e{i} "' + f"&e{i - 1};" * 10 + '">' if i else '<!ENTITY e0 "&a;&a;">'
+                              for i in range(8)) + ']>\n<mediawiki><page><title>&e7;</title></page></mediawiki>\n')
+    out = ["| `bert corpus build` input | seconds | outcome | peak RSS of the build, MB |", "|---|---:|---|---:|"]
+    for path, label in ((line, f"{line.stat().st_size / 1024:.0f} KB .bz2, one 300 MiB line"),
+                        (bomb, "entity-expansion .xml (10^8 x 1 KB)")):
+        start = time.perf_counter()
+        argv = ["corpus", "build", str(path), "--out", str(work / f"store-{path.stem}"),
+                "--tokenizer", str(work / "models" / "bench")]
+        run = subprocess.run([sys.executable, "-c", BUILD_AND_REPORT_RSS, *argv], capture_output=True, text=True,
+                             cwd=ROOT)
+        seconds = time.perf_counter() - start
+        peak = int(run.stdout.strip().splitlines()[-1]) / 1024
+        outcome = "built" if run.returncode == 0 else (run.stderr.strip().splitlines() or ["?"])[-1][:100]
+        out.append(f"| {label} | {seconds:.1f} | {outcome} | {peak:.0f} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="probing time, idle and loaded (default 30)")
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout to run the server from (default this one)")
     parser.add_argument("--skip-oversize", action="store_true", help="leave out part 1")
+    parser.add_argument("--skip-hostile", action="store_true", help="leave out part 3")
+    parser.add_argument("--only-hostile", action="store_true", help="run part 3 alone")
     parser.add_argument("--max-batch-tokens", type=int, help="BERT_MAX_BATCH_TOKENS for the server (default: its "
                         "default); it sets the length of a pass, so the longest a small request can wait")
     args = parser.parse_args(argv)
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bounds-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     tokenizer = save_models(data_dir)
+    hostile_too = not args.skip_hostile
+    if hostile_too:
+        save_many_label_classifier(data_dir, tokenizer, 100_000)
+        curve_job = write_long_curve(data_dir, 200_000)
     env = {"MAX_BATCH_TOKENS": str(args.max_batch_tokens)} if args.max_batch_tokens else {}
     proc, port = start_server(data_dir, root=args.root.resolve(), **env)
     try:
         print(f"server from {args.root.resolve()}, {env or 'default settings'}, RSS after start "
               f"{rss_mb(proc.pid):.0f} MB\n")
-        if not args.skip_oversize:
-            print("\n".join(asyncio.run(oversize(port, proc.pid, tokenizer))) + "\n", flush=True)
-        print("\n".join(asyncio.run(starvation(port, tokenizer, args.seconds))))
+        if not args.only_hostile:
+            if not args.skip_oversize:
+                print("\n".join(asyncio.run(oversize(port, proc.pid, tokenizer))) + "\n", flush=True)
+            print("\n".join(asyncio.run(starvation(port, tokenizer, args.seconds))) + "\n", flush=True)
+        if hostile_too:
+            print("\n".join(asyncio.run(hostile(port, proc.pid, data_dir, curve_job, min(args.seconds, 10)))) + "\n",
+                  flush=True)
     finally:
         stop_server(proc)
+    if hostile_too:
+        print("\n".join(corpus_build_rss(data_dir)))
 
 
 if __name__ == "__main__":

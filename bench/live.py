@@ -112,20 +112,21 @@ class Client:
         self.port = port
         self.reader = self.writer = None
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: bytes = b"",
+                      content_type: str = "application/json") -> tuple[int, bytes]:
         for attempt in (1, 2):
             if self.writer is None:
                 self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=2 ** 24)
             try:
-                return await self._exchange(method, path, body)
+                return await self._exchange(method, path, body, content_type)
             except (ConnectionError, asyncio.IncompleteReadError, ValueError):
                 self.close()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
-    async def _exchange(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        self.writer.write((f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+    async def _exchange(self, method: str, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        self.writer.write((f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n"
                            f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
         status_line = await self.reader.readline()
         if not status_line:

@@ -1,14 +1,15 @@
 """The job-size estimate (model/sizing.py) against measured training runs.
 
-Each case trains BertForPreTraining (MLM + NSP, 15% of positions masked, no padding: the worst case)
-for a few AdamW steps with model.trainer.Trainer, in a fresh subprocess, and measures:
+Each case trains BertForPreTraining (MLM + NSP, 15% of positions masked, no padding: the worst case),
+or a classifier with many labels (whose logits the estimate counts per row and label), for a few
+AdamW steps with model.trainer.Trainer, in a fresh subprocess, and measures:
   * CPU: the peak resident memory (ru_maxrss) minus the resident memory just before the model was
     built (torch imported, the batches made): what training added;
   * CUDA: torch.cuda.max_memory_allocated() (the caching allocator's reserve and the context excluded).
 It prints the estimate's parts, the measurement and measured / estimated: at or below 1.0 means the
 estimate errs high (safe), as it should with PyTorch's fused attention.
 
-    .venv/bin/python -m bench.sizing_bench                  # 3 CPU cases, ~2 minutes on 2 cores
+    .venv/bin/python -m bench.sizing_bench                  # 5 CPU cases, ~3 minutes on 2 cores
     .venv/bin/python -m bench.sizing_bench --device cuda --precision bf16
 """
 
@@ -24,13 +25,16 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CASES = {  # name: (config, batch size, sequence length)
-    "small b32 s128": (dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                            vocab_size=8000, max_position_embeddings=512), 32, 128),
+SMALL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, vocab_size=8000,
+             max_position_embeddings=512)
+CASES = {  # name: (config, batch size, sequence length[, architecture, labels]); BertForPreTraining by default
+    "small b32 s128": (SMALL, 32, 128),
     "medium b16 s256": (dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
                              vocab_size=30522, max_position_embeddings=512), 16, 256),
     "base b8 s256": (dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                           vocab_size=30522, max_position_embeddings=512), 8, 256),
+    "small tagger, 10k tags, b32 s128": (SMALL, 32, 128, "BertForTokenClassification", 10_000),
+    "small classifier, 100k labels, b32 s128": (SMALL, 32, 128, "BertForSequenceClassification", 100_000),
 }
 STEPS = 3  # AdamW's moments appear at the first step; the second and third have everything alive
 
@@ -40,13 +44,24 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def batches(config: dict, batch_size: int, seq_len: int, count: int):
+def case(name: str) -> tuple[dict, int, int, str, int]:
+    config, batch_size, seq_len, *head = CASES[name]
+    architecture, labels = head or ("BertForPreTraining", 2)
+    return config, batch_size, seq_len, architecture, labels
+
+
+def batches(config: dict, batch_size: int, seq_len: int, count: int, architecture: str, num_labels: int):
     import torch
 
     g = torch.Generator().manual_seed(0)
     out = []
     for _ in range(count):
         ids = torch.randint(5, config["vocab_size"], (batch_size, seq_len), generator=g)
+        if architecture != "BertForPreTraining":
+            shape = (batch_size, seq_len) if architecture == "BertForTokenClassification" else (batch_size,)
+            out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                        "token_type_ids": torch.zeros_like(ids), "labels": torch.randint(0, num_labels, shape, generator=g)})
+            continue
         labels = torch.full_like(ids, -100)
         masked = torch.rand(batch_size, seq_len, generator=g) < 0.15
         labels[masked] = ids[masked]
@@ -72,15 +87,16 @@ def measure(name: str, device: str, precision: str, threads: int) -> dict:
     """One case, in this process (run it in a fresh one): bytes that training added at its peak."""
     import torch
 
-    from model import BertConfig, BertForPreTraining
+    from model import BertConfig
+    from model.modeling import MODEL_CLASSES
     from model.trainer import TrainConfig, Trainer
 
     torch.set_num_threads(threads)
-    config, batch_size, seq_len = CASES[name]
-    data = Fixed(batches(config, batch_size, seq_len, STEPS))
+    config, batch_size, seq_len, architecture, labels = case(name)
+    data = Fixed(batches(config, batch_size, seq_len, STEPS, architecture, labels))
     before = rss_bytes()
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig(**config))
+    model = MODEL_CLASSES[architecture](BertConfig.from_dict({**config, "num_labels": labels}))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(model, data, TrainConfig(max_steps=STEPS, log_every=100, device=device, precision=precision))
@@ -94,9 +110,9 @@ def measure(name: str, device: str, precision: str, threads: int) -> dict:
 def estimate(name: str, precision: str) -> dict:
     from model.sizing import estimate_training
 
-    config, batch_size, seq_len = CASES[name]
-    return estimate_training(config, "BertForPreTraining", batch_size=batch_size, seq_len=seq_len,
-                             precision=precision).to_dict()
+    config, batch_size, seq_len, architecture, labels = case(name)
+    return estimate_training(config, architecture, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                             num_labels=labels).to_dict()
 
 
 def main() -> None:

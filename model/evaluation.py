@@ -1,12 +1,15 @@
 """Evaluation metrics of a BERT model, chosen by its class; the trainer's `evaluate_fn` for BERT runs.
 
-    metrics = evaluate(model, data, device="cpu", precision="fp32", max_batches=None)
+    metrics = evaluate(model, data, device="cpu", precision="fp32", max_batches=None, should_stop=None)
 
 Pretraining models (BertForPreTraining, BertForMaskedLM) report MLM loss, accuracy and perplexity
 over the predicted tokens, and NSP loss and accuracy when the data has NSP labels; `loss` is the sum
 of the two mean losses, as in training. Classifiers report loss, accuracy and macro-F1 (a class
 neither present nor predicted is left out, as scikit-learn does); regressors (one label) report MSE.
-Counts are summed over batches first, so every metric is over the whole evaluation set.
+Counts are summed over batches first, so every metric is over the whole evaluation set; a
+classifier's per-label counts are three bincounts a batch, so a head with many labels costs little.
+`should_stop` is asked before each batch (the trainer passes its callbacks' stop requests: a cancel,
+a time limit): when it says yes, EvaluationStopped is raised and no metrics come back.
 
 Token classifiers and QA models are scored over sentences and questions, which can span several
 rows (a long sentence's parts, a long context's windows). For them the evaluation data scores the
@@ -19,13 +22,15 @@ then adds `loss` (the batches' losses averaged, each weighted by its rows) and t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from .modeling import IGNORE_INDEX, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from .precision import autocast
+from .trainer import EvaluationStopped
 
 if TYPE_CHECKING:
     from .trainer import BatchSource
@@ -33,17 +38,19 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.device | None = None,
-             precision: str = "fp32", max_batches: int | None = None) -> dict[str, float]:
+             precision: str = "fp32", max_batches: int | None = None,
+             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Metrics of `model` on epoch 0 of `data`, chosen by the model: classification or (masked) LM."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
+        batches = _forward(model, data, device, precision, max_batches, should_stop)
         if isinstance(model, (BertForTokenClassification, BertForQuestionAnswering)):
-            return _scored_by_data(model, data, device, precision, max_batches)
+            return _scored_by_data(model, data, batches)
         is_classifier = isinstance(model, BertForSequenceClassification)
-        totals: dict[str, float] = {}
-        for batch, out in _forward(model, data, device, precision, max_batches):
+        totals: dict[str, Any] = {}
+        for batch, out in batches:
             _accumulate(totals, _classification_counts(model, out, batch) if is_classifier
                         else _lm_counts(out, batch))
         if not totals:
@@ -53,31 +60,37 @@ def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.d
         model.train(was_training)
 
 
-def _forward(model, data, device, precision: str, max_batches: int | None):
+def _forward(model, data, device, precision: str, max_batches: int | None, should_stop):
     """(batch on `device`, the model's output) for the first `max_batches` batches of epoch 0."""
     for i, batch in enumerate(data.iter_batches(0, 0)):
         if max_batches is not None and i >= max_batches:
             return
+        if should_stop is not None and should_stop():
+            raise EvaluationStopped(f"the evaluation was stopped after {i} batches")
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast(device, precision):
             out = model(**batch)
         yield batch, out
 
 
-def _accumulate(totals: dict[str, float], counts: dict[str, float]) -> None:
+def _accumulate(totals: dict[str, Any], counts: dict[str, Any]) -> None:
     for key, value in counts.items():
-        totals[key] = totals.get(key, 0.0) + float(value)
+        if isinstance(value, torch.Tensor):  # per-label counts
+            value = value.to("cpu", torch.float64)
+            totals[key] = totals[key] + value if key in totals else value
+        else:
+            totals[key] = totals.get(key, 0.0) + float(value)
 
 
 # ---------------------------------------------------------------------------- scored by the data
 
-def _scored_by_data(model, data, device, precision: str, max_batches: int | None) -> dict[str, float]:
+def _scored_by_data(model, data, batches) -> dict[str, float]:
     """Loss and row outputs over the rows in order, the task metrics from `data.score(outputs)`."""
     if getattr(data, "shuffle", False) or not hasattr(data, "score"):
         raise ValueError(f"{type(model).__name__} is evaluated on unshuffled data that scores its outputs "
                          f"(TokenClassificationBatches, QABatches with shuffle=False), not {type(data).__name__}")
     outputs, loss_sum, rows = [], 0.0, 0
-    for batch, out in _forward(model, data, device, precision, max_batches):
+    for batch, out in batches:
         n = batch["input_ids"].shape[0]
         loss_sum, rows = loss_sum + out.loss.item() * n, rows + n
         outputs += _row_outputs(out, batch["attention_mask"])
@@ -130,28 +143,25 @@ def _lm_metrics(t: dict[str, float]) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------- classification
 
-def _classification_counts(model, out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+def _classification_counts(model, out, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     logits, labels = out.logits.float(), batch["labels"]
     if model.num_labels == 1:
         return {"n": labels.numel(), "se": ((logits.squeeze(-1) - labels.float()) ** 2).sum().item()}
     preds, labels = logits.argmax(-1), labels.reshape(-1)
-    counts = {"n": labels.numel(), "correct": (preds == labels).sum().item(),
-              "loss_sum": F.cross_entropy(logits, labels, reduction="sum").item()}
-    for c in range(model.num_labels):
-        counts[f"tp{c}"] = ((preds == c) & (labels == c)).sum().item()
-        counts[f"fp{c}"] = ((preds == c) & (labels != c)).sum().item()
-        counts[f"fn{c}"] = ((preds != c) & (labels == c)).sum().item()
-    return counts
+    n = logits.shape[-1]
+    return {"n": labels.numel(), "correct": (preds == labels).sum().item(),
+            "loss_sum": F.cross_entropy(logits, labels, reduction="sum").item(),
+            "true_positives": torch.bincount(labels[preds == labels], minlength=n),  # (n,) per label
+            "predicted": torch.bincount(preds, minlength=n), "actual": torch.bincount(labels, minlength=n)}
 
 
-def _classification_metrics(t: dict[str, float]) -> dict[str, float]:
+def _classification_metrics(t: dict[str, Any]) -> dict[str, float]:
     if "se" in t:
         mse = t["se"] / t["n"]
         return {"loss": mse, "mse": mse, "examples": int(t["n"])}
-    f1s = []
-    for c in range(sum(k.startswith("tp") for k in t)):
-        tp, fp, fn = t[f"tp{c}"], t[f"fp{c}"], t[f"fn{c}"]
-        if tp + fp + fn:  # a class neither present nor predicted is left out, as scikit-learn does
-            f1s.append(2 * tp / (2 * tp + fp + fn))
+    tp = t["true_positives"]
+    fp, fn = t["predicted"] - tp, t["actual"] - tp
+    scored = (tp + fp + fn) > 0  # a class neither present nor predicted is left out, as scikit-learn does
+    f1s = 2 * tp[scored] / (2 * tp[scored] + fp[scored] + fn[scored])
     return {"loss": t["loss_sum"] / t["n"], "accuracy": t["correct"] / t["n"],
-            "macro_f1": sum(f1s) / len(f1s) if f1s else 0.0, "examples": int(t["n"])}
+            "macro_f1": f1s.mean().item() if len(f1s) else 0.0, "examples": int(t["n"])}

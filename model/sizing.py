@@ -27,6 +27,9 @@ Peak training memory, in bytes, of one optimizer step (N parameters, N_t of them
                + e 3 sbh                                 the embeddings' sum, LayerNorm and dropout
                + 3 * 4 m V                               MLM: fp32 logits and log-probabilities of the
                                                          m = b s p masked positions, and their gradient
+               + 3 * 4 r n                               classifiers: the same for the logits of n labels
+                                                         on r = b rows (sequence classification) or
+                                                         r = b s tokens (token classification)
 
     overhead     256 MiB                                 kernels, workspaces, allocator slack (measured)
 
@@ -130,15 +133,24 @@ def layer_activation_bytes(config: Any, batch_size: int, seq_len: int, e: int, m
 
 
 def activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str,
-                     masked_lm_prob: float | None = None) -> int:
-    """Bytes of one micro-batch's activations at the peak of the backward pass (module docstring)."""
+                     masked_lm_prob: float | None = None, label_logits: int = 0) -> int:
+    """Bytes of one micro-batch's activations at the peak of the backward pass (module docstring);
+    `label_logits`: a classifier's logits in one micro-batch (rows x labels)."""
     e = ACTIVATION_BYTES[precision]
     b, s, h = batch_size, seq_len, _get(config, "hidden_size")
     layer = layer_activation_bytes(config, b, s, e, mask_bytes=e)
     total = (_get(config, "num_hidden_layers") + 1) * layer + e * 3 * s * b * h
     if masked_lm_prob is not None:
         total += 3 * 4 * round(b * s * masked_lm_prob) * _get(config, "vocab_size")
-    return total
+    return total + 3 * 4 * label_logits
+
+
+def label_logits(architecture: str, batch_size: int, seq_len: int, num_labels: int) -> int:
+    """A classifier's logits in one micro-batch: a row per sequence, or per token for token classification."""
+    if "classifier" not in ARCHITECTURES[architecture]:
+        return 0
+    rows = batch_size * seq_len if architecture == "BertForTokenClassification" else batch_size
+    return rows * num_labels
 
 
 def estimate_training(config: Any, architecture: str, *, batch_size: int, seq_len: int, precision: str = "auto",
@@ -163,7 +175,9 @@ def estimate_training(config: Any, architecture: str, *, batch_size: int, seq_le
         parameters=total, trainable=trainable,
         weights_bytes=4 * total + (2 * total if precision == "bf16" else 0),
         gradient_bytes=4 * trainable, optimizer_bytes=8 * trainable,
-        activation_bytes=activation_bytes(config, batch_size, seq_len, precision, mlm), precision=precision)
+        activation_bytes=activation_bytes(config, batch_size, seq_len, precision, mlm,
+                                          label_logits(architecture, batch_size, seq_len, num_labels)),
+        precision=precision)
 
 
 def format_count(n: float) -> str:

@@ -74,8 +74,14 @@ TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes (int8 is inference
 
 IGNORE_INDEX = -100  # labels that take no part in a loss (HF's convention, model/modeling.py's)
 
-# evaluate_fn(model, eval_data, *, device, precision, max_batches) -> metrics (model.evaluation.evaluate)
+# evaluate_fn(model, eval_data, *, device, precision, max_batches, should_stop) -> metrics
+# (model.evaluation.evaluate); it may raise model.evaluation.EvaluationStopped when should_stop() says so.
 EvaluateFn = Callable[..., dict[str, Any]]
+
+
+class EvaluationStopped(Exception):
+    """An evaluate_fn was asked to stop (should_stop) between two batches: its metrics would not be whole.
+    The trainer then records no evaluation and stops the run as the callbacks asked."""
 
 
 @dataclass
@@ -281,8 +287,9 @@ class Trainer:
             last = self.step == self.total_steps
             if self.step % self.config.log_every == 0 or last:
                 self._log_step(window, lr, grad_norm)
-            evaluated = self._maybe_evaluate(last)
-            stop = not last and distributed.any_rank(any(cb.should_stop() for cb in self.callbacks), self.dist)
+            evaluated, cut_short = self._maybe_evaluate(last)
+            # A stop request cut the evaluation short: stop even at the last step (no unevaluated final model).
+            stop = distributed.any_rank(cut_short or (not last and self._should_stop()), self.dist)
             if last or stop or (self.config.save_every and self.step % self.config.save_every == 0):
                 self._check_finite(window)  # never a checkpoint of weights a non-finite loss has reached
                 self._save_checkpoint(evaluated)
@@ -295,7 +302,10 @@ class Trainer:
         if self.eval_data is None:
             raise ValueError("no eval data was given to the trainer")
         return self.evaluate_fn(self.model, self.eval_data, device=self.device, precision=self.precision,
-                                max_batches=self.config.max_eval_batches)
+                                max_batches=self.config.max_eval_batches, should_stop=self._should_stop)
+
+    def _should_stop(self) -> bool:
+        return any(cb.should_stop() for cb in self.callbacks)
 
     # -- the loop's parts --------------------------------------------------------------------------
 
@@ -441,15 +451,21 @@ class Trainer:
     def _epoch_progress(self) -> float:
         return self.epoch + self.batch / max(1, self.train_data.num_batches(self.epoch))
 
-    def _maybe_evaluate(self, last: bool, force: bool = False) -> bool:
+    def _maybe_evaluate(self, last: bool, force: bool = False) -> tuple[bool, bool]:
+        """(evaluated, a stop request cut the evaluation short)."""
         every = self.config.eval_every
         if not self.dist.is_main:  # rank 0 evaluates alone; the others wait at the next step's all-reduce
-            return False
+            return False, False
         if self.eval_data is None or not (force or last or (every and self.step % every == 0)):
-            return False
-        self.last_eval = {"type": "eval", "step": self.step, **self.evaluate()}
+            return False, False
+        try:
+            metrics = self.evaluate()
+        except EvaluationStopped as e:
+            log.info("step %d: %s", self.step, e)
+            return False, True
+        self.last_eval = {"type": "eval", "step": self.step, **metrics}
         self._emit("on_eval", self.last_eval)
-        return True
+        return True, False
 
     def _save_checkpoint(self, evaluated: bool) -> None:
         if self.run_dir is None:

@@ -19,7 +19,7 @@ router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
              responses=responses("validation", "unauthorized", "too_large", "insufficient_storage"))
 async def upload_dataset(request: Request, jobs: JobServiceDep) -> Any:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
-    return await datasets.receive_upload(request, jobs.data_dir, jobs.settings.max_dataset_bytes)
+    return await datasets.receive_upload(request, jobs.data_dir, jobs.settings)
 
 
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))

@@ -6,8 +6,9 @@ GET never blocks on a worker, it reads the record the worker keeps current.
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from model.datadir import JOB_ID_PATTERN, JobNotFound
 
@@ -61,11 +62,30 @@ async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
 @router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                              "description": "progress, state, metrics, reset and end events (see the README)"},
-                       **responses("validation", "unauthorized", "not_found")})
-async def stream_job_events(job_id: JobId, jobs: JobServiceDep, request: Request):
+                       **responses("validation", "unauthorized", "not_found", "overloaded")})
+async def stream_job_events(
+        job_id: JobId, jobs: JobServiceDep, request: Request,
+        since: Annotated[int | None, Query(ge=0, description="Metrics records from this step on (earlier "
+                                                             "ones are not sent).")] = None,
+        last_event_id: Annotated[str | None, Header(max_length=20, description="The `id` of the last metrics "
+                                                    "event a reconnecting client got: go on from its step.")] = None):
     """Server-Sent Events: the job's progress, state changes and metrics records as they come; ends with the job."""
     await asyncio.to_thread(jobs.find, job_id)  # a 404 now, before the stream starts
-    return StreamingResponse(job_events(jobs.store, job_id, request.is_disconnected), media_type="text/event-stream",
+    if since is None and last_event_id is not None and last_event_id.strip().isdigit():
+        since = int(last_event_id)
+    release = jobs.event_streams.open(job_id)  # a 429 past the limits
+    settings = jobs.settings
+
+    async def events():
+        try:
+            async for chunk in job_events(jobs.store, job_id, request.is_disconnected, since=since,
+                                          max_seconds=settings.event_stream_max_seconds,
+                                          replay=jobs.event_streams.replay):
+                yield chunk
+        finally:
+            release()
+
+    return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(release),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -9,8 +9,16 @@ Four formats, detected from the file (or named with `format=`):
 
 plus "wikixml", a Wikipedia `pages-articles` XML dump (model/data/wikixml.py), one article a document.
 Any of them may be compressed: `.gz`, `.bz2`, `.xz` (standard library) or `.zst` (zstandard); the format is
-detected from the name without that suffix and from the decompressed first lines. `read_paragraphs` also
-reads a byte range of an uncompressed file (model/data/corpus_build.py cuts large files so).
+detected from the name without that suffix and from the decompressed first lines (a `.txt` is text,
+never a dump). `read_paragraphs` also reads a byte range of an uncompressed file (model/data/corpus_build.py
+cuts large files so).
+
+Every reader is bounded, so a small compressed file that holds one enormous line costs no more memory
+than a normal one: a line is read at most MAX_LINE_CHARS characters at a time, and a longer one is cut
+at word boundaries into lines of at most that ("pairs" and "jsonl" refuse it instead, naming the file
+and line: a record cannot be cut); a paragraph (a document of "google" and "text", a blank-line
+separated block of a JSONL text or an article) ends once it holds MAX_PARAGRAPH_CHARS, and the rest
+goes on as the next one (likewise cut at word boundaries).
 
 The cache for `<corpus>` and one tokenizer is four files beside it (or in `cache_dir`):
 
@@ -57,6 +65,8 @@ CACHE_VERSION = 1
 # Sentences tokenised per call: big enough for the Rust tokenizer's parallelism, small enough to stream.
 CHUNK_SENTENCES = 20_000
 _SNIFF_LINES = 2_000
+MAX_LINE_CHARS = 1 << 20  # a pretraining segment is 512 tokens; a line of a million characters is not prose
+MAX_PARAGRAPH_CHARS = 1 << 20
 
 
 # ---------------------------------------------------------------------------- sentence splitting
@@ -173,8 +183,52 @@ def open_text(path: str | os.PathLike, byte_range: tuple[int, int] | None = None
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 
 
-def _read_pairs(f, path: Path) -> Iterator[list[list[str]]]:
-    for lineno, line in enumerate(f, start=1):
+@dataclass(frozen=True)
+class Bounds:
+    """The longest line and paragraph a reader takes (module docstring)."""
+
+    line: int = MAX_LINE_CHARS
+    paragraph: int = MAX_PARAGRAPH_CHARS
+
+
+def bounded_lines(f, path: Path, max_chars: int, cut: bool = True) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file, reading at most `max_chars` + 1 characters at a time. A longer
+    line comes as several pieces with its number, cut at word boundaries (`cut`), or is a ValueError
+    naming the file and line."""
+    lineno, carry = 0, ""
+    while True:
+        text = carry + f.readline(max_chars + 1 - len(carry))
+        if not text:
+            return
+        if text.endswith("\n") or len(text) <= max_chars:  # a whole line (or the last, unterminated one)
+            lineno, carry = lineno + 1, ""
+            yield lineno, text
+            continue
+        if not cut:
+            raise ValueError(f"{path}, line {lineno + 1}: longer than {max_chars} characters, the most one line "
+                             "may hold")
+        head, carry = _cut(text, max_chars)
+        yield lineno + 1, head + "\n"
+
+
+def _cut(text: str, max_chars: int) -> tuple[str, str]:
+    """`text` cut after its last whitespace within `max_chars` (at `max_chars` when it has none there)."""
+    at = max(text.rfind(" ", 0, max_chars + 1), text.rfind("\t", 0, max_chars + 1))
+    at = at if at > 0 else max_chars
+    return text[:at], text[at:].lstrip(" \t")
+
+
+def cut_at_words(text: str, max_chars: int) -> list[str]:
+    """`text` in pieces of at most `max_chars`, cut at word boundaries where it has them."""
+    pieces = []
+    while len(text) > max_chars:
+        head, text = _cut(text, max_chars)
+        pieces.append(head)
+    return pieces + [text]
+
+
+def _read_pairs(f, path: Path, bounds: Bounds) -> Iterator[list[list[str]]]:
+    for lineno, line in bounded_lines(f, path, bounds.line, cut=False):
         line = line.rstrip("\r\n")
         if not line.strip():
             continue
@@ -190,32 +244,35 @@ def _read_pairs(f, path: Path) -> Iterator[list[list[str]]]:
         yield [[a, b]]
 
 
-def _read_google(f, path: Path) -> Iterator[list[list[str]]]:
+def _read_google(f, path: Path, bounds: Bounds) -> Iterator[list[list[str]]]:
     doc: list[str] = []
-    for line in f:
+    chars = 0
+    for _, line in bounded_lines(f, path, bounds.line):
         line = line.strip()
+        if doc and (not line or chars + len(line) > bounds.paragraph):  # a blank line, or the bound reached
+            yield [doc]
+            doc, chars = [], 0
         if line:
             doc.append(line)
-        elif doc:
-            yield [doc]
-            doc = []
+            chars += len(line)
     if doc:
         yield [doc]
 
 
-def _read_text(f, path: Path) -> Iterator[list[list[str]]]:
-    for [paragraph] in _read_google(f, path):
+def _read_text(f, path: Path, bounds: Bounds) -> Iterator[list[list[str]]]:
+    for [paragraph] in _read_google(f, path, bounds):
         yield [split_sentences(" ".join(paragraph))]
 
 
-def _read_jsonl(f, path: Path, text_field: str) -> Iterator[list[list[str]]]:
-    for lineno, record in iter_jsonl_objects(f, path):
+def _read_jsonl(f, path: Path, text_field: str, bounds: Bounds) -> Iterator[list[list[str]]]:
+    lines = (line for _, line in bounded_lines(f, path, bounds.line, cut=False))
+    for lineno, record in iter_jsonl_objects(lines, path):
         if text_field not in record:
             raise ValueError(f"{path}, line {lineno}: no {text_field!r} field (set text_field to the right name)")
         text = record[text_field]
         if not isinstance(text, str):
             raise ValueError(f"{path}, line {lineno}: field {text_field!r} is {type(text).__name__}, not a string")
-        yield [split_sentences(p) for p in _PARAGRAPH_BREAK.split(text)]
+        yield [split_sentences(piece) for p in _PARAGRAPH_BREAK.split(text) for piece in cut_at_words(p, bounds.paragraph)]
 
 
 def read_paragraphs(
@@ -227,44 +284,48 @@ def read_paragraphs(
     errors: str = "strict",
     on_read: Callable[[int], None] | None = None,
     stats: dict | None = None,
+    bounds: Bounds = Bounds(),
 ) -> Iterator[list[list[str]]]:
     """Stream the documents of a corpus file as lists of paragraphs (lists of sentence strings).
 
     `byte_range` reads only that slice of an uncompressed file (cut at a document boundary: a blank line,
     or a newline for one-document-a-line formats); line numbers in errors then count from its start.
-    `stats` (wikixml) gets counts of what the reader skipped.
+    `stats` (wikixml) gets counts of what the reader skipped. `bounds`: the longest line and paragraph.
     """
     path = Path(path)
     format = format or detect_format(path)
     if format not in READ_FORMATS:
         raise ValueError(f"unknown corpus format {format!r}; expected one of {READ_FORMATS}")
-    return _paragraphs(path, format, text_field, byte_range, errors, on_read, stats)
+    return _paragraphs(path, format, text_field, byte_range, errors, on_read, stats, bounds)
 
 
-def _paragraphs(path, format, text_field, byte_range, errors, on_read, stats) -> Iterator[list[list[str]]]:
+def _paragraphs(path, format, text_field, byte_range, errors, on_read, stats, bounds) -> Iterator[list[list[str]]]:
     if format == "wikixml":
         from .wikixml import read_wiki_articles  # mwparserfromhell loads only for dumps
 
         with open_binary(path, byte_range, on_read) as f:
             for article in read_wiki_articles(f, path, stats):
-                paragraphs = [p for p in map(split_sentences, article) if p]
+                pieces = (piece for p in article for piece in cut_at_words(p, bounds.paragraph))
+                paragraphs = [p for p in map(split_sentences, pieces) if p]
                 if paragraphs:
                     yield paragraphs
         return
     with open_text(path, byte_range, errors, on_read) as f:
         if format == "pairs":
-            yield from _read_pairs(f, path)
+            yield from _read_pairs(f, path, bounds)
         elif format == "google":
-            yield from _read_google(f, path)
+            yield from _read_google(f, path, bounds)
         elif format == "text":
-            yield from _read_text(f, path)
+            yield from _read_text(f, path, bounds)
         else:
-            yield from _read_jsonl(f, path, text_field)
+            yield from _read_jsonl(f, path, text_field, bounds)
 
 
-def read_documents(path: str | os.PathLike, format: str | None = None, text_field: str = "text") -> Iterator[list[str]]:
+def read_documents(path: str | os.PathLike, format: str | None = None, text_field: str = "text",
+                   bounds: Bounds = Bounds()) -> Iterator[list[str]]:
     """Stream the documents (lists of sentence strings) of a corpus file."""
-    return ([s for paragraph in doc for s in paragraph] for doc in read_paragraphs(path, format, text_field))
+    return ([s for paragraph in doc for s in paragraph] for doc in read_paragraphs(path, format, text_field,
+                                                                                    bounds=bounds))
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -284,7 +345,7 @@ def detect_format(path: str | os.PathLike) -> str:
     lines = []
     try:
         with open_text(path) as f:
-            for line in f:
+            for _, line in bounded_lines(f, path, MAX_LINE_CHARS):
                 if line.strip():
                     lines.append(line.rstrip("\r\n"))
                     if len(lines) >= _SNIFF_LINES:
@@ -294,7 +355,7 @@ def detect_format(path: str | os.PathLike) -> str:
                          "was expected)") from None
     if not lines:
         raise ValueError(f"corpus {path} is empty")
-    if lines[0].lstrip().startswith(("<mediawiki", "<?xml")):
+    if suffix != ".txt" and lines[0].lstrip().startswith(("<mediawiki", "<?xml")):
         return "wikixml"
     if all("\t" in line for line in lines):
         return "pairs"

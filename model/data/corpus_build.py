@@ -78,7 +78,8 @@ _WORD = re.compile(r"[^\W_]")  # a letter or digit in any script
 _SHARD_NAME = "shard-{:05d}"
 _STAT_KEYS = ("documents_read", "paragraphs_read", "sentences_read", "paragraphs_duplicate",
               "documents_duplicate", "sentences_near_empty", "sentences_non_text", "paragraphs_empty",
-              "documents_empty", "wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles")
+              "documents_empty", "wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles",
+              "wiki_oversize_pages")
 
 
 @dataclass(frozen=True)

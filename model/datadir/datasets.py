@@ -7,8 +7,10 @@
 meta.json: name, kind ("corpus", "labelled", "token-labelled" or "qa"), format (a corpus format of
 model.data; csv/tsv/jsonl; conll/jsonl; squad), file (the data file's name in the directory),
 original_filename, bytes, sha256, created_at, and counts: documents and sentences (corpus); rows,
-labels, label_counts and is_pair (labelled); sentences, tokens, labels (the tags), entity_counts
-(token-labelled); questions, impossible, contexts (qa).
+num_labels, labels, label_counts and is_pair (labelled); sentences, tokens, num_labels, labels (the
+tags), entity_counts (token-labelled); questions, impossible, contexts (qa). `labels` and the counts
+hold at most LISTED_LABELS entries (the most frequent), so a listing of datasets stays small;
+`num_labels` counts every label (a dataset written before it existed lists them all: `labels`).
 
 A dataset is installed by renaming a complete temp directory into place, so it is there whole or
 not at all, and a name is never reused: a dataset a job was trained on stays what it was.
@@ -28,6 +30,7 @@ from .layout import DataDir, valid_name
 
 META = "meta.json"
 DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")
+LISTED_LABELS = 100
 # The fine-tuning task (model.runs.TASKS) each kind of dataset trains.
 KIND_OF_TASK = {"sequence-classification": "labelled", "token-classification": "token-labelled",
                 "question-answering": "qa"}
@@ -45,6 +48,11 @@ def read_meta(data_dir: str | os.PathLike, name: str) -> dict[str, Any] | None:
         return json.loads((DataDir(data_dir).dataset(name) / META).read_text())
     except (OSError, ValueError):
         return None
+
+
+def num_labels(meta: dict[str, Any]) -> int:
+    """The distinct labels (tags) of a labelled or token-labelled dataset."""
+    return meta["num_labels"] if meta.get("num_labels") is not None else len(meta.get("labels") or ())
 
 
 def list_datasets(data_dir: str | os.PathLike) -> list[dict[str, Any]]:

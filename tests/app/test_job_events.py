@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
+import httpx
 import pytest
 
-from app.job_events import MetricsTail, job_events
+from app import job_events as job_events_module
+from app.job_events import MAX_LINE, MetricsTail, job_events
 from model.datadir import JobStore
 from model.files import rewrite_jsonl
 
-from ..helpers import finetune_spec, make_data_dir
-from .test_jobs_api import make_client
+from ..helpers import finetune_spec, make_data_dir, start_server
+from .test_jobs_api import NO_BROKER, make_client
 
 pytestmark = pytest.mark.anyio
 
@@ -171,3 +174,103 @@ def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
     assert tail.read() == (False, [{"step": 2}, {"step": 3}])
     path.write_text('{"step": 1}\n')  # shorter than what was read: rewritten in place
     assert tail.read() == (True, [{"step": 1}])
+
+
+def sse_ids(text: str) -> list[str | None]:
+    """The `id` of each metrics event."""
+    return [dict(line.split(": ", 1) for line in block.splitlines()).get("id")
+            for block in text.split("\n\n") if block.startswith("event: metrics")]
+
+
+def test_since_and_last_event_id_start_the_curve_at_a_step(store):
+    job_id = store.create(finetune_spec("clf"))["id"]
+    for step in range(1, 11):
+        store.append_metric(job_id, train(step))
+    store.append_metric(job_id, {"type": "eval", "step": 10, "accuracy": 0.5})
+    set_state(store, job_id, "succeeded", step=10)
+    with make_client(store.data_dir) as client:
+        whole = client.get(f"/jobs/{job_id}/events").text
+        assert sse_ids(whole) == [str(step) for step in range(1, 11)] + ["10"]
+        since = client.get(f"/jobs/{job_id}/events", params={"since": 8}).text
+        assert [data for name, data in parse_sse(since) if name == "metrics"] == store.metrics(job_id)[7:]
+        resumed = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "10"}).text
+        assert [data for name, data in parse_sse(resumed) if name == "metrics"] == store.metrics(job_id)[9:]
+        assert [name for name, _ in parse_sse(resumed)][-1] == "end"
+        assert client.get(f"/jobs/{job_id}/events", params={"since": -1}).status_code == 422
+
+
+def test_an_overlong_metrics_line_is_skipped_without_being_buffered(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    path.write_text('{"step": 1}\n')
+    assert tail.read() == (False, [{"step": 1}])
+    for _ in range(12):  # an unterminated line of 12 x 256 KiB, growing while it is read
+        append_text(path, "x" * (1 << 18))
+        assert tail.read() == (False, []) and len(tail.partial) <= MAX_LINE
+    append_text(path, 'x"}\n{"step": 2}\n{"step": 3')
+    assert tail.read() == (False, [{"step": 2}])
+    append_text(path, "}\n")
+    assert tail.read() == (False, [{"step": 3}])
+
+
+async def test_a_stream_ends_at_its_lifetime_without_an_end_event(store):
+    job_id = store.create(finetune_spec("clf"))["id"]
+    set_state(store, job_id, "running")
+
+    async def never():
+        return False
+    started = time.monotonic()
+    chunks = [chunk async for chunk in job_events(store, job_id, never, poll_s=0.01, max_seconds=0.3)]
+    assert time.monotonic() - started >= 0.3
+    assert "end" not in [name for c in chunks for name, _ in parse_sse(c)]
+    assert chunks[-1].startswith(": the stream has reached its lifetime (BERT_EVENT_STREAM_MAX_SECONDS)")
+
+
+async def test_a_long_curve_is_replayed_in_paced_pieces(store, monkeypatch):
+    monkeypatch.setattr(job_events_module, "MAX_READ", 1024)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    for step in range(1, 201):
+        store.append_metric(job_id, train(step))
+    set_state(store, job_id, "succeeded", step=200)
+
+    async def never():
+        return False
+    chunks = [chunk async for chunk in job_events(store, job_id, never, poll_s=0.01)]
+    events = [e for c in chunks for e in parse_sse(c)]
+    assert [data for name, data in events if name == "metrics"] == store.metrics(job_id)
+    assert len(chunks) > 10 and max(map(len, chunks)) < 4096  # many pieces, none larger than a read
+
+
+@pytest.mark.slow
+def test_streams_are_capped_per_job_and_in_all_over_a_real_server(tmp_path):
+    store = JobStore(make_data_dir(tmp_path / "data"))
+    jobs = [store.create(finetune_spec(f"clf{i}"))["id"] for i in range(3)]
+    for job_id in jobs:
+        set_state(store, job_id, "running")
+    server, url = start_server(store.data_dir, NO_BROKER, tmp_path, BERT_MAX_EVENT_STREAMS="2",
+                               BERT_MAX_EVENT_STREAMS_PER_JOB="1")
+    try:
+        with httpx.Client(base_url=url, timeout=10) as a, httpx.Client(base_url=url, timeout=10) as b, \
+                httpx.Client(base_url=url, timeout=10) as c:
+            with a.stream("GET", f"/jobs/{jobs[0]}/events") as first:
+                events = first.iter_text()  # kept: dropping the iterator would close the connection
+                assert first.status_code == 200 and "event: progress" in next(events)
+                r = b.get(f"/jobs/{jobs[0]}/events")
+                assert (r.status_code, r.headers["retry-after"], r.json()) == (429, "1", {
+                    "error": f"job '{jobs[0]}' has 1 event streams open, the most this service allows for one job "
+                             "(BERT_MAX_EVENT_STREAMS_PER_JOB); retry later", "error_type": "overloaded"})
+                with b.stream("GET", f"/jobs/{jobs[1]}/events") as second:
+                    assert second.status_code == 200
+                    r = c.get(f"/jobs/{jobs[2]}/events")
+                    assert (r.status_code, r.json()["error"]) == (429, "2 event streams are open, the most this "
+                                                                       "service allows (BERT_MAX_EVENT_STREAMS); "
+                                                                       "retry later")
+            deadline = time.monotonic() + 10  # the closed streams' slots come back once the server sees them go
+            while True:
+                with c.stream("GET", f"/jobs/{jobs[2]}/events") as again:
+                    if again.status_code == 200:
+                        break
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        server.stop()

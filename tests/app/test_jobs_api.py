@@ -335,6 +335,78 @@ def test_a_full_disk_is_507_and_removes_the_partial_upload(env, monkeypatch, cod
     assert upload(client, "full.csv", labelled_csv(), name=name).status_code == 201
 
 
+def many_labels_csv(labels: int, rows_of_first: int = 1) -> bytes:
+    rows = [f"text {i},label-{i}" for i in range(labels)] + [f"more text {k},label-0" for k in range(rows_of_first)]
+    return ("text,label\n" + "\n".join(rows) + "\n").encode()
+
+
+def test_label_counts_are_bounded_at_upload_and_at_job_submission(tmp_path, monkeypatch):
+    data_dir = make_data_dir(tmp_path / "data")
+    accept_without_a_broker(monkeypatch)
+    with make_client(data_dir, max_labels=5) as client:
+        r = upload(client, "six.csv", many_labels_csv(6))
+        assert (r.status_code, r.json()) == (422, {"error": "file: 6 distinct labels, more than the 5 this service "
+                                                            "allows (BERT_MAX_LABELS)", "error_type": "validation"})
+        tags = "".join(f"w{i} B-T{i}\n\n" for i in range(6)).encode()  # 6 tags in CoNLL columns
+        r = upload(client, "tags.conll", tags)
+        assert r.json()["error"] == "file: 6 distinct labels, more than the 5 this service allows (BERT_MAX_LABELS)"
+        r = upload(client, "long.csv", f"text,label\na,{'x' * 201}\nb,y\n".encode())
+        assert r.json()["error"] == f"file: the label '{'x' * 40}'... is 201 characters long; a label has at most 200"
+        assert not list((data_dir / "datasets").iterdir())
+    with make_client(data_dir, max_labels=6) as client:  # a dataset taken in under a higher limit
+        assert upload(client, "six.csv", many_labels_csv(6)).status_code == 201
+    with make_client(data_dir, max_labels=5) as client:
+        assert post_job(client, finetune_request("x", dataset="six")) == (422, {
+            "error": "dataset: 'six' has 6 labels, more than the 5 this service trains (BERT_MAX_LABELS)",
+            "error_type": "validation"})
+
+
+def test_a_dataset_description_lists_at_most_100_labels(tmp_path):
+    with make_client(make_data_dir(tmp_path / "data")) as client:
+        meta = upload(client, "many.csv", many_labels_csv(150, rows_of_first=3)).json()
+        assert meta["num_labels"] == 150 and meta["rows"] == 153
+        assert len(meta["labels"]) == len(meta["label_counts"]) == 100
+        assert meta["label_counts"]["label-0"] == 4 and set(meta["labels"]) == set(meta["label_counts"])
+        assert client.get("/datasets").json()["datasets"] == [meta]
+        reviews = upload(client, "reviews.csv", labelled_csv()).json()
+        assert (reviews["num_labels"], reviews["labels"]) == (2, ["negative", "positive"])
+
+
+def test_a_txt_upload_is_text_even_when_it_starts_like_a_wikipedia_dump(tmp_path):
+    dump = b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">\n<page><title>A</title>\n' \
+           b'<revision><text>Some words here.</text></revision></page>\n</mediawiki>\n'
+    with make_client(make_data_dir(tmp_path / "data")) as client:
+        r = upload(client, "dump.txt", dump)
+        assert r.status_code == 201 and r.json()["format"] in ("google", "text")
+
+
+def big_labelled_csv(first_text: str, rows: int) -> bytes:
+    lines = [f"{first_text},positive"] + [f"row {i} says nothing much at all,{('negative', 'positive')[i % 2]}"
+                                          for i in range(rows)]
+    return ("text,label\n" + "\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.slow
+def test_a_large_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    big = big_labelled_csv("fine", 40_000)  # 1.4 MB: over INLINE_CHECK_BYTES
+    with make_client(data_dir, max_dataset_bytes=4 << 20) as client:
+        r = upload(client, "big.csv", big)
+        assert r.status_code == 201, r.json()
+        assert (r.json()["rows"], r.json()["num_labels"]) == (40_001, 2)
+        r = upload(client, "long.csv", big_labelled_csv("word " * 220_000, 10))  # one row of 1.1 M characters
+        assert (r.status_code, r.json()) == (422, {"error": "file: row 1's text is longer than 1048576 characters, "
+                                                            "the most one example may hold",
+                                                   "error_type": "validation"})
+    # One CPU second is less than the child needs to start: the check is stopped, the upload refused.
+    with make_client(data_dir, max_dataset_bytes=4 << 20, dataset_check_seconds=1) as client:
+        r = upload(client, "slow.csv", big)
+        assert (r.status_code, r.json()) == (422, {"error": "file: checking the dataset took longer than 1 s "
+                                                            "(BERT_DATASET_CHECK_SECONDS); upload a smaller file",
+                                                   "error_type": "validation"})
+    assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == ["big"]
+
+
 def test_any_other_failure_while_storing_an_upload_is_a_logged_500(env, monkeypatch, caplog):
     _, outer, data_dir = env
 

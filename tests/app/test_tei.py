@@ -26,6 +26,9 @@ TEXTS = ["the quick brown fox jumped over the lazy dog", "paris is the capital o
          "a red car", "the fox ran", "she ate food"]
 
 
+MANY_LABELS = 300  # more than BERT_MAX_LABEL_SCORES (100): answers hold the best few
+
+
 def err(kind: str, message: str) -> dict:
     return {"error": message, "error_type": kind}
 
@@ -37,6 +40,8 @@ def tei_dir(tmp_path_factory):
         extra = {"id2label": {0: "negative", 1: "positive"}} if name == "tiny-cls" else {}
         save_tiny(root / "models" / name, MODELS[name], seed=i, **extra)
     save_tiny(root / "models" / "tiny-rerank", BertForSequenceClassification, seed=7, id2label={0: "LABEL_0"})
+    save_tiny(root / "models" / "tiny-many", BertForSequenceClassification, seed=8,
+              id2label={i: f"class-{i}" for i in range(MANY_LABELS)})
     return root
 
 
@@ -166,6 +171,28 @@ async def test_predict_one_label_model_is_sigmoid(tei, tei_dir):
                                                 .sigmoid().item(), abs=1e-5), "label": "LABEL_0"}]
 
 
+async def test_answers_of_a_model_with_many_labels_hold_the_best_few(tei, tei_dir):
+    model, tok = hf(tei_dir, "tiny-many")
+    probs = hf_logits(model, tok, ["the fox"]).softmax(-1)[0]
+    best = probs.argsort(descending=True).tolist()
+    name = lambda i: f"class-{i}"  # noqa: E731
+    classify = (await tei.post("/classify", json={"inputs": "the fox", "model": "tiny-many"})).json()
+    assert list(classify["scores"]) == [name(i) for i in best[:100]]  # the default: BERT_MAX_LABEL_SCORES, best first
+    assert classify["label"] == name(best[0]) and classify["score"] == pytest.approx(probs[best[0]].item(), abs=1e-5)
+    three = (await tei.post("/classify", json={"inputs": ["the fox"], "model": "tiny-many", "top_k": 3})).json()
+    assert three[0]["scores"] == pytest.approx({name(i): probs[i].item() for i in best[:3]}, abs=1e-5)
+    predict = (await tei.post("/predict", json={"inputs": "the fox", "model": "tiny-many", "top_k": 2})).json()
+    assert predict == [{"score": pytest.approx(probs[i].item(), abs=1e-5), "label": name(i)} for i in best[:2]]
+    assert len((await tei.post("/predict", json={"inputs": "the fox", "model": "tiny-many"})).json()) == 100
+    for path in ("/classify", "/predict"):
+        r = await tei.post(path, json={"inputs": "the fox", "model": "tiny-many", "top_k": 101})
+        assert (r.status_code, r.json()) == (422, err("validation", "top_k: 101 label scores per input is more than "
+                                                                    "the 100 that BERT_MAX_LABEL_SCORES allows"))
+    # A model with fewer labels than top_k answers them all, in id order on /classify.
+    few = (await tei.post("/classify", json={"inputs": "the fox", "model": "tiny-cls", "top_k": 1000})).json()
+    assert list(few["scores"]) == ["negative", "positive"]
+
+
 async def test_predict_refuses_bad_inputs_and_models(tei):
     r = await tei.post("/predict", json={"inputs": ["a", "b", "c"]})
     assert r.status_code == 422
@@ -244,7 +271,7 @@ async def test_tokenize_limits(tei):
     assert r.status_code == 422 and r.json() == err("validation", "at most 64 inputs per request, got 65")
     r = await tei.post("/tokenize", json={"inputs": "a", "model": "nope"})
     assert r.status_code == 404
-    assert r.json() == err("not_found", "model 'nope' not found (available: tiny-cls, tiny-enc, tiny-pt, tiny-rerank)")
+    assert r.json() == err("not_found", "model 'nope' not found (available: tiny-cls, tiny-enc, tiny-many, tiny-pt, tiny-rerank)")
 
 
 # -- POST / and /similarity --------------------------------------------------------------------

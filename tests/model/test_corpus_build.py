@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import zstandard
 
-from model.data.corpus import (detect_format, encode_sentences, read_documents, read_paragraphs, split_sentences,
-                               tokenizer_fingerprint)
+from model.data import wikixml
+from model.data.corpus import (MAX_LINE_CHARS, Bounds, detect_format, encode_sentences, read_documents,
+                               read_paragraphs, split_sentences, tokenizer_fingerprint)
 from model.data.corpus_build import BuildOptions, _KeySet, build_store, expand_inputs, paragraph_key, plan_units
 from tests.conftest import WORDS
 
@@ -148,7 +149,7 @@ def test_wikipedia_dump_markup_is_stripped(tmp_path):
     assert detect_format(dump) == "wikixml"
     stats = {}
     assert list(read_paragraphs(dump, stats=stats)) == WIKI_ARTICLES
-    assert stats == {"wiki_redirects": 1, "wiki_other_namespaces": 1, "wiki_empty_articles": 0}
+    assert stats == {"wiki_redirects": 1, "wiki_other_namespaces": 1, "wiki_empty_articles": 0, "wiki_oversize_pages": 0}
 
 
 def test_a_file_that_is_not_a_dump_is_refused(tmp_path):
@@ -156,6 +157,59 @@ def test_a_file_that_is_not_a_dump_is_refused(tmp_path):
     bad.write_text("<notes><note>hi</note></notes>")
     with pytest.raises(ValueError, match=r"notes.xml: not a MediaWiki XML dump \(root element <notes>\)"):
         list(read_paragraphs(bad))
+
+
+def test_xml_with_a_dtd_or_entities_is_refused_before_anything_expands(tmp_path):
+    bomb = tmp_path / "bomb.xml"
+    bomb.write_text('<?xml version="1.0"?>\n<!DOCTYPE mediawiki [\n<!ENTITY a "aaaaaaaaaa">\n'
+                    '<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">\n]>\n<mediawiki><page><title>&b;</title></page>'
+                    '</mediawiki>')
+    with pytest.raises(ValueError, match=r"bomb.xml, line 2: not a MediaWiki XML dump: DTDForbidden \(DTDs, "
+                                         r"entity declarations and external references are not read\)"):
+        list(read_paragraphs(bomb))
+
+
+def test_a_page_longer_than_the_bound_is_skipped_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(wikixml, "MAX_PAGE_CHARS", 2_000)
+    big = "<page><title>Big</title><ns>0</ns><revision><text>" + "word " * 1_000 + "</text></revision></page>"
+    dump = tmp_path / "dump.xml"
+    dump.write_text(WIKI_DUMP.replace("</mediawiki>", big + "</mediawiki>"))
+    stats = {}
+    assert list(read_paragraphs(dump, stats=stats)) == WIKI_ARTICLES
+    assert stats["wiki_oversize_pages"] == 1
+
+
+def test_a_txt_file_is_text_even_when_it_starts_like_a_dump(tmp_path):
+    (tmp_path / "page.txt").write_text(WIKI_DUMP)
+    (tmp_path / "page.xml").write_text(WIKI_DUMP)
+    (tmp_path / "page").write_text(WIKI_DUMP)
+    assert detect_format(tmp_path / "page.txt") in ("text", "google")
+    assert detect_format(tmp_path / "page.xml") == detect_format(tmp_path / "page") == "wikixml"
+
+
+def test_one_huge_compressed_line_is_cut_at_words_into_bounded_documents(tmp_path):
+    words = [f"w{i % 997}" for i in range(700_000)]  # one 3.4 MiB line, a few KB compressed
+    line = " ".join(words)
+    path = tmp_path / "one-line.txt.bz2"
+    path.write_bytes(bz2.compress(line.encode()))
+    assert len(line) > 3 * MAX_LINE_CHARS and path.stat().st_size < 100_000
+    docs = list(read_paragraphs(path, "google"))
+    assert len(docs) == 4 and all(len(s) <= MAX_LINE_CHARS for d in docs for p in d for s in p)
+    assert " ".join(s for d in docs for p in d for s in p).split() == words  # cut between words, nothing lost
+    # A small bound: a line of one unbroken word is cut at the bound; a paragraph ends once it holds the bound.
+    (tmp_path / "small.txt").write_text("x" * 25 + "\nab cd ef\ngh ij\nkl\n\nlast one\n")
+    docs = list(read_paragraphs(tmp_path / "small.txt", "google", bounds=Bounds(line=10, paragraph=12)))
+    assert docs == [[["x" * 10]], [["x" * 10]], [["x" * 5]], [["ab cd ef"]], [["gh ij", "kl"]], [["last one"]]]
+
+
+@pytest.mark.parametrize("format, suffix, line", [("pairs", ".tsv", "a\t" + "b " * 20), ("jsonl", ".jsonl",
+                                                                                            '{"text": "' + "b " * 20 + '"}')])
+def test_a_record_longer_than_the_bound_is_refused_naming_the_file_and_line(tmp_path, format, suffix, line):
+    path = tmp_path / f"data{suffix}"
+    path.write_text(('{"text": "a"}' if format == "jsonl" else "x\ty") + f"\n{line}\n")
+    with pytest.raises(ValueError, match=rf"data{suffix}, line 2: longer than 30 characters, the most one line "
+                                         "may hold"):
+        list(read_paragraphs(path, format, bounds=Bounds(line=30)))
 
 
 # ---------------------------------------------------------------------------- the store

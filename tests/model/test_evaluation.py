@@ -10,6 +10,7 @@ import torch
 
 from model import BertConfig, BertForSequenceClassification
 from model.evaluation import evaluate
+from model.trainer import EvaluationStopped
 from model.modeling import SequenceClassifierOutput
 from tests.conftest import tiny_config_dict
 from tests.model.conftest import FixedBatches, pretraining_data, tiny_model
@@ -57,6 +58,38 @@ def test_classification_accuracy_and_macro_f1():
     assert m["accuracy"] == pytest.approx(4 / 6)
     assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 0.8) / 3)
     assert m["examples"] == 6
+
+
+def test_macro_f1_over_many_labels_matches_a_per_label_computation():
+    # 5,000 labels, most neither present nor predicted; counts summed over two batches of 32.
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 300, (64,), generator=gen)
+    preds = torch.where(torch.rand(64, generator=gen) < 0.5, labels, torch.randint(0, 5000, (64,), generator=gen))
+    model = FixedLogits(torch.nn.functional.one_hot(preds, 5000).float() * 5)
+    chunks = iter(model.logits.split(32))
+    model.forward = lambda input_ids, **kw: SequenceClassifierOutput(next(chunks))
+    batches = [{"input_ids": torch.zeros(32, 2, dtype=torch.long), "labels": part} for part in labels.split(32)]
+    m = evaluate(model, FixedBatches(batches))
+    f1s = []
+    for c in set(labels.tolist()) | set(preds.tolist()):
+        tp = int(((preds == c) & (labels == c)).sum())
+        fp, fn = int(((preds == c) & (labels != c)).sum()), int(((preds != c) & (labels == c)).sum())
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    assert m["macro_f1"] == pytest.approx(sum(f1s) / len(f1s))
+    assert m["accuracy"] == pytest.approx((preds == labels).float().mean().item()) and m["examples"] == 64
+
+
+def test_should_stop_is_asked_before_each_batch_and_stops_the_evaluation(corpus, tiny_tokenizer):
+    asked = []
+
+    def should_stop():
+        asked.append(len(asked))
+        return len(asked) == 2  # after the first of three batches
+
+    with pytest.raises(EvaluationStopped, match="stopped after 1 batches"):
+        evaluate(tiny_model(), pretraining_data(corpus, tiny_tokenizer), should_stop=should_stop)
+    assert asked == [0, 1]
+    assert evaluate(tiny_model(), pretraining_data(corpus, tiny_tokenizer), should_stop=lambda: False)["masked_tokens"]
 
 
 def test_regression_reports_mse():

@@ -82,7 +82,17 @@ def test_memory_adds_up_and_scales():
     # The MLM head's log-probabilities: only heads that have it pay for them.
     mlm = estimate_training(config, "BertForMaskedLM", batch_size=8, seq_len=32, precision="fp32")
     clf = estimate_training(config, "BertForSequenceClassification", batch_size=8, seq_len=32, precision="fp32")
-    assert mlm.activation_bytes - clf.activation_bytes == 3 * 4 * round(8 * 32 * 0.15) * config.vocab_size
+    assert mlm.activation_bytes - clf.activation_bytes == 3 * 4 * (round(8 * 32 * 0.15) * config.vocab_size - 8 * 2)
+
+
+@pytest.mark.parametrize("architecture, rows", [("BertForSequenceClassification", 8),
+                                                ("BertForTokenClassification", 8 * 32)])
+def test_a_classifiers_label_logits_count_per_row_and_label(architecture, rows):
+    """fp32 logits, log-probabilities and their gradient: 12 bytes per row (sequence) or token, per label."""
+    config = BertConfig(**CONFIGS[0])
+    two, many = (estimate_training(config, architecture, batch_size=8, seq_len=32, precision="fp32", num_labels=n)
+                 for n in (2, 10_000))
+    assert many.activation_bytes - two.activation_bytes == 3 * 4 * rows * (10_000 - 2)
 
 
 def test_issue_12_job_is_ten_billion_parameters():

@@ -17,6 +17,7 @@ from model.checkpoint import list_checkpoints
 from model.evaluation import evaluate
 from model.callbacks import Callback
 from model.trainer import (
+    EvaluationStopped,
     TrainConfig,
     Trainer,
     configure_optimizer,
@@ -141,6 +142,27 @@ def test_stop_request_saves_a_checkpoint_even_without_save_every(tmp_path, corpu
                      TrainConfig(max_steps=5, log_every=1), run_dir=tmp_path, callbacks=[rec]).fit()
     assert (result.status, result.step, result.stopped) == ("stopped", 2, True)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-2"] and rec.checkpoints == list_checkpoints(tmp_path)
+
+
+@pytest.mark.parametrize("steps", [4, 2])  # a stop during an evaluation at step 2: mid-run, and the last step
+def test_a_stop_request_during_an_evaluation_stops_the_run_without_recording_it(tmp_path, corpus, tiny_tokenizer,
+                                                                                 steps):
+    rec = Recorder(stop_at=None)
+
+    def stoppable_eval(model, data, *, should_stop, **kw):
+        rec.stop_at = 0  # a cancel (or the time limit) arrives while the evaluation runs
+        if should_stop():  # as model.evaluation.evaluate asks between its batches
+            raise EvaluationStopped("the evaluation was stopped after 1 batches")
+        return {"loss": 1.0}
+
+    data = pretraining_data(corpus, tiny_tokenizer)
+    config = TrainConfig(max_steps=steps, eval_every=2, log_every=1)
+    result = Trainer(tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=stoppable_eval,
+                     callbacks=[rec]).fit()
+    assert (result.status, result.step, result.eval_metrics, result.model_dir) == ("stopped", 2, None, None)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-2"]
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in lines] == ["train", "train"]
 
 
 def test_keeps_the_last_k_checkpoints_plus_the_best(tmp_path, corpus, tiny_tokenizer):
