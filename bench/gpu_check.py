@@ -59,7 +59,7 @@ import torch.nn.functional as F
 import transformers
 
 from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
-from model import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel
+from model import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel, kernels
 from model.precision import apply_precision, autocast
 
 H100_CLASS_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 / H200 SXM (NVIDIA's data sheets)
@@ -402,8 +402,21 @@ def packed_sync_row(ctx: Context) -> Row:
                "0 per forward", verdict(n == 0))
 
 
+def kernel_rows(ctx: Context) -> list[Row]:
+    """model.kernels' choices here: each path asked and probed (flash-varlen on a GPU; on the host the
+    CPU paths, which int8 and a CPU-only run take), and what a bf16 model runs through."""
+    rows = []
+    for name in ("flash-varlen",) if ctx.cuda else ("onednn-fp32", "onednn-bf16", "int8-vnni"):
+        on, why = kernels.status(name)
+        rows.append(Row(f"kernel path {name}", f"{'on' if on else 'off'}: {why}".replace("|", "/"),
+                        "decided, never raises", "info"))
+    plan = kernels.describe("bf16", ctx.device)
+    rows.append(Row("bf16 model's kernels", f"{plan['kernels']} ({plan['why']})".replace("|", "/"), "named", "info"))
+    return rows
+
+
 def check_review(ctx: Context) -> list[Row]:
-    return odd_head_rows(ctx) + [memory_row(ctx), packed_sync_row(ctx)]
+    return odd_head_rows(ctx) + [memory_row(ctx), packed_sync_row(ctx)] + kernel_rows(ctx)
 
 
 # -- the run ----------------------------------------------------------------------------------

@@ -79,3 +79,11 @@ def test_parity_on_cuda(tmp_path):
 def test_gpu_memory_is_measured_on_cuda(tmp_path):
     row = gpu_check.memory_row(context(tmp_path, "cuda"))
     assert row.verdict == "info" and "MiB" in row.result
+
+
+def test_the_review_names_the_kernel_paths_it_runs_through(tmp_path):
+    rows = gpu_check.kernel_rows(context(tmp_path))
+    assert [r.check for r in rows] == ["kernel path onednn-fp32", "kernel path onednn-bf16", "kernel path int8-vnni",
+                                       "bf16 model's kernels"]
+    assert all(r.result.startswith(("on: ", "off: ")) for r in rows[:3]), rows
+    assert rows[3].result.startswith(("onednn-bf16", "bf16-emulated")), rows
