@@ -275,7 +275,7 @@ def _sniff_jsonl_kind(path: Path) -> str:
                     if "tokens" in record and "tags" in record:
                         return "token-labelled"
                     return "labelled" if "label" in record else "corpus"
-                except (ValueError, TypeError):
+                except (ValueError, TypeError, RecursionError):
                     break
     return "corpus"
 
