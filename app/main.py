@@ -34,10 +34,10 @@ send `Authorization: Bearer <key>` to every route except /health, /ready and /co
 files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 """
 
-# Routes whose work is a forward pass: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
+# Routes whose work is a forward pass or tokenising: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
 INFERENCE_PATHS = frozenset({"/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify",
                              "/token-classification", "/question-answering",
-                             "/embed", "/predict", "/rerank", "/similarity", "/"})  # text-embeddings-inference's
+                             "/embed", "/predict", "/rerank", "/similarity", "/tokenize", "/"})  # TEI's
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

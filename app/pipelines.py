@@ -24,7 +24,7 @@ from .engine import WorkItem
 from .errors import ServiceError
 from .schemas import (ClassifyRequest, EmbeddingsRequest, FillMaskRequest, NspRequest, OpenAIEmbeddingsRequest,
                       TextPair)
-from .service import Service
+from .service import Service, check_dropped
 from .settings import Settings
 from .store import LoadedModel
 
@@ -40,20 +40,24 @@ TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": (
 
 def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
     """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`. Errors number the
-    inputs from `first`."""
+    inputs from `first`. Stops between inputs once the request has gone (app/service.py check_dropped)."""
     rows = []
     for i, item in enumerate(items, first):
+        check_dropped()
         a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)
         if truncate:
             enc = lm.tokenizer.encode(a, b, max_length=lm.max_length, truncation=True)
         else:
             enc = lm.tokenizer.encode(a, b, max_length=_UNLIMITED)
-            n = len(enc["input_ids"])
-            if n > lm.max_length:
-                raise ServiceError("validation", f"input {i} is {n} tokens long, more than the {lm.max_length} "
-                                                 f"model '{lm.name}' takes; shorten it or send \"truncate\": true")
+            if len(enc["input_ids"]) > lm.max_length:
+                raise too_long(lm, i, len(enc["input_ids"]))
         rows.append((enc["input_ids"], enc["token_type_ids"]))
     return rows
+
+
+def too_long(lm: LoadedModel, i: int, n: int) -> ServiceError:
+    return ServiceError("validation", f"input {i} is {n} tokens long, more than the {lm.max_length} model "
+                                      f"'{lm.name}' takes; shorten it or send \"truncate\": true")
 
 
 def as_list(inputs) -> tuple[list, bool]:

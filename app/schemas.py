@@ -489,7 +489,8 @@ SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 class FinetuneParams(TrainParams):
     lr: float = Field(5e-5, gt=0.0, le=1.0, description="Peak learning rate (BERT paper: 2e-5 to 5e-5).")
-    eval_fraction: float = Field(0.1, ge=0.0, le=0.5, description="Share of the rows held out for eval.")
+    eval_fraction: float = Field(0.1, gt=0.0, le=0.5, description="Share of the rows held out for eval (the best "
+                                                                  "checkpoint is chosen on them).")
     task: FinetuneTask = Field("sequence-classification", description=(
         "What to train: sequence-classification (a labelled dataset), token-classification (token-labelled; "
         "best checkpoint by entity f1) or question-answering (qa; best checkpoint by f1)."))

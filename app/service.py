@@ -5,7 +5,9 @@ stopped by the app's lifespan. Routes reach it as `request.app.state.service`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -25,6 +27,20 @@ from .store import LoadedModel, ModelStore
 log = logging.getLogger("bertserve")
 # Longest warm-up row: long enough for the kernels a real batch takes, short enough to cost ~nothing.
 WARM_UP_TOKENS = 128
+# Set in an off_loop job's thread: its request is gone (deadline or disconnect), so the job should stop.
+_REQUEST_GONE: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("request_gone", default=None)
+
+
+class WorkDropped(Exception):
+    """Raised inside an off_loop job whose request has gone; nobody waits for its result."""
+
+
+def check_dropped() -> None:
+    """Between the inputs of an off_loop job: stop (WorkDropped) if its request has gone, so a long job
+    does not run on for nobody. A no-op outside such a job."""
+    gone = _REQUEST_GONE.get()
+    if gone is not None and gone.is_set():
+        raise WorkDropped()
 
 
 def check_precisions(settings: Settings, device: torch.device) -> None:
@@ -126,16 +142,23 @@ class Service:
     async def off_loop(self, fn: Callable, *args) -> Any:
         """Tokeniser and other CPU work, in the thread pool, never on the event loop. At most
         BERT_MAX_TOKENIZER_QUEUE jobs wait for (or run on) its threads; one more is a 429. A job whose
-        request goes away before a thread takes it is dropped unrun (the executor's future is
-        cancelled with this task)."""
+        request goes away (this task is cancelled: deadline or disconnect) before a thread takes it is
+        dropped unrun (the executor's future is cancelled with this task); one already running stops at
+        its next check_dropped(), between its inputs."""
         if self.pool is None:
             raise ServiceError("unavailable", "the service is not running")
         limit = self.settings.max_tokenizer_queue
         if self._pool_jobs >= limit:
             raise ServiceError("overloaded", f"the tokeniser queue is full ({limit} jobs waiting); retry later")
         self._pool_jobs += 1  # only the event loop counts, so no lock
+        gone = threading.Event()
+        context = contextvars.copy_context()
+        context.run(_REQUEST_GONE.set, gone)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self.pool, context.run, fn, *args)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
         finally:
             self._pool_jobs -= 1
 
@@ -155,10 +178,11 @@ class Service:
         if n > self.settings.max_inputs:
             raise ServiceError("validation", f"at most {self.settings.max_inputs} inputs per request, got {n}")
 
-    def check_tokens(self, n: int) -> None:
-        """A request's cost, known once it is tokenised; over budget it never reaches the engine."""
+    def check_tokens(self, n: int, counted: str = "all inputs together") -> None:
+        """A request's cost, known once it is tokenised; over budget it never reaches the engine. Safe to
+        call from the thread pool (a job that counts as it tokenises)."""
         if n > self.settings.max_request_tokens:
-            raise ServiceError("validation", f"the request is {n} tokens long (all inputs together), more than the "
+            raise ServiceError("validation", f"the request is {n} tokens long ({counted}), more than the "
                                              f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
                                              "allows")
 

@@ -40,10 +40,10 @@ from model.modeling import BertForSequenceClassification
 from model.tokenizer import truncating
 
 from .errors import ServiceError
-from .pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input
+from .pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
 from .schemas import (EmbedRequest, PredictRequest, RerankRequest, SimilarityParameters, SimilarityRequest, TextPair,
                       TokenizeRequest)
-from .service import Service
+from .service import Service, check_dropped
 from .store import LoadedModel
 
 # -- truncation --------------------------------------------------------------------------------
@@ -56,6 +56,7 @@ def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str)
     tok = truncating(lm.tokenizer, lm.max_length, direction="left")
     rows = []
     for item in items:
+        check_dropped()
         a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)
         enc = tok.encode(a, b)
         rows.append((enc.ids, enc.type_ids))
@@ -168,9 +169,9 @@ def _prepare_predict(lm: LoadedModel, items: list, truncate: bool | None, direct
 # -- /rerank -----------------------------------------------------------------------------------
 
 async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
-    pairs = [TextPair.model_construct(text_a=req.query, text_b=text) for text in req.texts]
-    outcome = await _infer(svc, "classify", req.model or svc.settings.rerank_model, pairs, _prepare_rerank,
-                           req.truncate, req.truncation_direction, params={"logits": True}, route="/rerank")
+    outcome = await _infer(svc, "classify", req.model or svc.settings.rerank_model, req.texts, _prepare_rerank,
+                           req.query, req.truncate, req.truncation_direction, svc.check_tokens, params={"logits": True},
+                           route="/rerank")
     ranks = []
     for index, logits in enumerate(outcome.results):
         rank = {"index": index, "score": tei_scores(logits, req.raw_scores)[0]}
@@ -180,12 +181,29 @@ async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
     return _best_first(ranks)
 
 
-def _prepare_rerank(lm: LoadedModel, pairs: list[TextPair], truncate: bool | None,
-                    direction: str) -> tuple[list[Row], dict]:
+def _prepare_rerank(lm: LoadedModel, texts: list[str], query: str, truncate: bool | None, direction: str,
+                    check_tokens) -> tuple[list[Row], dict]:
+    """One (query, text) row per text, as encode() of the pairs would make them, with the query tokenized
+    once. The tokens before truncation (the query once, and every text) count against
+    BERT_MAX_REQUEST_TOKENS as they are tokenized, so a huge query is refused before any pairing."""
     if lm.config.num_labels != 1:
         raise ServiceError("validation", f"model '{lm.name}' is not a re-ranker: /rerank needs a sequence classifier "
                                          f"with one label (a cross-encoder), and it has {lm.config.num_labels}")
-    return _encode(lm, pairs, truncate, direction), {}
+    tok, counted = lm.tokenizer, "before truncation: the query once and every text"
+    query_ids = tok.token_ids(query)
+    total = len(query_ids)
+    check_tokens(total, counted)
+    rows = []
+    for i, text in enumerate(texts):
+        check_dropped()
+        text_ids = tok.token_ids(text)
+        total += len(text_ids)
+        check_tokens(total, counted)
+        row = tok.pair_from_ids(query_ids, text_ids, lm.max_length if truncate else None, direction.lower())
+        if len(row["input_ids"]) > lm.max_length:
+            raise too_long(lm, i, len(row["input_ids"]))
+        rows.append((row["input_ids"], row["token_type_ids"]))
+    return rows, {}
 
 
 # -- /tokenize ---------------------------------------------------------------------------------
@@ -204,6 +222,7 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
     backend = lm.tokenizer.backend_tokenizer
     out = []
     for text in texts:
+        check_dropped()
         enc = backend.encode(text, add_special_tokens=add_special_tokens)
         out.append([{"id": i, "text": token, "special": True, "start": None, "stop": None} if special else
                     {"id": i, "text": text[start:stop], "special": False, "start": start, "stop": stop}

@@ -19,6 +19,12 @@
    corpus. Beside the server: `bert corpus build` on a 16 KB .bz2 holding one 300 MiB line (peak RSS
    of the build process) and an entity-expansion .xml (refused). `--skip-hostile` leaves it out.
 
+4. Reranking: `{"query": "a " * 240000, "texts": ["b"] * 64, "truncate": true}` to /rerank (a one-label
+   classifier of the same shape), sent `--rerank-runs` times one after another while the one-word
+   /embeddings probe runs beside it: status, seconds, and the probe's median and p90 against its idle
+   median from the same run (target: a 4xx in about a second, the probe within 5x of idle).
+   `--only-rerank` runs this part alone.
+
 The server is bench/live.py's (4 layers, hidden 256, 512 positions, CPU), with default settings.
 `--root DIR` runs the server from another checkout (e.g. the commit before, for a before/after);
 `--skip-oversize` leaves part 1 out (do so for a checkout without the limits: there the 64-copy
@@ -26,6 +32,7 @@ request grows the server by gigabytes).
 
     .venv/bin/python bench/bounds_bench.py                    # about 8 minutes (part 3: about 6)
     .venv/bin/python bench/bounds_bench.py --only-hostile     # part 3 alone
+    .venv/bin/python bench/bounds_bench.py --only-rerank --seconds 10
     .venv/bin/python bench/bounds_bench.py --seconds 10 --skip-oversize --root /tmp/old-checkout
 """
 
@@ -347,6 +354,71 @@ def corpus_build_rss(work: Path) -> list[str]:
     return out
 
 
+# -- 4. reranking ------------------------------------------------------------------------------
+
+RERANK_MODEL = "bench-rerank"
+
+
+def save_reranker(data_dir: Path, tokenizer) -> None:
+    """A cross-encoder for /rerank: live.py's shape, one label, random weights."""
+    import torch
+
+    from model.config import BertConfig
+    from model.modeling import BertForSequenceClassification
+
+    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "intermediate_size": 1024}
+    torch.manual_seed(0)
+    config = BertConfig(**shape, id2label={0: "LABEL_0"})
+    BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / RERANK_MODEL,
+                                                                  tokenizer=tokenizer)
+
+
+async def probe_until(port: int, stop: asyncio.Event, out: list[float]) -> None:
+    """One-word /embeddings, one at a time, until `stop`: each latency (a probe left waiting counts)."""
+    client, body = Client(port), json.dumps({"inputs": "hello"}).encode()
+    while not stop.is_set():
+        start = time.perf_counter()
+        await client.request("POST", "/embeddings", body)
+        out.append(time.perf_counter() - start)
+        await asyncio.sleep(0.1)
+    client.close()
+
+
+async def rerank(port: int, seconds: float, runs: int) -> list[str]:
+    body = json.dumps({"query": "a " * 240000, "texts": ["b"] * 64, "truncate": True,
+                       "model": RERANK_MODEL}).encode()
+    await probe(port, 1.0)  # warm-up
+    idle = await probe(port, seconds)
+    client, stop, beside, outcomes = Client(port), asyncio.Event(), [], []
+    prober = asyncio.create_task(probe_until(port, stop, beside))
+    await asyncio.sleep(0.5)
+    beside.clear()
+    for _ in range(runs):
+        start = time.perf_counter()
+        status, answer = await client.request("POST", "/rerank", body)
+        outcomes.append((status, time.perf_counter() - start, answer))
+    await asyncio.sleep(1.0)  # what the server still does for it shows in the probes after the answer
+    stop.set()
+    await prober
+    client.close()
+    med = statistics.median
+    statuses = Counter(status for status, _, _ in outcomes)
+    status, _, answer = outcomes[-1]
+    return [
+        f"| /rerank reproduction | body | status | seconds (max of {runs}) | probes beside | probe median ms | "
+        "probe p90 ms | probe median / idle |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+        (f"| `\"a \" * 240000` x 64 texts, truncate | {len(body) / 1024:.0f} KB | "
+         f"{', '.join(f'{s} x{n}' for s, n in statuses.items())} | {max(t for _, t, _ in outcomes):.2f} | "
+         f"{len(beside)} | {1000 * med(beside):.1f} | {1000 * pct(beside, 0.9):.1f} | "
+         f"{med(beside) / med(idle):.1f}x |"),
+        "",
+        f"- idle probe median {1000 * med(idle):.1f} ms over {len(idle)} requests",
+        f"- answer: `{answer.decode()[:200]}`" if status != 200 else "- answer: 200",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="probing time, idle and loaded (default 30)")
@@ -354,13 +426,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-oversize", action="store_true", help="leave out part 1")
     parser.add_argument("--skip-hostile", action="store_true", help="leave out part 3")
     parser.add_argument("--only-hostile", action="store_true", help="run part 3 alone")
+    parser.add_argument("--only-rerank", action="store_true", help="run part 4 (reranking) alone")
+    parser.add_argument("--rerank-runs", type=int, default=3, help="reranking reproductions sent (default 3)")
     parser.add_argument("--max-batch-tokens", type=int, help="BERT_MAX_BATCH_TOKENS for the server (default: its "
                         "default); it sets the length of a pass, so the longest a small request can wait")
     args = parser.parse_args(argv)
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bounds-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     tokenizer = save_models(data_dir)
-    hostile_too = not args.skip_hostile
+    save_reranker(data_dir, tokenizer)
+    hostile_too = not args.skip_hostile and not args.only_rerank
     if hostile_too:
         save_many_label_classifier(data_dir, tokenizer, 100_000)
         curve_job = write_long_curve(data_dir, 200_000)
@@ -369,13 +444,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"server from {args.root.resolve()}, {env or 'default settings'}, RSS after start "
               f"{rss_mb(proc.pid):.0f} MB\n")
-        if not args.only_hostile:
+        if not (args.only_hostile or args.only_rerank):
             if not args.skip_oversize:
                 print("\n".join(asyncio.run(oversize(port, proc.pid, tokenizer))) + "\n", flush=True)
             print("\n".join(asyncio.run(starvation(port, tokenizer, args.seconds))) + "\n", flush=True)
         if hostile_too:
             print("\n".join(asyncio.run(hostile(port, proc.pid, data_dir, curve_job, min(args.seconds, 10)))) + "\n",
                   flush=True)
+        if not args.only_hostile:
+            print("\n".join(asyncio.run(rerank(port, args.seconds, args.rerank_runs))) + "\n", flush=True)
     finally:
         stop_server(proc)
     if hostile_too:

@@ -12,6 +12,14 @@ ranks, so each rank's mean is weighted by `world * local_count / global_count` (
 averages the gradients over ranks, and the result is the gradient of the global micro-batch's mean, the
 same as one process computing it. DDP is PyTorch's DistributedDataParallel (Li et al. 2020, "PyTorch
 Distributed: Experiences on Accelerating Data Parallel Training"); torchrun is torch.distributed.elastic.
+
+Where the run listens (`listen_where_named`). torch's TCPStore server listens on every interface whatever
+host it is given, and torchrun unpickles the rendezvous state it reads from it: anyone who reaches the
+port runs code in the launcher. Here a store listens on the address its host name resolves to and nowhere
+else: one node's run on loopback only (its rendezvous, its ranks' master store, gloo's sockets), several
+nodes' on the rendezvous endpoint's address, which `check_launch` accepts only on loopback unless the
+network is declared trusted; several nodes meet under a random run id by default, so the store's keys
+cannot be guessed either.
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import ipaddress
 import os
+import secrets
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -71,6 +82,9 @@ def init(device: torch.device, timeout_s: float = 1800.0) -> Dist:
         return d
     if not dist.is_initialized():
         die_with_parent()
+        listen_where_named()  # rank 0 hosts the master store itself if torchrun's agent does not
+        if is_loopback(os.environ.get("MASTER_ADDR", "")) and sys.platform == "linux":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is here: gloo's sockets too
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":  # before the group exists, so NCCL's first collective uses this rank's GPU
             torch.cuda.set_device(d.local_rank)
@@ -205,24 +219,31 @@ def main_first(device: torch.device):
 
 
 def torchrun_command(target: list[str], nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                     rdzv_endpoint: str | None = None, python: str = sys.executable) -> list[str]:
+                     rdzv_endpoint: str | None = None, rdzv_id: str | None = None, trusted_network: bool = False,
+                     python: str = sys.executable) -> list[str]:
     """The command that runs `target` (e.g. ["-m", "app.cli", "pretrain", ...]) on `nproc_per_node` ranks
-    here, through torchrun (model/torchrun.py: torch.distributed.run, dying with its parent). One node:
-    --standalone (a local rendezvous on a free port); several: the c10d rendezvous at `rdzv_endpoint`.
-    --max-restarts 0: a rank that dies ends the run (the others are stopped), to be resumed from its
-    latest checkpoint."""
-    check_launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    here, through torchrun (model/torchrun.py: torch.distributed.run, dying with its parent, its stores
+    listening where `listen_where_named` says). One node: --standalone (a local rendezvous on a free port,
+    a random run id), this node's address 127.0.0.1, so every store is on loopback. Several: the c10d
+    rendezvous at `rdzv_endpoint` under `rdzv_id` (the same on every node; see check_launch).
+    --max-restarts 0: a rank that dies ends the run (the others are stopped), to be resumed from its latest
+    checkpoint."""
+    check_launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, trusted_network)
     cmd = [python, "-m", "model.torchrun", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0"]
     if nnodes == 1:
-        cmd.append("--standalone")
+        cmd += ["--standalone", "--local-addr=127.0.0.1"]
     else:
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}"]
+                f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+        if is_loopback(endpoint_host(rdzv_endpoint)):  # every node is on this machine
+            cmd.append("--local-addr=127.0.0.1")
     return cmd + list(target)
 
 
-def check_launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None) -> None:
-    """ValueError quoting the values for launcher options that cannot work."""
+def check_launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+                 rdzv_id: str | None = None, trusted_network: bool = False) -> None:
+    """ValueError quoting the values for launcher options that cannot work, or that would open the
+    rendezvous store to a network not declared trusted (see the module docstring)."""
     if not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be an integer >= 1, got {nproc_per_node!r}")
     if not isinstance(nnodes, int) or nnodes < 1:
@@ -235,3 +256,84 @@ def check_launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_
         host, _, port = rdzv_endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"rendezvous endpoint must be HOST:PORT, got {rdzv_endpoint!r}")
+    if nnodes > 1 and not trusted_network and not is_loopback(endpoint_host(rdzv_endpoint)):
+        raise ValueError(f"rendezvous endpoint {rdzv_endpoint} is not on loopback: torch's rendezvous store runs "
+                         "code sent to its port, so a multi-node run needs a network that only the training "
+                         "nodes can reach; say so with trusted_network")
+    if rdzv_id is not None and not (0 < len(rdzv_id) <= 128 and all(c.isalnum() or c in "-_." for c in rdzv_id)):
+        raise ValueError(f"rdzv_id must be 1 to 128 letters, digits, '-', '_' or '.', got {rdzv_id!r}")
+    if nnodes > 1 and node_rank > 0 and rdzv_id is None:
+        raise ValueError(f"node_rank {node_rank} needs the run's rdzv_id: the one node 0 printed (the same on "
+                         "every node)")
+
+
+def new_run_id() -> str:
+    """A rendezvous run id nobody can guess (torchrun's default, "none", names a known store key)."""
+    return secrets.token_hex(16)
+
+
+def endpoint_host(endpoint: str) -> str:
+    """HOST of HOST:PORT, without the brackets of an IPv6 literal."""
+    return endpoint.rpartition(":")[0].strip("[]")
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1); no name lookup."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_address(host: str, port: int) -> tuple[int, tuple]:
+    """(family, sockaddr) a store named `host` listens on: the name's first IPv4 address, else its first."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    family, _, _, _, address = min(infos, key=lambda info: info[0] != socket.AF_INET)
+    return family, address
+
+
+class _NamedAddressStore(dist.TCPStore):
+    """A TCPStore whose server listens on the address its host name resolves to (torch's listens on every
+    interface): the server is handed a socket bound there (TCPStore's master_listen_fd)."""
+
+    def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+                 timeout: datetime.timedelta = datetime.timedelta(seconds=300), wait_for_workers: bool = True,
+                 multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool | None = None):
+        if is_master and master_listen_fd is None:
+            master_listen_fd, port = _bound_socket(host_name, port)
+        options = {} if use_libuv is None else {"use_libuv": use_libuv}
+        super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
+                         master_listen_fd, **options)
+
+
+def _bound_socket(host: str, port: int) -> tuple[int, int]:
+    """A listening socket's descriptor (handed over: the store closes it) and its port."""
+    try:
+        family, address = listen_address(host, port)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e}") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:  # RuntimeError, as torch's own: c10d's rendezvous then joins as a client instead
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e}") from e
+    port = sock.getsockname()[1]
+    return sock.detach(), port
+
+
+def listen_where_named() -> None:
+    """Make every TCPStore server this process starts (torchrun's rendezvous and agent stores, a rank's
+    master store) listen on its host name's address only. Patches the names torch's launcher and
+    init_process_group create stores by; idempotent."""
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as static_backend
+    import torch.distributed.rendezvous as rendezvous
+
+    for module in (dist, rendezvous, c10d_backend, static_backend):
+        if getattr(module, "TCPStore", None) is not None and module.TCPStore is not _NamedAddressStore:
+            module.TCPStore = _NamedAddressStore

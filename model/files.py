@@ -155,6 +155,8 @@ def iter_jsonl_objects(lines: Iterable[str], path: str | Path) -> Iterator[tuple
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+        except RecursionError:  # json's decoder recurses once per nested array or object
+            raise ValueError(f"{path}, line {lineno}: not valid JSON for this reader (nested too deeply)") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
         yield lineno, record

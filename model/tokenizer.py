@@ -324,6 +324,22 @@ class BertTokenizer:
             _check_length(enc, max_length, where="input")
         return {"input_ids": enc.ids, "token_type_ids": enc.type_ids, "attention_mask": enc.attention_mask}
 
+    def token_ids(self, text: str) -> list[int]:
+        """WordPiece ids of `text`, without [CLS]/[SEP] and untruncated: one side of `pair_from_ids`."""
+        return self._tok.encode(_check_text(text, "text"), add_special_tokens=False).ids
+
+    def pair_from_ids(self, a: Sequence[int], b: Sequence[int], max_length: int | None = None,
+                      direction: str = "right") -> dict[str, list[int]]:
+        """`encode(text, text_pair)` from the two texts' `token_ids`: [CLS] a [SEP] b [SEP] and its token types,
+        cut to `max_length` (None: uncut) as the tokenizer's longest_first truncation cuts a pair, from the
+        end ("right") or the start ("left") of each text. A text paired with many others (a re-ranker's
+        query) is then tokenized once, not once per pair."""
+        if max_length is not None:
+            keep_a, keep_b = longest_first(len(a), len(b), max_length - 3)  # [CLS], [SEP], [SEP]
+            a, b = _kept(a, keep_a, direction), _kept(b, keep_b, direction)
+        cls, sep = self.cls_token_id, self.sep_token_id
+        return {"input_ids": [cls, *a, sep, *b, sep], "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1)}
+
     def __call__(
         self,
         texts: str | Sequence[str],
@@ -502,6 +518,27 @@ def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: s
             if len(copies) > COPIES_PER_TOKENIZER:
                 copies.popitem(last=False)
         return copies[key]
+
+
+def longest_first(n1: int, n2: int, room: int) -> tuple[int, int]:
+    """How many tokens of a pair's two texts (n1, n2 long) the tokenizer's longest_first truncation keeps
+    when `room` tokens are left besides the special ones: the shorter text whole if the longer can take
+    the rest, else half the room each (the odd token to the longer; to the second when equal). Mirrors
+    huggingface/tokenizers `truncate_encodings` (tokenizers/src/utils/truncation.rs)."""
+    if n1 + n2 <= room:
+        return n1, n2
+    short, long = sorted((n1, n2))
+    long = short if short > room else max(short, room - short)
+    if short + long > room:
+        short, long = room // 2, room // 2 + room % 2
+    return (long, short) if n1 > n2 else (short, long)
+
+
+def _kept(ids: Sequence[int], n: int, direction: str) -> list[int]:
+    """The `n` tokens truncation keeps: the first ("right": the end is cut) or the last ("left")."""
+    if direction not in ("right", "left"):
+        raise ValueError(f"direction must be 'right' or 'left', got {direction!r}")
+    return list(ids[:n]) if direction == "right" else list(ids[len(ids) - n:])
 
 
 def window_count(n: int, room: int, stride: int) -> int:

@@ -1,14 +1,17 @@
 """Real parts for the job tests: a data directory with a tiny base model, small datasets, a real
 `celery worker` subprocess, a real uvicorn server, a private redis-server, and polling helpers.
 
-Redis: the machine's shared server at 127.0.0.1:6379, database 5 (flushed per test;
-BERT_TEST_REDIS_URL names another, so two checkouts can run their suites at once), unless a test
-starts its own (`RedisServer`, on a free port in a temp dir) to kill it.
+Redis: the suite's own redis-server, started on a free port the first time a test module imports
+REDIS_URL and stopped when the suite ends (or dies), so a test never touches data it did not create;
+BERT_TEST_REDIS_URL names another server instead (its database is flushed per test). A test that
+kills its broker starts one more (`RedisServer`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -16,6 +19,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +30,6 @@ import torch
 from model import BertConfig, BertForPreTraining, BertTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_URL = os.environ.get("BERT_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")
 BASE_MODEL = "tiny"
 
 WORDS = ("the a an is was are of to and in on at it he she they we you i this that cat dog man woman "
@@ -116,10 +120,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def flush_redis(url: str = REDIS_URL) -> None:
+def __getattr__(name: str):
+    # `from tests.helpers import REDIS_URL`: the suite's Redis, started on first use (PEP 562)
+    if name == "REDIS_URL":
+        return suite_redis_url()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def suite_redis_url() -> str:
+    """BERT_TEST_REDIS_URL, else a redis-server of the suite's own (no persistence, a temp dir, a free port),
+    stopped at exit; the variable is set to it, so a pytest run inside a test uses it too."""
+    if url := os.environ.get("BERT_TEST_REDIS_URL"):
+        return url
+    server = RedisServer(Path(tempfile.mkdtemp(prefix="bertserve-test-redis-")), persistent=False)
+    server.start()
+    atexit.register(server.remove)
+    os.environ["BERT_TEST_REDIS_URL"] = server.url
+    return server.url
+
+
+def flush_redis(url: str | None = None) -> None:
     import redis
 
-    redis.Redis.from_url(url).flushdb()
+    redis.Redis.from_url(url or suite_redis_url()).flushdb()
 
 
 def child_env(data_dir: Path, broker_url: str, **extra: str) -> dict[str, str]:
@@ -198,17 +222,24 @@ def start_server(data_dir: Path, broker_url: str, log_dir: Path, **env: str) -> 
 
 
 class RedisServer:
-    """A private redis-server (AOF on, fsync always) that a test may kill and restart."""
+    """A private redis-server on loopback (AOF on, fsync always, unless not `persistent`) that a test may
+    kill and restart; it dies with the process that started it."""
 
-    def __init__(self, workdir: Path):
-        self.dir, self.port = workdir, free_port()
+    def __init__(self, workdir: Path, persistent: bool = True):
+        self.dir, self.port, self.persistent = workdir, free_port(), persistent
         self.dir.mkdir(parents=True, exist_ok=True)
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("the tests need the redis-server binary (apt-get install redis-server), or "
+                               "BERT_TEST_REDIS_URL naming a Redis whose database they may flush")
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        argv = [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+                *persistence, "--save", ""]
+        if shutil.which("setpriv") and threading.current_thread() is threading.main_thread():
+            argv = ["setpriv", "--pdeathsig", "KILL", *argv]  # gone with this process, even a killed one
         self.proc = subprocess.Popen(argv, stdout=open(self.dir / "redis.log", "ab"), stderr=subprocess.STDOUT)
         import redis
 
@@ -225,6 +256,10 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+    def remove(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):

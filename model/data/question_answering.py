@@ -90,6 +90,8 @@ def read_squad(path: str | os.PathLike) -> list[QAExample]:
             doc = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: not JSON: {e}") from None
+        except RecursionError:  # json's decoder recurses once per nested array or object
+            raise ValueError(f"{path}: not JSON for this reader: nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise ValueError(f"{path}: not SQuAD JSON: expected an object with a 'data' list of articles")
     examples, seen = [], set()

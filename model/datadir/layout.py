@@ -32,11 +32,12 @@ _NAME_RE, _JOB_ID_RE = re.compile(NAME_PATTERN), re.compile(JOB_ID_PATTERN)
 
 def valid_name(name: object) -> bool:
     """Whether `name` may name a model or a dataset (see the module docstring)."""
-    return isinstance(name, str) and bool(_NAME_RE.match(name)) and not name.lower().startswith("tmp")
+    # fullmatch: re.match's `$` also matches before a final newline, so "ab\n" would pass
+    return isinstance(name, str) and bool(_NAME_RE.fullmatch(name)) and not name.lower().startswith("tmp")
 
 
 def valid_job_id(job_id: object) -> bool:
-    return isinstance(job_id, str) and bool(_JOB_ID_RE.match(job_id))
+    return isinstance(job_id, str) and bool(_JOB_ID_RE.fullmatch(job_id))
 
 
 def new_job_id() -> str:

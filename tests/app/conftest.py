@@ -72,8 +72,9 @@ def reference(data_dir):
 
 
 def settings_for(data_dir: Path, **overrides) -> Settings:
+    # broker: nothing listens on port 1; the default, 127.0.0.1:6379, may be a user's Redis
     values = dict(data_dir=data_dir, default_model="tiny-pt", device="cpu", load="startup", max_wait_ms=2.0,
-                  api_key=None, max_inputs=64, max_batch_tokens=4096, batching=True)
+                  api_key=None, max_inputs=64, max_batch_tokens=4096, batching=True, broker_url="redis://127.0.0.1:1/0")
     return Settings(**{**values, **overrides})
 
 

@@ -235,6 +235,71 @@ async def test_disconnected_clients_work_is_dropped_queued_or_between_passes(dat
             pool_gate.set()
 
 
+class HeldTokenizer:
+    """Stands for one tokenizer method: records the text of each call, and holds the first at a gate (a
+    tokeniser job running when its request goes away)."""
+
+    def __init__(self, method):
+        self.method, self.texts = method, []
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def __call__(self, text, *args, **kwargs):
+        self.texts.append(text)
+        if len(self.texts) == 1:
+            self.entered.set()
+            self.gate.wait(10)
+        return self.method(text, *args, **kwargs)
+
+
+def hold_tokenizer(lm, path: str, monkeypatch) -> HeldTokenizer:
+    """Hold what `path` tokenizes each input with: BertTokenizer.encode, or the Rust tokenizer's (/tokenize)."""
+    if path != "/tokenize":
+        held = HeldTokenizer(lm.tokenizer.encode)
+        monkeypatch.setattr(lm.tokenizer, "encode", held)
+        return held
+    backend = lm.tokenizer.backend_tokenizer
+    held = HeldTokenizer(backend.encode)
+    proxy = type("Backend", (), {"encode": staticmethod(held),
+                                 "__getattr__": lambda self, name: getattr(backend, name)})
+    monkeypatch.setattr(type(lm.tokenizer), "backend_tokenizer", property(lambda self: proxy()))
+    return held
+
+
+@pytest.mark.parametrize("path", ["/embeddings", "/tokenize"])
+async def test_a_running_tokeniser_job_stops_between_inputs_when_its_client_leaves(data_dir, monkeypatch, path):
+    async with warm(data_dir, tokenizer_threads=1) as c:
+        service = c.app.state.service
+        held = hold_tokenizer(await service.model("tiny-enc"), path, monkeypatch)
+        request = RawRequest(c.app, path, {"inputs": ["one", "two", "three"]})
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(request.run)
+                await until(held.entered.is_set)
+                request.leave()
+                await until(request.done.is_set)
+        finally:
+            held.gate.set()
+        await service.off_loop(lambda: None)  # after the dropped job: the pool has one thread
+        assert request.sent == [] and held.texts == ["one"]
+        text = (await c.get("/metrics")).text
+        assert metric(text, "bert_requests_total", route=path, status="499") == 1
+
+
+async def test_tokenize_has_the_deadline_of_the_other_routes(data_dir, monkeypatch):
+    async with warm(data_dir, request_timeout=0.5, tokenizer_threads=1) as c:
+        service = c.app.state.service
+        held = hold_tokenizer(await service.model("tiny-enc"), "/tokenize", monkeypatch)
+        try:
+            r = await c.post("/tokenize", json={"inputs": ["one", "two"]})
+        finally:
+            held.gate.set()
+        assert r.status_code == 503
+        assert r.json() == err("unavailable", "the request took longer than BERT_REQUEST_TIMEOUT (0.5 s); its work "
+                                              "was dropped")
+        await service.off_loop(lambda: None)
+        assert held.texts == ["one"]
+
+
 async def test_request_timeout_is_503_and_drops_the_work(data_dir):
     async with warm(data_dir, request_timeout=0.5) as c:
         spy = Spy(c.app.state.service.engine, "encode", hold=True)

@@ -79,6 +79,7 @@ BAD_JOBS = [
     (finetune_request("a/b"), f"finetune.model_name: {NAME_RULE}"),
     (finetune_request(".hidden"), f"finetune.model_name: {NAME_RULE}"),
     (finetune_request("tmp-x"), f"finetune.model_name: {NAME_RULE}"),
+    (finetune_request("nl\n"), f"finetune.model_name: {NAME_RULE}"),  # re.match's $ let a final newline in
     (finetune_request("x" * 300), "finetune.model_name: String should have at most 64 characters"),
     ({**finetune_request("x"), "base_model": "../models/tiny"}, f"finetune.base_model: {NAME_RULE}"),
     (finetune_request("x", dataset="../../etc/passwd"), f"finetune.dataset: {NAME_RULE}"),
@@ -95,8 +96,10 @@ BAD_JOBS = [
     (finetune_request("x", precision="fp8"), "finetune.params.precision: Input should be 'auto', 'fp32' or 'bf16'"),
     (finetune_request("x", warmup_steps=100, max_steps=10),
      "finetune.params: warmup_steps (100) must not exceed max_steps (10)"),
-    (finetune_request("x", eval_fraction=0.0, eval_every=5),
-     "finetune.params: eval_every needs eval_fraction > 0 (there is nothing to evaluate on)"),
+    (pretrain_request("x", eval_fraction=0.0, eval_every=5),
+     "pretrain.params: eval_every needs eval_fraction > 0 (there is nothing to evaluate on)"),
+    # a fine-tuning job chooses its best checkpoint on the held-out rows: none is refused here, not in the worker
+    (finetune_request("x", eval_fraction=0), "finetune.params.eval_fraction: Input should be greater than 0"),
     (finetune_request("x", max_seq_len=128), "params.max_seq_len: 128 is more than base model 'tiny' has positions for (64)"),
     (pretrain_request("x", config={"hidden_size": 64}),
      "params.config: only for pretraining from scratch; with base_model the model's own size and vocabulary are used"),
@@ -285,6 +288,17 @@ BAD_UPLOADS = [
     (("evil.exe", b"x"), {}, 422, "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl, .conll, .iob, .iob2, .bio, .json file"),
     (("a.csv", labelled_csv()), {"name": "../x"}, 422, f"name: '../x' {NAME_RULE}"),
     (("a.csv", labelled_csv()), {"name": "/tmp/x"}, 422, f"name: '/tmp/x' {NAME_RULE}"),
+    # nested past json's recursion limit: a 422 naming it, not a 500
+    (("deep.json", b'{"data": ' + b"[" * 9000 + b"]" * 9000 + b"}"), {}, 422,
+     "file: not a usable SQuAD file: the file: not JSON for this reader: nested too deeply"),
+    (("deep.jsonl", b'{"text": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"), {}, 422,
+     "file: not a usable corpus: the file, line 1: not valid JSON for this reader (nested too deeply)"),
+    (("deep.jsonl", b'{"text": "a", "label": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"), {"kind": "labelled"}, 422,
+     "file: not a usable labelled table (columns text, label and optionally text_pair): the file, line 1: not valid "
+     "JSON for this reader (nested too deeply)"),
+    (("deep.jsonl", b'{"tokens": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"), {"kind": "token-labelled"}, 422,
+     "file: not a usable token-labelled file (CoNLL columns, or JSONL with tokens and tags; IOB2 tags): the file, "
+     "line 1: not valid JSON for this reader (nested too deeply)"),
     (("a.csv", labelled_csv()), {"name": "reviews"}, 422,
      "name: dataset 'reviews' already exists (datasets are never replaced; upload under another name)"),
     (("a.csv", labelled_csv()), {"name": "a", "kind": "images"}, 422, "kind: 'images' is not one of corpus, labelled, token-labelled, qa"),
@@ -308,6 +322,18 @@ def test_bad_uploads_are_refused_and_leave_nothing(env, file, fields, status, me
     r = upload(client, *file, **fields)
     assert (r.status_code, r.json()) == (status, {"error": message, "error_type": "validation" if status == 422 else "too_large"})
     assert tree(outer) == before  # the streamed temp directory is gone too
+
+
+def test_a_name_with_a_final_newline_is_refused(env):
+    """The name from a file name whose header holds a bare LF (python-multipart ends a header line at LF, so
+    the filename keeps it): re.match's `$` matched before that newline and a dataset 'ab\\n' was stored."""
+    client, outer, _ = env
+    before = tree(outer)
+    body = (b'--b\r\nContent-Disposition: form-data; name="file"; filename="ab\n.csv"\r\n\r\n' + labelled_csv()
+            + b"\r\n--b--\r\n")
+    r = client.post("/datasets", content=body, headers={"content-type": "multipart/form-data; boundary=b"})
+    assert (r.status_code, r.json()) == (422, {"error": f"name: 'ab\\n' {NAME_RULE}", "error_type": "validation"})
+    assert tree(outer) == before
 
 
 def staging_dirs(data_dir) -> list[str]:

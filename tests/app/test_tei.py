@@ -8,6 +8,7 @@ one-label BertForSequenceClassification: a random cross-encoder.
 
 from __future__ import annotations
 
+import anyio
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from app.inference import run_classify
 from model.modeling import BertForSequenceClassification
 
 from .conftest import MODELS, save_tiny, serve_app, settings_for
+from .test_bounds import HeldTokenizer, RawRequest, until
 
 pytestmark = pytest.mark.anyio
 transformers = pytest.importorskip("transformers")
@@ -139,6 +141,56 @@ async def test_rerank_tokens_limit(tei_dir):
     assert r.status_code == 422
     assert r.json() == err("validation", "the request is 23 tokens long (all inputs together), more than the 20 "
                                          "that BERT_MAX_REQUEST_TOKENS allows")
+
+
+async def test_rerank_counts_the_untruncated_query_once_and_refuses_a_huge_one(tei_dir):
+    """The reproduction, scaled to the tiny models (32 positions): a query far longer than the model takes,
+    truncated per pair, used to pass the token limit (only the truncated pairs counted) while the query was
+    tokenized in full once per text."""
+    query = "the fox " * 30  # 60 tokens
+    async with serve_app(settings_for(tei_dir, rerank_model="tiny-rerank", max_request_tokens=50)) as c:
+        r = await c.post("/rerank", json={"query": query, "texts": ["b"], "truncate": True})
+        assert r.status_code == 422
+        assert r.json() == err("validation", "the request is 60 tokens long (before truncation: the query once and "
+                                             "every text), more than the 50 that BERT_MAX_REQUEST_TOKENS allows")
+        r = await c.post("/", json={"query": query, "texts": ["b"] * 64, "truncate": True, "model": "tiny-rerank"})
+        assert r.status_code == 422 and "the request is 60 tokens long (before truncation" in r.json()["error"]
+        r = await c.post("/rerank", json={"query": "the fox " * 20, "texts": ["a dog"], "truncate": True})
+        assert r.status_code == 200  # 40 + 2 tokens before truncation; one 32-token pair
+
+
+async def test_rerank_tokenizes_the_query_once(tei, monkeypatch):
+    lm = await tei.app.state.service.model("tiny-rerank")
+    seen = []
+    for name in ("encode", "token_ids"):  # per pair; per text
+        original = getattr(lm.tokenizer, name)
+        monkeypatch.setattr(lm.tokenizer, name,
+                            lambda *a, _original=original, **kw: seen.append(a[0]) or _original(*a, **kw))
+    for truncate in (False, True):
+        seen.clear()
+        r = await tei.post("/rerank", json={"query": QUERY, "texts": TEXTS, "truncate": truncate})
+        assert r.status_code == 200
+        assert seen.count(QUERY) == 1 and sorted(set(seen) - {QUERY}) == sorted(TEXTS)
+
+
+async def test_rerank_work_stops_between_texts_when_the_client_leaves(tei_dir, monkeypatch):
+    settings = settings_for(tei_dir, rerank_model="tiny-rerank", tokenizer_threads=1)
+    async with serve_app(settings) as c:
+        service = c.app.state.service
+        lm = await service.model("tiny-rerank")
+        held = HeldTokenizer(lm.tokenizer.token_ids)
+        monkeypatch.setattr(lm.tokenizer, "token_ids", held)
+        request = RawRequest(c.app, "/rerank", {"query": QUERY, "texts": TEXTS, "truncate": True})
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(request.run)
+                await until(held.entered.is_set)  # tokenizing the query
+                request.leave()
+                await until(request.done.is_set)
+        finally:
+            held.gate.set()
+        await service.off_loop(lambda: None)  # after the dropped job: the pool has one thread
+        assert request.sent == [] and held.texts == [QUERY]
 
 
 # -- /predict -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Tests for model/tokenizer.py: parity with transformers' BertTokenizerFast on the real MiniLM
 vocabulary, save/load round trips, cased vocabularies, vocabulary training and error paths."""
 
+import itertools
 import json
 import random
 import shutil
@@ -128,6 +129,27 @@ def test_pair_truncation_matches_transformers(ours, hf, a, b, max_length):
     got = ours.encode(a, b, max_length=max_length, truncation=True)
     assert got == hf_encode(hf, a, b, max_length=max_length, truncation=True)
     assert len(got["input_ids"]) == max_length
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_a_pair_from_ids_is_the_tokenizers_pair_at_every_length(ours, direction):
+    """pair_from_ids (a re-ranker's query tokenized once) against the Rust tokenizer's own longest_first
+    truncation, for every pair of lengths 0..13 at room for 2 to 10 tokens, both directions, uncut too."""
+    from model.tokenizer import truncating
+
+    words = LONG.split()
+    texts = [" ".join(words[:n]) for n in range(14)]
+    ids = [ours.token_ids(t) for t in texts]
+    for a, ids_a in zip(texts, ids):
+        for b, ids_b in zip(texts, ids):
+            uncut = ours.encode(a, b, max_length=10**9)
+            assert ours.pair_from_ids(ids_a, ids_b) == {k: uncut[k] for k in KEYS[:2]}
+    for max_length in range(5, 14):
+        tokenizer = truncating(ours, max_length, direction=direction)
+        for (a, ids_a), (b, ids_b) in itertools.product(zip(texts, ids), zip(texts[::-1], ids[::-1])):
+            want = tokenizer.encode(a, b)
+            got = ours.pair_from_ids(ids_a, ids_b, max_length, direction)
+            assert (got["input_ids"], got["token_type_ids"]) == (want.ids, want.type_ids), (a, b, max_length)
 
 
 def test_truncation_defaults_to_model_max_length(ours, hf):

@@ -1,7 +1,8 @@
 """`bert pretrain|finetune --nproc-per-node N` (app/cli/launch.py over model/distributed.py and the trainer's
 DDP): two gloo ranks on the CPU train as one process at the same global batch, two single-rank launchers
 meet over loopback, a rank killed with SIGKILL ends the run and the same command resumes it to the same
-weights, and bad launcher options are one-line errors.
+weights, and bad launcher options are one-line errors: a rendezvous beyond loopback needs --trusted-network
+(where the stores listen: tests/model/test_torchrun_listen.py).
 
 The equality runs turn dropout off (hidden_dropout_prob = attention_probs_dropout_prob = 0): ranks draw
 their own dropout masks, which one process cannot reproduce; everything else (data, masking, the loss
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,8 +113,8 @@ def free_port() -> int:
 def test_two_nodes_on_loopback_match_one_process(runs, files):
     one, _ = runs
     out, endpoint = files / "nodes", f"127.0.0.1:{free_port()}"
-    nodes = [bert(*args(files, out, "--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint", endpoint))
-             for rank in (0, 1)]
+    nodes = [bert(*args(files, out, "--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint", endpoint,
+                        "--rdzv-id", "run-1")) for rank in (0, 1)]
     for node in nodes:
         code, _, err = finished(node)
         assert code == 0, err
@@ -169,6 +171,17 @@ def test_a_killed_rank_ends_the_run_and_the_same_command_resumes_to_the_same_wei
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in [0, 2) for 2 "
                                                                       "node(s), got 2"),
     (["--nnodes", "2", "--rdzv-endpoint", "nohost"], "rendezvous endpoint must be HOST:PORT, got 'nohost'"),
+    (["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400"], "rendezvous endpoint 10.0.0.1:29400 is not on "
+     "loopback: torch's rendezvous store runs code sent to its port, so a multi-node run needs a network that only "
+     "the training nodes can reach; say so with --trusted-network"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0.example:29400", "--node-rank", "1", "--rdzv-id", "x"],
+     "rendezvous endpoint node0.example:29400 is not on loopback: torch's rendezvous store runs code sent to its "
+     "port, so a multi-node run needs a network that only the training nodes can reach; say so with "
+     "--trusted-network"),
+    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--node-rank", "1"], "--node-rank 1 needs the run's "
+     "--rdzv-id: the one node 0 printed (the same on every node)"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--trusted-network", "--rdzv-id", "a b"], "--rdzv-id must be 1 to "
+     "128 letters, digits, '-', '_' or '.', got 'a b'"),
     (["--nproc-per-node", "2", "--device", "cuda:1"], "--device cuda:1 names one GPU, but --nproc-per-node 2 "
                                                       "gives each process its own (cuda:LOCAL_RANK): use --device cuda"),
 ])
@@ -179,14 +192,40 @@ def test_bad_launcher_options_are_one_line_errors(tmp_path, capsys, extra, messa
 
 def test_the_ranks_run_the_same_command_without_the_launcher_options():
     argv = ["pretrain", "--corpus", "c", "--nproc-per-node", "2", "--nnodes=2", "--node-rank", "1",
-            "--rdzv-endpoint=h:29500", "--out", "r"]
+            "--rdzv-endpoint=h:29500", "--trusted-network", "--rdzv-id", "r1", "--out", "r"]
     assert strip_launch_options(argv) == ["pretrain", "--corpus", "c", "--out", "r"]
     assert torchrun_command(["-m", "app.cli", "pretrain"], 2, python="py") == [
-        "py", "-m", "model.torchrun", "--nproc-per-node=2", "--max-restarts=0", "--standalone", "-m", "app.cli",
-        "pretrain"]
-    assert torchrun_command(["x.py"], 1, 2, 1, "h:29500", python="py")[3:] == [
+        "py", "-m", "model.torchrun", "--nproc-per-node=2", "--max-restarts=0", "--standalone",
+        "--local-addr=127.0.0.1", "-m", "app.cli", "pretrain"]
+    assert torchrun_command(["x.py"], 1, 2, 1, "h:29500", "r1", trusted_network=True, python="py")[3:] == [
         "--nproc-per-node=1", "--max-restarts=0", "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=h:29500", "x.py"]
+        "--rdzv-endpoint=h:29500", "--rdzv-id=r1", "x.py"]
+    assert torchrun_command(["x.py"], 1, 2, 0, "127.0.0.1:29500", "r1", python="py")[-2:] == [
+        "--local-addr=127.0.0.1", "x.py"]
+
+
+def test_node_zero_prints_a_random_run_id_and_the_risk_of_a_trusted_network_once(files):
+    """In a network namespace of its own (nothing it sends leaves the machine), stopped once it has said so:
+    no other node comes to meet it."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a network namespace")
+    command = args(files, files / "trusted", "--nnodes", 2, "--rdzv-endpoint", "192.0.2.1:29400", "--trusted-network")
+    launcher = subprocess.Popen(["unshare", "-n", sys.executable, "-m", "app.cli", *map(str, command)], env=ENV,
+                                text=True, stderr=subprocess.PIPE, start_new_session=True)
+    lines = []
+    try:
+        while not lines or not lines[-1].startswith("data parallel:"):
+            lines.append(launcher.stderr.readline())
+            assert lines[-1], "".join(lines)
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    run_id = lines[0].split()[2]
+    assert len(run_id) == 32 and int(run_id, 16) >= 0
+    assert lines == [f"rendezvous id: {run_id} (start the other nodes with --rdzv-id {run_id})\n",
+                     "warning: --trusted-network: the rendezvous store on 192.0.2.1:29400 runs code sent to its "
+                     "port; only the training nodes must be able to reach it\n",
+                     "data parallel: 1 process(es) x 2 node(s) through torchrun\n"]
 
 
 @pytest.mark.slow
