@@ -288,7 +288,6 @@ def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = N
 
 def _sniff_jsonl_kind(path: Path) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
-<<<<<<< HEAD
         line = f.readline(MAX_EXAMPLE_CHARS + 1)
         while line and not line.strip():
             line = f.readline(MAX_EXAMPLE_CHARS + 1)
@@ -301,18 +300,6 @@ def _sniff_jsonl_kind(path: Path) -> str:
     if "tokens" in record and "tags" in record:
         return "token-labelled"
     return "labelled" if "label" in record else "corpus"
-=======
-        for line in f:
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                    if "tokens" in record and "tags" in record:
-                        return "token-labelled"
-                    return "labelled" if "label" in record else "corpus"
-                except (ValueError, TypeError, RecursionError):
-                    break
-    return "corpus"
->>>>>>> issue26-highs
 
 
 # ---------------------------------------------------------------------------- the format checks
