@@ -63,7 +63,11 @@ def kernel_paths():
 
     fields = ("decided", "why", "machine", "forced")
     saved = {name: {f: getattr(p, f) for f in fields} for name, p in kernels.PATHS.items()}
+    warned = set(kernels._warned)
+    kernels._warned.clear()  # each test sees its own once-per-process warnings
     yield kernels
+    kernels._warned.clear()
+    kernels._warned.update(warned)
     for name, values in saved.items():
         for f, value in values.items():
             setattr(kernels.PATHS[name], f, value)

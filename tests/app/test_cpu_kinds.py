@@ -44,8 +44,17 @@ async def fp32_answers(data_dir) -> dict:
         return await answers(client)
 
 
-async def listed(client) -> dict:
-    return {m["name"]: m for m in (await client.get("/models")).json()["models"]}
+async def listed(client, wait: bool = True) -> dict:
+    """GET /models, once every model has loaded unless not `wait` (BERT_LOAD=startup loads them one
+    after another)."""
+    import anyio
+
+    with anyio.fail_after(60):
+        while True:
+            models = {m["name"]: m for m in (await client.get("/models")).json()["models"]}
+            if not wait or all(m["loaded"] or m["error"] for m in models.values()):
+                return models
+            await anyio.sleep(0.05)
 
 
 async def test_bf16_on_a_cpu_without_bf16_serves_emulated(data_dir, kernel_paths, every_size, monkeypatch, caplog):
@@ -88,7 +97,7 @@ async def test_bf16_kernels_that_raise_on_a_request_fall_back_for_it(data_dir, k
         for name in ("_linear_pointwise", "_reorder_linear_weight"):
             monkeypatch.setattr(torch.ops.mkldnn, name, RaisingOnBf16(getattr(torch.ops.mkldnn, name)))
         got = await answers(client)
-        models = await listed(client)
+        models = await listed(client, wait=False)
     assert F.cosine_similarity(got["embeddings"], ref["embeddings"]).min() > 0.99
     assert kernels.status("onednn-bf16") == (False, f"raised RuntimeError: {AVX2_BF16_ERROR}")
     assert models["tiny-enc"]["kernels"].startswith("bf16-emulated")
