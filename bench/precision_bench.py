@@ -42,7 +42,7 @@ from bench.common import (CONFIGS, MINILM_DIR, ROTTEN_TOMATOES, WIKI_JSON, inter
                           markdown_table, setup)
 from model import BertConfig, BertForMaskedLM, BertModel, BertTokenizer, kernels
 from model.data.corpus import split_sentences
-from model.precision import apply_precision, autocast
+from model.precision import apply_precision, autocast, bf16_native
 
 PRECISIONS = ("bf16", "int8", "int8 torch.ao")
 
@@ -123,7 +123,8 @@ def mask_one(tok, texts, seed=0):
 
 
 def train_mlm(minilm_dir: Path, tok, steps: int, batch: int = 32) -> BertForMaskedLM:
-    """MiniLM with a fresh MLM head, trained briefly end to end on Wikipedia (15% masked, bf16 autocast).
+    """MiniLM with a fresh MLM head, trained briefly end to end on Wikipedia (15% masked; bf16 autocast
+    where the CPU has bf16, else fp32: emulated bf16 GEMMs in training run several times slower).
 
     MiniLM was distilled and tuned for sentence embeddings, never for MLM: a head fitted to its
     frozen states predicts poorly and flips on any noise, which would overstate what precision
@@ -141,7 +142,7 @@ def train_mlm(minilm_dir: Path, tok, steps: int, batch: int = 32) -> BertForMask
         pick = (torch.rand(ids.shape, generator=g) < 0.15) & attn.bool()
         pick &= (ids != tok.cls_token_id) & (ids != tok.sep_token_id)
         labels = torch.where(pick, ids, torch.full_like(ids, -100))
-        with autocast("cpu", "bf16"):
+        with autocast("cpu", "bf16" if bf16_native("cpu") else "fp32"):
             loss = model(ids.masked_fill(pick, tok.mask_token_id), attn, labels=labels).loss
         opt.zero_grad()
         loss.backward()
