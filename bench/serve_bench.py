@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import live  # noqa: E402
-from bench.common import MINILM_DIR, make_inputs  # noqa: E402
+from bench.common import MINILM_DIR, machine_line, make_inputs  # noqa: E402
 from model.config import BertConfig  # noqa: E402
 from model.modeling import BertForPreTraining  # noqa: E402
 from model.tokenizer import BertTokenizer  # noqa: E402
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = build_model(data_dir)
     inputs = {(e, length): make_inputs(tokenizer, 64, n, masked=e == "fill-mask")
               for e in ENDPOINTS for length, n in LENGTHS.items()}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+    print(f"{machine_line()}, {os.cpu_count()} CPUs, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {model.num_parameters() / 1e6:.1f}M parameters, "
           f"{args.duration:g} s per cell", flush=True)
     results, bare = {}, {}
