@@ -12,9 +12,11 @@ the limit stops at the limit (413) and nothing is buffered in memory or in /tmp.
 renamed into place only after the format check passes: a dataset is there whole or not at all.
 Names are never reused: a dataset a job was trained on stays what it was.
 
-The format check reads the whole file: a file over INLINE_CHECK_BYTES is checked in a child
-process whose CPU time (and wall-clock time) BERT_DATASET_CHECK_SECONDS bounds, so a hostile file
-costs the API process nothing but a wait. What one upload may hold is bounded too: at most
+The format check reads the whole file, in a child process whose CPU time (and wall-clock time)
+BERT_DATASET_CHECK_SECONDS bounds, so a hostile file costs the API process nothing but a wait: not
+even its GIL, which a check in a thread would hold while the event loop waits for it. The children
+fork from a forkserver that has this module imported (started at the first check, about a second
+once), so a check costs a few milliseconds more than it would in a thread. What one upload may hold is bounded too: at most
 BERT_MAX_LABELS distinct labels (tags), each at most MAX_LABEL_CHARS long, and at most
 MAX_EXAMPLE_CHARS of text in one example (a row, a tagged sentence, a QA context); a corpus's
 lines and paragraphs are cut by model/data/corpus.py's readers. meta.json lists at most
@@ -32,11 +34,13 @@ import errno
 import hashlib
 import json
 import logging
+import math
+import multiprocessing
 import os
 import resource
 import shutil
-import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -50,9 +54,11 @@ from model.data import load_classification_data, read_documents, read_squad, rea
 from model.metrics import entities
 from model.data.corpus import detect_format
 from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
-from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, install, staging_dir
+from model.datadir import list_datasets as list_dataset_metas
+from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, install, staging_dir
 
 from .errors import ServiceError
+from .schemas import DatasetsResponse
 from .settings import Settings
 
 log = logging.getLogger("bertserve")
@@ -66,7 +72,6 @@ MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-INLINE_CHECK_BYTES = 1 << 20  # a file up to this size is checked in the API process (a thread), a larger one not
 MAX_LABEL_CHARS = 200
 MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or QA context
 
@@ -268,6 +273,35 @@ def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256
     return meta
 
 
+_listings: dict[str, tuple[tuple, bytes]] = {}
+
+
+def listing_json(data_dir: Path) -> bytes:
+    """GET /datasets' body. It is serialised again only when a dataset comes or goes or its meta.json
+    changes, so a client polling the list costs a directory scan, not a serialisation (in a thread)."""
+    root = DataDir(data_dir).datasets
+    key = _listing_key(root)
+    cached = _listings.get(str(root))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    body = DatasetsResponse(datasets=list_dataset_metas(data_dir)).model_dump_json().encode()
+    _listings[str(root)] = (key, body)
+    return body
+
+
+def _listing_key(root: Path) -> tuple:
+    """Each dataset's name and its meta.json's inode, mtime and size (meta.json is replaced, never edited)."""
+    key = []
+    for name in sorted(os.listdir(root)) if root.is_dir() else ():
+        if valid_name(name):
+            try:
+                st = os.stat(root / name / META)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            key.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(key)
+
+
 def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = None,
                       settings: Settings | None = None) -> dict[str, Any]:
     """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
@@ -305,47 +339,72 @@ def _sniff_jsonl_kind(path: Path) -> str:
 # ---------------------------------------------------------------------------- the format checks
 
 def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
-    """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked
-    here for a small file and in a child process with a CPU and time bound for a larger one."""
-    limits = {"max_labels": settings.max_labels}
-    if path.stat().st_size <= INLINE_CHECK_BYTES:
-        return CHECKS[kind](path, **limits)
-    return _check_in_child(kind, path, limits, settings.dataset_check_seconds)
-
-
-def _check_in_child(kind: str, path: Path, limits: dict, seconds: float) -> dict[str, Any]:
-    request = json.dumps({"kind": kind, "path": str(path), "limits": limits, "seconds": seconds})
+    """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked in a
+    child process with a CPU and time bound. Blocks: call it in a thread."""
+    request = {"kind": kind, "path": str(path), "limits": {"max_labels": settings.max_labels}}
+    seconds = settings.dataset_check_seconds
     too_slow = ServiceError("validation", f"file: checking the dataset took longer than {seconds:g} s "
                                           "(BERT_DATASET_CHECK_SECONDS); upload a smaller file")
+    ctx = _check_context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_check_child, args=(sender, request, seconds), name="bertserve-dataset-check",
+                        daemon=True)
     try:
-        done = subprocess.run([sys.executable, "-c", "from app.datasets import check_main; check_main()"],
-                              input=request, capture_output=True, text=True, timeout=seconds + 10)
-    except subprocess.TimeoutExpired:
-        raise too_slow from None
-    if done.returncode == -9 or done.returncode == -24:  # SIGKILL, SIGXCPU: past the CPU limit
-        raise too_slow
-    try:
-        answer = json.loads(done.stdout) if done.returncode == 0 else None
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        log.error("the dataset check process failed (exit status %s): %s", done.returncode, done.stderr[-4000:])
-        raise RuntimeError("the dataset check process failed")
+        child.start()
+        sender.close()
+        # The first check waits for the forkserver to import this module; the clock starts once the
+        # child says it runs.
+        if not receiver.poll(CHILD_START_SECONDS) or receiver.recv() != "started":
+            raise RuntimeError("the dataset check process did not start")
+        if not receiver.poll(seconds):
+            raise too_slow
+        answer = receiver.recv()
+    except EOFError:  # it died without answering: past its CPU limit (SIGXCPU, then SIGKILL), or a crash
+        child.join(5)
+        if child.exitcode in (-9, -24):
+            raise too_slow from None
+        log.error("the dataset check process failed (exit status %s)", child.exitcode)
+        raise RuntimeError("the dataset check process failed") from None
+    finally:
+        receiver.close()
+        if child.pid is not None:
+            if child.is_alive():
+                child.kill()
+            child.join()
     if "error" in answer:
         raise ServiceError("validation", answer["error"])
     return answer["meta"]
 
 
-def check_main() -> None:
-    """The child process of _check_in_child: a request on stdin, {"meta"} or {"error"} on stdout."""
-    request = json.loads(sys.stdin.read())
-    cpu = max(1, int(request["seconds"]))
+CHILD_START_SECONDS = 120
+_context_lock = threading.Lock()
+_context = None
+
+
+def _check_context():
+    """The forkserver context the checks fork from, with this module preloaded in the server, and the
+    main module too (`bert serve`'s script, or `python -m app.server`'s module), whose code every child
+    would otherwise run again."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            _context = multiprocessing.get_context("forkserver")
+            main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+            _context.set_forkserver_preload(["__main__", *([main_spec.name] if main_spec else []), __name__])
+        return _context
+
+
+def _check_child(conn, request: dict, seconds: float) -> None:
+    """A check's child process: "started", then {"meta"} or {"error"} on `conn`."""
+    cpu = max(1, math.ceil(seconds))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at `cpu` s, SIGKILL 5 s later
+    conn.send("started")
     try:
         answer = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
     except ServiceError as e:
         answer = {"error": e.message}
-    sys.stdout.write(json.dumps(answer))
+    conn.send(answer)
+    conn.close()
 
 
 def _check_corpus(path: Path, max_labels: int) -> dict[str, Any]:

@@ -109,8 +109,8 @@ class Settings(BaseSettings):
     broker_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"))
     # Largest dataset upload, in bytes (streamed to disk; the upload stops at the limit with 413).
     max_dataset_bytes: int = Field(100 * 1024 * 1024, ge=1)
-    # Seconds of CPU time (and of waiting) the format check of an uploaded dataset over 1 MiB may
-    # take; it runs in a child process, and past this the upload is a 422.
+    # Seconds of CPU time (and of waiting) the format check of an uploaded dataset may take; it
+    # runs in a child process, and past this the upload is a 422.
     dataset_check_seconds: float = Field(300.0, gt=0)
     # Distinct labels (classes, or tags) of a labelled or token-labelled dataset: more is a 422 at
     # upload and at POST /jobs. Each label is a classifier output, scored at every evaluation.

@@ -3,9 +3,9 @@
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 
-from model.datadir import NAME_PATTERN, list_datasets as list_dataset_metas, read_meta
+from model.datadir import NAME_PATTERN, read_meta
 
 from .. import datasets
 from ..deps import JobServiceDep, require_admin_key
@@ -25,7 +25,7 @@ async def upload_dataset(request: Request, jobs: JobServiceDep) -> Any:
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))
 async def list_datasets(jobs: JobServiceDep):
     """Every uploaded dataset with its kind, size, checksum and counts."""
-    return DatasetsResponse(datasets=await asyncio.to_thread(list_dataset_metas, jobs.data_dir))
+    return Response(await asyncio.to_thread(datasets.listing_json, jobs.data_dir), media_type="application/json")
 
 
 @router.get("/datasets/{name}", response_model=DatasetInfo,

@@ -13,6 +13,7 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
+from app import datasets
 from app.datasets import _Upload
 from app.job_service import JobService
 from app.main import create_app
@@ -413,10 +414,14 @@ def big_labelled_csv(first_text: str, rows: int) -> bytes:
 
 
 @pytest.mark.slow
-def test_a_large_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path):
+def test_an_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path, monkeypatch):
     data_dir = make_data_dir(tmp_path / "data")
-    big = big_labelled_csv("fine", 40_000)  # 1.4 MB: over INLINE_CHECK_BYTES
+    big = big_labelled_csv("fine", 40_000)  # 1.4 MB
+    in_process = []
+    monkeypatch.setitem(datasets.CHECKS, "labelled", lambda *args, **kwargs: in_process.append(args))
     with make_client(data_dir, max_dataset_bytes=4 << 20) as client:
+        r = upload(client, "small.csv", labelled_csv())
+        assert r.status_code == 201 and r.json()["labels"] == ["negative", "positive"], r.json()
         r = upload(client, "big.csv", big)
         assert r.status_code == 201, r.json()
         assert (r.json()["rows"], r.json()["num_labels"]) == (40_001, 2)
@@ -424,13 +429,31 @@ def test_a_large_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path
         assert (r.status_code, r.json()) == (422, {"error": "file: row 1's text is longer than 1048576 characters, "
                                                             "the most one example may hold",
                                                    "error_type": "validation"})
-    # One CPU second is less than the child needs to start: the check is stopped, the upload refused.
-    with make_client(data_dir, max_dataset_bytes=4 << 20, dataset_check_seconds=1) as client:
+    assert in_process == []  # the checks ran in the child processes, never in the API process's threads
+    # A check that takes longer than the bound is stopped, and the upload refused.
+    with make_client(data_dir, max_dataset_bytes=4 << 20, dataset_check_seconds=0.01) as client:
         r = upload(client, "slow.csv", big)
-        assert (r.status_code, r.json()) == (422, {"error": "file: checking the dataset took longer than 1 s "
+        assert (r.status_code, r.json()) == (422, {"error": "file: checking the dataset took longer than 0.01 s "
                                                             "(BERT_DATASET_CHECK_SECONDS); upload a smaller file",
                                                    "error_type": "validation"})
-    assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == ["big"]
+    assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == ["big", "small"]
+
+
+def test_get_datasets_follows_every_change_to_the_datasets(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    with make_client(data_dir) as client:
+        assert client.get("/datasets").json() == {"datasets": []}
+        first = upload(client, "one.csv", labelled_csv()).json()
+        assert client.get("/datasets").json() == {"datasets": [first]}
+        second = upload(client, "two.csv", labelled_csv()).json()
+        assert client.get("/datasets").json() == {"datasets": [first, second]}
+        meta = data_dir / "datasets" / "one" / "meta.json"  # meta.json is replaced whole, as the store does
+        changed = {**first, "original_filename": "renamed.csv"}
+        (data_dir / "datasets" / "one" / "meta.new").write_text(json.dumps(changed))
+        os.replace(data_dir / "datasets" / "one" / "meta.new", meta)
+        assert client.get("/datasets").json() == {"datasets": [changed, second]}
+        shutil.rmtree(data_dir / "datasets" / "two")
+        assert client.get("/datasets").json() == {"datasets": [changed]}
 
 
 def test_any_other_failure_while_storing_an_upload_is_a_logged_500(env, monkeypatch, caplog):
