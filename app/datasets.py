@@ -350,21 +350,24 @@ def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
     child = ctx.Process(target=_check_child, args=(sender, request, seconds), name="bertserve-dataset-check",
                         daemon=True)
     try:
-        child.start()
-        sender.close()
-        # The first check waits for the forkserver to import this module; the clock starts once the
-        # child says it runs.
-        if not receiver.poll(CHILD_START_SECONDS) or receiver.recv() != "started":
-            raise RuntimeError("the dataset check process did not start")
-        if not receiver.poll(seconds):
-            raise too_slow
-        answer = receiver.recv()
-    except EOFError:  # it died without answering: past its CPU limit (SIGXCPU, then SIGKILL), or a crash
-        child.join(5)
-        if child.exitcode in (-9, -24):
-            raise too_slow from None
-        log.error("the dataset check process failed (exit status %s)", child.exitcode)
-        raise RuntimeError("the dataset check process failed") from None
+        try:
+            child.start()
+        finally:
+            sender.close()
+        try:
+            # The first check waits for the forkserver to import this module; the clock starts once
+            # the child says it runs.
+            if not receiver.poll(CHILD_START_SECONDS) or receiver.recv() != "started":
+                raise RuntimeError("the dataset check process did not start")
+            if not receiver.poll(seconds):
+                raise too_slow
+            answer = receiver.recv()
+        except EOFError:  # it died without answering: past its CPU limit (SIGXCPU, then SIGKILL), or a crash
+            child.join(5)
+            if child.exitcode in (-9, -24):
+                raise too_slow from None
+            log.error("the dataset check process failed (exit status %s)", child.exitcode)
+            raise RuntimeError("the dataset check process failed") from None
     finally:
         receiver.close()
         if child.pid is not None:
@@ -389,8 +392,10 @@ def _check_context():
     with _context_lock:
         if _context is None:
             _context = multiprocessing.get_context("forkserver")
-            main_spec = getattr(sys.modules["__main__"], "__spec__", None)
-            _context.set_forkserver_preload(["__main__", *([main_spec.name] if main_spec else []), __name__])
+            # A package's __main__ runs its program when imported; multiprocessing never runs it again.
+            main = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+            main_module = [main] if main and not main.endswith("__main__") else []
+            _context.set_forkserver_preload(["__main__", *main_module, __name__])
         return _context
 
 
