@@ -16,11 +16,13 @@ The format check reads the whole file, in a child process whose CPU time (and wa
 BERT_DATASET_CHECK_SECONDS bounds, so a hostile file costs the API process nothing but a wait: not
 even its GIL, which a check in a thread would hold while the event loop waits for it. The children
 fork from a forkserver that has this module imported (started at the first check, about a second
-once), so a check costs a few milliseconds more than it would in a thread. What one upload may hold is bounded too: at most
-BERT_MAX_LABELS distinct labels (tags), each at most MAX_LABEL_CHARS long, and at most
-MAX_EXAMPLE_CHARS of text in one example (a row, a tagged sentence, a QA context); a corpus's
-lines and paragraphs are cut by model/data/corpus.py's readers. meta.json lists at most
-LISTED_LABELS labels (the most frequent), so GET /datasets stays small; `num_labels` counts them all.
+once), so a check costs a few milliseconds more than it would in a thread.
+
+What one upload may hold is bounded too: at most BERT_MAX_LABELS distinct labels (tags), each at
+most MAX_LABEL_CHARS long, and at most MAX_EXAMPLE_CHARS of text in one example (a row, a tagged
+sentence, a QA context); a corpus's lines and paragraphs are cut by model/data/corpus.py's readers.
+meta.json lists at most LISTED_LABELS labels (the most frequent), so GET /datasets stays small;
+`num_labels` counts them all.
 
 Failures say what happened: a body the multipart parser cannot read is a 422, a full disk (or
 quota) while storing the upload a 507, and anything else a logged 500; the partial upload is
