@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from model.qa_spans import NO_NULL, window_spans
-from model.tokenizer import truncating, window_count
+from model.tokenizer import encode_one, truncating, window_count
 
 from .errors import ServiceError
 from .pipelines import Row, _infer
@@ -63,7 +63,7 @@ def _prepare(lm: LoadedModel, pairs: list[tuple[str, str]], max_seq_len: int | N
     for i, (question, context) in enumerate(pairs):
         tokens += _check_fits(lm, i, question, context, max_seq_len, doc_stride)
         check_tokens(tokens)  # before the windows are made: a small stride makes very many
-        enc = tok.encode(question, context)
+        enc = encode_one(tok, question, context)
         windows.append([enc, *enc.overflowing])
         rows += [(w.ids, w.type_ids) for w in windows[-1]]
     return rows, {}
@@ -76,8 +76,8 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
         if not text.strip():
             raise ServiceError("validation", f"{name} {i} is empty")
     backend = lm.tokenizer.backend_tokenizer
-    q = len(backend.encode(question, add_special_tokens=False).ids)
-    c = len(backend.encode(context, add_special_tokens=False).ids)
+    q = len(encode_one(backend, question, add_special_tokens=False).ids)
+    c = len(encode_one(backend, context, add_special_tokens=False).ids)
     if q + c + SPECIAL_TOKENS_IN_A_PAIR <= max_seq_len:
         return q + c + SPECIAL_TOKENS_IN_A_PAIR  # one window: nothing to cut
     room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from model.datadir import valid_name
 from model.modeling import BertForSequenceClassification
-from model.tokenizer import truncating
+from model.tokenizer import encode_one, truncating
 
 from .errors import ServiceError
 from .pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
@@ -58,7 +58,7 @@ def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str)
     for item in items:
         check_dropped()
         a, b = (item.text_a, item.text_b) if isinstance(item, TextPair) else (item, None)
-        enc = tok.encode(a, b)
+        enc = encode_one(tok, a, b)
         rows.append((enc.ids, enc.type_ids))
     return rows
 
@@ -223,7 +223,7 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
     out = []
     for text in texts:
         check_dropped()
-        enc = backend.encode(text, add_special_tokens=add_special_tokens)
+        enc = encode_one(backend, text, add_special_tokens=add_special_tokens)
         out.append([{"id": i, "text": token, "special": True, "start": None, "stop": None} if special else
                     {"id": i, "text": text[start:stop], "special": False, "start": start, "stop": stop}
                     for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
-from model.tokenizer import truncating, window_count
+from model.tokenizer import encode_one, truncating, window_count
 
 from .errors import ServiceError
 from .pipelines import Row, _infer
@@ -53,7 +53,7 @@ def _prepare(lm: LoadedModel, texts: list[str], truncate: bool, stride: int | No
         return _prepare_windows(lm, texts, stride, strategy, check_tokens, windows)
     tok = truncating(lm.tokenizer, lm.max_length) if truncate else lm.tokenizer.backend_tokenizer
     for i, text in enumerate(texts):
-        enc = tok.encode(text)
+        enc = encode_one(tok, text)
         if len(enc.ids) > lm.max_length:
             raise ServiceError("validation", f"input {i} is {len(enc.ids)} tokens long, more than the "
                                              f"{lm.max_length} model '{lm.name}' takes; shorten it or send "
@@ -75,14 +75,14 @@ def _prepare_windows(lm: LoadedModel, texts: list[str], stride: int, strategy: s
                                          f"'{lm.name}' holds beside [CLS] and [SEP]")
     backend, tokens = lm.tokenizer.backend_tokenizer, 0
     for text in texts:
-        n = len(backend.encode(text, add_special_tokens=False).ids)
+        n = len(encode_one(backend, text, add_special_tokens=False).ids)
         count = window_count(n, room, stride)
         tokens += count * SPECIAL_TOKENS + n + (count - 1) * stride
         check_tokens(tokens)
     tok = truncating(lm.tokenizer, lm.max_length, stride=stride)
     rows = []
     for text in texts:
-        enc = tok.encode(text)
+        enc = encode_one(tok, text)
         windows.append([enc, *enc.overflowing])
         rows += [(w.ids, w.type_ids) for w in windows[-1]]
     return rows, {}

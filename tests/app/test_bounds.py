@@ -252,14 +252,15 @@ class HeldTokenizer:
 
 
 def hold_tokenizer(lm, path: str, monkeypatch) -> HeldTokenizer:
-    """Hold what `path` tokenizes each input with: BertTokenizer.encode, or the Rust tokenizer's (/tokenize)."""
+    """Hold what `path` tokenizes each input with: BertTokenizer.encode, or the Rust tokenizer's (/tokenize:
+    encode_batch of one input, as model.tokenizer.encode_one calls it)."""
     if path != "/tokenize":
         held = HeldTokenizer(lm.tokenizer.encode)
         monkeypatch.setattr(lm.tokenizer, "encode", held)
         return held
     backend = lm.tokenizer.backend_tokenizer
-    held = HeldTokenizer(backend.encode)
-    proxy = type("Backend", (), {"encode": staticmethod(held),
+    held = HeldTokenizer(lambda text, *args, **kwargs: backend.encode_batch([text], *args, **kwargs))
+    proxy = type("Backend", (), {"encode_batch": staticmethod(lambda inputs, *args, **kwargs: held(*inputs, *args, **kwargs)),
                                  "__getattr__": lambda self, name: getattr(backend, name)})
     monkeypatch.setattr(type(lm.tokenizer), "backend_tokenizer", property(lambda self: proxy()))
     return held

@@ -498,9 +498,9 @@ async def test_question_answering_refuses_too_many_windows_before_making_them(ta
         def __init__(self, tok):
             self.tok = tok
 
-        def encode(self, *texts):
-            windowed.append(texts)
-            return self.tok.encode(*texts)
+        def encode_batch(self, inputs, **kwargs):  # model.tokenizer.encode_one's call
+            windowed.extend(inputs)
+            return self.tok.encode_batch(inputs, **kwargs)
 
     truncating = question_answering.truncating
     monkeypatch.setattr(question_answering, "truncating", lambda *a, **k: Recording(truncating(*a, **k)))

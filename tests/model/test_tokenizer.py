@@ -152,6 +152,27 @@ def test_a_pair_from_ids_is_the_tokenizers_pair_at_every_length(ours, direction)
             assert (got["input_ids"], got["token_type_ids"]) == (want.ids, want.type_ids), (a, b, max_length)
 
 
+def test_encode_one_is_the_rust_tokenizers_encode_with_its_windows(ours):
+    """encode_one (encode_batch of one, which lets the interpreter lock go) gives what the Rust
+    tokenizer's encode gives: one text, a pair, without specials, and cut into overflowing windows."""
+    from model.tokenizer import encode_one, truncating
+
+    def fields(enc):
+        return (enc.ids, enc.type_ids, enc.tokens, enc.offsets, enc.special_tokens_mask, enc.attention_mask,
+                [fields(w) for w in enc.overflowing])
+
+    question, text = "Who wrote it?", LONG * 3
+    cases = [(ours.backend_tokenizer, (text,), {}), (ours.backend_tokenizer, (text, question), {}),
+             (ours.backend_tokenizer, (text,), {"add_special_tokens": False}),
+             (truncating(ours, 16, stride=4), (text,), {}),
+             (truncating(ours, 24, stride=6, strategy="only_second"), (question, text), {}),
+             (truncating(ours, 12, direction="left"), (question, text), {})]
+    for tokenizer, args, kwargs in cases:
+        want = tokenizer.encode(*args, **kwargs)
+        assert fields(encode_one(tokenizer, *args, **kwargs)) == fields(want), (args, kwargs)
+    assert len(encode_one(cases[3][0], text).overflowing) > 3
+
+
 def test_truncation_defaults_to_model_max_length(ours, hf):
     text = "word " * 600
     got = ours.encode(text, truncation=True)
