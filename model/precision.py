@@ -68,17 +68,33 @@ class Int8Linear(nn.Module):
         weight = weight.float()
         scale = weight.abs().amax(1).clamp_min(1e-12) / 127  # (N, K) -> (N,)
         self.weight_int8 = torch.round(weight / scale[:, None]).to(torch.int8)
+        self._weight_kn = None
         self.weight_scale = scale
         self.bias = None if bias is None else bias.float().clone()
+
+    def _gemm(self, q: torch.Tensor) -> torch.Tensor:
+        """(M, K) int8 @ W^T -> (M, N) fp32: torch._int_mm where the CPU has int8 dot products (model.kernels'
+        "int8-vnni"), on W^T kept (K, N) contiguous (a transposed view costs _int_mm a copy per call);
+        else the same values multiplied in fp32 (exact while a sum stays under 2^24, within fp32's
+        rounding past it), which ran 20x faster than _int_mm without VNNI."""
+        if kernels.enabled("int8-vnni"):
+            if self._weight_kn is None:  # made at first use, and only where this path runs
+                self._weight_kn = self.weight_int8.t().contiguous()
+            try:
+                return torch._int_mm(q, self._weight_kn).to(torch.float32)
+            except RuntimeError as e:
+                kernels.fail("int8-vnni", e)
+        return linear(None, q.float(), self.weight_int8.float(), None)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight_int8.float() * self.weight_scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
-        scale = torch.linalg.vector_norm(x2, float("inf"), dim=1, keepdim=True).clamp_min_(1e-12).div_(127)
+        # max |x| per token from amax and amin: the same numbers as vector_norm(inf), 4-10x faster on CPU
+        scale = torch.maximum(x2.amax(1, keepdim=True), x2.amin(1, keepdim=True).neg_()).clamp_min_(1e-12).div_(127)
         q = torch.div(x2, scale).round_().to(torch.int8)
-        y = _int8_gemm(q, self.weight_int8).mul_(scale)  # (M, K) @ (K, N)
+        y = self._gemm(q).mul_(scale)  # (M, K) @ (K, N)
         if self.bias is None:
             y.mul_(self.weight_scale)
         else:
@@ -99,20 +115,6 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-def _int8_gemm(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(M, K) int8 @ (N, K)^T int8 -> (M, N) fp32: torch._int_mm where the CPU has int8 dot products
-    (model.kernels' "int8-vnni"), else the same values multiplied in fp32 (exact while a sum stays
-    under 2^24, within fp32's rounding past it), which ran 20x faster than _int_mm without VNNI."""
-    if kernels.enabled("int8-vnni"):
-        try:
-            return torch._int_mm(q, weight.t()).to(torch.float32)
-        except RuntimeError as e:
-            y = linear(None, q.float(), weight.float(), None)
-            kernels.fail("int8-vnni", e)
-            return y
-    return linear(None, q.float(), weight.float(), None)
 
 
 def check_precision(precision: str) -> str:
