@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -42,7 +43,6 @@ import os
 import resource
 import shutil
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -382,23 +382,18 @@ def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
 
 
 CHILD_START_SECONDS = 120
-_context_lock = threading.Lock()
-_context = None
 
 
+@functools.cache
 def _check_context():
     """The forkserver context the checks fork from, with this module preloaded in the server, and the
     main module too (`bert serve`'s script, or `python -m app.server`'s module), whose code every child
     would otherwise run again."""
-    global _context
-    with _context_lock:
-        if _context is None:
-            _context = multiprocessing.get_context("forkserver")
-            # A package's __main__ runs its program when imported; multiprocessing never runs it again.
-            main = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
-            main_module = [main] if main and not main.endswith("__main__") else []
-            _context.set_forkserver_preload(["__main__", *main_module, __name__])
-        return _context
+    context = multiprocessing.get_context("forkserver")
+    # A package's __main__ runs its program when imported; multiprocessing never runs it again.
+    main = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+    context.set_forkserver_preload(["__main__", *([main] if main and not main.endswith("__main__") else []), __name__])
+    return context
 
 
 def _check_child(conn, request: dict, seconds: float) -> None:

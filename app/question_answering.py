@@ -75,9 +75,7 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
     for name, text in (("question", question), ("context", context)):
         if not text.strip():
             raise ServiceError("validation", f"{name} {i} is empty")
-    backend = lm.tokenizer.backend_tokenizer
-    q = len(encode_one(backend, question, add_special_tokens=False).ids)
-    c = len(encode_one(backend, context, add_special_tokens=False).ids)
+    q, c = len(lm.tokenizer.token_ids(question)), len(lm.tokenizer.token_ids(context))
     if q + c + SPECIAL_TOKENS_IN_A_PAIR <= max_seq_len:
         return q + c + SPECIAL_TOKENS_IN_A_PAIR  # one window: nothing to cut
     room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR

@@ -73,9 +73,9 @@ def _prepare_windows(lm: LoadedModel, texts: list[str], stride: int, strategy: s
     if stride >= room:
         raise ServiceError("validation", f"stride {stride} must be less than the {room} tokens a window of model "
                                          f"'{lm.name}' holds beside [CLS] and [SEP]")
-    backend, tokens = lm.tokenizer.backend_tokenizer, 0
+    tokens = 0
     for text in texts:
-        n = len(encode_one(backend, text, add_special_tokens=False).ids)
+        n = len(lm.tokenizer.token_ids(text))
         count = window_count(n, room, stride)
         tokens += count * SPECIAL_TOKENS + n + (count - 1) * stride
         check_tokens(tokens)
