@@ -5,7 +5,7 @@ body is read), body limit (413 before the body is read), deadline (inference rou
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
 /jobs and /datasets behind the admin key, which their routers demand themselves; /console (the web
-console's static files, app/routes/console.py) open, as it carries no data. No trailing-slash
+console's static files, app/api/routes/console.py) open, as it carries no data. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
 
@@ -15,14 +15,14 @@ import contextlib
 
 from fastapi import Depends, FastAPI
 
-from .deps import require_api_key
-from .errors import install_handlers
-from .metrics import Metrics, MetricsMiddleware
-from .middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
-from .routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei, token_tasks
-from .routes.ops import version
-from .service import Service
-from .settings import Settings
+from app.api.deps import require_api_key
+from app.errors import install_handlers
+from app.prometheus import Metrics, MetricsMiddleware
+from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
+from app.api.routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei, token_tasks
+from app.api.routes.ops import version
+from app.serving.service import Service
+from app.settings import Settings
 
 DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction, embeddings
 (also in OpenAI's format), fine-tuned classifiers, token classification and extractive question
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = [(ops.router, []), (ops.metrics_router, [] if settings.metrics_public else keyed), (ops.protected, []),
                *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks,
                                                             tei, models)),
-               # their routers depend on require_admin_key (app/deps.py)
+               # their routers depend on require_admin_key (app/api/deps.py)
                *((module.router, []) for module in (jobs, datasets)),
                (console.router, [])]  # open: static files that carry no data
     for router, dependencies in routers:

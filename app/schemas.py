@@ -8,7 +8,7 @@ send options this service does not implement, and add new ones over time; refusi
 clients that work against OpenAI.
 
 Limits that depend on settings (inputs per request, tokens per input) are checked in
-app/pipelines.py, since a JSON schema cannot read the environment; their documentation is here.
+app/serving/pipelines.py, since a JSON schema cannot read the environment; their documentation is here.
 A single input gets a single result, a list of inputs a list of results in the same order.
 """
 
@@ -25,7 +25,7 @@ from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import steps_of
 from model.tokenizer import lone_surrogate_at
 
-from .settings import Settings
+from app.settings import Settings
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -240,8 +240,8 @@ ClassifyResponse = ClassifyResult | list[ClassifyResult]
 
 # -- token classification and question answering -----------------------------------------------
 # The shapes of transformers' pipelines: "token-classification" (TokenClassificationPipeline) and 4.x's
-# "question-answering" (QuestionAnsweringPipeline); app/token_classification.py and
-# app/question_answering.py say what is followed.
+# "question-answering" (QuestionAnsweringPipeline); app/serving/ner_pipeline.py and
+# app/serving/qa_pipeline.py say what is followed.
 
 class TokenClassificationRequest(Strict):
     """Texts for a token classifier (e.g. NER), answered as transformers' token-classification pipeline."""
@@ -368,7 +368,7 @@ class InfoResponse(BaseModel):
 
 # -- datasets ----------------------------------------------------------------------------------
 
-# POST /datasets is parsed by app/datasets.py as it streams in, so FastAPI never sees a body model;
+# POST /datasets is parsed by app/jobs/uploads.py as it streams in, so FastAPI never sees a body model;
 # this is its OpenAPI description.
 DATASET_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file"],

@@ -1,7 +1,7 @@
 """Service settings: one pydantic-settings object, read from BERT_* environment variables.
 
 Every field is documented in the README's configuration table; the limits are enforced where
-they are used (app/engine.py, app/middleware.py, app/service.py, app/datasets.py). Reference:
+they are used (app/serving/engine.py, app/api/middleware.py, app/serving/service.py, app/jobs/uploads.py). Reference:
 https://docs.pydantic.dev/latest/concepts/pydantic_settings/
 """
 

@@ -59,7 +59,9 @@ import torch.nn.functional as F
 import transformers
 
 from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
-from model import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel, kernels
+from model.config import BertConfig
+from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
+from model import kernels
 from model.precision import apply_precision, autocast
 
 H100_CLASS_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 / H200 SXM (NVIDIA's data sheets)
@@ -310,7 +312,7 @@ PRETRAIN_SIZES = {(True, False): (1500, 64, 128), (True, True): (200, 32, 128),
 
 def check_pretrain(ctx: Context) -> list[Row]:
     """A short warm-started pretraining run on the Wikipedia leads; held-out MLM and NSP accuracy."""
-    from model.demo_data import find_asset, prepare_wiki
+    from app.launcher.demo_data import find_asset, prepare_wiki
     from model.runs import PretrainSpec, run_pretraining
     from model.trainer import TrainConfig
 
@@ -385,7 +387,7 @@ def memory_row(ctx: Context) -> Row:
 
 
 def packed_sync_row(ctx: Context) -> Row:
-    """The service's padded forward (bf16, mask kept on the host as app/engine.py does): host syncs."""
+    """The service's padded forward (bf16, mask kept on the host as app/serving/engine.py does): host syncs."""
     if not ctx.cuda:
         return Row("host syncs in a padded bf16 forward, mask on the host", "no GPU here", "0 per forward", "n/a")
     model = apply_precision(BertModel(BertConfig(**CONFIGS["base"])).eval().to(ctx.device), "bf16")

@@ -1,5 +1,5 @@
 """Held-out learning runs: fine-tune MiniLM for NER and for extractive QA on synthetic sets whose test
-entities and answers training never sees (model/data/synthetic.py), and score the held-out split.
+entities and answers training never sees (bench/synthetic.py), and score the held-out split.
 
 Each run goes through the `bert` CLI in a subprocess, as a user runs it:
     bert finetune --task token-classification|question-answering --train T --eval DEV --from MINILM --out RUN
@@ -31,8 +31,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_line, markdown_table, setup  # noqa: E402
-from model.data.synthetic import conll_text, ner_split, qa_split, write_ner, write_qa  # noqa: E402
-from model.demo_data import ensure_minilm  # noqa: E402
+from bench.synthetic import conll_text, ner_split, qa_split, write_ner, write_qa  # noqa: E402
+from app.launcher.demo_data import ensure_minilm  # noqa: E402
 from model.files import atomic_write_bytes  # noqa: E402
 
 TARGET_F1 = 0.9

@@ -58,7 +58,7 @@ def free_port() -> int:
 
 def start_server(data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None,
                  **env: str) -> tuple[subprocess.Popen, int]:
-    """`python -m app.server` from `root`, BERT_* settings from `env` (names without the prefix) and
+    """`python -m app.launcher.server` from `root`, BERT_* settings from `env` (names without the prefix) and
     other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`."""
     port = free_port()
     settings = {"DATA_DIR": str(data_dir), "DEFAULT_MODEL": "bench", "LOAD": "startup", "API_KEY": "",
@@ -66,7 +66,7 @@ def start_server(data_dir: Path, root: Path = ROOT, process_env: dict[str, str] 
     full_env = {**os.environ, **{f"BERT_{k.upper()}": str(v) for k, v in settings.items()},
                 "PYTHONPATH": str(root), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                 **(process_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=root, env=full_env,
+    proc = subprocess.Popen([sys.executable, "-m", "app.launcher.server", "--port", str(port)], cwd=root, env=full_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_ready(proc, port)
     return proc, port

@@ -34,7 +34,8 @@ import torch
 import transformers
 
 from bench.common import CONFIGS, gemm_flops, interleaved, machine_line, markdown_table, setup, si
-from model import BertConfig, BertForMaskedLM, BertModel
+from model.config import BertConfig
+from model.modeling import BertForMaskedLM, BertModel
 from model.modeling import compile_model
 from model.onednn import use_onednn
 

@@ -40,7 +40,10 @@ from torch import nn
 
 from bench.common import (CONFIGS, MINILM_DIR, ROTTEN_TOMATOES, WIKI_JSON, interleaved, machine_line,
                           markdown_table, setup)
-from model import BertConfig, BertForMaskedLM, BertModel, BertTokenizer, kernels
+from model.config import BertConfig
+from model.modeling import BertForMaskedLM, BertModel
+from model.tokenizer import BertTokenizer
+from model import kernels
 from model.data.corpus import split_sentences
 from model.precision import apply_precision, autocast, bf16_native
 

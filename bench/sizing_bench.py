@@ -87,7 +87,7 @@ def measure(name: str, device: str, precision: str, threads: int) -> dict:
     """One case, in this process (run it in a fresh one): bytes that training added at its peak."""
     import torch
 
-    from model import BertConfig
+    from model.config import BertConfig
     from model.modeling import MODEL_CLASSES
     from model.trainer import TrainConfig, Trainer
 

@@ -39,8 +39,10 @@ import torch
 import transformers
 
 from bench.common import CONFIGS, MINILM_DIR, WIKI_JSON, interleaved, machine_line, markdown_table, setup
-from model import BertConfig, BertForPreTraining, BertTokenizer
-from model.demo_data import prepare_wiki
+from model.config import BertConfig
+from model.modeling import BertForPreTraining
+from model.tokenizer import BertTokenizer
+from app.launcher.demo_data import prepare_wiki
 from model.precision import autocast
 
 IGNORE = -100

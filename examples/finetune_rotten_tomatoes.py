@@ -1,7 +1,7 @@
 """Fine-tune the MiniLM encoder (all-MiniLM-L6-v2, imported into the project's layout) as a
 fresh/rotten classifier of Rotten Tomatoes reviews, on CPU, and report held-out accuracy.
 
-The held-out reviews are of films that never appear in training (model.demo_data splits by film), so
+The held-out reviews are of films that never appear in training (app.launcher.demo_data splits by film), so
 the number measures reviews of unseen films, not memorised titles.
 
     python examples/finetune_rotten_tomatoes.py                      # 1 epoch, max_seq_len 64
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from model.demo_data import ensure_minilm, prepare_rotten_tomatoes
+from app.launcher.demo_data import ensure_minilm, prepare_rotten_tomatoes
 from model.callbacks import LogProgress
 from model.runs import FinetuneSpec, default_train_config, merge_train_config, run_finetuning
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from model.demo_data import ensure_minilm, prepare_wiki
+from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from model.files import METRICS_FILE
 from model.callbacks import LogProgress
 from model.runs import PretrainSpec, default_train_config, merge_train_config, run_pretraining

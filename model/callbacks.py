@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .files import rewrite_jsonl
-from .plot import write_training_plot
+from model.files import rewrite_jsonl
+from model.plot import write_training_plot
 
 log = logging.getLogger("model.train")
 

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import BertConfig
-from .files import TMP_PREFIX, atomic_dir
+from model.config import BertConfig
+from model.files import TMP_PREFIX, atomic_dir
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"

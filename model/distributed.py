@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-IGNORE_INDEX = -100  # labels that take no part in a loss (HF's and ours)
+from model.modeling import IGNORE_INDEX
+
 # Which batch key holds the labels a loss is a mean over; others are a mean over the batch's rows.
 LOSS_LABELS = {"loss": "labels", "mlm_loss": "labels", "nsp_loss": "next_sentence_label"}
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

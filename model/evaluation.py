@@ -15,7 +15,7 @@ Token classifiers and QA models are scored over sentences and questions, which c
 rows (a long sentence's parts, a long context's windows). For them the evaluation data scores the
 model's outputs itself: `evaluate` runs the rows in order and hands each row's outputs to
 `data.score(outputs)` (TokenClassificationBatches: predicted tag ids -> precision, recall, f1 of
-entities and word accuracy; QABatches: start and end logits -> exact_match and f1, model/metrics.py),
+entities and word accuracy; QABatches: start and end logits -> exact_match and f1, model/scores.py),
 then adds `loss` (the batches' losses averaged, each weighted by its rows) and the row count.
 """
 
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from .modeling import IGNORE_INDEX, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from .precision import autocast
-from .trainer import EvaluationStopped
+from model.modeling import IGNORE_INDEX, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from model.precision import autocast
+from model.trainer import EvaluationStopped
 
 if TYPE_CHECKING:
-    from .trainer import BatchSource
+    from model.trainer import BatchSource
 
 
 @torch.no_grad()

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import BertConfig
-from .errors import UserError
-from .modeling import class_for_heads
-from .tokenizer import BertTokenizer
-from .weights import LEGACY_KEYS, heads_of_keys, load_state_dict, normalize_state_dict
+from model.config import BertConfig
+from model.errors import UserError
+from model.modeling import class_for_heads
+from model.tokenizer import BertTokenizer
+from model.weights import LEGACY_KEYS, heads_of_keys, load_state_dict, normalize_state_dict
 
 
 def import_model(src: str | Path, dst: str | Path) -> dict:

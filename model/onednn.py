@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
+from model import kernels
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:

@@ -41,8 +41,8 @@ import logging
 import torch
 from torch import nn
 
-from . import kernels
-from .onednn import linear
+from model import kernels
+from model.onednn import linear
 
 PRECISIONS = ("fp32", "bf16", "int8")
 log = logging.getLogger(__name__)

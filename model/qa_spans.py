@@ -1,7 +1,7 @@
 """Answer spans from a question-answering head's start and end logits, one window at a time, and the
 best answer of an example over all its windows.
 
-Both the /question-answering route (app/question_answering.py) and SQuAD evaluation
+Both the /question-answering route (app/serving/qa_pipeline.py) and SQuAD evaluation
 (model/evaluation.py) pick spans with `window_spans`, which is transformers 4.x's
 QuestionAnsweringPipeline `select_starts_ends` + `decode_spans`:
 - every token outside the context ([CLS] excepted) gets logit -10000 before a softmax of the start

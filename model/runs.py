@@ -27,19 +27,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from . import distributed
-from .callbacks import Callback
-from .config import BertConfig
-from .device import resolve_device
-from .errors import UserError
-from .evaluation import evaluate
-from .modeling import (MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
-                       BertForSequenceClassification, BertForTokenClassification, load_model)
-from .precision import resolve_precision
-from .tokenizer import BertTokenizer
-from .trainer import TrainConfig, Trainer, TrainResult, seed_everything
-from .weights import HEAD_NAMES, heads_in_dir
+from model import checkpoint as ckpt
+from model import distributed
+from model.callbacks import Callback
+from model.config import BertConfig
+from model.device import resolve_device
+from model.errors import UserError
+from model.evaluation import evaluate
+from model.modeling import MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, load_model
+from model.precision import resolve_precision
+from model.tokenizer import BertTokenizer
+from model.trainer import TrainConfig, Trainer, TrainResult, seed_everything
+from model.weights import HEAD_NAMES, heads_in_dir
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +194,7 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
 
 
 def _classification_data(spec: FinetuneSpec):
-    from .data import load_classification_data
+    from model.data.finetune import load_classification_data
 
     data = load_classification_data(
         spec.train_file, spec.eval_file, text_column=spec.text_column, text_pair_column=spec.text_pair_column,
@@ -205,7 +204,7 @@ def _classification_data(spec: FinetuneSpec):
 
 
 def _classification_batches(spec: FinetuneSpec, data, tokenizer):
-    from .data import ClassificationBatches
+    from model.data.finetune import ClassificationBatches
 
     kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, regression=data.regression)
     train = ClassificationBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
@@ -213,7 +212,7 @@ def _classification_batches(spec: FinetuneSpec, data, tokenizer):
 
 
 def _tagging_data(spec: FinetuneSpec):
-    from .data import load_token_classification_data
+    from model.data.token_classification import load_token_classification_data
 
     data = load_token_classification_data(spec.train_file, spec.eval_file, eval_fraction=spec.eval_fraction,
                                           seed=spec.train.seed)
@@ -221,7 +220,7 @@ def _tagging_data(spec: FinetuneSpec):
 
 
 def _tagging_batches(spec: FinetuneSpec, data, tokenizer):
-    from .data import TokenClassificationBatches
+    from model.data.token_classification import TokenClassificationBatches
 
     kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len)
     train = TokenClassificationBatches(data.train, tokenizer, data.label2id, seed=spec.train.seed, **kw)
@@ -230,14 +229,14 @@ def _tagging_batches(spec: FinetuneSpec, data, tokenizer):
 
 
 def _qa_data(spec: FinetuneSpec):
-    from .data import load_qa_data
+    from model.data.question_answering import load_qa_data
 
     data = load_qa_data(spec.train_file, spec.eval_file, eval_fraction=spec.eval_fraction, seed=spec.train.seed)
     return BertForQuestionAnswering, data, {}
 
 
 def _qa_batches(spec: FinetuneSpec, data, tokenizer):
-    from .data import QABatches
+    from model.data.question_answering import QABatches
 
     kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, doc_stride=spec.doc_stride,
               max_query_length=spec.max_query_length, max_answer_len=spec.max_answer_len,
@@ -261,8 +260,12 @@ def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_forma
     """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus or token
     store (MLM models), a labelled table (sequence classifiers), tagged sentences (token classifiers;
     entity precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
-    from .data import (ClassificationBatches, PretrainingData, QABatches, TokenClassificationBatches,
-                       load_classification_data, load_corpus, open_store, read_squad, read_tagged)
+    from model.data.finetune import ClassificationBatches, load_classification_data
+    from model.data.pretraining import PretrainingData
+    from model.data.question_answering import QABatches, read_squad
+    from model.data.token_classification import TokenClassificationBatches, read_tagged
+    from model.data.corpus import load_corpus
+    from model.data.store import open_store
 
     model_dir = _model_dir_of(Path(model_dir))
     with _user_errors():
@@ -414,7 +417,7 @@ def _cache_dir(explicit: str | None, corpus: Path, out: Path | None) -> Path | N
 
 
 def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
-    from .data import PretrainingData
+    from model.data.pretraining import PretrainingData
 
     corpus, eval_corpus = _open_corpus(spec.corpus, spec, tokenizer), None
     if spec.eval_corpus:
@@ -430,7 +433,8 @@ def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
 
 def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
     """A token store directory (model/data/store.py), else a text corpus tokenised through its cache."""
-    from .data import load_corpus, open_store
+    from model.data.corpus import load_corpus
+    from model.data.store import open_store
 
     if Path(path).is_dir():
         if spec.corpus_format:
@@ -466,7 +470,7 @@ def _split_store(store, d: int):
 
 def _split_tail(corpus, k: int):
     """A TokenizedCorpus cut before its last `k` documents, as two views of the same arrays."""
-    from .data import TokenizedCorpus
+    from model.data.corpus import TokenizedCorpus
 
     d = corpus.num_documents - k
     s = int(corpus.document_offsets[d])  # first held-out sentence

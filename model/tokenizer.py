@@ -40,7 +40,7 @@ from tokenizers import (
     trainers,
 )
 
-from .files import atomic_write_bytes
+from model.files import atomic_write_bytes
 
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"

@@ -60,19 +60,19 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from . import checkpoint as ckpt
-from . import distributed
-from .callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
-from .device import resolve_device
-from .files import METRICS_FILE
-from .precision import autocast, resolve_precision
+from model import checkpoint as ckpt
+from model import distributed
+from model.callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
+from model.device import resolve_device
+from model.files import METRICS_FILE
+from model.modeling import IGNORE_INDEX
+from model.precision import autocast, resolve_precision
 
 log = logging.getLogger(__name__)
 
 FINAL_MODEL = "model"
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes (int8 is inference only)
 
-IGNORE_INDEX = -100  # labels that take no part in a loss (HF's convention, model/modeling.py's)
 
 # evaluate_fn(model, eval_data, *, device, precision, max_batches, should_stop) -> metrics
 # (model.evaluation.evaluate); it may raise model.evaluation.EvaluationStopped when should_stop() says so.

@@ -30,7 +30,7 @@ def tiny_config_dict(**overrides) -> dict:
 def make_training_files(root: Path) -> Path:
     """In `root`: a 12-document Google-format corpus.txt, a tokenizer directory vocab/, a tiny config
     tiny.json and a labelled reviews.csv (24 rows, labels pos/neg)."""
-    from model import BertTokenizer
+    from model.tokenizer import BertTokenizer
 
     rng = random.Random(0)
     docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + " ."
@@ -75,13 +75,13 @@ def kernel_paths():
 
 @pytest.fixture
 def tiny_config():
-    from model import BertConfig
+    from model.config import BertConfig
     return BertConfig(**tiny_config_dict())
 
 
 @pytest.fixture
 def tiny_tokenizer():
-    from model import BertTokenizer
+    from model.tokenizer import BertTokenizer
     return BertTokenizer.from_vocab(TINY_VOCAB, lowercase=True)
 
 

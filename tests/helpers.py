@@ -27,7 +27,9 @@ from pathlib import Path
 import httpx
 import torch
 
-from model import BertConfig, BertForPreTraining, BertTokenizer
+from model.config import BertConfig
+from model.modeling import BertForPreTraining
+from model.tokenizer import BertTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = "tiny"

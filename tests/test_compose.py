@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .helpers import free_port, labelled_csv, wait_for
+from tests.helpers import free_port, labelled_csv, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "bertserve:compose-test"

@@ -21,8 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from .helpers import (REDIS_URL, finetune_request, flush_redis, labelled_csv, make_data_dir, start_server, start_worker,
-                      tagged_conll)
+from tests.helpers import REDIS_URL, finetune_request, flush_redis, labelled_csv, make_data_dir, start_server, start_worker, tagged_conll
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from .helpers import (QA_CONTEXTS, REDIS_URL, finetune_request, flush_redis, make_data_dir, squad_json, start_server,
-                      start_worker, tagged_conll, wait_state)
+from tests.helpers import QA_CONTEXTS, REDIS_URL, finetune_request, flush_redis, make_data_dir, squad_json, start_server, start_worker, tagged_conll, wait_state
 
 pytestmark = pytest.mark.slow
 

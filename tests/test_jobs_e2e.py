@@ -11,11 +11,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from model import BertForSequenceClassification
+from model.modeling import BertForSequenceClassification
 from model.checkpoint import is_complete
 
-from .helpers import (REDIS_URL, corpus_txt, finetune_request, flush_redis, labelled_csv, make_data_dir,
-                             pretrain_request, start_server, start_worker, wait_for, wait_state)
+from tests.helpers import REDIS_URL, corpus_txt, finetune_request, flush_redis, labelled_csv, make_data_dir, pretrain_request, start_server, start_worker, wait_for, wait_state
 
 pytestmark = pytest.mark.slow
 

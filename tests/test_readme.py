@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .helpers import free_port
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
 

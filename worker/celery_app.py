@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from . import recovery
-from .queue import TRAINING_QUEUE, broker_transport_options, has_fanout
-from .settings import WorkerSettings
+from worker import recovery
+from worker.queue import TRAINING_QUEUE, broker_transport_options, has_fanout
+from worker.settings import WorkerSettings
 
 
 def make_celery(settings: WorkerSettings | None = None) -> Celery:

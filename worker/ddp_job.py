@@ -19,9 +19,9 @@ from model.callbacks import Callback
 from model.datadir import JobStore
 from model.distributed import die_with_parent, env_dist
 
-from . import recipes
-from .settings import WorkerSettings
-from .training import train
+from worker import recipes
+from worker.settings import WorkerSettings
+from worker.training import train
 
 log = logging.getLogger("bertserve.worker")
 

@@ -16,8 +16,8 @@ import argparse
 import socket
 import sys
 
-from .queue import has_fanout, producer
-from .settings import WorkerSettings
+from worker.queue import has_fanout, producer
+from worker.settings import WorkerSettings
 
 
 def node_name(pattern: str) -> str:

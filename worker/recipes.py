@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from model.data import read_documents
+from model.data.corpus import read_documents
 from model.datadir import DataDir, dataset_file
 from model.files import atomic_dir, atomic_write_bytes
 from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining

@@ -25,8 +25,8 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from model.datadir import JobNotFound, JobStore, add_event, lease_is_free, now_iso
 
-from .queue import send_job
-from .settings import WorkerSettings
+from worker.queue import send_job
+from worker.settings import WorkerSettings
 
 log = logging.getLogger("bertserve.worker")
 

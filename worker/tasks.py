@@ -15,10 +15,10 @@ from celery.worker.request import Request
 
 from model.datadir import JobStore
 
-from .celery_app import app, settings
-from .queue import TASK_NAMES
-from .recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
-from .training import run_job
+from worker.celery_app import app, settings
+from worker.queue import TASK_NAMES
+from worker.recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
+from worker.training import run_job
 
 log = logging.getLogger("bertserve.worker")
 

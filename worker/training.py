@@ -47,8 +47,8 @@ from model.callbacks import Callback
 from model.distributed import is_peer_failure, launched, torchrun_command
 from model.trainer import FINAL_MODEL
 
-from . import recipes
-from .settings import WorkerSettings
+from worker import recipes
+from worker.settings import WorkerSettings
 
 log = logging.getLogger("bertserve.worker")
 

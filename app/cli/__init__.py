@@ -16,7 +16,7 @@ import sys
 
 from model.errors import UserError
 
-from . import corpus_commands, model_commands, service_commands, train_commands
+from app.cli import corpus_commands, model_commands, service_commands, train_commands
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from model.data.corpus_build import DEFAULT_SHARD_TOKENS, DEFAULT_UNIT_BYTES, Bu
 from model.errors import UserError
 from model.tokenizer import BertTokenizer
 
-from .progress import BuildProgressBar
+from app.cli.progress import BuildProgressBar
 
 
 def cmd_corpus_build(args: argparse.Namespace) -> int:

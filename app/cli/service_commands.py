@@ -2,7 +2,7 @@
 machine, a first start, a worker.
 
 `serve` runs the FastAPI app under uvicorn. `init` fills an empty DATA_DIR as `up` does on its first
-start (app/bootstrap.py); the compose stack runs it once before the api and the worker. `worker`
+start (app/launcher/bootstrap.py); the compose stack runs it once before the api and the worker. `worker`
 execs a `celery worker` process on the training queue; it names the Celery app by its module path
 (worker.celery_app) and imports nothing of it.
 """
@@ -18,8 +18,8 @@ from model.errors import UserError
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..server import serve
-    from ..settings import Settings
+    from app.launcher.server import serve
+    from app.settings import Settings
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if args.data_dir:
@@ -30,19 +30,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ..local import up
+    from app.launcher.local import up
 
     steps = _positive_steps(args.bootstrap_steps)
     return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=steps)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from model.demo_data import AssetMissingError
+    from app.launcher.demo_data import AssetMissingError
 
-    from ..bootstrap import initialize
-    from ..errors import ServiceError
-    from ..server import exposure_refusal
-    from ..settings import Settings
+    from app.launcher.bootstrap import initialize
+    from app.errors import ServiceError
+    from app.launcher.server import exposure_refusal
+    from app.settings import Settings
 
     settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
     # The stack's first container: refuse here too, so a stack that would serve the network without a

@@ -22,8 +22,8 @@ from model.runs import (TASKS, FinetuneSpec, PretrainSpec, default_train_config,
                         run_finetuning, run_pretraining, task_train_config)
 from model.trainer import TrainConfig
 
-from .launch import add_launch_options, relaunch, wants_launcher
-from .progress import ProgressBar, SignalStop
+from app.cli.launch import add_launch_options, relaunch, wants_launcher
+from app.cli.progress import ProgressBar, SignalStop
 
 
 def _run_with_progress(run, spec) -> int:

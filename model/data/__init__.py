@@ -21,76 +21,9 @@ Modules: corpus (formats, sentence splitting, cache), store (sharded token store
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
 question_answering (SQuAD JSON, windows, answer positions),
 batches (resumable batch streams), corpus_build (sharded token stores from raw text at scale), wikixml
-(Wikipedia XML dumps), synthetic (template NER and SQuAD sets with held-out entities).
+(Wikipedia XML dumps).
 
-The names below load on first use, as in model/__init__.py: a process that needs only the corpus readers
-(a `bert corpus build` worker) does not pull in torch.
+Import from the module that defines a name (`from model.data.corpus import load_corpus`): this package
+imports nothing itself, so a process that needs only the corpus readers (a `bert corpus build` worker)
+does not pull in torch.
 """
-
-from __future__ import annotations
-
-import importlib
-
-_EXPORTS = {
-    "ResumableBatches": ".batches",
-    "FORMATS": ".corpus",
-    "TokenizedCorpus": ".corpus",
-    "detect_format": ".corpus",
-    "encode_sentences": ".corpus",
-    "load_corpus": ".corpus",
-    "read_documents": ".corpus",
-    "split_sentences": ".corpus",
-    "tokenizer_fingerprint": ".corpus",
-    "ClassificationBatches": ".finetune",
-    "ClassificationData": ".finetune",
-    "LabeledExample": ".finetune",
-    "build_label_map": ".finetune",
-    "load_classification_data": ".finetune",
-    "read_table": ".finetune",
-    "split_holdout": ".finetune",
-    "IGNORE_INDEX": ".pretraining",
-    "InstancePlan": ".pretraining",
-    "MaskingVocab": ".pretraining",
-    "PretrainingData": ".pretraining",
-    "collate_pretraining": ".pretraining",
-    "mask_tokens": ".pretraining",
-    "plan_instances": ".pretraining",
-    "truncate_seq_pair": ".pretraining",
-    "TaggedSentence": ".token_classification",
-    "TokenClassificationData": ".token_classification",
-    "TokenClassificationExample": ".token_classification",
-    "build_tag_map": ".token_classification",
-    "encode_tagged": ".token_classification",
-    "load_token_classification_data": ".token_classification",
-    "read_tagged": ".token_classification",
-    "TokenClassificationBatches": ".token_classification",
-    "QABatches": ".question_answering",
-    "QAData": ".question_answering",
-    "QAExample": ".question_answering",
-    "QAWindow": ".question_answering",
-    "encode_squad": ".question_answering",
-    "load_qa_data": ".question_answering",
-    "read_squad": ".question_answering",
-    "TokenStore": ".store",
-    "is_store": ".store",
-    "open_store": ".store",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        try:  # a submodule (`model.data.pretraining`) not imported yet
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)

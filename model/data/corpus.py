@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_write_bytes, fsync_path, iter_jsonl_objects
+from model.files import atomic_write_bytes, fsync_path, iter_jsonl_objects
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def read_paragraphs(
 
 def _paragraphs(path, format, text_field, byte_range, errors, on_read, stats, bounds) -> Iterator[list[list[str]]]:
     if format == "wikixml":
-        from .wikixml import read_wiki_articles  # mwparserfromhell loads only for dumps
+        from model.data.wikixml import read_wiki_articles  # mwparserfromhell loads only for dumps
 
         with open_binary(path, byte_range, on_read) as f:
             for article in read_wiki_articles(f, path, stats):

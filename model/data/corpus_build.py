@@ -61,9 +61,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_write_bytes, fsync_dir
-from .corpus import READ_FORMATS, _ArrayWriter, compression_of, detect_format, read_paragraphs, tokenizer_fingerprint
-from .store import MANIFEST, STORE_FORMAT, STORE_VERSION
+from model.files import atomic_write_bytes, fsync_dir
+from model.data.corpus import READ_FORMATS, _ArrayWriter, compression_of, detect_format, read_paragraphs, tokenizer_fingerprint
+from model.data.store import MANIFEST, STORE_FORMAT, STORE_VERSION
 
 BUILD_DIR = ".build"  # work files of an unfinished build (unit parts, done-records); removed at the end
 DEFAULT_SHARD_TOKENS = 64 * 2**20

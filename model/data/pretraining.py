@@ -36,8 +36,8 @@ import torch
 
 from model.data.batches import ResumableBatches
 from model.data.corpus import TokenizedCorpus
+from model.modeling import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 # Distinct streams of randomness, so the plan, the order and each example never share draws.
 _PLAN, _ORDER, _EXAMPLE = 1, 2, 3
 

@@ -11,12 +11,11 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     publish.py   moving a finished model into DATA_DIR/models/<name>, with its provenance
 """
 
-from .datasets import DatasetExists, dataset_file, list_datasets, read_meta
-from .jobs import JOB_KINDS, STATES, TERMINAL, JobFinished, JobNotFound, JobStore, add_event
-from .layout import (JOB_ID_PATTERN, NAME_PATTERN, NAME_RULE, DataDir, new_job_id, now_iso, valid_job_id,
-                     valid_name)
-from .lease import Lease, lease_is_free, worker_identity
-from .publish import PROVENANCE, publish_model, published_by
+from model.datadir.datasets import DatasetExists, dataset_file, list_datasets, read_meta
+from model.datadir.jobs import JOB_KINDS, STATES, TERMINAL, JobFinished, JobNotFound, JobStore, add_event
+from model.datadir.layout import JOB_ID_PATTERN, NAME_PATTERN, NAME_RULE, DataDir, new_job_id, now_iso, valid_job_id, valid_name
+from model.datadir.lease import Lease, lease_is_free, worker_identity
+from model.datadir.publish import PROVENANCE, publish_model, published_by
 
 __all__ = [
     "DataDir", "DatasetExists", "JOB_ID_PATTERN", "JOB_KINDS", "JobFinished", "JobNotFound", "JobStore", "Lease", "NAME_PATTERN",

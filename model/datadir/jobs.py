@@ -23,8 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
-from .layout import DataDir, new_job_id, now_iso, valid_job_id
+from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
+from model.datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
 
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory

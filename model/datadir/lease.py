@@ -18,8 +18,8 @@ import socket
 import threading
 import time
 
-from .jobs import LEASE, JobStore
-from .layout import now_iso
+from model.datadir.jobs import LEASE, JobStore
+from model.datadir.layout import now_iso
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import threading
 import anyio
 import pytest
 
-from app import pipelines
+from app.serving import pipelines
 
-from .conftest import serve_app, settings_for
-from .test_engine import metric
+from tests.app.conftest import serve_app, settings_for
+from tests.app.test_engine import metric
 
 pytestmark = pytest.mark.anyio
 

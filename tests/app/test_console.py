@@ -1,4 +1,4 @@
-"""GET /console and its files (app/routes/console.py): open with keys set, same-origin only, a fixed
+"""GET /console and its files (app/api/routes/console.py): open with keys set, same-origin only, a fixed
 set of files, and the new-job form's parameters read off the API's own request types. The console
 in a real browser is tests/test_console.py.
 """
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 
-from app.routes.console import ASSETS, ROOT, form_fields
+from app.api.routes.console import ASSETS, ROOT, form_fields
 from app.schemas import FinetuneParams, PretrainParams
 
-from ..helpers import make_data_dir
-from .test_jobs_api import make_client
+from tests.helpers import make_data_dir
+from tests.app.test_jobs_api import make_client
 
 KEYS = {"service": {"api_key": "inference-key-0123456789"}, "admin_key": "admin-key-0123456789"}
 

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from model import kernels, onednn
 from tests.cpu_kinds import AVX2_BF16_ERROR, SITECUSTOMIZE, RaisingOnBf16, pretend_avx2
 
-from .conftest import serve_app, settings_for
-from .test_server import free_port
+from tests.app.conftest import serve_app, settings_for
+from tests.app.test_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["the cat sat on the mat.", "a big dog ran to the river.", "paris is the capital of france ."]
@@ -143,8 +143,8 @@ def test_bert_serve_in_bf16_as_on_an_avx2_cpu(data_dir, tmp_path):
         output = proc.communicate(timeout=30)[0]
     assert got.status_code == 200, got.text
     assert {(m["error"], m["precision"], m["kernels"]) for m in models} == {(None, "bf16", "bf16-emulated (onednn-fp32)")}
-    from .conftest import MODELS
-    from .test_inference import embed_reference
+    from tests.app.conftest import MODELS
+    from tests.app.test_inference import embed_reference
 
     reference = MODELS["tiny-enc"].from_pretrained(data_dir / "models" / "tiny-enc")
     from model.tokenizer import BertTokenizer

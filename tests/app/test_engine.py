@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.engine import WorkItem, plan_batch
+from app.serving.engine import WorkItem, plan_batch
 
-from .conftest import serve_app, settings_for
-from .test_inference import embed_reference, mlm_reference
+from tests.app.conftest import serve_app, settings_for
+from tests.app.test_inference import embed_reference, mlm_reference
 
 pytestmark = pytest.mark.anyio
 
@@ -106,7 +106,7 @@ async def test_batching_off_runs_each_request_alone(data_dir):
 async def test_warm_up_runs_a_padded_and_an_unpadded_batch(data_dir):
     """Each attention path (masked or packed, and plain) loads its own kernels on a GPU: the warm-up runs
     both before the first request, with rows as long as the model takes (up to WARM_UP_TOKENS)."""
-    from app.service import Service
+    from app.serving.service import Service
 
     seen = []
     settings = settings_for(data_dir, load="lazy", default_model="tiny-enc")

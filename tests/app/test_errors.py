@@ -7,7 +7,7 @@ import threading
 import anyio
 import pytest
 
-from .conftest import serve_app, settings_for
+from tests.app.conftest import serve_app, settings_for
 
 pytestmark = pytest.mark.anyio
 

@@ -11,10 +11,10 @@ import pickle
 
 import pytest
 
-from app.store import describe_failure
+from app.serving.model_registry import describe_failure
 from model.modeling import BertForPreTraining
 
-from .conftest import save_tiny, serve_app, settings_for
+from tests.app.conftest import save_tiny, serve_app, settings_for
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""GET /jobs/{id}/events (app/job_events.py): the stream of a finished job over the app, and the
+"""GET /jobs/{id}/events (app/jobs/events.py): the stream of a finished job over the app, and the
 generator of a running one driven while the test plays the worker (appending metrics, rewriting
 them on a resume, changing state). The stream against a real worker, with curl, is in
 tests/test_console.py.
@@ -13,13 +13,13 @@ import time
 import httpx
 import pytest
 
-from app import job_events as job_events_module
-from app.job_events import MAX_LINE, MetricsTail, job_events
+from app.jobs import events as job_events_module
+from app.jobs.events import MAX_LINE, MetricsTail, job_events
 from model.datadir import JobStore
 from model.files import rewrite_jsonl
 
-from ..helpers import finetune_spec, make_data_dir, start_server
-from .test_jobs_api import NO_BROKER, make_client
+from tests.helpers import finetune_spec, make_data_dir, start_server
+from tests.app.test_jobs_api import NO_BROKER, make_client
 
 pytestmark = pytest.mark.anyio
 

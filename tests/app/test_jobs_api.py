@@ -13,23 +13,15 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from app import datasets
-from app.datasets import _Upload
-from app.job_service import JobService
+from app.jobs import uploads
+from app.jobs.uploads import _Upload
+from app.jobs.job_service import JobService
 from app.main import create_app
 from app.settings import Settings
 from model.datadir import JobStore, now_iso
 from model.modeling import BertForSequenceClassification
 
-from ..helpers import (
-    BASE_MODEL,
-    corpus_txt,
-    finetune_request,
-    labelled_csv,
-    make_data_dir,
-    pretrain_request,
-    tiny_config,
-)
+from tests.helpers import BASE_MODEL, corpus_txt, finetune_request, labelled_csv, make_data_dir, pretrain_request, tiny_config
 
 NO_BROKER = "redis://127.0.0.1:1/0"
 NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
@@ -418,7 +410,7 @@ def test_an_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path, mon
     data_dir = make_data_dir(tmp_path / "data")
     big = big_labelled_csv("fine", 40_000)  # 1.4 MB
     in_process = []
-    monkeypatch.setitem(datasets.CHECKS, "labelled", lambda *args, **kwargs: in_process.append(args))
+    monkeypatch.setitem(uploads.CHECKS, "labelled", lambda *args, **kwargs: in_process.append(args))
     with make_client(data_dir, max_dataset_bytes=4 << 20) as client:
         r = upload(client, "small.csv", labelled_csv())
         assert r.status_code == 201 and r.json()["labels"] == ["negative", "positive"], r.json()

@@ -14,7 +14,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
 from app.main import create_app
 from app.settings import Settings
 
-from ..helpers import BASE_MODEL, make_data_dir
+from tests.helpers import BASE_MODEL, make_data_dir
 
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 

@@ -10,7 +10,7 @@ import pytest
 from model.datadir import JobStore
 from model.modeling import BertForPreTraining
 
-from .conftest import save_tiny, serve_app, settings_for
+from tests.app.conftest import save_tiny, serve_app, settings_for
 
 pytestmark = pytest.mark.anyio
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.metrics import Metrics
-from app.service import Service
+from app.prometheus import Metrics
+from app.serving.service import Service
 
-from .conftest import serve_app, settings_for
+from tests.app.conftest import serve_app, settings_for
 
 pytestmark = pytest.mark.anyio
 TEXTS = ["the cat sat on the mat.", "a big dog ran to the river."]

@@ -24,7 +24,7 @@ from app.main import create_app
 from model.modeling import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification, BertModel)
 
-from .conftest import save_tiny, settings_for
+from tests.app.conftest import save_tiny, settings_for
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, serve
+from app.launcher.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, serve
 from app.settings import Settings
 
-from .test_inference import embed_reference
+from tests.app.test_inference import embed_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,10 +29,10 @@ def free_port() -> int:
 
 
 def start_server(data_dir: Path, port: int, **env_overrides: str) -> subprocess.Popen:
-    """`python -m app.server` on `port`, serving tiny-enc, once /ready answers 200."""
+    """`python -m app.launcher.server` on `port`, serving tiny-enc, once /ready answers 200."""
     env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "tiny-enc", "BERT_DEVICE": "cpu",
            "BERT_LOAD": "startup", "BERT_API_KEY": "", "PYTHONUNBUFFERED": "1", **env_overrides}
-    proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(port)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "app.launcher.server", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while True:
@@ -194,7 +194,7 @@ def test_a_device_torch_cannot_see_or_int8_on_a_gpu_is_refused_at_start(capsys):
     import torch
     from pydantic import ValidationError
 
-    from app.service import check_precisions
+    from app.serving.service import check_precisions
 
     with pytest.raises(SystemExit) as exit_info:
         serve(host="127.0.0.1", port=free_port(), settings=Settings(device="cuda:7", load="lazy"))

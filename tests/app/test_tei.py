@@ -12,12 +12,12 @@ import anyio
 import pytest
 import torch
 
-from app.engine import WorkItem
-from app.inference import run_classify
+from app.serving.engine import WorkItem
+from app.serving.forward import run_classify
 from model.modeling import BertForSequenceClassification
 
-from .conftest import MODELS, save_tiny, serve_app, settings_for
-from .test_bounds import HeldTokenizer, RawRequest, until
+from tests.app.conftest import MODELS, save_tiny, serve_app, settings_for
+from tests.app.test_bounds import HeldTokenizer, RawRequest, until
 
 pytestmark = pytest.mark.anyio
 transformers = pytest.importorskip("transformers")
@@ -388,8 +388,8 @@ async def test_tei_routes_need_the_api_key(tei_dir, path, body):
 
 
 def test_classify_runner_gives_logits_to_rows_that_ask_in_a_mixed_batch(tei_dir, tokenizer):
-    from app.engine import Engine
-    from app.store import LoadedModel
+    from app.serving.engine import Engine
+    from app.serving.model_registry import LoadedModel
 
     model = BertForSequenceClassification.from_pretrained(tei_dir / "models" / "tiny-cls").eval()
     lm = LoadedModel("tiny-cls", model, tokenizer, 32)

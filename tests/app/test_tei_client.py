@@ -24,8 +24,8 @@ import torch
 
 from model.modeling import BertForSequenceClassification, BertModel
 
-from ..helpers import REDIS_URL, start_server
-from .conftest import save_tiny
+from tests.helpers import REDIS_URL, start_server
+from tests.app.conftest import save_tiny
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 transformers = pytest.importorskip("transformers")

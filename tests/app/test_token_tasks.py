@@ -23,7 +23,7 @@ import torch
 from model.modeling import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from model.tokenizer import BertTokenizer
 
-from .conftest import MAX_POSITIONS, VOCAB, save_tiny, tiny_config, serve_app, settings_for
+from tests.app.conftest import MAX_POSITIONS, VOCAB, save_tiny, tiny_config, serve_app, settings_for
 
 pytestmark = pytest.mark.anyio
 transformers = pytest.importorskip("transformers")
@@ -490,7 +490,7 @@ async def test_minilm_heads_equal_transformers(minilm_heads):
 async def test_question_answering_refuses_too_many_windows_before_making_them(tasks_dir, monkeypatch):
     """A stride one short of the window moves it one token at a time: 10,000 windows for a 10,000-token
     context. Refused from the token counts alone, before the tokenizer makes any window."""
-    from app import question_answering
+    from app.serving import qa_pipeline
 
     windowed = []
 
@@ -502,8 +502,8 @@ async def test_question_answering_refuses_too_many_windows_before_making_them(ta
             windowed.extend(inputs)
             return self.tok.encode_batch(inputs, **kwargs)
 
-    truncating = question_answering.truncating
-    monkeypatch.setattr(question_answering, "truncating", lambda *a, **k: Recording(truncating(*a, **k)))
+    truncating = qa_pipeline.truncating
+    monkeypatch.setattr(qa_pipeline, "truncating", lambda *a, **k: Recording(truncating(*a, **k)))
     async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=2000)) as c:
         r = await c.post("/question-answering", json={"question": QUESTION, "context": "the dog " * 5000,
                                                        "model": "tiny-qa", "max_seq_len": 16, "doc_stride": 6})

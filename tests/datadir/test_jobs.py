@@ -11,7 +11,7 @@ import pytest
 from model.datadir import (PROVENANCE, JobFinished, JobNotFound, JobStore, Lease, lease_is_free, publish_model, valid_job_id,
                            valid_name)
 
-from ..helpers import LeaseHolder, finetune_spec
+from tests.helpers import LeaseHolder, finetune_spec
 
 
 @pytest.fixture

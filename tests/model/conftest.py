@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import BertConfig, BertForPreTraining
-from model.data import PretrainingData, load_corpus
+from model.config import BertConfig
+from model.modeling import BertForPreTraining
+from model.data.pretraining import PretrainingData
+from model.data.corpus import load_corpus
 from tests.conftest import tiny_config_dict
 
 PAIRS = [("the cat sat on the mat", "the dog eats bread"), ("she reads a book", "the sky is blue"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.data import TokenizedCorpus, tokenizer_fingerprint
+from model.data.corpus import TokenizedCorpus, tokenizer_fingerprint
 
 
 def write_store(path: Path, corpus: TokenizedCorpus, tokenizer, cuts: list[int]) -> Path:

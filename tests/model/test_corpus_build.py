@@ -355,7 +355,8 @@ def test_key_set_finds_exactly_what_was_added():
 def test_a_built_store_trains_as_the_files_it_came_from(tmp_path, tiny_tokenizer):
     """Builder and reader agree: the store `build_store` writes opens with the run's tokenizer, holds the
     documents of its inputs in order, and gives pretraining batches; another tokenizer is refused."""
-    from model.data import PretrainingData, open_store
+    from model.data.pretraining import PretrainingData
+    from model.data.store import open_store
     from model.tokenizer import BertTokenizer
     from tests.conftest import TINY_VOCAB
 

@@ -1,8 +1,9 @@
 """Tests for model/data (corpora, cache, packing, NSP, masking, resumption, fine-tuning tables) and
-model/demo_data (converters on the real demo assets). Tiny synthetic corpora and a ~90-token vocabulary."""
+app/launcher/demo_data (converters on the real demo assets). Tiny synthetic corpora and a ~90-token vocabulary."""
 
 from __future__ import annotations
 
+import importlib
 import bz2
 import csv
 import json
@@ -15,22 +16,10 @@ import pytest
 import torch
 
 import model.data.corpus as corpus_mod
-from model.data import (
-    IGNORE_INDEX,
-    ClassificationBatches,
-    InstancePlan,
-    MaskingVocab,
-    PretrainingData,
-    build_label_map,
-    detect_format,
-    load_classification_data,
-    load_corpus,
-    mask_tokens,
-    split_holdout,
-    split_sentences,
-    truncate_seq_pair,
-)
-from model.demo_data import AssetMissingError, find_asset, prepare_rotten_tomatoes, prepare_wiki
+from model.data.pretraining import IGNORE_INDEX, InstancePlan, MaskingVocab, PretrainingData, mask_tokens, truncate_seq_pair
+from model.data.finetune import ClassificationBatches, build_label_map, load_classification_data, split_holdout
+from model.data.corpus import detect_format, load_corpus, split_sentences
+from app.launcher.demo_data import AssetMissingError, find_asset, prepare_rotten_tomatoes, prepare_wiki
 from model.tokenizer import BertTokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
@@ -462,7 +451,7 @@ def test_jsonl_pairs_regression_and_batches(tmp_path, tok):
 
 def test_find_asset_missing_tells_how_to_install(monkeypatch):
     assert (find_asset("minilm") / "vocab.txt").is_file()
-    monkeypatch.setitem(__import__("model.demo_data").demo_data.ASSETS, "wiki", "no_such_pkg/x.json")
+    monkeypatch.setitem(importlib.import_module("app.launcher.demo_data").ASSETS, "wiki", "no_such_pkg/x.json")
     with pytest.raises(AssetMissingError, match="make demo-data"):
         find_asset("wiki")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import BertConfig, BertForSequenceClassification
+from model.config import BertConfig
+from model.modeling import BertForSequenceClassification
 from model.distributed import Dist, label_counts, loss_weights, rank_rows, rank_seed
 from tests.conftest import tiny_config_dict
 from tests.model.conftest import tiny_model

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from model import BertConfig, BertForSequenceClassification
+from model.config import BertConfig
+from model.modeling import BertForSequenceClassification
 from model.evaluation import evaluate
 from model.trainer import EvaluationStopped
 from model.modeling import SequenceClassifierOutput

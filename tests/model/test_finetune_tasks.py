@@ -10,7 +10,9 @@ import json
 import pytest
 import torch
 
-from model import BertConfig, BertForPreTraining, BertTokenizer
+from model.config import BertConfig
+from model.modeling import BertForPreTraining
+from model.tokenizer import BertTokenizer
 from model.callbacks import Callback
 from model.checkpoint import list_checkpoints
 from model.errors import UserError

@@ -17,7 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import BertConfig, BertForMaskedLM, BertModel, kernels, onednn
+from model.config import BertConfig
+from model.modeling import BertForMaskedLM, BertModel
+from model import kernels, onednn
 from model.kernels import CpuInfo
 from model.precision import apply_precision
 from tests.conftest import tiny_config_dict
@@ -208,7 +210,9 @@ def test_int8_is_the_same_with_and_without_int8_dot_products(kernel_paths, monke
 
 _CHILD = textwrap.dedent("""
     import json, torch
-    from model import BertConfig, BertModel, kernels, onednn
+    from model import kernels, onednn
+    from model.config import BertConfig
+    from model.modeling import BertModel
     from model.precision import apply_precision
     onednn._MIN_MACS = 0  # oneDNN for the small model too, wherever it runs
     torch.manual_seed(0)

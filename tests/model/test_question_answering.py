@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from model import BertTokenizer
+from model.tokenizer import BertTokenizer
 from model.data.question_answering import (QABatches, QAExample, answer_tokens, cut_questions, default_doc_stride,
                                            encode_squad, load_qa_data, read_squad)
 

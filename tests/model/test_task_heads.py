@@ -9,8 +9,9 @@ import pytest
 import torch
 import transformers
 
-from model import (BertConfig, BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
-                   BertForTokenClassification, BertModel, BertTokenizer, load_model)
+from model.config import BertConfig
+from model.modeling import BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertModel, load_model
+from model.tokenizer import BertTokenizer
 from model.model_dir import summarize
 from model.modeling import class_for_dir, class_for_heads
 from model.weights import heads_in_dir

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from model import BertTokenizer
+from model.tokenizer import BertTokenizer
 from model.data.token_classification import (
     TaggedSentence,
     build_tag_map,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ..helpers import ROOT, RedisServer, child_env, start_worker
+from tests.helpers import ROOT, RedisServer, child_env, start_worker
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from worker.recipes import finetune_spec
 
-from ..helpers import make_data_dir, squad_json, write_dataset
+from tests.helpers import make_data_dir, squad_json, write_dataset
 
 
 def record(**params):

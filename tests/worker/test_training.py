@@ -13,9 +13,9 @@ from worker.celery_app import make_celery
 from worker.recovery import lost_reason, note_lost_attempt, sweep
 from worker.settings import WorkerSettings
 from worker.training import run_job
-from ..helpers import REDIS_URL
+from tests.helpers import REDIS_URL
 
-from ..helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
+from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.cli import main
-from model import BertForQuestionAnswering, BertForTokenClassification, load_model
+from model.modeling import BertForQuestionAnswering, BertForTokenClassification, load_model
 from tests.model.test_finetune_tasks import files  # noqa: F401  (the fixture: a tiny base model, NER and SQuAD files)
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from model import BertModel, BertTokenizer
+from model.modeling import BertModel
+from model.tokenizer import BertTokenizer
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
              "Une phrase en français, avec des accents!"]

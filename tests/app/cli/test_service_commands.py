@@ -12,7 +12,7 @@ import pytest
 
 from model.datadir import JobStore
 
-from ...helpers import REDIS_URL, ROOT, child_env, flush_redis
+from tests.helpers import REDIS_URL, ROOT, child_env, flush_redis
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from app.cli import main
-from model import BertForPreTraining, BertForSequenceClassification, BertTokenizer, load_model
+from model.modeling import BertForPreTraining, BertForSequenceClassification, load_model
+from model.tokenizer import BertTokenizer
 from model.checkpoint import list_checkpoints
-from model.data import load_corpus
+from model.data.corpus import load_corpus
 from tests.conftest import TINY_VOCAB, make_training_files
 from tests.model.store_helpers import write_store
 
@@ -158,7 +159,7 @@ def test_no_resume_refuses_a_run_directory_with_checkpoints(pretrained_run, file
 
 
 def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files, tmp_path, capsys):
-    from model import BertForMaskedLM
+    from model.modeling import BertForMaskedLM
 
     out = tmp_path / "mlm"
     assert main(pretrain_args(files, out, "--max-steps", 2, "--no-nsp")) == 0

@@ -1,0 +1,1 @@
+"""The HTTP edge: middleware, dependencies and one router per resource (routes/)."""

@@ -1,0 +1,183 @@
+"""Pure ASGI middleware: the key check before anything of the body is read, the body cap, and the
+deadline of inference requests.
+
+KeyMiddleware finds the routes of a request's path and the key their dependencies demand
+(app/api/deps.py), and answers 401 from the headers alone: an anonymous client never has its body read or parsed,
+whatever it sends. A path no route has needs BERT_API_KEY, so nothing about the routes leaks.
+
+BodyLimitMiddleware caps request bodies (413) without reading them whole. A declared Content-Length over the limit is refused before a byte of the body is read. Otherwise
+(chunked or lying clients) the bytes are counted as the app receives them; the moment the count
+passes the limit the app's reads fail, whatever it tries to answer is dropped, and the client gets
+the 413. Pure ASGI rather than BaseHTTPMiddleware so the body is streamed, never buffered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.deps import KEY_OF, api_key, bearer_token, check_bearer_key
+from app.errors import ServiceError, error_response
+from app.prometheus import DISCONNECTED
+from app.settings import Settings
+
+log = logging.getLogger("bertserve")
+KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/api/deps.py's api_key or admin_key
+
+
+class KeyMiddleware:
+    def __init__(self, app: ASGIApp, settings: Settings, guards: list[tuple[re.Pattern, KeyOf | None]]):
+        self.app = app
+        self.settings = settings
+        self.guards = guards  # (a route's path regex, the key it needs; None: open), from key_guards()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (key_of := self.key_for(scope["path"])) is not None:
+            try:
+                check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
+            except ServiceError as e:
+                await error_response(e.kind, e.message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def key_for(self, path: str) -> KeyOf | None:
+        """The key a path's routes need (every method of a path is in one router); BERT_API_KEY for a
+        path no route has."""
+        return next((key_of for regex, key_of in self.guards if regex.match(path)), api_key)
+
+
+def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, KeyOf | None]]:
+    """(path regex, key) of every route of these routers, each with the extra dependencies it is
+    included with, as the key dependencies of app/api/deps.py declare it."""
+    guards = []
+    for router, dependencies in routers:
+        key_of = next((KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies]
+                       if d.dependency in KEY_OF), None)
+        guards += [(route.path_regex, key_of) for route in router.routes]
+    return guards
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: tuple[str, ...] = ()):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.exempt = exempt  # paths that enforce a limit of their own while streaming
+
+    def _too_large(self):
+        return error_response("too_large", f"request body is larger than the limit of {self.max_bytes} bytes")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large()(scope, receive, send)
+            return
+        received, exceeded, started = 0, False, False
+
+        async def counting_receive() -> Message:
+            nonlocal received, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    exceeded = True
+                    raise BodyTooLarge()
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if exceeded:  # the app's own answer to the failed read; ours goes out instead
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except BodyTooLarge:
+            pass
+        except Exception:
+            if not exceeded:
+                raise
+        if exceeded and not started:
+            await self._too_large()(scope, receive, send)
+
+
+class DeadlineMiddleware:
+    """Inference requests get `seconds` from their first byte to their answer, and stop when their
+    client goes.
+
+    The handler runs as a task. Past the deadline it is cancelled and the client gets 503; once the
+    body has been read the connection is watched, and a disconnect cancels the handler too, with
+    nothing to answer. Cancelling the handler drops its work: a tokeniser job not yet started, a
+    work item still queued, or the rows of a running one not yet in a pass (app/serving/service.py,
+    app/serving/engine.py). References: Starlette's StreamingResponse (listen_for_disconnect), vLLM's
+    `with_cancellation`.
+    """
+
+    def __init__(self, app: ASGIApp, seconds: float, paths: frozenset[str]):
+        self.app = app
+        self.seconds = seconds
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        body_read, gone = asyncio.Event(), asyncio.Event()
+        started = False
+
+        async def app_receive() -> Message:
+            if body_read.is_set():  # only a disconnect can follow the body, and the watcher takes it
+                await gone.wait()
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+            elif not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def app_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        async def watch() -> None:
+            await body_read.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        handler = asyncio.ensure_future(self.app(scope, app_receive, app_send))
+        others = [asyncio.ensure_future(watch()), asyncio.ensure_future(gone.wait())]
+        try:
+            await asyncio.wait([handler, others[1]], timeout=self.seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in others:
+                task.cancel()
+            if not handler.done():
+                handler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await handler
+        if not handler.cancelled():
+            handler.result()  # the answer was sent; re-raise what the app raised
+        elif gone.is_set():
+            scope[DISCONNECTED] = True
+            log.info("%s %s: the client went away; its work was dropped", scope["method"], scope["path"])
+        elif not started:
+            await error_response("unavailable", f"the request took longer than BERT_REQUEST_TIMEOUT "
+                                                f"({self.seconds:g} s); its work was dropped")(scope, receive, send)

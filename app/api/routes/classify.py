@@ -1,0 +1,22 @@
+"""POST /classify: fine-tuned sequence classifiers (labels from the model's config.id2label)."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body
+
+from app.serving import pipelines
+from app.api.deps import ServiceDep
+from app.schemas import ClassifyRequest, ClassifyResponse, body_examples
+from app.api.routes.fill_mask import INFERENCE_ERRORS
+
+router = APIRouter(tags=["inference"])
+ClassifyBody = Annotated[ClassifyRequest, Body(openapi_examples=body_examples(ClassifyRequest))]
+
+EXAMPLE = {"label": "positive", "score": 0.94, "scores": {"negative": 0.06, "positive": 0.94}}
+
+
+@router.post("/classify", response_model=ClassifyResponse, responses={
+    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": EXAMPLE}}}})
+async def classify(req: ClassifyBody, service: ServiceDep):
+    """Label and per-label scores for each text or text pair (needs a classifier head)."""
+    return await pipelines.classify(service, req)

@@ -1,0 +1,20 @@
+"""POST /nsp: next-sentence prediction with BERT's pre-training NSP head."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body
+
+from app.serving import pipelines
+from app.api.deps import ServiceDep
+from app.schemas import NspRequest, NspResponse, body_examples
+from app.api.routes.fill_mask import INFERENCE_ERRORS
+
+router = APIRouter(tags=["inference"])
+NspBody = Annotated[NspRequest, Body(openapi_examples=body_examples(NspRequest))]
+
+
+@router.post("/nsp", response_model=NspResponse, responses={
+    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": {"is_next": True, "score": 0.9987}}}}})
+async def nsp(req: NspBody, service: ServiceDep):
+    """Probability that text_b follows text_a, per pair (needs an NSP head, BertForPreTraining)."""
+    return await pipelines.nsp(service, req)

@@ -1,0 +1,69 @@
+"""Operations: /health, /ready (open), /metrics (behind the API key unless BERT_METRICS_PUBLIC),
+/info, /docs and /openapi.json (behind the API key)."""
+
+import importlib.metadata
+import platform
+
+import torch
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from model import kernels
+
+from app.api.deps import ServiceDep, require_api_key
+from app.errors import ServiceError, responses
+from app.schemas import HealthResponse, InfoResponse, ReadyResponse
+
+router = APIRouter(tags=["operations"])
+protected = APIRouter(tags=["operations"], dependencies=[Depends(require_api_key)])
+metrics_router = APIRouter(tags=["operations"])  # app/main.py adds the key unless BERT_METRICS_PUBLIC
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("bertserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@router.get("/health", response_model=HealthResponse)
+async def health():
+    """Liveness: the process answers."""
+    return HealthResponse()
+
+
+@router.get("/ready", response_model=ReadyResponse, responses=responses("unavailable"))
+async def ready(service: ServiceDep):
+    """Readiness: the default model is loaded and a warm-up forward pass succeeded (else 503)."""
+    reason = await service.not_ready_reason()
+    if reason is not None:
+        raise ServiceError("unavailable", reason)
+    return ReadyResponse(model=service.store.default())
+
+
+@metrics_router.get("/metrics", response_class=Response,
+                    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                               **responses("unauthorized")})
+async def metrics(service: ServiceDep):
+    """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens."""
+    return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+
+@protected.get("/info", response_model=InfoResponse, responses=responses("unauthorized"))
+async def info(service: ServiceDep):
+    """Version, device and the settings that are safe to show."""
+    return InfoResponse(name="bertserve", version=version(), device=str(service.device),
+                        cpu=f"{kernels.cpu().name}: {kernels.cpu().summary()}",
+                        torch=torch.__version__, python=platform.python_version(),
+                        settings=service.settings.public_dict())
+
+
+@protected.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request):
+    return JSONResponse(request.app.openapi())
+
+
+@protected.get("/docs", include_in_schema=False)
+async def docs() -> HTMLResponse:
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="bertserve API")

@@ -1,0 +1,205 @@
+"""GET /jobs/{id}/events: one job as a stream of Server-Sent Events (the WHATWG HTML standard's
+`text/event-stream`), read from its record and metrics.jsonl in DATA_DIR (model.datadir), which
+the worker keeps current. Events, each `event: <name>` and one `data:` line of JSON:
+
+    progress  the job as GET /jobs/{id} answers it; first, then each time job.json changes
+    state     {"state", "previous"}: first (previous null), then on every change of state
+    metrics   one metrics.jsonl record ({"type": "train"|"eval"|"resume", "step", ...}), in file order,
+              with `id: <step>`; `?since=STEP` (or the Last-Event-ID header a reconnecting client
+              sends) starts the curve at that step: records of earlier steps are not sent again
+    reset     {"reason"}: metrics.jsonl was rewritten (a resumed attempt drops the steps it redoes);
+              forget the curve, its records follow again from the first (or from `since`)
+    end       {"state"}: the job has finished (or vanished); the server closes the stream after it
+
+A comment line (`: keep-alive`) goes out when nothing else has for KEEPALIVE_S, so proxies keep the
+connection and a client that has gone is noticed. No thread is held per client: each poll reads the
+two files and writes the events' text in the shared thread pool (never on the event loop), then the
+stream sleeps on the event loop. A long curve is paced: MAX_READ bytes a poll, one stream's replay
+read at a time, REPLAY_PAUSE_S between two pieces. A metrics line longer than MAX_LINE is skipped
+(its bytes are not kept). Streams are bounded (EventStreams): BERT_MAX_EVENT_STREAMS open at once,
+BERT_MAX_EVENT_STREAMS_PER_JOB per job (one more is a 429 with Retry-After), and each lasts at most
+BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from model.datadir import JobNotFound, JobStore
+from model.datadir.jobs import METRICS, TERMINAL
+
+from app.errors import ServiceError
+from app.schemas import JobStatus
+
+POLL_S = 0.25  # the worker logs a step every log_every steps; a quarter second keeps a curve live
+KEEPALIVE_S = 15.0
+MAX_READ = 1 << 18  # metrics bytes read per poll: a long curve arrives over many polls, not at once
+MAX_LINE = 1 << 16  # a metrics record is ~200 bytes; a longer line than this is skipped, never buffered
+REPLAY_PAUSE_S = 0.02  # between two pieces of a long curve, so other clients' requests run meanwhile
+
+
+def sse(event: str, data: Any) -> str:
+    """One event in the text/event-stream format (our JSON has no newlines: one data line)."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class EventStreams:
+    """How many event streams are open, in all and per job; `open` refuses one past either limit (429).
+    The event loop alone calls it, so a plain counter is enough."""
+
+    def __init__(self, total: int, per_job: int):
+        self.total, self.per_job = total, per_job
+        self.by_job: Counter[str] = Counter()
+        self.replay = asyncio.Lock()  # one stream's replay piece read at a time (the GIL is shared)
+
+    def open(self, job_id: str) -> Callable[[], None]:
+        """Count a new stream of `job_id`; returns its release (idempotent)."""
+        if sum(self.by_job.values()) >= self.total:
+            raise ServiceError("overloaded", f"{self.total} event streams are open, the most this service allows "
+                                             "(BERT_MAX_EVENT_STREAMS); retry later")
+        if self.by_job[job_id] >= self.per_job:
+            raise ServiceError("overloaded", f"job '{job_id}' has {self.per_job} event streams open, the most this "
+                                             "service allows for one job (BERT_MAX_EVENT_STREAMS_PER_JOB); retry "
+                                             "later")
+        self.by_job[job_id] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.by_job[job_id] -= 1
+                if not self.by_job[job_id]:
+                    del self.by_job[job_id]
+        return release
+
+
+class MetricsTail:
+    """The whole lines appended to a metrics.jsonl since the last read. A rewrite (the file replaced by
+    rename, or shorter than what was read) starts over from its first line and says so. A line longer
+    than MAX_LINE is skipped as it is read: the unfinished line kept between reads never exceeds it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.inode: int | None = None
+        self.offset = 0
+        self.partial = b""  # a line the writer has not finished yet
+        self.skipping = False  # inside a line longer than MAX_LINE: drop bytes up to its end
+
+    def read(self) -> tuple[bool, list[dict]]:
+        """(rewritten since the last read, the new records)."""
+        rewritten, lines = self.read_lines()
+        return rewritten, [record for record, _ in lines]
+
+    def read_lines(self) -> tuple[bool, list[tuple[dict, str]]]:
+        """(rewritten since the last read, each new record with its line as written)."""
+        try:
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                rewritten = self.inode is not None and (stat.st_ino != self.inode or stat.st_size < self.offset)
+                if rewritten:
+                    self.offset, self.partial, self.skipping = 0, b"", False
+                self.inode = stat.st_ino
+                f.seek(self.offset)
+                data = f.read(MAX_READ)
+        except FileNotFoundError:
+            return False, []
+        self.offset += len(data)
+        lines = self._split(data)
+        return rewritten, [(r, line.decode()) for r, line in ((_record(line), line) for line in lines) if r is not None]
+
+    def _split(self, data: bytes) -> list[bytes]:
+        if self.skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                return []
+            data, self.skipping = data[end + 1:], False
+        *lines, rest = (self.partial + data).split(b"\n")
+        self.partial = rest
+        if len(rest) > MAX_LINE:
+            self.partial, self.skipping = b"", True
+        return [line for line in lines if len(line) <= MAX_LINE]
+
+
+def _record(line: bytes) -> dict | None:
+    if b"\r" in line:  # a CR would end the SSE data line early; the worker never writes one
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:  # blank, or torn by a killed writer (the worker repairs the file on resume)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class _Stream:
+    """One client's view of a job: what it was last told. `poll` (in a thread) reads the job's two files
+    and returns the text of the events they make, and whether the job has ended with its curve read."""
+
+    def __init__(self, store: JobStore, job_id: str, since: int | None):
+        self.store, self.job_id, self.since = store, job_id, since
+        self.tail = MetricsTail(store.job_dir(job_id) / METRICS)
+        self.updated = self.state = None
+        self.read_all = False  # the last poll read the metrics file to its end
+
+    def poll(self) -> tuple[str, bool]:
+        # The record first: when it says the job has ended, every line written before that is read next.
+        try:
+            record = self.store.read(self.job_id)
+        except JobNotFound:  # removed under us (a job whose message never left the app)
+            return sse("end", {"state": None}), True
+        rewritten, lines = self.tail.read_lines()
+        self.read_all = not lines
+        chunk = [sse("reset", {"reason": "metrics.jsonl was rewritten"})] if rewritten else []
+        chunk += [f"event: metrics\nid: {r['step']}\ndata: {line}\n\n" if isinstance(r.get("step"), int)
+                  else f"event: metrics\ndata: {line}\n\n" for r, line in lines if self._wanted(r)]
+        if record["updated_at"] != self.updated:
+            self.updated = record["updated_at"]
+            chunk.append(sse("progress", JobStatus.from_record(record).model_dump(mode="json")))
+        if record["state"] != self.state:
+            chunk.append(sse("state", {"state": record["state"], "previous": self.state}))
+            self.state = record["state"]
+        if self.state in TERMINAL and self.read_all:  # ended, and the curve is read to its end
+            return "".join(chunk) + sse("end", {"state": self.state}), True
+        return "".join(chunk), False
+
+    def _wanted(self, record: dict) -> bool:
+        step = record.get("step")
+        return self.since is None or not isinstance(step, int) or step >= self.since
+
+
+async def job_events(store: JobStore, job_id: str, disconnected: Callable[[], Awaitable[bool]],
+                     poll_s: float = POLL_S, since: int | None = None, max_seconds: float | None = None,
+                     replay: asyncio.Lock | None = None) -> AsyncIterator[str]:
+    """The events of one job until it ends, the client goes (`disconnected`) or `max_seconds` pass;
+    metrics from step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
+    stream = _Stream(store, job_id, since)
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    replay = replay or asyncio.Lock()
+    quiet = 0.0
+    while True:
+        if stream.read_all:
+            text, ended = await asyncio.to_thread(stream.poll)
+        else:  # a piece of a long curve
+            async with replay:
+                text, ended = await asyncio.to_thread(stream.poll)
+        if ended:
+            yield text
+            return
+        quiet = 0.0 if text else quiet + poll_s
+        if quiet >= KEEPALIVE_S:
+            text, quiet = ": keep-alive\n\n", 0.0
+        if text:
+            yield text
+        if await disconnected():
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            yield ": the stream has reached its lifetime (BERT_EVENT_STREAM_MAX_SECONDS); reconnect\n\n"
+            return
+        await asyncio.sleep(poll_s if stream.read_all else REPLAY_PAUSE_S)

@@ -1,0 +1,247 @@
+"""Training jobs, app side: the JobService that the /jobs and /datasets routes share.
+
+The app writes the job record (model.datadir) and sends the job's id to the training queue through
+worker.queue, the one module of worker/ it imports (task names, queue, transport options).
+
+POST /jobs validates everything before anything is queued: the kind, names (plain identifiers, so no
+path can be smuggled in) and every parameter against its bounds (app/schemas.py), then here, against
+the data directory: that the dataset exists and suits the kind and that the base model exists and
+fits (sequence length, label count). Then the record is written (state "queued") and the message
+sent. If the broker cannot be reached the record is removed again and the answer is 503; if sending
+fails any other way (a bug) the record is removed too and the answer is a logged 500. So an
+accepted job (202) always has both a record and a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from kombu.exceptions import OperationalError
+
+from model.config import BertConfig
+from model.datadir.datasets import KIND_OF_TASK, num_labels
+from model.datadir import (
+    DataDir,
+    JobFinished,
+    JobNotFound,
+    JobStore,
+    add_event,
+    now_iso,
+    read_meta,
+)
+from model.sizing import GB, TrainingSize, estimate_training, format_count
+from worker.queue import producer, send_job
+
+from app.errors import ServiceError
+from app.jobs.events import EventStreams
+from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
+from app.settings import Settings
+
+log = logging.getLogger("bertserve")
+
+JobRequest = PretrainJobRequest | FinetuneJobRequest
+
+# What sending raises when the broker is down or unreachable: kombu wraps the transport's connection
+# errors in OperationalError once its retries are spent; a socket error or timeout may also come
+# through as itself (OSError, ConnectionError and TimeoutError are all OSErrors).
+BROKER_ERRORS = (OperationalError, OSError)
+
+
+class JobService:
+    """What the /jobs and /datasets routes share: settings, the job store and the Celery publisher."""
+
+    def __init__(self, settings: Settings, data_dir: Path, models=None):
+        self.settings, self.data_dir = settings, data_dir
+        self.store = JobStore(data_dir)
+        self.models = models  # app.serving.model_registry.ModelRegistry, for base-model checks
+        self.celery = producer(settings.broker_url, data_dir)
+        self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time
+        self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
+
+    def publish(self, record: dict) -> None:
+        """Send the job's task by name (blocking: call in a thread)."""
+        send_job(self.celery, record["id"], record["kind"], retries=self.settings.publish_retries)
+
+    async def submit(self, request: JobRequest) -> dict:
+        """Validate, write the record, send the message; the record as enqueued."""
+        async with self._submit_lock:
+            spec = await self.validate(request)
+            record = await asyncio.to_thread(self.store.create, spec)
+        try:
+            await asyncio.to_thread(self.publish, record)
+        except BROKER_ERRORS as e:
+            await asyncio.to_thread(self.store.discard_unclaimed, record["id"], "the broker could not be reached")
+            log.warning("publishing job %s failed: %s: %s", record["id"], type(e).__name__, e)
+            raise ServiceError("unavailable", "the job queue (broker) cannot be reached, nothing was queued; "
+                                              "retry later (the service log has the details)") from None
+        except Exception:  # a bug: no record without a message; the app's handler logs it and answers 500
+            await asyncio.to_thread(self.store.discard_unclaimed, record["id"],
+                                    "sending the job failed on an internal error")
+            raise
+        return await asyncio.to_thread(self.store.update, record["id"], _mark_enqueued)
+
+    def cancel(self, job_id: str) -> dict:
+        """Ask a queued or running job to stop (blocking: call in a thread); 409 once it has finished."""
+        try:
+            return self.store.request_cancel(job_id)
+        except JobNotFound:
+            raise ServiceError("not_found", f"job '{job_id}' not found") from None
+        except JobFinished as e:
+            raise ServiceError("conflict", f"job '{job_id}' has already finished ({e.state}): there is "
+                                           f"nothing to cancel") from None
+
+    def find(self, job_id: str) -> dict:
+        """A job's record; 404 when there is none (blocking: call in a thread)."""
+        try:
+            return self.store.read(job_id)
+        except JobNotFound:
+            raise ServiceError("not_found", f"job '{job_id}' not found") from None
+
+    # -- validation against the data directory ---------------------------------------------------
+
+    async def validate(self, req: JobRequest) -> dict:
+        """Checks pydantic cannot make (they need the disk); returns the spec to store."""
+        await asyncio.to_thread(self._check_model_name, req.model_name)
+        task = None if req.kind == "pretrain" else req.params.task
+        needs = "corpus" if task is None else KIND_OF_TASK[task]
+        dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
+        params = req.params.model_dump()
+        if req.base_model is not None:
+            base = await self._base_model(req.base_model)
+            _check_seq_len(req.params.max_seq_len, base.config.max_position_embeddings,
+                           f"base model '{req.base_model}'")
+        if req.kind == "pretrain":
+            params = _pretrain_params(req, params)
+        else:
+            self._check_label_count(dataset)
+            _check_labels(base, dataset)
+        params["max_runtime"] = self._max_runtime(params["max_runtime"])
+        self._check_devices(params["devices"])
+        size = _training_size(req, params, base.config if req.base_model is not None else None, dataset)
+        self._check_size(size)
+        return {"kind": req.kind, "model_name": req.model_name, "base_model": req.base_model,
+                "dataset": req.dataset, "params": params, "estimate": size.to_dict()}
+
+    def _check_label_count(self, dataset: dict) -> None:
+        have, limit = num_labels(dataset), self.settings.max_labels
+        if dataset["kind"] != "qa" and have > limit:
+            raise ServiceError("validation", f"dataset: '{dataset['name']}' has {have} labels, more than the {limit} "
+                                             "this service trains (BERT_MAX_LABELS)")
+
+    def _check_devices(self, asked: int) -> None:
+        limit = self.settings.job_max_devices
+        if asked > limit:
+            raise ServiceError("validation", f"params.devices: {asked} is more than this service allows "
+                                             f"({limit}, BERT_JOB_MAX_DEVICES)")
+
+    def _max_runtime(self, asked: int | None) -> int:
+        limit = self.settings.job_max_runtime
+        if asked is not None and asked > limit:
+            raise ServiceError("validation", f"params.max_runtime: {asked} s is more than this service allows "
+                                             f"({limit} s, BERT_JOB_MAX_RUNTIME)")
+        return limit if asked is None else asked
+
+    def _check_size(self, size: TrainingSize) -> None:
+        """422 naming the estimate and the limit, for each limit the job is over."""
+        over = []
+        if size.parameters > self.settings.job_max_params:
+            over.append(f"{format_count(size.parameters)} parameters ({size.parameters:,}) is more than the limit "
+                        f"of {format_count(self.settings.job_max_params)} (BERT_JOB_MAX_PARAMS)")
+        if size.memory_gb > self.settings.job_max_memory_gb:
+            states = size.weights_bytes + size.gradient_bytes + size.optimizer_bytes
+            over.append(f"an estimated {size.memory_gb:,.1f} GB of peak training memory ({size.precision}: weights, "
+                        f"gradients and AdamW state {_gb(states)} GB, activations {_gb(size.activation_bytes)} GB, "
+                        f"runtime {_gb(size.overhead_bytes)} GB) is more than the limit of "
+                        f"{self.settings.job_max_memory_gb:g} GB (BERT_JOB_MAX_MEMORY_GB); a smaller batch_size "
+                        f"or max_seq_len uses less (grad_accum_steps keeps the effective batch)")
+        if over:
+            raise ServiceError("validation", "params: the job is too large: " + "; ".join(over))
+
+    def _check_model_name(self, name: str) -> None:
+        if DataDir(self.data_dir).model(name).exists():
+            raise ServiceError("validation", f"model_name: model '{name}' already exists; choose another name")
+        record = self.store.unfinished_job_for_model(name)
+        if record is not None:
+            raise ServiceError("validation", f"model_name: job {record['id']} ({record['state']}) "
+                                             f"is already training a model named '{name}'")
+
+    def _dataset(self, name: str, kind: str, task: str | None) -> dict:
+        meta = read_meta(self.data_dir, name)
+        if meta is None:
+            raise ServiceError("validation", f"dataset: '{name}' not found (upload it with POST /datasets)")
+        if meta["kind"] != kind:
+            needs = f"task {task} needs a {kind} one" if task else f"this job needs a {kind} one"
+            raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; {needs}")
+        return meta
+
+    async def _base_model(self, name: str):
+        try:
+            entry = await self.models.lookup(name)
+        except ServiceError:
+            raise ServiceError("validation", f"base_model: model '{name}' not found in DATA_DIR/models") from None
+        if entry.error is not None:
+            raise ServiceError("validation", f"base_model: model '{name}' cannot be used: {entry.error}")
+        return entry
+
+
+def _mark_enqueued(record: dict) -> None:
+    record["enqueued_at"] = now_iso()
+    add_event(record, "enqueued")
+
+
+def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:
+    if max_seq_len > positions:
+        raise ServiceError("validation", f"params.max_seq_len: {max_seq_len} is more than {what} has "
+                                         f"positions for ({positions})")
+
+
+def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
+    scratch_only = [k for k in ("config", "vocab_size", "lowercase") if params[k] is not None]
+    if req.base_model is not None:
+        if scratch_only:
+            raise ServiceError("validation", f"params.{scratch_only[0]}: only for pretraining from scratch; "
+                                             f"with base_model the model's own size and vocabulary are used")
+        return {k: v for k, v in params.items() if k not in ("config", "vocab_size", "lowercase")}
+    if params["freeze_encoder"]:
+        raise ServiceError("validation", "params.freeze_encoder: needs a base_model (a from-scratch encoder "
+                                         "has nothing worth freezing)")
+    config = req.params.config or ModelSize()
+    _check_seq_len(req.params.max_seq_len, config.max_position_embeddings, "params.config")
+    return {**params, "config": config.model_dump(), "vocab_size": params["vocab_size"] or 8000,
+            "lowercase": True if params["lowercase"] is None else params["lowercase"]}
+
+
+def _training_size(req: JobRequest, params: dict, base_config, dataset: dict) -> TrainingSize:
+    """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
+    if req.kind == "finetune":
+        architecture, config = FINETUNE_ARCHITECTURES[params["task"]], base_config
+    else:
+        architecture = "BertForPreTraining" if params["nsp"] else "BertForMaskedLM"
+        config = base_config or BertConfig.from_dict({**params["config"], "vocab_size": params["vocab_size"]})
+    return estimate_training(config, architecture, batch_size=params["batch_size"], seq_len=params["max_seq_len"],
+                             precision=params["precision"], num_labels=num_labels(dataset) or 2,
+                             masked_lm_prob=params.get("masked_lm_prob", 0.15),
+                             freeze_encoder=params.get("freeze_encoder", False))
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:,.1f}"
+
+
+# The model class a fine-tuning task trains (model/runs.py), for sizing and base-model checks.
+FINETUNE_ARCHITECTURES = {"sequence-classification": "BertForSequenceClassification",
+                          "token-classification": "BertForTokenClassification",
+                          "question-answering": "BertForQuestionAnswering"}
+
+
+def _check_labels(base, dataset: dict) -> None:
+    """A base that is already a (sequence or token) classifier keeps its `classifier` weights when
+    fine-tuned for either classification task, so the label (tag) count must match."""
+    if not {"classifier", "token_classifier"} & set(base.heads) or dataset["kind"] == "qa":
+        return
+    have, want = base.config.num_labels, num_labels(dataset)
+    if have != want:
+        raise ServiceError("validation", f"base_model: '{base.name}' is a classifier with {have} labels; "
+                                         f"dataset '{dataset['name']}' has {want}")

@@ -1,0 +1,514 @@
+"""Dataset uploads: a streamed, size-capped, format-checked upload into DATA_DIR/datasets/<name>/
+(the layout and meta.json are model.datadir.datasets').
+
+Four kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
+"text" field), "labelled" (sequence classification: .csv/.tsv/.jsonl with "text" and "label" columns,
+and an optional "text_pair"), "token-labelled" (token classification: CoNLL columns in .conll/.iob/
+.iob2/.bio/.txt/.tsv, or .jsonl with "tokens" and "tags"; IOB2 tags) and "qa" (extractive QA: SQuAD
+v1.1/v2.0 .json). Where a suffix fits several kinds the first is the default (.jsonl: sniffed from
+its first record), and `kind` picks another. The multipart body is parsed as it arrives and the file part is written
+straight into a hidden temp directory beside its destination, counting bytes, so an upload over
+the limit stops at the limit (413) and nothing is buffered in memory or in /tmp. The directory is
+renamed into place only after the format check passes: a dataset is there whole or not at all.
+Names are never reused: a dataset a job was trained on stays what it was.
+
+The format check reads the whole file, in a child process whose CPU time (and wall-clock time)
+BERT_DATASET_CHECK_SECONDS bounds, so a hostile file costs the API process nothing but a wait: not
+even its GIL, which a check in a thread would hold while the event loop waits for it. The children
+fork from a forkserver that has this module imported (started at the first check, about a second
+once), so a check costs a few milliseconds more than it would in a thread.
+
+What one upload may hold is bounded too: at most BERT_MAX_LABELS distinct labels (tags), each at
+most MAX_LABEL_CHARS long, and at most MAX_EXAMPLE_CHARS of text in one example (a row, a tagged
+sentence, a QA context); a corpus's lines and paragraphs are cut by model/data/corpus.py's readers.
+meta.json lists at most LISTED_LABELS labels (the most frequent), so GET /datasets stays small;
+`num_labels` counts them all.
+
+Failures say what happened: a body the multipart parser cannot read is a 422, a full disk (or
+quota) while storing the upload a 507, and anything else a logged 500; the partial upload is
+removed in every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import hashlib
+import json
+import logging
+import math
+import multiprocessing
+import os
+import resource
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
+
+from model.data.finetune import load_classification_data
+from model.data.corpus import read_documents
+from model.data.question_answering import read_squad
+from model.data.token_classification import read_tagged
+from model.scores import entities
+from model.data.corpus import detect_format
+from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
+from model.datadir import list_datasets as list_dataset_metas
+from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, install, staging_dir
+
+from app.errors import ServiceError
+from app.schemas import DatasetsResponse
+from app.settings import Settings
+
+log = logging.getLogger("bertserve")
+
+# suffix -> the kinds a file with it can be, the default first
+EXTENSIONS = {".txt": ("corpus", "token-labelled"), ".csv": ("labelled",), ".tsv": ("labelled", "token-labelled"),
+              ".jsonl": ("corpus", "labelled", "token-labelled"), ".conll": ("token-labelled",),
+              ".iob": ("token-labelled",), ".iob2": ("token-labelled",), ".bio": ("token-labelled",),
+              ".json": ("qa",)}
+MAX_FIELD_BYTES = 1024  # the name and kind form fields
+MAX_PARTS = 8
+FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+MAX_LABEL_CHARS = 200
+MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or QA context
+
+# ---------------------------------------------------------------------------- the upload
+
+class _Upload:
+    """Callbacks for python-multipart's streaming parser: fields kept small, the file part on disk."""
+
+    def __init__(self, tmp_dir: Path, max_bytes: int, data_dir: Path):
+        self.tmp_dir, self.max_bytes, self.data_dir = tmp_dir, max_bytes, data_dir
+        self.fields: dict[str, str] = {}
+        self.filename: str | None = None
+        self.file_bytes = 0
+        self.sha256 = hashlib.sha256()
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self._file = None
+        self._header_field, self._headers = b"", {}
+        self._part: str | None = None
+        self._value = b""
+        self.parts = 0
+
+    def callbacks(self) -> dict:
+        return {"on_part_begin": self.on_part_begin, "on_part_data": self.on_part_data,
+                "on_part_end": self.on_part_end, "on_header_field": self.on_header_field,
+                "on_header_value": self.on_header_value, "on_header_end": self.on_header_end,
+                "on_headers_finished": self.on_headers_finished}
+
+    def on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise ServiceError("validation", f"at most {MAX_PARTS} form fields: file, name and kind")
+        self._headers, self._part, self._value = {}, None, b""
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        key = self._header_field.lower()
+        self._headers[key] = self._headers.get(key, b"") + data[start:end]
+
+    def on_header_end(self) -> None:
+        self._header_field = b""
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        if "filename" in {k.decode("latin-1") for k in options}:
+            if name != "file" or self.filename is not None:
+                raise ServiceError("validation", "send exactly one file, in the form field 'file'")
+            self.filename = options[b"filename"].decode("utf-8", "replace")
+            self._check_filename()
+            self._part = "file"
+        elif name in ("name", "kind"):
+            self._part = name
+        else:
+            raise ServiceError("validation", f"unknown form field {name[:40]!r}; expected file, name, kind")
+
+    def _check_filename(self) -> None:
+        ext = Path(self.filename or "").suffix.lower()
+        if ext not in EXTENSIONS:
+            raise ServiceError("validation", f"file {self.filename[:80]!r}: expected a {', '.join(EXTENSIONS)} file")
+        self._file = open(self.tmp_dir / f"data{ext}", "wb")
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self._part == "file":
+            self.file_bytes += len(chunk)
+            if self.file_bytes > self.max_bytes:
+                raise ServiceError("too_large", f"dataset is larger than the limit of {self.max_bytes} bytes "
+                                                "(BERT_MAX_DATASET_BYTES)")
+            self.sha256.update(chunk)
+            self.pending.append(chunk)
+            self.pending_bytes += len(chunk)
+        else:
+            self._value += chunk
+            if len(self._value) > MAX_FIELD_BYTES:
+                raise ServiceError("validation", f"form field {self._part!r} is longer than {MAX_FIELD_BYTES} bytes")
+
+    def on_part_end(self) -> None:
+        if self._part in ("name", "kind"):
+            self.fields[self._part] = self._value.decode("utf-8", "replace").strip()
+            check_fields(self.fields, self.data_dir)  # fail before the file is read, when sent first
+
+    def take_pending(self) -> bytes:
+        data, self.pending, self.pending_bytes = b"".join(self.pending), [], 0
+        return data
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._file.write(data)
+
+    def close(self) -> None:
+        """Flush the file to disk (where a full disk may first show) and close it."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Close the file without keeping its data (the upload failed; its directory goes)."""
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()  # may flush, and fail again on a full disk: the data is unwanted anyway
+            except OSError:
+                pass
+
+
+def check_fields(fields: dict[str, str], data_dir: Path) -> None:
+    name, kind = fields.get("name"), fields.get("kind")
+    if name is not None:
+        if not valid_name(name):
+            raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")
+        if DataDir(data_dir).dataset(name).exists():
+            raise ServiceError("validation", f"name: dataset '{name}' already exists (datasets are never "
+                                             "replaced; upload under another name)")
+    if kind is not None and kind not in DATASET_KINDS:
+        raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(DATASET_KINDS)}")
+
+
+async def receive_upload(request: Request, data_dir: Path, settings: Settings) -> dict[str, Any]:
+    """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json."""
+    max_bytes = settings.max_dataset_bytes
+    content_type, options = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ServiceError("validation", "send the dataset as multipart/form-data (curl -F file=@data.csv "
+                                         "-F name=NAME -F kind=labelled)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
+        raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes "
+                                        "(BERT_MAX_DATASET_BYTES)")
+    tmp = None
+    try:
+        tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
+        upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
+        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            message = (f"not enough disk space in the data directory to store the dataset "
+                       f"({os.strerror(e.errno)}); the upload was removed")
+            raise ServiceError("insufficient_storage", message) from None
+        raise
+
+
+async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, data_dir: Path) -> _Upload:
+    """Stream the body through python-multipart into `upload`; its file part lands in `tmp`."""
+    upload = _Upload(tmp, max_bytes, data_dir)
+    try:
+        parser = MultipartParser(boundary, upload.callbacks())
+        async for chunk in request.stream():
+            parser.write(chunk)
+            if upload.pending_bytes >= FLUSH_BYTES:
+                await asyncio.to_thread(upload.write, upload.take_pending())
+        parser.finalize()
+        await asyncio.to_thread(upload.write, upload.take_pending())
+        await asyncio.to_thread(upload.close)
+    except (FormParserError, UnicodeDecodeError) as e:  # the parser's own errors: the body is not multipart
+        log.info("malformed multipart body on POST /datasets: %s", e)  # the parser's words stay here
+        raise ServiceError("validation", "malformed multipart body: it does not follow the multipart/form-data "
+                                         "format with the boundary its Content-Type names") from None
+    except ClientDisconnect:  # nobody reads this answer; it keeps a hang-up out of the error log
+        raise ServiceError("validation", "the client disconnected before the upload was complete") from None
+    finally:
+        await asyncio.to_thread(upload.abandon)  # a no-op after close(); else closed before its directory goes
+    if upload.filename is None:
+        raise ServiceError("validation", "no file: send it in the form field 'file'")
+    return upload
+
+
+def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings) -> dict[str, Any]:
+    """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
+    fields = dict(upload.fields)
+    fields.setdefault("name", Path(upload.filename).stem)
+    return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir, settings)
+
+
+def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path,
+             settings: Settings) -> dict:
+    """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
+    ext = Path(filename).suffix.lower()
+    kinds = EXTENSIONS[ext]
+    fields.setdefault("kind", _sniff_jsonl_kind(tmp / f"data{ext}") if ext == ".jsonl" else kinds[0])
+    check_fields(fields, data_dir)
+    name, kind = fields["name"], fields["kind"]
+    if kind not in EXTENSIONS[ext]:
+        suffixes = "; ".join(f"{k}: {', '.join(x for x in EXTENSIONS if k in EXTENSIONS[x])}" for k in DATASET_KINDS)
+        raise ServiceError("validation", f"kind: a {kind} dataset cannot be a {ext} file ({suffixes})")
+    path = tmp / f"data{ext}"
+    meta = {"name": name, "kind": kind, "file": path.name, "original_filename": filename[:200],
+            "bytes": size, "sha256": sha256, "created_at": now_iso()}
+    meta.update(check_file(kind, path, settings))
+    try:
+        install(data_dir, tmp, meta)
+    except DatasetExists:
+        raise ServiceError("validation", f"name: dataset '{name}' already exists") from None
+    return meta
+
+
+_listings: dict[str, tuple[tuple, bytes]] = {}
+
+
+def listing_json(data_dir: Path) -> bytes:
+    """GET /datasets' body. It is serialised again only when a dataset comes or goes or its meta.json
+    changes, so a client polling the list costs a directory scan, not a serialisation (in a thread)."""
+    root = DataDir(data_dir).datasets
+    key = _listing_key(root)
+    cached = _listings.get(str(root))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    body = DatasetsResponse(datasets=list_dataset_metas(data_dir)).model_dump_json().encode()
+    _listings[str(root)] = (key, body)
+    return body
+
+
+def _listing_key(root: Path) -> tuple:
+    """Each dataset's name and its meta.json's inode, mtime and size (meta.json is replaced, never edited)."""
+    key = []
+    for name in sorted(os.listdir(root)) if root.is_dir() else ():
+        if valid_name(name):
+            try:
+                st = os.stat(root / name / META)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            key.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(key)
+
+
+def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = None,
+                      settings: Settings | None = None) -> dict[str, Any]:
+    """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
+    settings = settings or Settings()
+    if Path(src).suffix.lower() not in EXTENSIONS:
+        raise ServiceError("validation", f"file: {src} must end in one of {', '.join(EXTENSIONS)}")
+    tmp = staging_dir(data_dir, "local")
+    try:
+        dst = tmp / f"data{Path(src).suffix.lower()}"
+        shutil.copyfile(src, dst)
+        digest = hashlib.sha256(dst.read_bytes()).hexdigest()
+        fields = {"name": name, **({"kind": kind} if kind else {})}
+        return _install(tmp, Path(src).name, fields, dst.stat().st_size, digest, data_dir, settings)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _sniff_jsonl_kind(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        line = f.readline(MAX_EXAMPLE_CHARS + 1)
+        while line and not line.strip():
+            line = f.readline(MAX_EXAMPLE_CHARS + 1)
+    try:
+        record = json.loads(line)
+    except (ValueError, TypeError, RecursionError):
+        return "corpus"
+    if not isinstance(record, dict):
+        return "corpus"
+    if "tokens" in record and "tags" in record:
+        return "token-labelled"
+    return "labelled" if "label" in record else "corpus"
+
+
+# ---------------------------------------------------------------------------- the format checks
+
+def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
+    """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked in a
+    child process with a CPU and time bound. Blocks: call it in a thread."""
+    request = {"kind": kind, "path": str(path), "limits": {"max_labels": settings.max_labels}}
+    seconds = settings.dataset_check_seconds
+    too_slow = ServiceError("validation", f"file: checking the dataset took longer than {seconds:g} s "
+                                          "(BERT_DATASET_CHECK_SECONDS); upload a smaller file")
+    ctx = _check_context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_check_child, args=(sender, request, seconds), name="bertserve-dataset-check",
+                        daemon=True)
+    try:
+        try:
+            child.start()
+        finally:
+            sender.close()
+        try:
+            # The first check waits for the forkserver to import this module; the clock starts once
+            # the child says it runs.
+            if not receiver.poll(CHILD_START_SECONDS) or receiver.recv() != "started":
+                raise RuntimeError("the dataset check process did not start")
+            if not receiver.poll(seconds):
+                raise too_slow
+            answer = receiver.recv()
+        except EOFError:  # it died without answering: past its CPU limit (SIGXCPU, then SIGKILL), or a crash
+            child.join(5)
+            if child.exitcode in (-9, -24):
+                raise too_slow from None
+            log.error("the dataset check process failed (exit status %s)", child.exitcode)
+            raise RuntimeError("the dataset check process failed") from None
+    finally:
+        receiver.close()
+        if child.pid is not None:
+            if child.is_alive():
+                child.kill()
+            child.join()
+    if "error" in answer:
+        raise ServiceError("validation", answer["error"])
+    return answer["meta"]
+
+
+CHILD_START_SECONDS = 120
+
+
+@functools.cache
+def _check_context():
+    """The forkserver context the checks fork from, with this module preloaded in the server, and the
+    main module too (`bert serve`'s script, or `python -m app.launcher.server`'s module), whose code every child
+    would otherwise run again."""
+    context = multiprocessing.get_context("forkserver")
+    # A package's __main__ runs its program when imported; multiprocessing never runs it again.
+    main = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+    context.set_forkserver_preload(["__main__", *([main] if main and not main.endswith("__main__") else []), __name__])
+    return context
+
+
+def _check_child(conn, request: dict, seconds: float) -> None:
+    """A check's child process: "started", then {"meta"} or {"error"} on `conn`."""
+    cpu = max(1, math.ceil(seconds))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at `cpu` s, SIGKILL 5 s later
+    conn.send("started")
+    try:
+        answer = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
+    except ServiceError as e:
+        answer = {"error": e.message}
+    conn.send(answer)
+    conn.close()
+
+
+def _check_corpus(path: Path, max_labels: int) -> dict[str, Any]:
+    if not _has_text(path):
+        raise ServiceError("validation", "file: the corpus has no text")
+    try:
+        fmt = "jsonl" if path.suffix == ".jsonl" else detect_format(path)
+        documents = sentences = 0
+        for doc in read_documents(path, fmt):
+            documents += 1
+            sentences += len(doc)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError("validation", f"file: not a usable corpus: {_clean(e, path)}") from None
+    if sentences == 0:
+        raise ServiceError("validation", "file: the corpus has no text")
+    return {"format": fmt, "documents": documents, "sentences": sentences}
+
+
+def _has_text(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        while piece := f.read(1 << 16):
+            if not piece.isspace():
+                return True
+    return False
+
+
+def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
+    try:
+        data = load_classification_data(path, path)  # eval = train: no split, every row checked
+    except (ValueError, UnicodeDecodeError, KeyError) as e:
+        raise ServiceError("validation", f"file: not a usable labelled table (columns text, label and "
+                                         f"optionally text_pair): {_clean(e, path)}") from None
+    labels = list(data.id2label.values())
+    if len(labels) < 2:
+        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {labels}")
+    _check_labels(labels, max_labels)
+    _check_sizes(f"row {i + 1}'s text" for i, e in enumerate(data.train)
+                 if len(e.text) + len(e.text_pair or "") > MAX_EXAMPLE_CHARS)
+    listed, counts = _listed(labels, Counter(data.id2label[example.label] for example in data.train))
+    return {"format": path.suffix.lstrip("."), "rows": len(data.train), "num_labels": len(labels), "labels": listed,
+            "label_counts": counts, "is_pair": data.is_pair}
+
+
+def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
+    try:
+        sentences = read_tagged(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError("validation", f"file: not a usable token-labelled file (CoNLL columns, or JSONL with "
+                                         f"tokens and tags; IOB2 tags): {_clean(e, path)}") from None
+    tags = sorted({t for s in sentences for t in s.tags})
+    _check_labels(tags, max_labels)
+    _check_sizes(f"the sentence on line {s.line}" for s in sentences if sum(map(len, s.tokens)) > MAX_EXAMPLE_CHARS)
+    listed, _ = _listed(tags, Counter(t for s in sentences for t in s.tags))
+    _, entity_counts = _listed([], Counter(type_ for s in sentences for type_, _, _ in entities(s.tags)))
+    return {"format": "jsonl" if path.suffix == ".jsonl" else "conll", "sentences": len(sentences),
+            "tokens": sum(len(s.tokens) for s in sentences), "num_labels": len(tags), "labels": listed,
+            "entity_counts": dict(sorted(entity_counts.items()))}
+
+
+def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
+    try:
+        examples = read_squad(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError("validation", f"file: not a usable SQuAD file: {_clean(e, path)}") from None
+    _check_sizes(f"question {e.id!r}'s context" for e in examples if len(e.context) > MAX_EXAMPLE_CHARS)
+    return {"format": "squad", "questions": len(examples), "impossible": sum(e.is_impossible for e in examples),
+            "contexts": len({e.context for e in examples})}
+
+
+CHECKS = {"corpus": _check_corpus, "labelled": _check_labelled, "token-labelled": _check_token_labelled,
+          "qa": _check_qa}
+
+
+def _check_labels(labels: list[str], max_labels: int) -> None:
+    if len(labels) > max_labels:
+        raise ServiceError("validation", f"file: {len(labels)} distinct labels, more than the {max_labels} this "
+                                         "service allows (BERT_MAX_LABELS)")
+    long = next((label for label in labels if len(label) > MAX_LABEL_CHARS), None)
+    if long is not None:
+        raise ServiceError("validation", f"file: the label {long[:40]!r}... is {len(long)} characters long; a label "
+                                         f"has at most {MAX_LABEL_CHARS}")
+
+
+def _check_sizes(too_long) -> None:
+    """A 422 naming the first example (`too_long` yields their descriptions) over MAX_EXAMPLE_CHARS."""
+    first = next(iter(too_long), None)
+    if first is not None:
+        raise ServiceError("validation", f"file: {first} is longer than {MAX_EXAMPLE_CHARS} characters, the most "
+                                         "one example may hold")
+
+
+def _listed(labels: list[str], counts: Counter) -> tuple[list[str], dict[str, int]]:
+    """The labels and counts meta.json lists: all of them, or the LISTED_LABELS most frequent."""
+    if len(labels) <= LISTED_LABELS and len(counts) <= LISTED_LABELS:
+        return labels, dict(counts)
+    top = dict(counts.most_common(LISTED_LABELS))
+    return [label for label in labels if label in top][:LISTED_LABELS], top
+
+
+def _clean(error: Exception, path: Path) -> str:
+    """The data module's message without our temp path in it."""
+    return str(error).replace(str(path), "the file")[:500]

@@ -1,0 +1,105 @@
+"""A first start on an empty DATA_DIR: what makes a fresh install useful at once.
+
+`bert up` (make run) and `bert init` (the compose stack's one-shot `init` service) both call
+`initialize`, which
+
+- imports the bundled all-MiniLM-L6-v2 encoder as model `minilm` (the default model: /embeddings
+  works as soon as the server is up),
+- registers the Wikipedia demo corpus as dataset `wiki`, and
+- queues an ordinary pretraining job that warm-starts from `minilm` and publishes `wiki-mlm`, the
+  default model of /fill-mask and /nsp. Until it finishes those routes answer 503 naming the job.
+
+Each step happens once: a model, dataset or job that is already there is left alone, so running it
+again (every `docker compose up`, several at once) does nothing more. An exclusive flock on
+DATA_DIR/.init.lock serialises concurrent runs. Nothing here is special-cased elsewhere: the job
+shows in GET /jobs and its model is a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from model.datadir import DataDir, JobStore, read_meta
+from app.launcher.demo_data import ensure_minilm, prepare_wiki
+from model.files import TMP_PREFIX
+
+from app.jobs.uploads import add_local_dataset
+from app.jobs.job_service import JobService
+from app.schemas import PretrainJobRequest, PretrainParams
+from app.settings import Settings
+from app.serving.model_registry import ModelRegistry
+
+ENCODER = "minilm"
+CORPUS = "wiki"
+BOOTSTRAP_MODEL = "wiki-mlm"
+# Five to ten minutes on two CPU cores: whole-model continued pretraining (MLM + NSP), which beat
+# heads-only training on a frozen encoder at equal time (README, "The bootstrap model is a
+# placeholder"); checkpoints every 25 steps so a restart loses little.
+BOOTSTRAP_PARAMS = dict(max_steps=200, batch_size=16, max_seq_len=128, lr=1e-4, warmup_steps=10,
+                        save_every=25, eval_every=0, eval_fraction=0.02, log_every=5, seed=0)
+
+
+def initialize(settings: Settings, bootstrap: bool = True, steps: int | None = None,
+               log: Callable[[str], None] = print) -> dict | None:
+    """Encoder, corpus and (if `bootstrap`) the bootstrap job, each unless already there; the job's
+    record, or None when there is none to follow. Raises AssetMissingError when an asset is not
+    installed and ServiceError when the job cannot be queued (the broker is down)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(DataDir(settings.data_dir).init_lock):
+        prepare(settings.data_dir, log)
+        if not bootstrap:
+            return None
+        record = bootstrap_job(settings, steps)
+    if record is not None:
+        log(f"bootstrap job {record['id']} ({record['state']}) trains '{BOOTSTRAP_MODEL}'; "
+            f"GET /jobs/{record['id']} shows its progress")
+    return record
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
+
+
+def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
+    """The MiniLM encoder and the Wikipedia corpus in DATA_DIR, once."""
+    if not DataDir(data_dir).model(ENCODER).is_dir():
+        log(f"importing all-MiniLM-L6-v2 as model '{ENCODER}' ...")
+        ensure_minilm(DataDir(data_dir).model(ENCODER))
+    if read_meta(data_dir, CORPUS) is None:
+        log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
+        with tempfile.TemporaryDirectory(dir=data_dir, prefix=TMP_PREFIX) as staging:
+            text = Path(staging) / "wiki.txt"
+            prepare_wiki(text)
+            add_local_dataset(data_dir, text, CORPUS, "corpus")
+
+
+def bootstrap_job(settings: Settings, steps: int | None = None) -> dict | None:
+    """Queue the bootstrap job unless it ran, runs, or its model exists; the record, or None."""
+    data_dir = settings.data_dir
+    if DataDir(data_dir).model(BOOTSTRAP_MODEL).is_dir():
+        return None
+    for record in JobStore(data_dir).list():
+        if record.get("model_name") == BOOTSTRAP_MODEL and record["state"] != "cancelled":
+            return record  # queued/running: the worker's recovery sweep picks it up; failed: say so
+    request = PretrainJobRequest(kind="pretrain", model_name=BOOTSTRAP_MODEL, base_model=ENCODER, dataset=CORPUS,
+                                 params=PretrainParams(**bootstrap_params(steps)))
+    jobs = JobService(settings, data_dir, ModelRegistry(data_dir, ENCODER, torch.device("cpu")))
+    return asyncio.run(jobs.submit(request))
+
+
+def bootstrap_params(steps: int | None) -> dict:
+    """BOOTSTRAP_PARAMS, shortened to `steps` (tests use a few; warmup and checkpoints scale with it)."""
+    if not steps:
+        return dict(BOOTSTRAP_PARAMS)
+    return {**BOOTSTRAP_PARAMS, "max_steps": steps, "warmup_steps": min(BOOTSTRAP_PARAMS["warmup_steps"], steps // 10),
+            "save_every": min(BOOTSTRAP_PARAMS["save_every"], steps), "log_every": 1}

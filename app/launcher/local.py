@@ -1,0 +1,80 @@
+"""`bert up` (what `make run` runs): the whole system on one machine, without Docker or Redis.
+
+It is the compose deployment with one difference, the broker URL: a Celery transport that needs no
+server (kombu's SQLAlchemy transport on a sqlite file in DATA_DIR). The same `bert worker` and
+`bert serve` run, as a child process and in this process, and the same first start as the compose
+stack's `init` service (app/launcher/bootstrap.py): MiniLM as model `minilm`, the Wikipedia corpus as dataset
+`wiki`, and the bootstrap job that trains `wiki-mlm` for /fill-mask and /nsp.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from app.launcher.demo_data import AssetMissingError
+from model.errors import UserError
+
+from app.launcher.bootstrap import BOOTSTRAP_MODEL, ENCODER, initialize
+from app.errors import ServiceError
+from app.launcher.server import exposure_refusal, serve
+from app.settings import Settings
+
+
+def local_settings(data_dir: Path, host: str | None, port: int | None) -> tuple[Settings, dict]:
+    """Settings for this process and the environment for the worker: the same values."""
+    env = dict(os.environ)
+    env["BERT_DATA_DIR"] = str(data_dir)
+    env.setdefault("BERT_BROKER_URL", f"sqla+sqlite:///{data_dir}/broker.sqlite")
+    env.setdefault("BERT_DEFAULT_MODEL", ENCODER)
+    env.setdefault("BERT_DEFAULT_MLM_MODEL", BOOTSTRAP_MODEL)
+    env.pop("REDIS_URL", None)  # the broker URL above wins; REDIS_URL is the compose spelling
+    overrides = {"data_dir": data_dir, "broker_url": env["BERT_BROKER_URL"], "default_model": env["BERT_DEFAULT_MODEL"],
+                 "default_mlm_model": env["BERT_DEFAULT_MLM_MODEL"]}
+    overrides.update({k: v for k, v in (("host", host), ("port", port)) if v is not None})
+    return Settings(**overrides), env
+
+
+def start_worker(env: dict) -> subprocess.Popen:
+    # Its own session: Ctrl-C in the terminal reaches only us, and we stop the worker the right way.
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--hostname", "local@%h"], env=env,
+                            start_new_session=True)
+
+
+def stop_worker(worker: subprocess.Popen, grace_s: float = 120.0) -> None:
+    """SIGTERM: the worker finishes its step, checkpoints and hands the job back (resumed next time)."""
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def up(data_dir: str | Path, host: str | None = None, port: int | None = None, bootstrap: bool = True,
+       bootstrap_steps: int | None = None) -> int:
+    settings, env = local_settings(Path(data_dir).resolve(), host, port)
+    refusal = exposure_refusal(settings, settings.host)
+    if refusal:  # before anything is written or started
+        print(refusal, file=sys.stderr)
+        return 2
+    try:
+        initialize(settings, bootstrap=False)  # the models and corpus, before anything starts
+    except AssetMissingError as e:
+        raise UserError(str(e)) from None
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; turn it into an exception so
+    # the `finally` below still stops the worker (the default action would kill us first).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    worker = start_worker(env)
+    try:
+        if bootstrap:
+            initialize(settings, steps=bootstrap_steps)
+        return serve(settings=settings)
+    except ServiceError as e:
+        raise UserError(e.message) from None
+    finally:
+        stop_worker(worker)

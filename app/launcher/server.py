@@ -1,0 +1,199 @@
+"""`bert serve`: run the app under uvicorn, on loopback unless told otherwise.
+
+Listening beyond loopback (127.0.0.0/8, ::1, localhost) without BERT_API_KEY is refused (exit code
+2) unless allow_public, and so is a key (API or admin) shorter than MIN_PUBLIC_KEY_LENGTH there. In
+a container the address judged is the one its port is published on (BERT_PUBLISHED_HOST), not the
+0.0.0.0 it must listen on. uvicorn runs with the client limits it lacks itself (GuardedHttpProtocol):
+a deadline for a request's headers, an idle timeout while its body arrives, and a cap on open
+connections. On SIGTERM uvicorn stops accepting connections, lets in-flight requests finish (up to
+BERT_GRACEFUL_TIMEOUT seconds), then runs the lifespan shutdown, which drains the engine's queue.
+`python -m app.launcher.server` runs the same thing (for tests and the benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import socket
+import sys
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.errors import RETRY_AFTER_S, error_body
+from app.main import create_app
+from app.settings import Settings
+
+log = logging.getLogger("bertserve")
+
+REFUSAL = ("refusing to listen on {host}: it is reachable beyond this machine and BERT_API_KEY is not set. "
+           "Set BERT_API_KEY, or pass --allow-public (BERT_ALLOW_PUBLIC=true) to serve without a key.")
+PUBLISHED_REFUSAL = ("refusing to serve: the port is published on {host} (BERT_PUBLISHED_HOST, set from BERT_BIND "
+                     "by compose), which is reachable beyond this machine, and BERT_API_KEY is not set. Set "
+                     "BERT_API_KEY, or publish on 127.0.0.1.")
+MIN_PUBLIC_KEY_LENGTH = 16
+SHORT_KEY = ("refusing to listen on {host}: it is reachable beyond this machine and {name} is shorter than "
+             f"{MIN_PUBLIC_KEY_LENGTH} characters. Use a long random key, e.g. `openssl rand -hex 32`.")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8 in any form the resolver takes ("127.1", "127.0.0.2"), ::1 (also IPv4-mapped), localhost."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:  # the short IPv4 forms getaddrinfo accepts too ("127.1" is 127.0.0.1)
+            address = ipaddress.ip_address(socket.inet_aton(host))
+        except OSError:
+            return False  # a host name: it may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def exposure_refusal(settings: Settings, host: str, allow_public: bool = False) -> str | None:
+    """Why serving on `host` with these settings would be unsafe, or None. The address judged is
+    where clients reach the service: BERT_PUBLISHED_HOST when set (in a container), else `host`."""
+    exposed = settings.published_host or host
+    if is_loopback(exposed):
+        return None
+    if settings.api_key_value() is None and not (allow_public or settings.allow_public):
+        return (PUBLISHED_REFUSAL if settings.published_host else REFUSAL).format(host=exposed)
+    for name, key in (("BERT_API_KEY", settings.api_key_value()), ("BERT_ADMIN_KEY", settings.admin_key_value())):
+        if key is not None and len(key) < MIN_PUBLIC_KEY_LENGTH:
+            return SHORT_KEY.format(host=exposed, name=name)
+    return None
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits uvicorn lacks (nginx's client_header_timeout,
+    client_body_timeout and limit_conn): a client has `header_timeout` seconds for a request's
+    headers (from connecting, or from the end of its previous answer), may pause at most
+    `body_timeout` seconds between two reads of a body, and one connection past `max_connections`
+    is answered 503 and closed. A timed-out connection is closed; a handler still reading that body
+    sees the client disconnect. A request answered before its body was read (a 401, a 413) has the
+    rest of its body discarded for a moment and its connection closed, as nginx's lingering close
+    does, so a client cannot keep it open by trickling the body it declared. `serving(settings)`
+    makes the subclass with the settings' values."""
+
+    header_timeout = 10.0
+    body_timeout = 30.0
+    max_connections = 1000
+    _timer: asyncio.TimerHandle | None = None
+    _reading_body = False
+
+    @classmethod
+    def serving(cls, settings: Settings) -> type[GuardedHttpProtocol]:
+        return type(cls.__name__, (cls,), {"header_timeout": settings.header_timeout,
+                                           "body_timeout": settings.body_timeout,
+                                           "max_connections": settings.max_connections})
+
+    _closing = False  # answered for good: what the client still sends is read and dropped
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            log.warning("refused a connection: %d are open (BERT_MAX_CONNECTIONS)", len(self.connections) - 1)
+            transport.write(_connection_limit_answer(self.max_connections))
+            self._linger_and_close()
+            return
+        self._arm(self.header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._closing:
+            super().data_received(data)
+
+    def _linger_and_close(self) -> None:
+        """Half-close, drop what still arrives for a second, then close: closing at once with the
+        client's bytes unread would reset the connection before the client reads our answer."""
+        self._closing = True
+        self._arm(None)
+        if not self.transport.is_closing():
+            self.transport.write_eof()
+            self.loop.call_later(1.0, self.transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._arm(None)
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._reading_body = True
+        self._arm(self.body_timeout)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm(self.body_timeout)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_body = False
+        self._arm(None)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._reading_body:  # answered before the body was read: the rest is not wanted
+            self._linger_and_close()
+        elif not self._closing:
+            self._arm(self.header_timeout)
+
+    def _arm(self, seconds: float | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None if seconds is None else self.loop.call_later(seconds, self._timed_out)
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if not self.transport.is_closing():
+            log.info("closed a connection from %s: %s", self.client,
+                     "its body stalled" if self._reading_body else "its request headers were too slow")
+            self.transport.close()
+
+
+def _connection_limit_answer(limit: int) -> bytes:
+    """The raw HTTP 503 for one connection too many (no request has been read: no app to ask)."""
+    body = json.dumps(error_body("unavailable", f"too many open connections (at most {limit}); retry later")).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nretry-after: {RETRY_AFTER_S[503]}\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+def serve(host: str | None = None, port: int | None = None, allow_public: bool = False,
+          settings: Settings | None = None) -> int:
+    """Run the service until SIGINT/SIGTERM; 0 after a clean stop. Exits with code 2 if the bind
+    would be unsafe. Arguments left None come from `settings` (BERT_HOST, BERT_PORT, ...)."""
+    settings = settings or Settings()
+    host = host or settings.host
+    port = settings.port if port is None else port
+    if (why := exposure_refusal(settings, host, allow_public)) is not None:
+        print(why, file=sys.stderr)
+        raise SystemExit(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(settings)
+    except ValueError as e:  # a device torch cannot see, int8 on a GPU: one line, not a traceback
+        print(f"refusing to start: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=False,
+                            http=GuardedHttpProtocol.serving(settings))
+    uvicorn.Server(config).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bert serve", description="Run the bertserve inference service.")
+    parser.add_argument("--host", help="address to bind (default BERT_HOST, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default BERT_PORT, 8000)")
+    parser.add_argument("--allow-public", action="store_true",
+                        help="allow binding beyond loopback without BERT_API_KEY")
+    args = parser.parse_args(argv)
+    sys.exit(serve(args.host, args.port, args.allow_public, Settings()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Forward passes for each task, run by the engine's inference thread on one padded batch.
+
+Each runner takes a LoadedModel and an engine Batch and returns one plain-Python result per batch
+row (so the event loop never touches a tensor). The reference for each is the model's own forward
+pass: fill-mask = softmax of BertForMaskedLM logits (as transformers' FillMaskPipeline), nsp =
+softmax of BertForPreTraining's seq_relationship logits, embeddings = BertModel's last_hidden_state
+pooled, classify = BertForSequenceClassification logits through the function transformers'
+TextClassificationPipeline would apply, token_classify = softmax of BertForTokenClassification logits
+per token (as TokenClassificationPipeline), qa = BertForQuestionAnswering's start and end logits
+(scored by app/serving/qa_pipeline.py, which needs each window's own).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def run_encode(lm, batch) -> list[list[float]]:
+    """One pooled (and optionally L2-normalised) vector per row."""
+    hidden = lm.encoder(batch.input_ids, batch.model_mask, batch.token_type_ids).last_hidden_state.float()
+    mask = batch.attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T) -> (B, T, 1)
+    mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, H), padding excluded
+    use_cls = torch.tensor([p["pooling"] == "cls" for p in batch.params], device=hidden.device)
+    pooled = torch.where(use_cls[:, None], hidden[:, 0], mean)
+    normalize = torch.tensor([p["normalize"] for p in batch.params], device=hidden.device)
+    pooled = torch.where(normalize[:, None], F.normalize(pooled, dim=-1), pooled)
+    return pooled.cpu().tolist()
+
+
+def run_mlm(lm, batch) -> list[list[tuple[list[float], list[int]]]]:
+    """Per row, per [MASK] (in position order): (top-k probabilities, token ids), best first."""
+    masked = batch.input_ids == lm.mask_token_id  # (B, T); the decoder runs only here
+    out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids, masked_positions=masked)
+    logits = out.logits if hasattr(out, "logits") else out.prediction_logits  # (N, V), row-major (b, t)
+    probs = logits.float().softmax(-1)
+    counts = masked.sum(1).tolist()
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    params = batch.params
+    if not any(p.get("target_ids") for p in params):  # one top-k for the whole batch, one copy
+        k = min(max(p["top_k"] for p in params), probs.shape[-1])
+        values, ids = (t.cpu().tolist() for t in probs.topk(k, dim=-1))
+        return [[(values[j][:p["top_k"]], ids[j][:p["top_k"]]) for j in range(s, s + n)]
+                for p, s, n in zip(params, starts, counts)]
+    return [_top_k(probs[s:s + n], p) for p, s, n in zip(params, starts, counts)]
+
+
+def _top_k(probs: torch.Tensor, p: dict) -> list[tuple[list[float], list[int]]]:
+    targets = p.get("target_ids")
+    if not targets:
+        values, ids = probs.topk(min(p["top_k"], probs.shape[-1]), dim=-1)
+    else:  # scores stay full-vocabulary probabilities, as transformers reports them
+        target_ids = torch.tensor(targets, device=probs.device)
+        values, idx = probs[:, target_ids].topk(min(p["top_k"], len(targets)), dim=-1)
+        ids = target_ids[idx]
+    return list(zip(values.cpu().tolist(), ids.cpu().tolist()))
+
+
+def run_nsp(lm, batch) -> list[float]:
+    """P(B follows A) per row: softmax(seq_relationship_logits)[0] (label 0 = "is next")."""
+    none = torch.zeros_like(batch.input_ids, dtype=torch.bool)  # skip the MLM decoder entirely
+    out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids, masked_positions=none)
+    return out.seq_relationship_logits.float().softmax(-1)[:, 0].cpu().tolist()
+
+
+def run_classify(lm, batch) -> list:
+    """Per row, one score per label (id order), as its params ask: "scoring" "pipeline" (the default,
+    score_logits), "tei" (TEI's: softmax, sigmoid for one label) or "logits" (the logits themselves;
+    "logits": true says so too). With "top_k" below the label count, a row is (scores, label ids) of
+    its k best instead, best first: a model with many labels answers a few, chosen here."""
+    logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()  # (B, L)
+    kinds = [p.get("scoring") or ("logits" if p.get("logits") else "pipeline") for p in batch.params]
+    scored = {kind: SCORINGS[kind](logits, lm.config) for kind in set(kinds)}
+    ks = [p.get("top_k") or logits.shape[-1] for p in batch.params]
+    if len(scored) == 1 and all(k >= logits.shape[-1] for k in ks):
+        return next(iter(scored.values())).cpu().tolist()
+    out = []
+    for row, (kind, k) in enumerate(zip(kinds, ks)):
+        scores = scored[kind][row]
+        if k < scores.shape[-1]:
+            values, ids = scores.topk(k)
+            out.append((values.cpu().tolist(), ids.cpu().tolist()))
+        else:
+            out.append(scores.cpu().tolist())
+    return out
+
+
+def score_logits(logits: torch.Tensor, config) -> torch.Tensor:
+    """transformers' TextClassificationPipeline default: none for regression, sigmoid for one
+    label or multi-label, softmax otherwise."""
+    if config.problem_type == "regression":
+        return logits
+    if config.problem_type == "multi_label_classification" or logits.shape[-1] == 1:
+        return logits.sigmoid()
+    return logits.softmax(-1)
+
+
+def tei_softmax(logits: torch.Tensor, config) -> torch.Tensor:
+    """text-embeddings-inference's predict (core/src/infer.rs): sigmoid for one label, else softmax."""
+    return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
+
+
+SCORINGS = {"pipeline": score_logits, "tei": tei_softmax, "logits": lambda logits, config: logits}
+
+
+def _unpadded(batch, values: torch.Tensor) -> list:
+    """Per row, its values at its real (not padding) positions: (B, T, ...) -> B lists."""
+    lengths = batch.lengths
+    return [row[:n] for row, n in zip(values.cpu().tolist(), lengths)]
+
+
+def run_token_classify(lm, batch) -> list[list[list[float]]]:
+    """Per row, per token: every label's probability (softmax over labels)."""
+    logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()  # (B, T, L)
+    return _unpadded(batch, logits.softmax(-1))
+
+
+def run_qa(lm, batch) -> list[tuple[list[float], list[float]]]:
+    """Per row (a window): its start and end logits, one per token."""
+    out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids)
+    return list(zip(_unpadded(batch, out.start_logits.float()), _unpadded(batch, out.end_logits.float())))
+
+
+RUNNERS = {"encode": run_encode, "mlm": run_mlm, "nsp": run_nsp, "classify": run_classify,
+           "token_classify": run_token_classify, "qa": run_qa}

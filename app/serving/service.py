@@ -1,0 +1,209 @@
+"""The running service: settings, model registry, batching engine and tokeniser pool, started and
+stopped by the app's lifespan. Routes reach it as `request.app.state.service`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from model import kernels
+from model.device import resolve_device
+from model.precision import recommended_precision
+
+from app.serving.engine import Engine, WorkItem
+from app.errors import ServiceError
+from app.serving.forward import RUNNERS
+from app.prometheus import Metrics
+from app.settings import Settings
+from app.serving.model_registry import LoadedModel, ModelRegistry
+
+log = logging.getLogger("bertserve")
+# Longest warm-up row: long enough for the kernels a real batch takes, short enough to cost ~nothing.
+WARM_UP_TOKENS = 128
+# Set in an off_loop job's thread: its request is gone (deadline or disconnect), so the job should stop.
+_REQUEST_GONE: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("request_gone", default=None)
+
+
+class WorkDropped(Exception):
+    """Raised inside an off_loop job whose request has gone; nobody waits for its result."""
+
+
+def check_dropped() -> None:
+    """Between the inputs of an off_loop job: stop (WorkDropped) if its request has gone, so a long job
+    does not run on for nobody. A no-op outside such a job."""
+    gone = _REQUEST_GONE.get()
+    if gone is not None and gone.is_set():
+        raise WorkDropped()
+
+
+def check_precisions(settings: Settings, device: torch.device) -> None:
+    """int8 (model/precision.py's Int8Linear) runs on the CPU only: asked for on a GPU, every model
+    would fail to load while /health says ok. Refused at start, naming the setting."""
+    if device.type != "cuda":
+        return
+    if settings.precision == "int8":
+        raise ValueError("BERT_PRECISION=int8 runs on the CPU only; on a GPU use bf16 or auto")
+    int8 = sorted(name for name, precision in settings.model_precision.items() if precision == "int8")
+    if int8:
+        raise ValueError(f"BERT_MODEL_PRECISION asks int8 for {', '.join(int8)}: int8 runs on the CPU only; "
+                         "on a GPU use bf16 or auto")
+
+
+class Service:
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.device = resolve_device(settings.device)
+        check_precisions(settings, self.device)
+        self.store = ModelRegistry(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up,
+                                default_mlm_model=settings.default_mlm_model, precision=self.precision_for)
+        self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
+        self.pool: ThreadPoolExecutor | None = None
+        self._pool_jobs = 0  # jobs given to the pool and not yet answered (app/serving/service.py off_loop)
+        self._loader: asyncio.Task | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
+        self.engine = Engine(self.device, RUNNERS, max_batch_tokens=s.max_batch_tokens, max_queue=s.max_queue,
+                             max_wait_ms=s.max_wait_ms, batching=s.batching, metrics=self.metrics)
+        self.engine.start()
+        if self.device.type == "cpu":
+            info = kernels.cpu()
+            log.info("cpu: %s, %d cores: %s", info.name, info.cores, info.summary())
+        self.pool = ThreadPoolExecutor(s.tokenizer_threads, thread_name_prefix="tokenize")
+        await asyncio.to_thread(self.store.scan)
+        if self.settings.load == "startup":
+            self._loader = asyncio.create_task(self._load_all())
+
+    async def stop(self) -> None:
+        if self._loader is not None:
+            self._loader.cancel()
+        engine, pool, self.engine, self.pool = self.engine, self.pool, None, None
+        if engine is not None:
+            await asyncio.to_thread(engine.stop, 30.0)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _load_all(self) -> None:
+        """BERT_LOAD=startup: load and warm up every stored model, the default first."""
+        default = self.store.default()
+        entries = sorted(self.store.entries(), key=lambda e: e.name != default)
+        for entry in entries:
+            if entry.error is None:
+                try:
+                    await self.store.ensure_loaded(entry)
+                except ServiceError as e:
+                    log.error("%s", e.message)
+            self.metrics.models_loaded.set(self.store.loaded_count())
+
+    def precision_for(self, name: str) -> str:
+        """The precision model `name` is served in: BERT_MODEL_PRECISION's entry, else BERT_PRECISION;
+        "auto" is model.precision's recommendation for this device (bf16 on a CUDA GPU with native
+        bf16, fp32 otherwise)."""
+        precision = self.settings.model_precision.get(name, self.settings.precision)
+        return recommended_precision(self.device) if precision == "auto" else precision
+
+    # -- work -----------------------------------------------------------------------------------
+
+    async def model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
+        lm = await self.store.get(name, head, route)
+        self.metrics.models_loaded.set(self.store.loaded_count())
+        return lm
+
+    def incoming(self):
+        """`with service.incoming():` around a request's work before its work item is queued."""
+        if self.engine is None:
+            raise ServiceError("unavailable", "the service is not running")
+        return self.engine.incoming()
+
+    async def run(self, item: WorkItem) -> list:
+        """Queue a work item for the inference thread and wait for its per-row results. If the
+        request goes away meanwhile (this task is cancelled), so does the item's unrun work."""
+        if self.engine is None:
+            raise ServiceError("unavailable", "the service is not running")
+        future = self.engine.submit(item)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            item.cancel()
+            raise
+
+    async def off_loop(self, fn: Callable, *args) -> Any:
+        """Tokeniser and other CPU work, in the thread pool, never on the event loop. At most
+        BERT_MAX_TOKENIZER_QUEUE jobs wait for (or run on) its threads; one more is a 429. A job whose
+        request goes away (this task is cancelled: deadline or disconnect) before a thread takes it is
+        dropped unrun (the executor's future is cancelled with this task); one already running stops at
+        its next check_dropped(), between its inputs."""
+        if self.pool is None:
+            raise ServiceError("unavailable", "the service is not running")
+        limit = self.settings.max_tokenizer_queue
+        if self._pool_jobs >= limit:
+            raise ServiceError("overloaded", f"the tokeniser queue is full ({limit} jobs waiting); retry later")
+        self._pool_jobs += 1  # only the event loop counts, so no lock
+        gone = threading.Event()
+        context = contextvars.copy_context()
+        context.run(_REQUEST_GONE.set, gone)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, context.run, fn, *args)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
+        finally:
+            self._pool_jobs -= 1
+
+    async def warm_up(self, lm: LoadedModel) -> None:
+        """Forward passes before the first request, so its latency has no kernel loading in it: a padded
+        batch (two lengths: masked attention, or the packed path) and an unpadded one (plain attention),
+        at up to WARM_UP_TOKENS, because each attention path loads its own kernels on a GPU."""
+        tok = lm.tokenizer
+        n = max(2, min(WARM_UP_TOKENS, lm.max_length))
+        long = [tok.cls_token_id] + [tok.unk_token_id] * (n - 2) + [tok.sep_token_id]
+        short = [tok.cls_token_id, tok.sep_token_id]
+        for rows in ([short, long], [long, long]):
+            await self.run(WorkItem("encode", lm, [(ids, [0] * len(ids)) for ids in rows],
+                                    {"pooling": "mean", "normalize": True}, wait=False))
+
+    def check_count(self, n: int) -> None:
+        if n > self.settings.max_inputs:
+            raise ServiceError("validation", f"at most {self.settings.max_inputs} inputs per request, got {n}")
+
+    def check_tokens(self, n: int, counted: str = "all inputs together") -> None:
+        """A request's cost, known once it is tokenised; over budget it never reaches the engine. Safe to
+        call from the thread pool (a job that counts as it tokenises)."""
+        if n > self.settings.max_request_tokens:
+            raise ServiceError("validation", f"the request is {n} tokens long ({counted}), more than the "
+                                             f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
+                                             "allows")
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    async def not_ready_reason(self) -> str | None:
+        """None when the default model is loaded and warmed up; else why not."""
+        name = self.store.default()
+        entry = self.store.peek(name) if name else None
+        if entry is None:  # perhaps saved since the last scan
+            await asyncio.to_thread(self.store.scan)
+            name = self.store.default()
+            entry = self.store.peek(name) if name else None
+        if name is None:
+            return "no default model: set BERT_DEFAULT_MODEL (or store exactly one model)"
+        if entry is None:
+            return f"default model '{name}' is not in DATA_DIR/models"
+        if entry.error is not None:
+            return f"default model '{name}' cannot be served: {entry.error}"
+        if entry.loaded is None:
+            if self.settings.load == "startup" and (self._loader is None or self._loader.done()):
+                self._loader = asyncio.create_task(self._load_all())
+            return f"default model '{name}' is not loaded and warmed up yet"
+        return None
