@@ -27,9 +27,9 @@ from model.datadir import (
     JobFinished,
     JobNotFound,
     JobStore,
+    jobs,
     read_meta,
 )
-from model.datadir import jobs
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
