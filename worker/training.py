@@ -138,9 +138,9 @@ def _start_attempt(r: dict, max_attempts: int) -> str:
         last = r.get("error") or "the worker died during the attempt"
         jobs.give_up(r, f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}")
         return "failed"
-    used_up = _used_up(r)
-    if used_up:
-        jobs.time_out(r, used_up, used_up)
+    error = _used_up(r)
+    if error:
+        jobs.time_out(r, error, error)
         return "failed"
     jobs.start(r, worker_identity())
     return "run"
