@@ -81,8 +81,11 @@ class IllegalTransition(Exception):
     """A job in `state` cannot take `event` (TRANSITIONS has no such move); nothing was changed."""
 
     def __init__(self, job_id: str, state: str, event: str):
-        super().__init__(f"job {job_id} is {state}: '{event}' is not a move from {state}")
+        super().__init__(job_id, state, event)
         self.job_id, self.state, self.event = job_id, state, event
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} is {self.state}: '{self.event}' is not a move from {self.state}"
 
 
 class JobFinished(IllegalTransition):
@@ -90,7 +93,9 @@ class JobFinished(IllegalTransition):
 
     def __init__(self, job_id: str, state: str, event: str = "cancel requested"):
         super().__init__(job_id, state, event)
-        self.args = (f"job {job_id} is {state}",)
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} is {self.state}"
 
 
 class JobStore:
