@@ -112,11 +112,11 @@ class JobStore:
 
     # -- records ----------------------------------------------------------------------------------
 
-    def create(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def create(self, spec: dict[str, Any]) -> JobRecord:
         """Write a new job in state "queued" (atomically: the directory appears with its record)."""
         job_id = new_job_id()
         now = now_iso()
-        record = {
+        record: JobRecord = {
             "format_version": FORMAT_VERSION, "id": job_id, **spec, "state": "queued", "attempts": 0,
             "created_at": now, "updated_at": now, "enqueued_at": None, "started_at": None, "finished_at": None,
             "heartbeat_at": None, "worker": None, "progress": {}, "eval": None, "latest_checkpoint": None,
@@ -132,7 +132,7 @@ class JobStore:
         fsync_dir(self.root)
         return record
 
-    def read(self, job_id: str) -> dict[str, Any]:
+    def read(self, job_id: str) -> JobRecord:
         try:
             return json.loads((self.job_dir(job_id) / RECORD).read_bytes())
         except FileNotFoundError:
@@ -161,7 +161,7 @@ class JobStore:
         """The queued or running job that will publish model `name`, if there is one."""
         return next((r for r in self.list() if r.get("model_name") == name and r["state"] not in TERMINAL), None)
 
-    def update(self, job_id: str, change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    def update(self, job_id: str, change: Callable[[JobRecord], Any]) -> JobRecord:
         """Read-modify-write job.json under its lock; `change` edits the record in place."""
         job_dir = self.job_dir(job_id)
         if not (job_dir / RECORD).is_file():
@@ -173,7 +173,7 @@ class JobStore:
             atomic_write_bytes(job_dir / RECORD, encode(record))
         return record
 
-    def move(self, job_id: str, transition: Callable[..., None], *args: Any) -> dict[str, Any]:
+    def move(self, job_id: str, transition: Callable[..., None], *args: Any) -> JobRecord:
         """One named transition (below), written under the record lock; IllegalTransition leaves
         job.json as it was."""
         return self.update(job_id, lambda record: transition(record, *args))
@@ -202,12 +202,12 @@ class JobStore:
 
     # -- cancel -----------------------------------------------------------------------------------
 
-    def request_cancel(self, job_id: str) -> dict[str, Any]:
+    def request_cancel(self, job_id: str) -> JobRecord:
         """Cooperative cancel: a queued job is cancelled now; a running one when its loop next looks.
         Raises JobFinished for a job that has already succeeded, failed or been cancelled."""
         job_dir = self.job_dir(job_id)
 
-        def change(record: dict) -> None:
+        def change(record: JobRecord) -> None:
             ask_to_cancel(record)  # raises JobFinished before anything is written
             (job_dir / CANCEL).touch()
 
@@ -282,7 +282,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 }
 
 
-def _move(record: dict, event: str, detail: str | None = None, **fields: Any) -> None:
+def _move(record: JobRecord, event: str, detail: str | None = None, **fields: Any) -> None:
     """Take the move TRANSITIONS has for (state, event), or raise before changing anything.
     Entering a finished state stamps finished_at and clears the heartbeat."""
     state = record["state"]
@@ -296,28 +296,28 @@ def _move(record: dict, event: str, detail: str | None = None, **fields: Any) ->
     _add_event(record, event, detail)
 
 
-def enqueued(record: dict) -> None:
+def enqueued(record: JobRecord) -> None:
     """The app sent the job's message."""
     _move(record, "enqueued", enqueued_at=now_iso())
 
 
-def requeued(record: dict, detail: str) -> None:
+def requeued(record: JobRecord, detail: str) -> None:
     """A worker sent the unfinished job's message again."""
     _move(record, "re-enqueued", detail, enqueued_at=now_iso())
 
 
-def duplicate_ignored(record: dict, detail: str) -> None:
+def duplicate_ignored(record: JobRecord, detail: str) -> None:
     _move(record, "duplicate delivery ignored", detail)
 
 
-def start(record: dict, worker: str) -> None:
+def start(record: JobRecord, worker: str) -> None:
     """A new attempt, on `worker`, now holding the lease."""
     attempt = record["attempts"] + 1
     _move(record, "started", f"attempt {attempt} on {worker}", attempts=attempt, worker=worker,
           heartbeat_at=now_iso(), started_at=record.get("started_at") or now_iso())
 
 
-def attempt_did_not_finish(record: dict) -> None:
+def attempt_did_not_finish(record: JobRecord) -> None:
     """Say why the last attempt's process is gone, if the worker's main process saw it die
     (worker_process_lost), and keep that as the job's error until it succeeds."""
     lost = record.get("lost_attempt") or {}
@@ -326,25 +326,25 @@ def attempt_did_not_finish(record: dict) -> None:
     _move(record, "attempt did not finish", error, error=error)
 
 
-def worker_process_lost(record: dict, reason: str) -> None:
+def worker_process_lost(record: JobRecord, reason: str) -> None:
     """The pool process running the attempt died (seen by the worker's main process)."""
     _lost(record, "worker process lost", reason)
 
 
-def ranks_lost(record: dict, reason: str) -> None:
+def ranks_lost(record: JobRecord, reason: str) -> None:
     """A data-parallel attempt ended without an outcome (a rank died)."""
     _lost(record, "training processes lost", reason)
 
 
-def _lost(record: dict, event: str, reason: str) -> None:  # read by the next start's attempt_did_not_finish
+def _lost(record: JobRecord, event: str, reason: str) -> None:  # read by the next start's attempt_did_not_finish
     _move(record, event, reason, lost_attempt={"attempt": record["attempts"], "reason": reason, "at": now_iso()})
 
 
-def resumed(record: dict, checkpoint: str) -> None:
+def resumed(record: JobRecord, checkpoint: str) -> None:
     _move(record, "resumed", f"from {checkpoint}")
 
 
-def ask_to_cancel(record: dict) -> None:
+def ask_to_cancel(record: JobRecord) -> None:
     """Cooperative cancel: a queued job is cancelled now; a running one when its loop next looks.
     Raises JobFinished for a finished job."""
     if record["state"] == "queued":
@@ -353,46 +353,46 @@ def ask_to_cancel(record: dict) -> None:
         _move(record, "cancel requested", cancel_requested=True)
 
 
-def hand_back(record: dict, detail: str) -> None:
+def hand_back(record: JobRecord, detail: str) -> None:
     """The worker is shutting down: the job is queued again, and the attempt is not counted."""
     _move(record, "handed back", detail, worker=None, heartbeat_at=None, attempts=max(0, record["attempts"] - 1))
 
 
-def succeed(record: dict, result: dict, detail: str) -> None:
+def succeed(record: JobRecord, result: dict, detail: str) -> None:
     _move(record, "succeeded", detail, result=result, error=None)
 
 
-def fail(record: dict, error: str) -> None:
+def fail(record: JobRecord, error: str) -> None:
     """The attempt raised (`error` is what it raised, in words)."""
     _move(record, "failed", error[:500], error=error)
 
 
-def time_out(record: dict, error: str, detail: str | None = None) -> None:
+def time_out(record: JobRecord, error: str, detail: str | None = None) -> None:
     """The job's max_runtime (or the worker's soft time limit) is used up."""
     _move(record, "time limit", detail, error=error)
 
 
-def give_up(record: dict, error: str) -> None:
+def give_up(record: JobRecord, error: str) -> None:
     """Too many attempts (BERT_JOB_MAX_ATTEMPTS)."""
     _move(record, "too many attempts", error=error)
 
 
-def cancel(record: dict, detail: str) -> None:
+def cancel(record: JobRecord, detail: str) -> None:
     """The training loop stopped on the job's cancel request."""
     _move(record, "cancelled", detail)
 
 
-def cancel_before_start(record: dict) -> None:
+def cancel_before_start(record: JobRecord) -> None:
     """A delivery found the cancel request before it started the job."""
     _move(record, "cancelled before it could run")
 
 
-def discard(record: dict, why: str) -> None:
+def discard(record: JobRecord, why: str) -> None:
     """The job's message never left: closed (then removed by JobStore.discard_unclaimed)."""
     _move(record, "discarded", why, error=f"{why}; the job was never queued")
 
 
-def _add_event(record: dict, event: str, detail: str | None = None) -> None:
+def _add_event(record: JobRecord, event: str, detail: str | None = None) -> None:
     entry = {"at": now_iso(), "event": event}
     if detail:
         entry["detail"] = detail
