@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test test-fast lint-imports run bench bench-full lock image compose-test clean
+.PHONY: install demo-data test test-fast lint lint-imports format run bench bench-full lock image compose-test clean
 
 TORCH_VERSION ?= 2.13.0
 
@@ -32,6 +32,18 @@ demo-data: $(DEMO_STAMP)
 # The import contracts in pyproject.toml (which room may import which).
 lint-imports: $(STAMP)
 	$(BIN)/lint-imports
+
+# Everything `make test` checks before the tests: ruff's rules and format, mypy, the import contracts
+# (configured in pyproject.toml; .pre-commit-config.yaml runs the same on each commit).
+lint: $(STAMP) lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Rewrite what ruff can fix and format the code.
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 # requirements.lock, regenerated from pyproject.toml's dependencies: a clean venv, torch from the
 # configured index, `pip freeze`. LOCK_EXTRA: pins pip freeze cannot see from this Python.
@@ -61,11 +73,11 @@ compose-test: $(STAMP)
 
 # One torch thread per process: the suite runs servers and workers beside pytest on 2 cores, and
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
-test: $(STAMP) $(DEMO_STAMP) lint-imports
+test: $(STAMP) $(DEMO_STAMP) lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
 
 # Everything but the tests marked slow (servers, workers, real training): under a minute on 2 cores.
-test-fast: $(STAMP) $(DEMO_STAMP) lint-imports
+test-fast: $(STAMP) $(DEMO_STAMP) lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docker"
 
 # Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.

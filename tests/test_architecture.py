@@ -1,8 +1,10 @@
 """The rooms' walls: import-linter's contracts (pyproject.toml) hold on this tree and catch violations on a
-tree that breaks them, and no project module takes part in an import cycle (module- or function-level)."""
+tree that breaks them, no project module takes part in an import cycle (module- or function-level), and
+one module alone writes a job's state and lifecycle events."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -176,3 +178,103 @@ def test_ignore_index_is_defined_once():
                 for path in (ROOT / package).rglob("*.py")
                 if re.search(r"^\s*IGNORE_INDEX\s*[:=]", path.read_text(), re.M)]
     assert defining == ["model/modeling.py"]
+
+
+# -- one owner of a job's state --------------------------------------------------------------------
+
+RECORD_KEYS = ("state", "events")  # a job's state and lifecycle events: written only by its transitions
+STATE_OWNER = "model/datadir/jobs.py"
+
+
+def _key(node: ast.AST) -> str | None:
+    """The record key a subscript names (x["state"], x["events"][:-9]), if it is one of RECORD_KEYS."""
+    while isinstance(node, ast.Subscript):
+        if isinstance(node.slice, ast.Constant) and node.slice.value in RECORD_KEYS:
+            return node.slice.value
+        node = node.value
+    return None
+
+
+def _targets(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.Assign):
+        found = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        found = [node.target]
+    elif isinstance(node, ast.Delete):
+        found = list(node.targets)
+    else:
+        return []
+    flat = []
+    while found:
+        target = found.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            found.extend(target.elts)
+        else:
+            flat.append(target.value if isinstance(target, ast.Starred) else target)
+    return flat
+
+
+def _writes_record_key(node: ast.AST) -> bool:
+    """x["state"] = ..., (x["state"], y) = ..., x.state = ... (x not self), x.update(state=...),
+    x.update({"state": ...}), x.setdefault/__setitem__("events", ...), x["events"].append(...), setattr(x, "state", ...)."""
+    for target in _targets(node):
+        if _key(target) or (isinstance(target, ast.Attribute) and target.attr in RECORD_KEYS
+                            and not (isinstance(target.value, ast.Name) and target.value.id == "self")):
+            return True
+    if not isinstance(node, ast.Call):
+        return False
+    func, args = node.func, node.args
+    first = args[0].value if args and isinstance(args[0], ast.Constant) else None
+    if isinstance(func, ast.Name) and func.id == "setattr":
+        return len(args) > 1 and isinstance(args[1], ast.Constant) and args[1].value in RECORD_KEYS
+    if not isinstance(func, ast.Attribute):
+        return False
+    if func.attr == "update":
+        return (any(k.arg in RECORD_KEYS for k in node.keywords)
+                or any(isinstance(a, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in RECORD_KEYS
+                                                       for k in a.keys) for a in args))
+    if func.attr in ("setdefault", "__setitem__", "pop"):
+        return first in RECORD_KEYS
+    return func.attr in ("append", "extend", "insert", "clear", "remove") and _key(func.value) is not None
+
+
+def record_key_writers(root: Path) -> dict[str, list[int]]:
+    """Each module below root's packages that writes a record's state or events: {path: [line, ...]}."""
+    found: dict[str, list[int]] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            lines = sorted({n.lineno for n in ast.walk(tree) if _writes_record_key(n)})
+            if lines:
+                found[path.relative_to(root).as_posix()] = lines
+    return found
+
+
+def test_one_module_writes_a_jobs_state_and_events():
+    """Every other module moves a job through model/datadir/jobs.py's named transitions."""
+    writers = record_key_writers(ROOT)
+    assert list(writers) == [STATE_OWNER], f"only {STATE_OWNER} may write a job's state or events: {writers}"
+
+
+WRITERS = {
+    "app/a.py": 'def f(record):\n    record["state"] = "failed"\n',
+    "app/b.py": 'def f(r):\n    r["state"], r["error"] = "failed", "x"\n',
+    "model/c.py": 'def f(r):\n    r.update(state="running")\n',
+    "model/d.py": 'def f(r):\n    r.update({"state": "running"})\n',
+    "worker/e.py": 'def f(job):\n    job.state = "queued"\n',
+    "worker/f.py": 'def f(r):\n    r["events"].append({"event": "x"})\n',
+    "worker/g.py": 'def f(r):\n    r.setdefault("events", []).append({"event": "x"})\n',
+    "worker/h.py": 'def f(r):\n    setattr(r, "state", "x")\n',
+}
+READERS = {
+    "app/ok.py": ('class Stream:\n    def see(self, record):\n        self.state = record["state"]\n'
+                  '        return {"state": self.state, "events": record["events"][-3:]}\n'),
+}
+
+
+def test_the_owner_check_sees_every_way_of_writing_the_state(tmp_path):
+    for name, text in {**WRITERS, **READERS}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert record_key_writers(tmp_path) == {name: [2] for name in WRITERS}
+

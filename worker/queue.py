@@ -2,8 +2,9 @@
 sending a job. The one module of worker/ that the app imports (it publishes jobs; it never imports
 the worker's Celery app or its training code).
 
-A message is a task name and one argument, the job id: everything else is in DATA_DIR/jobs/<id>/
-(model.datadir). JSON only, so a message can never make anyone unpickle anything.
+A message is one task, `bert.train`, with one argument, the job id: everything else, the job's kind
+included, is in DATA_DIR/jobs/<id>/ (model.datadir). JSON only, so a message can never make anyone
+unpickle anything.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from celery import Celery
 
-TASK_NAMES = {"pretrain": "bert.pretrain", "finetune": "bert.finetune"}  # Celery task per job kind
+TASK_NAME = "bert.train"  # every job; the worker reads its kind from the record
+# Earlier versions sent one task per kind; a message of these names may still be queued at an upgrade,
+# so the worker takes them too (as bert.train: the record, not the name, says the kind).
+OLD_TASK_NAMES = ("bert.pretrain", "bert.finetune")
 TRAINING_QUEUE = "training"
 _REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
 _FANOUT_SCHEMES = (*_REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
@@ -56,11 +60,11 @@ def producer(broker_url: str, data_dir: str | os.PathLike, connect_timeout_s: fl
     return celery
 
 
-def send_job(celery: Celery, job_id: str, kind: str, retries: int | None = None) -> None:
+def send_job(celery: Celery, job_id: str, retries: int | None = None) -> None:
     """Send job `job_id` to the training queue (blocking). `retries`: publish attempts after the first
     before raising (quickly, within about a second each); None keeps Celery's default policy."""
     if retries is None:
-        celery.send_task(TASK_NAMES[kind], args=[job_id], queue=TRAINING_QUEUE)
+        celery.send_task(TASK_NAME, args=[job_id], queue=TRAINING_QUEUE)
         return
     policy = {"max_retries": retries, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
-    celery.send_task(TASK_NAMES[kind], args=[job_id], queue=TRAINING_QUEUE, retry=True, retry_policy=policy)
+    celery.send_task(TASK_NAME, args=[job_id], queue=TRAINING_QUEUE, retry=True, retry_policy=policy)

@@ -23,7 +23,7 @@ from typing import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from model.datadir import JobNotFound, JobStore, add_event, lease_is_free, now_iso
+from model.datadir import IllegalTransition, JobNotFound, JobStore, jobs, lease_is_free
 
 from worker.queue import send_job
 from worker.settings import WorkerSettings
@@ -36,27 +36,23 @@ _timer_stop = threading.Event()
 shutting_down = multiprocessing.Event()
 
 
-def sweep(store: JobStore, send: Callable[[str, str], None],
+def sweep(store: JobStore, send: Callable[[str], None],
           states: tuple[str, ...] = ("queued", "running")) -> list[str]:
     """Send again every job in `states` whose lease is free; returns their ids."""
     sent = []
     for record in store.list():
         if record.get("state") not in states or not lease_is_free(store, record["id"]):
             continue
-        send(record["id"], record["kind"])
+        send(record["id"])
+        detail = f"recovery sweep (state was {record['state']}, lease free)"
         try:
-            store.update(record["id"], _mark_requeued)
-        except JobNotFound:
+            store.move(record["id"], jobs.requeued, detail)
+        except (JobNotFound, IllegalTransition):  # removed, or finished by its delivery, since the listing
             continue
         sent.append(record["id"])
     if sent:
         log.info("recovery sweep re-enqueued %d job(s): %s", len(sent), ", ".join(sent))
     return sent
-
-
-def _mark_requeued(record: dict) -> None:
-    record["enqueued_at"] = now_iso()
-    add_event(record, "re-enqueued", f"recovery sweep (state was {record['state']}, lease free)")
 
 
 def lost_reason(error: BaseException | str) -> str:
@@ -79,21 +75,15 @@ def note_lost_attempt(store: JobStore, job_id: str, reason: str) -> None:
     """Record on a running job why its attempt's process died, for the next delivery's begin() to
     report (worker/training.py); called by the worker's main process, which saw the death."""
 
-    def change(r: dict) -> None:
-        if r.get("state") != "running":
-            return
-        r["lost_attempt"] = {"attempt": r["attempts"], "reason": reason, "at": now_iso()}
-        add_event(r, "worker process lost", reason)
-
     try:
-        store.update(job_id, change)
-    except JobNotFound:
+        store.move(job_id, jobs.worker_process_lost, reason)
+    except (JobNotFound, IllegalTransition):  # gone, or no longer running: nothing to say
         pass
 
 
-def celery_sender(app) -> Callable[[str, str], None]:
-    def send(job_id: str, kind: str) -> None:
-        send_job(app, job_id, kind)
+def celery_sender(app) -> Callable[[str], None]:
+    def send(job_id: str) -> None:
+        send_job(app, job_id)
     return send
 
 

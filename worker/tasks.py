@@ -1,7 +1,8 @@
-"""The Celery tasks: `bert.pretrain` and `bert.finetune`, each taking a job id.
+"""The Celery task: `bert.train`, taking a job id (and, for messages sent by earlier versions, the
+same task under its old names, `bert.pretrain` and `bert.finetune`).
 
-Thin, like a web view: the message carries only the id; the job's spec, state and results live in
-DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. On a
+Thin, like a web view: the message carries only the id; the job's kind, spec, state and results live
+in DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. On a
 warm shutdown (SIGTERM) the running job stops at its next step and is sent again (`requeue`).
 """
 
@@ -16,7 +17,7 @@ from celery.worker.request import Request
 from model.datadir import JobStore
 
 from worker.celery_app import app, settings
-from worker.queue import TASK_NAMES
+from worker.queue import OLD_TASK_NAMES, TASK_NAME
 from worker.recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
 from worker.training import run_job
 
@@ -42,13 +43,10 @@ class JobTask(Task):
     Request = JobRequest
 
 
-@app.task(name=TASK_NAMES["pretrain"], ignore_result=True, base=JobTask)
-def pretrain(job_id: str) -> dict:
-    """Pretrain (MLM, + NSP) a model as DATA_DIR/jobs/<job_id>/job.json describes."""
-    return run_job(job_id, "pretrain", settings, shutting_down=shutting_down, requeue=celery_sender(app))
+def train(job_id: str) -> dict:
+    """Pretrain or fine-tune a model as DATA_DIR/jobs/<job_id>/job.json describes (its `kind`)."""
+    return run_job(job_id, settings, shutting_down=shutting_down, requeue=celery_sender(app))
 
 
-@app.task(name=TASK_NAMES["finetune"], ignore_result=True, base=JobTask)
-def finetune(job_id: str) -> dict:
-    """Fine-tune a classifier as DATA_DIR/jobs/<job_id>/job.json describes."""
-    return run_job(job_id, "finetune", settings, shutting_down=shutting_down, requeue=celery_sender(app))
+train_task = app.task(name=TASK_NAME, ignore_result=True, base=JobTask)(train)
+old_tasks = [app.task(name=name, ignore_result=True, base=JobTask)(train) for name in OLD_TASK_NAMES]

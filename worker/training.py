@@ -1,6 +1,6 @@
 """One delivery of a training job: take the lease, decide, train with reporting callbacks, publish.
 
-    run_job(job_id, kind, settings)
+    run_job(job_id, settings)
       1. lease     flock DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: do nothing
       2. begin     under the record lock: finished/cancelled -> nothing; a previous attempt that died
                    is noted, with the reason the worker saw (worker/recovery.py), as the job's error;
@@ -14,7 +14,8 @@
                    the worker is shutting down (SIGTERM) -> handed back: state queued again, the
                    attempt not counted, and, once the lease is released, the job is sent again
 
-Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
+The job's kind is its record's; every change of its state goes through model.datadir.jobs' named
+transitions. Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
 worker/recovery.py) then finds the lease free and the state "running", and resumes.
 This module does not import celery: tests drive it directly.
 
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from model import checkpoint as ckpt
-from model.datadir import TERMINAL, JobStore, Lease, add_event, now_iso, publish_model, worker_identity
+from model.datadir import TERMINAL, IllegalTransition, JobStore, Lease, jobs, now_iso, publish_model, worker_identity
 from model.datadir.jobs import CANCEL
 from model.errors import UserError
 from model.callbacks import Callback
@@ -64,12 +65,12 @@ class Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
-def run_job(job_id: str, kind: str, settings: WorkerSettings, *, shutting_down: Flag | None = None,
-            requeue: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+def run_job(job_id: str, settings: WorkerSettings, *, shutting_down: Flag | None = None,
+            requeue: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Handle one delivery of job `job_id`; returns what happened (the task's result, for logs).
 
     `shutting_down` (set by the worker on SIGTERM) stops the loop at the next step; the job is then
-    handed back and `requeue(job_id, kind)` sends it again for another worker.
+    handed back and `requeue(job_id)` sends it again for another worker.
     """
     store = JobStore(settings.data_dir)
     if not store.exists(job_id):
@@ -78,11 +79,11 @@ def run_job(job_id: str, kind: str, settings: WorkerSettings, *, shutting_down: 
     lease = Lease(store, job_id)
     # A short wait: a recovery sweep's probe holds the lock for an instant.
     if not lease.try_acquire(wait_s=1.0):
-        store.update(job_id, lambda r: add_event(r, "duplicate delivery ignored", "running elsewhere"))
+        store.move(job_id, jobs.duplicate_ignored, "running elsewhere")
         log.info("job %s is running elsewhere; this delivery does nothing", job_id)
         return {"job": job_id, "outcome": "running elsewhere"}
     with lease:
-        record, outcome = begin(store, job_id, kind, settings.job_max_attempts)
+        record, outcome = begin(store, job_id, settings.job_max_attempts)
         if outcome != "run":
             log.info("job %s: %s", job_id, outcome)
             return {"job": job_id, "outcome": outcome}
@@ -92,8 +93,11 @@ def run_job(job_id: str, kind: str, settings: WorkerSettings, *, shutting_down: 
         finally:
             _free_accelerator_memory()
     if outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None:  # only now: the next delivery must find the lease free
-        requeue(job_id, kind)
-        store.update(job_id, lambda r: add_event(r, "re-enqueued", "after the hand-back"))
+        requeue(job_id)
+        try:
+            store.move(job_id, jobs.requeued, "after the hand-back")
+        except IllegalTransition:  # another worker took the job and finished it meanwhile
+            pass
     return {"job": job_id, "outcome": outcome}
 
 
@@ -108,7 +112,7 @@ def _free_accelerator_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[dict, str]:
+def begin(store: JobStore, job_id: str, max_attempts: int) -> tuple[dict, str]:
     """Decide under the record lock what this delivery does; "run" means the job is now ours."""
     cancel_flag = store.cancel_requested(job_id)
     outcome = "run"
@@ -117,13 +121,12 @@ def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[d
         nonlocal outcome
         if r["state"] in TERMINAL:
             outcome = f"already {r['state']}"
-        elif r["kind"] != kind:
-            outcome = f"not a {kind} job"
         elif cancel_flag or r.get("cancel_requested"):
-            outcome = _close(r, "cancelled", event="cancelled before it could run")
+            jobs.cancel_before_start(r)
+            outcome = "cancelled"
         else:
             if r["state"] == "running":  # the lease was free, so that attempt's process is gone
-                _note_lost_attempt(r)
+                jobs.attempt_did_not_finish(r)
             outcome = _start_attempt(r, max_attempts)
 
     record = store.update(job_id, change)
@@ -133,40 +136,23 @@ def begin(store: JobStore, job_id: str, kind: str, max_attempts: int) -> tuple[d
 def _start_attempt(r: dict, max_attempts: int) -> str:
     if r["attempts"] >= max_attempts:
         last = r.get("error") or "the worker died during the attempt"
-        r["error"] = f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}"
-        return _close(r, "failed", event="too many attempts")
-    if _used_up(r):
-        return _close(r, "failed", "time limit", r["error"])
-    r["attempts"] += 1
-    r["state"], r["worker"], r["heartbeat_at"] = "running", worker_identity(), now_iso()
-    r["started_at"] = r.get("started_at") or now_iso()
-    add_event(r, "started", f"attempt {r['attempts']} on {r['worker']}")
+        jobs.give_up(r, f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}")
+        return "failed"
+    error = _used_up(r)
+    if error:
+        jobs.time_out(r, error, error)
+        return "failed"
+    jobs.start(r, worker_identity())
     return "run"
 
 
-def _note_lost_attempt(r: dict) -> None:
-    """Say why the last attempt's process is gone, if the worker's main process saw it die
-    (worker/recovery.py: note_lost_attempt), and keep that as the job's error until it succeeds."""
-    lost = r.get("lost_attempt") or {}
-    reason = lost.get("reason") if lost.get("attempt") == r["attempts"] else None
-    r["error"] = f"attempt {r['attempts']} did not finish: {reason or 'the worker died'}"
-    add_event(r, "attempt did not finish", r["error"])
-
-
-def _used_up(r: dict) -> bool:
-    """Earlier attempts have used the job's whole max_runtime (one was killed past it)."""
+def _used_up(r: dict) -> str | None:
+    """The error when earlier attempts have used the job's whole max_runtime (one was killed past it)."""
     limit = r["params"].get("max_runtime")
     if not limit or (r.get("runtime_s") or 0) < limit:
-        return False
-    r["error"] = (f"time limit: the job's max_runtime ({limit} s) was used up by its earlier attempts "
-                  f"({r['runtime_s']:.0f} s); latest checkpoint {r.get('latest_checkpoint')}")
-    return True
-
-
-def _close(r: dict, state: str, event: str, detail: str | None = None) -> str:
-    r["state"], r["finished_at"], r["heartbeat_at"] = state, now_iso(), None
-    add_event(r, event, detail)
-    return state
+        return None
+    return (f"time limit: the job's max_runtime ({limit} s) was used up by its earlier attempts "
+            f"({r['runtime_s']:.0f} s); latest checkpoint {r.get('latest_checkpoint')}")
 
 
 # ---------------------------------------------------------------------------- training
@@ -262,9 +248,9 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
     runtime = round(reporter.runtime(), 3)
 
     def succeeded(r: dict) -> None:
-        r["result"], r["error"], r["runtime_s"] = summary, None, runtime
+        r["runtime_s"] = runtime
         r["latest_checkpoint"] = _relative(job_dir, result.checkpoint) or r.get("latest_checkpoint")
-        _close(r, "succeeded", "succeeded", f"model '{record['model_name']}' published")
+        jobs.succeed(r, summary, f"model '{record['model_name']}' published")
 
     store.update(job_id, succeeded)
     return "succeeded"
@@ -343,11 +329,7 @@ def _ranks_outcome(store: JobStore, job_id: str, code: int) -> str:
     reason = (f"a training process of the data-parallel run ended it (torchrun exit status {code}; "
               f"see {RANKS_LOG} in the job directory)")
 
-    def lost(r: dict) -> None:  # read by the next delivery's begin() (_note_lost_attempt)
-        r["lost_attempt"] = {"attempt": r["attempts"], "reason": reason, "at": now_iso()}
-        add_event(r, RANKS_LOST, reason)
-
-    store.update(job_id, lost)
+    store.move(job_id, jobs.ranks_lost, reason)  # read by the next delivery's begin()
     return RANKS_LOST
 
 
@@ -362,7 +344,7 @@ def _mark_resume(store: JobStore, record: dict) -> None:
     # The trainer keeps metrics records with step <= the checkpoint's; this one (step == it) survives.
     store.append_metric(record["id"], {"type": "resume", "step": step, "attempt": record["attempts"],
                                        "checkpoint": _relative(job_dir, latest), "at": now_iso()})
-    store.update(record["id"], lambda r: add_event(r, "resumed", f"from {_relative(job_dir, latest)}"))
+    store.move(record["id"], jobs.resumed, _relative(job_dir, latest))
 
 
 def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str:
@@ -376,14 +358,11 @@ def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str
         r["runtime_s"] = runtime
         r["progress"] = {**(r.get("progress") or {}), "step": result.step, "eta_s": None}  # progress is throttled
         if reason == "shutdown":  # a clean hand-over, not a failed attempt
-            r["state"], r["worker"], r["heartbeat_at"] = "queued", None, None
-            r["attempts"] = max(0, r["attempts"] - 1)
-            add_event(r, HANDED_BACK, f"the worker is shutting down; {where}")
+            jobs.hand_back(r, f"the worker is shutting down; {where}")
         elif reason == "cancelled":
-            _close(r, "cancelled", "cancelled", where)
+            jobs.cancel(r, where)
         else:
-            r["error"] = reporter.time_limit_error(result.step, checkpoint, runtime)
-            _close(r, "failed", reason, where)
+            jobs.time_out(r, reporter.time_limit_error(result.step, checkpoint, runtime), where)
 
     record = store.update(job_id, change)
     return HANDED_BACK if reason == "shutdown" else record["state"]
@@ -398,8 +377,8 @@ def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) ->
         pass
 
     def change(r: dict) -> None:
-        r["error"], r["runtime_s"] = message, round(runtime, 3)
-        _close(r, "failed", "failed", message[:500])
+        r["runtime_s"] = round(runtime, 3)
+        jobs.fail(r, message)
 
     store.update(job_id, change)
     return "failed"

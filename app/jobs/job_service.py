@@ -27,8 +27,7 @@ from model.datadir import (
     JobFinished,
     JobNotFound,
     JobStore,
-    add_event,
-    now_iso,
+    jobs,
     read_meta,
 )
 from model.sizing import GB, TrainingSize, estimate_training, format_count
@@ -61,8 +60,8 @@ class JobService:
         self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
 
     def publish(self, record: dict) -> None:
-        """Send the job's task by name (blocking: call in a thread)."""
-        send_job(self.celery, record["id"], record["kind"], retries=self.settings.publish_retries)
+        """Send the job's id to the training queue (blocking: call in a thread)."""
+        send_job(self.celery, record["id"], retries=self.settings.publish_retries)
 
     async def submit(self, request: JobRequest) -> dict:
         """Validate, write the record, send the message; the record as enqueued."""
@@ -80,7 +79,7 @@ class JobService:
             await asyncio.to_thread(self.store.discard_unclaimed, record["id"],
                                     "sending the job failed on an internal error")
             raise
-        return await asyncio.to_thread(self.store.update, record["id"], _mark_enqueued)
+        return await asyncio.to_thread(self.store.move, record["id"], jobs.enqueued)
 
     def cancel(self, job_id: str) -> dict:
         """Ask a queued or running job to stop (blocking: call in a thread); 409 once it has finished."""
@@ -184,11 +183,6 @@ class JobService:
         if entry.error is not None:
             raise ServiceError("validation", f"base_model: model '{name}' cannot be used: {entry.error}")
         return entry
-
-
-def _mark_enqueued(record: dict) -> None:
-    record["enqueued_at"] = now_iso()
-    add_event(record, "enqueued")
 
 
 def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:

@@ -5,21 +5,22 @@ model.files, never a web or queue framework. Everything the two sides share live
 DATA_DIR, written crash-safely (temp, fsync, rename):
 
     layout.py    where things live, the name rule, job ids, timestamps
-    jobs.py      job records (job.json), states, events, cancel requests, metrics.jsonl
+    jobs.py      job records (job.json), their states and named transitions, cancel requests, metrics
     lease.py     the flock lease that makes a job train exactly once, and its heartbeat
     datasets.py  uploaded datasets and their meta.json
     publish.py   moving a finished model into DATA_DIR/models/<name>, with its provenance
 """
 
 from model.datadir.datasets import DatasetExists, dataset_file, list_datasets, read_meta
-from model.datadir.jobs import JOB_KINDS, STATES, TERMINAL, JobFinished, JobNotFound, JobStore, add_event
+from model.datadir.jobs import JOB_KINDS, STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobNotFound, JobRecord, JobStore
 from model.datadir.layout import JOB_ID_PATTERN, NAME_PATTERN, NAME_RULE, DataDir, new_job_id, now_iso, valid_job_id, valid_name
 from model.datadir.lease import Lease, lease_is_free, worker_identity
 from model.datadir.publish import PROVENANCE, publish_model, published_by
 
 __all__ = [
-    "DataDir", "DatasetExists", "JOB_ID_PATTERN", "JOB_KINDS", "JobFinished", "JobNotFound", "JobStore", "Lease", "NAME_PATTERN",
-    "NAME_RULE", "PROVENANCE", "STATES", "TERMINAL", "add_event", "dataset_file", "lease_is_free",
+    "DataDir", "DatasetExists", "IllegalTransition", "JOB_ID_PATTERN", "JOB_KINDS", "JobFinished", "JobNotFound",
+    "JobRecord", "JobStore", "Lease", "NAME_PATTERN", "NAME_RULE", "PROVENANCE", "STATES", "TERMINAL", "TRANSITIONS",
+    "dataset_file", "lease_is_free",
     "list_datasets", "new_job_id", "now_iso", "publish_model", "published_by", "read_meta", "valid_job_id",
     "valid_name", "worker_identity",
 ]

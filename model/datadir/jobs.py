@@ -10,6 +10,10 @@ carries its id), so a job outlives Redis.
 
 job.json is only ever replaced by rename (temp file, fsync, rename), so readers never see half of it
 and need no lock; writers serialise on `.record.lock` so two updates never lose each other.
+
+A job's `state` and its `events` change only here, through the named transitions below (as Celery's
+own task states are set in one place): TRANSITIONS declares every (state, event) -> state move; a
+transition raises IllegalTransition, before it changes anything, for a move the table lacks.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypedDict
 
 from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
 from model.datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
@@ -36,16 +40,62 @@ FORMAT_VERSION = 1
 MAX_EVENTS = 100  # a job that is redelivered many times keeps only its latest events
 
 
+class JobRecord(TypedDict, total=False):
+    """job.json, as create() writes it and the transitions below change it (a plain dict on disk and
+    in the API's responses). The spec's keys (kind, model_name, base_model, dataset, params, estimate)
+    come from the app; runtime_s and lost_attempt appear once the worker writes them."""
+
+    format_version: int
+    id: str
+    kind: str  # "pretrain" | "finetune": the one place a job's kind is kept (the worker reads it here)
+    model_name: str
+    base_model: str | None
+    dataset: str
+    params: dict[str, Any]
+    estimate: dict[str, Any]
+    state: str
+    attempts: int
+    created_at: str
+    updated_at: str
+    enqueued_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    heartbeat_at: str | None
+    worker: str | None
+    progress: dict[str, Any]
+    eval: dict[str, Any] | None
+    latest_checkpoint: str | None
+    cancel_requested: bool
+    error: str | None
+    result: dict[str, Any] | None
+    events: list[dict[str, str]]
+    runtime_s: float
+    lost_attempt: dict[str, Any]
+
+
 class JobNotFound(KeyError):
     pass
 
 
-class JobFinished(Exception):
+class IllegalTransition(Exception):
+    """A job in `state` cannot take `event` (TRANSITIONS has no such move); nothing was changed."""
+
+    def __init__(self, job_id: str, state: str, event: str):
+        super().__init__(job_id, state, event)
+        self.job_id, self.state, self.event = job_id, state, event
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} is {self.state}: '{self.event}' is not a move from {self.state}"
+
+
+class JobFinished(IllegalTransition):
     """What was asked of a job (a cancel) needs it unfinished, and it is `state`."""
 
-    def __init__(self, job_id: str, state: str):
-        super().__init__(f"job {job_id} is {state}")
-        self.job_id, self.state = job_id, state
+    def __init__(self, job_id: str, state: str, event: str = "cancel requested"):
+        super().__init__(job_id, state, event)
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} is {self.state}"
 
 
 class JobStore:
@@ -62,17 +112,17 @@ class JobStore:
 
     # -- records ----------------------------------------------------------------------------------
 
-    def create(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def create(self, spec: dict[str, Any]) -> JobRecord:
         """Write a new job in state "queued" (atomically: the directory appears with its record)."""
         job_id = new_job_id()
         now = now_iso()
-        record = {
+        record: JobRecord = {
             "format_version": FORMAT_VERSION, "id": job_id, **spec, "state": "queued", "attempts": 0,
             "created_at": now, "updated_at": now, "enqueued_at": None, "started_at": None, "finished_at": None,
             "heartbeat_at": None, "worker": None, "progress": {}, "eval": None, "latest_checkpoint": None,
             "cancel_requested": False, "error": None, "result": None, "events": [],
         }
-        add_event(record, "created")
+        _add_event(record, "created")
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"{TMP_PREFIX}{job_id}"
         tmp.mkdir()
@@ -82,7 +132,7 @@ class JobStore:
         fsync_dir(self.root)
         return record
 
-    def read(self, job_id: str) -> dict[str, Any]:
+    def read(self, job_id: str) -> JobRecord:
         try:
             return json.loads((self.job_dir(job_id) / RECORD).read_bytes())
         except FileNotFoundError:
@@ -111,7 +161,7 @@ class JobStore:
         """The queued or running job that will publish model `name`, if there is one."""
         return next((r for r in self.list() if r.get("model_name") == name and r["state"] not in TERMINAL), None)
 
-    def update(self, job_id: str, change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    def update(self, job_id: str, change: Callable[[JobRecord], Any]) -> JobRecord:
         """Read-modify-write job.json under its lock; `change` edits the record in place."""
         job_dir = self.job_dir(job_id)
         if not (job_dir / RECORD).is_file():
@@ -122,6 +172,11 @@ class JobStore:
             record["updated_at"] = now_iso()
             atomic_write_bytes(job_dir / RECORD, encode(record))
         return record
+
+    def move(self, job_id: str, transition: Callable[..., None], *args: Any) -> JobRecord:
+        """One named transition (below), written under the record lock; IllegalTransition leaves
+        job.json as it was."""
+        return self.update(job_id, lambda record: transition(record, *args))
 
     def discard_unclaimed(self, job_id: str, why: str) -> bool:
         """Remove a job whose message never left (publishing failed); True if it was removed.
@@ -135,7 +190,7 @@ class JobStore:
             nonlocal unclaimed
             if record["state"] == "queued" and record["attempts"] == 0:
                 unclaimed = True
-                record["state"], record["error"] = "failed", f"{why}; the job was never queued"
+                discard(record, why)
 
         self.update(job_id, close)
         if unclaimed:
@@ -147,20 +202,13 @@ class JobStore:
 
     # -- cancel -----------------------------------------------------------------------------------
 
-    def request_cancel(self, job_id: str) -> dict[str, Any]:
+    def request_cancel(self, job_id: str) -> JobRecord:
         """Cooperative cancel: a queued job is cancelled now; a running one when its loop next looks.
         Raises JobFinished for a job that has already succeeded, failed or been cancelled."""
         job_dir = self.job_dir(job_id)
 
-        def change(record: dict) -> None:
-            if record["state"] in TERMINAL:
-                raise JobFinished(job_id, record["state"])  # before anything is written
-            record["cancel_requested"] = True
-            if record["state"] == "queued":
-                record["state"], record["finished_at"] = "cancelled", now_iso()
-                add_event(record, "cancelled", "while queued")
-            else:
-                add_event(record, "cancel requested")
+        def change(record: JobRecord) -> None:
+            ask_to_cancel(record)  # raises JobFinished before anything is written
             (job_dir / CANCEL).touch()
 
         return self.update(job_id, change)
@@ -197,7 +245,154 @@ def encode(record: dict) -> bytes:
     return (json.dumps(record, indent=1, sort_keys=False) + "\n").encode()
 
 
-def add_event(record: dict, event: str, detail: str | None = None) -> None:
+# -- the lifecycle ------------------------------------------------------------------------------
+#
+# Every move a job makes, as (state, event) -> state: the one declaration of the lifecycle. An event
+# is also what the move appends to the record's `events`. The functions below are the named
+# transitions; each changes a record in memory (callers run it inside JobStore.update or JobStore.move,
+# which write it atomically under the record lock) and raises IllegalTransition before changing
+# anything when the table has no such move.
+
+TRANSITIONS: dict[tuple[str, str], str] = {
+    # The app notes the send after it, by when a quick worker (or a cancel) may have moved the job on.
+    **{(state, "enqueued"): state for state in STATES},
+    # A delivery that found the lease held: the holder has the job in whatever state.
+    **{(state, "duplicate delivery ignored"): state for state in STATES},
+    ("queued", "re-enqueued"): "queued",  # recovery sweep, or sent again after a hand-back
+    ("running", "re-enqueued"): "running",  # recovery sweep (its worker died), or after lost ranks
+    ("queued", "started"): "running",
+    ("running", "started"): "running",  # a new attempt after one whose process died
+    ("running", "attempt did not finish"): "running",  # noted by the next delivery, before it starts
+    ("running", "worker process lost"): "running",  # noted by the worker's main process (the OOM killer)
+    ("running", "training processes lost"): "running",  # a data-parallel rank died
+    ("running", "resumed"): "running",  # from the latest checkpoint
+    ("running", "cancel requested"): "running",  # the loop stops at its next step
+    ("running", "handed back"): "queued",  # the worker shuts down: not a failed attempt
+    ("running", "succeeded"): "succeeded",
+    ("running", "failed"): "failed",
+    ("queued", "time limit"): "failed",  # earlier attempts used up max_runtime
+    ("running", "time limit"): "failed",
+    ("queued", "too many attempts"): "failed",
+    ("running", "too many attempts"): "failed",
+    ("queued", "cancelled"): "cancelled",  # cancelled while queued
+    ("running", "cancelled"): "cancelled",  # the loop saw the cancel request
+    ("queued", "cancelled before it could run"): "cancelled",
+    ("running", "cancelled before it could run"): "cancelled",
+    ("queued", "discarded"): "failed",  # its message never left: the record is removed next
+}
+
+
+def _move(record: JobRecord, event: str, detail: str | None = None, **fields: Any) -> None:
+    """Take the move TRANSITIONS has for (state, event), or raise before changing anything.
+    Entering a finished state stamps finished_at and clears the heartbeat."""
+    state = record["state"]
+    to = TRANSITIONS.get((state, event))
+    if to is None:
+        raise (JobFinished if state in TERMINAL else IllegalTransition)(record["id"], state, event)
+    record.update(fields)
+    if to in TERMINAL and state not in TERMINAL:
+        record["finished_at"], record["heartbeat_at"] = now_iso(), None
+    record["state"] = to
+    _add_event(record, event, detail)
+
+
+def enqueued(record: JobRecord) -> None:
+    """The app sent the job's message."""
+    _move(record, "enqueued", enqueued_at=now_iso())
+
+
+def requeued(record: JobRecord, detail: str) -> None:
+    """A worker sent the unfinished job's message again."""
+    _move(record, "re-enqueued", detail, enqueued_at=now_iso())
+
+
+def duplicate_ignored(record: JobRecord, detail: str) -> None:
+    _move(record, "duplicate delivery ignored", detail)
+
+
+def start(record: JobRecord, worker: str) -> None:
+    """A new attempt, on `worker`, now holding the lease."""
+    attempt = record["attempts"] + 1
+    _move(record, "started", f"attempt {attempt} on {worker}", attempts=attempt, worker=worker,
+          heartbeat_at=now_iso(), started_at=record.get("started_at") or now_iso())
+
+
+def attempt_did_not_finish(record: JobRecord) -> None:
+    """Say why the last attempt's process is gone, if the worker's main process saw it die
+    (worker_process_lost), and keep that as the job's error until it succeeds."""
+    lost = record.get("lost_attempt") or {}
+    reason = lost.get("reason") if lost.get("attempt") == record["attempts"] else None
+    error = f"attempt {record['attempts']} did not finish: {reason or 'the worker died'}"
+    _move(record, "attempt did not finish", error, error=error)
+
+
+def worker_process_lost(record: JobRecord, reason: str) -> None:
+    """The pool process running the attempt died (seen by the worker's main process)."""
+    _lost(record, "worker process lost", reason)
+
+
+def ranks_lost(record: JobRecord, reason: str) -> None:
+    """A data-parallel attempt ended without an outcome (a rank died)."""
+    _lost(record, "training processes lost", reason)
+
+
+def _lost(record: JobRecord, event: str, reason: str) -> None:  # read by the next start's attempt_did_not_finish
+    _move(record, event, reason, lost_attempt={"attempt": record["attempts"], "reason": reason, "at": now_iso()})
+
+
+def resumed(record: JobRecord, checkpoint: str) -> None:
+    _move(record, "resumed", f"from {checkpoint}")
+
+
+def ask_to_cancel(record: JobRecord) -> None:
+    """Cooperative cancel: a queued job is cancelled now; a running one when its loop next looks.
+    Raises JobFinished for a finished job."""
+    if record["state"] == "queued":
+        _move(record, "cancelled", "while queued", cancel_requested=True)
+    else:
+        _move(record, "cancel requested", cancel_requested=True)
+
+
+def hand_back(record: JobRecord, detail: str) -> None:
+    """The worker is shutting down: the job is queued again, and the attempt is not counted."""
+    _move(record, "handed back", detail, worker=None, heartbeat_at=None, attempts=max(0, record["attempts"] - 1))
+
+
+def succeed(record: JobRecord, result: dict, detail: str) -> None:
+    _move(record, "succeeded", detail, result=result, error=None)
+
+
+def fail(record: JobRecord, error: str) -> None:
+    """The attempt raised (`error` is what it raised, in words)."""
+    _move(record, "failed", error[:500], error=error)
+
+
+def time_out(record: JobRecord, error: str, detail: str | None = None) -> None:
+    """The job's max_runtime (or the worker's soft time limit) is used up."""
+    _move(record, "time limit", detail, error=error)
+
+
+def give_up(record: JobRecord, error: str) -> None:
+    """Too many attempts (BERT_JOB_MAX_ATTEMPTS)."""
+    _move(record, "too many attempts", error=error)
+
+
+def cancel(record: JobRecord, detail: str) -> None:
+    """The training loop stopped on the job's cancel request."""
+    _move(record, "cancelled", detail)
+
+
+def cancel_before_start(record: JobRecord) -> None:
+    """A delivery found the cancel request before it started the job."""
+    _move(record, "cancelled before it could run")
+
+
+def discard(record: JobRecord, why: str) -> None:
+    """The job's message never left: closed (then removed by JobStore.discard_unclaimed)."""
+    _move(record, "discarded", why, error=f"{why}; the job was never queued")
+
+
+def _add_event(record: JobRecord, event: str, detail: str | None = None) -> None:
     entry = {"at": now_iso(), "event": event}
     if detail:
         entry["detail"] = detail

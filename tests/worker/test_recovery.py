@@ -141,7 +141,7 @@ def test_a_duplicate_delivery_never_trains_twice(tmp_path):
         wait_for(lambda: read_record(s.data_dir, job_id)["progress"].get("step", 0) >= 1, 60, "training")
         publisher = Celery(broker=REDIS_URL, set_as_current=False)
         publisher.conf.update(task_serializer="json", accept_content=["json"])
-        publisher.send_task("bert.finetune", args=[job_id], queue="training")
+        publisher.send_task("bert.finetune", args=[job_id], queue="training")  # an earlier version's task name
         wait_for(lambda: any("running elsewhere" in w.log() for w in s.workers), 60, "the duplicate's no-op")
         assert read_record(s.data_dir, job_id)["state"] == "running", "the job must still run: make it longer"
 

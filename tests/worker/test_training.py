@@ -33,13 +33,12 @@ def settings(data_dir):
 def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, settings):
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
-    assert run_job(job_id, "finetune", settings) == {"job": job_id, "outcome": "succeeded"}
+    assert run_job(job_id, settings) == {"job": job_id, "outcome": "succeeded"}
     record = store.read(job_id)
     assert (record["state"], record["attempts"], record["progress"]["step"]) == ("succeeded", 1, 10)
     assert record["result"]["model_dir"] == "models/clf" and record["latest_checkpoint"] == "checkpoints/step-10"
     assert (data_dir / "models" / "clf" / "model.safetensors").is_file()
-    assert run_job(job_id, "finetune", settings) == {"job": job_id, "outcome": "already succeeded"}
-    assert run_job(job_id, "pretrain", settings)["outcome"] == "already succeeded"
+    assert run_job(job_id, settings) == {"job": job_id, "outcome": "already succeeded"}
 
 
 def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings):
@@ -48,7 +47,7 @@ def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings
     store.update(job_id, lambda r: r.update(state="running", attempts=1))
     holder = LeaseHolder(data_dir, job_id)
     try:
-        assert run_job(job_id, "finetune", settings)["outcome"] == "running elsewhere"
+        assert run_job(job_id, settings)["outcome"] == "running elsewhere"
     finally:
         holder.kill()
     record = store.read(job_id)
@@ -61,19 +60,19 @@ def test_a_job_that_keeps_dying_is_failed_after_max_attempts(data_dir, settings)
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     store.update(job_id, lambda r: r.update(state="running", attempts=3))  # three workers died on it
-    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    assert run_job(job_id, settings)["outcome"] == "failed"
     record = store.read(job_id)
     assert record["state"] == "failed" and record["attempts"] == 3
     assert record["error"] == ("gave up after 3 attempts (BERT_JOB_MAX_ATTEMPTS); "
                                "last: attempt 3 did not finish: the worker died")
-    assert run_job(job_id, "finetune", settings)["outcome"] == "already failed"
+    assert run_job(job_id, settings)["outcome"] == "already failed"
 
 
 def test_a_training_error_fails_the_job_with_its_message(data_dir, settings):
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     (data_dir / "datasets" / "reviews" / "data.csv").write_text("text,label\n")  # emptied after validation
-    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    assert run_job(job_id, settings)["outcome"] == "failed"
     record = store.read(job_id)
     assert record["state"] == "failed" and "has no data rows" in record["error"]
     assert (store.job_dir(job_id) / "error.log").is_file()
@@ -84,7 +83,7 @@ def test_a_cancel_before_the_first_step_never_trains(data_dir, settings):
     job_id = store.create(finetune_spec("clf"))["id"]
     store.update(job_id, lambda r: r.update(state="running"))  # e.g. a worker died, then a cancel came
     store.request_cancel(job_id)
-    assert run_job(job_id, "finetune", settings)["outcome"] == "cancelled"
+    assert run_job(job_id, settings)["outcome"] == "cancelled"
     assert store.read(job_id)["attempts"] == 0
 
 
@@ -92,7 +91,7 @@ def test_the_soft_time_limit_stops_at_a_step_with_a_checkpoint(data_dir, setting
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf", max_steps=50))["id"]
     limited = settings.model_copy(update={"job_soft_time_limit": 0})
-    assert run_job(job_id, "finetune", limited)["outcome"] == "failed"
+    assert run_job(job_id, limited)["outcome"] == "failed"
     record = store.read(job_id)
     assert record["error"] == ("stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step 1; "
                                "checkpoint checkpoints/step-1")
@@ -104,7 +103,7 @@ def test_max_runtime_stops_the_job_with_a_loadable_checkpoint(data_dir, settings
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf", max_steps=100_000, save_every=0, max_runtime=60))["id"]
     store.update(job_id, lambda r: r.update(runtime_s=59.8))
-    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    assert run_job(job_id, settings)["outcome"] == "failed"
     record = store.read(job_id)
     step = record["progress"]["step"]
     assert 1 <= step < 100_000 and record["runtime_s"] >= 60
@@ -124,7 +123,7 @@ def test_a_job_whose_max_runtime_is_used_up_fails_without_training(data_dir, set
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf", max_runtime=30))["id"]
     store.update(job_id, lambda r: r.update(state="running", attempts=1, runtime_s=31.0))
-    assert run_job(job_id, "finetune", settings)["outcome"] == "failed"
+    assert run_job(job_id, settings)["outcome"] == "failed"
     record = store.read(job_id)
     assert (record["attempts"], record["events"][-1]["event"]) == (1, "time limit")
     assert record["error"] == ("time limit: the job's max_runtime (30 s) was used up by its earlier attempts (31 s); "
@@ -141,11 +140,11 @@ def test_runtime_adds_up_over_attempts(data_dir, settings):
         def is_set(self):
             return True
 
-    assert run_job(job_id, "finetune", settings, shutting_down=Set())["outcome"] == "handed back"
+    assert run_job(job_id, settings, shutting_down=Set())["outcome"] == "handed back"
     first = store.read(job_id)["runtime_s"]
     assert first > 0
     store.update(job_id, lambda r: r.update(runtime_s=first + 100))  # as if the first had taken 100 s more
-    assert run_job(job_id, "finetune", settings)["outcome"] == "succeeded"
+    assert run_job(job_id, settings)["outcome"] == "succeeded"
     record = store.read(job_id)
     assert record["runtime_s"] > first + 100 and record["error"] is None
 
@@ -163,7 +162,7 @@ def test_a_lost_attempt_shows_why_it_was_lost(data_dir, settings, noted_attempt,
     else:
         store.update(job_id, lambda r: r.update(lost_attempt={"attempt": 0, "reason": "stale"}))
     one = settings.model_copy(update={"job_max_attempts": 1})
-    assert run_job(job_id, "finetune", one)["outcome"] == "failed"
+    assert run_job(job_id, one)["outcome"] == "failed"
     record = store.read(job_id)
     assert record["error"] == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
     lost = next(e for e in record["events"] if e["event"] == "attempt did not finish")
@@ -187,11 +186,11 @@ def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
     holder = LeaseHolder(data_dir, ids["alive"])
     sent = []
     try:
-        assert set(sweep(store, lambda job_id, kind: sent.append((job_id, kind)))) == {ids["queued"], ids["orphan"]}
+        assert set(sweep(store, sent.append)) == {ids["queued"], ids["orphan"]}
         assert sweep(store, lambda *a: None, states=("running",)) == [ids["orphan"]]
     finally:
         holder.kill()
-    assert sorted(sent) == sorted([(ids["queued"], "finetune"), (ids["orphan"], "finetune")])
+    assert sorted(sent) == sorted([ids["queued"], ids["orphan"]])
     assert store.read(ids["orphan"])["events"][-1]["event"] == "re-enqueued"
 
 
@@ -208,4 +207,6 @@ def test_the_celery_app_is_configured_for_long_jobs(tmp_path):
     assert not embedded.conf.worker_enable_remote_control
     import worker.tasks
 
-    assert {"bert.pretrain", "bert.finetune"} <= set(worker.tasks.app.tasks.keys())
+    # one task for every kind (the record says which), and the names earlier versions sent, for messages
+    # still queued at an upgrade
+    assert {"bert.train", "bert.pretrain", "bert.finetune"} <= set(worker.tasks.app.tasks.keys())
