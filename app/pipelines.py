@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": (
          "qa": ("qa", "/question-answering")}
 
 
-def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
+def encode(lm: LoadedModel, items: Sequence[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
     """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`. Errors number the
     inputs from `first`. Stops between inputs once the request has gone (app/service.py check_dropped)."""
     rows = []
