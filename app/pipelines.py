@@ -15,8 +15,9 @@ each candidate's `sequence` splices the candidate into the input decoded once pe
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 

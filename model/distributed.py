@@ -337,4 +337,4 @@ def listen_where_named() -> None:
 
     for module in (dist, rendezvous, c10d_backend, static_backend):
         if (store := getattr(module, "TCPStore", None)) is not None and store is not _NamedAddressStore:
-            setattr(module, "TCPStore", _NamedAddressStore)  # a patch by name, as getattr reads it
+            vars(module)["TCPStore"] = _NamedAddressStore  # (by name: the loop's modules are typed as ModuleType)
