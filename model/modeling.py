@@ -161,7 +161,7 @@ def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Ten
 try:
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn  # torch >= 2.9, CUDA only
 except ImportError:  # pragma: no cover - older torch
-    _varlen_attn = None  # type: ignore[assignment]
+    _varlen_attn = None  # type: ignore[assignment]  # (none on this torch: varlen_fits says no)
 
 # Flash attention's kernels take head sizes that are a multiple of 8, up to 256.
 VARLEN_HEAD_SIZE_MULTIPLE, VARLEN_MAX_HEAD_SIZE = 8, 256
@@ -216,7 +216,8 @@ class Packed:
         if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p) and kernels.enabled("flash-varlen"):
             try:
                 # (torch's stub also allows the (out, aux) pair that only return_aux asks for)
-                return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)  # type: ignore[return-value]
+                out = _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+                return out  # type: ignore[return-value]
             except RuntimeError as e:  # off for the process; this call goes through SDPA per sequence
                 kernels.fail("flash-varlen", e)
         pieces = []

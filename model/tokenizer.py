@@ -262,8 +262,8 @@ class BertTokenizer:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
         return encode_one(self._tok, _check_text(text, "text"), add_special_tokens=False).tokens
 
-    @overload
-    def convert_tokens_to_ids(self, tokens: str) -> int: ...  # type: ignore[overload-overlap]  # (a str is a Sequence[str])
+    @overload  # (a str is also a Sequence[str]; this overload, the first, is the one it matches)
+    def convert_tokens_to_ids(self, tokens: str) -> int: ...  # type: ignore[overload-overlap]
     @overload
     def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]: ...
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:

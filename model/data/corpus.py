@@ -169,14 +169,16 @@ def open_binary(
     import zstandard  # only where .zst files are read
 
     # (zstandard's stubs ask for IO[bytes]; it reads any file object, this raw one included)
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)  # type: ignore[arg-type]
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)  # type: ignore[arg-type]
+    return io.BufferedReader(reader, 1 << 20)
 
 
 def open_text(path: str | os.PathLike, byte_range: tuple[int, int] | None = None, errors: str = "strict",
               on_read: Callable[[int], None] | None = None) -> io.TextIOBase:
     """A file as UTF-8 text with universal newlines, decompressed by its suffix (see open_binary)."""
     # (typeshed's BufferedIOBase lacks the `name` attribute its TextIOWrapper asks for)
-    return io.TextIOWrapper(open_binary(path, byte_range, on_read), encoding="utf-8", errors=errors)  # type: ignore[type-var]
+    binary = open_binary(path, byte_range, on_read)
+    return io.TextIOWrapper(binary, encoding="utf-8", errors=errors)  # type: ignore[type-var]
 
 
 # ---------------------------------------------------------------------------- readers

@@ -42,7 +42,8 @@ _READ_BYTES = 1 << 16
 _STATS = ("wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles", "wiki_oversize_pages")
 
 
-def read_wiki_articles(f: IO[bytes] | io.BufferedIOBase, path: str | Path, stats: dict | None = None) -> Iterator[list[str]]:
+def read_wiki_articles(f: IO[bytes] | io.BufferedIOBase, path: str | Path,
+                       stats: dict | None = None) -> Iterator[list[str]]:
     """The articles of a MediaWiki XML export, each a list of its paragraphs' plain text.
 
     `stats` counts pages skipped: "wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles",
@@ -88,7 +89,8 @@ class _PageTarget:
     """An XML parser target that keeps, of the <page> being read, only what _pages yields: the texts of its
     <title>, <ns> and <revision><text>, each dropped once longer than MAX_PAGE_CHARS (and marked oversize)."""
 
-    _KEPT: dict[tuple[str | None, str], str] = {("page", "title"): "title", ("page", "ns"): "ns", ("revision", "text"): "text"}
+    _KEPT: dict[tuple[str | None, str], str] = {  # (parent, element) -> field; the root's parent is None
+        ("page", "title"): "title", ("page", "ns"): "ns", ("revision", "text"): "text"}
 
     def __init__(self, path: str | Path):
         self.path = path
