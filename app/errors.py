@@ -11,7 +11,8 @@ Pattern after text-embeddings-inference's router (one ErrorType -> StatusCode ta
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,7 +37,7 @@ STATUS: dict[str, int] = {
     "insufficient_storage": 507,  # the data directory's disk is full (a dataset upload)
     "internal": 500,
 }
-assert set(ErrorKind.__args__) == set(STATUS)
+assert set(get_args(ErrorKind)) == set(STATUS)
 
 # Retry-After (seconds, RFC 9110 section 10.2.3) on every answer with these statuses: a full queue
 # drains within a second or so; a model that is loading, still training or a service that is
@@ -79,7 +80,7 @@ def error_body(kind: str, message: str, **details) -> dict:
     return {"error": message, "error_type": kind, **details}
 
 
-def error_response(kind: str, message: str, status: int | None = None, headers: dict | None = None,
+def error_response(kind: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None,
                    **details) -> JSONResponse:
     status = status or STATUS[kind]
     headers = dict(headers or {})
@@ -159,7 +160,8 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServiceError, _service_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    # Starlette types a handler as taking any Exception; these take the one they are registered for.
+    app.add_exception_handler(ServiceError, _service_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -125,7 +125,8 @@ MAKERS = {"PER": person, "LOC": place, "ORG": company, "DATE": date}
 
 def draw_distinct(rng: random.Random, pools: Pools, kind: str, n: int) -> list[list[str]]:
     """`n` different entities of one kind (one context never names two people the same)."""
-    seen, out = set(), []
+    seen: set[str] = set()
+    out: list[list[str]] = []
     while len(out) < n:
         entity = MAKERS[kind](rng, pools)
         if " ".join(entity) not in seen:
@@ -256,7 +257,7 @@ def ner_split(split: str, n: int, seed: int = 0) -> list[tuple[list[str], list[s
         raise ValueError(f"n must be >= 1, got {n!r}")
     rng = random.Random(f"ner-{split}-{seed}")
     pools, templates = Pools.for_split(split), ner_templates(split)
-    order = []
+    order: list[str] = []
     while len(order) < n:
         order += rng.sample(templates, len(templates))
     return [render_ner(rng, pools, t) for t in order[:n]]
@@ -275,7 +276,7 @@ def write_ner(out_dir: str | os.PathLike, seed: int = 0, n_train: int = 2000, n_
     """out_dir/ner-train.conll and out_dir/ner-test.conll; returns their paths and sizes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {}
+    result: dict[str, str | int] = {}
     for split, sentences in ner_splits(seed, n_train, n_test).items():
         path = out_dir / f"ner-{split}.conll"
         atomic_write_bytes(path, conll_text(sentences).encode("utf-8"))
@@ -297,7 +298,7 @@ QA_FACTS = {
 }
 OPTIONAL_FACTS = ("founded", "moved")  # sometimes left out, so that questions about them have no answer
 # (fact the answer is stated by, answer slot, question forms); the last form of each is test only.
-QA_QUESTIONS = (
+QA_QUESTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("born", "LB", ("Where was {P} born ?", "In which town was {P} born ?", "What is the birthplace of {P} ?",
                     "{P} was born in which place ?")),
     ("born", "DB", ("When was {P} born ?", "On what date was {P} born ?", "What is the birth date of {P} ?",
@@ -355,7 +356,8 @@ def qa_context(rng: random.Random, values: dict) -> tuple[str, set[str], dict[st
     """The context text, the facts it states, and each answer slot's character span in it."""
     facts = [f for f in QA_FACTS if f not in OPTIONAL_FACTS or rng.random() < 0.75]
     rng.shuffle(facts)
-    text, spans = "", {}
+    text = ""
+    spans: dict[str, tuple[int, int]] = {}
     for fact in facts:
         sentence, sentence_spans = render_text(rng.choice(QA_FACTS[fact]), values)
         offset = len(text) + (1 if text else 0)
@@ -415,7 +417,7 @@ def write_qa(out_dir: str | os.PathLike, seed: int = 0, n_train: int = 800, n_te
     """out_dir/qa-train.json and out_dir/qa-test.json (SQuAD v2.0); returns their paths and sizes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {}
+    result: dict[str, str | int] = {}
     for split, n in (("train", n_train), ("test", n_test)):
         squad = qa_split(split, n, seed)
         path = out_dir / f"qa-{split}.json"

@@ -28,6 +28,7 @@ import random
 import re
 import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def start_point(run_dir: str | Path | None, resume: bool | str | Path) -> Path |
     return path
 
 
-def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: set[Path] = frozenset()) -> list[Path]:
+def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: Iterable[Path] = frozenset()) -> list[Path]:
     """Delete complete checkpoints except the newest `keep_last` and those in `keep`; returns the deleted."""
     found = list_checkpoints(run_dir)
     protected = set(found[-keep_last:] if keep_last > 0 else []) | {Path(p) for p in keep}
@@ -194,7 +195,8 @@ def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torc
 
 def _save_model(model: torch.nn.Module, out: Path, tokenizer) -> None:
     # What save_pretrained writes, but into our temp dir (save_pretrained makes its own atomic dir).
-    config = BertConfig.from_dict(model.config.to_dict())
+    # (torch types a module's attributes as Tensor | Module; `config` is the model's BertConfig)
+    config = BertConfig.from_dict(model.config.to_dict())  # type: ignore[union-attr, operator]
     config.architectures = [type(model).__name__]
     config.to_json_file(out / "config.json")
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
@@ -220,7 +222,9 @@ def _rng_state() -> tuple[dict[str, torch.Tensor], dict]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{i}"] = state
-    kind, key, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state()
+    assert isinstance(numpy_state, tuple)  # the legacy form, get_state's default
+    kind, key, pos, has_gauss, cached = numpy_state
     tensors["numpy_key"] = torch.from_numpy(key.astype(np.int64))
     version, internal, gauss_next = random.getstate()
     return tensors, {"numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},

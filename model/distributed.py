@@ -236,6 +236,7 @@ def torchrun_command(target: list[str], nproc_per_node: int, nnodes: int = 1, no
     else:
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+        assert rdzv_endpoint is not None  # check_launch asks for one with nnodes > 1
         if is_loopback(endpoint_host(rdzv_endpoint)):  # every node is on this machine
             cmd.append("--local-addr=127.0.0.1")
     return cmd + list(target)
@@ -257,7 +258,7 @@ def check_launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_
         host, _, port = rdzv_endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"rendezvous endpoint must be HOST:PORT, got {rdzv_endpoint!r}")
-    if nnodes > 1 and not trusted_network and not is_loopback(endpoint_host(rdzv_endpoint)):
+    if nnodes > 1 and rdzv_endpoint and not trusted_network and not is_loopback(endpoint_host(rdzv_endpoint)):
         raise ValueError(f"rendezvous endpoint {rdzv_endpoint} is not on loopback: torch's rendezvous store runs "
                          "code sent to its port, so a multi-node run needs a network that only the training "
                          "nodes can reach; say so with trusted_network")
@@ -336,5 +337,5 @@ def listen_where_named() -> None:
     import torch.distributed.rendezvous as rendezvous
 
     for module in (dist, rendezvous, c10d_backend, static_backend):
-        if getattr(module, "TCPStore", None) is not None and module.TCPStore is not _NamedAddressStore:
-            module.TCPStore = _NamedAddressStore
+        if (store := getattr(module, "TCPStore", None)) is not None and store is not _NamedAddressStore:
+            vars(module)["TCPStore"] = _NamedAddressStore  # (by name: the loop's modules are typed as ModuleType)

@@ -115,7 +115,7 @@ def _lm_counts(out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
     labels = batch["labels"]
     target = labels[labels != IGNORE_INDEX]  # logits are (N, V) in this row-major order
-    counts = {"mlm_n": target.numel()}
+    counts: dict[str, float] = {"mlm_n": target.numel()}
     if target.numel():
         counts["mlm_loss_sum"] = F.cross_entropy(logits.float(), target, reduction="sum").item()
         counts["mlm_correct"] = (logits.argmax(-1) == target).sum().item()

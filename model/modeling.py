@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +108,8 @@ class MultipleChoiceModelOutput:
 class BertEmbeddings(nn.Module):
     """Token + learned position + segment embeddings, summed, then LayerNorm and dropout."""
 
+    position_ids: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
@@ -157,7 +160,7 @@ def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Ten
 try:
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn  # torch >= 2.9, CUDA only
 except ImportError:  # pragma: no cover - older torch
-    _varlen_attn = None
+    _varlen_attn = None  # type: ignore[assignment]  # (none on this torch: varlen_fits says no)
 
 # Flash attention's kernels take head sizes that are a multiple of 8, up to 256.
 VARLEN_HEAD_SIZE_MULTIPLE, VARLEN_MAX_HEAD_SIZE = 8, 256
@@ -211,7 +214,9 @@ class Packed:
         """Attention within each sequence of packed (N, nh, hs) q, k, v."""
         if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p) and kernels.enabled("flash-varlen"):
             try:
-                return _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+                # (torch's stub also allows the (out, aux) pair that only return_aux asks for)
+                out = _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
+                return out  # type: ignore[return-value]
             except RuntimeError as e:  # off for the process; this call goes through SDPA per sequence
                 kernels.fail("flash-varlen", e)
         pieces = []
@@ -383,7 +388,7 @@ class BertLMPredictionHead(nn.Module):
 
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
-        self.transform = nn.Module()
+        self.transform: Any = nn.Module()  # a bare holder of HF-named children: mypy cannot see them
         self.transform.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.transform.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.act = config.hidden_act
@@ -617,7 +622,7 @@ class BertForPreTraining(BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config)
-        self.cls = nn.Module()
+        self.cls: Any = nn.Module()  # a bare holder, as BertLMPredictionHead.transform
         self.cls.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
         self.cls.seq_relationship = nn.Linear(config.hidden_size, 2)
         self.init_weights()
@@ -631,7 +636,7 @@ class BertForPreTraining(BertPreTrainedModel):
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.reshape(-1))
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
-        loss = sum(losses) if losses else None
+        loss = sum(losses[1:], losses[0]) if losses else None
         return PreTrainingOutput(logits, nsp_logits, loss, mlm_loss, nsp_loss)
 
 
@@ -643,7 +648,7 @@ class BertForMaskedLM(BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.cls = nn.Module()
+        self.cls: Any = nn.Module()  # a bare holder, as BertLMPredictionHead.transform
         self.cls.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
         self.init_weights()
 

@@ -19,6 +19,7 @@ bf16 support), bf16 layers compute each GEMM in fp32 instead: the same numbers, 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 # BertConfig.hidden_act -> function (HF's names; model.config.ACTIVATIONS lists the same keys).
-ACT2FN = {
+ACT2FN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # exact erf form, as Google's BERT and HF's "gelu"
     "gelu_new": _gelu_tanh,
     "gelu_pytorch_tanh": _gelu_tanh,
@@ -178,8 +179,8 @@ def linear(owner: nn.Module | None, x: torch.Tensor, weight: torch.Tensor, bias:
     by F.linear.
     """
     if _emulate_bf16(x):
-        up = [None if t is None else t.float() for t in (x, weight, bias, add)]
-        return linear(None, up[0], up[1], up[2], act, up[3]).to(torch.bfloat16)
+        up_bias, up_add = (None if t is None else t.float() for t in (bias, add))
+        return linear(None, x.float(), weight.float(), up_bias, act, up_add).to(torch.bfloat16)
     path = _path(x, weight)
     if path is None:
         return _epilogue(F.linear(x, weight, bias), act, add)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -121,7 +122,10 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def apply_precision(model: nn.Module, precision: str) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)  # the model converted, as it was given
+
+
+def apply_precision(model: M, precision: str) -> M:
     """Convert `model` in place to "fp32", "bf16" or "int8" (see the module docstring); returns it.
 
     Works on any of our model classes. Inputs and outputs keep their dtypes at every precision
@@ -213,7 +217,7 @@ def _encoder(model: nn.Module) -> nn.Module:
     return encoder
 
 
-def _quantize_int8(model: nn.Module) -> nn.Module:
+def _quantize_int8(model: M) -> M:
     if model.training:
         raise ValueError("int8 is for inference: call model.eval() before apply_precision(model, 'int8')")
     devices = {p.device.type for p in model.parameters()}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 # ---------------------------------------------------------------------------- tagging
@@ -58,7 +58,7 @@ def tagging_counts(gold: Sequence[str], predicted: Sequence[str]) -> dict[str, i
             "words": len(gold)}
 
 
-def tagging_metrics(counts: dict[str, float]) -> dict[str, float]:
+def tagging_metrics(counts: Mapping[str, float]) -> dict[str, float]:
     """precision, recall, f1 (entities, micro) and accuracy (words) from summed `tagging_counts`."""
     correct = counts["entities_correct"]
     precision = correct / counts["entities_predicted"] if counts["entities_predicted"] else 0.0
@@ -70,7 +70,7 @@ def tagging_metrics(counts: dict[str, float]) -> dict[str, float]:
 
 def tagging_scores(gold: Iterable[Sequence[str]], predicted: Iterable[Sequence[str]]) -> dict[str, float]:
     """tagging_metrics over sentences of gold and predicted tags."""
-    totals: collections.Counter = collections.Counter()
+    totals: collections.Counter[str] = collections.Counter()
     for g, p in zip(gold, predicted, strict=True):
         totals.update(tagging_counts(g, p))
     return tagging_metrics(totals)

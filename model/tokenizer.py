@@ -26,6 +26,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import overload
 
 import torch
 from tokenizers import (
@@ -166,10 +167,10 @@ class BertTokenizer:
         model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
     ) -> BertTokenizer:
         """Learn a WordPiece vocabulary from UTF-8 text files; [PAD] [UNK] [CLS] [SEP] [MASK] get ids 0..4."""
-        files = [str(f) for f in files]
-        if not files:
+        names = [str(f) for f in files]
+        if not names:
             raise ValueError("train needs at least one text file, got none")
-        missing = [f for f in files if not Path(f).is_file()]
+        missing = [f for f in names if not Path(f).is_file()]
         if missing:
             raise FileNotFoundError(f"training files not found: {missing}")
         specials = list(DEFAULT_SPECIAL_TOKENS.values())
@@ -188,7 +189,7 @@ class BertTokenizer:
             continuing_subword_prefix="##",
             show_progress=False,
         )
-        tokenizer.train(files, trainer)
+        tokenizer.train(names, trainer)
         return cls(tokenizer, lowercase=lowercase, model_max_length=model_max_length)
 
     # ------------------------------------------------------------------ saving
@@ -261,6 +262,10 @@ class BertTokenizer:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
         return encode_one(self._tok, _check_text(text, "text"), add_special_tokens=False).tokens
 
+    @overload  # (a str is also a Sequence[str]; this overload, the first, is the one it matches)
+    def convert_tokens_to_ids(self, tokens: str) -> int: ...  # type: ignore[overload-overlap]
+    @overload
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]: ...
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
         """Unknown tokens map to the [UNK] id."""
         if isinstance(tokens, str):
@@ -268,6 +273,12 @@ class BertTokenizer:
             return self.unk_token_id if found is None else found
         return [self.convert_tokens_to_ids(t) for t in tokens]
 
+    @overload
+    def convert_ids_to_tokens(self, ids: int) -> str: ...
+    @overload
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]: ...
+    @overload
+    def convert_ids_to_tokens(self, ids: torch.Tensor) -> str | list[str]: ...  # a 0-d tensor: one token
     def convert_ids_to_tokens(self, ids: int | Sequence[int] | torch.Tensor) -> str | list[str]:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
@@ -436,7 +447,7 @@ def _read_vocab_file(path: Path) -> dict[str, int]:
 
 
 def _vocab_from_list(tokens: list[str]) -> dict[str, int]:
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         if not isinstance(token, str) or not token:
             raise ValueError(f"vocabulary entry {i} must be a non-empty string, got {token!r}")

@@ -17,7 +17,7 @@ Head names: "pooler" (bert.pooler), "mlm" (cls.predictions), "nsp" (cls.seq_rela
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -57,9 +57,12 @@ def state_dict_keys(path: str | Path) -> list[str]:
     return list(load_state_dict(path))
 
 
-def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+V = TypeVar("V")  # a state dict's values: tensors, or anything when only its keys matter
+
+
+def normalize_state_dict(state_dict: dict[str, V]) -> dict[str, V]:
     """Any HF BERT state dict -> the "bert."-prefixed layout, with legacy names renamed."""
-    out = {}
+    out: dict[str, V] = {}
     for key, value in state_dict.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         if not key.startswith(("bert.", "cls.", "classifier.", "qa_outputs.")):

@@ -46,7 +46,12 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(rank)s %(message)s")
     job_id, settings, flag = argv[0], WorkerSettings(), SignalFlag()
     store, d = JobStore(settings.data_dir), env_dist()
-    logging.getLogger().handlers[0].addFilter(lambda r: setattr(r, "rank", d.rank) or True)
+
+    def tag_rank(record: logging.LogRecord) -> bool:
+        record.rank = d.rank
+        return True
+
+    logging.getLogger().handlers[0].addFilter(tag_rank)
     record = store.read(job_id)
     if d.is_main:
         outcome = train(store, record, settings, shutting_down=flag)

@@ -56,11 +56,12 @@ class KeyMiddleware:
 def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, KeyOf | None]]:
     """(path regex, key) of every route of these routers, each with the extra dependencies it is
     included with, as the key dependencies of app/api/deps.py declare it."""
-    guards = []
+    guards: list[tuple[re.Pattern, KeyOf | None]] = []
     for router, dependencies in routers:
         key_of = next((KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies]
                        if d.dependency in KEY_OF), None)
-        guards += [(route.path_regex, key_of) for route in router.routes]
+        # (starlette's BaseRoute does not declare path_regex; every route an APIRouter holds has one)
+        guards += [(route.path_regex, key_of) for route in router.routes]  # type: ignore[attr-defined]
     return guards
 
 

@@ -45,7 +45,7 @@ import shutil
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastapi import Request
 from python_multipart.exceptions import FormParserError
@@ -65,6 +65,9 @@ from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, install, 
 from app.errors import ServiceError
 from app.schemas import DatasetsResponse
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 
 log = logging.getLogger("bertserve")
 
@@ -93,13 +96,14 @@ class _Upload:
         self.sha256 = hashlib.sha256()
         self.pending: list[bytes] = []
         self.pending_bytes = 0
-        self._file = None
-        self._header_field, self._headers = b"", {}
+        self._file: BinaryIO | None = None
+        self._header_field = b""
+        self._headers: dict[bytes, bytes] = {}
         self._part: str | None = None
         self._value = b""
         self.parts = 0
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {"on_part_begin": self.on_part_begin, "on_part_data": self.on_part_data,
                 "on_part_end": self.on_part_end, "on_header_field": self.on_header_field,
                 "on_header_value": self.on_header_value, "on_header_end": self.on_header_end,
@@ -136,9 +140,10 @@ class _Upload:
             raise ServiceError("validation", f"unknown form field {name[:40]!r}; expected file, name, kind")
 
     def _check_filename(self) -> None:
-        ext = Path(self.filename or "").suffix.lower()
+        filename = self.filename or ""
+        ext = Path(filename).suffix.lower()
         if ext not in EXTENSIONS:
-            raise ServiceError("validation", f"file {self.filename[:80]!r}: expected a {', '.join(EXTENSIONS)} file")
+            raise ServiceError("validation", f"file {filename[:80]!r}: expected a {', '.join(EXTENSIONS)} file")
         self._file = open(self.tmp_dir / f"data{ext}", "wb")
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
@@ -167,6 +172,7 @@ class _Upload:
 
     def write(self, data: bytes) -> None:
         if data:
+            assert self._file is not None  # opened when the file part began
             self._file.write(data)
 
     def close(self) -> None:
@@ -251,6 +257,7 @@ async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, d
 
 def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings) -> dict[str, Any]:
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
+    assert upload.filename is not None  # _parse refuses an upload without a file
     fields = dict(upload.fields)
     fields.setdefault("name", Path(upload.filename).stem)
     return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir, settings)
@@ -405,7 +412,7 @@ def _check_child(conn, request: dict, seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at `cpu` s, SIGKILL 5 s later
     conn.send("started")
     try:
-        answer = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
+        answer: dict[str, Any] = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
     except ServiceError as e:
         answer = {"error": e.message}
     conn.send(answer)

@@ -82,7 +82,7 @@ def prepare_rotten_tomatoes(out_dir: str | os.PathLike, eval_fraction: float = 0
     train_idx, eval_idx = split_holdout(len(rows), eval_fraction, seed, groups=[r["movie_name"] for r in rows])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {}
+    result: dict[str, str | int] = {}
     for split, idx in (("train", train_idx), ("eval", eval_idx)):
         result[f"{split}_films"] = len({rows[i]["movie_name"] for i in idx})
         buf = io.StringIO()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from app.launcher.demo_data import AssetMissingError
 from model.errors import UserError
@@ -32,8 +33,9 @@ def local_settings(data_dir: Path, host: str | None, port: int | None) -> tuple[
     env.setdefault("BERT_DEFAULT_MODEL", ENCODER)
     env.setdefault("BERT_DEFAULT_MLM_MODEL", BOOTSTRAP_MODEL)
     env.pop("REDIS_URL", None)  # the broker URL above wins; REDIS_URL is the compose spelling
-    overrides = {"data_dir": data_dir, "broker_url": env["BERT_BROKER_URL"], "default_model": env["BERT_DEFAULT_MODEL"],
-                 "default_mlm_model": env["BERT_DEFAULT_MLM_MODEL"]}
+    overrides: dict[str, Any] = {"data_dir": data_dir, "broker_url": env["BERT_BROKER_URL"],
+                                 "default_model": env["BERT_DEFAULT_MODEL"],
+                                 "default_mlm_model": env["BERT_DEFAULT_MLM_MODEL"]}
     overrides.update({k: v for k, v in (("host", host), ("port", port)) if v is not None})
     return Settings(**overrides), env
 

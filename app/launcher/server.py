@@ -94,7 +94,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     _closing = False  # answered for good: what the client still sends is read and dropped
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    # (the signature of uvicorn's HttpToolsProtocol, narrower than asyncio's BaseProtocol)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             log.warning("refused a connection: %d are open (BERT_MAX_CONNECTIONS)", len(self.connections) - 1)
@@ -179,7 +180,9 @@ def serve(host: str | None = None, port: int | None = None, allow_public: bool =
         print(f"refusing to start: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=False,
+                            # (uvicorn types it int; it is awaited as a float of seconds)
+                            timeout_graceful_shutdown=settings.graceful_timeout,  # type: ignore[arg-type]
+                            access_log=False,
                             http=GuardedHttpProtocol.serving(settings))
     uvicorn.Server(config).run()
     return 0

@@ -131,7 +131,8 @@ def plan_batch(items: list[WorkItem], max_tokens: int) -> list[tuple[WorkItem, i
 
     The first row is always taken, so a row longer than the budget runs alone.
     """
-    planned, longest = [], 0
+    planned: list[tuple[WorkItem, int, int]] = []
+    longest = 0
     for item in items:
         while item.todo:
             n = len(item.rows[item.todo[0]][0])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app.serving.engine import Runner
+
 
 def run_encode(lm, batch) -> list[list[float]]:
     """One pooled (and optionally L2-normalised) vector per row."""
@@ -121,5 +123,5 @@ def run_qa(lm, batch) -> list[tuple[list[float], list[float]]]:
     return list(zip(_unpadded(batch, out.start_logits.float()), _unpadded(batch, out.end_logits.float())))
 
 
-RUNNERS = {"encode": run_encode, "mlm": run_mlm, "nsp": run_nsp, "classify": run_classify,
-           "token_classify": run_token_classify, "qa": run_qa}
+RUNNERS: dict[str, Runner] = {"encode": run_encode, "mlm": run_mlm, "nsp": run_nsp, "classify": run_classify,
+                              "token_classify": run_token_classify, "qa": run_qa}

@@ -26,7 +26,8 @@ from model.config import BertConfig
 from model.datadir import DataDir, JobStore, valid_name
 from model.datadir.jobs import steps_of
 from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
-                            BertForSequenceClassification, BertForTokenClassification, BertModel, class_for_heads,
+                            BertForSequenceClassification, BertForTokenClassification, BertModel,
+                            BertPreTrainedModel, class_for_heads,
                             load_model)
 from model.precision import apply_precision
 from model.tokenizer import BertTokenizer
@@ -60,7 +61,7 @@ class LoadedModel:
     """A model in memory with what the engine and routes need beside it."""
 
     name: str
-    model: torch.nn.Module
+    model: BertPreTrainedModel
     tokenizer: BertTokenizer
     max_length: int  # tokens, [CLS] and [SEP] included
     precision: str = "fp32"  # as model.precision.apply_precision was given it
@@ -72,7 +73,8 @@ class LoadedModel:
 
     @property
     def encoder(self) -> BertModel:
-        return self.model if isinstance(self.model, BertModel) else self.model.bert
+        # (torch types a submodule as Tensor | Module; every head class's `bert` is a BertModel)
+        return self.model if isinstance(self.model, BertModel) else self.model.bert  # type: ignore[return-value]
 
     @property
     def pad_token_id(self) -> int:

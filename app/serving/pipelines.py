@@ -15,6 +15,7 @@ each candidate's `sequence` splices the candidate into the input decoded once pe
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,7 +38,7 @@ TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": (
          "qa": ("qa", "/question-answering")}
 
 
-def encode(lm: LoadedModel, items: list[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
+def encode(lm: LoadedModel, items: Sequence[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
     """Tokenise texts or pairs; too long for the model is a 422 unless `truncate`. Errors number the
     inputs from `first`. Stops between inputs once the request has gone (app/serving/service.py check_dropped)."""
     rows = []

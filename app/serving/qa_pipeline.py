@@ -118,7 +118,10 @@ def _chars(enc: Encoding, s: int, e: int, align_to_words: bool) -> tuple[int, in
     """transformers' get_indices: the answer's character span in the context."""
     if align_to_words:
         words = enc.token_to_word(s), enc.token_to_word(e)
-        if None not in words:  # [CLS] is in no word: its offsets, as transformers falls back to
-            return (enc.word_to_chars(words[0], sequence_index=1)[0],
-                    enc.word_to_chars(words[1], sequence_index=1)[1])
+        # [CLS] is in no word: its offsets, as transformers falls back to
+        if words[0] is not None and words[1] is not None:
+            first = enc.word_to_chars(words[0], sequence_index=1)
+            last = enc.word_to_chars(words[1], sequence_index=1)
+            assert first is not None and last is not None  # a word of the context has characters
+            return first[0], last[1]
     return enc.offsets[s][0], enc.offsets[e][1]

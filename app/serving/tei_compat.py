@@ -31,9 +31,11 @@ every encoder served here is pooled the /embeddings way), and prompt_name must b
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from model.datadir import valid_name
 from model.modeling import BertForSequenceClassification
@@ -173,7 +175,7 @@ async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
                            route="/rerank")
     ranks = []
     for index, logits in enumerate(outcome.results):
-        rank = {"index": index, "score": tei_scores(logits, req.raw_scores)[0]}
+        rank: dict[str, int | float | str] = {"index": index, "score": tei_scores(logits, req.raw_scores)[0]}
         if req.return_text:
             rank["text"] = req.texts[index]
         ranks.append(rank)
@@ -230,5 +232,7 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
     return out
 
 
-ROOT_ROUTES = {"/embed": (EmbedRequest, embed), "/similarity": (SimilarityRequest, similarity),
-               "/predict": (PredictRequest, predict), "/rerank": (RerankRequest, rerank)}
+# route -> (request type, its handler)
+ROOT_ROUTES: dict[str, tuple[type[BaseModel], Callable[[Service, Any], Awaitable[list]]]] = {
+    "/embed": (EmbedRequest, embed), "/similarity": (SimilarityRequest, similarity),
+    "/predict": (PredictRequest, predict), "/rerank": (RerankRequest, rerank)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,10 +35,10 @@ class ResumableBatches:
     def num_examples(self, epoch: int) -> int:
         raise NotImplementedError
 
-    def example(self, epoch: int, index: int) -> dict:
+    def example(self, epoch: int, index: int) -> Any:  # whatever the subclass's collate takes a list of
         raise NotImplementedError
 
-    def collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+    def collate(self, examples: list[Any]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     # -- derived

@@ -156,7 +156,8 @@ def open_binary(
     compression = compression_of(path)
     if byte_range is not None and compression is not None:
         raise ValueError(f"a byte range of a compressed file cannot be read: {path} ({byte_range})")
-    raw = _RawSlice(path, *(byte_range or (0, None)), on_read=on_read)
+    start, end = byte_range or (0, None)
+    raw = _RawSlice(path, start, end, on_read=on_read)
     if compression is None:
         return io.BufferedReader(raw, buffer_size=1 << 20)
     if compression == ".gz":
@@ -167,13 +168,17 @@ def open_binary(
         return lzma.LZMAFile(io.BufferedReader(raw, 1 << 20), mode="rb")
     import zstandard  # only where .zst files are read
 
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
+    # (zstandard's stubs ask for IO[bytes]; it reads any file object, this raw one included)
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)  # type: ignore[arg-type]
+    return io.BufferedReader(reader, 1 << 20)
 
 
 def open_text(path: str | os.PathLike, byte_range: tuple[int, int] | None = None, errors: str = "strict",
               on_read: Callable[[int], None] | None = None) -> io.TextIOBase:
     """A file as UTF-8 text with universal newlines, decompressed by its suffix (see open_binary)."""
-    return io.TextIOWrapper(open_binary(path, byte_range, on_read), encoding="utf-8", errors=errors)
+    # (typeshed's BufferedIOBase lacks the `name` attribute its TextIOWrapper asks for)
+    binary = open_binary(path, byte_range, on_read)
+    return io.TextIOWrapper(binary, encoding="utf-8", errors=errors)  # type: ignore[type-var]
 
 
 # ---------------------------------------------------------------------------- readers
@@ -334,7 +339,7 @@ def detect_format(path: str | os.PathLike) -> str:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus not found: {path}")
-    name = path.name[: -len(compression_of(path))] if compression_of(path) else path.name
+    name = path.name[: -len(compressed)] if (compressed := compression_of(path)) else path.name
     suffix = Path(name).suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
         return "jsonl"
@@ -413,6 +418,7 @@ class _ArrayWriter:
             raw = np.memmap(self._raw, dtype=self.dtype, mode="r", shape=(self.count,)) if self.count else None
             step = 1 << 24
             for i in range(0, self.count, step):
+                assert raw is not None
                 out[i : i + step] = raw[i : i + step]
             out.flush()
             del out, raw

@@ -52,11 +52,12 @@ import re
 import shutil
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from itertools import chain
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,7 @@ class Unit:
 
     @property
     def bytes(self) -> int:
-        return self.end - self.start if self.start is not None else os.path.getsize(self.path)
+        return self.end - self.start if self.start is not None and self.end is not None else os.path.getsize(self.path)
 
 
 @dataclass
@@ -220,8 +221,10 @@ def _process_unit(unit: Unit, build_dir: str, text_field: str) -> dict:
         read_bytes[0] += n
 
     docs = read_paragraphs(unit.path, unit.format, text_field, errors="replace", on_read=on_read, stats=stats,
-                           byte_range=None if unit.start is None else (unit.start, unit.end))
-    parts, pending, seen = [], [], set()
+                           byte_range=None if unit.start is None or unit.end is None else (unit.start, unit.end))
+    parts: list[tuple[str, int]] = []
+    pending: list[dict] = []
+    seen: set[int] = set()
     for batch in _batches(_dedup_in_unit(docs, seen, stats), ENCODE_CHARS):
         piece = _encode_batch(batch, unit.format == "pairs", stats)
         pending.append(piece)
@@ -333,7 +336,7 @@ def _write_part(build_dir: str, unit: int, part: int, pieces: list[dict]) -> tup
               "keys": np.uint64}
     arrays = {k: np.concatenate([p[k] for p in pieces] + [np.zeros(0, dtype)]) for k, dtype in dtypes.items()}
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # (numpy's stubs: **arrays might fill allow_pickle)
     return path, len(arrays["para_per_doc"])
 
 
@@ -428,7 +431,7 @@ class _ShardWriter:
         self.out, self.build, self.dtype, self.shard_tokens = out, out / BUILD_DIR, np.dtype(dtype), shard_tokens
         self.records, self.keys, self.stats = state.records, state.keys, state.stats
         self.position = state.position
-        self._shard = None
+        self._shard: _OpenShard | None = None
 
     def consume(self, result: dict, skip_docs: int) -> None:
         """A unit's result: its stats (unless it is the unit a resume restarts inside), then its documents."""
@@ -452,13 +455,14 @@ class _ShardWriter:
         cum = np.cumsum(kept.doc_tokens())
         start, base, counted = 0, 0, 0  # next kept doc; tokens before it in cum; docs counted in stats
         while start < len(kept):
-            need = self.shard_tokens - self._open().tokens + base
+            shard = self._open()
+            need = self.shard_tokens - shard.tokens + base
             end = min(int(np.searchsorted(cum, need)) + 1, len(kept))
             piece = kept.slice(start, end)
-            self._shard.append(piece)
+            shard.append(piece)
             self.keys.add(piece.keys)
             base, start = int(cum[end - 1]), end
-            if self._shard.tokens >= self.shard_tokens:
+            if shard.tokens >= self.shard_tokens:
                 through = int(kept_docs[end - 1]) + 1
                 counted = self._count_duplicates(dup_per_doc, docs.para_per_doc, counted, through)
                 self._close(_Position(self.position.unit, self.position.docs + through))
@@ -476,6 +480,7 @@ class _ShardWriter:
         return self._shard
 
     def _close(self, position: _Position) -> None:
+        assert self._shard is not None
         record = self._shard.close(self.build, position, self.stats)
         self.records.append(record)
         self._shard = None
@@ -680,7 +685,8 @@ class _Progress:
 
     def __init__(self, callback, bytes_total: int, bytes_before: int, shards: Callable[[], int]):
         self.callback, self.bytes_total, self.bytes_before, self.shards = callback, bytes_total, bytes_before, shards
-        self.started, self.last, self.counters = time.monotonic(), 0.0, None
+        self.started, self.last = time.monotonic(), 0.0
+        self.counters: dict[str, Any] | None = None  # the shared counters, once _run_units makes them
 
     def report(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -708,7 +714,8 @@ def _run_units(units: list[Unit], tokenizer, words: np.ndarray, build: Path, tex
         return
     # concurrent.futures (not multiprocessing.Pool): a worker that dies fails the build instead of hanging it.
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init) as pool:
-        queue, todo = deque(), iter(units)
+        queue: deque[Future[dict]] = deque()
+        todo = iter(units)
         for unit in _take(todo, 2 * workers):
             queue.append(pool.submit(_process_unit, unit, str(build), text_field))
         while queue:

@@ -147,7 +147,8 @@ def split_holdout(n: int, fraction: float, seed: int, groups: list | None = None
     distinct, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
     if len(distinct) < 2:
         raise ValueError(f"need at least 2 distinct groups to split by group, got {len(distinct)}")
-    eval_groups, held, target = [], 0, n * fraction
+    eval_groups: list[int] = []
+    held, target = 0, n * fraction
     for g in rng.permutation(len(distinct)):
         if held >= target or len(eval_groups) == len(distinct) - 1:
             break

@@ -389,7 +389,7 @@ class PretrainingData(ResumableBatches):
         ids, labels = mask_tokens(
             ids, self.vocab, rng, self.masked_lm_prob, self.max_predictions_per_seq, self.whole_word_mask
         )
-        out = {"input_ids": ids, "token_type_ids": types, "labels": labels}
+        out: dict[str, np.ndarray | int] = {"input_ids": ids, "token_type_ids": types, "labels": labels}
         if self.nsp:
             out["next_sentence_label"] = int(p.is_random_next[index])
         return out

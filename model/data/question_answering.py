@@ -28,6 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -221,13 +222,14 @@ def answer_tokens(offsets: list[tuple[int, int] | None], start_char: int, end_ch
     if not tokens:  # a context of characters the tokenizer drops
         return 0, 0
     first, last = tokens[0], tokens[-1]
-    if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
+    spans = cast("list[tuple[int, int]]", offsets)  # the context is contiguous: [first, last] all have offsets
+    if not (spans[first][0] <= start_char and spans[last][1] >= end_char):
         return 0, 0
     start = first
-    while start <= last and offsets[start][0] <= start_char:
+    while start <= last and spans[start][0] <= start_char:
         start += 1
     end = last
-    while end >= first and offsets[end][1] >= end_char:
+    while end >= first and spans[end][1] >= end_char:
         end -= 1
     return start - 1, end + 1
 

@@ -197,7 +197,7 @@ def _open_shard(path: Path, entry: dict, dtype: str) -> TokenizedCorpus:
     if s[0] != 0 or s[-1] != len(arrays["tokens"]) or d[0] != 0 or d[-1] != len(s) - 1:
         raise ValueError(f"{path}: shard {name!r} offsets do not start at 0 and end at its token and sentence "
                          f"counts (sentences {s[0]}..{s[-1]}, documents {d[0]}..{d[-1]})")
-    return TokenizedCorpus(path / name, "store", arrays["tokens"], s, d)
+    return TokenizedCorpus(path / str(name), "store", arrays["tokens"], s, d)
 
 
 def _plus_one(count) -> int | None:

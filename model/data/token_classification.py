@@ -126,7 +126,10 @@ def read_tagged(path: str | os.PathLike) -> list[TaggedSentence]:
 
 
 def _iter_conll(lines, path: Path):
-    tokens, tags, token_lines, columns = [], [], [], None  # columns: (count, line that set it)
+    tokens: list[str] = []
+    tags: list[str] = []
+    token_lines: list[int] = []
+    columns: tuple[int, int] | None = None  # (count, line that set it)
     for lineno, raw in enumerate(lines, start=1):
         line = raw.rstrip()
         if not line:
@@ -281,16 +284,17 @@ def _sentence_parts(index: int, ids: list[int], word_ids: list[int], labels: lis
 
 def _word_spans(word_ids: list[int], n_words: int) -> list[tuple[int, int]]:
     """(first piece, end piece) of each word; a word that yields no pieces gets an empty span."""
-    first, end = [None] * n_words, [None] * n_words
+    first: list[int | None] = [None] * n_words
+    end = [0] * n_words  # read only where `first` is set
     for j, w in enumerate(word_ids):
         first[w] = j if first[w] is None else first[w]
         end[w] = j + 1
     spans, at = [], 0
-    for w in range(n_words):
-        if first[w] is None:
+    for w, start in enumerate(first):
+        if start is None:
             spans.append((at, at))
         else:
-            spans.append((first[w], end[w]))
+            spans.append((start, end[w]))
             at = end[w]
     return spans
 
@@ -320,7 +324,9 @@ class TokenClassificationBatches(RowBatches):
     def score(self, predicted: list[list[int]]) -> dict[str, float]:
         """precision, recall, f1 (entities) and accuracy (words) of the predicted tag ids of the first
         len(predicted) rows, in order (a sentence only when all its parts are among them)."""
-        gold, pred, sentence = {}, {}, []
+        gold: dict[int, list[str]] = {}
+        pred: dict[int, list[str]] = {}
+        sentence = []
         for row, ids in zip(self.rows, predicted):
             if row.part == 0:
                 gold[row.sentence], pred[row.sentence] = [], []

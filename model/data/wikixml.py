@@ -17,11 +17,12 @@ cleaning with its own regular expressions.
 
 from __future__ import annotations
 
+import io
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import mwparserfromhell
 from defusedxml import DefusedXmlException
@@ -41,7 +42,8 @@ _READ_BYTES = 1 << 16
 _STATS = ("wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles", "wiki_oversize_pages")
 
 
-def read_wiki_articles(f: BinaryIO, path: str | Path, stats: dict | None = None) -> Iterator[list[str]]:
+def read_wiki_articles(f: IO[bytes] | io.BufferedIOBase, path: str | Path,
+                       stats: dict | None = None) -> Iterator[list[str]]:
     """The articles of a MediaWiki XML export, each a list of its paragraphs' plain text.
 
     `stats` counts pages skipped: "wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles",
@@ -65,7 +67,7 @@ def read_wiki_articles(f: BinaryIO, path: str | Path, stats: dict | None = None)
                 stats["wiki_empty_articles"] += 1
 
 
-def _pages(f: BinaryIO, path: str | Path) -> Iterator[dict]:
+def _pages(f: IO[bytes] | io.BufferedIOBase, path: str | Path) -> Iterator[dict]:
     """title, ns, redirect, text and oversize of each <page>, in order; memory stays bounded."""
     target = _PageTarget(path)
     parser = DefusedXMLParser(target=target, forbid_dtd=True, forbid_entities=True, forbid_external=True)
@@ -87,10 +89,13 @@ class _PageTarget:
     """An XML parser target that keeps, of the <page> being read, only what _pages yields: the texts of its
     <title>, <ns> and <revision><text>, each dropped once longer than MAX_PAGE_CHARS (and marked oversize)."""
 
-    _KEPT = {("page", "title"): "title", ("page", "ns"): "ns", ("revision", "text"): "text"}
+    _KEPT: dict[tuple[str | None, str], str] = {  # (parent, element) -> field; the root's parent is None
+        ("page", "title"): "title", ("page", "ns"): "ns", ("revision", "text"): "text"}
 
     def __init__(self, path: str | Path):
-        self.path, self.open, self.done = path, [], []
+        self.path = path
+        self.open: list[str] = []  # the names of the elements now open, outermost first
+        self.done: list[dict] = []
         self.page: dict | None = None
         self.field: str | None = None
         self.parts: list[str] = []
@@ -116,6 +121,7 @@ class _PageTarget:
     def data(self, text: str) -> None:
         if self.field is None:
             return
+        assert self.page is not None  # a field is read only inside a <page>
         self.chars += len(text)
         if self.chars > MAX_PAGE_CHARS:
             self.page["oversize"], self.parts = True, []
@@ -125,6 +131,7 @@ class _PageTarget:
     def end(self, tag: str) -> None:
         self.open.pop()
         if self.field is not None:
+            assert self.page is not None
             self.page[self.field] = "".join(self.parts)
             self.field, self.parts = None, []
         elif _local(tag) == "page" and self.page is not None:
