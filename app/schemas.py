@@ -15,6 +15,7 @@ A single input gets a single result, a list of inputs a list of results in the s
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -623,7 +624,7 @@ class JobStatus(BaseModel):
     metrics_url: str
 
     @classmethod
-    def from_record(cls, record: dict) -> JobStatus:
+    def from_record(cls, record: Mapping[str, Any]) -> JobStatus:
         """The answer for a job record (model.datadir's job.json)."""
         progress = record.get("progress") or {}
         running = record["state"] == "running"

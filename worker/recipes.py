@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from model.data.corpus import read_documents
 from model.datadir import DataDir, dataset_file
@@ -36,7 +37,7 @@ def train_overrides(params: dict, device: str) -> dict:
     return {**{k: params[k] for k in TRAIN_KEYS if k in params}, "device": device}
 
 
-def pretrain_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:
+def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:
     p = record["params"]
     corpus, meta = dataset_file(data_dir, record["dataset"])
     spec = dict(corpus=str(corpus), out=str(job_dir), corpus_format=meta.get("format"), nsp=p["nsp"],
@@ -53,7 +54,7 @@ def pretrain_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> P
     return PretrainSpec.from_dict(spec)
 
 
-def finetune_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
+def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
     task = p.get("task", "sequence-classification")  # records from before tasks were added: classification
@@ -64,14 +65,14 @@ def finetune_spec(record: dict, data_dir: Path, job_dir: Path, device: str) -> F
         **(qa if task == "question-answering" else {}), train=train_overrides(p, device)))
 
 
-def prepare(record: dict, data_dir: Path, job_dir: Path) -> None:
+def prepare(record: Mapping[str, Any], data_dir: Path, job_dir: Path) -> None:
     """What a run writes into the job directory before it trains (a from-scratch run's vocabulary and
     config), done once here before a data-parallel job's ranks start, so they do not race to write it."""
     if record["kind"] == "pretrain":
         pretrain_spec(record, Path(data_dir), Path(job_dir), "cpu")
 
 
-def run(record: dict, data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]) -> TrainResult:
+def run(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]) -> TrainResult:
     """Train (or resume) the job in `job_dir`; raises model.errors.UserError for bad data or options."""
     if record["kind"] == "pretrain":
         return run_pretraining(pretrain_spec(record, Path(data_dir), Path(job_dir), device), callbacks)

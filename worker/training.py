@@ -42,7 +42,7 @@ from typing import Any, Callable, Protocol
 
 from model import checkpoint as ckpt
 from model.datadir import TERMINAL, IllegalTransition, JobStore, Lease, jobs, now_iso, publish_model, worker_identity
-from model.datadir.jobs import CANCEL
+from model.datadir.jobs import CANCEL, JobRecord
 from model.errors import UserError
 from model.callbacks import Callback
 from model.distributed import is_peer_failure, launched, torchrun_command
@@ -112,12 +112,12 @@ def _free_accelerator_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def begin(store: JobStore, job_id: str, max_attempts: int) -> tuple[dict, str]:
+def begin(store: JobStore, job_id: str, max_attempts: int) -> tuple[JobRecord, str]:
     """Decide under the record lock what this delivery does; "run" means the job is now ours."""
     cancel_flag = store.cancel_requested(job_id)
     outcome = "run"
 
-    def change(r: dict) -> None:
+    def change(r: JobRecord) -> None:
         nonlocal outcome
         if r["state"] in TERMINAL:
             outcome = f"already {r['state']}"
@@ -133,7 +133,7 @@ def begin(store: JobStore, job_id: str, max_attempts: int) -> tuple[dict, str]:
     return record, outcome
 
 
-def _start_attempt(r: dict, max_attempts: int) -> str:
+def _start_attempt(r: JobRecord, max_attempts: int) -> str:
     if r["attempts"] >= max_attempts:
         last = r.get("error") or "the worker died during the attempt"
         jobs.give_up(r, f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}")
@@ -146,7 +146,7 @@ def _start_attempt(r: dict, max_attempts: int) -> str:
     return "run"
 
 
-def _used_up(r: dict) -> str | None:
+def _used_up(r: JobRecord) -> str | None:
     """The error when earlier attempts have used the job's whole max_runtime (one was killed past it)."""
     limit = r["params"].get("max_runtime")
     if not limit or (r.get("runtime_s") or 0) < limit:
@@ -167,7 +167,7 @@ class JobReporter(Callback):
     loses at most that much of its count. Time spent queued does not count.
     """
 
-    def __init__(self, store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None):
+    def __init__(self, store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None):
         self.store, self.job_id, self.shutting_down = store, record["id"], shutting_down
         self.cancel_path = store.job_dir(self.job_id) / CANCEL
         self.interval = settings.job_progress_interval_s
@@ -191,7 +191,7 @@ class JobReporter(Callback):
             return
         self._last_write = self._last_runtime_write = now
         progress, runtime = {k: state.get(k) for k in PROGRESS_KEYS}, round(self.runtime(), 3)
-        self.store.update(self.job_id, lambda r: r.update(progress=progress, runtime_s=runtime))
+        self.store.update(self.job_id, lambda r: r.update({"progress": progress, "runtime_s": runtime}))
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
         self.store.update(self.job_id, lambda r: r.__setitem__("eval", metrics))
@@ -222,7 +222,7 @@ class JobReporter(Callback):
                 f"checkpoint {checkpoint}")
 
 
-def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+def train(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
     """Run (or resume) the training of a job this process holds the lease of; returns the outcome."""
     if record["params"].get("devices", 1) > 1 and not launched():
         return train_ranks(store, record, settings, shutting_down)
@@ -247,7 +247,7 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
 
     runtime = round(reporter.runtime(), 3)
 
-    def succeeded(r: dict) -> None:
+    def succeeded(r: JobRecord) -> None:
         r["runtime_s"] = runtime
         r["latest_checkpoint"] = _relative(job_dir, result.checkpoint) or r.get("latest_checkpoint")
         jobs.succeed(r, summary, f"model '{record['model_name']}' published")
@@ -256,7 +256,7 @@ def train(store: JobStore, record: dict, settings: WorkerSettings, shutting_down
     return "succeeded"
 
 
-def train_ranks(store: JobStore, record: dict, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+def train_ranks(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
     """A data-parallel job: torchrun with params.devices ranks of worker/ddp_job.py; see the module docstring."""
     job_id, job_dir, devices = record["id"], store.job_dir(record["id"]), record["params"]["devices"]
     try:
@@ -333,7 +333,7 @@ def _ranks_outcome(store: JobStore, job_id: str, code: int) -> str:
     return RANKS_LOST
 
 
-def _mark_resume(store: JobStore, record: dict) -> None:
+def _mark_resume(store: JobStore, record: JobRecord) -> None:
     """Before a resumed fit: drop a torn metrics line, and mark in the curve where this attempt picks up."""
     job_dir = store.job_dir(record["id"])
     store.repair_metrics(record["id"])
@@ -353,7 +353,7 @@ def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str
     where = f"at step {result.step}, checkpoint {checkpoint}"
     runtime = round(reporter.runtime(), 3)
 
-    def change(r: dict) -> None:
+    def change(r: JobRecord) -> None:
         r["latest_checkpoint"] = checkpoint or r.get("latest_checkpoint")
         r["runtime_s"] = runtime
         r["progress"] = {**(r.get("progress") or {}), "step": result.step, "eta_s": None}  # progress is throttled
@@ -376,7 +376,7 @@ def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) ->
     except OSError:
         pass
 
-    def change(r: dict) -> None:
+    def change(r: JobRecord) -> None:
         r["runtime_s"] = round(runtime, 3)
         jobs.fail(r, message)
 
@@ -384,7 +384,7 @@ def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) ->
     return "failed"
 
 
-def _relative(job_dir: Path, path: str | None) -> str | None:
+def _relative(job_dir: Path, path: str | Path | None) -> str | None:
     if not path:
         return None
     try:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from model.datadir import JobNotFound, JobStore
-from model.datadir.jobs import METRICS, TERMINAL
+from model.datadir.jobs import METRICS, TERMINAL, JobRecord
 
 from app.errors import ServiceError
 from app.schemas import JobStatus
@@ -145,7 +145,8 @@ class _Stream:
     def __init__(self, store: JobStore, job_id: str, since: int | None):
         self.store, self.job_id, self.since = store, job_id, since
         self.tail = MetricsTail(store.job_dir(job_id) / METRICS)
-        self.updated = self.state = None
+        self.updated: str | None = None
+        self.state: str | None = None
         self.read_all = False  # the last poll read the metrics file to its end
 
     def poll(self) -> tuple[str, bool]:

@@ -26,6 +26,7 @@ from model.datadir import (
     DataDir,
     JobFinished,
     JobNotFound,
+    JobRecord,
     JobStore,
     jobs,
     read_meta,
@@ -59,11 +60,11 @@ class JobService:
         self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time
         self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
 
-    def publish(self, record: dict) -> None:
+    def publish(self, record: JobRecord) -> None:
         """Send the job's id to the training queue (blocking: call in a thread)."""
         send_job(self.celery, record["id"], retries=self.settings.publish_retries)
 
-    async def submit(self, request: JobRequest) -> dict:
+    async def submit(self, request: JobRequest) -> JobRecord:
         """Validate, write the record, send the message; the record as enqueued."""
         async with self._submit_lock:
             spec = await self.validate(request)
@@ -81,7 +82,7 @@ class JobService:
             raise
         return await asyncio.to_thread(self.store.move, record["id"], jobs.enqueued)
 
-    def cancel(self, job_id: str) -> dict:
+    def cancel(self, job_id: str) -> JobRecord:
         """Ask a queued or running job to stop (blocking: call in a thread); 409 once it has finished."""
         try:
             return self.store.request_cancel(job_id)
@@ -91,7 +92,7 @@ class JobService:
             raise ServiceError("conflict", f"job '{job_id}' has already finished ({e.state}): there is "
                                            f"nothing to cancel") from None
 
-    def find(self, job_id: str) -> dict:
+    def find(self, job_id: str) -> JobRecord:
         """A job's record; 404 when there is none (blocking: call in a thread)."""
         try:
             return self.store.read(job_id)

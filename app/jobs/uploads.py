@@ -455,7 +455,7 @@ def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     _check_labels(labels, max_labels)
     _check_sizes(f"row {i + 1}'s text" for i, e in enumerate(data.train)
                  if len(e.text) + len(e.text_pair or "") > MAX_EXAMPLE_CHARS)
-    listed, counts = _listed(labels, Counter(data.id2label[example.label] for example in data.train))
+    listed, counts = _listed(labels, Counter(data.id2label[int(example.label)] for example in data.train))
     return {"format": path.suffix.lstrip("."), "rows": len(data.train), "num_labels": len(labels), "labels": listed,
             "label_counts": counts, "is_pair": data.is_pair}
 

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from model.datadir import DataDir, JobStore, read_meta
+from model.datadir import DataDir, JobRecord, JobStore, read_meta
 from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from model.files import TMP_PREFIX
 
@@ -47,7 +47,7 @@ BOOTSTRAP_PARAMS = dict(max_steps=200, batch_size=16, max_seq_len=128, lr=1e-4, 
 
 
 def initialize(settings: Settings, bootstrap: bool = True, steps: int | None = None,
-               log: Callable[[str], None] = print) -> dict | None:
+               log: Callable[[str], None] = print) -> JobRecord | None:
     """Encoder, corpus and (if `bootstrap`) the bootstrap job, each unless already there; the job's
     record, or None when there is none to follow. Raises AssetMissingError when an asset is not
     installed and ServiceError when the job cannot be queued (the broker is down)."""
@@ -83,7 +83,7 @@ def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
             add_local_dataset(data_dir, text, CORPUS, "corpus")
 
 
-def bootstrap_job(settings: Settings, steps: int | None = None) -> dict | None:
+def bootstrap_job(settings: Settings, steps: int | None = None) -> JobRecord | None:
     """Queue the bootstrap job unless it ran, runs, or its model exists; the record, or None."""
     data_dir = settings.data_dir
     if DataDir(data_dir).model(BOOTSTRAP_MODEL).is_dir():

@@ -25,7 +25,9 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypedDict
+import builtins
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, TypedDict, cast
 
 from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
 from model.datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
@@ -116,12 +118,12 @@ class JobStore:
         """Write a new job in state "queued" (atomically: the directory appears with its record)."""
         job_id = new_job_id()
         now = now_iso()
-        record: JobRecord = {
+        record = cast(JobRecord, {
             "format_version": FORMAT_VERSION, "id": job_id, **spec, "state": "queued", "attempts": 0,
             "created_at": now, "updated_at": now, "enqueued_at": None, "started_at": None, "finished_at": None,
             "heartbeat_at": None, "worker": None, "progress": {}, "eval": None, "latest_checkpoint": None,
             "cancel_requested": False, "error": None, "result": None, "events": [],
-        }
+        })
         _add_event(record, "created")
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"{TMP_PREFIX}{job_id}"
@@ -141,11 +143,11 @@ class JobStore:
     def exists(self, job_id: str) -> bool:
         return valid_job_id(job_id) and (self.root / job_id / RECORD).is_file()
 
-    def list(self, state: str | None = None) -> list[dict[str, Any]]:
+    def list(self, state: str | None = None) -> builtins.list[JobRecord]:
         """Every job (newest first), optionally only those in `state`. Unreadable ones are skipped."""
         if not self.root.is_dir():
             return []
-        records = []
+        records: builtins.list[JobRecord] = []
         for child in sorted(self.root.iterdir(), reverse=True):
             if not valid_job_id(child.name):
                 continue
@@ -157,7 +159,7 @@ class JobStore:
                 records.append(record)
         return records
 
-    def unfinished_job_for_model(self, name: str) -> dict[str, Any] | None:
+    def unfinished_job_for_model(self, name: str) -> JobRecord | None:
         """The queued or running job that will publish model `name`, if there is one."""
         return next((r for r in self.list() if r.get("model_name") == name and r["state"] not in TERMINAL), None)
 
@@ -186,7 +188,7 @@ class JobStore:
         """
         unclaimed = False
 
-        def close(record: dict) -> None:
+        def close(record: JobRecord) -> None:
             nonlocal unclaimed
             if record["state"] == "queued" and record["attempts"] == 0:
                 unclaimed = True
@@ -218,7 +220,7 @@ class JobStore:
 
     # -- metrics ----------------------------------------------------------------------------------
 
-    def metrics(self, job_id: str) -> list[dict[str, Any]]:
+    def metrics(self, job_id: str) -> builtins.list[dict[str, Any]]:
         """The job's metrics.jsonl records; a torn last line (a killed writer) is skipped."""
         if not self.exists(job_id):
             raise JobNotFound(job_id)
@@ -233,14 +235,14 @@ class JobStore:
             f.write(json.dumps(record) + "\n")
 
 
-def steps_of(record: dict) -> tuple[int, int]:
+def steps_of(record: Mapping[str, Any]) -> tuple[int, int]:
     """(steps done, total steps) of a job as its latest progress report has them (the spec's max_steps
     until the first report)."""
     progress = record.get("progress") or {}
     return progress.get("step") or 0, progress.get("total_steps") or record["params"]["max_steps"]
 
 
-def encode(record: dict) -> bytes:
+def encode(record: Mapping[str, Any]) -> bytes:
     """A record as its file holds it: indented JSON, one trailing newline."""
     return (json.dumps(record, indent=1, sort_keys=False) + "\n").encode()
 
@@ -289,7 +291,7 @@ def _move(record: JobRecord, event: str, detail: str | None = None, **fields: An
     to = TRANSITIONS.get((state, event))
     if to is None:
         raise (JobFinished if state in TERMINAL else IllegalTransition)(record["id"], state, event)
-    record.update(fields)
+    record.update(cast(JobRecord, fields))
     if to in TERMINAL and state not in TERMINAL:
         record["finished_at"], record["heartbeat_at"] = now_iso(), None
     record["state"] = to

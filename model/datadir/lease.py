@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from model.datadir.jobs import LEASE, JobStore
+from model.datadir.jobs import LEASE, JobRecord, JobStore
 from model.datadir.layout import now_iso
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Lease:
         self.release()
 
 
-def _stamp_heartbeat(record: dict) -> None:
+def _stamp_heartbeat(record: JobRecord) -> None:
     if record.get("state") == "running":
         record["heartbeat_at"] = now_iso()
 
