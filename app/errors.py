@@ -1,6 +1,6 @@
 """One error type for the whole service, mapped to HTTP status codes in one place.
 
-Every failure answers `{"error": message, "error_type": kind}`: ServiceError raised anywhere,
+Every failure answers `{"error": message, "error_type": error_type}`: ServiceError raised anywhere,
 FastAPI's request validation (422), routing misses (404/405) and unexpected exceptions (500).
 429 and 503 say when to come back (Retry-After); 405 lists every method the path has (Allow), and
 OPTIONS on a path that exists answers 204 with that list. Bodies carry our own words only: an
@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
 
-ErrorKind = Literal["validation", "overloaded", "not_found", "method_not_allowed", "conflict", "unavailable",
+ErrorType = Literal["validation", "overloaded", "not_found", "method_not_allowed", "conflict", "unavailable",
                     "unauthorized", "too_large", "insufficient_storage", "internal"]
 
 STATUS: dict[str, int] = {
@@ -37,7 +37,7 @@ STATUS: dict[str, int] = {
     "insufficient_storage": 507,  # the data directory's disk is full (a dataset upload)
     "internal": 500,
 }
-assert set(get_args(ErrorKind)) == set(STATUS)
+assert set(get_args(ErrorType)) == set(STATUS)
 
 # Retry-After (seconds, RFC 9110 section 10.2.3) on every answer with these statuses: a full queue
 # drains within a second or so; a model that is loading, still training or a service that is
@@ -59,41 +59,41 @@ class ErrorResponse(BaseModel):
     """The body of every error answer."""
 
     error: str
-    error_type: ErrorKind
+    error_type: ErrorType
     job: JobProgress | None = None  # only on 503s for a model that a job is still training
 
 
 class ServiceError(Exception):
-    def __init__(self, kind: str, message: str, **details):
-        assert kind in STATUS, kind
+    def __init__(self, error_type: str, message: str, **details):
+        assert error_type in STATUS, error_type
         super().__init__(message)
-        self.kind = kind
+        self.error_type = error_type
         self.message = message
         self.details = details  # extra fields of the body, declared in ErrorResponse
 
     @property
     def status_code(self) -> int:
-        return STATUS[self.kind]
+        return STATUS[self.error_type]
 
 
-def error_body(kind: str, message: str, **details) -> dict:
-    return {"error": message, "error_type": kind, **details}
+def error_body(error_type: str, message: str, **details) -> dict:
+    return {"error": message, "error_type": error_type, **details}
 
 
-def error_response(kind: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None,
+def error_response(error_type: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None,
                    **details) -> JSONResponse:
-    status = status or STATUS[kind]
+    status = status or STATUS[error_type]
     headers = dict(headers or {})
-    if kind == "unauthorized":
+    if error_type == "unauthorized":
         headers["WWW-Authenticate"] = "Bearer"
     if status in RETRY_AFTER_S:
         headers.setdefault("Retry-After", str(RETRY_AFTER_S[status]))
-    return JSONResponse(error_body(kind, message, **details), status_code=status, headers=headers)
+    return JSONResponse(error_body(error_type, message, **details), status_code=status, headers=headers)
 
 
-def responses(*kinds: str) -> dict:
-    """OpenAPI `responses=` entries for the error kinds a route can answer."""
-    return {STATUS[k]: {"model": ErrorResponse, "description": k.replace("_", " ")} for k in kinds}
+def responses(*error_types: str) -> dict:
+    """OpenAPI `responses=` entries for the error types a route can answer."""
+    return {STATUS[k]: {"model": ErrorResponse, "description": k.replace("_", " ")} for k in error_types}
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -112,7 +112,7 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.kind, exc.message, **exc.details)
+    return error_response(exc.error_type, exc.message, **exc.details)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -150,8 +150,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
         return error_response("method_not_allowed", message, headers=allow)
     if code == 400:  # FastAPI's answer to a body it cannot decode: a validation error
         return error_response("validation", _unparsable_body(exc))
-    kind = next((k for k, s in STATUS.items() if s == code), "validation" if code < 500 else "internal")
-    return error_response(kind, str(exc.detail), status=code, headers=exc.headers)
+    error_type = next((k for k, s in STATUS.items() if s == code), "validation" if code < 500 else "internal")
+    return error_response(error_type, str(exc.detail), status=code, headers=exc.headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -43,7 +43,7 @@ class KeyMiddleware:
             try:
                 check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
             except ServiceError as e:
-                await error_response(e.kind, e.message)(scope, receive, send)
+                await error_response(e.error_type, e.message)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
