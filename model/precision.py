@@ -43,8 +43,7 @@ from torch import nn
 
 from . import kernels
 from .onednn import linear
-
-PRECISIONS = ("fp32", "bf16", "int8")
+from .options import PRECISIONS
 log = logging.getLogger(__name__)
 
 
