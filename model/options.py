@@ -36,6 +36,7 @@ class Option:
     kinds: tuple[str, ...] = KINDS
     trainer: bool = True  # a TrainConfig field (else a PretrainSpec / FinetuneSpec field)
     job: bool = True  # accepted by POST /jobs (else `bert` only: paths, columns, the local device)
+    cli: bool = True  # a flag of its own (warmup_steps and warmup_ratio share `bert`'s --warmup)
     nullable: bool = False  # None is a value (e.g. "from the other option")
     minimum: float | None = None
     maximum: float | None = None
@@ -74,9 +75,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("warmup_ratio", float, "share of the run's steps to warm the learning rate up over (when warmup_steps "
                               "is unset)",
        by_kind={"pretrain": 0.01, "finetune": 0.1},  # BERT: 10k of 1M steps (1%); fine-tuning 10%
-       minimum=0.0, below=1.0),
+       minimum=0.0, below=1.0, cli=False),
     _o("warmup_steps", int, "linear warmup in steps; unset: warmup_ratio of the run", nullable=True,
-       minimum=0, maximum=1_000_000),  # unset, so the ratio scales with the run's length
+       minimum=0, maximum=1_000_000, cli=False),  # unset, so the ratio scales with the run's length
     _o("weight_decay", float, "AdamW decoupled weight decay, on weight matrices only", default=0.01,  # BERT's
        minimum=0.0, maximum=1.0),
     _o("grad_accum_steps", int, "micro-batches per optimizer step: effective batch = batch_size x this",
@@ -86,7 +87,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("seed", int, "seed of init, data order, masking and dropout", default=0, minimum=0,
        maximum=2**31 - 1),  # any fixed seed makes runs repeatable
     # -- batches (spec fields) -------------------------------------------------------------------
-    _o("batch_size", int, "examples per optimizer step (split over micro-batches and devices)", default=32,
+    _o("batch_size", int, "examples per micro-batch, over all devices (a step takes grad_accum_steps of them)", default=32,
        trainer=False, minimum=1, maximum=4096),  # BERT fine-tuning's 32; pretraining's 256 needs more memory
     _o("max_seq_len", int, "tokens per example, [CLS] and [SEP] included", default=128, trainer=False,
        minimum=8, maximum=4096),  # BERT's first 90% of pretraining; fits most sentence tasks
@@ -200,7 +201,8 @@ def options_markdown() -> str:
         out += [f"### {kind}", "", "| option | flag | type | default | bounds | job | description |",
                 "|---|---|---|---|---|---|---|"]
         for o in options_for(kind):
-            out.append(f"| `{o.name}` | `{o.cli_flag}` | {o.type.__name__} | {format_default(o, kind)} | "
+            flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
+            out.append(f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
                        f"{bounds_text(o)} | {'yes' if o.job else 'no'} | {o.help} |")
         out.append("")
     return "\n".join(out)
