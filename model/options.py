@@ -43,7 +43,14 @@ class Option:
     above: float | None = None  # exclusive minimum
     below: float | None = None  # exclusive maximum
     choices: tuple[str, ...] | None = None
+    bounds_by_kind: dict[str, dict[str, float | None]] = field(default_factory=dict)  # kind -> bounds it changes
     flag: str | None = None  # the CLI flag when it is not --name-with-dashes
+
+    def bounds(self, kind: str) -> dict[str, float]:
+        """{minimum, maximum, above, below} of `kind`, those that are set."""
+        values = {"minimum": self.minimum, "maximum": self.maximum, "above": self.above, "below": self.below,
+                  **self.bounds_by_kind.get(kind, {})}
+        return {k: v for k, v in values.items() if v is not None}
 
     def default_for(self, kind: str, task: str | None = None) -> Any:
         if kind == "finetune" and task in self.by_task:
@@ -93,7 +100,8 @@ OPTIONS: tuple[Option, ...] = (
        minimum=8, maximum=4096),  # BERT's first 90% of pretraining; fits most sentence tasks
     _o("eval_fraction", float, "share held out for evaluation when no eval data is given (0: none)",
        by_kind={"pretrain": 0.02, "finetune": 0.1},  # pretrain: documents (capped); finetune: rows
-       trainer=False, minimum=0.0, maximum=0.5),
+       trainer=False, minimum=0.0, maximum=0.5,
+       bounds_by_kind={"finetune": {"minimum": None, "above": 0.0}}),  # fine-tuning picks its best checkpoint on them
     # -- pretraining ---------------------------------------------------------------------------
     _o("nsp", bool, "next-sentence prediction beside masked LM (BertForPreTraining); false: MLM only",
        default=True, kinds=("pretrain",), trainer=False),  # BERT's two objectives
@@ -175,12 +183,11 @@ def format_default(option: Option, kind: str) -> str:
     return text
 
 
-def bounds_text(option: Option) -> str:
-    parts = [f">= {_show(option.minimum)}" if option.minimum is not None else "",
-             f"> {_show(option.above)}" if option.above is not None else "",
-             f"<= {_show(option.maximum)}" if option.maximum is not None else "",
-             f"< {_show(option.below)}" if option.below is not None else "",
-             " | ".join(option.choices) if option.choices else ""]
+def bounds_text(option: Option, kind: str) -> str:
+    b = option.bounds(kind)
+    parts = [f"{sign} {_show(b[key])}" for key, sign in (("minimum", ">="), ("above", ">"), ("maximum", "<="),
+                                                          ("below", "<")) if key in b]
+    parts.append(" | ".join(option.choices) if option.choices else "")
     return ", ".join(p for p in parts if p)
 
 
@@ -203,6 +210,6 @@ def options_markdown() -> str:
         for o in options_for(kind):
             flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
             out.append(f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
-                       f"{bounds_text(o)} | {'yes' if o.job else 'no'} | {o.help} |")
+                       f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |")
         out.append("")
     return "\n".join(out)
