@@ -24,12 +24,12 @@ DISTRIBUTION = "bertserve"  # pyproject's [project] name
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's "(default: X)" after an option's help, unless the help says its default itself or there
-    is none to show (a required option, a flag, an option whose default the help words)."""
+    """argparse's "(default: X)" after an option's help, unless the help says its default itself (an
+    option whose default is None words what None means) or it has none (a required option)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help = action.help or ""
-        if "default" in help or action.default in (None, False, argparse.SUPPRESS) or action.required:
+        if "default" in help or action.default is None or action.default is argparse.SUPPRESS or action.required:
             return help
         return super()._get_help_string(action)
 

@@ -37,7 +37,8 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's rank, 0 to M-1")
     g.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                    help="with --nnodes > 1: where the machines meet (the same on every one; c10d rendezvous); "
-                        "its port must be reachable only from the training machines")
+                        "its port must be reachable only from the training machines (default: none; needed "
+                        "with --nnodes > 1)")
     g.add_argument("--rdzv-id", metavar="ID",
                    help="with --nnodes > 1: the run's rendezvous id, the same on every machine (default: node 0 "
                         "makes a random one and prints it; the other nodes need it)")

@@ -108,8 +108,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("vocab", help="train a WordPiece vocabulary from text files")
     p.add_argument("files", nargs="+", help="plain-text training files")
     p.add_argument("-o", "--output", required=True, help="directory for vocab.txt and tokenizer.json")
-    p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocabulary (BERT's 30522)")
+    p.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     p.set_defaults(func=cmd_vocab)
 
@@ -121,7 +121,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("info", help="architecture, parameters, heads and vocabulary of a model directory, "
                                     "and the kernels this machine would run it with at each precision")
-    p.add_argument("dir")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("dir", help="a model directory")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", help="where the kernels would run: auto, cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_info)
