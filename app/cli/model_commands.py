@@ -76,7 +76,7 @@ def _kernels_here(device_setting: str) -> dict:
     except ValueError as e:
         raise UserError(str(e)) from None
     where = kernels.cpu().name if device.type == "cpu" else str(device)
-    precisions = PRECISIONS if device.type == "cpu" else ("fp32", "bf16")  # int8 runs on the CPU only
+    precisions = PRECISIONS if device.type == "cpu" else tuple(p for p in PRECISIONS if p != "int8")  # int8: CPU only
     return {"device": str(device), "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
             "auto": recommended_precision(device), **{p: kernels.describe(p, device) for p in precisions}}
 
