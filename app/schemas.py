@@ -479,9 +479,8 @@ def _job_option_names(kind: str) -> list[str]:
 
 
 # Job options both kinds share with the same default go on TrainParams; the others on each kind's class.
-_SHARED = [n for n in _job_option_names("pretrain") if n in _job_option_names("finetune")
-           and all(o.default_for("pretrain") == o.default_for("finetune") and not o.by_task
-                   and o.bounds("pretrain") == o.bounds("finetune") for o in options_for("finetune") if o.name == n)]
+_SHARED = [o.name for o in options_for("pretrain", job=True) if "finetune" in o.kinds and not o.by_task
+           and o.default_for("pretrain") == o.default_for("finetune") and o.bounds("pretrain") == o.bounds("finetune")]
 
 
 class _TrainParams(Strict):
