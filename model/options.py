@@ -22,8 +22,6 @@ TASKS = ("sequence-classification", "token-classification", "question-answering"
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
 
-_UNSET = object()
-
 
 @dataclass(frozen=True)
 class Option:
@@ -73,7 +71,7 @@ OPTIONS: tuple[Option, ...] = (
        minimum=1, maximum=1_000_000),
     _o("epochs", float, "passes over the data, used when max_steps is unset", nullable=True,
        by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-       kinds=KINDS, above=0.0, maximum=1000.0),
+       above=0.0, maximum=1000.0),
     # -- optimiser -----------------------------------------------------------------------------
     _o("lr", float, "peak learning rate, reached at the end of warmup",
        by_kind={"pretrain": 1e-4, "finetune": 2e-5},  # BERT: 1e-4 pretraining; 2e-5, the grid's safest
