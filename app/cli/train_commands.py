@@ -178,10 +178,10 @@ def _add_options(p: argparse.ArgumentParser, kind: str) -> None:
             add_option_flag(groups[group], o, kind)
 
 
-def add_option_flag(g, o: Option, kind: str, default: Any = None) -> None:
+def add_option_flag(g, o: Option, kind: str, default: Any = None, help: str | None = None) -> None:
     """One option's flag. `default` None: unset unless given (the run spec's default applies)."""
     shown = format_default(o, kind) if default is None else default
-    help = f"{o.help} (default: {shown})"
+    help = f"{help or o.help} (default: {shown})"
     if o.type is bool:
         g.add_argument(o.cli_flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default, help=help)
         return
@@ -259,9 +259,10 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the metrics as JSON: f1, precision, recall, accuracy (NER); exact_match, f1 (QA)")
     g = p.add_argument_group("options (as `bert finetune` has them)")
+    helps = {"batch_size": "examples per batch", "seed": "masking seed for corpora"}
     for name in ("batch_size", "max_seq_len", "seed", "device", "precision", "text_column", "text_pair_column",
                  "label_column", "max_query_length", "max_answer_len"):
         o = BY_NAME[name]
-        add_option_flag(g, o, "finetune", default=o.default_for("finetune"))
+        add_option_flag(g, o, "finetune", default=o.default_for("finetune"), help=helps.get(name))
     add_option_flag(g, BY_NAME["doc_stride"], "finetune")
     p.set_defaults(func=cmd_evaluate)
