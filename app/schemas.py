@@ -18,12 +18,13 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import steps_of
+from model.options import TASKS, Option, format_default, options_for
 from model.tokenizer import lone_surrogate_at
 
 from app.settings import Settings
@@ -451,21 +452,41 @@ def _seconds(value: int | str) -> int:
 Duration = Annotated[int | str, AfterValidator(_seconds)]
 
 
-class TrainParams(Strict):
+def option_fields(kind: str, names: list[str]) -> dict[str, Any]:
+    """Pydantic fields of model/options.py's options `names` for a job of `kind`: type, default, bounds,
+    choices and description from the table. A fine-tuning option whose default depends on the task shows
+    the default task's, and the others in its description and under `x-task-defaults`."""
+    by_name = {o.name: o for o in options_for(kind, job=True)}
+    return {name: _option_field(by_name[name], kind) for name in names}
+
+
+def _option_field(o: Option, kind: str) -> tuple[Any, Any]:
+    annotation = Literal[o.choices] if o.choices else o.type
+    if o.nullable:
+        annotation = annotation | None
+    b = o.bounds(kind)
+    constraints = {"ge": b.get("minimum"), "le": b.get("maximum"), "gt": b.get("above"), "lt": b.get("below")}
+    description = o.help[0].upper() + o.help[1:] + "."
+    extra = None
+    if kind == "finetune" and o.by_task:
+        description += f" Default: {format_default(o, kind)}."
+        extra = {"x-task-defaults": {task: o.default_for(kind, task) for task in TASKS}}
+    return annotation, Field(o.default_for(kind), description=description, json_schema_extra=extra,
+                             **{k: v for k, v in constraints.items() if v is not None})
+
+
+def _job_option_names(kind: str) -> list[str]:
+    return [o.name for o in options_for(kind, job=True)]
+
+
+# Job options both kinds share with the same default go on TrainParams; the others on each kind's class.
+_SHARED = [o.name for o in options_for("pretrain", job=True) if "finetune" in o.kinds and not o.by_task
+           and o.default_for("pretrain") == o.default_for("finetune") and o.bounds("pretrain") == o.bounds("finetune")]
+
+
+class _TrainParams(Strict):
     """Shared by both kinds. Bounds guard the service, not good practice: see the README for that."""
 
-    max_steps: int = Field(1000, ge=1, le=1_000_000, description="Optimizer steps to train.")
-    batch_size: int = Field(32, ge=1, le=4096, description="Examples per micro-batch.")
-    grad_accum_steps: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step.")
-    max_seq_len: int = Field(128, ge=8, le=4096, description="Tokens per example, [CLS]/[SEP] included.")
-    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
-    warmup_steps: int = Field(0, ge=0, le=1_000_000, description="Linear warmup; at most max_steps.")
-    save_every: int = Field(100, ge=0, le=1_000_000, description="Checkpoint every N steps (0: only at the end).")
-    keep_last: int = Field(2, ge=1, le=100, description="Checkpoints kept (besides the best).")
-    log_every: int = Field(10, ge=1, le=100_000, description="A metrics.jsonl line every N steps.")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    eval_every: int = Field(0, ge=0, le=1_000_000, description="Evaluate every N steps (0: only at the end).")
     devices: int = Field(1, ge=1, le=64, description="Data-parallel processes on the worker's machine (one per "
                                                        "GPU on CUDA), through torchrun; batch_size stays the "
                                                        "global batch. At most BERT_JOB_MAX_DEVICES.")
@@ -476,32 +497,34 @@ class TrainParams(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.warmup_steps > self.max_steps:
+        if self.warmup_steps is not None and self.max_steps is not None and self.warmup_steps > self.max_steps:
             raise _invalid(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
         if self.eval_every and not self.eval_fraction:
             raise _invalid("eval_every needs eval_fraction > 0 (there is nothing to evaluate on)")
         return self
 
+    def to_record(self) -> dict[str, Any]:
+        """What the job stores: the parameters the request set, and the service's own (devices, max_runtime)."""
+        return {**self.model_dump(exclude_unset=True), "devices": self.devices, "max_runtime": self.max_runtime}
 
-FinetuneTask = Literal["sequence-classification", "token-classification", "question-answering"]
+
+# Only the parameters a request sets are stored with its job; the run gives the others the defaults shown,
+# the same `bert pretrain` / `bert finetune` give (model/options.py).
+_UNSET_DEFAULTS = ("Parameters left out take the defaults shown, the same as the `bert {}` command's (per task "
+                   "where a description says so).")
+TrainParams = create_model("TrainParams", __base__=_TrainParams, __module__=__name__, __doc__=_TrainParams.__doc__,
+                           **option_fields("pretrain", _SHARED))
+
+FinetuneTask = Literal[TASKS]
 assert set(FinetuneTask.__args__) == set(KIND_OF_TASK)
 SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 
-class FinetuneParams(TrainParams):
-    lr: float = Field(5e-5, gt=0.0, le=1.0, description="Peak learning rate (BERT paper: 2e-5 to 5e-5).")
-    eval_fraction: float = Field(0.1, gt=0.0, le=0.5, description="Share of the rows held out for eval (the best "
-                                                                  "checkpoint is chosen on them).")
-    task: FinetuneTask = Field("sequence-classification", description=(
-        "What to train: sequence-classification (a labelled dataset), token-classification (token-labelled; "
-        "best checkpoint by entity f1) or question-answering (qa; best checkpoint by f1)."))
-    doc_stride: int | None = Field(None, ge=0, le=4096, description=(
-        "question-answering: context tokens that windows of a long context share (default 128, or half the "
-        "context room of a short window). Less than max_seq_len - max_query_length - 3."))
-    max_query_length: int = Field(64, ge=1, le=4096, description="question-answering: question tokens kept.")
-
+class _FinetuneParams(TrainParams):
     @model_validator(mode="after")
-    def _qa_window(self):
+    def _task_options(self):
+        if self.regression and self.task != "sequence-classification":
+            raise _invalid(f"regression is for task sequence-classification, not {self.task}")
         if self.task != "question-answering":
             if self.doc_stride is not None:
                 raise _invalid(f"doc_stride is for task question-answering, not {self.task}")
@@ -515,6 +538,12 @@ class FinetuneParams(TrainParams):
                            f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
                            f"{self.max_query_length}")
         return self
+
+
+FinetuneParams = create_model("FinetuneParams", __base__=_FinetuneParams, __module__=__name__,
+                              __doc__=_UNSET_DEFAULTS.format("finetune"),
+                              **option_fields("finetune", [n for n in _job_option_names("finetune")
+                                                           if n not in _SHARED]))
 
 
 class ModelSize(Strict):
@@ -534,18 +563,17 @@ class ModelSize(Strict):
         return self
 
 
-class PretrainParams(TrainParams):
-    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate (BERT: 1e-4).")
-    eval_fraction: float = Field(0.02, ge=0.0, le=0.5,
-                                 description="Share of the documents held out for eval (at most 1000).")
-    nsp: bool = Field(True, description="Next-sentence prediction beside MLM (BertForPreTraining).")
-    masked_lm_prob: float = Field(0.15, ge=0.01, le=0.5)
-    freeze_encoder: bool = Field(False, description="With base_model: train only the heads; the encoder stays "
-                                                    "as loaded.")
+class _PretrainParams(TrainParams):
     config: ModelSize | None = Field(None, description="From scratch only: the model's size.")
     vocab_size: int | None = Field(None, ge=32, le=200_000,
                                    description="From scratch only: WordPiece vocabulary learnt from the corpus.")
     lowercase: bool | None = Field(None, description="From scratch only: lowercase the vocabulary.")
+
+
+PretrainParams = create_model("PretrainParams", __base__=_PretrainParams, __module__=__name__,
+                              __doc__=_UNSET_DEFAULTS.format("pretrain"),
+                              **option_fields("pretrain", [n for n in _job_option_names("pretrain")
+                                                           if n not in _SHARED]))
 
 
 class PretrainJobRequest(Strict):

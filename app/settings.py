@@ -14,9 +14,9 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.device import DEVICE_PATTERN
+from model.options import PRECISIONS
 
-
-Precision = Literal["auto", "fp32", "bf16", "int8"]
+Precision = Literal[("auto", *PRECISIONS)]  # auto: recommended_precision of the device (model/precision.py)
 
 
 class Settings(BaseSettings):

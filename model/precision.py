@@ -45,7 +45,7 @@ from torch import nn
 from model import kernels
 from model.onednn import linear
 
-PRECISIONS = ("fp32", "bf16", "int8")
+from model.options import PRECISIONS
 log = logging.getLogger(__name__)
 
 

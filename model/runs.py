@@ -39,6 +39,7 @@ from model.precision import resolve_precision
 from model.tokenizer import BertTokenizer
 from model.trainer import TrainConfig, Trainer, TrainResult, seed_everything
 from model.weights import HEAD_NAMES, heads_in_dir
+from model import options
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ MODEL_PRESETS = {
 
 # ---------------------------------------------------------------------------- specifications
 
+# Spec fields that are options take their defaults from model/options.py (one column per kind).
+_PRE, _FT = options.defaults("pretrain", trainer=False), options.defaults("finetune", trainer=False)
+
 @dataclass
 class PretrainSpec:
     corpus: str  # text corpus (pairs A<TAB>B, google, text, jsonl) or a token store directory (model/data/store.py)
@@ -63,24 +67,24 @@ class PretrainSpec:
     corpus_format: str | None = None  # None = detect from the file
     text_field: str = "text"  # JSONL field holding the text
     eval_corpus: str | None = None  # held-out corpus; None = hold out `eval_fraction` of the documents
-    eval_fraction: float = 0.02  # share of documents held out when there is no eval_corpus (0 = none)
+    eval_fraction: float = _PRE["eval_fraction"]  # share of documents held out when there is no eval_corpus
     eval_max_documents: int = 1000  # cap on held-out documents, so evaluation stays quick
-    nsp: bool = True  # next-sentence prediction (BertForPreTraining); False = MLM only (BertForMaskedLM)
-    batch_size: int = 32
-    max_seq_len: int = 128
-    masked_lm_prob: float = 0.15
-    whole_word_mask: bool = False
-    freeze_encoder: bool = False  # train only the heads (and pooler); embeddings and layers stay as loaded
+    nsp: bool = _PRE["nsp"]  # next-sentence prediction (BertForPreTraining); False = MLM only (BertForMaskedLM)
+    batch_size: int = _PRE["batch_size"]
+    max_seq_len: int = _PRE["max_seq_len"]
+    masked_lm_prob: float = _PRE["masked_lm_prob"]
+    whole_word_mask: bool = _PRE["whole_word_mask"]
+    freeze_encoder: bool = _PRE["freeze_encoder"]  # train only the heads (and pooler); the encoder stays as loaded
     cache_dir: str | None = None  # token cache; None = beside the corpus if writable, else out/cache
     resume: bool = True  # continue from out/checkpoints when it has a complete checkpoint
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000, lr=1e-4, warmup_ratio=0.01))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(**options.defaults("pretrain", trainer=True)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PretrainSpec":
         return _spec_from_dict(cls, data)
 
 
-TASKS = ("sequence-classification", "token-classification", "question-answering")
+TASKS = options.TASKS
 
 
 @dataclass
@@ -91,21 +95,22 @@ class FinetuneSpec:
     train_file: str
     from_model: str  # model directory to start from (with its tokenizer)
     out: str  # run directory
-    task: str = "sequence-classification"  # or "token-classification" (NER) or "question-answering" (SQuAD)
+    task: str = _FT["task"]  # or "token-classification" (NER) or "question-answering" (SQuAD)
     eval_file: str | None = None  # None = hold out eval_fraction of train_file
-    eval_fraction: float = 0.1
-    group_column: str | None = None  # hold out whole groups (e.g. one film's reviews) when splitting
-    text_column: str = "text"
-    text_pair_column: str | None = "text_pair"  # used when the file has it
-    label_column: str = "label"
-    regression: bool = False  # float labels, MSE loss, one output
-    batch_size: int = 32
-    max_seq_len: int = 128
-    doc_stride: int | None = None  # QA: context tokens windows share; None = 128, less in short windows
-    max_query_length: int = 64  # QA: question tokens kept
-    max_answer_len: int = 30  # QA evaluation: longest answer in tokens
+    eval_fraction: float = _FT["eval_fraction"]
+    group_column: str | None = _FT["group_column"]  # hold out whole groups (e.g. one film's reviews) when splitting
+    text_column: str = _FT["text_column"]
+    text_pair_column: str | None = _FT["text_pair_column"]  # used when the file has it
+    label_column: str = _FT["label_column"]
+    regression: bool = _FT["regression"]  # float labels, MSE loss, one output
+    batch_size: int = _FT["batch_size"]
+    max_seq_len: int = _FT["max_seq_len"]
+    doc_stride: int | None = _FT["doc_stride"]  # QA: context tokens windows share; None = 128, less in short windows
+    max_query_length: int = _FT["max_query_length"]  # QA: question tokens kept
+    max_answer_len: int = _FT["max_answer_len"]  # QA evaluation: longest answer in tokens
     resume: bool = True
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=3, lr=2e-5, warmup_ratio=0.1))
+    # The default task's; from_dict and task_train_config give another task its own (model/options.py).
+    train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -117,8 +122,9 @@ class FinetuneSpec:
 
 
 def task_train_config(task: str) -> TrainConfig:
-    """FinetuneSpec's default TrainConfig for `task`: tagging and QA keep the checkpoint with the best F1."""
-    config = default_train_config(FinetuneSpec)
+    """FinetuneSpec's default TrainConfig for `task` (model/options.py's defaults for it): tagging and QA
+    keep the checkpoint with the best F1."""
+    config = TrainConfig(**options.defaults("finetune", task, trainer=True))
     if task in ("token-classification", "question-answering"):
         config = dataclasses.replace(config, best_metric="f1", greater_is_better=True)
     return config

@@ -67,11 +67,12 @@ from model.device import resolve_device
 from model.files import METRICS_FILE
 from model.modeling import IGNORE_INDEX
 from model.precision import autocast, resolve_precision
+from model.options import TRAIN_PRECISIONS, defaults
 
 log = logging.getLogger(__name__)
 
 FINAL_MODEL = "model"
-TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes (int8 is inference only)
+_DEFAULT = defaults("pretrain", trainer=True)  # model/options.py: a field's default and the reason for it
 
 
 # evaluate_fn(model, eval_data, *, device, precision, max_batches, should_stop) -> metrics
@@ -86,26 +87,29 @@ class EvaluationStopped(Exception):
 
 @dataclass
 class TrainConfig:
-    lr: float = 1e-4  # peak learning rate, reached at the end of warmup (BERT pretraining: 1e-4)
-    weight_decay: float = 0.01  # AdamW decoupled decay, on weight matrices only (BERT: 0.01)
+    """A run's optimisation and bookkeeping. Fields that are options (model/options.py) take their
+    defaults from there (pretraining's column); the run specs of model/runs.py set fine-tuning's."""
+
+    lr: float = _DEFAULT["lr"]  # peak learning rate, reached at the end of warmup
+    weight_decay: float = _DEFAULT["weight_decay"]  # AdamW decoupled decay, on weight matrices only
     adam_betas: tuple[float, float] = (0.9, 0.999)  # BERT's values
     adam_eps: float = 1e-6  # BERT's value (torch's default 1e-8 is for other models)
-    max_steps: int | None = None  # optimizer steps to train; None = `epochs` passes over the data
-    epochs: float | None = None  # used only when max_steps is None (fine-tuning: 2-4 in the paper)
-    warmup_steps: int | None = None  # linear warmup length; None = warmup_ratio * total steps
-    warmup_ratio: float = 0.0  # fraction of total steps to warm up over when warmup_steps is None
-    grad_accum_steps: int = 1  # micro-batches per optimizer step: effective batch = batch size x this
-    max_grad_norm: float | None = 1.0  # clip the global gradient norm (BERT: 1.0); None = no clipping
-    seed: int = 0  # seeds torch/numpy/random at the start of a fresh run (dropout stream)
-    eval_every: int = 0  # evaluate every N steps (0: only at the end); needs eval data
-    eval_on_start: bool = False  # also evaluate before the first step (a baseline for the curve)
-    save_every: int = 0  # checkpoint every N steps (0: only at the end and on stop)
-    keep_last: int = 2  # checkpoints kept besides the best one; older ones are deleted
+    max_steps: int | None = _DEFAULT["max_steps"]  # optimizer steps to train; None = `epochs` passes over the data
+    epochs: float | None = _DEFAULT["epochs"]  # used only when max_steps is None
+    warmup_steps: int | None = _DEFAULT["warmup_steps"]  # linear warmup length; None = warmup_ratio * total steps
+    warmup_ratio: float = _DEFAULT["warmup_ratio"]  # fraction of total steps to warm up over when warmup_steps is None
+    grad_accum_steps: int = _DEFAULT["grad_accum_steps"]  # micro-batches per optimizer step
+    max_grad_norm: float | None = _DEFAULT["max_grad_norm"]  # clip the global gradient norm; None = no clipping
+    seed: int = _DEFAULT["seed"]  # seeds torch/numpy/random at the start of a fresh run (dropout stream)
+    eval_every: int = _DEFAULT["eval_every"]  # evaluate every N steps (0: only at the end); needs eval data
+    eval_on_start: bool = _DEFAULT["eval_on_start"]  # also evaluate before the first step
+    save_every: int = _DEFAULT["save_every"]  # checkpoint every N steps (0: only at the end and on stop)
+    keep_last: int = _DEFAULT["keep_last"]  # checkpoints kept besides the best one; older ones are deleted
     best_metric: str = "loss"  # eval metric that picks the best checkpoint
     greater_is_better: bool = False  # False for losses, True for accuracy/F1
-    log_every: int = 10  # call on_step (and write metrics.jsonl) every N steps
-    precision: str = "auto"  # "fp32" | "bf16" (autocast) | "auto": bf16 on CUDA, fp32 on CPU
-    device: str = "auto"  # "cpu", "cuda", "cuda:1", or "auto" (CUDA when available)
+    log_every: int = _DEFAULT["log_every"]  # call on_step (and write metrics.jsonl) every N steps
+    precision: str = _DEFAULT["precision"]  # "fp32" | "bf16" (autocast) | "auto": bf16 on CUDA, fp32 on CPU
+    device: str = _DEFAULT["device"]  # "cpu", "cuda", "cuda:1", or "auto" (CUDA when available)
     max_eval_batches: int | None = None  # cap on eval batches per evaluation (None: all)
     # Micro-batches built ahead by a thread while the device computes (pinned on CUDA); the batches are
     # the same either way. None: 2 on CUDA, 0 elsewhere (on a CPU the thread takes cores from the step).
@@ -113,7 +117,7 @@ class TrainConfig:
     # torch.compile the training forward (and so its backward): the first steps, and each new batch
     # shape until shapes are marked dynamic, pay for compiling; bench/train_bench.py --compile says
     # whether it pays for a given model and device.
-    compile: bool = False
+    compile: bool = _DEFAULT["compile"]
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)

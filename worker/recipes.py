@@ -20,6 +20,7 @@ from typing import Any
 from model.data.corpus import read_documents
 from model.datadir import DataDir, dataset_file
 from model.files import atomic_dir, atomic_write_bytes
+from model.options import job_keys
 from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
 from model.tokenizer import BertTokenizer
 from model.callbacks import Callback
@@ -28,21 +29,25 @@ from model.trainer import TrainResult
 TOKENIZER_DIR = "tokenizer"  # DATA_DIR/jobs/<id>/tokenizer: a from-scratch run's vocabulary
 SCRATCH_CONFIG = "scratch_config.json"
 
-# Job params that are TrainConfig fields, passed through unchanged.
-TRAIN_KEYS = ("lr", "weight_decay", "max_steps", "warmup_steps", "grad_accum_steps", "seed",
-              "eval_every", "save_every", "keep_last", "log_every", "precision")
+# Job params passed through unchanged (model/options.py's job options): TrainConfig fields, and each
+# kind's spec fields. A job stores only the params its request set, so the specs' defaults apply to the
+# rest, as they do for `bert pretrain` / `bert finetune`.
+TRAIN_KEYS = tuple(dict.fromkeys(job_keys("pretrain", trainer=True) + job_keys("finetune", trainer=True)))
+SPEC_KEYS = {kind: job_keys(kind, trainer=False) for kind in ("pretrain", "finetune")}
 
 
 def train_overrides(params: dict, device: str) -> dict:
     return {**{k: params[k] for k in TRAIN_KEYS if k in params}, "device": device}
 
 
+def spec_params(params: dict, kind: str) -> dict:
+    return {k: params[k] for k in SPEC_KEYS[kind] if k in params}
+
+
 def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:
     p = record["params"]
     corpus, meta = dataset_file(data_dir, record["dataset"])
-    spec = dict(corpus=str(corpus), out=str(job_dir), corpus_format=meta.get("format"), nsp=p["nsp"],
-                batch_size=p["batch_size"], max_seq_len=p["max_seq_len"], masked_lm_prob=p["masked_lm_prob"],
-                eval_fraction=p["eval_fraction"], freeze_encoder=p.get("freeze_encoder", False),
+    spec = dict(corpus=str(corpus), out=str(job_dir), corpus_format=meta.get("format"), **spec_params(p, "pretrain"),
                 train=train_overrides(p, device))
     if record.get("base_model"):
         spec["from_model"] = str(DataDir(data_dir).model(record["base_model"]))
@@ -57,12 +62,9 @@ def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
 def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
-    task = p.get("task", "sequence-classification")  # records from before tasks were added: classification
-    qa = {"doc_stride": p.get("doc_stride"), "max_query_length": p.get("max_query_length", 64)}
     return FinetuneSpec.from_dict(dict(
         train_file=str(table), from_model=str(DataDir(data_dir).model(record["base_model"])), out=str(job_dir),
-        task=task, eval_fraction=p["eval_fraction"], batch_size=p["batch_size"], max_seq_len=p["max_seq_len"],
-        **(qa if task == "question-answering" else {}), train=train_overrides(p, device)))
+        **spec_params(p, "finetune"), train=train_overrides(p, device)))
 
 
 def prepare(record: Mapping[str, Any], data_dir: Path, job_dir: Path) -> None:

@@ -6,21 +6,52 @@
     bert corpus build                       app/cli/corpus_commands.py  (model/data/corpus_build.py)
 
 Every command is a function `cmd_<name>(args) -> int`; a model.errors.UserError prints one line and
-exits with status 2, never a traceback.
+exits with status 2, never a traceback. Parsing imports no torch (the commands import what they run),
+so `bert --help` and every `bert COMMAND --help` answer at once; every option's help shows its default.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from model.errors import UserError
 
 from app.cli import corpus_commands, model_commands, service_commands, train_commands
 
+DISTRIBUTION = "bertserve"  # pyproject's [project] name
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after an option's help, unless the help says its default itself (an
+    option whose default is None words what None means) or it has none (a required option)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        if "default" in help or action.default is None or action.default is argparse.SUPPRESS or action.required:
+            return help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose subcommands' parsers (of the same class) use HelpFormatter."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def package_version() -> str:
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert", description="bertserve: train and serve BERT.")
+    parser = Parser(prog="bert", description="bertserve: train and serve BERT.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (model_commands, train_commands, corpus_commands, service_commands):
         group.add_commands(sub)

@@ -11,12 +11,13 @@ from pathlib import Path
 from model.data.corpus import READ_FORMATS
 from model.data.corpus_build import DEFAULT_SHARD_TOKENS, DEFAULT_UNIT_BYTES, BuildOptions, build_store
 from model.errors import UserError
-from model.tokenizer import BertTokenizer
-
-from app.cli.progress import BuildProgressBar
 
 
 def cmd_corpus_build(args: argparse.Namespace) -> int:
+    from model.tokenizer import BertTokenizer
+
+    from app.cli.progress import BuildProgressBar
+
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     try:

@@ -18,9 +18,9 @@ import signal
 import subprocess
 import sys
 
-from model import checkpoint as ckpt
-from model.distributed import check_launch, endpoint_host, is_loopback, launched, new_run_id, torchrun_command
 from model.errors import UserError
+
+# model.distributed and model.checkpoint (torch) load when a command runs, not when `bert` parses its options.
 
 LAUNCH_OPTIONS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id")  # with a value
 LAUNCH_FLAGS = ("--trusted-network",)
@@ -37,7 +37,8 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's rank, 0 to M-1")
     g.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                    help="with --nnodes > 1: where the machines meet (the same on every one; c10d rendezvous); "
-                        "its port must be reachable only from the training machines")
+                        "its port must be reachable only from the training machines (default: none; needed "
+                        "with --nnodes > 1)")
     g.add_argument("--rdzv-id", metavar="ID",
                    help="with --nnodes > 1: the run's rendezvous id, the same on every machine (default: node 0 "
                         "makes a random one and prints it; the other nodes need it)")
@@ -48,6 +49,8 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 
 def wants_launcher(args: argparse.Namespace) -> bool:
     """True when the options ask for several processes and this process is not already one of them."""
+    from model.distributed import check_launch, launched
+
     try:
         check_launch(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
                      args.trusted_network)
@@ -77,6 +80,9 @@ def strip_launch_options(argv: list[str]) -> list[str]:
 
 def relaunch(args: argparse.Namespace, argv: list[str]) -> int:
     """Run this command on `--nproc-per-node` ranks through torchrun; its exit status, or 130 if stopped."""
+    from model import checkpoint as ckpt
+    from model.distributed import endpoint_host, is_loopback, new_run_id, torchrun_command
+
     run_id = args.rdzv_id
     if args.nnodes > 1 and run_id is None:  # node 0 (check_launch refuses the others without one)
         run_id = new_run_id()

@@ -6,16 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
-from model import kernels
-from model.device import resolve_device
 from model.errors import UserError
-from model.model_dir import import_model, summarize
-from model.precision import PRECISIONS, recommended_precision
-from model.tokenizer import train_vocab
-from model.weights import HEAD_NAMES
+from model.options import PRECISIONS
+
+# The model's modules (torch) load inside the commands, so `bert info --help` answers without them.
 
 
 def cmd_vocab(args: argparse.Namespace) -> int:
+    from model.tokenizer import train_vocab
+
     missing = [f for f in args.files if not Path(f).is_file()]
     if missing:
         raise UserError(f"no such file: {', '.join(missing)}")
@@ -26,21 +25,25 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from model.model_dir import import_model
+
     dst = Path(args.dst)
     if dst.exists() and not args.force:
         raise UserError(f"{dst} exists; pass --force to replace it")
-    info = import_model(args.src, dst)
+    info = _servable(import_model(args.src, dst))
     print(f"imported {args.src} -> {dst}")
     _print_summary(info)
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from model.model_dir import summarize
+
     path = Path(args.dir)
     if not (path / "config.json").is_file():
         raise UserError(f"{path} has no config.json: not a model directory")
     try:
-        info = summarize(path)
+        info = _servable(summarize(path))
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     info["kernels"] = _kernels_here(args.device)
@@ -52,14 +55,28 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _servable(info: dict) -> dict:
+    """`model_heads` as GET /models reports `heads`: what the service can serve with the model (mlm, nsp,
+    classifier, token_classifier, qa), not the weight groups it holds (a pooler serves no route)."""
+    from model.modeling import MODEL_CLASSES
+
+    from app.serving.model_registry import servable_heads
+
+    return {**info, "model_heads": servable_heads(MODEL_CLASSES[info["architecture"]])}
+
+
 def _kernels_here(device_setting: str) -> dict:
     """What this machine would run the model with at each precision (model.kernels), and what auto is."""
+    from model import kernels
+    from model.device import resolve_device
+    from model.precision import recommended_precision
+
     try:
         device = resolve_device(device_setting)
     except ValueError as e:
         raise UserError(str(e)) from None
     where = kernels.cpu().name if device.type == "cpu" else str(device)
-    precisions = PRECISIONS if device.type == "cpu" else ("fp32", "bf16")  # int8 runs on the CPU only
+    precisions = PRECISIONS if device.type == "cpu" else tuple(p for p in PRECISIONS if p != "int8")  # int8: CPU only
     return {"device": str(device), "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
             "auto": recommended_precision(device), **{p: kernels.describe(p, device) for p in precisions}}
 
@@ -74,7 +91,7 @@ def _print_kernels(plan: dict) -> None:
 
 
 def _print_summary(info: dict) -> None:
-    heads = ", ".join(HEAD_NAMES[h] for h in info["model_heads"]) or "none"
+    heads = ", ".join(info["model_heads"]) or "none"
     print(f"  architecture: {info['architecture']} ({info['layers']} layers, hidden {info['hidden_size']}, "
           f"{info['heads']} heads, max {info['max_position_embeddings']} positions)")
     print(f"  parameters:   {info['parameters']:,}")
@@ -91,8 +108,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("vocab", help="train a WordPiece vocabulary from text files")
     p.add_argument("files", nargs="+", help="plain-text training files")
     p.add_argument("-o", "--output", required=True, help="directory for vocab.txt and tokenizer.json")
-    p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocabulary (BERT's 30522)")
+    p.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     p.set_defaults(func=cmd_vocab)
 
@@ -104,7 +121,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("info", help="architecture, parameters, heads and vocabulary of a model directory, "
                                     "and the kernels this machine would run it with at each precision")
-    p.add_argument("dir")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("dir", help="a model directory")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", help="where the kernels would run: auto, cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_info)

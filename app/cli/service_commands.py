@@ -133,5 +133,5 @@ def add_commands(sub) -> None:
     p.add_argument("--concurrency", type=int, default=1, help="jobs at once (default 1: one job owns the CPU/GPU)")
     p.add_argument("--queues", default="training", help="comma-separated queues (default: training)")
     p.add_argument("--hostname", help="worker node name (default: celery@HOST)")
-    p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--loglevel", default="INFO", help="Celery's log level: DEBUG, INFO, WARNING, ERROR")
     p.set_defaults(func=cmd_worker)

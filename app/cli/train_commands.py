@@ -14,20 +14,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model import checkpoint as ckpt
-from model.callbacks import format_metrics
-from model.distributed import env_dist, launched
 from model.errors import UserError
-from model.runs import (TASKS, FinetuneSpec, PretrainSpec, default_train_config, evaluate_model, merge_train_config,
-                        run_finetuning, run_pretraining, task_train_config)
-from model.trainer import TrainConfig
+from model.options import BY_NAME, KINDS, Option, format_default, options_for
 
 from app.cli.launch import add_launch_options, relaunch, wants_launcher
-from app.cli.progress import ProgressBar, SignalStop
+
+# torch and model.runs load inside the commands, so `bert finetune --help` answers without them.
 
 
 def _run_with_progress(run, spec) -> int:
     """Run a spec with a progress bar and Ctrl-C handling. Under torchrun, rank 0 alone draws and prints."""
+    from model import checkpoint as ckpt
+    from model.callbacks import format_metrics
+    from model.distributed import env_dist, launched
+
+    from app.cli.progress import ProgressBar, SignalStop
+
     main_rank = env_dist().is_main
     # The run functions and the data pipeline log what they do (tokenising, warm start) at INFO.
     logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s",
@@ -67,6 +69,8 @@ def _set_threads(args: argparse.Namespace) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> int:
     if wants_launcher(args):
         return relaunch(args, args.argv)
+    from model.runs import PretrainSpec, default_train_config, run_pretraining
+
     _set_threads(args)
     if args.from_model and args.config:
         raise UserError("give --from (warm start) or --config (from scratch), not both")
@@ -75,32 +79,31 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     spec = PretrainSpec(
         corpus=_existing_corpus(args.corpus), out=args.out, from_model=args.from_model, config=args.config,
         vocab=args.vocab, corpus_format=args.format, text_field=args.text_field,
-        eval_corpus=_existing_corpus(args.eval_corpus) if args.eval_corpus else None, eval_fraction=args.eval_fraction,
-        nsp=not args.no_nsp, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
-        masked_lm_prob=args.mlm_probability, whole_word_mask=args.whole_word_mask, cache_dir=args.cache_dir,
-        freeze_encoder=args.freeze_encoder,
-        resume=args.resume, train=_train_config(args, default_train_config(PretrainSpec)))
+        eval_corpus=_existing_corpus(args.eval_corpus) if args.eval_corpus else None, cache_dir=args.cache_dir,
+        resume=args.resume, train=_train_config(args, "pretrain", default_train_config(PretrainSpec)),
+        **_given(args, "pretrain", trainer=False))
     return _run_with_progress(run_pretraining, spec)
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     if wants_launcher(args):
         return relaunch(args, args.argv)
+    from model.runs import FinetuneSpec, run_finetuning, task_train_config
+
     _set_threads(args)
-    if args.regression and args.task != "sequence-classification":
-        raise UserError(f"--regression is for --task sequence-classification, not {args.task}")
+    task = args.task or BY_NAME["task"].default_for("finetune")
+    if args.regression and task != "sequence-classification":
+        raise UserError(f"--regression is for --task sequence-classification, not {task}")
     spec = FinetuneSpec(
-        train_file=_existing_file(args.train), from_model=args.from_model, out=args.out, task=args.task,
-        eval_file=_existing_file(args.eval) if args.eval else None, eval_fraction=args.eval_fraction,
-        group_column=args.group_column, text_column=args.text_column, text_pair_column=args.text_pair_column,
-        label_column=args.label_column, regression=args.regression, batch_size=args.batch_size,
-        max_seq_len=args.max_seq_len, doc_stride=args.doc_stride, max_query_length=args.max_query_length,
-        max_answer_len=args.max_answer_len, resume=args.resume,
-        train=_train_config(args, task_train_config(args.task)))
+        train_file=_existing_file(args.train), from_model=args.from_model, out=args.out,
+        eval_file=_existing_file(args.eval) if args.eval else None, resume=args.resume,
+        train=_train_config(args, "finetune", task_train_config(task)), **_given(args, "finetune", trainer=False))
     return _run_with_progress(run_finetuning, spec)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from model.runs import evaluate_model
+
     _set_threads(args)
     metrics = evaluate_model(args.model, _existing_corpus(args.data), corpus_format=args.format,
                              text_column=args.text_column, text_pair_column=args.text_pair_column,
@@ -129,12 +132,16 @@ def _existing_corpus(path: str) -> str:
     return path
 
 
-def _train_config(args: argparse.Namespace, default: TrainConfig) -> TrainConfig:
-    overrides = {name: getattr(args, name) for name in
-                 ("max_steps", "epochs", "lr", "weight_decay", "grad_accum_steps", "max_grad_norm", "seed",
-                  "eval_every", "eval_on_start", "save_every", "keep_last", "log_every", "precision", "device",
-                  "compile")
-                 if getattr(args, name, None) is not None}
+def _given(args: argparse.Namespace, kind: str, *, trainer: bool) -> dict[str, Any]:
+    """The options of `kind` given on the command line (model/options.py), trainer ones or spec ones."""
+    return {o.name: getattr(args, o.name) for o in options_for(kind, trainer=trainer)
+            if o.cli and getattr(args, o.name) is not None}
+
+
+def _train_config(args: argparse.Namespace, kind: str, default):
+    from model.runs import merge_train_config
+
+    overrides = _given(args, kind, trainer=True)
     if args.warmup is not None:
         overrides.update(_parse_warmup(args.warmup))
     try:
@@ -158,34 +165,46 @@ def _parse_warmup(text: str) -> dict[str, Any]:
     return {"warmup_steps": int(value)}
 
 
-def _add_training_options(p: argparse.ArgumentParser, default: TrainConfig) -> None:
-    g = p.add_argument_group("training")
+def _add_options(p: argparse.ArgumentParser, kind: str) -> None:
+    """The flags of model/options.py's table for `kind`, each with its help and default(s), in three groups."""
+    groups = {"data": p.add_argument_group("data"), kind: p.add_argument_group(kind.replace("finetune", "fine-tuning")
+                                                                             .replace("pretrain", "pretraining")),
+              "training": p.add_argument_group("training")}
+    for o in options_for(kind):
+        if o.name == "warmup_steps":
+            _add_warmup(groups["training"], kind)
+        if o.cli:
+            group = "training" if o.trainer else "data" if o.kinds == KINDS or o.name.endswith("column") else kind
+            add_option_flag(groups[group], o, kind)
+
+
+def add_option_flag(g, o: Option, kind: str, default: Any = None, help: str | None = None) -> None:
+    """One option's flag. `default` None: unset unless given (the run spec's default applies)."""
+    shown = format_default(o, kind) if default is None else default
+    help = f"{help or o.help} (default: {shown})"
+    if o.type is bool:
+        g.add_argument(o.cli_flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default, help=help)
+        return
+    g.add_argument(o.cli_flag, dest=o.name, type=o.type, choices=o.choices, default=default, help=help,
+                   metavar=None if o.choices else o.name.upper())
+
+
+def _add_warmup(g, kind: str) -> None:
+    steps, ratio = BY_NAME["warmup_steps"], BY_NAME["warmup_ratio"]
+    g.add_argument("--warmup", help=f"warmup steps (e.g. 500) or a fraction of the run (e.g. 0.1) (default: "
+                                    f"{format_default(ratio, kind)} of the run, as "
+                                    f"{ratio.name}; {steps.name}: {format_default(steps, kind)})")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
     g.add_argument("--out", required=True, metavar="RUN_DIR",
                    help="run directory: metrics.jsonl, training.svg, checkpoints/, model/")
-    g.add_argument("--max-steps", type=int, help=f"optimizer steps (default {default.max_steps or 'from --epochs'})")
-    g.add_argument("--batch-size", type=int, default=32)
-    g.add_argument("--max-seq-len", type=int, default=128)
-    g.add_argument("--lr", type=float, help=f"peak learning rate (default {default.lr:g})")
-    g.add_argument("--warmup", help="warmup steps (e.g. 500) or fraction of the run (e.g. 0.1)")
-    g.add_argument("--weight-decay", type=float, help=f"AdamW weight decay on matrices (default {default.weight_decay})")
-    g.add_argument("--grad-accum", dest="grad_accum_steps", type=int, help="micro-batches per optimizer step")
-    g.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (default 1.0)")
-    g.add_argument("--save-every", type=int, help="checkpoint every N steps (default: only at the end)")
-    g.add_argument("--eval-every", type=int, help="evaluate every N steps (default: only at the end)")
-    g.add_argument("--eval-on-start", action="store_true", default=None, help="also evaluate before the first step")
-    g.add_argument("--keep-last", type=int, help=f"checkpoints kept besides the best (default {default.keep_last})")
-    g.add_argument("--log-every", type=int, help=f"steps between progress updates (default {default.log_every})")
-    g.add_argument("--seed", type=int, help="seed for init, data order, masking and dropout (default 0)")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"),
-                   help="bf16 autocast or fp32 (default auto: bf16 on CUDA, fp32 on CPU)")
-    g.add_argument("--device", help="cpu, cuda, cuda:N (default auto)")
-    g.add_argument("--compile", action="store_true", default=None,
-                   help="torch.compile the training step (compiling takes the first steps; measure first)")
     g.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; on a busy "
                                                "machine 1 can be several times faster)")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue from RUN_DIR's latest complete checkpoint (default); --no-resume refuses "
-                        "a RUN_DIR that has one")
+                   help="continue from RUN_DIR's latest complete checkpoint; --no-resume refuses a RUN_DIR "
+                        "that has one")
     add_launch_options(p)
 
 
@@ -197,7 +216,6 @@ def add_commands(sub) -> None:
 
 
 def _add_pretrain(sub) -> None:
-    pre_default = default_train_config(PretrainSpec)
     p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) on a text corpus, from scratch or warm-started")
     p.add_argument("--corpus", required=True,
                    help="pairs (A<TAB>B), google (sentence per line), text or jsonl file, or a token store directory")
@@ -205,40 +223,28 @@ def _add_pretrain(sub) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field with the text")
     p.add_argument("--eval-corpus",
                    help="held-out corpus or token store (default: hold out --eval-fraction of the documents)")
-    p.add_argument("--eval-fraction", type=float, default=0.02, help="share of documents held out (0: no eval)")
-    p.add_argument("--from", dest="from_model", metavar="MODEL_DIR", help="warm start from a model directory")
-    p.add_argument("--config", help="from scratch: tiny, small, base, or a config.json")
-    p.add_argument("--vocab", metavar="DIR", help="tokenizer directory (vocab.txt or tokenizer.json)")
-    p.add_argument("--no-nsp", action="store_true", help="masked LM only (BertForMaskedLM)")
-    p.add_argument("--freeze-encoder", action="store_true",
-                   help="train only the heads (and pooler) of a warm-started model; the encoder stays as loaded")
-    p.add_argument("--mlm-probability", type=float, default=0.15)
-    p.add_argument("--whole-word-mask", action="store_true")
+    p.add_argument("--from", dest="from_model", metavar="MODEL_DIR",
+                   help="warm start from a model directory (default: from scratch, with --config)")
+    p.add_argument("--config", help="from scratch: tiny, small, base, or a config.json (default: none; give it "
+                                    "or --from)")
+    p.add_argument("--vocab", metavar="DIR", help="tokenizer directory, vocab.txt or tokenizer.json (default: "
+                                                  "the --from model's)")
     p.add_argument("--cache-dir", help="where tokenised corpora are cached (default: beside the corpus)")
-    _add_training_options(p, pre_default)
+    _add_run_options(p)
+    _add_options(p, "pretrain")
     p.set_defaults(func=cmd_pretrain)
 
 
 def _add_finetune(sub) -> None:
-    ft_default = default_train_config(FinetuneSpec)
     p = sub.add_parser("finetune", help="fine-tune a model directory as a text classifier (or regressor), "
                                         "a token classifier (NER) or an extractive QA model")
-    p.add_argument("--task", choices=TASKS, default=TASKS[0],
-                   help="sequence-classification (default; a table), token-classification (CoNLL or JSONL "
-                        "tokens/tags; best checkpoint by entity f1) or question-answering (SQuAD v1.1/v2.0 JSON; "
-                        "best checkpoint by f1)")
     p.add_argument("--train", required=True, help="CSV, TSV or JSONL with text[, text_pair], label; CoNLL or "
                                                   "JSONL {tokens, tags} (token-classification); SQuAD JSON (QA)")
     p.add_argument("--eval", help="held-out file (default: hold out --eval-fraction of --train)")
-    p.add_argument("--eval-fraction", type=float, default=0.1)
-    p.add_argument("--group-column", help="hold out whole groups of this column (e.g. a film)")
-    p.add_argument("--from", dest="from_model", required=True, metavar="MODEL_DIR")
-    p.add_argument("--epochs", type=float, help=f"passes over the data (default {ft_default.epochs:g}) "
-                                                "unless --max-steps is given")
-    p.add_argument("--regression", action="store_true", help="float labels, MSE loss")
-    _add_table_options(p)
-    _add_qa_options(p)
-    _add_training_options(p, ft_default)
+    p.add_argument("--from", dest="from_model", required=True, metavar="MODEL_DIR",
+                   help="the model directory to start from, with its tokenizer")
+    _add_run_options(p)
+    _add_options(p, "finetune")
     p.set_defaults(func=cmd_finetune)
 
 
@@ -248,30 +254,15 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--data", required=True, help="corpus or token store (MLM models), labelled table (classifiers), "
                                                  "CoNLL/JSONL tagged sentences (token classifiers) or SQuAD JSON (QA models)")
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-seq-len", type=int, default=128)
-    p.add_argument("--max-batches", type=int, help="evaluate at most N batches")
-    p.add_argument("--seed", type=int, default=0, help="masking seed for corpora")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    p.add_argument("--max-batches", type=int, help="evaluate at most N batches (default: all)")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--json", action="store_true",
                    help="print the metrics as JSON: f1, precision, recall, accuracy (NER); exact_match, f1 (QA)")
-    _add_table_options(p)
-    _add_qa_options(p)
+    g = p.add_argument_group("options (as `bert finetune` has them)")
+    helps = {"batch_size": "examples per batch", "seed": "masking seed for corpora"}
+    for name in ("batch_size", "max_seq_len", "seed", "device", "precision", "text_column", "text_pair_column",
+                 "label_column", "max_query_length", "max_answer_len"):
+        o = BY_NAME[name]
+        add_option_flag(g, o, "finetune", default=o.default_for("finetune"), help=helps.get(name))
+    add_option_flag(g, BY_NAME["doc_stride"], "finetune")
     p.set_defaults(func=cmd_evaluate)
-
-
-def _add_table_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--text-pair-column", default="text_pair")
-    p.add_argument("--label-column", default="label")
-
-
-def _add_qa_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("question answering")
-    g.add_argument("--doc-stride", type=int, help="context tokens that windows of a long context share "
-                                                  "(default 128, or half a short window's context)")
-    g.add_argument("--max-query-length", type=int, default=64, help="question tokens kept (default 64)")
-    g.add_argument("--max-answer-len", type=int, default=30, help="longest answer in tokens when evaluating "
-                                                                  "(default 30)")

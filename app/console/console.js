@@ -561,6 +561,8 @@ async function newJobPage() {
     ...field("dataset", "Dataset", dataset), errorSlot("dataset"),
   ];
 
+  // A fine-tuning option whose default depends on the task carries task_defaults (the API's x-task-defaults).
+  const defaultOf = (p, task) => (p.task_defaults ? p.task_defaults[task || "sequence-classification"] : p.default);
   const fill = () => {
     const k = kind.value;
     base.replaceChildren(...(k === "pretrain" ? [h("option", {value: "", text: "— none: from scratch —"})] : []),
@@ -570,16 +572,16 @@ async function newJobPage() {
       let input;
       if (p.type === "boolean" || p.type === "enum") {
         const options = p.type === "boolean" ? ["true", "false"] : p.enum;
-        input = h("select", {}, h("option", {value: "", text: `default (${p.default ?? "unset"})`}),
+        input = h("select", {}, h("option", {value: "", text: `default (${defaultOf(p) ?? "unset"})`}),
                   options.map((o) => h("option", {value: o, text: o})));
       } else {
         input = h("input", {type: "text", inputmode: p.type === "integer" ? "numeric" : null,
-                            placeholder: p.default === null || p.default === undefined ? "unset" : String(p.default)});
+                            placeholder: String(defaultOf(p) ?? "unset")});
       }
       input.setAttribute("aria-describedby", `err-${id} hint-${id}`);
       const bounds = [p.minimum !== undefined ? `≥ ${p.minimum}` : null, p.exclusiveMinimum !== undefined ?
         `> ${p.exclusiveMinimum}` : null, p.maximum !== undefined ? `≤ ${p.maximum}` : null].filter(Boolean).join(", ");
-      const hint = [`default: ${p.default ?? "unset"}`, bounds, p.description].filter(Boolean).join(" · ");
+      const hint = [`default: ${defaultOf(p) ?? "unset"}`, bounds, p.description].filter(Boolean).join(" · ");
       return h("div", {}, h("label", {for: id, text: p.name}), Object.assign(input, {id, name: id}),
                h("p", {class: "hint", id: `hint-${id}`, text: hint}), errorSlot(id));
     }));
@@ -592,11 +594,21 @@ async function newJobPage() {
       h("option", {value: d.name, text: `${d.name} (${d.kind})`})));
     if (!dataset.options.length) dataset.append(h("option", {value: "", text: `no ${wanted} dataset: upload one`}));
   };
+  // The task's own defaults, in the placeholders and hints of the options that have one per task.
+  const fillTaskDefaults = () => {
+    const task = params.querySelector('[id="params.task"]');
+    for (const p of jobForm[kind.value].filter((p) => p.task_defaults)) {
+      const shown = String(defaultOf(p, task && task.value) ?? "unset");
+      params.querySelector(`[id="params.${p.name}"]`).placeholder = shown;
+      const hint = params.querySelector(`[id="hint-params.${p.name}"]`);
+      hint.textContent = hint.textContent.replace(/^default: [^·]*·/, `default: ${shown} ·`);
+    }
+  };
   const refill = () => {
     fill();
     fillDatasets();
     const task = params.querySelector('[id="params.task"]');
-    if (task) task.addEventListener("change", fillDatasets);
+    if (task) task.addEventListener("change", () => { fillDatasets(); fillTaskDefaults(); });
   };
   kind.addEventListener("change", refill);
   refill();

@@ -107,7 +107,7 @@ class JobService:
         task = None if req.kind == "pretrain" else req.params.task
         needs = "corpus" if task is None else KIND_OF_TASK[task]
         dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
-        params = req.params.model_dump()
+        params = req.params.to_record()  # what the request set: the run's defaults apply to the rest
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
             _check_seq_len(req.params.max_seq_len, base.config.max_position_embeddings,
@@ -115,11 +115,12 @@ class JobService:
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
         else:
-            self._check_label_count(dataset)
-            _check_labels(base, dataset)
+            if not req.params.regression:  # a regressor's labels are numbers, one output
+                self._check_label_count(dataset)
+                _check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
         self._check_devices(params["devices"])
-        size = _training_size(req, params, base.config if req.base_model is not None else None, dataset)
+        size = _training_size(req, base.config if req.base_model is not None else None, dataset)
         self._check_size(size)
         return {"kind": req.kind, "model_name": req.model_name, "base_model": req.base_model,
                 "dataset": req.dataset, "params": params, "estimate": size.to_dict()}
@@ -192,33 +193,39 @@ def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:
                                          f"positions for ({positions})")
 
 
+SCRATCH_VOCAB_SIZE = 8000  # a from-scratch job's vocabulary unless params.vocab_size says otherwise
+
+
 def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
-    scratch_only = [k for k in ("config", "vocab_size", "lowercase") if params[k] is not None]
+    scratch_only = [k for k in ("config", "vocab_size", "lowercase") if params.get(k) is not None]
     if req.base_model is not None:
         if scratch_only:
             raise ServiceError("validation", f"params.{scratch_only[0]}: only for pretraining from scratch; "
                                              f"with base_model the model's own size and vocabulary are used")
         return {k: v for k, v in params.items() if k not in ("config", "vocab_size", "lowercase")}
-    if params["freeze_encoder"]:
+    if req.params.freeze_encoder:
         raise ServiceError("validation", "params.freeze_encoder: needs a base_model (a from-scratch encoder "
                                          "has nothing worth freezing)")
     config = req.params.config or ModelSize()
     _check_seq_len(req.params.max_seq_len, config.max_position_embeddings, "params.config")
-    return {**params, "config": config.model_dump(), "vocab_size": params["vocab_size"] or 8000,
-            "lowercase": True if params["lowercase"] is None else params["lowercase"]}
+    return {**params, "config": config.model_dump(), "vocab_size": req.params.vocab_size or SCRATCH_VOCAB_SIZE,
+            "lowercase": True if req.params.lowercase is None else req.params.lowercase}
 
 
-def _training_size(req: JobRequest, params: dict, base_config, dataset: dict) -> TrainingSize:
+def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
+    p = req.params  # with the defaults the run will use
     if req.kind == "finetune":
-        architecture, config = FINETUNE_ARCHITECTURES[params["task"]], base_config
+        architecture, config = FINETUNE_ARCHITECTURES[p.task], base_config
+        labels = 1 if p.regression else num_labels(dataset) or 2
+        extra = {}
     else:
-        architecture = "BertForPreTraining" if params["nsp"] else "BertForMaskedLM"
-        config = base_config or BertConfig.from_dict({**params["config"], "vocab_size": params["vocab_size"]})
-    return estimate_training(config, architecture, batch_size=params["batch_size"], seq_len=params["max_seq_len"],
-                             precision=params["precision"], num_labels=num_labels(dataset) or 2,
-                             masked_lm_prob=params.get("masked_lm_prob", 0.15),
-                             freeze_encoder=params.get("freeze_encoder", False))
+        architecture = "BertForPreTraining" if p.nsp else "BertForMaskedLM"
+        config = base_config or BertConfig.from_dict({**(p.config or ModelSize()).model_dump(),
+                                                      "vocab_size": p.vocab_size or SCRATCH_VOCAB_SIZE})
+        labels, extra = 2, {"masked_lm_prob": p.masked_lm_prob, "freeze_encoder": p.freeze_encoder}
+    return estimate_training(config, architecture, batch_size=p.batch_size, seq_len=p.max_seq_len,
+                             precision=p.precision, num_labels=labels, **extra)
 
 
 def _gb(n: int) -> str:

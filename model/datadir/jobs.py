@@ -236,10 +236,10 @@ class JobStore:
 
 
 def steps_of(record: Mapping[str, Any]) -> tuple[int, int]:
-    """(steps done, total steps) of a job as its latest progress report has them (the spec's max_steps
-    until the first report)."""
+    """(steps done, total steps) of a job as its latest progress report has them (until the first report,
+    the max_steps its request set, else 0: a run of `epochs` knows its length once its data is read)."""
     progress = record.get("progress") or {}
-    return progress.get("step") or 0, progress.get("total_steps") or record["params"]["max_steps"]
+    return progress.get("step") or 0, progress.get("total_steps") or record["params"].get("max_steps") or 0
 
 
 def encode(record: Mapping[str, Any]) -> bytes:

@@ -1,7 +1,7 @@
 """GET /console: the web console, static files from app/console/ (HTML, CSS, JavaScript and the
 vendored uPlot; no build step), and GET /console/job-form.json, the training parameters the
-new-job form offers, read off the request types of app/schemas.py so its defaults and bounds are
-the API's.
+new-job form offers, read off the request types of app/schemas.py (built from model/options.py) so
+its defaults and bounds are the API's and the `bert` command's.
 
 Open without a key: none of this carries data. The page asks for the keys and sends them itself,
 as `Authorization: Bearer`, to the routes that need them. A Content-Security-Policy keeps every
@@ -47,7 +47,7 @@ async def console():
 
 @router.get("/console/job-form.json", include_in_schema=False)
 async def job_form():
-    """The new-job form's parameters per kind: name, type, default, bounds, description."""
+    """The new-job form's parameters per kind: name, type, default (and per task), bounds, description."""
     return JSONResponse(form_fields(), headers=HEADERS)
 
 
@@ -81,8 +81,10 @@ def _fields(schema: dict, prefix: str = "", defs: dict | None = None) -> list[di
         kind = "enum" if "enum" in prop else types.pop() if len(types) == 1 else "duration"
         description = prop.get("description") or (schema.get("description") if prefix else None)
         field = {"name": prefix + name, "type": kind, "default": prop.get("default"), "description": description}
-        for key in ("minimum", "maximum", "exclusiveMinimum", "enum"):
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum"):
             if key in prop:
                 field[key] = prop[key]
+        if "x-task-defaults" in prop:  # a fine-tuning option whose default depends on the task
+            field["task_defaults"] = prop["x-task-defaults"]
         fields.append(field)
     return fields

@@ -65,11 +65,11 @@ def test_info_reports_architecture_heads_and_vocabulary(imported_minilm, capsys)
     info = json.loads(capsys.readouterr().out)
     assert info["architecture"] == "BertModel"
     assert info["parameters"] == 22_713_216
-    assert info["model_heads"] == ["pooler"]
+    assert info["model_heads"] == []  # as GET /models says: a pooler serves no route
     assert info["vocab"] == {"size": 30522, "lowercase": True}
     assert main(["info", str(imported_minilm)]) == 0
     text = capsys.readouterr().out
-    assert "parameters:   22,713,216" in text and "heads:        pooler" in text
+    assert "parameters:   22,713,216" in text and "heads:        none" in text
 
 
 def test_import_refuses_bad_sources_with_one_line_errors(tmp_path, imported_minilm, capsys):
