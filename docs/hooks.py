@@ -7,8 +7,9 @@ A page holds a marker comment, and the build replaces it with a markdown table:
     <!-- generated: error-kinds -->        app/errors.py's STATUS table (kind -> HTTP status)
 
 Each settings row is the environment variable (prefix and aliases as pydantic-settings reads them),
-the type, the default and the field's description. A field without a description fails the build:
-the text belongs beside the field, not here. Reference: https://www.mkdocs.org/user-guide/configuration/#hooks
+the type, the default and the field's description. A field without a description fails the build (a
+ValueError stops MkDocs): the text belongs beside the field, not here.
+Reference: https://www.mkdocs.org/user-guide/configuration/#hooks
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import sys
 import types
 import typing
 from pathlib import Path
-
-from mkdocs.exceptions import PluginError
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # document this checkout, whatever else is installed
@@ -61,7 +60,7 @@ def settings_table(cls) -> str:
     rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
     for name, field in cls.model_fields.items():
         if not field.description:
-            raise PluginError(f"{cls.__module__}.{cls.__name__}.{name} has no description: add "
+            raise ValueError(f"{cls.__module__}.{cls.__name__}.{name} has no description: add "
                               f"Field(description=...) beside it")
         rows.append(f"| {env_names(prefix, name, field)} | {type_name(field.annotation)} | "
                     f"{default(field)} | {field.description} |")
