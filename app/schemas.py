@@ -451,7 +451,7 @@ Duration = Annotated[int | str, AfterValidator(_seconds)]
 
 
 class TrainParams(Strict):
-    """Shared by both kinds. Bounds guard the service, not good practice: see the README for that."""
+    """Shared by both kinds. Bounds guard the service, not good practice: see docs/training.md for that."""
 
     max_steps: int = Field(1000, ge=1, le=1_000_000, description="Optimizer steps to train.")
     batch_size: int = Field(32, ge=1, le=4096, description="Examples per micro-batch.")
