@@ -44,7 +44,7 @@ STABLE_KEYS = {"status", "error_type", "object", "kind", "architecture", "name",
 LOOSE_KEYS = {"events", "worker", "started_at", "finished_at", "heartbeat_at", "eval", "result",
               "latest_checkpoint", "loss", "lr", "tokens_per_s", "eta_s", "epoch", "loaded"}
 MORE = "__more__"
-SKIP = re.compile(r"<!-- docs-test: skip ([\w-]+) -->\n$")
+SKIP = re.compile(r"<!-- docs-test: skip ([\w-]+) -->\n *$")
 # The blocks that cannot run in a test, and what every command of such a block must be.
 SKIP_REASONS = {
     "make": re.compile(r"^make \w"),  # `make run` / `make test`: the system this test starts, the suite it is in
@@ -63,11 +63,12 @@ def pages() -> list[Path]:
 # ---------------------------------------------------------------------------- page parsing
 
 def fenced_blocks(text: str) -> list[tuple[str, str, str | None]]:
-    """(language, body, skip reason or None) for every fenced block of a page."""
+    """(language, body, skip reason or None) for every fenced block of a page, one in a list item too."""
     blocks = []
-    for m in re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.S | re.M):
+    for m in re.finditer(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```", text, re.S | re.M):
         skip = SKIP.search(text[:m.start()][-200:])
-        blocks.append((m.group(1), m.group(2), skip.group(1) if skip else None))
+        body = re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)
+        blocks.append((m.group(2), body, skip.group(1) if skip else None))
     return blocks
 
 
@@ -95,7 +96,7 @@ def strip_comment(command: str) -> str:
 
 
 def parse_documented(text: str):
-    """The README's JSON, where `...` stands for "more elements/keys"; None if it is not JSON."""
+    """A page's JSON, where `...` stands for "more elements/keys"; None if it is not JSON."""
     text = re.sub(r",\s*\.\.\.\s*\]", f', "{MORE}"]', text)
     text = re.sub(r",\s*\.\.\.\s*\}", f', "{MORE}": null}}', text)
     try:
