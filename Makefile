@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test test-fast lint lint-imports format run bench bench-full lock image compose-test clean
+.PHONY: install demo-data test test-fast lint lint-imports format docs run bench bench-full lock image compose-test clean
 
 TORCH_VERSION ?= 2.13.0
 
@@ -14,10 +14,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # torch first, pinned to the CPU build on local disk; pyproject only asks for torch>=2.4. The runtime
-# dependencies resolve to requirements.lock's versions (what the Docker image runs); test tools float.
+# dependencies resolve to requirements.lock's versions (what the Docker image runs); test and docs tools float.
 $(STAMP): $(BIN)/python pyproject.toml requirements.lock
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -c requirements.lock -e '.[test]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -60,13 +60,13 @@ lock:
 	mv requirements.lock.new requirements.lock
 	rm -rf .lock-venv
 
-# Docker. TORCH_INDEX: where the image's torch comes from; on a machine without a registry,
-# ../shared/docker-offline/prepare serves one and writes it to its build-args file.
+# Docker. TORCH_INDEX: where the image's torch comes from; on a machine without a registry, a local
+# index named in /var/lib/docker-offline/build-args (TORCH_INDEX=...) is used when present.
 TORCH_INDEX ?= $(shell sed -n 's/^TORCH_INDEX=//p' /var/lib/docker-offline/build-args 2>/dev/null)
 image:
 	docker build $(if $(TORCH_INDEX),--build-arg TORCH_INDEX=$(TORCH_INDEX)) -t bertserve:latest .
 
-# The image built through the compose file, a fresh stack used as the README says, then removed
+# The image built through the compose file, a fresh stack used as docs/deploying.md says, then removed
 # (tests/test_compose.py; skipped with the reason when Docker or the base images are missing).
 compose-test: $(STAMP)
 	TORCH_INDEX=$(TORCH_INDEX) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -s -m docker tests/test_compose.py
@@ -74,11 +74,17 @@ compose-test: $(STAMP)
 # One torch thread per process: the suite runs servers and workers beside pytest on 2 cores, and
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
 test: $(STAMP) $(DEMO_STAMP) lint
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site-check
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
 
 # Everything but the tests marked slow (servers, workers, real training): under a minute on 2 cores.
 test-fast: $(STAMP) $(DEMO_STAMP) lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docker"
+
+# The documentation site (mkdocs.yml, docs/), into site/; the configuration and error tables are
+# rendered from the code by docs/hooks.py.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.
 run: $(STAMP) $(DEMO_STAMP)
@@ -94,7 +100,7 @@ bench: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.serve_bench --duration 2
 	$(BIN)/python -m bench.learning_runs --quick
 
-# The README's tables (~30 minutes on 2 idle cores).
+# The tables of docs/benchmarks.md (~30 minutes on 2 idle cores).
 bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.model_bench
 	$(BIN)/python -m bench.model_bench --configs small --cases encoder padded --ablate
@@ -106,4 +112,4 @@ bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.learning_runs
 
 clean:
-	rm -rf $(VENV) .lock-venv build *.egg-info
+	rm -rf $(VENV) .lock-venv build site *.egg-info

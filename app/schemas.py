@@ -485,7 +485,7 @@ _SHARED = [o.name for o in options_for("pretrain", job=True) if "finetune" in o.
 
 
 class _TrainParams(Strict):
-    """Shared by both kinds. Bounds guard the service, not good practice: see the README for that."""
+    """Shared by both kinds. Bounds guard the service, not good practice: see docs/training.md for that."""
 
     devices: int = Field(1, ge=1, le=64, description="Data-parallel processes on the worker's machine (one per "
                                                        "GPU on CUDA), through torchrun; batch_size stays the "

@@ -6,7 +6,7 @@ masks, a model that does not exist, broken JSON, a wrong type). The server's RSS
 every 10 s. The summary (markdown): requests and their statuses, 5xx count, transport errors,
 latency per kind, and RSS after the warm-up against RSS at the end (target: 0 5xx, RSS within 10%).
 
-    .venv/bin/python bench/soak.py                  # 10 minutes (the README's numbers)
+    .venv/bin/python bench/soak.py                  # 10 minutes (docs/benchmarks.md's numbers)
     .venv/bin/python bench/soak.py --minutes 1      # a quick check
 
 Server: bench/live.py's models, default settings.

@@ -1,7 +1,7 @@
 """Dense layers, y = act(x W^T + b) + add, with a oneDNN fast path on CPU (model/modeling.py calls `dense`).
 
 On x86 CPUs with AVX2 or better, oneDNN's fp32 GEMM runs faster than the BLAS behind F.linear (the
-README's "CPUs and precision" has the numbers per CPU kind), fuses the bias, activation and residual
+docs/gpus.md has the numbers per CPU kind), fuses the bias, activation and residual
 add into the GEMM, and is still plain fp32 arithmetic. For inference the weights are reordered once
 into oneDNN's layout and kept (bf16 weights too). Everything else (GPU, autocast, int8 modules,
 torch.compile, a torch without oneDNN) goes through torch's own F.linear.

@@ -136,7 +136,7 @@ def apply_precision(model: M, precision: str) -> M:
     checkpoint. Raises ValueError, quoting the value, for an unknown precision or an impossible
     conversion (int8 on GPU, in training mode, or from int8 to anything else).
 
-    Which is faster depends on the CPU (README, "CPUs and precision"): bf16 where `bf16_native`,
+    Which is faster depends on the CPU (docs/gpus.md, "CPUs"): bf16 where `bf16_native`,
     int8 at small batches where the CPU has VNNI; without either, fp32 is the fastest.
     """
     check_precision(precision)

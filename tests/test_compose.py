@@ -1,5 +1,5 @@
 """The Docker image and the compose stack, for real: built, started on a fresh project and volume, used
-as the README's Docker section says, and torn down. `make compose-test` runs this file.
+as docs/deploying.md says, and torn down. `make compose-test` runs this file.
 
 Needs a Docker engine with compose and the base images (python:3.11-slim, redis:7-alpine); on a
 machine without a registry, `../shared/docker-offline/prepare` makes them and serves the torch wheel,

@@ -1,10 +1,18 @@
-"""The README's examples, run against the system started the way `make run` starts it.
+"""The documentation's examples (README.md and every page of docs/), run against the system started the
+way `make run` starts it.
 
 `bert up` runs as a subprocess (API + a real `celery worker` over the sqlite broker, MiniLM imported,
-the bootstrap job shortened to a few steps). Every ```console block of the README that holds a curl
-runs in one bash process, in the repository root, with the port swapped for the test's; each
-command must succeed and print what the README shows: the same JSON shape (keys, lengths, types),
-and the same values for the keys that do not vary from run to run.
+the bootstrap job shortened to a few steps). Every ```console block runs, command by command, in one
+bash process, in a scratch folder that holds the system's `data/` and links to the repository's
+`examples/` and `.venv` (so `.venv/bin/bert` and `data/models/minilm` mean what they mean after
+`make run`), with the port swapped for the test's. Each command must succeed and print what the page
+shows: the same JSON shape (keys, lengths, types) and the same values for the keys that do not vary
+from run to run; text output line by line, numbers aside, a `...` line standing for any lines.
+
+The pages run in the order of README.md, then mkdocs.yml's nav, each page's blocks top to bottom, as a
+reader following them would. A block that cannot run here carries a skip marker on the line above it,
+`<!-- docs-test: skip REASON -->`; REASON is one of SKIP_REASONS, and tests/test_docs.py checks that it
+is used only on the blocks it names. Any other block holding a `$ ` prompt must be a ```console block.
 """
 
 from __future__ import annotations
@@ -20,13 +28,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-BERT = Path(sys.executable).parent / "bert"
+VENV_BIN = Path(sys.executable).parent
+BERT = VENV_BIN / "bert"
 # Values compared exactly; everything else is compared by type (scores and ids differ run to run).
 STABLE_KEYS = {"status", "error_type", "object", "kind", "architecture", "name", "model_name", "base_model",
                "dataset", "default", "heads", "format", "labels", "index"}
@@ -34,28 +44,51 @@ STABLE_KEYS = {"status", "error_type", "object", "kind", "architecture", "name",
 LOOSE_KEYS = {"events", "worker", "started_at", "finished_at", "heartbeat_at", "eval", "result",
               "latest_checkpoint", "loss", "lr", "tokens_per_s", "eta_s", "epoch", "loaded"}
 MORE = "__more__"
-RUNNABLE = ("curl", "ID=", "until")
+SKIP = re.compile(r"<!-- docs-test: skip ([\w-]+) -->\n *$")
+# The blocks that cannot run in a test, and what every command of such a block must be.
+SKIP_REASONS = {
+    "make": re.compile(r"^make \w"),  # `make run` / `make test`: the system this test starts, the suite it is in
+    "docker": re.compile(r"^docker "),  # needs a Docker engine (tests/test_compose.py runs the compose stack)
+    "gpu": re.compile(r"cuda|gpu"),  # needs a CUDA device
+    "multi-node": re.compile(r"--nnodes [2-9]"),  # torchrun across machines
+}
 
 
-# ---------------------------------------------------------------------------- README parsing
+def pages() -> list[Path]:
+    """README.md, then the site's pages in nav order."""
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    return [ROOT / "README.md"] + [ROOT / "docs" / next(iter(entry.values())) for entry in nav]
+
+
+# ---------------------------------------------------------------------------- page parsing
+
+def fenced_blocks(text: str) -> list[tuple[str, str, str | None]]:
+    """(language, body, skip reason or None) for every fenced block of a page, one in a list item too."""
+    blocks = []
+    for m in re.finditer(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```", text, re.S | re.M):
+        skip = SKIP.search(text[:m.start()][-200:])
+        body = re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)
+        blocks.append((m.group(2), body, skip.group(1) if skip else None))
+    return blocks
+
+
+def commands(body: str) -> list[tuple[str, str]]:
+    """[(command, documented output)] of a console block: `$ ` lines, their `\\` continuations, then output."""
+    pairs, current = [], None
+    for line in body.splitlines():
+        if line.startswith("$ "):
+            current = [line[2:], []]
+            pairs.append(current)
+        elif current is not None and current[0].endswith("\\") and not current[1]:
+            current[0] += "\n" + line
+        elif current is not None:
+            current[1].append(line)
+    return [(cmd, "\n".join(out).strip()) for cmd, out in pairs]
+
 
 def console_blocks(text: str) -> list[list[tuple[str, str]]]:
-    """[(command, documented output)] per ```console block that runs curl."""
-    blocks = []
-    for body in re.findall(r"```console\n(.*?)```", text, re.S):
-        commands, current = [], None
-        for line in body.splitlines():
-            if line.startswith("$ "):
-                current = [line[2:], []]
-                commands.append(current)
-            elif current is not None and current[0].endswith("\\") and not current[1]:
-                current[0] += "\n" + line
-            elif current is not None:
-                current[1].append(line)
-        pairs = [(cmd, "\n".join(out).strip()) for cmd, out in commands]
-        if any("curl" in cmd for cmd, _ in pairs):
-            blocks.append(pairs)
-    return blocks
+    """The commands of every ```console block that runs (no skip marker)."""
+    return [commands(body) for lang, body, skip in fenced_blocks(text) if lang == "console" and skip is None]
 
 
 def strip_comment(command: str) -> str:
@@ -63,7 +96,7 @@ def strip_comment(command: str) -> str:
 
 
 def parse_documented(text: str):
-    """The README's JSON, where `...` stands for "more elements/keys"; None if it is not JSON."""
+    """A page's JSON, where `...` stands for "more elements/keys"; None if it is not JSON."""
     text = re.sub(r",\s*\.\.\.\s*\]", f', "{MORE}"]', text)
     text = re.sub(r",\s*\.\.\.\s*\}", f', "{MORE}": null}}', text)
     try:
@@ -101,28 +134,40 @@ def same_shape(doc, got, key: str = "", path: str = "$") -> None:
 
 
 def same_text_shape(doc: str, got: str) -> None:
-    """Non-JSON output: the same lines with every number allowed to differ."""
-    shape = lambda s: [re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "#", line) for line in s.strip().splitlines()]
-    assert shape(got) == shape(doc)
+    """Non-JSON output: the same lines with every number allowed to differ; a `...` line is any lines."""
+    shape = lambda s: [re.sub(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?", "#", line.rstrip()) for line in s.strip().splitlines()]
+    assert lines_match(shape(doc), shape(got)), f"{shape(got)} does not match {shape(doc)}"
+
+
+def lines_match(doc: list[str], got: list[str]) -> bool:
+    if not doc:
+        return not got
+    if doc[0].strip() == "...":
+        return any(lines_match(doc[1:], got[i:]) for i in range(len(got) + 1))
+    return bool(got) and doc[0] == got[0] and lines_match(doc[1:], got[1:])
 
 
 # ---------------------------------------------------------------------------- the system
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("readme") / "data"
+    """(port, scratch folder) of a running `bert up`; the scratch folder holds its data/."""
+    scratch = tmp_path_factory.mktemp("docs")
+    data_dir = scratch / "data"
+    (scratch / "examples").symlink_to(ROOT / "examples")
+    (scratch / ".venv").symlink_to(VENV_BIN.parent)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
-    log = open(data_dir.parent / "bert-up.log", "w")
+    log = open(scratch / "bert-up.log", "w")
     proc = subprocess.Popen([str(BERT), "up", "--data-dir", str(data_dir), "--port", str(port),
-                             "--bootstrap-steps", "3"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             "--bootstrap-steps", "3"], cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait(lambda: httpx.get(f"{url}/ready").status_code == 200, 240, "/ready", proc, log)
         wait(lambda: bootstrap_state(url) in ("succeeded", "failed"), 420, "the bootstrap job", proc, log)
-        assert bootstrap_state(url) == "succeeded", (data_dir.parent / "bert-up.log").read_text()[-3000:]
-        yield port
+        assert bootstrap_state(url) == "succeeded", (scratch / "bert-up.log").read_text()[-3000:]
+        yield port, scratch
     finally:
         proc.send_signal(signal.SIGTERM)  # as Ctrl-C would: the worker hands its job back
         try:
@@ -150,15 +195,16 @@ def wait(predicate, timeout: float, what: str, proc, log) -> None:
     raise AssertionError(f"timed out waiting for {what}; see {log.name}")
 
 
-def run_block(pairs: list[tuple[str, str]], port: int) -> list[tuple[str, int, str]]:
+def run_block(pairs: list[tuple[str, str]], port: int, cwd: Path) -> list[tuple[str, int, str]]:
     """Run a block's commands in one bash process; [(command, exit status, output)]."""
     script = ["set -o pipefail"]
     for i, (command, _) in enumerate(pairs):
-        if not command.lstrip().startswith(RUNNABLE):
-            command = "true"  # `make run` and the like are not run here
         command = strip_comment(command.replace("localhost:8000", f"localhost:{port}"))
         script += [f"echo '@@@START {i}'", command, f"echo; echo \"@@@END {i} $?\""]
-    proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
+    env.update(PATH=f"{VENV_BIN}:{env['PATH']}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
     results = []
     for i, (command, _) in enumerate(pairs):
         m = re.search(rf"@@@START {i}\n(.*?)\n@@@END {i} (\d+)", proc.stdout, re.S)
@@ -167,24 +213,32 @@ def run_block(pairs: list[tuple[str, str]], port: int) -> list[tuple[str, int, s
     return results
 
 
-def test_readme_examples_run_and_print_what_the_readme_shows(system):
-    blocks = console_blocks((ROOT / "README.md").read_text())
-    assert len(blocks) >= 2 and sum(len(b) for b in blocks) >= 12
-    checked = 0
+def check_output(command: str, documented: str, got: str) -> None:
+    doc = parse_documented(documented)
+    try:
+        if doc is None:
+            same_text_shape(documented, got)
+        else:
+            same_shape(doc, json.loads(got))
+    except (AssertionError, ValueError) as e:
+        raise AssertionError(f"{command}\nthe page shows:\n{documented}\ngot:\n{got[:3000]}\n{e}") from None
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_examples_run_and_print_what_the_page_shows(system, page):
+    port, scratch = system
+    blocks = console_blocks(page.read_text())
     for pairs in blocks:
-        for (command, status, got), (_, documented) in zip(run_block(pairs, system), pairs):
-            if not command.lstrip().startswith(RUNNABLE):
-                continue
-            assert status == 0, f"{command}\nexit {status}: {got[:2000]}"
-            if not documented:
-                continue
-            doc = parse_documented(documented)
-            try:
-                if doc is None:
-                    same_text_shape(documented, got)
-                else:
-                    same_shape(doc, json.loads(got))
-            except (AssertionError, ValueError) as e:
-                raise AssertionError(f"{command}\nREADME shows:\n{documented}\ngot:\n{got[:3000]}\n{e}") from None
-            checked += 1
-    assert checked >= 12
+        for (command, status, got), (_, documented) in zip(run_block(pairs, port, scratch), pairs):
+            assert status == 0, f"{page.name}: {command}\nexit {status}: {got[:2000]}"
+            if documented:
+                check_output(command, documented, got)
+
+
+def test_the_readme_tours_every_route_family():
+    """README's five-minute tour: one curl at least for each family of routes."""
+    curls = " ".join(cmd for pairs in console_blocks((ROOT / "README.md").read_text()) for cmd, _ in pairs)
+    for route in ("/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify", "/token-classification",
+                  "/question-answering", "/embed", "/jobs", "/datasets", "/models", "/health", "/metrics"):
+        assert f"localhost:8000{route}" in curls, route

@@ -40,8 +40,8 @@ ENCODER = "minilm"
 CORPUS = "wiki"
 BOOTSTRAP_MODEL = "wiki-mlm"
 # Five to ten minutes on two CPU cores: whole-model continued pretraining (MLM + NSP), which beat
-# heads-only training on a frozen encoder at equal time (README, "The bootstrap model is a
-# placeholder"); checkpoints every 25 steps so a restart loses little.
+# heads-only training on a frozen encoder at equal time (docs/training.md, "The bootstrap
+# model"); checkpoints every 25 steps so a restart loses little.
 BOOTSTRAP_PARAMS = dict(max_steps=200, batch_size=16, max_seq_len=128, lr=1e-4, warmup_steps=10,
                         save_every=25, eval_every=0, eval_fraction=0.02, log_every=5, seed=0)
 

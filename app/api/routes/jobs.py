@@ -60,7 +60,7 @@ async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
 
 @router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                             "description": "progress, state, metrics, reset and end events (see the README)"},
+                             "description": "progress, state, metrics, reset and end events (see the documentation, docs/training.md)"},
                        **responses("validation", "unauthorized", "not_found", "overloaded")})
 async def stream_job_events(
         job_id: JobId, jobs: JobServiceDep, request: Request,

@@ -1,0 +1,110 @@
+"""MkDocs hook: the reference tables that are declared in code are rendered from it at build time.
+
+A page holds a marker comment, and the build replaces it with a markdown table:
+
+    <!-- generated: service-settings -->   app/settings.py's Settings (bert serve, bert up)
+    <!-- generated: worker-settings -->    worker/settings.py's WorkerSettings (bert worker)
+    <!-- generated: error-kinds -->        app/errors.py's STATUS table (error_type -> HTTP status)
+    <!-- generated: training-options -->   model/options.py's table (bert pretrain/finetune, POST /jobs)
+
+Each settings row is the environment variable (prefix and aliases as pydantic-settings reads them),
+the type, the default and the field's description. A field without a description fails the build (a
+ValueError stops MkDocs): the text belongs beside the field, not here.
+Reference: https://www.mkdocs.org/user-guide/configuration/#hooks
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # document this checkout, whatever else is installed
+    sys.path.insert(0, str(ROOT))
+
+MARKER = "<!-- generated: {} -->"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    for name, render in GENERATORS.items():
+        if MARKER.format(name) in markdown:
+            markdown = markdown.replace(MARKER.format(name), render())
+    return markdown
+
+
+def service_settings() -> str:
+    from app.settings import Settings
+
+    return settings_table(Settings)
+
+
+def worker_settings() -> str:
+    from worker.settings import WorkerSettings
+
+    return settings_table(WorkerSettings)
+
+
+def error_kinds() -> str:
+    from app.errors import RETRY_AFTER_S, STATUS
+
+    rows = ["| `error_type` | HTTP status | `Retry-After` |", "|---|---|---|"]
+    for kind, status in sorted(STATUS.items(), key=lambda kv: kv[1]):
+        retry = f"{RETRY_AFTER_S[status]} s" if status in RETRY_AFTER_S else ""
+        rows.append(f"| `{kind}` | {status} | {retry} |")
+    return "\n".join(rows)
+
+
+def settings_table(cls) -> str:
+    prefix = cls.model_config.get("env_prefix", "")
+    rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
+    for name, field in cls.model_fields.items():
+        if not field.description:
+            raise ValueError(f"{cls.__module__}.{cls.__name__}.{name} has no description: add "
+                              f"Field(description=...) beside it")
+        rows.append(f"| {env_names(prefix, name, field)} | {type_name(field.annotation)} | "
+                    f"{default(field)} | {field.description} |")
+    return "\n".join(rows)
+
+
+def env_names(prefix: str, name: str, field) -> str:
+    alias = field.validation_alias
+    names = list(alias.choices) if alias is not None and hasattr(alias, "choices") else [f"{prefix}{name}".upper()]
+    first, *others = names
+    return f"`{first}`" + "".join(f" (or `{n}`)" for n in others)
+
+
+def type_name(annotation) -> str:
+    """A reader's name for a field's type: `int`, `path`, `"a" | "b"`, `JSON object of ...`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        named = [type_name(a) for a in args if a is not type(None)]
+        return " \\| ".join(named) + (", optional" if type(None) in args else "")
+    if origin is dict:
+        return f"JSON object of {type_name(args[1])}"
+    return {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "Path": "path",
+            "SecretStr": "secret string"}.get(getattr(annotation, "__name__", ""), str(annotation))
+
+
+def default(field) -> str:
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, Path) and not value.is_absolute():
+        return f"`./{value}`"
+    return f"`{value}`"
+
+
+def training_options() -> str:
+    from model.options import options_markdown
+
+    return options_markdown()
+
+
+GENERATORS = {"service-settings": service_settings, "worker-settings": worker_settings,
+              "error-kinds": error_kinds, "training-options": training_options}

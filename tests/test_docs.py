@@ -1,0 +1,132 @@
+"""The documentation's own rules, checked without a server (tests/test_readme.py runs the examples):
+every shell block is a ```console block that runs or carries a skip marker its commands justify, the
+files the examples name exist, the generated tables cover the code's settings and error kinds, the
+pages speak to users only, and the site builds with `mkdocs build --strict`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.errors import STATUS
+from app.settings import Settings
+from worker.settings import WorkerSettings
+
+from tests.test_readme import ROOT, SKIP_REASONS, commands, fenced_blocks, pages
+
+sys.path.insert(0, str(ROOT / "docs"))
+import hooks  # noqa: E402  (docs/hooks.py, the MkDocs hook)
+
+PAGES = pages()
+PROMPT = re.compile(r"^\$ ", re.M)
+
+
+def page_id(page: Path) -> str:
+    return page.name
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_shell_block_is_a_console_block(page):
+    for lang, body, _ in fenced_blocks(page.read_text()):
+        if PROMPT.search(body) or lang in ("bash", "sh", "shell"):
+            assert lang == "console", f"{page.name}: a shell block must be ```console (so it runs):\n{body[:300]}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_skip_markers_are_used_only_on_blocks_that_cannot_run(page):
+    text = page.read_text()
+    for marker in re.findall(r"(?<!`)<!-- docs-test: skip ([^>]*?) -->", text):  # not one quoted in `code`
+        assert marker in SKIP_REASONS, f"{page.name}: unknown skip reason {marker!r}; known: {sorted(SKIP_REASONS)}"
+    for lang, body, skip in fenced_blocks(text):
+        if skip is None:
+            continue
+        assert lang == "console", f"{page.name}: a skip marker above a ```{lang} block (only console blocks run)"
+        cmds = [cmd for cmd, _ in commands(body)]
+        assert cmds, f"{page.name}: a skip marker above a block without commands"
+        for cmd in cmds:
+            assert SKIP_REASONS[skip].search(cmd), f"{page.name}: `{cmd}` is skipped as {skip!r} but does not need it"
+    assert len(re.findall(r"(?<!`)<!-- docs-test: skip", text)) == sum(skip is not None for _, _, skip in fenced_blocks(text)), \
+        f"{page.name}: a skip marker that is not on the line right above a block"
+
+
+def test_the_skip_check_catches_a_runnable_block_marked_skipped():
+    assert not SKIP_REASONS["docker"].search("curl -s localhost:8000/health")
+    assert not SKIP_REASONS["gpu"].search(".venv/bin/bert pretrain --corpus corpus.txt --out runs/x")
+    assert not SKIP_REASONS["multi-node"].search(".venv/bin/bert pretrain --nproc-per-node 2")
+    assert not SKIP_REASONS["make"].search("curl -s localhost:8000/ready")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_the_example_files_exist(page):
+    for path in set(re.findall(r"examples/[\w./-]+\w", page.read_text())):
+        assert (ROOT / path).exists(), f"{page.name} names {path}, which the repository does not have"
+
+
+def test_the_configuration_page_is_generated_from_both_settings_objects():
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert "<!-- generated: service-settings -->" in page and "<!-- generated: worker-settings -->" in page
+    service, worker = hooks.service_settings(), hooks.worker_settings()
+    for name in Settings.model_fields:
+        assert f"`BERT_{name.upper()}`" in service, name
+    for name in WorkerSettings.model_fields:
+        assert f"`BERT_{name.upper()}`" in worker, name
+    assert "`BERT_BROKER_URL` (or `REDIS_URL`)" in service
+    assert "| `BERT_MAX_BATCH_TOKENS` | integer | `4096` |" in service
+    assert "| `BERT_DEFAULT_MODEL` | string, optional | unset |" in service
+
+
+def test_a_setting_without_a_description_fails_the_build():
+    from pydantic_settings import BaseSettings
+
+    class Undocumented(BaseSettings):
+        knob: int = 3
+
+    with pytest.raises(ValueError, match="knob has no description"):
+        hooks.settings_table(Undocumented)
+
+
+def test_the_error_table_lists_every_kind_of_the_code():
+    assert "<!-- generated: error-kinds -->" in (ROOT / "docs" / "using.md").read_text()
+    table = hooks.error_kinds()
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \|", table, re.M)
+    assert {kind: int(status) for kind, status in rows} == STATUS
+    assert "| `conflict` | 409 |" in table
+
+
+HISTORY = [
+    (r"\bissue\s*#?\d+|\bissue's\b", "an issue reference"),
+    (r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", "a commit hash"),
+    (r"\.\./shared|/work/", "a path outside the repository"),
+    (r"seed project|lent to this project|to this project so far", "how the project was made"),
+    (r"\b\d+ tests\b", "a test count (it goes stale)"),
+]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_pages_speak_to_users_only(page):
+    text = page.read_text()
+    prose = re.sub(r"^```.*?^```|`[^`\n]*`", "", text, flags=re.S | re.M)  # example outputs hold ids and digests
+    for pattern, what in HISTORY:
+        m = re.search(pattern, prose if what == "a commit hash" else text, re.I)
+        assert m is None, f"{page.name}: {what}: {m.string[max(0, m.start() - 60):m.end() + 60]!r}"
+
+
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]'); make installs it")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1",
+                                                                         "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "site" / "configuration" / "index.html").exists()
+
+
+def test_the_configuration_page_shows_the_training_options_table():
+    from model.options import OPTIONS
+
+    assert "<!-- generated: training-options -->" in (ROOT / "docs" / "configuration.md").read_text()
+    table = hooks.training_options()
+    assert {f"`{o.name}`" for o in OPTIONS} <= {cell.strip() for line in table.splitlines() for cell in line.split("|")}
