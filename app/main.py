@@ -16,11 +16,11 @@ import contextlib
 from fastapi import Depends, FastAPI
 
 from app.api.deps import require_api_key
-from app.errors import install_handlers
-from app.prometheus import Metrics, MetricsMiddleware
 from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
 from app.api.routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei, token_tasks
 from app.api.routes.ops import version
+from app.errors import install_handlers
+from app.prometheus import Metrics, MetricsMiddleware
 from app.serving.service import Service
 from app.settings import Settings
 

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+from app.settings import Settings
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import steps_of
 from model.options import TASKS, Option, format_default, options_for
 from model.tokenizer import lone_surrogate_at
-
-from app.settings import Settings
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -592,7 +591,7 @@ class FinetuneJobRequest(Strict):
     params: FinetuneParams = Field(default_factory=FinetuneParams)
 
 
-CreateJobRequest = Annotated[Union[PretrainJobRequest, FinetuneJobRequest], Field(discriminator="kind")]
+CreateJobRequest = Annotated[PretrainJobRequest | FinetuneJobRequest, Field(discriminator="kind")]
 
 CREATE_EXAMPLE = {"kind": "finetune", "model_name": "reviews-clf", "base_model": "bert-tiny", "dataset": "reviews",
                   "params": {"max_steps": 200, "batch_size": 16, "lr": 5e-5, "save_every": 50}}

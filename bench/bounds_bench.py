@@ -220,7 +220,7 @@ async def hold_stream(port: int, path: str, seconds: float) -> tuple[int, int]:
             if not chunk:
                 break
             total += len(chunk)
-    except (asyncio.TimeoutError, ConnectionError):
+    except (TimeoutError, ConnectionError):
         pass
     writer.close()
     return status, total

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import contextlib
 import csv
 import gzip
 import json
@@ -44,7 +45,7 @@ if __package__ in (None, ""):
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_MB = 24  # size of each generated file
-EDIT_WORDS = "notably also later early modern small large first second famous local".split()
+EDIT_WORDS = ["notably", "also", "later", "early", "modern", "small", "large", "first", "second", "famous", "local"]
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -198,10 +199,8 @@ def tree_rss(root: int) -> int:
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
-        try:
+        with contextlib.suppress(OSError):
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            pass
     return total
 
 

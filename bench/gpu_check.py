@@ -59,9 +59,9 @@ import torch.nn.functional as F
 import transformers
 
 from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
+from model import kernels
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
-from model import kernels
 from model.precision import apply_precision, autocast
 
 H100_CLASS_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 / H200 SXM (NVIDIA's data sheets)

@@ -32,12 +32,10 @@ if __package__ in (None, ""):
 import numpy as np
 
 from bench.common import MINILM_DIR, machine_line, markdown_table, setup
-from model.tokenizer import BertTokenizer
-from model.data.pretraining import PretrainingData, plan_instances
 from model.data.corpus import TokenizedCorpus, tokenizer_fingerprint
-from model.data.store import open_store
-from model.data.store import MANIFEST
-
+from model.data.pretraining import PretrainingData, plan_instances
+from model.data.store import MANIFEST, open_store
+from model.tokenizer import BertTokenizer
 
 # ---------------------------------------------------------------------------- a synthetic store
 

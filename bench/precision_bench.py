@@ -38,14 +38,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.common import (CONFIGS, MINILM_DIR, ROTTEN_TOMATOES, WIKI_JSON, interleaved, machine_line,
-                          markdown_table, setup)
-from model.config import BertConfig
-from model.modeling import BertForMaskedLM, BertModel
-from model.tokenizer import BertTokenizer
+from bench.common import (
+    CONFIGS,
+    MINILM_DIR,
+    ROTTEN_TOMATOES,
+    WIKI_JSON,
+    interleaved,
+    machine_line,
+    markdown_table,
+    setup,
+)
 from model import kernels
+from model.config import BertConfig
 from model.data.corpus import split_sentences
+from model.modeling import BertForMaskedLM, BertModel
 from model.precision import apply_precision, autocast, bf16_native
+from model.tokenizer import BertTokenizer
 
 PRECISIONS = ("bf16", "int8", "int8 torch.ao")
 
@@ -177,7 +185,7 @@ def speed_table(args) -> str:
         ids = torch.randint(1000, 30000, (batch, 128))
         mask = torch.ones_like(ids)
         with torch.inference_mode():
-            t = interleaved({name: (lambda m=m: m(ids, mask)) for name, m in models.items()},
+            t = interleaved({name: (lambda m=m, ids=ids, mask=mask: m(ids, mask)) for name, m in models.items()},
                             rounds=args.rounds, block_s=0.3, budget_s=args.budget)
         rows.append([f"base, batch {batch}, seq 128"] + [
             f"{t[n].fmt()} = {t['fp32'].median / t[n].median:.2f}x" for n in models])

@@ -39,30 +39,20 @@ SPLITS = ("train", "test")
 
 # -- pools (written here, no network); each is cut into train/test parts by position -------------
 
-FIRST_NAMES = """Amelia Oliver Isla Arthur Freya Theo Ivy Leo Rosa Jonah Clara Felix Nora Hugo Elsie Ravi
-Maya Tobias Ines Kofi Greta Mateo Alma Viktor Leila Casper Wren Omar Hazel Dmitri Juno Anders Priya Silas
-Esme Bruno Talia Emeka Linnea Marco Sofia Ewan Yara Lukas Mira Nikhil Ada Soren Beatrix Rafael Ingrid
-Kenji Olga Tariq Delphine Aurelio Saoirse Bastian Noor Idris Thea Cormac Lucia Anton Zara Malik""".split()
-SURNAMES = """Hale Dorn Whitcombe Abara Lindqvist Moreau Castell Pryce Okafor Vance Tamsin Brannock
-Ferreira Kowalski Ashdown Nakamura Reyes Haldane Ostrander Quayle Mbeki Sorensen Gallo Pemberton Varga
-Achebe Lund Fairweather Iyer Brandt Calloway Novak Sterling Adeyemi Holt Mirza Castellanos Thorne Duval
-Rasmussen Keane Baptiste Wolfe Petrov Marchetti Ellery Osei Grieve Takahashi Lowell Ferro Blackwood
-Anand Stroud Delacroix Ruane Kessler Mendez Aldous Fontaine Hadley Obi Sandoval""".split()
-TOWN_ROOTS = """Brack Ell Dun Mar Tor Wen Quel Ost Harl Fenn Gal Lind Corr Ash Bel Kest Norr Pell Rav Sil
-Thorn Ulm Vard Yarr Zell Alder Bram Cald Drey Elm Frost Glen Hollin Ives Jarrow Kell Lorn Mire Nethe Orl
-Pent Rook Stave Tarn Umber Vell Wyck Brenn Coll Dray Emble Farr Gorse Hask Innis Jory Kip Lask Mell""".split()
-TOWN_SUFFIXES = "ford bury wick ton mere stead holm dale more by haven port field worth ley".split()
+FIRST_NAMES = ["Amelia", "Oliver", "Isla", "Arthur", "Freya", "Theo", "Ivy", "Leo", "Rosa", "Jonah", "Clara", "Felix", "Nora", "Hugo", "Elsie", "Ravi", "Maya", "Tobias", "Ines", "Kofi", "Greta", "Mateo", "Alma", "Viktor", "Leila", "Casper", "Wren", "Omar", "Hazel", "Dmitri", "Juno", "Anders", "Priya", "Silas", "Esme", "Bruno", "Talia", "Emeka", "Linnea", "Marco", "Sofia", "Ewan", "Yara", "Lukas", "Mira", "Nikhil", "Ada", "Soren", "Beatrix", "Rafael", "Ingrid", "Kenji", "Olga", "Tariq", "Delphine", "Aurelio", "Saoirse", "Bastian", "Noor", "Idris", "Thea", "Cormac", "Lucia", "Anton", "Zara", "Malik"]
+SURNAMES = ["Hale", "Dorn", "Whitcombe", "Abara", "Lindqvist", "Moreau", "Castell", "Pryce", "Okafor", "Vance", "Tamsin", "Brannock", "Ferreira", "Kowalski", "Ashdown", "Nakamura", "Reyes", "Haldane", "Ostrander", "Quayle", "Mbeki", "Sorensen", "Gallo", "Pemberton", "Varga", "Achebe", "Lund", "Fairweather", "Iyer", "Brandt", "Calloway", "Novak", "Sterling", "Adeyemi", "Holt", "Mirza", "Castellanos", "Thorne", "Duval", "Rasmussen", "Keane", "Baptiste", "Wolfe", "Petrov", "Marchetti", "Ellery", "Osei", "Grieve", "Takahashi", "Lowell", "Ferro", "Blackwood", "Anand", "Stroud", "Delacroix", "Ruane", "Kessler", "Mendez", "Aldous", "Fontaine", "Hadley", "Obi", "Sandoval"]
+TOWN_ROOTS = ["Brack", "Ell", "Dun", "Mar", "Tor", "Wen", "Quel", "Ost", "Harl", "Fenn", "Gal", "Lind", "Corr", "Ash", "Bel", "Kest", "Norr", "Pell", "Rav", "Sil", "Thorn", "Ulm", "Vard", "Yarr", "Zell", "Alder", "Bram", "Cald", "Drey", "Elm", "Frost", "Glen", "Hollin", "Ives", "Jarrow", "Kell", "Lorn", "Mire", "Nethe", "Orl", "Pent", "Rook", "Stave", "Tarn", "Umber", "Vell", "Wyck", "Brenn", "Coll", "Dray", "Emble", "Farr", "Gorse", "Hask", "Innis", "Jory", "Kip", "Lask", "Mell"]
+TOWN_SUFFIXES = ["ford", "bury", "wick", "ton", "mere", "stead", "holm", "dale", "more", "by", "haven", "port", "field", "worth", "ley"]
 TOWN_PATTERNS = ("{}", "{}", "{}", "Port {}", "New {}", "Lake {}", "{} Falls", "{} Springs", "North {}",
                  "Upper {}")
-ORG_KINDS = """Industries Bank Logistics Analytics Press Foods Mining Labs Group Holdings Partners Software
-Motors Textiles Pharmaceuticals Airlines Shipping Energy Insurance Robotics""".split()
+ORG_KINDS = ["Industries", "Bank", "Logistics", "Analytics", "Press", "Foods", "Mining", "Labs", "Group", "Holdings", "Partners", "Software", "Motors", "Textiles", "Pharmaceuticals", "Airlines", "Shipping", "Energy", "Insurance", "Robotics"]
 ORG_PATTERNS = ("{} {}", "{} {}", "{} {}", "{} & {} {}", "{} {} Ltd", "{} {} Inc", "University of {}",
                 "{} Institute of Technology")
-MONTHS = """January February March April May June July August September October November December""".split()
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"]
 YEARS = list(range(1850, 2040))
 DATE_PATTERNS = ("{d} {m} {y}", "{m} {d} , {y}", "{m} {y}", "{y}", "{d} {m} {y}")
 # Roles take "a" in the templates, so none starts with a vowel.
-ROLES = "nurse teacher chemist pilot baker lawyer surveyor geologist carpenter doctor banker painter".split()
+ROLES = ["nurse", "teacher", "chemist", "pilot", "baker", "lawyer", "surveyor", "geologist", "carpenter", "doctor", "banker", "painter"]
 TITLES = ("Dr.", "Mr.", "Ms.", "Professor", "Judge", "Captain")
 
 
@@ -83,7 +73,7 @@ class Pools:
     years: list[int]
 
     @classmethod
-    def for_split(cls, split: str) -> "Pools":
+    def for_split(cls, split: str) -> Pools:
         return cls(_part(FIRST_NAMES, split), _part(SURNAMES, split), _part(TOWN_ROOTS, split),
                    _part(YEARS, split))
 

@@ -29,11 +29,11 @@ import httpx
 import torch
 import transformers
 
-transformers.logging.set_verbosity_error()  # the new heads are random by design: no load report
-
 from app.main import create_app
 from app.settings import Settings
 from bench.common import MINILM_DIR, machine_line, markdown_table, setup
+
+transformers.logging.set_verbosity_error()  # the new heads are random by design: no load report
 
 SENTENCE = ("Wolfgang Müller moved from Berlin to São Paulo in 2010 and later worked with Émilie Dupont at the "
             "museum of modern art in Köln during the summer")

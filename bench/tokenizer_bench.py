@@ -27,8 +27,8 @@ if __package__ in (None, ""):
 import transformers
 
 from bench.common import MINILM_DIR, WIKI_JSON, interleaved, machine_line, markdown_table, setup, si
-from model.tokenizer import BertTokenizer
 from model.data.corpus import split_sentences
+from model.tokenizer import BertTokenizer
 
 
 def sentences(n: int) -> list[str]:

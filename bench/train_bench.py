@@ -38,12 +38,12 @@ if __package__ in (None, ""):
 import torch
 import transformers
 
+from app.launcher.demo_data import prepare_wiki
 from bench.common import CONFIGS, MINILM_DIR, WIKI_JSON, interleaved, machine_line, markdown_table, setup
 from model.config import BertConfig
 from model.modeling import BertForPreTraining
-from model.tokenizer import BertTokenizer
-from app.launcher.demo_data import prepare_wiki
 from model.precision import autocast
+from model.tokenizer import BertTokenizer
 
 IGNORE = -100
 

@@ -78,14 +78,14 @@ class BertConfig:
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
-    def with_labels(self, labels: list[str]) -> "BertConfig":
+    def with_labels(self, labels: list[str]) -> BertConfig:
         """A copy with id2label/label2id set from an ordered label list."""
         id2label = dict(enumerate(labels))
         problem = "regression" if len(labels) == 1 else "single_label_classification"
         return dataclasses.replace(self, id2label=id2label, label2id=None, problem_type=problem)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
+    def from_dict(cls, data: dict[str, Any]) -> BertConfig:
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         if data.get("model_type", "bert") != "bert":
             raise ValueError(f"model_type {data.get('model_type')!r} is not 'bert'")
@@ -108,7 +108,7 @@ class BertConfig:
         return data
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "BertConfig":
+    def from_json_file(cls, path: str | Path) -> BertConfig:
         path = Path(path)
         try:
             data = json.loads(path.read_text())

@@ -179,7 +179,7 @@ def loss_weights(global_batch: dict[str, torch.Tensor], local_batch: dict[str, t
     """Per loss: world * local_count / global_count, so that DDP's gradient average equals the gradient of
     the global batch's mean (see the module docstring). 1.0 for each when not distributed."""
     if not d.enabled:
-        return {name: 1.0 for name in names}
+        return dict.fromkeys(names, 1.0)
     total, local = label_counts(global_batch, names), label_counts(local_batch, names)
     return {name: factor * d.world * local[name] / max(1, total[name]) for name in names}
 

@@ -28,7 +28,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from model.modeling import IGNORE_INDEX, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from model.modeling import (
+    IGNORE_INDEX,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from model.precision import autocast
 from model.trainer import EvaluationStopped
 

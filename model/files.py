@@ -18,8 +18,8 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 TMP_PREFIX = ".tmp-"
 # A training run's curve, one JSON object a line: written by model.callbacks, read by model.datadir.

@@ -39,9 +39,9 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -46,7 +46,15 @@ from model import kernels
 from model.config import BertConfig
 from model.files import atomic_dir
 from model.onednn import dense, linear
-from model.weights import HEAD_NAMES, HEAD_PREFIXES, LEGACY_KEYS, heads_in_dir, heads_of_keys, load_state_dict, normalize_state_dict
+from model.weights import (
+    HEAD_NAMES,
+    HEAD_PREFIXES,
+    LEGACY_KEYS,
+    heads_in_dir,
+    heads_of_keys,
+    load_state_dict,
+    normalize_state_dict,
+)
 
 IGNORE_INDEX = -100  # labels that take no part in a loss (Hugging Face's convention): MLM positions not predicted, padding
 

@@ -44,8 +44,8 @@ from torch import nn
 
 from model import kernels
 from model.onednn import linear
-
 from model.options import PRECISIONS
+
 log = logging.getLogger(__name__)
 
 

@@ -21,25 +21,33 @@ import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from model import checkpoint as ckpt
-from model import distributed
+from model import distributed, options
 from model.callbacks import Callback
 from model.config import BertConfig
 from model.device import resolve_device
 from model.errors import UserError
 from model.evaluation import evaluate
-from model.modeling import MODEL_CLASSES, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, load_model
+from model.modeling import (
+    MODEL_CLASSES,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    load_model,
+)
 from model.precision import resolve_precision
 from model.tokenizer import BertTokenizer
 from model.trainer import TrainConfig, Trainer, TrainResult, seed_everything
 from model.weights import HEAD_NAMES, heads_in_dir
-from model import options
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +88,7 @@ class PretrainSpec:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(**options.defaults("pretrain", trainer=True)))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PretrainSpec":
+    def from_dict(cls, data: dict[str, Any]) -> PretrainSpec:
         return _spec_from_dict(cls, data)
 
 
@@ -117,7 +125,7 @@ class FinetuneSpec:
             raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "FinetuneSpec":
+    def from_dict(cls, data: dict[str, Any]) -> FinetuneSpec:
         return _spec_from_dict(cls, data, task_train_config(data.get("task", TASKS[0])))
 
 
@@ -266,12 +274,12 @@ def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_forma
     """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus or token
     store (MLM models), a labelled table (sequence classifiers), tagged sentences (token classifiers;
     entity precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
+    from model.data.corpus import load_corpus
     from model.data.finetune import ClassificationBatches, load_classification_data
     from model.data.pretraining import PretrainingData
     from model.data.question_answering import QABatches, read_squad
-    from model.data.token_classification import TokenClassificationBatches, read_tagged
-    from model.data.corpus import load_corpus
     from model.data.store import open_store
+    from model.data.token_classification import TokenClassificationBatches, read_tagged
 
     model_dir = _model_dir_of(Path(model_dir))
     with _user_errors():

@@ -23,7 +23,6 @@ import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
 
-
 # ---------------------------------------------------------------------------- tagging
 
 

@@ -66,8 +66,8 @@ from model.callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
 from model.device import resolve_device
 from model.files import METRICS_FILE
 from model.modeling import IGNORE_INDEX
-from model.precision import autocast, resolve_precision
 from model.options import TRAIN_PRECISIONS, defaults
+from model.precision import autocast, resolve_precision
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ Head names: "pooler" (bert.pooler), "mlm" (cls.predictions), "nsp" (cls.seq_rela
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, TypeVar
+from typing import TypeVar
 
 import torch
 from safetensors import safe_open

@@ -34,10 +34,7 @@ from model.tokenizer import BertTokenizer
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = "tiny"
 
-WORDS = ("the a an is was are of to and in on at it he she they we you i this that cat dog man woman "
-         "food bread eats eating sat mat sky blue red green house car runs ran fast slow big small good "
-         "bad movie film great awful love hate day night water fire tree book read reads write "
-         "city river mountain").split()
+WORDS = ["the", "a", "an", "is", "was", "are", "of", "to", "and", "in", "on", "at", "it", "he", "she", "they", "we", "you", "i", "this", "that", "cat", "dog", "man", "woman", "food", "bread", "eats", "eating", "sat", "mat", "sky", "blue", "red", "green", "house", "car", "runs", "ran", "fast", "slow", "big", "small", "good", "bad", "movie", "film", "great", "awful", "love", "hate", "day", "night", "water", "fire", "tree", "book", "read", "reads", "write", "city", "river", "mountain"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
 POSITIVE = ["the movie was great", "i love this film", "a good film", "great movie ! love it", "good day"]
 NEGATIVE = ["the movie was awful", "i hate this film", "a bad film", "awful movie ! hate it", "bad night"]
@@ -162,7 +159,7 @@ class Process:
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path):
         self.log_path = log
-        self._log = open(log, "ab")
+        self._log = open(log, "ab")  # noqa: SIM115  (the process's output, closed when it stops)
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -242,7 +239,8 @@ class RedisServer:
                 *persistence, "--save", ""]
         if shutil.which("setpriv") and threading.current_thread() is threading.main_thread():
             argv = ["setpriv", "--pdeathsig", "KILL", *argv]  # gone with this process, even a killed one
-        self.proc = subprocess.Popen(argv, stdout=open(self.dir / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        with open(self.dir / "redis.log", "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         import redis
 
         deadline = time.monotonic() + 10

@@ -21,7 +21,16 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.helpers import REDIS_URL, finetune_request, flush_redis, labelled_csv, make_data_dir, start_server, start_worker, tagged_conll
+from tests.helpers import (
+    REDIS_URL,
+    finetune_request,
+    flush_redis,
+    labelled_csv,
+    make_data_dir,
+    start_server,
+    start_worker,
+    tagged_conll,
+)
 
 pytestmark = pytest.mark.slow
 

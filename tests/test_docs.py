@@ -14,9 +14,8 @@ import pytest
 
 from app.errors import STATUS
 from app.settings import Settings
-from worker.settings import WorkerSettings
-
 from tests.test_readme import ROOT, SKIP_REASONS, commands, fenced_blocks, pages
+from worker.settings import WorkerSettings
 
 sys.path.insert(0, str(ROOT / "docs"))
 import hooks  # noqa: E402  (docs/hooks.py, the MkDocs hook)

@@ -9,7 +9,18 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.helpers import QA_CONTEXTS, REDIS_URL, finetune_request, flush_redis, make_data_dir, squad_json, start_server, start_worker, tagged_conll, wait_state
+from tests.helpers import (
+    QA_CONTEXTS,
+    REDIS_URL,
+    finetune_request,
+    flush_redis,
+    make_data_dir,
+    squad_json,
+    start_server,
+    start_worker,
+    tagged_conll,
+    wait_state,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +55,7 @@ def test_token_classification_and_qa_jobs_train_publish_and_serve(stack):
         r = c.post("/jobs", json=request)
         assert r.status_code == 202, r.text
         jobs[request["model_name"]] = r.json()["id"]
-    for name, job_id in jobs.items():
+    for job_id in jobs.values():
         job = wait_state(c, job_id, {"succeeded", "failed", "cancelled"}, timeout=120)
         assert job["state"] == "succeeded", job
         assert job["step"] == 60 and job["latest_checkpoint"] == "checkpoints/step-60"

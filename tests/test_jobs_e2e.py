@@ -11,10 +11,21 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from model.modeling import BertForSequenceClassification
 from model.checkpoint import is_complete
-
-from tests.helpers import REDIS_URL, corpus_txt, finetune_request, flush_redis, labelled_csv, make_data_dir, pretrain_request, start_server, start_worker, wait_for, wait_state
+from model.modeling import BertForSequenceClassification
+from tests.helpers import (
+    REDIS_URL,
+    corpus_txt,
+    finetune_request,
+    flush_redis,
+    labelled_csv,
+    make_data_dir,
+    pretrain_request,
+    start_server,
+    start_worker,
+    wait_for,
+    wait_state,
+)
 
 pytestmark = pytest.mark.slow
 

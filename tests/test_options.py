@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from model.options import OPTIONS, TASKS, options_markdown
-
 from tests.helpers import REDIS_URL, flush_redis, labelled_csv, make_data_dir, start_server, start_worker, wait_state
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -135,7 +135,9 @@ def same_shape(doc, got, key: str = "", path: str = "$") -> None:
 
 def same_text_shape(doc: str, got: str) -> None:
     """Non-JSON output: the same lines with every number allowed to differ; a `...` line is any lines."""
-    shape = lambda s: [re.sub(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?", "#", line.rstrip()) for line in s.strip().splitlines()]
+    def shape(s: str) -> list[str]:
+        return [re.sub(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?", "#", line.rstrip()) for line in s.strip().splitlines()]
+
     assert lines_match(shape(doc), shape(got)), f"{shape(got)} does not match {shape(doc)}"
 
 
@@ -158,7 +160,7 @@ def system(tmp_path_factory):
     (scratch / ".venv").symlink_to(VENV_BIN.parent)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
-    log = open(scratch / "bert-up.log", "w")
+    log = open(scratch / "bert-up.log", "w")  # noqa: SIM115  (bert up's output for the whole module)
     proc = subprocess.Popen([str(BERT), "up", "--data-dir", str(data_dir), "--port", str(port),
                              "--bootstrap-steps", "3"], cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

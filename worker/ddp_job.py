@@ -16,9 +16,8 @@ import sys
 import threading
 
 from model.callbacks import Callback
-from model.datadir import JobRecord, JobStore
+from model.datadir import JobStore
 from model.distributed import die_with_parent, env_dist
-
 from worker import recipes
 from worker.settings import WorkerSettings
 from worker.training import train

@@ -13,17 +13,17 @@ ids never change under a checkpoint), and params["config"] is written next to it
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from model.callbacks import Callback
 from model.data.corpus import read_documents
 from model.datadir import DataDir, dataset_file
 from model.files import atomic_dir, atomic_write_bytes
 from model.options import job_keys
 from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
 from model.tokenizer import BertTokenizer
-from model.callbacks import Callback
 from model.trainer import TrainResult
 
 TOKENIZER_DIR = "tokenizer"  # DATA_DIR/jobs/<id>/tokenizer: a from-scratch run's vocabulary

@@ -15,16 +15,16 @@ calls it before Celery requeues the message), so the job says why, not only how 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import re
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
 from model.datadir import IllegalTransition, JobNotFound, JobStore, jobs, lease_is_free
-
 from worker.queue import send_job
 from worker.settings import WorkerSettings
 
@@ -75,10 +75,8 @@ def note_lost_attempt(store: JobStore, job_id: str, reason: str) -> None:
     """Record on a running job why its attempt's process died, for the next delivery's begin() to
     report (worker/training.py); called by the worker's main process, which saw the death."""
 
-    try:
+    with contextlib.suppress(JobNotFound, IllegalTransition):  # gone, or no longer running: nothing to say
         store.move(job_id, jobs.worker_process_lost, reason)
-    except (JobNotFound, IllegalTransition):  # gone, or no longer running: nothing to say
-        pass
 
 
 def celery_sender(app) -> Callable[[str], None]:

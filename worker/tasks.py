@@ -15,7 +15,6 @@ from celery import Task
 from celery.worker.request import Request
 
 from model.datadir import JobStore
-
 from worker.celery_app import app, settings
 from worker.queue import OLD_TASK_NAMES, TASK_NAME
 from worker.recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down

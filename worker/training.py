@@ -30,6 +30,7 @@ launcher and the ranks die with this process (PR_SET_PDEATHSIG), so a `kill -9` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -37,17 +38,17 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from model import checkpoint as ckpt
+from model.callbacks import Callback
 from model.datadir import TERMINAL, IllegalTransition, JobStore, Lease, jobs, now_iso, publish_model, worker_identity
 from model.datadir.jobs import CANCEL, JobRecord
-from model.errors import UserError
-from model.callbacks import Callback
 from model.distributed import is_peer_failure, launched, torchrun_command
+from model.errors import UserError
 from model.trainer import FINAL_MODEL
-
 from worker import recipes
 from worker.settings import WorkerSettings
 
@@ -94,10 +95,8 @@ def run_job(job_id: str, settings: WorkerSettings, *, shutting_down: Flag | None
             _free_accelerator_memory()
     if outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None:  # only now: the next delivery must find the lease free
         requeue(job_id)
-        try:
+        with contextlib.suppress(IllegalTransition):  # another worker took the job and finished it meanwhile
             store.move(job_id, jobs.requeued, "after the hand-back")
-        except IllegalTransition:  # another worker took the job and finished it meanwhile
-            pass
     return {"job": job_id, "outcome": outcome}
 
 
@@ -371,10 +370,8 @@ def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str
 def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) -> str:
     log.exception("job %s failed", job_id)
     message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
-    try:
+    with contextlib.suppress(OSError):
         (store.job_dir(job_id) / ERROR_LOG).write_text("".join(traceback.format_exception(error)))
-    except OSError:
-        pass
 
     def change(r: JobRecord) -> None:
         r["runtime_s"] = round(runtime, 3)

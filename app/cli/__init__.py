@@ -16,9 +16,8 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from model.errors import UserError
-
 from app.cli import corpus_commands, model_commands, service_commands, train_commands
+from model.errors import UserError
 
 DISTRIBUTION = "bertserve"  # pyproject's [project] name
 

@@ -14,9 +14,8 @@ from model.errors import UserError
 
 
 def cmd_corpus_build(args: argparse.Namespace) -> int:
-    from model.tokenizer import BertTokenizer
-
     from app.cli.progress import BuildProgressBar
+    from model.tokenizer import BertTokenizer
 
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")

@@ -58,9 +58,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _servable(info: dict) -> dict:
     """`model_heads` as GET /models reports `heads`: what the service can serve with the model (mlm, nsp,
     classifier, token_classifier, qa), not the weight groups it holds (a pooler serves no route)."""
-    from model.modeling import MODEL_CLASSES
-
     from app.serving.model_registry import servable_heads
+    from model.modeling import MODEL_CLASSES
 
     return {**info, "model_heads": servable_heads(MODEL_CLASSES[info["architecture"]])}
 

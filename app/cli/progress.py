@@ -47,7 +47,7 @@ class SignalStop(Callback):
         self.requested, self.abort_on_second = False, abort_on_second
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "SignalStop":
+    def __enter__(self) -> SignalStop:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

@@ -37,10 +37,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from app.launcher.demo_data import AssetMissingError
-
-    from app.launcher.bootstrap import initialize
     from app.errors import ServiceError
+    from app.launcher.bootstrap import initialize
+    from app.launcher.demo_data import AssetMissingError
     from app.launcher.server import exposure_refusal
     from app.settings import Settings
 

@@ -14,21 +14,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli.launch import add_launch_options, relaunch, wants_launcher
 from model.errors import UserError
 from model.options import BY_NAME, KINDS, Option, format_default, options_for
-
-from app.cli.launch import add_launch_options, relaunch, wants_launcher
 
 # torch and model.runs load inside the commands, so `bert finetune --help` answers without them.
 
 
 def _run_with_progress(run, spec) -> int:
     """Run a spec with a progress bar and Ctrl-C handling. Under torchrun, rank 0 alone draws and prints."""
+    from app.cli.progress import ProgressBar, SignalStop
     from model import checkpoint as ckpt
     from model.callbacks import format_metrics
     from model.distributed import env_dist, launched
-
-    from app.cli.progress import ProgressBar, SignalStop
 
     main_rank = env_dist().is_main
     # The run functions and the data pipeline log what they do (tokenising, warm start) at INFO.

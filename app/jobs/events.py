@@ -32,11 +32,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from model.datadir import JobNotFound, JobStore
-from model.datadir.jobs import METRICS, TERMINAL, JobRecord
-
 from app.errors import ServiceError
 from app.schemas import JobStatus
+from model.datadir import JobNotFound, JobStore
+from model.datadir.jobs import METRICS, TERMINAL
 
 POLL_S = 0.25  # the worker logs a step every log_every steps; a quarter second keeps a curve live
 KEEPALIVE_S = 15.0

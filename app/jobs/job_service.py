@@ -20,8 +20,11 @@ from pathlib import Path
 
 from kombu.exceptions import OperationalError
 
+from app.errors import ServiceError
+from app.jobs.events import EventStreams
+from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
+from app.settings import Settings
 from model.config import BertConfig
-from model.datadir.datasets import KIND_OF_TASK, num_labels
 from model.datadir import (
     DataDir,
     JobFinished,
@@ -31,13 +34,9 @@ from model.datadir import (
     jobs,
     read_meta,
 )
+from model.datadir.datasets import KIND_OF_TASK, num_labels
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
-
-from app.errors import ServiceError
-from app.jobs.events import EventStreams
-from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
-from app.settings import Settings
 
 log = logging.getLogger("bertserve")
 

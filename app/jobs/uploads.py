@@ -32,6 +32,7 @@ removed in every case.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import hashlib
@@ -52,19 +53,17 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from model.data.finetune import load_classification_data
-from model.data.corpus import read_documents
-from model.data.question_answering import read_squad
-from model.data.token_classification import read_tagged
-from model.scores import entities
-from model.data.corpus import detect_format
-from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
-from model.datadir import list_datasets as list_dataset_metas
-from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, install, staging_dir
-
 from app.errors import ServiceError
 from app.schemas import DatasetsResponse
 from app.settings import Settings
+from model.data.corpus import detect_format, read_documents
+from model.data.finetune import load_classification_data
+from model.data.question_answering import read_squad
+from model.data.token_classification import read_tagged
+from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
+from model.datadir import list_datasets as list_dataset_metas
+from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, install, staging_dir
+from model.scores import entities
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
@@ -144,7 +143,7 @@ class _Upload:
         ext = Path(filename).suffix.lower()
         if ext not in EXTENSIONS:
             raise ServiceError("validation", f"file {filename[:80]!r}: expected a {', '.join(EXTENSIONS)} file")
-        self._file = open(self.tmp_dir / f"data{ext}", "wb")
+        self._file = open(self.tmp_dir / f"data{ext}", "wb")  # noqa: SIM115  (open across the parser's callbacks)
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
@@ -186,10 +185,8 @@ class _Upload:
         """Close the file without keeping its data (the upload failed; its directory goes)."""
         if self._file is not None:
             file, self._file = self._file, None
-            try:
-                file.close()  # may flush, and fail again on a full disk: the data is unwanted anyway
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # close may flush, and fail again on a full disk: the data is unwanted anyway
+                file.close()
 
 
 def check_fields(fields: dict[str, str], data_dir: Path) -> None:

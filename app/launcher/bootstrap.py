@@ -21,20 +21,19 @@ import asyncio
 import contextlib
 import fcntl
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
-from model.datadir import DataDir, JobRecord, JobStore, read_meta
-from app.launcher.demo_data import ensure_minilm, prepare_wiki
-from model.files import TMP_PREFIX
-
-from app.jobs.uploads import add_local_dataset
 from app.jobs.job_service import JobService
+from app.jobs.uploads import add_local_dataset
+from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from app.schemas import PretrainJobRequest, PretrainParams
-from app.settings import Settings
 from app.serving.model_registry import ModelRegistry
+from app.settings import Settings
+from model.datadir import DataDir, JobRecord, JobStore, read_meta
+from model.files import TMP_PREFIX
 
 ENCODER = "minilm"
 CORPUS = "wiki"

@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.launcher.demo_data import AssetMissingError
-from model.errors import UserError
-
-from app.launcher.bootstrap import BOOTSTRAP_MODEL, ENCODER, initialize
 from app.errors import ServiceError
+from app.launcher.bootstrap import BOOTSTRAP_MODEL, ENCODER, initialize
+from app.launcher.demo_data import AssetMissingError
 from app.launcher.server import exposure_refusal, serve
 from app.settings import Settings
+from model.errors import UserError
 
 
 def local_settings(data_dir: Path, host: str | None, port: int | None) -> tuple[Settings, dict]:

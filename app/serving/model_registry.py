@@ -21,19 +21,25 @@ from pathlib import Path
 import torch
 
 import model as model_package
+from app.errors import ServiceError
 from model import kernels
 from model.config import BertConfig
 from model.datadir import DataDir, JobStore, valid_name
 from model.datadir.jobs import steps_of
-from model.modeling import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
-                            BertForSequenceClassification, BertForTokenClassification, BertModel,
-                            BertPreTrainedModel, class_for_heads,
-                            load_model)
+from model.modeling import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    BertPreTrainedModel,
+    class_for_heads,
+    load_model,
+)
 from model.precision import apply_precision
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
-
-from app.errors import ServiceError
 
 log = logging.getLogger("bertserve.store")
 

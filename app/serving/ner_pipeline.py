@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
-from model.tokenizer import encode_one, truncating, window_count
-
 from app.errors import ServiceError
-from app.serving.pipelines import Row, _infer
 from app.schemas import TokenClassificationRequest
-from app.serving.service import Service
 from app.serving.model_registry import LoadedModel
+from app.serving.pipelines import Row, _infer
+from app.serving.service import Service
+from model.tokenizer import encode_one, truncating, window_count
 
 SPECIAL_TOKENS = 2  # [CLS] text [SEP]
 async def token_classification(svc: Service, req: TokenClassificationRequest) -> Any:

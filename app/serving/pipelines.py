@@ -15,18 +15,25 @@ each candidate's `sequence` splices the candidate into the input decoded once pe
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from app.serving.engine import WorkItem
 from app.errors import ServiceError
-from app.schemas import ClassifyRequest, EmbeddingsRequest, FillMaskRequest, NspRequest, OpenAIEmbeddingsRequest, TextPair
+from app.schemas import (
+    ClassifyRequest,
+    EmbeddingsRequest,
+    FillMaskRequest,
+    NspRequest,
+    OpenAIEmbeddingsRequest,
+    TextPair,
+)
+from app.serving.engine import WorkItem
+from app.serving.model_registry import LoadedModel
 from app.serving.service import Service, check_dropped
 from app.settings import Settings
-from app.serving.model_registry import LoadedModel
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)
 _UNLIMITED = 10**9

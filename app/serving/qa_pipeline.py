@@ -27,14 +27,13 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
+from app.errors import ServiceError
+from app.schemas import QuestionAnsweringRequest
+from app.serving.model_registry import LoadedModel
+from app.serving.pipelines import Row, _infer
+from app.serving.service import Service
 from model.qa_spans import NO_NULL, window_spans
 from model.tokenizer import encode_one, truncating, window_count
-
-from app.errors import ServiceError
-from app.serving.pipelines import Row, _infer
-from app.schemas import QuestionAnsweringRequest
-from app.serving.service import Service
-from app.serving.model_registry import LoadedModel
 
 SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 

@@ -8,21 +8,21 @@ import asyncio
 import contextvars
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from app.errors import ServiceError
+from app.prometheus import Metrics
+from app.serving.engine import Engine, WorkItem
+from app.serving.forward import RUNNERS
+from app.serving.model_registry import LoadedModel, ModelRegistry
+from app.settings import Settings
 from model import kernels
 from model.device import resolve_device
 from model.precision import recommended_precision
-
-from app.serving.engine import Engine, WorkItem
-from app.errors import ServiceError
-from app.serving.forward import RUNNERS
-from app.prometheus import Metrics
-from app.settings import Settings
-from app.serving.model_registry import LoadedModel, ModelRegistry
 
 log = logging.getLogger("bertserve")
 # Longest warm-up row: long enough for the kernels a real batch takes, short enough to cost ~nothing.

@@ -37,15 +37,22 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from app.errors import ServiceError
+from app.schemas import (
+    EmbedRequest,
+    PredictRequest,
+    RerankRequest,
+    SimilarityParameters,
+    SimilarityRequest,
+    TextPair,
+    TokenizeRequest,
+)
+from app.serving.model_registry import LoadedModel
+from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
+from app.serving.service import Service, check_dropped
 from model.datadir import valid_name
 from model.modeling import BertForSequenceClassification
 from model.tokenizer import encode_one, truncating
-
-from app.errors import ServiceError
-from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
-from app.schemas import EmbedRequest, PredictRequest, RerankRequest, SimilarityParameters, SimilarityRequest, TextPair, TokenizeRequest
-from app.serving.service import Service, check_dropped
-from app.serving.model_registry import LoadedModel
 
 # -- truncation --------------------------------------------------------------------------------
 

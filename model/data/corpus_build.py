@@ -52,19 +52,26 @@ import re
 import shutil
 import time
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor, wait
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import chain
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from model.files import atomic_write_bytes, fsync_dir
-from model.data.corpus import READ_FORMATS, _ArrayWriter, compression_of, detect_format, read_paragraphs, tokenizer_fingerprint
+from model.data.corpus import (
+    READ_FORMATS,
+    _ArrayWriter,
+    compression_of,
+    detect_format,
+    read_paragraphs,
+    tokenizer_fingerprint,
+)
 from model.data.store import MANIFEST, STORE_FORMAT, STORE_VERSION
+from model.files import atomic_write_bytes, fsync_dir
 
 BUILD_DIR = ".build"  # work files of an unfinished build (unit parts, done-records); removed at the end
 DEFAULT_SHARD_TOKENS = 64 * 2**20
@@ -378,7 +385,7 @@ class _Docs:
     keys: np.ndarray
 
     @classmethod
-    def load(cls, path: str) -> "_Docs":
+    def load(cls, path: str) -> _Docs:
         with np.load(path) as z:
             return cls(*(z[k] for k in ("tokens", "sent_lengths", "sent_per_para", "para_per_doc", "keys")))
 
@@ -390,14 +397,14 @@ class _Docs:
         cum = lambda a: np.concatenate([[0], np.cumsum(a, dtype=np.int64)])  # noqa: E731
         return cum(self.para_per_doc), cum(self.sent_per_para), cum(self.sent_lengths)
 
-    def slice(self, a: int, b: int) -> "_Docs":
+    def slice(self, a: int, b: int) -> _Docs:
         """Documents a..b-1."""
         p, s, t = self.offsets()
         pa, pb = p[a], p[b]
         return _Docs(self.tokens[t[s[pa]]:t[s[pb]]], self.sent_lengths[s[pa]:s[pb]], self.sent_per_para[pa:pb],
                      self.para_per_doc[a:b], self.keys[pa:pb])
 
-    def keep_paragraphs(self, keep: np.ndarray) -> "_Docs":
+    def keep_paragraphs(self, keep: np.ndarray) -> _Docs:
         """Only the paragraphs where `keep`; documents left with none disappear."""
         keep_sent = np.repeat(keep, self.sent_per_para)
         paras = _segment_sums(keep, self.para_per_doc)
@@ -474,7 +481,7 @@ class _ShardWriter:
         self.stats["documents_duplicate"] += int((dup_per_doc[a:b] == para_per_doc[a:b]).sum())
         return b
 
-    def _open(self) -> "_OpenShard":
+    def _open(self) -> _OpenShard:
         if self._shard is None:
             self._shard = _OpenShard(self.out, len(self.records), self.dtype)
         return self._shard
@@ -676,7 +683,7 @@ def _manifest(plan: dict, writer: _ShardWriter) -> dict:
     return {
         "format": STORE_FORMAT, "version": STORE_VERSION, "tokenizer": plan["tokenizer"], "dtype": plan["dtype"],
         "shards": shards, "totals": totals, "sources": plan["sources"], "stats": stats,
-        "build": plan["options"], "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "build": plan["options"], "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -30,8 +30,7 @@ from defusedxml.ElementTree import DefusedXMLParser
 from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
 
 # Tags whose content is not running text (tables, references, code, maths, galleries).
-_DROPPED_TAGS = frozenset("table ref references gallery math chem score syntaxhighlight source pre timeline "
-                          "imagemap templatedata graph mapframe".split())
+_DROPPED_TAGS = frozenset(["table", "ref", "references", "gallery", "math", "chem", "score", "syntaxhighlight", "source", "pre", "timeline", "imagemap", "templatedata", "graph", "mapframe"])
 # Link namespaces that are media or page metadata, not prose (and their aliases).
 _DROPPED_LINKS = ("file:", "image:", "media:", "category:", ":category:")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")

@@ -12,8 +12,27 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
 """
 
 from model.datadir.datasets import DatasetExists, dataset_file, list_datasets, read_meta
-from model.datadir.jobs import JOB_KINDS, STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobNotFound, JobRecord, JobStore
-from model.datadir.layout import JOB_ID_PATTERN, NAME_PATTERN, NAME_RULE, DataDir, new_job_id, now_iso, valid_job_id, valid_name
+from model.datadir.jobs import (
+    JOB_KINDS,
+    STATES,
+    TERMINAL,
+    TRANSITIONS,
+    IllegalTransition,
+    JobFinished,
+    JobNotFound,
+    JobRecord,
+    JobStore,
+)
+from model.datadir.layout import (
+    JOB_ID_PATTERN,
+    NAME_PATTERN,
+    NAME_RULE,
+    DataDir,
+    new_job_id,
+    now_iso,
+    valid_job_id,
+    valid_name,
+)
 from model.datadir.lease import Lease, lease_is_free, worker_identity
 from model.datadir.publish import PROVENANCE, publish_model, published_by
 

@@ -25,8 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from model.files import TMP_PREFIX, fsync_dir, fsync_tree
 from model.datadir.layout import DataDir, valid_name
+from model.files import TMP_PREFIX, fsync_dir, fsync_tree
 
 META = "meta.json"
 DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")

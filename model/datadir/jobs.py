@@ -18,19 +18,19 @@ transition raises IllegalTransition, before it changes anything, for a move the 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-import builtins
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator, TypedDict, cast
+from typing import Any, TypedDict, cast
 
-from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
 from model.datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
+from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
 
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory

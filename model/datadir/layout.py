@@ -42,12 +42,12 @@ def valid_job_id(job_id: object) -> bool:
 
 def new_job_id() -> str:
     """Sortable by creation time, unguessable enough to not collide: 20250131T120000-1a2b3c4d."""
-    return f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{secrets.token_hex(4)}"
+    return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(4)}"
 
 
 def now_iso() -> str:
     """UTC timestamp with milliseconds, e.g. 2025-01-31T12:00:00.123Z (every record's time format)."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class DataDir:

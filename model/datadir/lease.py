@@ -87,7 +87,7 @@ class Lease:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:

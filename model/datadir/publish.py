@@ -8,9 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
-from model.files import atomic_write_bytes, fsync_dir
 from model.datadir.jobs import encode
 from model.datadir.layout import DataDir, now_iso
+from model.files import atomic_write_bytes, fsync_dir
 
 PROVENANCE = "bertserve_job.json"  # written into a published model: which job made it
 

@@ -22,11 +22,7 @@ from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel
 from model.tokenizer import BertTokenizer
 
-WORDS = ("the a an of to in is was it that he she they we you i and or but not for with on at by from "
-         "cat dog mat sat ran fox quick brown lazy jumped over paris france capital city river "
-         "house car red blue green big small good bad happy sad film movie great awful one two three "
-         "four five man woman child ate eats food milk store bought went sky penguins fly can ##s ##ing "
-         "##ed ##er ##ly . , ! ? ' -").split()
+WORDS = ["the", "a", "an", "of", "to", "in", "is", "was", "it", "that", "he", "she", "they", "we", "you", "i", "and", "or", "but", "not", "for", "with", "on", "at", "by", "from", "cat", "dog", "mat", "sat", "ran", "fox", "quick", "brown", "lazy", "jumped", "over", "paris", "france", "capital", "city", "river", "house", "car", "red", "blue", "green", "big", "small", "good", "bad", "happy", "sad", "film", "movie", "great", "awful", "one", "two", "three", "four", "five", "man", "woman", "child", "ate", "eats", "food", "milk", "store", "bought", "went", "sky", "penguins", "fly", "can", "##s", "##ing", "##ed", "##er", "##ly", ".", ",", "!", "?", "'", "-"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
 MAX_POSITIONS = 32
 

@@ -13,7 +13,6 @@ import anyio
 import pytest
 
 from app.serving import pipelines
-
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_engine import metric
 

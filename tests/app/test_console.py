@@ -9,9 +9,8 @@ import re
 
 from app.api.routes.console import ASSETS, ROOT, form_fields
 from app.schemas import FinetuneParams, PretrainParams
-
-from tests.helpers import make_data_dir
 from tests.app.test_jobs_api import make_client
+from tests.helpers import make_data_dir
 
 KEYS = {"service": {"api_key": "inference-key-0123456789"}, "admin_key": "admin-key-0123456789"}
 

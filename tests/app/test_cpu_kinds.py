@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from model import kernels, onednn
-from tests.cpu_kinds import AVX2_BF16_ERROR, SITECUSTOMIZE, RaisingOnBf16, pretend_avx2
-
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_server import free_port
+from tests.cpu_kinds import AVX2_BF16_ERROR, SITECUSTOMIZE, RaisingOnBf16, pretend_avx2
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["the cat sat on the mat.", "a big dog ran to the river.", "paris is the capital of france ."]

@@ -10,13 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from app.serving.engine import WorkItem, plan_batch
-
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_inference import embed_reference, mlm_reference
 
 pytestmark = pytest.mark.anyio
 
-WORDS = "the quick brown fox jumped over a lazy dog and ran to the river with five happy children".split()
+WORDS = ["the", "quick", "brown", "fox", "jumped", "over", "a", "lazy", "dog", "and", "ran", "to", "the", "river", "with", "five", "happy", "children"]
 
 
 def test_plan_batch_takes_shortest_rows_first_within_the_padded_budget():

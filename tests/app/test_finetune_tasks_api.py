@@ -11,9 +11,17 @@ import shutil
 import pytest
 
 from model.modeling import BertForTokenClassification
-
-from tests.helpers import BASE_MODEL, TAGGED, finetune_request, labelled_csv, make_data_dir, squad_json, tagged_conll, tiny_config
 from tests.app.test_jobs_api import make_client, post_job, tree, upload
+from tests.helpers import (
+    BASE_MODEL,
+    TAGGED,
+    finetune_request,
+    labelled_csv,
+    make_data_dir,
+    squad_json,
+    tagged_conll,
+    tiny_config,
+)
 
 QUEUED = (503, {"error": "the job queue (broker) cannot be reached, nothing was queued; retry later (the service "
                          "log has the details)", "error_type": "unavailable"})
@@ -138,7 +146,6 @@ def test_a_token_classifier_base_must_have_the_datasets_tag_count(tmp_path):
 
 def test_accepted_jobs_are_sized_as_their_tasks_model(env, monkeypatch):
     from model.modeling import BertForQuestionAnswering
-
     from tests.app.test_jobs_api import accept_without_a_broker
 
     client, _, data_dir = env

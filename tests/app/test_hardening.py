@@ -13,7 +13,6 @@ import pytest
 
 from app.serving.model_registry import describe_failure
 from model.modeling import BertForPreTraining
-
 from tests.app.conftest import save_tiny, serve_app, settings_for
 
 pytestmark = pytest.mark.anyio

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 
 from model.errors import UserError
+from tests.app.test_jobs_api import make_client, post_job
+from tests.helpers import finetune_request, labelled_csv, make_data_dir
 from worker.settings import WorkerSettings
 from worker.training import check_devices
-
-from tests.helpers import finetune_request, labelled_csv, make_data_dir
-from tests.app.test_jobs_api import make_client, post_job
 
 
 @pytest.fixture(scope="module")

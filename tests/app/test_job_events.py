@@ -17,9 +17,8 @@ from app.jobs import events as job_events_module
 from app.jobs.events import MAX_LINE, MetricsTail, job_events
 from model.datadir import JobStore
 from model.files import rewrite_jsonl
-
-from tests.helpers import finetune_spec, make_data_dir, start_server
 from tests.app.test_jobs_api import NO_BROKER, make_client
+from tests.helpers import finetune_spec, make_data_dir, start_server
 
 pytestmark = pytest.mark.anyio
 

@@ -14,14 +14,21 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.jobs import uploads
-from app.jobs.uploads import _Upload
 from app.jobs.job_service import JobService
+from app.jobs.uploads import _Upload
 from app.main import create_app
 from app.settings import Settings
 from model.datadir import JobStore, now_iso
 from model.modeling import BertForSequenceClassification
-
-from tests.helpers import BASE_MODEL, corpus_txt, finetune_request, labelled_csv, make_data_dir, pretrain_request, tiny_config
+from tests.helpers import (
+    BASE_MODEL,
+    corpus_txt,
+    finetune_request,
+    labelled_csv,
+    make_data_dir,
+    pretrain_request,
+    tiny_config,
+)
 
 NO_BROKER = "redis://127.0.0.1:1/0"
 NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import schemathesis
 from hypothesis import HealthCheck, settings
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from app.main import create_app
 from app.settings import Settings
-
 from tests.helpers import BASE_MODEL, make_data_dir
 
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]

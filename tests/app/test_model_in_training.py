@@ -9,7 +9,6 @@ import pytest
 
 from model.datadir import JobStore
 from model.modeling import BertForPreTraining
-
 from tests.app.conftest import save_tiny, serve_app, settings_for
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,6 @@ import anyio
 import pytest
 
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
-
 from tests.app.conftest import MODELS, VOCAB, save_tiny, serve_app, settings_for, tiny_config
 
 pytestmark = pytest.mark.anyio

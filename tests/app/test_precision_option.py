@@ -8,7 +8,6 @@ import torch
 
 from app.prometheus import Metrics
 from app.serving.service import Service
-
 from tests.app.conftest import serve_app, settings_for
 
 pytestmark = pytest.mark.anyio

@@ -16,14 +16,21 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
-                                               response_schema_conformance, status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from app.main import create_app
-
-from model.modeling import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
-                            BertForTokenClassification, BertModel)
-
+from model.modeling import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from tests.app.conftest import save_tiny, settings_for
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,

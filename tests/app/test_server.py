@@ -16,7 +16,6 @@ import pytest
 
 from app.launcher.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, serve
 from app.settings import Settings
-
 from tests.app.test_inference import embed_reference
 
 ROOT = Path(__file__).resolve().parents[2]

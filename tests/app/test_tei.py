@@ -15,7 +15,6 @@ import torch
 from app.serving.engine import WorkItem
 from app.serving.forward import run_classify
 from model.modeling import BertForSequenceClassification
-
 from tests.app.conftest import MODELS, save_tiny, serve_app, settings_for
 from tests.app.test_bounds import HeldTokenizer, RawRequest, until
 

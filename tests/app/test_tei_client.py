@@ -23,9 +23,8 @@ import pytest
 import torch
 
 from model.modeling import BertForSequenceClassification, BertModel
-
-from tests.helpers import REDIS_URL, start_server
 from tests.app.conftest import save_tiny
+from tests.helpers import REDIS_URL, start_server
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 transformers = pytest.importorskip("transformers")

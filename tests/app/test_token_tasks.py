@@ -22,8 +22,7 @@ import torch
 
 from model.modeling import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from model.tokenizer import BertTokenizer
-
-from tests.app.conftest import MAX_POSITIONS, VOCAB, save_tiny, tiny_config, serve_app, settings_for
+from tests.app.conftest import MAX_POSITIONS, VOCAB, save_tiny, serve_app, settings_for, tiny_config
 
 pytestmark = pytest.mark.anyio
 transformers = pytest.importorskip("transformers")

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
+from bench.synthetic import (
+    NER_TEMPLATES,
+    NER_TEST_ONLY,
+    QA_QUESTIONS,
+    Pools,
+    detokenize,
+    ner_split,
+    ner_splits,
+    qa_split,
+    write_ner,
+    write_qa,
+)
 from model.data.token_classification import read_tagged
-from bench.synthetic import (NER_TEMPLATES, NER_TEST_ONLY, QA_QUESTIONS, Pools, detokenize, ner_split,
-                                  ner_splits, qa_split, write_ner, write_qa)
 
 
 def entities(tokens: list[str], tags: list[str]) -> list[tuple[str, str]]:
@@ -43,7 +54,7 @@ def test_same_seed_same_files_other_seed_other_files(tmp_path):
     q = [write_qa(tmp_path / d, seed=s, n_train=20, n_test=5) for d, s in (("a", 3), ("b", 3), ("c", 4))]
     for key in ("train", "test"):
         for x, y, z in ((a, b, c), tuple(q)):
-            data = [open(r[key], "rb").read() for r in (x, y, z)]
+            data = [Path(r[key]).read_bytes() for r in (x, y, z)]
             assert data[0] == data[1] and data[0] != data[2]
     assert (a["train_sentences"], a["test_sentences"]) == (50, 20)
     assert (q[0]["train_contexts"], q[0]["test_contexts"]) == (20, 5)
@@ -127,7 +138,7 @@ def test_squad_test_split_asks_question_forms_training_never_does(qa):
 
 def test_squad_json_file_round_trips(tmp_path):
     paths = write_qa(tmp_path, seed=1, n_train=10, n_test=4)
-    assert json.loads(open(paths["test"], encoding="utf-8").read()) == qa_split("test", 4, seed=1)
+    assert json.loads(Path(paths["test"]).read_text(encoding="utf-8")) == qa_split("test", 4, seed=1)
     assert paths["test_questions"] == len(qa_items(qa_split("test", 4, seed=1)))
 
 

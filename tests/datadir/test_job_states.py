@@ -9,7 +9,6 @@ import copy
 import pytest
 
 from model.datadir import STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobStore, jobs
-
 from tests.helpers import finetune_spec
 
 # Each named transition, the arguments it takes, and the event it appends (by the job's state for

@@ -8,9 +8,17 @@ import multiprocessing
 
 import pytest
 
-from model.datadir import (PROVENANCE, JobFinished, JobNotFound, JobStore, Lease, lease_is_free, publish_model, valid_job_id,
-                           valid_name)
-
+from model.datadir import (
+    PROVENANCE,
+    JobFinished,
+    JobNotFound,
+    JobStore,
+    Lease,
+    lease_is_free,
+    publish_model,
+    valid_job_id,
+    valid_name,
+)
 from tests.helpers import LeaseHolder, finetune_spec
 
 

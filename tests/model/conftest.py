@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from model.config import BertConfig
-from model.modeling import BertForPreTraining
-from model.data.pretraining import PretrainingData
 from model.data.corpus import load_corpus
+from model.data.pretraining import PretrainingData
+from model.modeling import BertForPreTraining
 from tests.conftest import tiny_config_dict
 
 PAIRS = [("the cat sat on the mat", "the dog eats bread"), ("she reads a book", "the sky is blue"),

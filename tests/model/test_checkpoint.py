@@ -17,13 +17,12 @@ import pytest
 import torch
 
 import model.checkpoint as ckpt
+from model.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from model.config import BertConfig
 from model.modeling import BertForPreTraining, load_model
 from model.tokenizer import BertTokenizer
-from model.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from model.trainer import TrainConfig, Trainer, configure_optimizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict
-
 
 
 def trained_objects(seed=0):
@@ -155,8 +154,8 @@ def test_sigkill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path):
 
 def test_trainer_resumes_from_the_last_complete_checkpoint_after_a_crashed_save(tmp_path, monkeypatch):
     """A run that crashes while saving step 4 resumes from step 2 and ends where a clean run ends."""
-    from model.data.pretraining import PretrainingData
     from model.data.corpus import load_corpus
+    from model.data.pretraining import PretrainingData
 
     tok = BertTokenizer.from_vocab(TINY_VOCAB)
     corpus_path = tmp_path / "pairs.tsv"

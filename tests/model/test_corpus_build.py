@@ -17,8 +17,16 @@ import pytest
 import zstandard
 
 from model.data import wikixml
-from model.data.corpus import (MAX_LINE_CHARS, Bounds, detect_format, encode_sentences, read_documents,
-                               read_paragraphs, split_sentences, tokenizer_fingerprint)
+from model.data.corpus import (
+    MAX_LINE_CHARS,
+    Bounds,
+    detect_format,
+    encode_sentences,
+    read_documents,
+    read_paragraphs,
+    split_sentences,
+    tokenizer_fingerprint,
+)
 from model.data.corpus_build import BuildOptions, _KeySet, build_store, expand_inputs, paragraph_key, plan_units
 from tests.conftest import WORDS
 

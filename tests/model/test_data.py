@@ -3,9 +3,9 @@ app/launcher/demo_data (converters on the real demo assets). Tiny synthetic corp
 
 from __future__ import annotations
 
-import importlib
 import bz2
 import csv
+import importlib
 import json
 import random
 from collections import defaultdict
@@ -16,17 +16,21 @@ import pytest
 import torch
 
 import model.data.corpus as corpus_mod
-from model.data.pretraining import IGNORE_INDEX, InstancePlan, MaskingVocab, PretrainingData, mask_tokens, truncate_seq_pair
-from model.data.finetune import ClassificationBatches, build_label_map, load_classification_data, split_holdout
-from model.data.corpus import detect_format, load_corpus, split_sentences
 from app.launcher.demo_data import AssetMissingError, find_asset, prepare_rotten_tomatoes, prepare_wiki
+from model.data.corpus import detect_format, load_corpus, split_sentences
+from model.data.finetune import ClassificationBatches, build_label_map, load_classification_data, split_holdout
+from model.data.pretraining import (
+    IGNORE_INDEX,
+    InstancePlan,
+    MaskingVocab,
+    PretrainingData,
+    mask_tokens,
+    truncate_seq_pair,
+)
 from model.tokenizer import BertTokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
-WORDS = (
-    "the a cat dog bird fish tree house river stone cloud rain sun moon star road car boat train plane "
-    "red blue green small big old new fast slow happy walk run jump sing read write play look talk"
-).split()
+WORDS = ["the", "a", "cat", "dog", "bird", "fish", "tree", "house", "river", "stone", "cloud", "rain", "sun", "moon", "star", "road", "car", "boat", "train", "plane", "red", "blue", "green", "small", "big", "old", "new", "fast", "slow", "happy", "walk", "run", "jump", "sing", "read", "write", "play", "look", "talk"]
 PIECES = ["##s", "##ing", "##ed", "##er", "##ly"]
 VOCAB = SPECIALS + [".", ","] + WORDS + PIECES + [w + "s" for w in WORDS[:10]]
 

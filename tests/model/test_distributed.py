@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from model.config import BertConfig
-from model.modeling import BertForSequenceClassification
 from model.distributed import Dist, label_counts, loss_weights, rank_rows, rank_seed
+from model.modeling import BertForSequenceClassification
 from tests.conftest import tiny_config_dict
 from tests.model.conftest import tiny_model
 from tests.model.test_trainer import fixed_pretraining_batch

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from model.config import BertConfig
-from model.modeling import BertForSequenceClassification
 from model.evaluation import evaluate
+from model.modeling import BertForSequenceClassification, SequenceClassifierOutput
 from model.trainer import EvaluationStopped
-from model.modeling import SequenceClassifierOutput
 from tests.conftest import tiny_config_dict
 from tests.model.conftest import FixedBatches, pretraining_data, tiny_model
 

@@ -10,14 +10,19 @@ import json
 import pytest
 import torch
 
-from model.config import BertConfig
-from model.modeling import BertForPreTraining
-from model.tokenizer import BertTokenizer
 from model.callbacks import Callback
 from model.checkpoint import list_checkpoints
+from model.config import BertConfig
 from model.errors import UserError
-from model.modeling import BertForQuestionAnswering, BertForTokenClassification, class_for_dir, load_model
+from model.modeling import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForTokenClassification,
+    class_for_dir,
+    load_model,
+)
 from model.runs import FinetuneSpec, evaluate_model, run_finetuning
+from model.tokenizer import BertTokenizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict
 
 NER = [

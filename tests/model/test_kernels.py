@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.config import BertConfig
-from model.modeling import BertForMaskedLM, BertModel
 from model import kernels, onednn
+from model.config import BertConfig
 from model.kernels import CpuInfo
+from model.modeling import BertForMaskedLM, BertModel
 from model.precision import apply_precision
 from tests.conftest import tiny_config_dict
 from tests.cpu_kinds import AVX2_BF16_ERROR, RaisingOnBf16, pretend_avx2

@@ -15,10 +15,9 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from model import kernels, modeling
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel, load_model
-from model import modeling
-from model import kernels
 from model.weights import heads_in_dir
 from tests.conftest import tiny_config_dict
 

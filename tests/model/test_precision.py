@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from model import modeling, onednn
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForSequenceClassification, BertModel
-from model import modeling, onednn
 from model.precision import Int8Linear, apply_precision, autocast, precision_of, recommended_precision
 from tests.conftest import tiny_config_dict
 

@@ -10,9 +10,17 @@ import json
 
 import pytest
 
+from model.data.question_answering import (
+    QABatches,
+    QAExample,
+    answer_tokens,
+    cut_questions,
+    default_doc_stride,
+    encode_squad,
+    load_qa_data,
+    read_squad,
+)
 from model.tokenizer import BertTokenizer
-from model.data.question_answering import (QABatches, QAExample, answer_tokens, cut_questions, default_doc_stride,
-                                           encode_squad, load_qa_data, read_squad)
 
 CONTEXT = "the cat sat on the mat . the dog eats bread"
 SQUAD = {"version": "v2.0", "data": [{"title": "pets", "paragraphs": [

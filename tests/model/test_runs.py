@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.modeling import BertForPreTraining, load_model
-from model.tokenizer import BertTokenizer
 from model.data.corpus import load_corpus
+from model.modeling import BertForPreTraining, load_model
 from model.runs import PretrainSpec, _pretraining_model, holdout_documents, run_pretraining
+from model.tokenizer import BertTokenizer
 from model.trainer import TrainConfig
 from model.weights import load_state_dict, normalize_state_dict
 from tests.conftest import TINY_VOCAB, make_training_files

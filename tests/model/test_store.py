@@ -12,12 +12,11 @@ import pytest
 import torch
 
 import model.data.pretraining as pretraining
-from model.callbacks import Callback
-from model.data.pretraining import InstancePlan, PretrainingData
-from model.data.store import TokenStore, is_store, open_store
-from model.data.corpus import load_corpus, tokenizer_fingerprint
 from bench.plan_bench import sequential_plan
-from model.data.pretraining import _chunk_starts, plan_instances
+from model.callbacks import Callback
+from model.data.corpus import load_corpus, tokenizer_fingerprint
+from model.data.pretraining import InstancePlan, PretrainingData, _chunk_starts, plan_instances
+from model.data.store import TokenStore, is_store, open_store
 from model.runs import PretrainSpec, evaluate_model, holdout_documents, run_pretraining
 from model.tokenizer import BertTokenizer
 from model.trainer import TrainConfig

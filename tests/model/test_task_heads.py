@@ -10,10 +10,18 @@ import torch
 import transformers
 
 from model.config import BertConfig
-from model.modeling import BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertModel, load_model
-from model.tokenizer import BertTokenizer
 from model.model_dir import summarize
-from model.modeling import class_for_dir, class_for_heads
+from model.modeling import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    class_for_dir,
+    class_for_heads,
+    load_model,
+)
+from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 from tests.conftest import tiny_config_dict
 from tests.model.test_modeling import hf_model, padded_batch

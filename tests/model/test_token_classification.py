@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from model.tokenizer import BertTokenizer
 from model.data.token_classification import (
     TaggedSentence,
     build_tag_map,
@@ -17,6 +16,7 @@ from model.data.token_classification import (
     load_token_classification_data,
     read_tagged,
 )
+from model.tokenizer import BertTokenizer
 
 IGNORE = -100
 IOB2 = "(IOB2: an entity opens with B-; convert IOB1 files first)"

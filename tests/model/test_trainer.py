@@ -13,9 +13,9 @@ import pytest
 import torch
 import transformers
 
+from model.callbacks import Callback
 from model.checkpoint import list_checkpoints
 from model.evaluation import evaluate
-from model.callbacks import Callback
 from model.trainer import (
     EvaluationStopped,
     TrainConfig,

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REDIS_URL, finetune_request, flush_redis, read_metrics, read_record, start_worker, wait_for, wait_state
+from tests.helpers import (
+    REDIS_URL,
+    finetune_request,
+    flush_redis,
+    read_metrics,
+    read_record,
+    start_worker,
+    wait_for,
+    wait_state,
+)
 from tests.worker.test_recovery import stack, submit, train_steps
 
 pytestmark = pytest.mark.slow

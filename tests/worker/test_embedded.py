@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import ROOT, finetune_request, labelled_csv, make_data_dir, start_worker, wait_for
 from tests.app.test_jobs_api import make_client
+from tests.helpers import ROOT, finetune_request, labelled_csv, make_data_dir, start_worker, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from worker.recipes import finetune_spec
-
 from tests.helpers import make_data_dir, squad_json, write_dataset
+from worker.recipes import finetune_spec
 
 
 def record(**params):

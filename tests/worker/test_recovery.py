@@ -17,8 +17,20 @@ from celery import Celery
 
 from model.checkpoint import checkpoint_step, is_complete, latest_checkpoint
 from model.files import read_jsonl
-
-from tests.helpers import REDIS_URL, RedisServer, finetune_request, flush_redis, labelled_csv, make_data_dir, read_metrics, read_record, start_server, start_worker, wait_for, wait_state
+from tests.helpers import (
+    REDIS_URL,
+    RedisServer,
+    finetune_request,
+    flush_redis,
+    labelled_csv,
+    make_data_dir,
+    read_metrics,
+    read_record,
+    start_server,
+    start_worker,
+    wait_for,
+    wait_state,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,11 @@ import torch
 from model.checkpoint import is_complete, load_checkpoint
 from model.datadir import JobStore
 from model.modeling import BertForSequenceClassification, load_model
+from tests.helpers import REDIS_URL, LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
 from worker.celery_app import make_celery
 from worker.recovery import lost_reason, note_lost_attempt, sweep
 from worker.settings import WorkerSettings
 from worker.training import run_job
-from tests.helpers import REDIS_URL
-
-from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from app.serving import pipelines
 from app.api.deps import ServiceDep
-from app.schemas import ClassifyRequest, ClassifyResponse, body_examples
 from app.api.routes.fill_mask import INFERENCE_ERRORS
+from app.schemas import ClassifyRequest, ClassifyResponse, body_examples
+from app.serving import pipelines
 
 router = APIRouter(tags=["inference"])
 ClassifyBody = Annotated[ClassifyRequest, Body(openapi_examples=body_examples(ClassifyRequest))]

@@ -5,12 +5,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from model.datadir import NAME_PATTERN, read_meta
-
-from app.jobs import uploads
 from app.api.deps import JobServiceDep, require_admin_key
 from app.errors import ServiceError, responses
+from app.jobs import uploads
 from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
+from model.datadir import NAME_PATTERN, read_meta
 
 router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
 

@@ -4,10 +4,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from app.serving import pipelines
 from app.api.deps import ServiceDep
-from app.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, body_examples
 from app.api.routes.fill_mask import INFERENCE_ERRORS
+from app.schemas import (
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+    body_examples,
+)
+from app.serving import pipelines
 
 router = APIRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]

@@ -4,10 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from app.serving import pipelines
 from app.api.deps import ServiceDep
 from app.errors import responses
 from app.schemas import FILL_MASK_EXAMPLE, FillMaskRequest, FillMaskResponse, body_examples
+from app.serving import pipelines
 
 router = APIRouter(tags=["inference"])
 FillMaskBody = Annotated[FillMaskRequest, Body(openapi_examples=body_examples(FillMaskRequest))]

@@ -10,12 +10,19 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from model.datadir import JOB_ID_PATTERN, JobNotFound
-
 from app.api.deps import JobServiceDep, require_admin_key
 from app.errors import responses
 from app.jobs.events import job_events
-from app.schemas import CREATE_EXAMPLE, CreateJobRequest, CreateJobResponse, JobMetricsResponse, JobsResponse, JobState, JobStatus
+from app.schemas import (
+    CREATE_EXAMPLE,
+    CreateJobRequest,
+    CreateJobResponse,
+    JobMetricsResponse,
+    JobsResponse,
+    JobState,
+    JobStatus,
+)
+from model.datadir import JOB_ID_PATTERN, JobNotFound
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin_key)])
 

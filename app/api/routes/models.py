@@ -5,13 +5,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from model import kernels
-from model.datadir import NAME_PATTERN
-
 from app.api.deps import ServiceDep
 from app.errors import responses
 from app.schemas import ModelInfo, ModelsResponse
 from app.serving.model_registry import StoredModel
+from model import kernels
+from model.datadir import NAME_PATTERN
 
 router = APIRouter(tags=["models"])
 

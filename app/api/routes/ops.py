@@ -9,11 +9,10 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from model import kernels
-
 from app.api.deps import ServiceDep, require_api_key
 from app.errors import ServiceError, responses
 from app.schemas import HealthResponse, InfoResponse, ReadyResponse
+from model import kernels
 
 router = APIRouter(tags=["operations"])
 protected = APIRouter(tags=["operations"], dependencies=[Depends(require_api_key)])

@@ -5,10 +5,22 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
-from app.serving import tei_compat
 from app.api.deps import ServiceDep
-from app.schemas import EmbedRequest, EmbedResponse, PredictRequest, PredictResponse, RerankRequest, RerankResponse, SimilarityRequest, SimilarityResponse, TokenizeRequest, TokenizeResponse, body_examples
 from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
+from app.schemas import (
+    EmbedRequest,
+    EmbedResponse,
+    PredictRequest,
+    PredictResponse,
+    RerankRequest,
+    RerankResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    body_examples,
+)
+from app.serving import tei_compat
 
 router = APIRouter(tags=["text-embeddings-inference"])
 EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]

@@ -6,12 +6,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from app.serving import qa_pipeline
-
-from app.serving import ner_pipeline
 from app.api.deps import ServiceDep
-from app.schemas import QuestionAnsweringRequest, QuestionAnsweringResponse, TokenClassificationRequest, TokenClassificationResponse, body_examples
 from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
+from app.schemas import (
+    QuestionAnsweringRequest,
+    QuestionAnsweringResponse,
+    TokenClassificationRequest,
+    TokenClassificationResponse,
+    body_examples,
+)
+from app.serving import ner_pipeline, qa_pipeline
 
 router = APIRouter(tags=["inference"])
 TokenClassificationBody = Annotated[TokenClassificationRequest,

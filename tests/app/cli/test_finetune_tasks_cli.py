@@ -12,9 +12,9 @@ from model.modeling import BertForQuestionAnswering, BertForTokenClassification,
 from tests.model.test_finetune_tasks import files  # noqa: F401  (the fixture: a tiny base model, NER and SQuAD files)
 
 
-def finetune(files, out, task, data, *extra):
-    return main(["finetune", "--task", task, "--train", str(files / data), "--eval", str(files / data),
-                 "--from", str(files / "base"), "--out", str(out), "--max-steps", "40", "--lr", "3e-3",
+def finetune(fixture_dir, out, task, data, *extra):
+    return main(["finetune", "--task", task, "--train", str(fixture_dir / data), "--eval", str(fixture_dir / data),
+                 "--from", str(fixture_dir / "base"), "--out", str(out), "--max-steps", "40", "--lr", "3e-3",
                  "--warmup", "0", "--batch-size", "6", "--max-seq-len", "32", "--threads", "1", *map(str, extra)])
 
 

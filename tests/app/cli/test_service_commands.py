@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from model.datadir import JobStore
-
 from tests.helpers import REDIS_URL, ROOT, child_env, flush_redis
 
 pytestmark = pytest.mark.slow

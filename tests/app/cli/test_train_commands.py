@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from app.cli import main
-from model.modeling import BertForPreTraining, BertForSequenceClassification, load_model
-from model.tokenizer import BertTokenizer
 from model.checkpoint import list_checkpoints
 from model.data.corpus import load_corpus
+from model.modeling import BertForPreTraining, BertForSequenceClassification, load_model
+from model.tokenizer import BertTokenizer
 from tests.conftest import TINY_VOCAB, make_training_files
 from tests.model.store_helpers import write_store
 
