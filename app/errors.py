@@ -22,8 +22,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
 
-ErrorType = Literal["validation", "overloaded", "not_found", "method_not_allowed", "conflict", "unavailable",
-                    "unauthorized", "too_large", "insufficient_storage", "internal"]
+ErrorType = Literal[
+    "validation",
+    "overloaded",
+    "not_found",
+    "method_not_allowed",
+    "conflict",
+    "unavailable",
+    "unauthorized",
+    "too_large",
+    "insufficient_storage",
+    "internal",
+]
 
 STATUS: dict[str, int] = {
     "validation": 422,
@@ -80,8 +90,9 @@ def error_body(error_type: str, message: str, **details) -> dict:
     return {"error": message, "error_type": error_type, **details}
 
 
-def error_response(error_type: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None,
-                   **details) -> JSONResponse:
+def error_response(
+    error_type: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None, **details
+) -> JSONResponse:
     status = status or STATUS[error_type]
     headers = dict(headers or {})
     if error_type == "unauthorized":

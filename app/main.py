@@ -35,9 +35,23 @@ files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 """
 
 # Routes whose work is a forward pass or tokenising: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
-INFERENCE_PATHS = frozenset({"/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify",
-                             "/token-classification", "/question-answering",
-                             "/embed", "/predict", "/rerank", "/similarity", "/tokenize", "/"})  # TEI's
+INFERENCE_PATHS = frozenset(
+    {
+        "/fill-mask",
+        "/nsp",
+        "/embeddings",
+        "/v1/embeddings",
+        "/classify",
+        "/token-classification",
+        "/question-answering",
+        "/embed",
+        "/predict",
+        "/rerank",
+        "/similarity",
+        "/tokenize",
+        "/",
+    }
+)  # TEI's
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -53,19 +67,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await service.stop()
 
-    app = FastAPI(title="bertserve", version=version(), description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None,  # /docs, /openapi.json: routes/ops.py
-                  redirect_slashes=False)
+    app = FastAPI(
+        title="bertserve",
+        version=version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # /docs, /openapi.json: routes/ops.py
+        redirect_slashes=False,
+    )
     app.state.settings = settings
     app.state.service = service
     install_handlers(app)
     keyed = [Depends(require_api_key)]
-    routers = [(ops.router, []), (ops.metrics_router, [] if settings.metrics_public else keyed), (ops.protected, []),
-               *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks,
-                                                            tei, models)),
-               # their routers depend on require_admin_key (app/api/deps.py)
-               *((module.router, []) for module in (jobs, datasets)),
-               (console.router, [])]  # open: static files that carry no data
+    routers = [
+        (ops.router, []),
+        (ops.metrics_router, [] if settings.metrics_public else keyed),
+        (ops.protected, []),
+        *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models)),
+        # their routers depend on require_admin_key (app/api/deps.py)
+        *((module.router, []) for module in (jobs, datasets)),
+        (console.router, []),
+    ]  # open: static files that carry no data
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
     app.state.routes = [route for router, _ in routers for route in router.routes]  # for 405's Allow (errors.py)

@@ -25,19 +25,36 @@ class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("bert_requests_total", "HTTP requests answered.",
-                                ["route", "method", "status"], registry=r)
-        self.latency = Histogram("bert_request_duration_seconds", "Time to answer an HTTP request.",
-                                 ["route", "method", "status"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("bert_batch_size", "Sequences per forward pass.",
-                                    ["model", "task"], buckets=BATCH_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("bert_batch_padded_tokens", "Padded tokens (rows x longest) per forward pass.",
-                                      ["model", "task"], buckets=TOKEN_BUCKETS, registry=r)
-        self.tokens = Counter("bert_tokens_processed_total", "Real (unpadded) tokens run through a model.",
-                              ["model", "task"], registry=r)
-        self.forward_seconds = Histogram("bert_forward_duration_seconds", "Time of one forward pass (with its "
-                                         "post-processing on the device).", ["model", "task"],
-                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "bert_requests_total", "HTTP requests answered.", ["route", "method", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "bert_request_duration_seconds",
+            "Time to answer an HTTP request.",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "bert_batch_size", "Sequences per forward pass.", ["model", "task"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "bert_batch_padded_tokens",
+            "Padded tokens (rows x longest) per forward pass.",
+            ["model", "task"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "bert_tokens_processed_total", "Real (unpadded) tokens run through a model.", ["model", "task"], registry=r
+        )
+        self.forward_seconds = Histogram(
+            "bert_forward_duration_seconds",
+            "Time of one forward pass (with its post-processing on the device).",
+            ["model", "task"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("bert_queue_depth", "Requests waiting for the inference thread.", registry=r)
         self.models_loaded = Gauge("bert_models_loaded", "Models in memory.", registry=r)
 

@@ -31,11 +31,16 @@ from model.tokenizer import lone_surrogate_at
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-ModelName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64,
-                                 description="A model in DATA_DIR/models/; omitted = the default model.",
-                                 examples=["bert-tiny"])]
-Truncate = Annotated[bool, Field(description="Cut inputs longer than the model's maximum instead of "
-                                             "answering 422.")]
+ModelName = Annotated[
+    str,
+    Field(
+        pattern=NAME_PATTERN,
+        max_length=64,
+        description="A model in DATA_DIR/models/; omitted = the default model.",
+        examples=["bert-tiny"],
+    ),
+]
+Truncate = Annotated[bool, Field(description="Cut inputs longer than the model's maximum instead of answering 422.")]
 
 
 class Strict(BaseModel):
@@ -96,20 +101,29 @@ class TextPair(Strict):
 
 # -- fill-mask ---------------------------------------------------------------------------------
 
+
 class FillMaskRequest(Strict):
     """Texts with one or more [MASK] tokens (at most BERT_MAX_INPUTS texts)."""
 
     model_config = examples(
         one_mask={"inputs": "paris is the [MASK] of france.", "top_k": 3},
-        several_inputs_and_targets={"inputs": ["the [MASK] sat on the mat.", "a [MASK] of [MASK]"], "top_k": 2,
-                                    "targets": ["cat", "dog"]},
+        several_inputs_and_targets={
+            "inputs": ["the [MASK] sat on the mat.", "a [MASK] of [MASK]"],
+            "top_k": 2,
+            "targets": ["cat", "dog"],
+        },
     )
     inputs: str | Annotated[list[str], Field(min_length=1)]
     top_k: Annotated[int, Field(ge=1, le=100, description="Candidates per [MASK].")] = 5
-    targets: Annotated[list[Annotated[str, Field(min_length=1, max_length=100)]] | None,
-                       Field(min_length=1, max_length=1000,
-                             description="Only score these tokens (a word outside the vocabulary "
-                                         "stands for its first WordPiece, as in transformers).")] = None
+    targets: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=100)]] | None,
+        Field(
+            min_length=1,
+            max_length=1000,
+            description="Only score these tokens (a word outside the vocabulary "
+            "stands for its first WordPiece, as in transformers).",
+        ),
+    ] = None
     model: ModelName | None = None
     truncate: Truncate = False
 
@@ -134,6 +148,7 @@ FILL_MASK_EXAMPLE = [
 
 # -- nsp ---------------------------------------------------------------------------------------
 
+
 class NspRequest(Strict):
     """Sentence pairs: does text_b follow text_a? (needs a model with the NSP head)."""
 
@@ -156,17 +171,22 @@ NspResponse = NspResult | list[NspResult]
 
 # -- embeddings --------------------------------------------------------------------------------
 
+
 class EmbeddingsRequest(Strict):
     """Texts to embed (at most BERT_MAX_INPUTS)."""
 
     model_config = examples(
         one_text={"inputs": "a sentence to embed", "pooling": "mean", "normalize": True},
-        several_texts_cls_pooling={"inputs": ["first sentence", "second sentence"], "pooling": "cls",
-                                   "normalize": False},
+        several_texts_cls_pooling={
+            "inputs": ["first sentence", "second sentence"],
+            "pooling": "cls",
+            "normalize": False,
+        },
     )
     inputs: str | Annotated[list[str], Field(min_length=1)]
-    pooling: Literal["mean", "cls"] = Field("mean", description="mean: average of the (unpadded) last "
-                                                                "hidden states; cls: the [CLS] vector.")
+    pooling: Literal["mean", "cls"] = Field(
+        "mean", description="mean: average of the (unpadded) last hidden states; cls: the [CLS] vector."
+    )
     normalize: bool = Field(True, description="Scale each vector to unit L2 norm.")
     model: ModelName | None = None
     truncate: Truncate = False
@@ -178,14 +198,18 @@ EmbeddingsResponse = list[float] | list[list[float]]
 class OpenAIEmbeddingsRequest(Strict):
     """OpenAI's embeddings request (mean pooling, normalised, as sentence-transformers models)."""
 
-    model_config = {**examples(openai_client={"input": ["first sentence", "second sentence"], "model": "bert-tiny"}),
-                    "extra": "ignore"}  # OpenAI clients send fields we do not use (module docstring)
+    model_config = {
+        **examples(openai_client={"input": ["first sentence", "second sentence"], "model": "bert-tiny"}),
+        "extra": "ignore",
+    }  # OpenAI clients send fields we do not use (module docstring)
     input: str | Annotated[list[str], Field(min_length=1)]
     model: ModelName | None = None
     encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: little-endian float32 bytes, as OpenAI's clients ask for by default.")
+        "float", description="base64: little-endian float32 bytes, as OpenAI's clients ask for by default."
+    )
     dimensions: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Must equal the model's hidden size if given (no truncated embeddings).")
+        None, description="Must equal the model's hidden size if given (no truncated embeddings)."
+    )
     user: str | None = None
 
 
@@ -210,10 +234,18 @@ class OpenAIEmbeddingsResponse(BaseModel):
 # -- classify ----------------------------------------------------------------------------------
 
 # How many labels' scores a classifier's answer holds per input (/classify, TEI's /predict).
-LabelTopK = Annotated[int | None, Field(ge=1, description=(
-    "Labels scored per input, best first. Default: every label of a model with at most "
-    f"BERT_MAX_LABEL_SCORES ({Settings.model_fields['max_label_scores'].default}) labels, else the best that many; "
-    "a larger top_k is a 422."))]
+LabelTopK = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        description=(
+            "Labels scored per input, best first. Default: every label of a model with at most "
+            f"BERT_MAX_LABEL_SCORES ({Settings.model_fields['max_label_scores'].default}) labels, else the best that many; "
+            "a larger top_k is a 422."
+        ),
+    ),
+]
+
 
 class ClassifyRequest(Strict):
     """Texts or text pairs for a fine-tuned classifier."""
@@ -231,9 +263,11 @@ class ClassifyRequest(Strict):
 class ClassifyResult(BaseModel):
     label: str = Field(description="The best label (config.id2label).")
     score: float = Field(description="Its score.")
-    scores: dict[str, float] = Field(description="The labels' scores: softmax over labels (sigmoid for a single or "
-                                                 "multi-label head, the raw value for regression); every label in "
-                                                 "id order, or the top_k best, best first.")
+    scores: dict[str, float] = Field(
+        description="The labels' scores: softmax over labels (sigmoid for a single or "
+        "multi-label head, the raw value for regression); every label in "
+        "id order, or the top_k best, best first."
+    )
 
 
 ClassifyResponse = ClassifyResult | list[ClassifyResult]
@@ -244,23 +278,33 @@ ClassifyResponse = ClassifyResult | list[ClassifyResult]
 # "question-answering" (QuestionAnsweringPipeline); app/serving/ner_pipeline.py and
 # app/serving/qa_pipeline.py say what is followed.
 
+
 class TokenClassificationRequest(Strict):
     """Texts for a token classifier (e.g. NER), answered as transformers' token-classification pipeline."""
 
     model_config = examples(
-        grouped={"inputs": "my name is wolfgang and i live in berlin", "model": "ner",
-                 "aggregation_strategy": "simple"},
+        grouped={
+            "inputs": "my name is wolfgang and i live in berlin",
+            "model": "ner",
+            "aggregation_strategy": "simple",
+        },
         per_token={"inputs": ["wolfgang lives in berlin", "sarah went to paris"], "model": "ner"},
     )
     inputs: str | Annotated[list[str], Field(min_length=1)]
     model: ModelName
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = Field(
-        "none", description="transformers' AggregationStrategy: none answers every token; simple groups adjacent "
-                            "tokens of one entity; first, average and max first make each word one label (its "
-                            "first token's, its tokens' mean scores', its best-scored token's), then group.")
+        "none",
+        description="transformers' AggregationStrategy: none answers every token; simple groups adjacent "
+        "tokens of one entity; first, average and max first make each word one label (its "
+        "first token's, its tokens' mean scores', its best-scored token's), then group.",
+    )
     ignore_labels: list[str] = Field(["O"], description="Labels left out of the answer.")
-    stride: int | None = Field(None, ge=0, description="Read a text longer than the model whole, in windows that "
-                                                       "share this many tokens (not with aggregation_strategy none).")
+    stride: int | None = Field(
+        None,
+        ge=0,
+        description="Read a text longer than the model whole, in windows that "
+        "share this many tokens (not with aggregation_strategy none).",
+    )
     truncate: Truncate = False
 
 
@@ -283,33 +327,46 @@ class QuestionAnsweringRequest(Strict):
 
     model_config = examples(
         one_question={"question": "where does sarah live ?", "context": "sarah lives in london .", "model": "qa"},
-        top_answers={"question": ["who went to paris ?"], "context": ["sarah went to paris ."], "model": "qa",
-                     "top_k": 2, "handle_impossible_answer": True},
+        top_answers={
+            "question": ["who went to paris ?"],
+            "context": ["sarah went to paris ."],
+            "model": "qa",
+            "top_k": 2,
+            "handle_impossible_answer": True,
+        },
     )
     question: str | Annotated[list[str], Field(min_length=1)]
     context: str | Annotated[list[str], Field(min_length=1)]
     model: ModelName
     top_k: int = Field(1, ge=1, le=100, description="How many answers per question, best first.")
     max_answer_len: int = Field(15, ge=1, le=512, description="The longest answer, in tokens.")
-    max_seq_len: int | None = Field(None, ge=8, description="Tokens per window, question included (default: "
-                                                            "the model's maximum, at most 384).")
-    doc_stride: int | None = Field(None, ge=0, description="Tokens of context that consecutive windows share "
-                                                           "(default: half max_seq_len, at most 128).")
-    handle_impossible_answer: bool = Field(False, description="Also offer the empty answer (score of [CLS]), for "
-                                                              "SQuAD 2.0-style models.")
+    max_seq_len: int | None = Field(
+        None, ge=8, description="Tokens per window, question included (default: the model's maximum, at most 384)."
+    )
+    doc_stride: int | None = Field(
+        None,
+        ge=0,
+        description="Tokens of context that consecutive windows share (default: half max_seq_len, at most 128).",
+    )
+    handle_impossible_answer: bool = Field(
+        False, description="Also offer the empty answer (score of [CLS]), for SQuAD 2.0-style models."
+    )
     align_to_words: bool = Field(True, description="Widen the answer to whole words.")
 
     @model_validator(mode="after")
     def _same_shape(self):
         if isinstance(self.question, str) != isinstance(self.context, str) or (
-                not isinstance(self.question, str) and len(self.question) != len(self.context)):
+            not isinstance(self.question, str) and len(self.question) != len(self.context)
+        ):
             raise _invalid("question and context must both be strings, or lists of the same length")
         return self
 
 
 class Answer(BaseModel):
-    score: float = Field(description="P(start) x P(end) within its window; for the empty answer, "
-                                      "P(start=[CLS]) x P(end=[CLS]), lowest over the windows.")
+    score: float = Field(
+        description="P(start) x P(end) within its window; for the empty answer, "
+        "P(start=[CLS]) x P(end=[CLS]), lowest over the windows."
+    )
     start: int = Field(description="Character offset of the answer in the context (0 for the empty answer).")
     end: int
     answer: str
@@ -321,24 +378,34 @@ QuestionAnsweringResponse = Answer | list[Answer] | list[Answer | list[Answer]]
 
 # -- models and operations ---------------------------------------------------------------------
 
+
 class ModelInfo(BaseModel):
     name: str
     architecture: str | None = Field(description="The class the weights load as, e.g. BertForPreTraining.")
-    heads: list[str] = Field(description="What it can serve beyond embeddings: mlm, nsp, classifier, "
-                                         "token_classifier, qa.")
+    heads: list[str] = Field(
+        description="What it can serve beyond embeddings: mlm, nsp, classifier, token_classifier, qa."
+    )
     labels: list[str] | None = Field(None, description="Classifier (or token classifier) labels, in id order.")
     num_parameters: int | None
     max_position_embeddings: int | None
     hidden_size: int | None
     default: bool
     loaded: bool
-    precision: str = Field(description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION; "
-                                       "auto shows as what it resolved to on this device).")
-    kernels: str | None = Field(None, description="Once loaded, the kernels it runs through on this machine: "
-                                                  "onednn-fp32, torch-fp32, onednn-bf16, bf16-emulated (...), "
-                                                  "int8-vnni, int8-emulated (...), cuda-fp32, cuda-bf16 (...).")
-    why: str | None = Field(None, description="Once loaded, why those kernels: what this CPU or GPU has, e.g. "
-                                              "\"cpu AVX2, no native bf16, no VNNI\", and what is emulated.")
+    precision: str = Field(
+        description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION; "
+        "auto shows as what it resolved to on this device)."
+    )
+    kernels: str | None = Field(
+        None,
+        description="Once loaded, the kernels it runs through on this machine: "
+        "onednn-fp32, torch-fp32, onednn-bf16, bf16-emulated (...), "
+        "int8-vnni, int8-emulated (...), cuda-fp32, cuda-bf16 (...).",
+    )
+    why: str | None = Field(
+        None,
+        description="Once loaded, why those kernels: what this CPU or GPU has, e.g. "
+        '"cpu AVX2, no native bf16, no VNNI", and what is emulated.',
+    )
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
 
 
@@ -360,8 +427,10 @@ class InfoResponse(BaseModel):
     name: str
     version: str
     device: str
-    cpu: str = Field(description="The processor and what torch reports it can do, e.g. "
-                                 "\"AMD EPYC: cpu AVX2, no native bf16, no VNNI\".")
+    cpu: str = Field(
+        description="The processor and what torch reports it can do, e.g. "
+        '"AMD EPYC: cpu AVX2, no native bf16, no VNNI".'
+    )
     torch: str
     python: str
     settings: dict
@@ -371,20 +440,41 @@ class InfoResponse(BaseModel):
 
 # POST /datasets is parsed by app/jobs/uploads.py as it streams in, so FastAPI never sees a body model;
 # this is its OpenAPI description.
-DATASET_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file"],
-    "properties": {
-        "file": {"type": "string", "format": "binary",
-                 "description": "corpus: .txt or .jsonl (a 'text' field); labelled: .csv, .tsv or .jsonl "
-                                "with 'text' and 'label' (and optionally 'text_pair'); token-labelled: CoNLL "
-                                "columns (.conll, .iob, .iob2, .bio, .txt, .tsv) or .jsonl with 'tokens' and "
-                                "'tags' (IOB2); qa: SQuAD v1.1/v2.0 .json"},
-        "name": {"type": "string", "pattern": NAME_PATTERN, "description": "Default: the file name's stem."},
-        "kind": {"type": "string", "enum": list(DATASET_KINDS),
-                 "description": "Default: from the extension, the first kind it can be (.txt: corpus; .tsv: "
-                                "labelled; .jsonl: token-labelled if rows have 'tokens' and 'tags', labelled "
-                                "if 'label', else corpus)."},
-    }}}}}}
+DATASET_UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "corpus: .txt or .jsonl (a 'text' field); labelled: .csv, .tsv or .jsonl "
+                            "with 'text' and 'label' (and optionally 'text_pair'); token-labelled: CoNLL "
+                            "columns (.conll, .iob, .iob2, .bio, .txt, .tsv) or .jsonl with 'tokens' and "
+                            "'tags' (IOB2); qa: SQuAD v1.1/v2.0 .json",
+                        },
+                        "name": {
+                            "type": "string",
+                            "pattern": NAME_PATTERN,
+                            "description": "Default: the file name's stem.",
+                        },
+                        "kind": {
+                            "type": "string",
+                            "enum": list(DATASET_KINDS),
+                            "description": "Default: from the extension, the first kind it can be (.txt: corpus; .tsv: "
+                            "labelled; .jsonl: token-labelled if rows have 'tokens' and 'tags', labelled "
+                            "if 'label', else corpus).",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
 
 DatasetKind = Literal["corpus", "labelled", "token-labelled", "qa"]
 assert set(DatasetKind.__args__) == set(DATASET_KINDS)
@@ -402,8 +492,11 @@ class DatasetInfo(BaseModel):
     documents: int | None = None
     sentences: int | None = None
     rows: int | None = None
-    num_labels: int | None = Field(None, description=f"Distinct labels (tags); `labels` and the counts list at "
-                                                     f"most {LISTED_LABELS} of them, the most frequent.")
+    num_labels: int | None = Field(
+        None,
+        description=f"Distinct labels (tags); `labels` and the counts list at "
+        f"most {LISTED_LABELS} of them, the most frequent.",
+    )
     labels: list[str] | None = None
     label_counts: dict[str, int] | None = None
     is_pair: bool | None = None
@@ -419,6 +512,7 @@ class DatasetsResponse(BaseModel):
 
 
 # -- training jobs: requests -------------------------------------------------------------------
+
 
 def _check_name(value: str) -> str:
     if not valid_name(value):
@@ -470,8 +564,12 @@ def _option_field(o: Option, kind: str) -> tuple[Any, Any]:
     if kind == "finetune" and o.by_task:
         description += f" Default: {format_default(o, kind)}."
         extra = {"x-task-defaults": {task: o.default_for(kind, task) for task in TASKS}}
-    return annotation, Field(o.default_for(kind), description=description, json_schema_extra=extra,
-                             **{k: v for k, v in constraints.items() if v is not None})
+    return annotation, Field(
+        o.default_for(kind),
+        description=description,
+        json_schema_extra=extra,
+        **{k: v for k, v in constraints.items() if v is not None},
+    )
 
 
 def _job_option_names(kind: str) -> list[str]:
@@ -479,20 +577,33 @@ def _job_option_names(kind: str) -> list[str]:
 
 
 # Job options both kinds share with the same default go on TrainParams; the others on each kind's class.
-_SHARED = [o.name for o in options_for("pretrain", job=True) if "finetune" in o.kinds and not o.by_task
-           and o.default_for("pretrain") == o.default_for("finetune") and o.bounds("pretrain") == o.bounds("finetune")]
+_SHARED = [
+    o.name
+    for o in options_for("pretrain", job=True)
+    if "finetune" in o.kinds
+    and not o.by_task
+    and o.default_for("pretrain") == o.default_for("finetune")
+    and o.bounds("pretrain") == o.bounds("finetune")
+]
 
 
 class _TrainParams(Strict):
     """Shared by both kinds. Bounds guard the service, not good practice: see docs/training.md for that."""
 
-    devices: int = Field(1, ge=1, le=64, description="Data-parallel processes on the worker's machine (one per "
-                                                       "GPU on CUDA), through torchrun; batch_size stays the "
-                                                       "global batch. At most BERT_JOB_MAX_DEVICES.")
+    devices: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Data-parallel processes on the worker's machine (one per "
+        "GPU on CUDA), through torchrun; batch_size stays the "
+        "global batch. At most BERT_JOB_MAX_DEVICES.",
+    )
     max_runtime: Duration | None = Field(
-        None, description="Training time allowed, summed over attempts: seconds, or a duration such as '90m', "
-                          "'12h', '1d12h'. Past it the job saves a checkpoint and fails with \"time limit\". "
-                          "At most BERT_JOB_MAX_RUNTIME, which is also the default.")
+        None,
+        description="Training time allowed, summed over attempts: seconds, or a duration such as '90m', "
+        "'12h', '1d12h'. Past it the job saves a checkpoint and fails with \"time limit\". "
+        "At most BERT_JOB_MAX_RUNTIME, which is also the default.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -509,10 +620,17 @@ class _TrainParams(Strict):
 
 # Only the parameters a request sets are stored with its job; the run gives the others the defaults shown,
 # the same `bert pretrain` / `bert finetune` give (model/options.py).
-_UNSET_DEFAULTS = ("Parameters left out take the defaults shown, the same as the `bert {}` command's (per task "
-                   "where a description says so).")
-TrainParams = create_model("TrainParams", __base__=_TrainParams, __module__=__name__, __doc__=_TrainParams.__doc__,
-                           **option_fields("pretrain", _SHARED))
+_UNSET_DEFAULTS = (
+    "Parameters left out take the defaults shown, the same as the `bert {}` command's (per task "
+    "where a description says so)."
+)
+TrainParams = create_model(
+    "TrainParams",
+    __base__=_TrainParams,
+    __module__=__name__,
+    __doc__=_TrainParams.__doc__,
+    **option_fields("pretrain", _SHARED),
+)
 
 FinetuneTask = Literal[TASKS]
 assert set(FinetuneTask.__args__) == set(KIND_OF_TASK)
@@ -530,19 +648,26 @@ class _FinetuneParams(TrainParams):
             return self
         room = self.max_seq_len - self.max_query_length - SPECIAL_TOKENS_IN_A_PAIR
         if room < 1:
-            raise _invalid(f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
-                           f"of max_query_length ({self.max_query_length}) and 3 special tokens")
+            raise _invalid(
+                f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
+                f"of max_query_length ({self.max_query_length}) and 3 special tokens"
+            )
         if self.doc_stride is not None and self.doc_stride >= room:
-            raise _invalid(f"doc_stride ({self.doc_stride}) must be less than the {room} context tokens a window "
-                           f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
-                           f"{self.max_query_length}")
+            raise _invalid(
+                f"doc_stride ({self.doc_stride}) must be less than the {room} context tokens a window "
+                f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
+                f"{self.max_query_length}"
+            )
         return self
 
 
-FinetuneParams = create_model("FinetuneParams", __base__=_FinetuneParams, __module__=__name__,
-                              __doc__=_UNSET_DEFAULTS.format("finetune"),
-                              **option_fields("finetune", [n for n in _job_option_names("finetune")
-                                                           if n not in _SHARED]))
+FinetuneParams = create_model(
+    "FinetuneParams",
+    __base__=_FinetuneParams,
+    __module__=__name__,
+    __doc__=_UNSET_DEFAULTS.format("finetune"),
+    **option_fields("finetune", [n for n in _job_option_names("finetune") if n not in _SHARED]),
+)
 
 
 class ModelSize(Strict):
@@ -557,22 +682,28 @@ class ModelSize(Strict):
     @model_validator(mode="after")
     def _heads_divide(self):
         if self.hidden_size % self.num_attention_heads:
-            raise _invalid(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
-                           f"({self.num_attention_heads})")
+            raise _invalid(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
         return self
 
 
 class _PretrainParams(TrainParams):
     config: ModelSize | None = Field(None, description="From scratch only: the model's size.")
-    vocab_size: int | None = Field(None, ge=32, le=200_000,
-                                   description="From scratch only: WordPiece vocabulary learnt from the corpus.")
+    vocab_size: int | None = Field(
+        None, ge=32, le=200_000, description="From scratch only: WordPiece vocabulary learnt from the corpus."
+    )
     lowercase: bool | None = Field(None, description="From scratch only: lowercase the vocabulary.")
 
 
-PretrainParams = create_model("PretrainParams", __base__=_PretrainParams, __module__=__name__,
-                              __doc__=_UNSET_DEFAULTS.format("pretrain"),
-                              **option_fields("pretrain", [n for n in _job_option_names("pretrain")
-                                                           if n not in _SHARED]))
+PretrainParams = create_model(
+    "PretrainParams",
+    __base__=_PretrainParams,
+    __module__=__name__,
+    __doc__=_UNSET_DEFAULTS.format("pretrain"),
+    **option_fields("pretrain", [n for n in _job_option_names("pretrain") if n not in _SHARED]),
+)
 
 
 class PretrainJobRequest(Strict):
@@ -593,8 +724,13 @@ class FinetuneJobRequest(Strict):
 
 CreateJobRequest = Annotated[PretrainJobRequest | FinetuneJobRequest, Field(discriminator="kind")]
 
-CREATE_EXAMPLE = {"kind": "finetune", "model_name": "reviews-clf", "base_model": "bert-tiny", "dataset": "reviews",
-                  "params": {"max_steps": 200, "batch_size": 16, "lr": 5e-5, "save_every": 50}}
+CREATE_EXAMPLE = {
+    "kind": "finetune",
+    "model_name": "reviews-clf",
+    "base_model": "bert-tiny",
+    "dataset": "reviews",
+    "params": {"max_steps": 200, "batch_size": 16, "lr": 5e-5, "save_every": 50},
+}
 
 
 # -- training jobs: responses ------------------------------------------------------------------
@@ -626,17 +762,20 @@ class JobStatus(BaseModel):
     tokens_per_s: float | None
     eta_s: float | None = Field(description="Seconds to go at the current pace (running jobs only).")
     epoch: float | None
-    rank_tokens_per_s: list[float] | None = Field(None, description="Tokens/s of each process, rank 0 first "
-                                                                     "(jobs with devices > 1).")
+    rank_tokens_per_s: list[float] | None = Field(
+        None, description="Tokens/s of each process, rank 0 first (jobs with devices > 1)."
+    )
     latest_checkpoint: str | None = Field(description="Relative to the job directory, e.g. checkpoints/step-200.")
     attempts: int = Field(description="Times a worker started the job (a worker death costs one).")
-    runtime_s: float | None = Field(description="Training time so far, summed over attempts (max_runtime "
-                                                "counts this).")
-    estimate: dict[str, Any] | None = Field(description="The size POST /jobs estimated (model/sizing.py): "
-                                                        "parameters and peak training memory.")
+    runtime_s: float | None = Field(description="Training time so far, summed over attempts (max_runtime counts this).")
+    estimate: dict[str, Any] | None = Field(
+        description="The size POST /jobs estimated (model/sizing.py): parameters and peak training memory."
+    )
     cancel_requested: bool
-    error: str | None = Field(description="Why the job failed; while it runs, why its last attempt was lost "
-                                          "(e.g. the worker process was killed).")
+    error: str | None = Field(
+        description="Why the job failed; while it runs, why its last attempt was lost "
+        "(e.g. the worker process was killed)."
+    )
     eval: dict[str, Any] | None = Field(description="The latest evaluation (fine-tuning).")
     result: dict[str, Any] | None = Field(description="Set on success: the published model and final numbers.")
     created_at: str
@@ -657,17 +796,45 @@ class JobStatus(BaseModel):
         running = record["state"] == "running"
         step, total_steps = steps_of(record)
         return cls(
-            **{k: record.get(k) for k in ("id", "kind", "state", "model_name", "base_model", "dataset", "params",
-                                          "attempts", "runtime_s", "estimate", "error", "eval", "result",
-                                          "created_at", "enqueued_at",
-                                          "started_at", "finished_at", "updated_at", "worker", "latest_checkpoint")},
-            cancel_requested=bool(record.get("cancel_requested")), events=record.get("events") or [],
+            **{
+                k: record.get(k)
+                for k in (
+                    "id",
+                    "kind",
+                    "state",
+                    "model_name",
+                    "base_model",
+                    "dataset",
+                    "params",
+                    "attempts",
+                    "runtime_s",
+                    "estimate",
+                    "error",
+                    "eval",
+                    "result",
+                    "created_at",
+                    "enqueued_at",
+                    "started_at",
+                    "finished_at",
+                    "updated_at",
+                    "worker",
+                    "latest_checkpoint",
+                )
+            },
+            cancel_requested=bool(record.get("cancel_requested")),
+            events=record.get("events") or [],
             heartbeat_at=record.get("heartbeat_at") if running else None,
-            step=step, total_steps=total_steps,
-            loss=progress.get("loss"), lr=progress.get("lr"), tokens_per_s=progress.get("tokens_per_s"),
-            eta_s=progress.get("eta_s") if running else None, epoch=progress.get("epoch"),
+            step=step,
+            total_steps=total_steps,
+            loss=progress.get("loss"),
+            lr=progress.get("lr"),
+            tokens_per_s=progress.get("tokens_per_s"),
+            eta_s=progress.get("eta_s") if running else None,
+            epoch=progress.get("epoch"),
             rank_tokens_per_s=progress.get("rank_tokens_per_s"),
-            status_url=f"/jobs/{record['id']}", metrics_url=f"/jobs/{record['id']}/metrics")
+            status_url=f"/jobs/{record['id']}",
+            metrics_url=f"/jobs/{record['id']}/metrics",
+        )
 
 
 class JobsResponse(BaseModel):
@@ -687,21 +854,29 @@ class JobMetricsResponse(BaseModel):
 # `model` is ours (TEI serves one model); omitted, BERT_DEFAULT_MODEL (/embed, /similarity, /tokenize),
 # BERT_PREDICT_MODEL (/predict) or BERT_RERANK_MODEL (/rerank) serves the request.
 
-TeiTruncate = Annotated[bool | None, Field(description="Cut inputs longer than the model's maximum instead of "
-                                                       "answering 422 (null: false).")]
+TeiTruncate = Annotated[
+    bool | None, Field(description="Cut inputs longer than the model's maximum instead of answering 422 (null: false).")
+]
 # TEI's enum deserialises as "Left" / "Right" (what huggingface_hub sends); its docs write it lower-case.
-TruncationDirection = Annotated[Literal["Left", "Right", "left", "right"],
-                                Field(description="Which end of an input truncation cuts.")]
-PromptName = Annotated[str | None, Field(description="TEI's sentence-transformers prompt; no model here has "
-                                                     "prompts, so only null is accepted.")]
+TruncationDirection = Annotated[
+    Literal["Left", "Right", "left", "right"], Field(description="Which end of an input truncation cuts.")
+]
+PromptName = Annotated[
+    str | None,
+    Field(description="TEI's sentence-transformers prompt; no model here has prompts, so only null is accepted."),
+]
 
 
 class EmbedRequest(Strict):
     """TEI's POST /embed: texts to embed (at most BERT_MAX_INPUTS), mean-pooled."""
 
-    model_config = {**examples(one_text={"inputs": "What is Deep Learning?"},
-                               several_texts={"inputs": ["first sentence", "second sentence"],
-                                              "normalize": False}), "extra": "ignore"}
+    model_config = {
+        **examples(
+            one_text={"inputs": "What is Deep Learning?"},
+            several_texts={"inputs": ["first sentence", "second sentence"], "normalize": False},
+        ),
+        "extra": "ignore",
+    }
     inputs: str | Annotated[list[str], Field(min_length=1)]
     truncate: TeiTruncate = None
     truncation_direction: TruncationDirection = "Right"
@@ -719,15 +894,20 @@ PredictSequence = Annotated[list[str], Field(min_length=1, max_length=2)]
 class PredictRequest(Strict):
     """TEI's POST /predict: a text, a pair ["a", "b"], or a batch [["a"], ["a", "b"], ...] for a classifier."""
 
-    model_config = {**examples(one_text={"inputs": "I like you. I love you"},
-                               a_pair={"inputs": ["A man is eating.", "Someone eats."]},
-                               a_batch={"inputs": [["I like you."], ["A man is eating.", "Someone eats."]],
-                                        "raw_scores": True}), "extra": "ignore"}
+    model_config = {
+        **examples(
+            one_text={"inputs": "I like you. I love you"},
+            a_pair={"inputs": ["A man is eating.", "Someone eats."]},
+            a_batch={"inputs": [["I like you."], ["A man is eating.", "Someone eats."]], "raw_scores": True},
+        ),
+        "extra": "ignore",
+    }
     inputs: str | PredictSequence | Annotated[list[PredictSequence], Field(min_length=1)]
     truncate: TeiTruncate = None
     truncation_direction: TruncationDirection = "Right"
-    raw_scores: bool = Field(False, description="Logits as they are; else softmax over the labels (sigmoid for "
-                                                "one label), as TEI.")
+    raw_scores: bool = Field(
+        False, description="Logits as they are; else softmax over the labels (sigmoid for one label), as TEI."
+    )
     top_k: LabelTopK = None
     model: ModelName | None = None
 
@@ -744,10 +924,16 @@ PredictResponse = list[Prediction] | list[list[Prediction]]
 class RerankRequest(Strict):
     """TEI's POST /rerank: texts ranked by a cross-encoder's relevance to the query (at most BERT_MAX_INPUTS)."""
 
-    model_config = {**examples(rank_texts={"query": "What is Deep Learning?",
-                                           "texts": ["Deep Learning is a kind of machine learning.",
-                                                     "Paris is the capital of France."],
-                                           "return_text": True}), "extra": "ignore"}
+    model_config = {
+        **examples(
+            rank_texts={
+                "query": "What is Deep Learning?",
+                "texts": ["Deep Learning is a kind of machine learning.", "Paris is the capital of France."],
+                "return_text": True,
+            }
+        ),
+        "extra": "ignore",
+    }
     query: str
     texts: Annotated[list[str], Field(min_length=1)]
     truncate: TeiTruncate = None
@@ -769,9 +955,13 @@ RerankResponse = list[Rank]  # best first
 class TokenizeRequest(Strict):
     """TEI's POST /tokenize: the model's tokens of each text, with character offsets."""
 
-    model_config = {**examples(one_text={"inputs": "test"},
-                               no_special_tokens={"inputs": ["first text", "second"], "add_special_tokens": False}),
-                    "extra": "ignore"}
+    model_config = {
+        **examples(
+            one_text={"inputs": "test"},
+            no_special_tokens={"inputs": ["first text", "second"], "add_special_tokens": False},
+        ),
+        "extra": "ignore",
+    }
     inputs: str | Annotated[list[str], Field(min_length=1)]
     add_special_tokens: bool = True
     prompt_name: PromptName = None
@@ -806,9 +996,17 @@ class SimilarityRequest(Strict):
     """TEI's POST /similarity (huggingface_hub's sentence_similarity): the cosine similarity of the
     source sentence's embedding with each sentence's (all together at most BERT_MAX_INPUTS texts)."""
 
-    model_config = {**examples(compare={"inputs": {"source_sentence": "What is Deep Learning?",
-                                                   "sentences": ["What is Machine Learning?", "Paris is in France."]}}),
-                    "extra": "ignore"}
+    model_config = {
+        **examples(
+            compare={
+                "inputs": {
+                    "source_sentence": "What is Deep Learning?",
+                    "sentences": ["What is Machine Learning?", "Paris is in France."],
+                }
+            }
+        ),
+        "extra": "ignore",
+    }
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
     model: ModelName | None = None

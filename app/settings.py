@@ -23,127 +23,280 @@ Precision = Literal[("auto", *PRECISIONS)]  # auto: recommended_precision of the
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(Path("./data"), description=(
-        "Models in `DATA_DIR/models/<name>/` (Hugging Face layout), datasets in `datasets/`, jobs in `jobs/`. "
-        "Shared with the workers."))
-    default_model: str | None = Field(None, description=(
-        "Model for requests that name none. Unset: the only model in the store, if there is exactly one. "
-        "`bert up` sets `minilm`."))
-    default_mlm_model: str | None = Field(None, description=(
-        "Model for `/fill-mask` and `/nsp` requests that name none. Unset: `BERT_DEFAULT_MODEL`. "
-        "`bert up` sets `wiki-mlm`, the bootstrap job's model."))
-    rerank_model: str | None = Field(None, description=(
-        "Model for `/rerank` requests that name none (TEI clients never do): a one-label sequence classifier, "
-        "a cross-encoder. Unset: `BERT_DEFAULT_MODEL`."))
-    predict_model: str | None = Field(None, description=(
-        "Model for `/predict` requests that name none: a sequence classifier. Unset: `BERT_DEFAULT_MODEL`."))
-    api_key: SecretStr | None = Field(None, description=(
-        "When set, every route except `/health`, `/ready` and the console's static files (and `/metrics` with "
-        "`BERT_METRICS_PUBLIC`) needs `Authorization: Bearer <key>`; 401 otherwise, decided before the body is "
-        "read. Surrounding whitespace is dropped; blank is no key. Beyond loopback it must be at least 16 "
-        "characters (`bert serve` exits with code 2)."))
-    metrics_public: bool = Field(False, description=(
-        "Serve `/metrics` without the API key (a Prometheus scraper on a trusted network)."))
-    load: Literal["startup", "lazy"] = Field("startup", description=(
-        "`startup`: load and warm up every stored model in the background at start; `/ready` turns 200 when "
-        "the default is warm. `lazy`: load each model on first use."))
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=(
-        "`auto` (CUDA when torch sees a GPU), `cpu`, `cuda` or `cuda:N`. The device decides what "
-        "`BERT_PRECISION=auto` means."))
-    precision: Precision = Field("auto", description=(
-        "Inference precision of every model, applied to its weights once at load: `auto` (bf16 on a CUDA GPU "
-        "with native bf16, else fp32, so fp32 on every CPU), `fp32`, `bf16` or `int8` (the encoder's linear "
-        "layers; CPU only). On a CPU without native bf16 (or VNNI) those two run emulated, slower than fp32."))
-    model_precision: dict[str, Precision] = Field(default_factory=dict, description=(
-        "Per-model overrides as JSON, e.g. `{\"minilm\": \"int8\", \"wiki-mlm\": \"bf16\"}`; `auto` is allowed "
-        "too. `GET /models` shows each model's precision, `auto` resolved."))
-    max_batch_tokens: int = Field(4096, ge=1, description=(
-        "Padded tokens (rows x longest row) in one forward pass. It bounds activation memory, and how long a "
-        "small request can wait behind a large one (one pass). On a GPU a larger budget may batch better."))
+    data_dir: Path = Field(
+        Path("./data"),
+        description=(
+            "Models in `DATA_DIR/models/<name>/` (Hugging Face layout), datasets in `datasets/`, jobs in `jobs/`. "
+            "Shared with the workers."
+        ),
+    )
+    default_model: str | None = Field(
+        None,
+        description=(
+            "Model for requests that name none. Unset: the only model in the store, if there is exactly one. "
+            "`bert up` sets `minilm`."
+        ),
+    )
+    default_mlm_model: str | None = Field(
+        None,
+        description=(
+            "Model for `/fill-mask` and `/nsp` requests that name none. Unset: `BERT_DEFAULT_MODEL`. "
+            "`bert up` sets `wiki-mlm`, the bootstrap job's model."
+        ),
+    )
+    rerank_model: str | None = Field(
+        None,
+        description=(
+            "Model for `/rerank` requests that name none (TEI clients never do): a one-label sequence classifier, "
+            "a cross-encoder. Unset: `BERT_DEFAULT_MODEL`."
+        ),
+    )
+    predict_model: str | None = Field(
+        None,
+        description=(
+            "Model for `/predict` requests that name none: a sequence classifier. Unset: `BERT_DEFAULT_MODEL`."
+        ),
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description=(
+            "When set, every route except `/health`, `/ready` and the console's static files (and `/metrics` with "
+            "`BERT_METRICS_PUBLIC`) needs `Authorization: Bearer <key>`; 401 otherwise, decided before the body is "
+            "read. Surrounding whitespace is dropped; blank is no key. Beyond loopback it must be at least 16 "
+            "characters (`bert serve` exits with code 2)."
+        ),
+    )
+    metrics_public: bool = Field(
+        False, description=("Serve `/metrics` without the API key (a Prometheus scraper on a trusted network).")
+    )
+    load: Literal["startup", "lazy"] = Field(
+        "startup",
+        description=(
+            "`startup`: load and warm up every stored model in the background at start; `/ready` turns 200 when "
+            "the default is warm. `lazy`: load each model on first use."
+        ),
+    )
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description=(
+            "`auto` (CUDA when torch sees a GPU), `cpu`, `cuda` or `cuda:N`. The device decides what "
+            "`BERT_PRECISION=auto` means."
+        ),
+    )
+    precision: Precision = Field(
+        "auto",
+        description=(
+            "Inference precision of every model, applied to its weights once at load: `auto` (bf16 on a CUDA GPU "
+            "with native bf16, else fp32, so fp32 on every CPU), `fp32`, `bf16` or `int8` (the encoder's linear "
+            "layers; CPU only). On a CPU without native bf16 (or VNNI) those two run emulated, slower than fp32."
+        ),
+    )
+    model_precision: dict[str, Precision] = Field(
+        default_factory=dict,
+        description=(
+            'Per-model overrides as JSON, e.g. `{"minilm": "int8", "wiki-mlm": "bf16"}`; `auto` is allowed '
+            "too. `GET /models` shows each model's precision, `auto` resolved."
+        ),
+    )
+    max_batch_tokens: int = Field(
+        4096,
+        ge=1,
+        description=(
+            "Padded tokens (rows x longest row) in one forward pass. It bounds activation memory, and how long a "
+            "small request can wait behind a large one (one pass). On a GPU a larger budget may batch better."
+        ),
+    )
     max_inputs: int = Field(64, ge=1, description="Texts or pairs in one request; more is a 422.")
-    max_request_tokens: int = Field(32768, ge=1, description=(
-        "Tokens in one request, all inputs together, counted after tokenising; more is a 422 that never "
-        "reaches the model."))
+    max_request_tokens: int = Field(
+        32768,
+        ge=1,
+        description=(
+            "Tokens in one request, all inputs together, counted after tokenising; more is a 422 that never "
+            "reaches the model."
+        ),
+    )
     max_masks_per_input: int = Field(32, ge=1, description="`[MASK]` tokens in one `/fill-mask` input; more is a 422.")
-    max_fill_mask_candidates: int = Field(1024, ge=1, description=(
-        "Candidates in one `/fill-mask` answer: inputs x masks x `top_k` (`top_k` capped by the number of "
-        "`targets`); more is a 422."))
-    max_label_scores: int = Field(100, ge=1, description=(
-        "Label scores per input in a `/classify` or `/predict` answer without `top_k`: every label of a model "
-        "with at most this many, else the best this many. A larger `top_k` is a 422."))
-    max_queue: int = Field(256, ge=1, description=(
-        "Requests waiting for the inference thread; one more is a 429 (with `Retry-After`)."))
-    max_tokenizer_queue: int = Field(256, ge=1, description=(
-        "Tokenising and decoding jobs waiting for (or on) a tokeniser thread; one more is a 429 (with "
-        "`Retry-After`)."))
-    request_timeout: float = Field(30.0, gt=0, description=(
-        "Seconds an inference request may take, from its first byte to its answer. Past it the client gets a "
-        "503 and the request's work is dropped (queued work unrun, running work between passes)."))
-    max_wait_ms: float = Field(2.0, ge=0, description=(
-        "How long the oldest queued request may wait for others to share its batch. It waits only while more "
-        "requests are arriving."))
-    max_body_bytes: int = Field(1_048_576, ge=1, description=(
-        "Larger request bodies get a 413 before they are read whole. `POST /datasets` has its own limit."))
-    batching: bool = Field(True, description="`false`: each request's inputs run alone, with no batches across "
-                                             "requests and no waiting.")
+    max_fill_mask_candidates: int = Field(
+        1024,
+        ge=1,
+        description=(
+            "Candidates in one `/fill-mask` answer: inputs x masks x `top_k` (`top_k` capped by the number of "
+            "`targets`); more is a 422."
+        ),
+    )
+    max_label_scores: int = Field(
+        100,
+        ge=1,
+        description=(
+            "Label scores per input in a `/classify` or `/predict` answer without `top_k`: every label of a model "
+            "with at most this many, else the best this many. A larger `top_k` is a 422."
+        ),
+    )
+    max_queue: int = Field(
+        256, ge=1, description=("Requests waiting for the inference thread; one more is a 429 (with `Retry-After`).")
+    )
+    max_tokenizer_queue: int = Field(
+        256,
+        ge=1,
+        description=(
+            "Tokenising and decoding jobs waiting for (or on) a tokeniser thread; one more is a 429 (with "
+            "`Retry-After`)."
+        ),
+    )
+    request_timeout: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "Seconds an inference request may take, from its first byte to its answer. Past it the client gets a "
+            "503 and the request's work is dropped (queued work unrun, running work between passes)."
+        ),
+    )
+    max_wait_ms: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "How long the oldest queued request may wait for others to share its batch. It waits only while more "
+            "requests are arriving."
+        ),
+    )
+    max_body_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        description=("Larger request bodies get a 413 before they are read whole. `POST /datasets` has its own limit."),
+    )
+    batching: bool = Field(
+        True, description="`false`: each request's inputs run alone, with no batches across requests and no waiting."
+    )
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=0, le=65535, description="Port.")
-    allow_public: bool = Field(False, description=(
-        "Allow binding beyond loopback (anything but 127.0.0.0/8, `::1`, `localhost`) without `BERT_API_KEY`. "
-        "Without it, `bert serve` refuses and exits with code 2."))
-    published_host: str | None = Field(None, description=(
-        "In a container: the host address its port is published on (`-p ADDR:8000:8000`; compose sets it from "
-        "`BERT_BIND`). The service listens on 0.0.0.0 there, so the key guard judges this address instead: "
-        "loopback serves without a key, anything else needs one."))
-    graceful_timeout: float = Field(30.0, ge=0, description="Seconds that in-flight requests get to finish after "
-                                                            "SIGTERM.")
-    header_timeout: float = Field(10.0, gt=0, description=(
-        "Seconds a connection has to send a request's headers (from connecting, or from the end of its previous "
-        "answer on a kept-alive connection); then it is closed."))
-    body_timeout: float = Field(30.0, gt=0, description=(
-        "Seconds a request body may stall between two reads; then the connection is closed."))
-    max_connections: int = Field(1000, ge=1, description=(
-        "Open connections at once; one more gets a 503 (with `Retry-After`) and is closed."))
+    allow_public: bool = Field(
+        False,
+        description=(
+            "Allow binding beyond loopback (anything but 127.0.0.0/8, `::1`, `localhost`) without `BERT_API_KEY`. "
+            "Without it, `bert serve` refuses and exits with code 2."
+        ),
+    )
+    published_host: str | None = Field(
+        None,
+        description=(
+            "In a container: the host address its port is published on (`-p ADDR:8000:8000`; compose sets it from "
+            "`BERT_BIND`). The service listens on 0.0.0.0 there, so the key guard judges this address instead: "
+            "loopback serves without a key, anything else needs one."
+        ),
+    )
+    graceful_timeout: float = Field(
+        30.0, ge=0, description="Seconds that in-flight requests get to finish after SIGTERM."
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "Seconds a connection has to send a request's headers (from connecting, or from the end of its previous "
+            "answer on a kept-alive connection); then it is closed."
+        ),
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, description=("Seconds a request body may stall between two reads; then the connection is closed.")
+    )
+    max_connections: int = Field(
+        1000, ge=1, description=("Open connections at once; one more gets a 503 (with `Retry-After`) and is closed.")
+    )
     tokenizer_threads: int = Field(2, ge=1, description="Threads that tokenise requests, off the event loop.")
-    torch_threads: int = Field(0, ge=0, description=(
-        "torch intra-op threads for forward passes; 0 means torch's default (one per core)."))
+    torch_threads: int = Field(
+        0, ge=0, description=("torch intra-op threads for forward passes; 0 means torch's default (one per core).")
+    )
 
     # -- training jobs (/jobs, /datasets) ----------------------------------------------------------
-    admin_key: SecretStr | None = Field(None, description=(
-        "Opens `/jobs` and `/datasets` (`Authorization: Bearer <key>`); `BERT_API_KEY` does not. Unset: the API "
-        "key guards them if there is one; with neither set they are open. Beyond loopback it must be at least "
-        "16 characters."))
-    broker_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
-                            description="Where `POST /jobs` sends jobs; it must be the workers' broker.")
-    max_dataset_bytes: int = Field(100 * 1024 * 1024, ge=1, description=(
-        "Largest dataset upload, in bytes. The upload is streamed to disk and stops with a 413 at the limit."))
-    dataset_check_seconds: float = Field(300.0, gt=0, description=(
-        "Seconds of CPU time (and of waiting) the format check of an uploaded file may take; it runs in a "
-        "separate process, and past this the upload is a 422."))
-    max_labels: int = Field(10_000, ge=2, description=(
-        "Distinct labels (tags) of a labelled or token-labelled dataset; more is a 422 at upload and at "
-        "`POST /jobs`. Each label is a classifier output, scored at every evaluation."))
-    publish_retries: int = Field(2, ge=0, le=10, description=(
-        "How many times publishing a job to the broker is retried before `POST /jobs` answers 503."))
+    admin_key: SecretStr | None = Field(
+        None,
+        description=(
+            "Opens `/jobs` and `/datasets` (`Authorization: Bearer <key>`); `BERT_API_KEY` does not. Unset: the API "
+            "key guards them if there is one; with neither set they are open. Beyond loopback it must be at least "
+            "16 characters."
+        ),
+    )
+    broker_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
+        description="Where `POST /jobs` sends jobs; it must be the workers' broker.",
+    )
+    max_dataset_bytes: int = Field(
+        100 * 1024 * 1024,
+        ge=1,
+        description=(
+            "Largest dataset upload, in bytes. The upload is streamed to disk and stops with a 413 at the limit."
+        ),
+    )
+    dataset_check_seconds: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "Seconds of CPU time (and of waiting) the format check of an uploaded file may take; it runs in a "
+            "separate process, and past this the upload is a 422."
+        ),
+    )
+    max_labels: int = Field(
+        10_000,
+        ge=2,
+        description=(
+            "Distinct labels (tags) of a labelled or token-labelled dataset; more is a 422 at upload and at "
+            "`POST /jobs`. Each label is a classifier output, scored at every evaluation."
+        ),
+    )
+    publish_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description=("How many times publishing a job to the broker is retried before `POST /jobs` answers 503."),
+    )
     # The defaults of the next two fit a 23 GB, CPU-only worker machine (BERT-large's AdamW state alone is 5.4 GB).
-    job_max_params: int = Field(500_000_000, ge=1, description=(
-        "A job whose model has more parameters (counted from its config) is a 422. BERT-large (335 M) fits."))
-    job_max_memory_gb: float = Field(16.0, gt=0, description=(
-        "A job whose estimated peak training memory is larger is a 422. The default fits a 23 GB worker "
-        "machine; set it to the workers' RAM (or GPU memory) less a margin."))
-    job_max_runtime: int = Field(3 * 24 * 3600, ge=1, description=(
-        "Seconds: the most a job's `params.max_runtime` may be, and its default (3 days). Past it the job "
-        "checkpoints and fails with \"time limit\"."))
-    job_max_devices: int = Field(1, ge=1, le=64, description=(
-        "The most processes (GPUs, or CPU processes) a job's `params.devices` may ask for; more is a 422. Set "
-        "it to what every worker has: a worker with fewer fails the job."))
-    max_event_streams: int = Field(64, ge=1, description=(
-        "`GET /jobs/{id}/events` streams open at once; one more is a 429 (with `Retry-After`)."))
-    max_event_streams_per_job: int = Field(4, ge=1, description=(
-        "Event streams of one job open at once; one more is a 429 (with `Retry-After`)."))
-    event_stream_max_seconds: float = Field(3600.0, gt=0, description=(
-        "Seconds one event stream lasts; then the server closes it, and a client reconnects with "
-        "`Last-Event-ID` (the curve goes on from where it was)."))
+    job_max_params: int = Field(
+        500_000_000,
+        ge=1,
+        description=(
+            "A job whose model has more parameters (counted from its config) is a 422. BERT-large (335 M) fits."
+        ),
+    )
+    job_max_memory_gb: float = Field(
+        16.0,
+        gt=0,
+        description=(
+            "A job whose estimated peak training memory is larger is a 422. The default fits a 23 GB worker "
+            "machine; set it to the workers' RAM (or GPU memory) less a margin."
+        ),
+    )
+    job_max_runtime: int = Field(
+        3 * 24 * 3600,
+        ge=1,
+        description=(
+            "Seconds: the most a job's `params.max_runtime` may be, and its default (3 days). Past it the job "
+            'checkpoints and fails with "time limit".'
+        ),
+    )
+    job_max_devices: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "The most processes (GPUs, or CPU processes) a job's `params.devices` may ask for; more is a 422. Set "
+            "it to what every worker has: a worker with fewer fails the job."
+        ),
+    )
+    max_event_streams: int = Field(
+        64, ge=1, description=("`GET /jobs/{id}/events` streams open at once; one more is a 429 (with `Retry-After`).")
+    )
+    max_event_streams_per_job: int = Field(
+        4, ge=1, description=("Event streams of one job open at once; one more is a 429 (with `Retry-After`).")
+    )
+    event_stream_max_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "Seconds one event stream lasts; then the server closes it, and a client reconnects with "
+            "`Last-Event-ID` (the curve goes on from where it was)."
+        ),
+    )
 
     def admin_key_value(self) -> str | None:
         return _key(self.admin_key)

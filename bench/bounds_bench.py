@@ -63,18 +63,23 @@ def pct(values: list[float], q: float) -> float:
 
 # -- 1. oversized fill-mask --------------------------------------------------------------------
 
+
 async def oversize(port: int, pid: int, tokenizer) -> list[str]:
     client = Client(port)
     text = text_of(tokenizer, 512)
     words = text.split()
     largest = [" ".join(["[MASK]"] + words[1:])] * 64  # 64 inputs x 1 mask x top_k 16 = 1024 candidates
-    cases = [("`\"[MASK] \" * 510`, top_k 100", {"inputs": "[MASK] " * 510, "top_k": 100}),
-             ("64 copies of it in one request", {"inputs": ["[MASK] " * 510] * 64, "top_k": 100}),
-             ("largest allowed: 64 x 512 tokens, 1 mask, top_k 16", {"inputs": largest, "top_k": 16})]
+    cases = [
+        ('`"[MASK] " * 510`, top_k 100', {"inputs": "[MASK] " * 510, "top_k": 100}),
+        ("64 copies of it in one request", {"inputs": ["[MASK] " * 510] * 64, "top_k": 100}),
+        ("largest allowed: 64 x 512 tokens, 1 mask, top_k 16", {"inputs": largest, "top_k": 16}),
+    ]
     for _ in range(3):  # warm-up: a normal request of each route
         await client.request("POST", "/fill-mask", json.dumps({"inputs": "paris is the [MASK] of france."}).encode())
-    lines = ["| request | body | status | seconds (max of 3) | answer bytes | server RSS before -> after, MB |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| request | body | status | seconds (max of 3) | answer bytes | server RSS before -> after, MB |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for label, body in cases:
         payload = json.dumps(body).encode()
         before = rss_mb(pid)
@@ -86,8 +91,10 @@ async def oversize(port: int, pid: int, tokenizer) -> list[str]:
             statuses[status] += 1
         after = rss_mb(pid)
         shown = ", ".join(f"{s} x{n}" for s, n in statuses.items())
-        lines.append(f"| {label} | {len(payload) / 1024:.1f} KB | {shown} | {max(seconds):.3f} | {len(answer)} | "
-                     f"{before:.0f} -> {after:.0f} ({after - before:+.1f}) |")
+        lines.append(
+            f"| {label} | {len(payload) / 1024:.1f} KB | {shown} | {max(seconds):.3f} | {len(answer)} | "
+            f"{before:.0f} -> {after:.0f} ({after - before:+.1f}) |"
+        )
         if status != 200:
             lines.append(f"| | | `{answer.decode()[:160]}` | | | |")
     client.close()
@@ -95,6 +102,7 @@ async def oversize(port: int, pid: int, tokenizer) -> list[str]:
 
 
 # -- 2. starvation -----------------------------------------------------------------------------
+
 
 async def probe(port: int, seconds: float, pause: float = 0.1) -> list[float]:
     """One-word /embeddings, one at a time, for `seconds`: each latency."""
@@ -110,8 +118,9 @@ async def probe(port: int, seconds: float, pause: float = 0.1) -> list[float]:
     return out
 
 
-async def heavy_client(port: int, path: str, body: bytes, stop: asyncio.Event, statuses: Counter,
-                       seconds: list[float]) -> None:
+async def heavy_client(
+    port: int, path: str, body: bytes, stop: asyncio.Event, statuses: Counter, seconds: list[float]
+) -> None:
     client = Client(port)
     while not stop.is_set():
         start = time.perf_counter()
@@ -156,13 +165,17 @@ async def starvation(port: int, tokenizer, seconds: float) -> list[str]:
         "| one-word /embeddings | requests | median ms | p90 ms | max ms |",
         "|---|---:|---:|---:|---:|",
         (f"| idle | {len(idle)} | {1000 * med(idle):.1f} | {1000 * pct(idle, 0.9):.1f} | {1000 * max(idle):.1f} |"),
-        (f"| beside 4 clients sending the largest requests | {len(loaded)} | {1000 * med(loaded):.1f} | "
-         f"{1000 * pct(loaded, 0.9):.1f} | {1000 * max(loaded):.1f} |"),
+        (
+            f"| beside 4 clients sending the largest requests | {len(loaded)} | {1000 * med(loaded):.1f} | "
+            f"{1000 * pct(loaded, 0.9):.1f} | {1000 * max(loaded):.1f} |"
+        ),
         "",
         f"- loaded / idle median: {ratio:.1f}x; loaded median {med(loaded):.3f} s (target < 1 s)",
         f"- the 4 heavy clients: {heavy_counts}; their median {med(heavy_seconds):.1f} s per request",
-        ("- forward passes while probing (a probe waits for the one under way and the first pass of any "
-         f"request ahead of it): {pass_times}"),
+        (
+            "- forward passes while probing (a probe waits for the one under way and the first pass of any "
+            f"request ahead of it): {pass_times}"
+        ),
     ]
 
 
@@ -172,10 +185,15 @@ BOUNDARY = "benchboundary"
 
 
 def multipart(filename: str, data: bytes, **fields: str) -> bytes:
-    parts = [f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-             for k, v in fields.items()]
-    parts.append(f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-                 f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    parts = [
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()
+    ]
+    parts.append(
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+    )
     return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
 
 
@@ -185,8 +203,13 @@ def save_many_label_classifier(data_dir: Path, tokenizer, labels: int) -> None:
     from model.config import BertConfig
     from model.modeling import BertForSequenceClassification
 
-    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-             "intermediate_size": 1024}
+    shape = {
+        "vocab_size": 30522,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    }
     torch.manual_seed(0)
     config = BertConfig(**shape, id2label={i: f"label-{i}" for i in range(labels)})
     BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / "many", tokenizer=tokenizer)
@@ -197,20 +220,37 @@ def write_long_curve(data_dir: Path, lines: int) -> str:
     from model.datadir import JobStore
 
     store = JobStore(data_dir)
-    spec = {"kind": "finetune", "model_name": "curve", "base_model": "bench", "dataset": "d",
-            "params": {"task": "sequence-classification", "max_steps": lines}, "estimate": {}}
+    spec = {
+        "kind": "finetune",
+        "model_name": "curve",
+        "base_model": "bench",
+        "dataset": "d",
+        "params": {"task": "sequence-classification", "max_steps": lines},
+        "estimate": {},
+    }
     job_id = store.create(spec)["id"]
     with open(store.job_dir(job_id) / "metrics.jsonl", "w") as f:
         for step in range(1, lines + 1):
-            f.write(json.dumps({"type": "train", "step": step, "loss": 1.0 / step, "lr": 1e-4, "tokens_per_s": 1e4,
-                                "epoch": step / lines}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "type": "train",
+                        "step": step,
+                        "loss": 1.0 / step,
+                        "lr": 1e-4,
+                        "tokens_per_s": 1e4,
+                        "epoch": step / lines,
+                    }
+                )
+                + "\n"
+            )
     store.update(job_id, lambda r: r.update(state="running"))
     return job_id
 
 
 async def hold_stream(port: int, path: str, seconds: float) -> tuple[int, int]:
     """GET an event stream, read it for `seconds` (or to its end): (status, bytes read)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2 ** 24)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2**24)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
     status, total, stop = 0, 0, time.perf_counter() + seconds
     try:
@@ -241,8 +281,10 @@ async def beside_probe(port: int, pid: int, label: str, work, min_seconds: float
     task.cancel()
     after = rss_mb(pid)
     median = statistics.median(latencies)
-    return [f"| {label} | {status} | {len(runs)} | {max(runs):.2f} | {size} | {before:.0f} -> {after:.0f} | "
-            f"{len(latencies)} | {1000 * median:.1f} |"], median
+    return [
+        f"| {label} | {status} | {len(runs)} | {max(runs):.2f} | {size} | {before:.0f} -> {after:.0f} | "
+        f"{len(latencies)} | {1000 * median:.1f} |"
+    ], median
 
 
 async def probe_into(port: int, out: list[float]) -> None:
@@ -264,15 +306,18 @@ async def hostile(port: int, pid: int, data_dir: Path, curve_job: str, seconds: 
     def upload(filename: str, data: bytes, **fields):
         async def go():
             body = multipart(filename, data, name=f"{Path(filename).stem}-{next(names)}", **fields)
-            status, answer = await client.request("POST", "/datasets", body,
-                                                  f"multipart/form-data; boundary={BOUNDARY}")
+            status, answer = await client.request(
+                "POST", "/datasets", body, f"multipart/form-data; boundary={BOUNDARY}"
+            )
             return f"{status} `{answer.decode()[:90]}`" if status >= 400 else str(status), len(answer)
+
         return go
 
     def post(path: str, body: dict):
         async def go():
             status, answer = await client.request("POST", path, json.dumps(body).encode())
             return f"{status} `{answer.decode()[:90]}`" if status >= 400 else str(status), len(answer)
+
         return go
 
     async def get_datasets():
@@ -287,8 +332,11 @@ async def hostile(port: int, pid: int, data_dir: Path, curve_job: str, seconds: 
     labels_csv = ("text,label\n" + "".join(f"t{i},l{i}\n" for i in range(1_000_000))).encode()
     tags = "".join(f"w B-T{i}\n\n" for i in range(500_000)).encode()
     ten_k = ("text,label\n" + "".join(f"text {i},label-{i}\n" for i in range(10_000))).encode()
-    dump = b"<mediawiki>\n<page><title>A</title><revision><text>" + b"word " * ((8 << 20) // 5) + \
-        b"</text></revision></page>\n</mediawiki>\n"
+    dump = (
+        b"<mediawiki>\n<page><title>A</title><revision><text>"
+        + b"word " * ((8 << 20) // 5)
+        + b"</text></revision></page>\n</mediawiki>\n"
+    )
     one_line = b"word " * (100 * 10**6 // 5)
     cases = [
         ("16 MB CSV, 1 M distinct labels", upload("labels.csv", labels_csv)),
@@ -301,16 +349,22 @@ async def hostile(port: int, pid: int, data_dir: Path, curve_job: str, seconds: 
         (".txt starting <mediawiki, 8 MB element", upload("dump.txt", dump, kind="corpus")),
         ("100 MB single-line corpus .txt", upload("line.txt", one_line, kind="corpus")),
     ]
-    lines = ["| reproduction | status | runs | seconds (slowest) | answer bytes | server RSS MB | probes | "
-             "probe median ms |", "|---|---|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        "| reproduction | status | runs | seconds (slowest) | answer bytes | server RSS MB | probes | "
+        "probe median ms |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
+    ]
     ratios = []
     for label, work in cases:
         row, median = await beside_probe(port, pid, label, work)
         lines += row
         ratios.append((label, median / idle_median))
     client.close()
-    lines += ["", f"- idle probe median {1000 * idle_median:.1f} ms; probe median / idle, per reproduction: "
-              + "; ".join(f"{label} {r:.1f}x" for label, r in ratios)]
+    lines += [
+        "",
+        f"- idle probe median {1000 * idle_median:.1f} ms; probe median / idle, per reproduction: "
+        + "; ".join(f"{label} {r:.1f}x" for label, r in ratios),
+    ]
     return lines
 
 
@@ -336,17 +390,31 @@ def corpus_build_rss(work: Path) -> list[str]:
         for _ in range(300):
             f.write(b"word " * ((1 << 20) // 5) + b"word ")
     bomb = work / "bomb.xml"
-    bomb.write_text('<?xml version="1.0"?>\n<!DOCTYPE mediawiki [<!ENTITY a "' + "a" * 1000 + '">'
-                    + "".join(f'<!ENTITY e{i} "' + f"&e{i - 1};" * 10 + '">' if i else '<!ENTITY e0 "&a;&a;">'
-                              for i in range(8)) + ']>\n<mediawiki><page><title>&e7;</title></page></mediawiki>\n')
+    bomb.write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE mediawiki [<!ENTITY a "'
+        + "a" * 1000
+        + '">'
+        + "".join(f'<!ENTITY e{i} "' + f"&e{i - 1};" * 10 + '">' if i else '<!ENTITY e0 "&a;&a;">' for i in range(8))
+        + "]>\n<mediawiki><page><title>&e7;</title></page></mediawiki>\n"
+    )
     out = ["| `bert corpus build` input | seconds | outcome | peak RSS of the build, MB |", "|---|---:|---|---:|"]
-    for path, label in ((line, f"{line.stat().st_size / 1024:.0f} KB .bz2, one 300 MiB line"),
-                        (bomb, "entity-expansion .xml (10^8 x 1 KB)")):
+    for path, label in (
+        (line, f"{line.stat().st_size / 1024:.0f} KB .bz2, one 300 MiB line"),
+        (bomb, "entity-expansion .xml (10^8 x 1 KB)"),
+    ):
         start = time.perf_counter()
-        argv = ["corpus", "build", str(path), "--out", str(work / f"store-{path.stem}"),
-                "--tokenizer", str(work / "models" / "bench")]
-        run = subprocess.run([sys.executable, "-c", BUILD_AND_REPORT_RSS, *argv], capture_output=True, text=True,
-                             cwd=ROOT)
+        argv = [
+            "corpus",
+            "build",
+            str(path),
+            "--out",
+            str(work / f"store-{path.stem}"),
+            "--tokenizer",
+            str(work / "models" / "bench"),
+        ]
+        run = subprocess.run(
+            [sys.executable, "-c", BUILD_AND_REPORT_RSS, *argv], capture_output=True, text=True, cwd=ROOT
+        )
         seconds = time.perf_counter() - start
         peak = int(run.stdout.strip().splitlines()[-1]) / 1024
         outcome = "built" if run.returncode == 0 else (run.stderr.strip().splitlines() or ["?"])[-1][:100]
@@ -366,12 +434,18 @@ def save_reranker(data_dir: Path, tokenizer) -> None:
     from model.config import BertConfig
     from model.modeling import BertForSequenceClassification
 
-    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-             "intermediate_size": 1024}
+    shape = {
+        "vocab_size": 30522,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    }
     torch.manual_seed(0)
     config = BertConfig(**shape, id2label={0: "LABEL_0"})
-    BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / RERANK_MODEL,
-                                                                  tokenizer=tokenizer)
+    BertForSequenceClassification(config).eval().save_pretrained(
+        data_dir / "models" / RERANK_MODEL, tokenizer=tokenizer
+    )
 
 
 async def probe_until(port: int, stop: asyncio.Event, out: list[float]) -> None:
@@ -386,8 +460,7 @@ async def probe_until(port: int, stop: asyncio.Event, out: list[float]) -> None:
 
 
 async def rerank(port: int, seconds: float, runs: int) -> list[str]:
-    body = json.dumps({"query": "a " * 240000, "texts": ["b"] * 64, "truncate": True,
-                       "model": RERANK_MODEL}).encode()
+    body = json.dumps({"query": "a " * 240000, "texts": ["b"] * 64, "truncate": True, "model": RERANK_MODEL}).encode()
     await probe(port, 1.0)  # warm-up
     idle = await probe(port, seconds)
     client, stop, beside, outcomes = Client(port), asyncio.Event(), [], []
@@ -409,10 +482,12 @@ async def rerank(port: int, seconds: float, runs: int) -> list[str]:
         f"| /rerank reproduction | body | status | seconds (max of {runs}) | probes beside | probe median ms | "
         "probe p90 ms | probe median / idle |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
-        (f"| `\"a \" * 240000` x 64 texts, truncate | {len(body) / 1024:.0f} KB | "
-         f"{', '.join(f'{s} x{n}' for s, n in statuses.items())} | {max(t for _, t, _ in outcomes):.2f} | "
-         f"{len(beside)} | {1000 * med(beside):.1f} | {1000 * pct(beside, 0.9):.1f} | "
-         f"{med(beside) / med(idle):.1f}x |"),
+        (
+            f'| `"a " * 240000` x 64 texts, truncate | {len(body) / 1024:.0f} KB | '
+            f"{', '.join(f'{s} x{n}' for s, n in statuses.items())} | {max(t for _, t, _ in outcomes):.2f} | "
+            f"{len(beside)} | {1000 * med(beside):.1f} | {1000 * pct(beside, 0.9):.1f} | "
+            f"{med(beside) / med(idle):.1f}x |"
+        ),
         "",
         f"- idle probe median {1000 * med(idle):.1f} ms over {len(idle)} requests",
         f"- answer: `{answer.decode()[:200]}`" if status != 200 else "- answer: 200",
@@ -428,8 +503,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only-hostile", action="store_true", help="run part 3 alone")
     parser.add_argument("--only-rerank", action="store_true", help="run part 4 (reranking) alone")
     parser.add_argument("--rerank-runs", type=int, default=3, help="reranking reproductions sent (default 3)")
-    parser.add_argument("--max-batch-tokens", type=int, help="BERT_MAX_BATCH_TOKENS for the server (default: its "
-                        "default); it sets the length of a pass, so the longest a small request can wait")
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="BERT_MAX_BATCH_TOKENS for the server (default: its "
+        "default); it sets the length of a pass, so the longest a small request can wait",
+    )
     args = parser.parse_args(argv)
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bounds-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
@@ -442,15 +521,19 @@ def main(argv: list[str] | None = None) -> None:
     env = {"MAX_BATCH_TOKENS": str(args.max_batch_tokens)} if args.max_batch_tokens else {}
     proc, port = start_server(data_dir, root=args.root.resolve(), **env)
     try:
-        print(f"server from {args.root.resolve()}, {env or 'default settings'}, RSS after start "
-              f"{rss_mb(proc.pid):.0f} MB\n")
+        print(
+            f"server from {args.root.resolve()}, {env or 'default settings'}, RSS after start "
+            f"{rss_mb(proc.pid):.0f} MB\n"
+        )
         if not (args.only_hostile or args.only_rerank):
             if not args.skip_oversize:
                 print("\n".join(asyncio.run(oversize(port, proc.pid, tokenizer))) + "\n", flush=True)
             print("\n".join(asyncio.run(starvation(port, tokenizer, args.seconds))) + "\n", flush=True)
         if hostile_too:
-            print("\n".join(asyncio.run(hostile(port, proc.pid, data_dir, curve_job, min(args.seconds, 10)))) + "\n",
-                  flush=True)
+            print(
+                "\n".join(asyncio.run(hostile(port, proc.pid, data_dir, curve_job, min(args.seconds, 10)))) + "\n",
+                flush=True,
+            )
         if not args.only_hostile:
             print("\n".join(asyncio.run(rerank(port, args.seconds, args.rerank_runs))) + "\n", flush=True)
     finally:

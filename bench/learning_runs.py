@@ -66,18 +66,39 @@ def make_data(out: Path, args: argparse.Namespace) -> dict[str, Run]:
         ner = write_ner(data, args.seed, args.ner_train, args.ner_test)
         dev = data / "ner-dev.conll"
         atomic_write_bytes(dev, conll_text(ner_split("train", args.ner_dev, args.seed + DEV_SEED_OFFSET)).encode())
-        runs["ner"] = Run("ner", "token-classification", ner["train"], str(dev), ner["test"],
-                          f"{args.ner_train} / {args.ner_test} sentences",
-                          {"--max-steps": args.ner_steps, "--batch-size": args.batch_size,
-                           "--max-seq-len": args.ner_max_seq_len, "--lr": args.ner_lr})
+        runs["ner"] = Run(
+            "ner",
+            "token-classification",
+            ner["train"],
+            str(dev),
+            ner["test"],
+            f"{args.ner_train} / {args.ner_test} sentences",
+            {
+                "--max-steps": args.ner_steps,
+                "--batch-size": args.batch_size,
+                "--max-seq-len": args.ner_max_seq_len,
+                "--lr": args.ner_lr,
+            },
+        )
     if "qa" in args.tasks:
         qa = write_qa(data, args.seed, args.qa_train, args.qa_test)
         dev = data / "qa-dev.json"
         atomic_write_bytes(dev, json.dumps(qa_split("train", args.qa_dev, args.seed + DEV_SEED_OFFSET)).encode())
-        runs["qa"] = Run("qa", "question-answering", qa["train"], str(dev), qa["test"],
-                         f"{qa['train_questions']} / {qa['test_questions']} questions",
-                         {"--max-steps": args.qa_steps, "--batch-size": args.batch_size,
-                          "--max-seq-len": args.qa_max_seq_len, "--lr": args.qa_lr, "--doc-stride": args.doc_stride})
+        runs["qa"] = Run(
+            "qa",
+            "question-answering",
+            qa["train"],
+            str(dev),
+            qa["test"],
+            f"{qa['train_questions']} / {qa['test_questions']} questions",
+            {
+                "--max-steps": args.qa_steps,
+                "--batch-size": args.batch_size,
+                "--max-seq-len": args.qa_max_seq_len,
+                "--lr": args.qa_lr,
+                "--doc-stride": args.doc_stride,
+            },
+        )
     return runs
 
 
@@ -86,25 +107,62 @@ def bert(args: list[str], threads: int, log: Path) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
     start = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.run(
+            [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=err
+        )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"bert {args[0]} failed with exit code {proc.returncode}; see {log}:\n"
-                 + log.read_text()[-3000:] + proc.stdout[-2000:])
+        sys.exit(
+            f"bert {args[0]} failed with exit code {proc.returncode}; see {log}:\n"
+            + log.read_text()[-3000:]
+            + proc.stdout[-2000:]
+        )
     return wall, proc.stdout
 
 
 def run_task(run: Run, minilm: Path, out: Path, args: argparse.Namespace) -> Run:
     run_dir = out / f"run-{run.task}"
     options = [str(x) for key, value in run.options.items() for x in (key, value)]
-    run.finetune_s, _ = bert(["finetune", "--task", run.cli_task, "--train", run.train, "--eval", run.dev,
-                              "--from", str(minilm), "--out", str(run_dir), "--no-resume", "--seed", str(args.seed),
-                              "--threads", str(args.threads), *options], args.threads, out / f"finetune-{run.task}.log")
-    run.evaluate_s, stdout = bert(["evaluate", "--model", str(run_dir), "--data", run.test, "--json",
-                                   "--threads", str(args.threads), "--max-seq-len", str(run.options["--max-seq-len"])],
-                                  args.threads, out / f"evaluate-{run.task}.log")
-    run.metrics = json.loads(stdout[stdout.index("{"):])
+    run.finetune_s, _ = bert(
+        [
+            "finetune",
+            "--task",
+            run.cli_task,
+            "--train",
+            run.train,
+            "--eval",
+            run.dev,
+            "--from",
+            str(minilm),
+            "--out",
+            str(run_dir),
+            "--no-resume",
+            "--seed",
+            str(args.seed),
+            "--threads",
+            str(args.threads),
+            *options,
+        ],
+        args.threads,
+        out / f"finetune-{run.task}.log",
+    )
+    run.evaluate_s, stdout = bert(
+        [
+            "evaluate",
+            "--model",
+            str(run_dir),
+            "--data",
+            run.test,
+            "--json",
+            "--threads",
+            str(args.threads),
+            "--max-seq-len",
+            str(run.options["--max-seq-len"]),
+        ],
+        args.threads,
+        out / f"evaluate-{run.task}.log",
+    )
+    run.metrics = json.loads(stdout[stdout.index("{") :])
     return run
 
 
@@ -114,19 +172,48 @@ def metrics_text(metrics: dict) -> str:
 
 
 def report(runs: list[Run], quick: bool) -> str:
-    rows = [[r.task, r.sizes, r.options["--max-steps"], r.options["--batch-size"], r.options["--max-seq-len"],
-             r.options["--lr"], f"{r.finetune_s:.0f} s", f"{r.evaluate_s:.0f} s", metrics_text(r.metrics),
-             "(quick)" if quick else ("pass" if r.passed else "FAIL")] for r in runs]
-    return markdown_table(["task", "train / test", "steps", "batch", "seq", "lr", "fine-tune", "evaluate",
-                           "held-out", f"F1 >= {TARGET_F1}"], rows)
+    rows = [
+        [
+            r.task,
+            r.sizes,
+            r.options["--max-steps"],
+            r.options["--batch-size"],
+            r.options["--max-seq-len"],
+            r.options["--lr"],
+            f"{r.finetune_s:.0f} s",
+            f"{r.evaluate_s:.0f} s",
+            metrics_text(r.metrics),
+            "(quick)" if quick else ("pass" if r.passed else "FAIL"),
+        ]
+        for r in runs
+    ]
+    return markdown_table(
+        [
+            "task",
+            "train / test",
+            "steps",
+            "batch",
+            "seq",
+            "lr",
+            "fine-tune",
+            "evaluate",
+            "held-out",
+            f"F1 >= {TARGET_F1}",
+        ],
+        rows,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tasks", default="ner,qa", help="comma-separated: ner, qa (default both)")
     p.add_argument("--out", help="output directory: data, runs, logs, results.json (default: a temp dir)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of every bert command (default 2; on a "
-                                                           "busy machine 1 can be several times faster)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads of every bert command (default 2; on a busy machine 1 can be several times faster)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--ner-train", type=int, default=2000, help="train sentences")
@@ -166,8 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# Held-out learning runs from MiniLM\n\n{machine_line()}; data, runs and logs in {where}\n", flush=True)
         done = [run_task(run, minilm, out, args) for run in runs.values()]
         print(report(done, args.quick))
-        results = [{"task": r.task, "sizes": r.sizes, "options": r.options, "finetune_s": round(r.finetune_s, 1),
-                    "evaluate_s": round(r.evaluate_s, 1), "metrics": r.metrics, "passed": r.passed} for r in done]
+        results = [
+            {
+                "task": r.task,
+                "sizes": r.sizes,
+                "options": r.options,
+                "finetune_s": round(r.finetune_s, 1),
+                "evaluate_s": round(r.evaluate_s, 1),
+                "metrics": r.metrics,
+                "passed": r.passed,
+            }
+            for r in done
+        ]
         atomic_write_bytes(out / "results.json", json.dumps(results, indent=2).encode())
     return 0 if args.quick or all(r.passed for r in done) else 1
 

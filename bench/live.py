@@ -32,13 +32,17 @@ from model.tokenizer import BertTokenizer  # noqa: E402
 
 def save_models(data_dir: Path) -> BertTokenizer:
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
-    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-             "intermediate_size": 1024}
+    shape = {
+        "vocab_size": 30522,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    }
     torch.manual_seed(0)
     BertForPreTraining(BertConfig(**shape)).eval().save_pretrained(data_dir / "models" / "bench", tokenizer=tokenizer)
     config = BertConfig(**shape, id2label={0: "negative", 1: "positive"})
-    BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / "bench-clf",
-                                                                  tokenizer=tokenizer)
+    BertForSequenceClassification(config).eval().save_pretrained(data_dir / "models" / "bench-clf", tokenizer=tokenizer)
     return tokenizer
 
 
@@ -56,24 +60,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None,
-                 **env: str) -> tuple[subprocess.Popen, int]:
+def start_server(
+    data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None, **env: str
+) -> tuple[subprocess.Popen, int]:
     """`python -m app.launcher.server` from `root`, BERT_* settings from `env` (names without the prefix) and
     other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`."""
     port = free_port()
-    settings = {"DATA_DIR": str(data_dir), "DEFAULT_MODEL": "bench", "LOAD": "startup", "API_KEY": "",
-                "DEVICE": "cpu", **env}
-    full_env = {**os.environ, **{f"BERT_{k.upper()}": str(v) for k, v in settings.items()},
-                "PYTHONPATH": str(root), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                **(process_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "app.launcher.server", "--port", str(port)], cwd=root, env=full_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    settings = {
+        "DATA_DIR": str(data_dir),
+        "DEFAULT_MODEL": "bench",
+        "LOAD": "startup",
+        "API_KEY": "",
+        "DEVICE": "cpu",
+        **env,
+    }
+    full_env = {
+        **os.environ,
+        **{f"BERT_{k.upper()}": str(v) for k, v in settings.items()},
+        "PYTHONPATH": str(root),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        **(process_env or {}),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.launcher.server", "--port", str(port)],
+        cwd=root,
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_ready(proc, port)
     return proc, port
 
 
-def wait_ready(proc: subprocess.Popen, port: int, method: str = "GET", path: str = "/ready", body: bytes = b"",
-               timeout: float = 180) -> None:
+def wait_ready(
+    proc: subprocess.Popen,
+    port: int,
+    method: str = "GET",
+    path: str = "/ready",
+    body: bytes = b"",
+    timeout: float = 180,
+) -> None:
     """Until `method path` answers 200 (bertserve's /ready; any server's real request); a server that
     exits or is still not ready after `timeout` seconds is a RuntimeError (and killed)."""
     deadline = time.monotonic() + timeout
@@ -112,11 +138,12 @@ class Client:
         self.port = port
         self.reader = self.writer = None
 
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      content_type: str = "application/json") -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
         for attempt in (1, 2):
             if self.writer is None:
-                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=2 ** 24)
+                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=2**24)
             try:
                 return await self._exchange(method, path, body, content_type)
             except (ConnectionError, asyncio.IncompleteReadError, ValueError):
@@ -126,8 +153,13 @@ class Client:
         raise AssertionError("unreachable")
 
     async def _exchange(self, method: str, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        self.writer.write((f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n"
-                           f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        self.writer.write(
+            (
+                f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
         status_line = await self.reader.readline()
         if not status_line:
             raise ConnectionError("closed")
@@ -157,8 +189,9 @@ async def one_request(port: int, method: str, path: str, body: bytes = b"") -> t
         client.close()
 
 
-async def closed_loop(port: int, path: str, bodies: list[bytes], clients: int, seconds: float,
-                      warmup: float) -> list[tuple[float, float, bool]]:
+async def closed_loop(
+    port: int, path: str, bodies: list[bytes], clients: int, seconds: float, warmup: float
+) -> list[tuple[float, float, bool]]:
     """Closed-loop load: `clients` keep-alive connections, client i sending POST `path` with bodies[i],
     bodies[i + clients], ... (cycling), each when its last answer is in, from now until `warmup +
     seconds` have passed (the requests then in flight are awaited). Every request as (sent, answered,

@@ -39,8 +39,10 @@ from model.modeling import BertForMaskedLM, BertModel, compile_model
 from model.onednn import use_onednn
 
 MASK_ID = 103  # [MASK] in BERT's uncased vocabulary; any id works for random weights
-DEFAULT_SHAPES = {"small": [(b, t) for b in (1, 8, 32) for t in (16, 128)],
-                  "base": [(b, t) for b in (1, 8, 32) for t in (16, 128)] + [(1, 512), (8, 512)]}
+DEFAULT_SHAPES = {
+    "small": [(b, t) for b in (1, 8, 32) for t in (16, 128)],
+    "base": [(b, t) for b in (1, 8, 32) for t in (16, 128)] + [(1, 512), (8, 512)],
+}
 
 
 def build(kind: str):
@@ -51,8 +53,9 @@ def build(kind: str):
     hf_mlm = transformers.BertForMaskedLM(hf_config).eval()
     ours_enc, ours_mlm = BertModel(BertConfig(**cfg)).eval(), BertForMaskedLM(BertConfig(**cfg)).eval()
     ours_enc.load_state_dict(hf_enc.state_dict(), strict=True)
-    ours_mlm.load_state_dict({k: v for k, v in hf_mlm.state_dict().items()
-                              if not k.startswith("cls.predictions.decoder.")}, strict=True)
+    ours_mlm.load_state_dict(
+        {k: v for k, v in hf_mlm.state_dict().items() if not k.startswith("cls.predictions.decoder.")}, strict=True
+    )
     return hf_enc, hf_mlm, ours_enc, ours_mlm
 
 
@@ -94,8 +97,10 @@ def contenders(case, models, batch, seq, ablate, compiled=None):
     else:
         hf = lambda: hf_mlm(input_ids=masked_ids, attention_mask=mask).logits[positions]  # noqa: E731
         ours = lambda: ours_mlm(masked_ids, mask, masked_positions=positions).logits  # noqa: E731
-        check = lambda a, b: ("top-5 same" if torch.equal(a.topk(5).indices, b.topk(5).indices)  # noqa: E731
-                              else "TOP-5 DIFFER")
+
+        def check(a, b):
+            return "top-5 same" if torch.equal(a.topk(5).indices, b.topk(5).indices) else "TOP-5 DIFFER"
+
     fns = {"hf": hf, "ours": ours}
     if ablate:
         fns["ours, torch GEMM"] = lambda: _without_onednn(ours)
@@ -136,8 +141,13 @@ def run_case(kind, case, models, shapes, args, peak, compiled=None):
                 row += [t[name].fmt(), f"{t['hf'].median / t[name].median:.2f}x"]
         if "ours, compiled" in t:
             row += [f"{warmup:.1f} s"]
-        row += [si(tokens / t["hf"].median), si(tokens / t["ours"].median),
-                f"{flops / t['hf'].median / peak:.0%}", f"{flops / t['ours'].median / peak:.0%}", verdict]
+        row += [
+            si(tokens / t["hf"].median),
+            si(tokens / t["ours"].median),
+            f"{flops / t['hf'].median / peak:.0%}",
+            f"{flops / t['ours'].median / peak:.0%}",
+            verdict,
+        ]
         rows.append(row)
         print(f"  {kind} {case} b{batch} s{seq}: {row[4]}", file=sys.stderr, flush=True)
     headers = ["batch", "seq", "hf ms", "ours ms", "speed-up"]
@@ -160,8 +170,11 @@ def parse_args(argv=None):
     p.add_argument("--block", type=float, default=0.2, help="seconds of calls per turn")
     p.add_argument("--budget", type=float, default=20.0, help="seconds per shape; cuts rounds (min 3)")
     p.add_argument("--ablate", action="store_true", help="also time ours with torch's GEMM (MKL) instead of oneDNN")
-    p.add_argument("--compile", action="store_true",
-                   help="also time ours under torch.compile (compile_model; encoder cases; slow first calls)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time ours under torch.compile (compile_model; encoder cases; slow first calls)",
+    )
     p.add_argument("--quick", action="store_true", help="small config, 2 shapes, 3 rounds")
     args = p.parse_args(argv)
     if args.quick:
@@ -176,11 +189,16 @@ def main(argv=None) -> None:
     mm, dnn = gemm_flops(), gemm_flops(library="onednn")
     peak = max(mm, dnn)
     print(f"## Model benchmark\n\n{machine_line()}\n")
-    print(f"fp32 GEMM 2048^3: torch.mm {si(mm, 'FLOP/s')}, oneDNN {si(dnn, 'FLOP/s')}; "
-          f"% peak is over {si(peak, 'FLOP/s')}. Times: median (min-max) ms per call.\n")
+    print(
+        f"fp32 GEMM 2048^3: torch.mm {si(mm, 'FLOP/s')}, oneDNN {si(dnn, 'FLOP/s')}; "
+        f"% peak is over {si(peak, 'FLOP/s')}. Times: median (min-max) ms per call.\n"
+    )
     for kind in args.configs:
-        shapes = [(b, t) for b, t in DEFAULT_SHAPES[kind]
-                  if (args.batches is None or b in args.batches) and (args.seqs is None or t in args.seqs)]
+        shapes = [
+            (b, t)
+            for b, t in DEFAULT_SHAPES[kind]
+            if (args.batches is None or b in args.batches) and (args.seqs is None or t in args.seqs)
+        ]
         if not shapes:
             continue
         models = build(kind)

@@ -73,8 +73,8 @@ TORCH_PIN = f"torch=={torch.__version__.split('+')[0]}"  # the peers run the tor
 
 @dataclass(frozen=True)
 class Cell:
-    length: str   # a key of LENGTHS
-    texts: int    # texts per request
+    length: str  # a key of LENGTHS
+    texts: int  # texts per request
     clients: int  # closed-loop clients
 
     def describe(self) -> str:
@@ -83,28 +83,38 @@ class Cell:
 
 
 CELLS = {
-    "short-1": Cell("short", 1, 1), "short-32": Cell("short", 1, 32),
-    "long-1": Cell("long", 1, 1), "long-32": Cell("long", 1, 32),
-    "batch32-1": Cell("short", 32, 1), "batch32-4": Cell("short", 32, 4),
+    "short-1": Cell("short", 1, 1),
+    "short-32": Cell("short", 1, 32),
+    "long-1": Cell("long", 1, 1),
+    "long-32": Cell("long", 1, 32),
+    "batch32-1": Cell("short", 32, 1),
+    "batch32-4": Cell("short", 32, 4),
 }
 
 
 @dataclass(frozen=True)
 class Peer:
     packages: tuple[str, ...]  # pinned; installed after TORCH_PIN
-    shown: tuple[str, ...]     # distributions whose versions the report prints
-    path: str                  # its OpenAI-format embeddings route
+    shown: tuple[str, ...]  # distributions whose versions the report prints
+    path: str  # its OpenAI-format embeddings route
 
 
 PEERS = {
-    "infinity": Peer(("infinity-emb[server,torch]==0.0.78", "sentence-transformers==3.4.1", "transformers==4.57.6",
-                      "fastapi==0.165.0"),
-                     ("infinity-emb", "sentence-transformers", "transformers", "torch", "fastapi", "uvicorn"),
-                     "/embeddings"),
-    "plain": Peer(("sentence-transformers==6.3.0", "transformers==5.24.0", "fastapi==0.165.0",
-                   "uvicorn[standard]==0.55.0"),
-                  ("sentence-transformers", "transformers", "torch", "fastapi", "uvicorn"),
-                  "/v1/embeddings"),
+    "infinity": Peer(
+        (
+            "infinity-emb[server,torch]==0.0.78",
+            "sentence-transformers==3.4.1",
+            "transformers==4.57.6",
+            "fastapi==0.165.0",
+        ),
+        ("infinity-emb", "sentence-transformers", "transformers", "torch", "fastapi", "uvicorn"),
+        "/embeddings",
+    ),
+    "plain": Peer(
+        ("sentence-transformers==6.3.0", "transformers==5.24.0", "fastapi==0.165.0", "uvicorn[standard]==0.55.0"),
+        ("sentence-transformers", "transformers", "torch", "fastapi", "uvicorn"),
+        "/v1/embeddings",
+    ),
 }
 SERVERS = ("bertserve", *PEERS)
 OURS_PATH = "/v1/embeddings"
@@ -136,6 +146,7 @@ def embeddings(req: EmbeddingsRequest):  # a sync route: FastAPI runs it in its 
 
 # -- the peers' environments ---------------------------------------------------------------------
 
+
 def default_venvs() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertserve-bench" / "peers"
 
@@ -159,16 +170,17 @@ def ensure_venv(venvs: Path, name: str) -> Path:
 
 
 def peer_versions(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json, sys; "
-            "print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))")
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", code, *names], capture_output=True, text=True,
-                         check=True).stdout
+    code = "import importlib.metadata as m, json, sys; print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code, *names], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out)
 
 
 def our_versions() -> dict[str, str]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=live.ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()  # none outside a git checkout
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=live.ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()  # none outside a git checkout
     versions = {"bertserve": importlib.metadata.version("bertserve") + (f" ({commit})" if commit else "")}
     versions |= {n: importlib.metadata.version(n) for n in ("torch", "tokenizers", "fastapi", "uvicorn")}
     return versions
@@ -176,35 +188,76 @@ def our_versions() -> dict[str, str]:
 
 # -- starting and stopping the servers ---------------------------------------------------------------
 
+
 def thread_env(threads: int) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+    }
 
 
 def peer_command(name: str, venv: Path, port: int) -> list[str]:
     if name == "infinity":
-        return [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", str(MINILM_DIR), "--engine", "torch",
-                "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
-                "--host", "127.0.0.1", "--port", str(port)]
+        return [
+            str(venv / "bin" / "infinity_emb"),
+            "v2",
+            "--model-id",
+            str(MINILM_DIR),
+            "--engine",
+            "torch",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--log-level",
+            "warning",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
     (venv / "plain_app.py").write_text(PLAIN_APP)
-    return [str(venv / "bin" / "python"), "-m", "uvicorn", "plain_app:app", "--app-dir", str(venv),
-            "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+    return [
+        str(venv / "bin" / "python"),
+        "-m",
+        "uvicorn",
+        "plain_app:app",
+        "--app-dir",
+        str(venv),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-access-log",
+    ]
 
 
 def start(name: str, threads: int, data_dir: Path, venvs: dict[str, Path], logs: Path):
     """(process, port, path) of a server that has answered one embeddings request."""
     if name == "bertserve":
-        proc, port = live.start_server(data_dir, DEFAULT_MODEL=MODEL_NAME, PRECISION="fp32",
-                                       TORCH_THREADS=str(threads), process_env=thread_env(threads))
+        proc, port = live.start_server(
+            data_dir,
+            DEFAULT_MODEL=MODEL_NAME,
+            PRECISION="fp32",
+            TORCH_THREADS=str(threads),
+            process_env=thread_env(threads),
+        )
         return proc, port, OURS_PATH
     port, path = live.free_port(), PEERS[name].path
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= thread_env(threads) | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
-                                  "INFINITY_ANONYMOUS_USAGE_STATS": "0", "MODEL_PATH": str(MINILM_DIR)}
+    env |= thread_env(threads) | {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+        "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+        "MODEL_PATH": str(MINILM_DIR),
+    }
     log = logs / f"{name}.log"
     with log.open("ab") as out:
-        proc = subprocess.Popen(peer_command(name, venvs[name], port), env=env, cwd=venvs[name], stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            peer_command(name, venvs[name], port), env=env, cwd=venvs[name], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         live.wait_ready(proc, port, "POST", path, body(["ready"]), timeout=300)
     except RuntimeError as e:
@@ -215,11 +268,16 @@ def start(name: str, threads: int, data_dir: Path, venvs: dict[str, Path], logs:
 
 def import_minilm(data_dir: Path) -> None:
     """`bert import` of MiniLM into data_dir/models/minilm, as a user serves a Hugging Face model."""
-    subprocess.run([sys.executable, "-m", "app.cli", "import", str(MINILM_DIR),
-                    str(data_dir / "models" / MODEL_NAME)], cwd=live.ROOT, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "import", str(MINILM_DIR), str(data_dir / "models" / MODEL_NAME)],
+        cwd=live.ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 # -- requests and measurements ------------------------------------------------------------------
+
 
 def body(texts: list[str]) -> bytes:
     return json.dumps({"model": MODEL_NAME, "input": texts[0] if len(texts) == 1 else texts}).encode()
@@ -227,7 +285,7 @@ def body(texts: list[str]) -> bytes:
 
 def cell_bodies(cell: Cell, texts: dict[str, list[str]]) -> list[bytes]:
     pool = texts[cell.length]
-    return [body(pool[i:i + cell.texts]) for i in range(0, len(pool) - cell.texts + 1, cell.texts)]
+    return [body(pool[i : i + cell.texts]) for i in range(0, len(pool) - cell.texts + 1, cell.texts)]
 
 
 def embeddings(port: int, path: str, texts: list[str]) -> list[list[float]]:
@@ -244,6 +302,7 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
 @dataclass
 class Measure:
     """One server in one cell in one round."""
+
     rps: float
     texts_per_s: float
     p50_ms: float
@@ -266,13 +325,19 @@ def measure(spans: list[tuple[float, float, bool]], seconds: float, texts_per_re
     requests = sum((min(done, seconds) - max(sent, 0)) / (done - sent) for sent, done, _ in inside if done > sent)
     latencies = [done - sent for sent, done, _ in inside]
     rps = requests / seconds
-    return Measure(rps, rps * texts_per_request, 1e3 * percentile(latencies, 0.5), 1e3 * percentile(latencies, 0.99),
-                   sum(not ok for *_, ok in inside))
+    return Measure(
+        rps,
+        rps * texts_per_request,
+        1e3 * percentile(latencies, 0.5),
+        1e3 * percentile(latencies, 0.99),
+        sum(not ok for *_, ok in inside),
+    )
 
 
 @dataclass
 class Summary:
     """One server in one cell, over the rounds: medians, and req/s's min and max."""
+
     rps: float
     rps_low: float
     rps_high: float
@@ -288,19 +353,37 @@ def summarize(measures: list[Measure]) -> Summary:
         return statistics.median(getattr(m, name) for m in measures)
 
     rps = [m.rps for m in measures]
-    return Summary(med("rps"), min(rps), max(rps), med("texts_per_s"), med("p50_ms"), med("p99_ms"),
-                   sum(m.errors for m in measures), len(measures))
+    return Summary(
+        med("rps"),
+        min(rps),
+        max(rps),
+        med("texts_per_s"),
+        med("p50_ms"),
+        med("p99_ms"),
+        sum(m.errors for m in measures),
+        len(measures),
+    )
 
 
 # -- tables ------------------------------------------------------------------------------------------
+
 
 def results_table(summaries: dict[tuple[str, str], Summary], cells: list[str], servers: list[str]) -> str:
     rows = []
     for c in cells:
         for s in servers:
             m = summaries[c, s]
-            rows.append([f"{c}: {CELLS[c].describe()}", s, f"{m.rps:.1f} ({m.rps_low:.1f}-{m.rps_high:.1f})",
-                         f"{m.texts_per_s:.1f}", f"{m.p50_ms:.1f}", f"{m.p99_ms:.1f}", m.errors])
+            rows.append(
+                [
+                    f"{c}: {CELLS[c].describe()}",
+                    s,
+                    f"{m.rps:.1f} ({m.rps_low:.1f}-{m.rps_high:.1f})",
+                    f"{m.texts_per_s:.1f}",
+                    f"{m.p50_ms:.1f}",
+                    f"{m.p99_ms:.1f}",
+                    m.errors,
+                ]
+            )
     return markdown_table(["cell", "server", "req/s (min-max)", "texts/s", "p50 ms", "p99 ms", "errors"], rows)
 
 
@@ -313,8 +396,14 @@ def ratio_table(summaries: dict[tuple[str, str], Summary], cells: list[str], ser
     rows = []
     for c in cells:
         ours = summaries[c, "bertserve"]
-        rows.append([c] + [ratio(a, b) for p in peers
-                           for a, b in ((ours.rps, summaries[c, p].rps), (ours.p50_ms, summaries[c, p].p50_ms))])
+        rows.append(
+            [c]
+            + [
+                ratio(a, b)
+                for p in peers
+                for a, b in ((ours.rps, summaries[c, p].rps), (ours.p50_ms, summaries[c, p].p50_ms))
+            ]
+        )
     return markdown_table(headers, rows)
 
 
@@ -323,20 +412,26 @@ def ratio(a: float, b: float) -> str:
 
 
 def machine_facts() -> dict[str, object]:
-    return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "mkldnn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(), "cores": os.cpu_count(),
-            "usable_cores": len(os.sched_getaffinity(0))}
+    return {
+        "cpu": cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkldnn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+    }
 
 
 # -- the run -----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Run:
     """What every server's turn needs, and what the turns found."""
+
     args: argparse.Namespace
-    work: Path                # a temporary folder: the data directory, the peers' logs
-    venvs: dict[str, Path]    # peer -> its venv
-    probe: list[str]          # texts whose embeddings every server must agree on
+    work: Path  # a temporary folder: the data directory, the peers' logs
+    venvs: dict[str, Path]  # peer -> its venv
+    probe: list[str]  # texts whose embeddings every server must agree on
     reference: tuple[str, list[list[float]]] | None = None  # the first server's embeddings of them
     agreement: dict[str, float] = field(default_factory=dict)  # server -> largest |difference| from those
 
@@ -370,14 +465,18 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
     texts = {length: make_inputs(tokenizer, 256, n) for length, n in LENGTHS.items()}
     bodies = {c: cell_bodies(CELLS[c], texts) for c in cells}
-    run = Run(args, Path(tempfile.mkdtemp(prefix="bertserve-peer-bench-")), venvs,
-              probe=texts["short"][:2] + texts["long"][:2])
+    run = Run(
+        args,
+        Path(tempfile.mkdtemp(prefix="bertserve-peer-bench-")),
+        venvs,
+        probe=texts["short"][:2] + texts["long"][:2],
+    )
     measures: dict[tuple[str, str], list[Measure]] = {(c, s): [] for c in cells for s in servers}
     load_before = os.getloadavg()[0]
     try:
         import_minilm(run.work / "data")
         for r in range(args.rounds):
-            order = servers[r % len(servers):] + servers[:r % len(servers)]
+            order = servers[r % len(servers) :] + servers[: r % len(servers)]
             print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
             for s in order:
                 for c, m in run_server(run, s, bodies).items():
@@ -388,10 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts() | {"load_average_1min": [load_before, os.getloadavg()[0]]}
     print(report(args, machine, versions, run, summaries))
     if args.json:
-        record = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine,
-                  "versions": versions, "agreement": run.agreement,
-                  "measures": [{"cell": c, "server": s, **asdict(m)} for (c, s), ms in measures.items() for m in ms],
-                  "summaries": [{"cell": c, "server": s, **asdict(m)} for (c, s), m in summaries.items()]}
+        record = {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "machine": machine,
+            "versions": versions,
+            "agreement": run.agreement,
+            "measures": [{"cell": c, "server": s, **asdict(m)} for (c, s), ms in measures.items() for m in ms],
+            "summaries": [{"cell": c, "server": s, **asdict(m)} for (c, s), m in summaries.items()],
+        }
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
@@ -399,16 +502,23 @@ def main(argv: list[str] | None = None) -> int:
 def report(args, machine: dict, versions: dict, run: Run, summaries: dict) -> str:
     servers, cells = args.servers.split(","), args.cells.split(",")
     ref = run.reference[0]
-    lines = [(f"CPU: {machine['cpu']}; torch CPU capability {machine['cpu_capability']}; oneDNN bf16 "
-              f"{machine['mkldnn_bf16']}; {machine['cores']} cores ({machine['usable_cores']} usable); 1-minute load "
-              f"average {machine['load_average_1min'][0]:.1f} at the start, {machine['load_average_1min'][1]:.1f} at "
-              f"the end (other processes on these cores move the numbers)"),
-             (f"{args.threads} threads per server, {args.rounds} round(s) of {args.duration:g} s per cell "
-              f"after {args.warmup:g} s unmeasured; fp32; medians over rounds"),
-             *(f"- {s}: " + ", ".join(f"{k} {v}" for k, v in versions[s].items()) for s in servers),
-             f"- largest |embedding difference| from {ref}'s: "
-             + (", ".join(f"{s} {d:.1e}" for s, d in run.agreement.items() if s != ref) or "-"),
-             "", results_table(summaries, cells, servers)]
+    lines = [
+        (
+            f"CPU: {machine['cpu']}; torch CPU capability {machine['cpu_capability']}; oneDNN bf16 "
+            f"{machine['mkldnn_bf16']}; {machine['cores']} cores ({machine['usable_cores']} usable); 1-minute load "
+            f"average {machine['load_average_1min'][0]:.1f} at the start, {machine['load_average_1min'][1]:.1f} at "
+            f"the end (other processes on these cores move the numbers)"
+        ),
+        (
+            f"{args.threads} threads per server, {args.rounds} round(s) of {args.duration:g} s per cell "
+            f"after {args.warmup:g} s unmeasured; fp32; medians over rounds"
+        ),
+        *(f"- {s}: " + ", ".join(f"{k} {v}" for k, v in versions[s].items()) for s in servers),
+        f"- largest |embedding difference| from {ref}'s: "
+        + (", ".join(f"{s} {d:.1e}" for s, d in run.agreement.items() if s != ref) or "-"),
+        "",
+        results_table(summaries, cells, servers),
+    ]
     ratios = ratio_table(summaries, cells, servers)
     return "\n".join(lines + (["", ratios] if ratios else []))
 

@@ -39,6 +39,7 @@ from model.tokenizer import BertTokenizer
 
 # ---------------------------------------------------------------------------- a synthetic store
 
+
 def synthetic_shard(rng: np.random.Generator, tokens: int, vocab_size: int):
     """(tokens, sentences, documents) arrays of about `tokens` ids in whole documents."""
     n_sent = int(tokens / 22 * 1.5) + 16  # more than enough sentences: the budget cuts them
@@ -65,22 +66,40 @@ def write_synthetic_store(path: Path, tokenizer, total: int, shard_tokens: int, 
         ids, sentences, documents = synthetic_shard(rng, min(shard_tokens, total - done), tokenizer.vocab_size)
         for part, array in (("tokens", ids), ("sentences", sentences), ("documents", documents)):
             np.save(path / f"{name}.{part}.npy", array)
-        entries.append({"name": name, "documents": len(documents) - 1, "sentences": len(sentences) - 1,
-                        "tokens": len(ids), "sha256": {}})
+        entries.append(
+            {
+                "name": name,
+                "documents": len(documents) - 1,
+                "sentences": len(sentences) - 1,
+                "tokens": len(ids),
+                "sha256": {},
+            }
+        )
         done += len(ids)
-        print(f"  wrote {name}: {len(ids):,} tokens, {len(sentences) - 1:,} sentences, "
-              f"{len(documents) - 1:,} documents", flush=True)
-    manifest = {"format": "bertserve-token-store", "version": 1,
-                "tokenizer": {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": tokenizer.vocab_size,
-                              "lowercase": bool(tokenizer.lowercase)},
-                "dtype": "uint16", "shards": entries,
-                "totals": {k: sum(e[k] for e in entries) for k in ("documents", "sentences", "tokens")},
-                "sources": [{"path": "synthetic", "bytes": 0, "format": "text"}], "stats": {},
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        print(
+            f"  wrote {name}: {len(ids):,} tokens, {len(sentences) - 1:,} sentences, {len(documents) - 1:,} documents",
+            flush=True,
+        )
+    manifest = {
+        "format": "bertserve-token-store",
+        "version": 1,
+        "tokenizer": {
+            "fingerprint": tokenizer_fingerprint(tokenizer),
+            "vocab_size": tokenizer.vocab_size,
+            "lowercase": bool(tokenizer.lowercase),
+        },
+        "dtype": "uint16",
+        "shards": entries,
+        "totals": {k: sum(e[k] for e in entries) for k in ("documents", "sentences", "tokens")},
+        "sources": [{"path": "synthetic", "bytes": 0, "format": "text"}],
+        "stats": {},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 # ---------------------------------------------------------------------------- the planner before issue 13
+
 
 def sequential_plan(corpus, max_num_tokens: int, short_seq_prob: float, rng: random.Random):
     """The per-sentence Python loop that planned an epoch until issue 13 (NSP on), as a reference."""
@@ -133,11 +152,17 @@ def _sequential_random_segment(corpus, d, target_length, rng):
 
 def plan_stats(a_lo, a_hi, b_lo, b_hi, is_random, max_num_tokens) -> list[str]:
     total = np.minimum((a_hi - a_lo) + (b_hi - b_lo), max_num_tokens)
-    return [f"{len(a_lo):,}", f"{np.mean(is_random):.3f}", f"{total.mean():.1f}",
-            f"{np.mean(total >= max_num_tokens - 8):.3f}", f"{np.mean(total < max_num_tokens // 2):.3f}"]
+    return [
+        f"{len(a_lo):,}",
+        f"{np.mean(is_random):.3f}",
+        f"{total.mean():.1f}",
+        f"{np.mean(total >= max_num_tokens - 8):.3f}",
+        f"{np.mean(total < max_num_tokens // 2):.3f}",
+    ]
 
 
 # ---------------------------------------------------------------------------- measurements
+
 
 def time_store(path: Path, tokenizer, batch_size: int, max_seq_len: int, batches: int) -> list[list[str]]:
     t0 = time.perf_counter()
@@ -152,10 +177,18 @@ def time_store(path: Path, tokenizer, batch_size: int, max_seq_len: int, batches
     for _ in range(batches):
         next(stream)
     t4 = time.perf_counter()
-    return [[f"{store.num_tokens / 1e6:,.0f} M tokens, {len(store.shards)} shards, "
-             f"{store.num_sentences / 1e6:.1f} M sentences", f"{t1 - t0:.2f}", f"{t2 - t1:.2f}",
-             f"{t3 - t2:.3f}", f"**{t3 - t0:.1f}**", f"{n * batch_size:,}",
-             f"{batches * batch_size / (t4 - t3):,.0f}"]]
+    return [
+        [
+            f"{store.num_tokens / 1e6:,.0f} M tokens, {len(store.shards)} shards, "
+            f"{store.num_sentences / 1e6:.1f} M sentences",
+            f"{t1 - t0:.2f}",
+            f"{t2 - t1:.2f}",
+            f"{t3 - t2:.3f}",
+            f"**{t3 - t0:.1f}**",
+            f"{n * batch_size:,}",
+            f"{batches * batch_size / (t4 - t3):,.0f}",
+        ]
+    ]
 
 
 def compare_planners(store_path: Path, tokenizer, small_tokens: int, max_seq_len: int):
@@ -163,8 +196,13 @@ def compare_planners(store_path: Path, tokenizer, small_tokens: int, max_seq_len
     cut = int(np.searchsorted(shard.sentence_offsets, small_tokens))
     d = min(max(2, int(np.searchsorted(shard.document_offsets, cut))), shard.num_documents)
     s, t = int(shard.document_offsets[d]), int(shard.sentence_offsets[int(shard.document_offsets[d])])
-    corpus = TokenizedCorpus(shard.path, "google", shard.tokens[:t], np.asarray(shard.sentence_offsets[: s + 1]),
-                             np.asarray(shard.document_offsets[: d + 1]))
+    corpus = TokenizedCorpus(
+        shard.path,
+        "google",
+        shard.tokens[:t],
+        np.asarray(shard.sentence_offsets[: s + 1]),
+        np.asarray(shard.document_offsets[: d + 1]),
+    )
     m = max_seq_len - 3
     t0 = time.perf_counter()
     old = sequential_plan(corpus, m, 0.1, random.Random(0))
@@ -172,8 +210,10 @@ def compare_planners(store_path: Path, tokenizer, small_tokens: int, max_seq_len
     new = plan_instances(corpus, m, 0.1, True, np.random.default_rng(0))
     t2 = time.perf_counter()
     new_cols = [new.a_lo, new.a_hi, new.b_lo, new.b_hi, new.is_random_next]
-    rows = [["sequential (before)", f"{t1 - t0:.3f}", *plan_stats(*old, m)],
-            ["vectorised (now)", f"{t2 - t1:.3f}", *plan_stats(*new_cols, m)]]
+    rows = [
+        ["sequential (before)", f"{t1 - t0:.3f}", *plan_stats(*old, m)],
+        ["vectorised (now)", f"{t2 - t1:.3f}", *plan_stats(*new_cols, m)],
+    ]
     return corpus, rows, (t1 - t0) / (t2 - t1)
 
 
@@ -185,8 +225,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=300, help="batches streamed after the first")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-seq-len", type=int, default=128)
-    ap.add_argument("--small-tokens", type=float, default=10e6,
-                    help="corpus size of the planner comparison (at most the first shard)")
+    ap.add_argument(
+        "--small-tokens",
+        type=float,
+        default=10e6,
+        help="corpus size of the planner comparison (at most the first shard)",
+    )
     args = ap.parse_args()
     setup(threads=1)
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
@@ -198,14 +242,39 @@ def main() -> None:
         print(f"  written in {time.perf_counter() - t:.0f} s", flush=True)
     print(machine_line())
     print(f"\nstore: batch {args.batch_size}, sequence {args.max_seq_len}, NSP on, 1 thread\n")
-    print(markdown_table(["store", "open (s)", "plan epoch 0 (s)", "first batch (s)", "total (s)",
-                          "examples in epoch 0", f"examples/s over {args.batches} batches"],
-                         time_store(store, tokenizer, args.batch_size, args.max_seq_len, args.batches)))
+    print(
+        markdown_table(
+            [
+                "store",
+                "open (s)",
+                "plan epoch 0 (s)",
+                "first batch (s)",
+                "total (s)",
+                "examples in epoch 0",
+                f"examples/s over {args.batches} batches",
+            ],
+            time_store(store, tokenizer, args.batch_size, args.max_seq_len, args.batches),
+        )
+    )
     corpus, rows, speedup = compare_planners(store, tokenizer, int(args.small_tokens), args.max_seq_len)
-    print(f"\nplanners on one epoch of {corpus.num_tokens / 1e6:.1f} M tokens ({corpus.num_sentences:,} sentences, "
-          f"{corpus.num_documents:,} documents), target {args.max_seq_len - 3} tokens, short_seq_prob 0.1:\n")
-    print(markdown_table(["planner", "time (s)", "instances", "NSP random", "mean tokens", "full (>= target-8)",
-                          "short (< target/2)"], rows))
+    print(
+        f"\nplanners on one epoch of {corpus.num_tokens / 1e6:.1f} M tokens ({corpus.num_sentences:,} sentences, "
+        f"{corpus.num_documents:,} documents), target {args.max_seq_len - 3} tokens, short_seq_prob 0.1:\n"
+    )
+    print(
+        markdown_table(
+            [
+                "planner",
+                "time (s)",
+                "instances",
+                "NSP random",
+                "mean tokens",
+                "full (>= target-8)",
+                "short (< target/2)",
+            ],
+            rows,
+        )
+    )
     print(f"\nspeed-up: {speedup:.0f}x")
 
 

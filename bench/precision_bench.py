@@ -71,30 +71,35 @@ def convert(model: nn.Module, precision: str) -> nn.Module:
 
 # -- data -------------------------------------------------------------------------------------
 
+
 def wiki_sentences(n: int, skip: int = 0) -> list[str]:
     out = []
     for page in json.loads(WIKI_JSON.read_text()).values():
         out += [s for s in split_sentences(page["extract"]) if len(s.split()) >= 5]
         if len(out) >= n + skip:
             break
-    return out[skip:skip + n]
+    return out[skip : skip + n]
 
 
 def reviews(n_train: int, n_test: int, seed: int = 0):
     with bz2.open(ROTTEN_TOMATOES, "rt") as f:
-        rows = [(r["text"], int(r["category"] == "fresh")) for r in csv.DictReader(f)
-                if r["category"] in ("fresh", "rotten")]
+        rows = [
+            (r["text"], int(r["category"] == "fresh"))
+            for r in csv.DictReader(f)
+            if r["category"] in ("fresh", "rotten")
+        ]
     random.Random(seed).shuffle(rows)
-    return rows[:n_train], rows[n_train:n_train + n_test]
+    return rows[:n_train], rows[n_train : n_train + n_test]
 
 
 # -- embeddings and the classification probe --------------------------------------------------
+
 
 @torch.no_grad()  # not inference_mode: the probe trains on these
 def embed(model, tok, texts, batch=32) -> torch.Tensor:
     out = []
     for i in range(0, len(texts), batch):
-        enc = tok(texts[i:i + batch], max_length=128, truncation=True)
+        enc = tok(texts[i : i + batch], max_length=128, truncation=True)
         hidden = model(enc["input_ids"], enc["attention_mask"]).last_hidden_state.float()
         keep = enc["attention_mask"][..., None].float()
         out.append(F.normalize((hidden * keep).sum(1) / keep.sum(1), dim=-1))  # mean pooling
@@ -116,6 +121,7 @@ def train_probe(x: torch.Tensor, y: torch.Tensor, steps: int = 300) -> nn.Linear
 
 
 # -- fill-mask: MiniLM's encoder with a briefly trained MLM head -----------------------------
+
 
 def mask_one(tok, texts, seed=0):
     """Each text tokenised (<= 64 tokens), one random non-special position replaced by [MASK]."""
@@ -148,7 +154,7 @@ def train_mlm(minilm_dir: Path, tok, steps: int, batch: int = 32) -> BertForMask
     texts = wiki_sentences(steps * batch, skip=2000)
     g = torch.Generator().manual_seed(0)
     for step in range(steps):
-        enc = tok(texts[step * batch:(step + 1) * batch], max_length=64, truncation=True)
+        enc = tok(texts[step * batch : (step + 1) * batch], max_length=64, truncation=True)
         ids, attn = enc["input_ids"], enc["attention_mask"]
         pick = (torch.rand(ids.shape, generator=g) < 0.15) & attn.bool()
         pick &= (ids != tok.cls_token_id) & (ids != tok.sep_token_id)
@@ -166,8 +172,11 @@ def fill_mask_top(model, ids, attn, positions, batch=64, k=5) -> torch.Tensor:
     """The top-k token ids at each [MASK], best first: (N, k)."""
     out = []
     for i in range(0, len(ids), batch):
-        out.append(model(ids[i:i + batch], attn[i:i + batch],
-                         masked_positions=positions[i:i + batch]).logits.topk(k).indices)
+        out.append(
+            model(ids[i : i + batch], attn[i : i + batch], masked_positions=positions[i : i + batch])
+            .logits.topk(k)
+            .indices
+        )
     return torch.cat(out)
 
 
@@ -177,6 +186,7 @@ def top5_overlap(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # -- the report -------------------------------------------------------------------------------
 
+
 def speed_table(args) -> str:
     fp32 = BertModel(BertConfig(**CONFIGS["base"])).eval()
     models = {"fp32": fp32, **{p: convert(fp32, p) for p in PRECISIONS}}
@@ -185,10 +195,16 @@ def speed_table(args) -> str:
         ids = torch.randint(1000, 30000, (batch, 128))
         mask = torch.ones_like(ids)
         with torch.inference_mode():
-            t = interleaved({name: (lambda m=m, ids=ids, mask=mask: m(ids, mask)) for name, m in models.items()},
-                            rounds=args.rounds, block_s=0.3, budget_s=args.budget)
-        rows.append([f"base, batch {batch}, seq 128"] + [
-            f"{t[n].fmt()} = {t['fp32'].median / t[n].median:.2f}x" for n in models])
+            t = interleaved(
+                {name: (lambda m=m, ids=ids, mask=mask: m(ids, mask)) for name, m in models.items()},
+                rounds=args.rounds,
+                block_s=0.3,
+                budget_s=args.budget,
+            )
+        rows.append(
+            [f"base, batch {batch}, seq 128"]
+            + [f"{t[n].fmt()} = {t['fp32'].median / t[n].median:.2f}x" for n in models]
+        )
     return markdown_table(["ms per forward (speed-up vs fp32)"] + list(models), rows)
 
 
@@ -207,28 +223,56 @@ def accuracy_table(args) -> str:
     ids, attn, positions, truth = mask_one(tok, wiki_sentences(args.sentences, skip=1000))
     ref_top = fill_mask_top(mlm, ids, attn, positions)
     right = ref_top[:, 0] == truth
-    rows = [["fp32", "1.0000 / 1.0000", "100.0%", f"{(ref_pred == y_test).float().mean():.1%}",
-             "100.0%", "100.0%", "100.0%", f"{right.float().mean():.1%}"]]
+    rows = [
+        [
+            "fp32",
+            "1.0000 / 1.0000",
+            "100.0%",
+            f"{(ref_pred == y_test).float().mean():.1%}",
+            "100.0%",
+            "100.0%",
+            "100.0%",
+            f"{right.float().mean():.1%}",
+        ]
+    ]
     for p in PRECISIONS:
         model = convert(encoder, p)
         cos = (embed(model, tok, sentences) * ref_emb).sum(-1)
         with torch.no_grad():
             pred = probe(embed(model, tok, [t for t, _ in test])).argmax(-1)
         top = fill_mask_top(convert(mlm, p), ids, attn, positions)
-        rows.append([p, f"{cos.min():.4f} / {cos.mean():.4f}", f"{(pred == ref_pred).float().mean():.1%}",
-                     f"{(pred == y_test).float().mean():.1%}", f"{(top[:, 0] == ref_top[:, 0]).float().mean():.1%}",
-                     f"{(top[right, 0] == ref_top[right, 0]).float().mean():.1%}",
-                     f"{top5_overlap(top, ref_top):.1%}", f"{(top[:, 0] == truth).float().mean():.1%}"])
-    return markdown_table(["precision", "embedding cosine min / mean", "classification agreement",
-                           "classification accuracy", "fill-mask top-1 agreement",
-                           "top-1 agreement where fp32 is right", "fill-mask top-5 overlap",
-                           "fill-mask top-1 accuracy"], rows)
+        rows.append(
+            [
+                p,
+                f"{cos.min():.4f} / {cos.mean():.4f}",
+                f"{(pred == ref_pred).float().mean():.1%}",
+                f"{(pred == y_test).float().mean():.1%}",
+                f"{(top[:, 0] == ref_top[:, 0]).float().mean():.1%}",
+                f"{(top[right, 0] == ref_top[right, 0]).float().mean():.1%}",
+                f"{top5_overlap(top, ref_top):.1%}",
+                f"{(top[:, 0] == truth).float().mean():.1%}",
+            ]
+        )
+    return markdown_table(
+        [
+            "precision",
+            "embedding cosine min / mean",
+            "classification agreement",
+            "classification accuracy",
+            "fill-mask top-1 agreement",
+            "top-1 agreement where fp32 is right",
+            "fill-mask top-5 overlap",
+            "fill-mask top-1 accuracy",
+        ],
+        rows,
+    )
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minilm", type=Path, default=MINILM_DIR,
-                   help="MiniLM directory (HF layout, or the output of `bert import`)")
+    p.add_argument(
+        "--minilm", type=Path, default=MINILM_DIR, help="MiniLM directory (HF layout, or the output of `bert import`)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--rounds", type=int, default=5)
@@ -254,8 +298,10 @@ def main(argv=None) -> None:
     if not args.skip_speed:
         print("Encoder forward, median (min-max) ms:\n\n" + speed_table(args) + "\n", flush=True)
     if not args.skip_accuracy:
-        print(f"Accuracy against fp32 ({args.sentences} sentences, {args.reviews} test reviews, "
-              f"MLM head trained {args.mlm_steps} steps):\n\n" + accuracy_table(args) + "\n")
+        print(
+            f"Accuracy against fp32 ({args.sentences} sentences, {args.reviews} test reviews, "
+            f"MLM head trained {args.mlm_steps} steps):\n\n" + accuracy_table(args) + "\n"
+        )
 
 
 if __name__ == "__main__":

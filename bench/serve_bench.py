@@ -54,10 +54,12 @@ ENDPOINTS = ("embeddings", "fill-mask")
 
 # -- the model ---------------------------------------------------------------------------------
 
+
 def build_model(data_dir: Path) -> tuple[BertForPreTraining, BertTokenizer]:
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
-    config = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=1024)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+    )
     torch.manual_seed(0)
     model = BertForPreTraining(config).eval()
     model.save_pretrained(data_dir / "models" / "bench", tokenizer=tokenizer)
@@ -65,6 +67,7 @@ def build_model(data_dir: Path) -> tuple[BertForPreTraining, BertTokenizer]:
 
 
 # -- the bare forward pass ---------------------------------------------------------------------
+
 
 def bare_forward(model, tokenizer, texts: list[str], endpoint: str, seconds: float) -> float:
     """Tokens/s of the model alone on one padded batch of `texts`, as the service would run it."""
@@ -93,10 +96,16 @@ def bare_forward(model, tokenizer, texts: list[str], endpoint: str, seconds: flo
 
 # -- the server and a small HTTP/1.1 client ----------------------------------------------------
 
+
 def start_server(data_dir: Path, batching: bool, torch_threads: int) -> tuple[subprocess.Popen, int]:
     """bench/live.py's server, with this benchmark's settings (the device as the environment says)."""
-    return live.start_server(data_dir, BATCHING=str(batching).lower(), MAX_QUEUE="1024",
-                             TORCH_THREADS=str(torch_threads), DEVICE=os.environ.get("BERT_DEVICE", "auto"))
+    return live.start_server(
+        data_dir,
+        BATCHING=str(batching).lower(),
+        MAX_QUEUE="1024",
+        TORCH_THREADS=str(torch_threads),
+        DEVICE=os.environ.get("BERT_DEVICE", "auto"),
+    )
 
 
 stop_server = live.stop_server
@@ -113,8 +122,10 @@ class Connection:
         return self
 
     async def request(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
         length = 0
@@ -157,11 +168,11 @@ class Result:
         return 1000 * lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
 
 
-async def load(port: int, endpoint: str, texts: list[str], tokens: int, clients: int, seconds: float,
-               warmup: float = 0.5) -> Result:
+async def load(
+    port: int, endpoint: str, texts: list[str], tokens: int, clients: int, seconds: float, warmup: float = 0.5
+) -> Result:
     """Closed loop: `clients` connections, each sending its next request when the last is answered."""
-    bodies = [json.dumps({"inputs": t, **({"top_k": 5} if endpoint == "fill-mask" else {})}).encode()
-              for t in texts]
+    bodies = [json.dumps({"inputs": t, **({"top_k": 5} if endpoint == "fill-mask" else {})}).encode() for t in texts]
     conns = [await Connection(port).open() for _ in range(clients)]
     start = time.perf_counter()
     measure_from, stop_at = start + warmup, start + warmup + seconds
@@ -185,13 +196,17 @@ async def load(port: int, endpoint: str, texts: list[str], tokens: int, clients:
 
 # -- the run -----------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per cell (default 4)")
     parser.add_argument("--clients", default="1,8,32", help="concurrency levels (default 1,8,32)")
-    parser.add_argument("--torch-threads", type=int, default=0,
-                        help="torch threads, for the server (BERT_TORCH_THREADS) and the bare forward pass alike; "
-                             "0 = torch's default")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch threads, for the server (BERT_TORCH_THREADS) and the bare forward pass alike; 0 = torch's default",
+    )
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
     if args.torch_threads:
@@ -200,11 +215,17 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bench-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     model, tokenizer = build_model(data_dir)
-    inputs = {(e, length): make_inputs(tokenizer, 64, n, masked=e == "fill-mask")
-              for e in ENDPOINTS for length, n in LENGTHS.items()}
-    print(f"{machine_line()}, {os.cpu_count()} CPUs, "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {model.num_parameters() / 1e6:.1f}M parameters, "
-          f"{args.duration:g} s per cell", flush=True)
+    inputs = {
+        (e, length): make_inputs(tokenizer, 64, n, masked=e == "fill-mask")
+        for e in ENDPOINTS
+        for length, n in LENGTHS.items()
+    }
+    print(
+        f"{machine_line()}, {os.cpu_count()} CPUs, "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {model.num_parameters() / 1e6:.1f}M parameters, "
+        f"{args.duration:g} s per cell",
+        flush=True,
+    )
     results, bare = {}, {}
     for batching in (True, False):
         proc, port = start_server(data_dir, batching, args.torch_threads)
@@ -214,19 +235,23 @@ def main(argv: list[str] | None = None) -> None:
                     for c in levels:
                         print(f"batching {'on' if batching else 'off'}: {e} {length} x{c}...", file=sys.stderr)
                         results[e, length, c, batching] = asyncio.run(
-                            load(port, e, inputs[e, length], n, c, args.duration))
+                            load(port, e, inputs[e, length], n, c, args.duration)
+                        )
                         # The bare pass right after, while the server idles: the same neighbours' load.
                         b = c if batching else 1
-                        bare[e, length, c, batching] = bare_forward(model, tokenizer, inputs[e, length][:b], e,
-                                                                    seconds=min(args.duration, 1.5))
+                        bare[e, length, c, batching] = bare_forward(
+                            model, tokenizer, inputs[e, length][:b], e, seconds=min(args.duration, 1.5)
+                        )
         finally:
             stop_server(proc)
     print_table(results, bare, levels)
 
 
 def print_table(results: dict, bare: dict, levels: list[int]) -> None:
-    print("| endpoint | input | clients | batching | req/s | tokens/s | p50 ms | p99 ms | errors "
-          "| bare fwd tokens/s (batch) | service / bare |")
+    print(
+        "| endpoint | input | clients | batching | req/s | tokens/s | p50 ms | p99 ms | errors "
+        "| bare fwd tokens/s (batch) | service / bare |"
+    )
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for e in ENDPOINTS:
         for length, n in LENGTHS.items():
@@ -235,17 +260,21 @@ def print_table(results: dict, bare: dict, levels: list[int]) -> None:
                     r = results[e, length, c, batching]
                     b = c if batching else 1
                     bt = bare[e, length, c, batching]
-                    print(f"| {e} | {length} ({n} tok) | {c} | {'on' if batching else 'off'} | {r.rps:.1f} | "
-                          f"{r.tps:.0f} | {r.pct(0.5):.1f} | {r.pct(0.99):.1f} | {r.errors} | "
-                          f"{bt:.0f} ({b}x{n}) | {100 * r.tps / bt:.0f}% |")
+                    print(
+                        f"| {e} | {length} ({n} tok) | {c} | {'on' if batching else 'off'} | {r.rps:.1f} | "
+                        f"{r.tps:.0f} | {r.pct(0.5):.1f} | {r.pct(0.99):.1f} | {r.errors} | "
+                        f"{bt:.0f} ({b}x{n}) | {100 * r.tps / bt:.0f}% |"
+                    )
     top = max(levels)
     print()
     for e in ENDPOINTS:
         on, off = results[e, "short", top, True], results[e, "short", top, False]
         long_on = results[e, "long", top, True]
-        print(f"- {e}: {top} clients, short inputs: batching on {on.rps:.1f} req/s vs off {off.rps:.1f} "
-              f"= {on.rps / off.rps:.2f}x (target >= 2x); long inputs: service {long_on.tps:.0f} tokens/s = "
-              f"{100 * long_on.tps / bare[e, 'long', top, True]:.0f}% of bare forward (target >= 70%)")
+        print(
+            f"- {e}: {top} clients, short inputs: batching on {on.rps:.1f} req/s vs off {off.rps:.1f} "
+            f"= {on.rps / off.rps:.2f}x (target >= 2x); long inputs: service {long_on.tps:.0f} tokens/s = "
+            f"{100 * long_on.tps / bare[e, 'long', top, True]:.0f}% of bare forward (target >= 70%)"
+        )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,40 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SMALL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, vocab_size=8000,
-             max_position_embeddings=512)
+SMALL = dict(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=1024,
+    vocab_size=8000,
+    max_position_embeddings=512,
+)
 CASES = {  # name: (config, batch size, sequence length[, architecture, labels]); BertForPreTraining by default
     "small b32 s128": (SMALL, 32, 128),
-    "medium b16 s256": (dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
-                             vocab_size=30522, max_position_embeddings=512), 16, 256),
-    "base b8 s256": (dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                          vocab_size=30522, max_position_embeddings=512), 8, 256),
+    "medium b16 s256": (
+        dict(
+            hidden_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            intermediate_size=2048,
+            vocab_size=30522,
+            max_position_embeddings=512,
+        ),
+        16,
+        256,
+    ),
+    "base b8 s256": (
+        dict(
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            vocab_size=30522,
+            max_position_embeddings=512,
+        ),
+        8,
+        256,
+    ),
     "small tagger, 10k tags, b32 s128": (SMALL, 32, 128, "BertForTokenClassification", 10_000),
     "small classifier, 100k labels, b32 s128": (SMALL, 32, 128, "BertForSequenceClassification", 100_000),
 }
@@ -59,14 +85,27 @@ def batches(config: dict, batch_size: int, seq_len: int, count: int, architectur
         ids = torch.randint(5, config["vocab_size"], (batch_size, seq_len), generator=g)
         if architecture != "BertForPreTraining":
             shape = (batch_size, seq_len) if architecture == "BertForTokenClassification" else (batch_size,)
-            out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                        "token_type_ids": torch.zeros_like(ids), "labels": torch.randint(0, num_labels, shape, generator=g)})
+            out.append(
+                {
+                    "input_ids": ids,
+                    "attention_mask": torch.ones_like(ids),
+                    "token_type_ids": torch.zeros_like(ids),
+                    "labels": torch.randint(0, num_labels, shape, generator=g),
+                }
+            )
             continue
         labels = torch.full_like(ids, -100)
         masked = torch.rand(batch_size, seq_len, generator=g) < 0.15
         labels[masked] = ids[masked]
-        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-                    "labels": labels, "next_sentence_label": torch.randint(0, 2, (batch_size,), generator=g)})
+        out.append(
+            {
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "token_type_ids": torch.zeros_like(ids),
+                "labels": labels,
+                "next_sentence_label": torch.randint(0, 2, (batch_size,), generator=g),
+            }
+        )
     return out
 
 
@@ -111,8 +150,9 @@ def estimate(name: str, precision: str) -> dict:
     from model.sizing import estimate_training
 
     config, batch_size, seq_len, architecture, labels = case(name)
-    return estimate_training(config, architecture, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                             num_labels=labels).to_dict()
+    return estimate_training(
+        config, architecture, batch_size=batch_size, seq_len=seq_len, precision=precision, num_labels=labels
+    ).to_dict()
 
 
 def main() -> None:
@@ -129,22 +169,43 @@ def main() -> None:
         return
     rows = []
     print(f"device {args.device}, precision {args.precision}, {STEPS} AdamW steps, {args.threads} thread(s)")
-    print("| case | parameters | states (GB) | activations (GB) | overhead (GB) | estimate (GB) | measured (GB) | "
-          "measured / estimate |")
+    print(
+        "| case | parameters | states (GB) | activations (GB) | overhead (GB) | estimate (GB) | measured (GB) | "
+        "measured / estimate |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name in args.cases:
-        run = subprocess.run([sys.executable, "-m", "bench.sizing_bench", "--one", name, "--device", args.device,
-                              "--precision", args.precision, "--threads", str(args.threads)],
-                             capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.sizing_bench",
+                "--one",
+                name,
+                "--device",
+                args.device,
+                "--precision",
+                args.precision,
+                "--threads",
+                str(args.threads),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         measured = json.loads(run.stdout.strip().splitlines()[-1])["measured"]
         est = estimate(name, args.precision)
         gb = 1024**3
         states = est["weights_bytes"] + est["gradient_bytes"] + est["optimizer_bytes"]
         row = {"case": name, **est, "measured_bytes": measured, "ratio": measured / est["memory_bytes"]}
         rows.append(row)
-        print(f"| {name} | {est['parameters'] / 1e6:.1f} M | {states / gb:.2f} | {est['activation_bytes'] / gb:.2f} | "
-              f"{est['overhead_bytes'] / gb:.2f} | "
-              f"{est['memory_bytes'] / gb:.2f} | {measured / gb:.2f} | {row['ratio']:.2f} |", flush=True)
+        print(
+            f"| {name} | {est['parameters'] / 1e6:.1f} M | {states / gb:.2f} | {est['activation_bytes'] / gb:.2f} | "
+            f"{est['overhead_bytes'] / gb:.2f} | "
+            f"{est['memory_bytes'] / gb:.2f} | {measured / gb:.2f} | {row['ratio']:.2f} |",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -53,8 +53,15 @@ def request_mix(tokenizer) -> list[tuple[str, int, str, bytes]]:
     ]
 
 
-async def client(port: int, mix, rng: random.Random, stop_at: float, statuses: Counter,
-                 latencies: dict[str, list[float]], failures: Counter) -> None:
+async def client(
+    port: int,
+    mix,
+    rng: random.Random,
+    stop_at: float,
+    statuses: Counter,
+    latencies: dict[str, list[float]],
+    failures: Counter,
+) -> None:
     conn = Client(port)
     weights = [w for _, w, _, _ in mix]
     while time.perf_counter() < stop_at:
@@ -83,13 +90,16 @@ async def soak(port: int, pid: int, mix, seconds: float, clients: int, every: fl
     statuses, latencies, failures, samples = Counter(), defaultdict(list), Counter(), []
     stop_at = time.perf_counter() + seconds
     rngs = [random.Random(i) for i in range(clients)]
-    await asyncio.gather(sample_rss(pid, every, stop_at, samples),
-                         *(client(port, mix, rngs[i], stop_at, statuses, latencies, failures) for i in range(clients)))
+    await asyncio.gather(
+        sample_rss(pid, every, stop_at, samples),
+        *(client(port, mix, rngs[i], stop_at, statuses, latencies, failures) for i in range(clients)),
+    )
     return statuses, latencies, failures, samples
 
 
-def summary(mix, statuses: Counter, latencies, failures: Counter, samples, seconds: float, warmup: float,
-            clients: int) -> str:
+def summary(
+    mix, statuses: Counter, latencies, failures: Counter, samples, seconds: float, warmup: float, clients: int
+) -> str:
     total = sum(statuses.values())
     by_status = Counter()
     for (_, status), n in statuses.items():
@@ -97,20 +107,30 @@ def summary(mix, statuses: Counter, latencies, failures: Counter, samples, secon
     errors_5xx = sum(n for s, n in by_status.items() if s >= 500)
     warm = next(rss for t, rss in samples if t >= warmup)
     end = samples[-1][1]
-    lines = [(f"**Soak:** {seconds / 60:g} min, {clients} clients, {total} requests ({total / seconds:.1f}/s); "
-              f"statuses {dict(sorted(by_status.items()))}; **5xx: {errors_5xx}**; transport errors: "
-              f"{dict(failures) or 0}."),
-             (f"RSS after the {warmup:g} s warm-up **{warm:.0f} MB**, at the end **{end:.0f} MB** "
-              f"(**{100 * (end - warm) / warm:+.1f}%**); start {samples[0][1]:.0f} MB, peak "
-              f"{max(r for _, r in samples):.0f} MB."), "",
-             "| kind | requests | statuses | p50 ms | p99 ms |", "|---|---:|---|---:|---:|"]
+    lines = [
+        (
+            f"**Soak:** {seconds / 60:g} min, {clients} clients, {total} requests ({total / seconds:.1f}/s); "
+            f"statuses {dict(sorted(by_status.items()))}; **5xx: {errors_5xx}**; transport errors: "
+            f"{dict(failures) or 0}."
+        ),
+        (
+            f"RSS after the {warmup:g} s warm-up **{warm:.0f} MB**, at the end **{end:.0f} MB** "
+            f"(**{100 * (end - warm) / warm:+.1f}%**); start {samples[0][1]:.0f} MB, peak "
+            f"{max(r for _, r in samples):.0f} MB."
+        ),
+        "",
+        "| kind | requests | statuses | p50 ms | p99 ms |",
+        "|---|---:|---|---:|---:|",
+    ]
     for kind, *_ in mix:
         lat = sorted(latencies.get(kind, []))
         if not lat:
             continue
         codes = ", ".join(f"{s} x{n}" for (k, s), n in sorted(statuses.items()) if k == kind)
-        lines.append(f"| {kind} | {len(lat)} | {codes} | {1000 * statistics.median(lat):.0f} | "
-                     f"{1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]:.0f} |")
+        lines.append(
+            f"| {kind} | {len(lat)} | {codes} | {1000 * statistics.median(lat):.0f} | "
+            f"{1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]:.0f} |"
+        )
     lines += ["", "RSS (MB) every sample: " + ", ".join(f"{t:.0f}s {r:.0f}" for t, r in samples)]
     return "\n".join(lines)
 
@@ -119,11 +139,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="load time (default 10)")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
-    parser.add_argument("--warmup", type=float, help="seconds before the reference RSS sample "
-                                                      "(default 60, at most a fifth of the run)")
+    parser.add_argument(
+        "--warmup", type=float, help="seconds before the reference RSS sample (default 60, at most a fifth of the run)"
+    )
     parser.add_argument("--every", type=float, default=10.0, help="seconds between RSS samples (default 10)")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="an environment variable for the server (repeatable), e.g. MALLOC_ARENA_MAX=2")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the server (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
     args = parser.parse_args(argv)
     seconds = args.minutes * 60
     warmup = args.warmup if args.warmup is not None else min(60.0, seconds / 5)

@@ -39,20 +39,281 @@ SPLITS = ("train", "test")
 
 # -- pools (written here, no network); each is cut into train/test parts by position -------------
 
-FIRST_NAMES = ["Amelia", "Oliver", "Isla", "Arthur", "Freya", "Theo", "Ivy", "Leo", "Rosa", "Jonah", "Clara", "Felix", "Nora", "Hugo", "Elsie", "Ravi", "Maya", "Tobias", "Ines", "Kofi", "Greta", "Mateo", "Alma", "Viktor", "Leila", "Casper", "Wren", "Omar", "Hazel", "Dmitri", "Juno", "Anders", "Priya", "Silas", "Esme", "Bruno", "Talia", "Emeka", "Linnea", "Marco", "Sofia", "Ewan", "Yara", "Lukas", "Mira", "Nikhil", "Ada", "Soren", "Beatrix", "Rafael", "Ingrid", "Kenji", "Olga", "Tariq", "Delphine", "Aurelio", "Saoirse", "Bastian", "Noor", "Idris", "Thea", "Cormac", "Lucia", "Anton", "Zara", "Malik"]
-SURNAMES = ["Hale", "Dorn", "Whitcombe", "Abara", "Lindqvist", "Moreau", "Castell", "Pryce", "Okafor", "Vance", "Tamsin", "Brannock", "Ferreira", "Kowalski", "Ashdown", "Nakamura", "Reyes", "Haldane", "Ostrander", "Quayle", "Mbeki", "Sorensen", "Gallo", "Pemberton", "Varga", "Achebe", "Lund", "Fairweather", "Iyer", "Brandt", "Calloway", "Novak", "Sterling", "Adeyemi", "Holt", "Mirza", "Castellanos", "Thorne", "Duval", "Rasmussen", "Keane", "Baptiste", "Wolfe", "Petrov", "Marchetti", "Ellery", "Osei", "Grieve", "Takahashi", "Lowell", "Ferro", "Blackwood", "Anand", "Stroud", "Delacroix", "Ruane", "Kessler", "Mendez", "Aldous", "Fontaine", "Hadley", "Obi", "Sandoval"]
-TOWN_ROOTS = ["Brack", "Ell", "Dun", "Mar", "Tor", "Wen", "Quel", "Ost", "Harl", "Fenn", "Gal", "Lind", "Corr", "Ash", "Bel", "Kest", "Norr", "Pell", "Rav", "Sil", "Thorn", "Ulm", "Vard", "Yarr", "Zell", "Alder", "Bram", "Cald", "Drey", "Elm", "Frost", "Glen", "Hollin", "Ives", "Jarrow", "Kell", "Lorn", "Mire", "Nethe", "Orl", "Pent", "Rook", "Stave", "Tarn", "Umber", "Vell", "Wyck", "Brenn", "Coll", "Dray", "Emble", "Farr", "Gorse", "Hask", "Innis", "Jory", "Kip", "Lask", "Mell"]
-TOWN_SUFFIXES = ["ford", "bury", "wick", "ton", "mere", "stead", "holm", "dale", "more", "by", "haven", "port", "field", "worth", "ley"]
-TOWN_PATTERNS = ("{}", "{}", "{}", "Port {}", "New {}", "Lake {}", "{} Falls", "{} Springs", "North {}",
-                 "Upper {}")
-ORG_KINDS = ["Industries", "Bank", "Logistics", "Analytics", "Press", "Foods", "Mining", "Labs", "Group", "Holdings", "Partners", "Software", "Motors", "Textiles", "Pharmaceuticals", "Airlines", "Shipping", "Energy", "Insurance", "Robotics"]
-ORG_PATTERNS = ("{} {}", "{} {}", "{} {}", "{} & {} {}", "{} {} Ltd", "{} {} Inc", "University of {}",
-                "{} Institute of Technology")
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"]
+FIRST_NAMES = [
+    "Amelia",
+    "Oliver",
+    "Isla",
+    "Arthur",
+    "Freya",
+    "Theo",
+    "Ivy",
+    "Leo",
+    "Rosa",
+    "Jonah",
+    "Clara",
+    "Felix",
+    "Nora",
+    "Hugo",
+    "Elsie",
+    "Ravi",
+    "Maya",
+    "Tobias",
+    "Ines",
+    "Kofi",
+    "Greta",
+    "Mateo",
+    "Alma",
+    "Viktor",
+    "Leila",
+    "Casper",
+    "Wren",
+    "Omar",
+    "Hazel",
+    "Dmitri",
+    "Juno",
+    "Anders",
+    "Priya",
+    "Silas",
+    "Esme",
+    "Bruno",
+    "Talia",
+    "Emeka",
+    "Linnea",
+    "Marco",
+    "Sofia",
+    "Ewan",
+    "Yara",
+    "Lukas",
+    "Mira",
+    "Nikhil",
+    "Ada",
+    "Soren",
+    "Beatrix",
+    "Rafael",
+    "Ingrid",
+    "Kenji",
+    "Olga",
+    "Tariq",
+    "Delphine",
+    "Aurelio",
+    "Saoirse",
+    "Bastian",
+    "Noor",
+    "Idris",
+    "Thea",
+    "Cormac",
+    "Lucia",
+    "Anton",
+    "Zara",
+    "Malik",
+]
+SURNAMES = [
+    "Hale",
+    "Dorn",
+    "Whitcombe",
+    "Abara",
+    "Lindqvist",
+    "Moreau",
+    "Castell",
+    "Pryce",
+    "Okafor",
+    "Vance",
+    "Tamsin",
+    "Brannock",
+    "Ferreira",
+    "Kowalski",
+    "Ashdown",
+    "Nakamura",
+    "Reyes",
+    "Haldane",
+    "Ostrander",
+    "Quayle",
+    "Mbeki",
+    "Sorensen",
+    "Gallo",
+    "Pemberton",
+    "Varga",
+    "Achebe",
+    "Lund",
+    "Fairweather",
+    "Iyer",
+    "Brandt",
+    "Calloway",
+    "Novak",
+    "Sterling",
+    "Adeyemi",
+    "Holt",
+    "Mirza",
+    "Castellanos",
+    "Thorne",
+    "Duval",
+    "Rasmussen",
+    "Keane",
+    "Baptiste",
+    "Wolfe",
+    "Petrov",
+    "Marchetti",
+    "Ellery",
+    "Osei",
+    "Grieve",
+    "Takahashi",
+    "Lowell",
+    "Ferro",
+    "Blackwood",
+    "Anand",
+    "Stroud",
+    "Delacroix",
+    "Ruane",
+    "Kessler",
+    "Mendez",
+    "Aldous",
+    "Fontaine",
+    "Hadley",
+    "Obi",
+    "Sandoval",
+]
+TOWN_ROOTS = [
+    "Brack",
+    "Ell",
+    "Dun",
+    "Mar",
+    "Tor",
+    "Wen",
+    "Quel",
+    "Ost",
+    "Harl",
+    "Fenn",
+    "Gal",
+    "Lind",
+    "Corr",
+    "Ash",
+    "Bel",
+    "Kest",
+    "Norr",
+    "Pell",
+    "Rav",
+    "Sil",
+    "Thorn",
+    "Ulm",
+    "Vard",
+    "Yarr",
+    "Zell",
+    "Alder",
+    "Bram",
+    "Cald",
+    "Drey",
+    "Elm",
+    "Frost",
+    "Glen",
+    "Hollin",
+    "Ives",
+    "Jarrow",
+    "Kell",
+    "Lorn",
+    "Mire",
+    "Nethe",
+    "Orl",
+    "Pent",
+    "Rook",
+    "Stave",
+    "Tarn",
+    "Umber",
+    "Vell",
+    "Wyck",
+    "Brenn",
+    "Coll",
+    "Dray",
+    "Emble",
+    "Farr",
+    "Gorse",
+    "Hask",
+    "Innis",
+    "Jory",
+    "Kip",
+    "Lask",
+    "Mell",
+]
+TOWN_SUFFIXES = [
+    "ford",
+    "bury",
+    "wick",
+    "ton",
+    "mere",
+    "stead",
+    "holm",
+    "dale",
+    "more",
+    "by",
+    "haven",
+    "port",
+    "field",
+    "worth",
+    "ley",
+]
+TOWN_PATTERNS = ("{}", "{}", "{}", "Port {}", "New {}", "Lake {}", "{} Falls", "{} Springs", "North {}", "Upper {}")
+ORG_KINDS = [
+    "Industries",
+    "Bank",
+    "Logistics",
+    "Analytics",
+    "Press",
+    "Foods",
+    "Mining",
+    "Labs",
+    "Group",
+    "Holdings",
+    "Partners",
+    "Software",
+    "Motors",
+    "Textiles",
+    "Pharmaceuticals",
+    "Airlines",
+    "Shipping",
+    "Energy",
+    "Insurance",
+    "Robotics",
+]
+ORG_PATTERNS = (
+    "{} {}",
+    "{} {}",
+    "{} {}",
+    "{} & {} {}",
+    "{} {} Ltd",
+    "{} {} Inc",
+    "University of {}",
+    "{} Institute of Technology",
+)
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 YEARS = list(range(1850, 2040))
 DATE_PATTERNS = ("{d} {m} {y}", "{m} {d} , {y}", "{m} {y}", "{y}", "{d} {m} {y}")
 # Roles take "a" in the templates, so none starts with a vowel.
-ROLES = ["nurse", "teacher", "chemist", "pilot", "baker", "lawyer", "surveyor", "geologist", "carpenter", "doctor", "banker", "painter"]
+ROLES = [
+    "nurse",
+    "teacher",
+    "chemist",
+    "pilot",
+    "baker",
+    "lawyer",
+    "surveyor",
+    "geologist",
+    "carpenter",
+    "doctor",
+    "banker",
+    "painter",
+]
 TITLES = ("Dr.", "Mr.", "Ms.", "Professor", "Judge", "Captain")
 
 
@@ -74,8 +335,7 @@ class Pools:
 
     @classmethod
     def for_split(cls, split: str) -> Pools:
-        return cls(_part(FIRST_NAMES, split), _part(SURNAMES, split), _part(TOWN_ROOTS, split),
-                   _part(YEARS, split))
+        return cls(_part(FIRST_NAMES, split), _part(SURNAMES, split), _part(TOWN_ROOTS, split), _part(YEARS, split))
 
 
 # -- entities: (surface tokens, type) ---------------------------------------------------------------
@@ -191,8 +451,16 @@ def surname(rng: random.Random, pools: Pools) -> list[str]:
 
 
 # slot: (entity type, maker)
-_SLOTS = {"PER": ("PER", person), "PER2": ("PER", person), "PERS": ("PER", surname), "LOC": ("LOC", place),
-          "LOC2": ("LOC", place), "ORG": ("ORG", company), "ORG2": ("ORG", company), "DATE": ("DATE", date)}
+_SLOTS = {
+    "PER": ("PER", person),
+    "PER2": ("PER", person),
+    "PERS": ("PER", surname),
+    "LOC": ("LOC", place),
+    "LOC2": ("LOC", place),
+    "ORG": ("ORG", company),
+    "ORG2": ("ORG", company),
+    "DATE": ("DATE", date),
+}
 
 
 def ner_templates(split: str) -> list[str]:
@@ -221,8 +489,9 @@ def render_ner(rng: random.Random, pools: Pools, template: str) -> tuple[list[st
 
 def _filler(rng: random.Random, slot: str) -> str:
     if slot == "NUM":  # numbers that are not dates: a model must not tag every number DATE
-        return rng.choice([str(rng.randint(2, 99)), str(rng.randint(100, 999)),
-                           f"{rng.randint(1, 9)},{rng.randint(100, 999)}"])
+        return rng.choice(
+            [str(rng.randint(2, 99)), str(rng.randint(100, 999)), f"{rng.randint(1, 9)},{rng.randint(100, 999)}"]
+        )
     if slot == "ROLE":
         return rng.choice(ROLES)
     if slot == "TITLE":
@@ -279,8 +548,11 @@ def write_ner(out_dir: str | os.PathLike, seed: int = 0, n_train: int = 2000, n_
 # Context facts: a person P (born, works), their company O (based, founded by P2), and P3 who moved.
 # Slots: P P2 P3 Pnew (people), LB LH LM (places), DB DF DM (dates), O Onew (companies), ROLE.
 QA_FACTS = {
-    "born": ("{P} was born in {LB} on {DB} .", "{P} was born on {DB} in {LB} .",
-             "Born in {LB} on {DB} , {P} grew up near the sea ."),
+    "born": (
+        "{P} was born in {LB} on {DB} .",
+        "{P} was born on {DB} in {LB} .",
+        "Born in {LB} on {DB} , {P} grew up near the sea .",
+    ),
     "works": ("{P} works as a {ROLE} at {O} .", "{P} joined {O} as a {ROLE} .", "Today {P} is a {ROLE} with {O} ."),
     "based": ("{O} is based in {LH} .", "{O} has its headquarters in {LH} .", "The offices of {O} are in {LH} ."),
     "founded": ("{O} was founded by {P2} in {DF} .", "{P2} founded {O} in {DF} .", "In {DF} , {P2} started {O} ."),
@@ -289,12 +561,36 @@ QA_FACTS = {
 OPTIONAL_FACTS = ("founded", "moved")  # sometimes left out, so that questions about them have no answer
 # (fact the answer is stated by, answer slot, question forms); the last form of each is test only.
 QA_QUESTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("born", "LB", ("Where was {P} born ?", "In which town was {P} born ?", "What is the birthplace of {P} ?",
-                    "{P} was born in which place ?")),
-    ("born", "DB", ("When was {P} born ?", "On what date was {P} born ?", "What is the birth date of {P} ?",
-                    "{P} was born on which day ?")),
-    ("works", "O", ("Which company does {P} work for ?", "Where does {P} work ?", "Who employs {P} ?",
-                    "{P} is employed by which firm ?")),
+    (
+        "born",
+        "LB",
+        (
+            "Where was {P} born ?",
+            "In which town was {P} born ?",
+            "What is the birthplace of {P} ?",
+            "{P} was born in which place ?",
+        ),
+    ),
+    (
+        "born",
+        "DB",
+        (
+            "When was {P} born ?",
+            "On what date was {P} born ?",
+            "What is the birth date of {P} ?",
+            "{P} was born on which day ?",
+        ),
+    ),
+    (
+        "works",
+        "O",
+        (
+            "Which company does {P} work for ?",
+            "Where does {P} work ?",
+            "Who employs {P} ?",
+            "{P} is employed by which firm ?",
+        ),
+    ),
     ("based", "LH", ("Where is {O} based ?", "In which city is {O} headquartered ?", "Where are the offices of {O} ?")),
     ("founded", "P2", ("Who founded {O} ?", "Who is the founder of {O} ?", "{O} was started by whom ?")),
     ("founded", "DF", ("When was {O} founded ?", "In what year was {O} founded ?", "Since when has {O} existed ?")),
@@ -302,9 +598,16 @@ QA_QUESTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("moved", "DM", ("When did {P3} move to {LM} ?", "In which year did {P3} move ?")),
 )
 # Questions no context answers: about someone it never names, or a fact it never states about someone it does.
-QA_UNANSWERABLE = ("Where was {Pnew} born ?", "When was {Pnew} born ?", "Which company does {Pnew} work for ?",
-                   "Who founded {Onew} ?", "Where is {Onew} based ?", "Where was {P2} born ?",
-                   "When was {P3} born ?", "Which company does {P3} work for ?")
+QA_UNANSWERABLE = (
+    "Where was {Pnew} born ?",
+    "When was {Pnew} born ?",
+    "Which company does {Pnew} work for ?",
+    "Who founded {Onew} ?",
+    "Where is {Onew} based ?",
+    "Where was {P2} born ?",
+    "When was {P3} born ?",
+    "Which company does {P3} work for ?",
+)
 _NO_SPACE_BEFORE, _NO_SPACE_AFTER = {".", ",", "?", "!", ")"}, {"("}
 UNANSWERABLE_P = 0.9  # one unanswerable question with 4 answerable ones: 18% of all
 
@@ -327,8 +630,10 @@ def render_text(template: str, values: dict[str, list[str]]) -> tuple[str, dict[
 
 def detokenize(words: list[str]) -> str:
     """Words joined by spaces, but none before . , ? ! ) or after (."""
-    return "".join(("" if i == 0 or w in _NO_SPACE_BEFORE or words[i - 1] in _NO_SPACE_AFTER else " ") + w
-                   for i, w in enumerate(words))
+    return "".join(
+        ("" if i == 0 or w in _NO_SPACE_BEFORE or words[i - 1] in _NO_SPACE_AFTER else " ") + w
+        for i, w in enumerate(words)
+    )
 
 
 def qa_values(rng: random.Random, pools: Pools) -> dict[str, list[str]]:
@@ -337,9 +642,21 @@ def qa_values(rng: random.Random, pools: Pools) -> dict[str, list[str]]:
     places = draw_distinct(rng, pools, "LOC", 3)
     dates = [date(rng, pools, with_day=True)] + draw_distinct(rng, pools, "DATE", 2)
     companies = draw_distinct(rng, pools, "ORG", 2)
-    return {"P": people[0], "P2": people[1], "P3": people[2], "Pnew": people[3], "LB": places[0], "LH": places[1],
-            "LM": places[2], "DB": dates[0], "DF": dates[1], "DM": dates[2], "O": companies[0], "Onew": companies[1],
-            "ROLE": [rng.choice(ROLES)]}
+    return {
+        "P": people[0],
+        "P2": people[1],
+        "P3": people[2],
+        "Pnew": people[3],
+        "LB": places[0],
+        "LH": places[1],
+        "LM": places[2],
+        "DB": dates[0],
+        "DF": dates[1],
+        "DM": dates[2],
+        "O": companies[0],
+        "Onew": companies[1],
+        "ROLE": [rng.choice(ROLES)],
+    }
 
 
 def qa_context(rng: random.Random, values: dict) -> tuple[str, set[str], dict[str, tuple[int, int]]]:
@@ -365,8 +682,13 @@ def qa_questions(rng: random.Random, values: dict, facts: set[str], spans: dict,
         forms = forms if split == "test" else forms[:-1]
         question, _ = render_text(rng.choice(forms), values)
         a, b = spans[slot]
-        qas.append({"question": _vary_question(rng, question), "is_impossible": False,
-                    "answers": [{"text": detokenize(values[slot]), "answer_start": a}]})
+        qas.append(
+            {
+                "question": _vary_question(rng, question),
+                "is_impossible": False,
+                "answers": [{"text": detokenize(values[slot]), "answer_start": a}],
+            }
+        )
     if rng.random() < UNANSWERABLE_P:
         question, _ = render_text(_unanswerable(rng, facts), values)
         qas.append({"question": _vary_question(rng, question), "is_impossible": True, "answers": []})

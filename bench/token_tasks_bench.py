@@ -35,11 +35,18 @@ from bench.common import MINILM_DIR, machine_line, markdown_table, setup
 
 transformers.logging.set_verbosity_error()  # the new heads are random by design: no load report
 
-SENTENCE = ("Wolfgang Müller moved from Berlin to São Paulo in 2010 and later worked with Émilie Dupont at the "
-            "museum of modern art in Köln during the summer")
-CONTEXT = " ".join(["Wolfgang Müller was born in Berlin in 1998 and moved to São Paulo in 2010.",
-                    "He studied tokenization at the university, then worked at a museum.",
-                    "Émilie Dupont, his colleague, lives in Köln and visits him every summer."] * 10)
+SENTENCE = (
+    "Wolfgang Müller moved from Berlin to São Paulo in 2010 and later worked with Émilie Dupont at the "
+    "museum of modern art in Köln during the summer"
+)
+CONTEXT = " ".join(
+    [
+        "Wolfgang Müller was born in Berlin in 1998 and moved to São Paulo in 2010.",
+        "He studied tokenization at the university, then worked at a museum.",
+        "Émilie Dupont, his colleague, lives in Köln and visits him every summer.",
+    ]
+    * 10
+)
 BODIES = {
     "/token-classification": {"inputs": SENTENCE, "model": "ner", "aggregation_strategy": "simple"},
     "/question-answering": {"question": "Where does Émilie Dupont live?", "context": CONTEXT, "model": "qa"},
@@ -50,8 +57,10 @@ TASKS = {"/token-classification": "token_classify", "/question-answering": "qa"}
 def make_data_dir(root: Path) -> Path:
     tok = transformers.AutoTokenizer.from_pretrained(MINILM_DIR)
     labels = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
-    for name, cls, extra in [("ner", transformers.BertForTokenClassification, {"id2label": labels}),
-                             ("qa", transformers.BertForQuestionAnswering, {})]:
+    for name, cls, extra in [
+        ("ner", transformers.BertForTokenClassification, {"id2label": labels}),
+        ("qa", transformers.BertForQuestionAnswering, {}),
+    ]:
         torch.manual_seed(0)
         cls.from_pretrained(MINILM_DIR, **extra).save_pretrained(root / "models" / name)
         tok.save_pretrained(root / "models" / name)
@@ -85,16 +94,20 @@ async def load(client: httpx.AsyncClient, path: str, requests: int, concurrency:
     seconds = time.perf_counter() - start
     after = batch_rows((await client.get("/metrics")).text, TASKS[path])
     latencies.sort()
-    return {"rps": requests / seconds, "median": statistics.median(latencies),
-            "p90": latencies[int(0.9 * (len(latencies) - 1))],
-            "rows_per_pass": (after[1] - before[1]) / max(after[0] - before[0], 1)}
+    return {
+        "rps": requests / seconds,
+        "median": statistics.median(latencies),
+        "p90": latencies[int(0.9 * (len(latencies) - 1))],
+        "rows_per_pass": (after[1] - before[1]) / max(after[0] - before[0], 1),
+    }
 
 
 async def main(args) -> None:
     setup(args.threads)
     root = make_data_dir(Path(tempfile.mkdtemp(prefix="token-tasks-bench-")))
-    settings = Settings(data_dir=root, default_model="ner", device="cpu", load="startup", api_key=None,
-                        torch_threads=args.threads)
+    settings = Settings(
+        data_dir=root, default_model="ner", device="cpu", load="startup", api_key=None, torch_threads=args.threads
+    )
     app = create_app(settings)
     rows = []
     async with app.router.lifespan_context(app):
@@ -105,11 +118,18 @@ async def main(args) -> None:
             for path in BODIES:
                 for concurrency in (1, args.concurrency):
                     r = await load(client, path, args.requests, concurrency)
-                    rows.append([path, concurrency, f"{r['rps']:.1f}", f"{r['median'] * 1e3:.0f}",
-                                 f"{r['p90'] * 1e3:.0f}", f"{r['rows_per_pass']:.1f}"])
+                    rows.append(
+                        [
+                            path,
+                            concurrency,
+                            f"{r['rps']:.1f}",
+                            f"{r['median'] * 1e3:.0f}",
+                            f"{r['p90'] * 1e3:.0f}",
+                            f"{r['rows_per_pass']:.1f}",
+                        ]
+                    )
     print(machine_line())
-    print(markdown_table(["route", "concurrency", "requests/s", "median ms", "p90 ms", "rows per pass"],
-                         rows))
+    print(markdown_table(["route", "concurrency", "requests/s", "median ms", "p90 ms", "rows per pass"], rows))
 
 
 if __name__ == "__main__":

@@ -41,15 +41,21 @@ def sentences(n: int) -> list[str]:
 
 
 def contenders(ours, hf, texts, batch):
-    chunks = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+    chunks = [texts[i : i + batch] for i in range(0, len(texts), batch)]
     kw = dict(max_length=512, truncation=True)
     return {
-        "single": (lambda: [ours.encode(t, **kw)["input_ids"] for t in texts],
-                   lambda: [hf(t, **kw)["input_ids"] for t in texts]),
-        "batched": (lambda: [ours(c, **kw)["input_ids"] for c in chunks],
-                    lambda: [hf(c, padding=True, return_tensors="pt", **kw)["input_ids"] for c in chunks]),
-        "all": (lambda: ours(texts, padding=False, return_tensors=None, **kw)["input_ids"],
-                lambda: hf(texts, **kw)["input_ids"]),
+        "single": (
+            lambda: [ours.encode(t, **kw)["input_ids"] for t in texts],
+            lambda: [hf(t, **kw)["input_ids"] for t in texts],
+        ),
+        "batched": (
+            lambda: [ours(c, **kw)["input_ids"] for c in chunks],
+            lambda: [hf(c, padding=True, return_tensors="pt", **kw)["input_ids"] for c in chunks],
+        ),
+        "all": (
+            lambda: ours(texts, padding=False, return_tensors=None, **kw)["input_ids"],
+            lambda: hf(texts, **kw)["input_ids"],
+        ),
     }
 
 
@@ -72,18 +78,32 @@ def main(argv=None) -> None:
     hf = transformers.BertTokenizerFast.from_pretrained(MINILM_DIR)
     n_tokens = sum(len(ids) for ids in ours(texts, padding=False, return_tensors=None)["input_ids"])
     print(f"## Tokenizer benchmark\n\n{machine_line()}\n")
-    print(f"{len(texts)} Wikipedia sentences, {n_tokens} tokens with [CLS]/[SEP] "
-          f"({n_tokens / len(texts):.1f} a sentence); batches of {args.batch}. "
-          "Times: median (min-max) ms for all the sentences.\n")
+    print(
+        f"{len(texts)} Wikipedia sentences, {n_tokens} tokens with [CLS]/[SEP] "
+        f"({n_tokens / len(texts):.1f} a sentence); batches of {args.batch}. "
+        "Times: median (min-max) ms for all the sentences.\n"
+    )
     rows = []
     for mode, (mine, theirs) in contenders(ours, hf, texts, args.batch).items():
         check = "ids identical" if same(mine(), theirs()) else "IDS DIFFER"
         t = interleaved({"ours": mine, "hf": theirs}, rounds=args.rounds, block_s=0.0)
-        rows.append([mode, t["ours"].fmt(digits=0), t["hf"].fmt(digits=0),
-                     si(len(texts) / t["ours"].median), si(len(texts) / t["hf"].median),
-                     si(n_tokens / t["ours"].median), f"{t['hf'].median / t['ours'].median:.2f}x", check])
-    print(markdown_table(["mode", "ours ms", "hf ms", "ours sent/s", "hf sent/s", "ours tok/s",
-                          "ours vs hf", "check"], rows))
+        rows.append(
+            [
+                mode,
+                t["ours"].fmt(digits=0),
+                t["hf"].fmt(digits=0),
+                si(len(texts) / t["ours"].median),
+                si(len(texts) / t["hf"].median),
+                si(n_tokens / t["ours"].median),
+                f"{t['hf'].median / t['ours'].median:.2f}x",
+                check,
+            ]
+        )
+    print(
+        markdown_table(
+            ["mode", "ours ms", "hf ms", "ours sent/s", "hf sent/s", "ours tok/s", "ours vs hf", "check"], rows
+        )
+    )
 
 
 if __name__ == "__main__":

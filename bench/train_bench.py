@@ -55,8 +55,9 @@ def models(kind: str, dropout: float | None = None):
         cfg.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     hf = transformers.BertForPreTraining(transformers.BertConfig(**cfg, attn_implementation="sdpa")).train()
     ours = BertForPreTraining(BertConfig(**cfg)).train()
-    ours.load_state_dict({k: v for k, v in hf.state_dict().items()
-                          if not k.startswith("cls.predictions.decoder.")}, strict=True)
+    ours.load_state_dict(
+        {k: v for k, v in hf.state_dict().items() if not k.startswith("cls.predictions.decoder.")}, strict=True
+    )
     return hf, ours
 
 
@@ -76,8 +77,9 @@ def masked(ids: torch.Tensor, nsp: torch.Tensor, g: torch.Generator, mask_id: in
     pick[:, [0, half - 1, ids.shape[1] - 1]] = False
     labels = torch.where(pick, ids, torch.full_like(ids, IGNORE))
     ids[pick] = mask_id
-    return dict(input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids),
-                labels=labels, next_sentence_label=nsp)
+    return dict(
+        input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids), labels=labels, next_sentence_label=nsp
+    )
 
 
 def step_fn(model, opt, batch, bf16: bool = False):
@@ -88,6 +90,7 @@ def step_fn(model, opt, batch, bf16: bool = False):
         loss.backward()
         opt.step()
         return loss.detach()
+
     return step
 
 
@@ -99,8 +102,11 @@ def timing_table(args, batch) -> tuple[str, dict]:
     hf, ours = models(args.config)
     _, ours_bf16 = models(args.config)
     ours_bf16.load_state_dict(ours.state_dict())
-    steps = {"hf": step_fn(hf, adamw(hf), batch), "ours": step_fn(ours, adamw(ours), batch),
-             "ours bf16": step_fn(ours_bf16, adamw(ours_bf16), batch, bf16=True)}
+    steps = {
+        "hf": step_fn(hf, adamw(hf), batch),
+        "ours": step_fn(ours, adamw(ours), batch),
+        "ours bf16": step_fn(ours_bf16, adamw(ours_bf16), batch, bf16=True),
+    }
     if args.compile:  # TrainConfig(compile=True): compiled before the timing, its cost printed apart
         _, plain = models(args.config)
         plain.load_state_dict(ours.state_dict())
@@ -112,8 +118,7 @@ def timing_table(args, batch) -> tuple[str, dict]:
         steps["ours compiled"] = step
     t = interleaved(steps, rounds=args.rounds, block_s=0.0, budget_s=args.budget)
     base = t["hf"].median
-    rows = [[name, t[name].fmt(), f"{1 / t[name].median:.2f}", f"{base / t[name].median:.2f}x"]
-            for name in steps]
+    rows = [[name, t[name].fmt(), f"{1 / t[name].median:.2f}", f"{base / t[name].median:.2f}x"] for name in steps]
     return markdown_table(["", "ms per step", "steps/s", "vs hf fp32"], rows), t
 
 
@@ -125,8 +130,10 @@ def loss_check(args, batch) -> str:
     for step in range(3):
         a, b = fns["hf"](), fns["ours"]()
         diff = abs(a.item() - b.item())
-        lines.append(f"step {step}: hf {a.item():.6f} ours {b.item():.6f} |diff| {diff:.1e} "
-                     f"{'ok' if diff <= 1e-4 else 'OVER 1e-4'}")
+        lines.append(
+            f"step {step}: hf {a.item():.6f} ours {b.item():.6f} |diff| {diff:.1e} "
+            f"{'ok' if diff <= 1e-4 else 'OVER 1e-4'}"
+        )
     return "\n".join(lines)
 
 
@@ -134,8 +141,13 @@ def wiki_batches(n: int, batch: int, seq: int, seed: int = 0) -> list[dict]:
     """Real text: the Wikipedia leads as one token stream, A and B halves of `seq`, half of the B random."""
     tok = BertTokenizer.from_pretrained(MINILM_DIR)
     texts = [v["extract"] for v in json.loads(WIKI_JSON.read_text()).values()][:3000]
-    stream = torch.tensor([i for enc in tok(texts, max_length=512, truncation=True, padding=False, return_tensors=None)["input_ids"]
-                           for i in enc[1:-1]])
+    stream = torch.tensor(
+        [
+            i
+            for enc in tok(texts, max_length=512, truncation=True, padding=False, return_tensors=None)["input_ids"]
+            for i in enc[1:-1]
+        ]
+    )
     g = torch.Generator().manual_seed(seed)
     half, out = seq // 2, []
     for _ in range(n):
@@ -162,7 +174,7 @@ def loss_curve(args) -> str:
     k = max(1, len(batches) // 5)
     rows = []
     for i in range(0, len(batches), k):
-        a, b = (sum(curves[n][i:i + k]) / len(curves[n][i:i + k]) for n in ("fp32", "bf16"))
+        a, b = (sum(curves[n][i : i + k]) / len(curves[n][i : i + k]) for n in ("fp32", "bf16"))
         rows.append([f"{i}-{min(i + k, len(batches)) - 1}", f"{a:.4f}", f"{b:.4f}", f"{(b - a) / a:+.3%}"])
     return markdown_table(["steps", "fp32 loss (mean)", "bf16 loss (mean)", "bf16 vs fp32"], rows)
 
@@ -172,11 +184,35 @@ def ddp_run(work: Path, name: str, args, nproc: int) -> list[float]:
     out = work / name
     cfg = {**CONFIGS[args.config], "max_position_embeddings": 512, "type_vocab_size": 2}
     (work / "config.json").write_text(json.dumps(cfg))
-    cmd = [sys.executable, "-m", "app.cli", "pretrain", "--config", str(work / "config.json"), "--vocab",
-           str(MINILM_DIR), "--corpus", str(work / "wiki.txt"), "--batch-size", str(args.batch), "--max-seq-len",
-           str(args.seq), "--eval-fraction", "0", "--max-steps", str(args.ddp_steps), "--log-every",
-           str(max(1, args.ddp_steps // 6)), "--threads", "1", "--no-resume", "--out", str(out),
-           "--nproc-per-node", str(nproc)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "pretrain",
+        "--config",
+        str(work / "config.json"),
+        "--vocab",
+        str(MINILM_DIR),
+        "--corpus",
+        str(work / "wiki.txt"),
+        "--batch-size",
+        str(args.batch),
+        "--max-seq-len",
+        str(args.seq),
+        "--eval-fraction",
+        "0",
+        "--max-steps",
+        str(args.ddp_steps),
+        "--log-every",
+        str(max(1, args.ddp_steps // 6)),
+        "--threads",
+        "1",
+        "--no-resume",
+        "--out",
+        str(out),
+        "--nproc-per-node",
+        str(nproc),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -194,11 +230,16 @@ def ddp_table(args) -> str:
             for nproc in (1, 2):
                 rates[nproc] += ddp_run(work, f"run-{nproc}-{turn}", args, nproc)
     single, ddp = statistics.median(rates[1]), statistics.median(rates[2])
-    rows = [["1 process", f"{single:,.0f} ({min(rates[1]):,.0f}-{max(rates[1]):,.0f})", f"{single:,.0f}", "1.00"],
-            ["2 DDP processes (gloo)", f"{ddp:,.0f} ({min(rates[2]):,.0f}-{max(rates[2]):,.0f})",
-             f"{2 * ddp:,.0f}", f"{ddp / single:.2f}"]]
-    return markdown_table(["", "tokens/s per process, median (min-max)", "tokens/s in all",
-                           "scaling efficiency"], rows)
+    rows = [
+        ["1 process", f"{single:,.0f} ({min(rates[1]):,.0f}-{max(rates[1]):,.0f})", f"{single:,.0f}", "1.00"],
+        [
+            "2 DDP processes (gloo)",
+            f"{ddp:,.0f} ({min(rates[2]):,.0f}-{max(rates[2]):,.0f})",
+            f"{2 * ddp:,.0f}",
+            f"{ddp / single:.2f}",
+        ],
+    ]
+    return markdown_table(["", "tokens/s per process, median (min-max)", "tokens/s in all", "scaling efficiency"], rows)
 
 
 def parse_args(argv=None):
@@ -228,8 +269,10 @@ def main(argv=None) -> None:
     print(f"## Training benchmark\n\n{machine_line()}\n")
     if args.ddp_only:
         return print_ddp(args)
-    print(f"{args.config} config, batch {args.batch}, seq {args.seq}, MLM (15%) + NSP, AdamW. "
-          "Times: median (min-max) ms per step.\n")
+    print(
+        f"{args.config} config, batch {args.batch}, seq {args.seq}, MLM (15%) + NSP, AdamW. "
+        "Times: median (min-max) ms per step.\n"
+    )
     table, _ = timing_table(args, batch)
     print(table + "\n", flush=True)
     print("Loss on the same batch, dropout off (AdamW lr 1e-3 between steps):\n")
@@ -242,8 +285,10 @@ def main(argv=None) -> None:
 def print_ddp(args) -> None:
     if args.ddp_steps < 1:
         return
-    print(f"Data parallel: `bert pretrain`, {args.config} config from scratch on Wikipedia leads, global batch "
-          f"{args.batch}, seq {args.seq}, {args.ddp_steps} steps x {args.ddp_rounds} turns, 1 thread per process:\n")
+    print(
+        f"Data parallel: `bert pretrain`, {args.config} config from scratch on Wikipedia leads, global batch "
+        f"{args.batch}, seq {args.seq}, {args.ddp_steps} steps x {args.ddp_rounds} turns, 1 thread per process:\n"
+    )
     print(ddp_table(args) + "\n")
 
 

@@ -61,10 +61,13 @@ def settings_table(cls) -> str:
     rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
     for name, field in cls.model_fields.items():
         if not field.description:
-            raise ValueError(f"{cls.__module__}.{cls.__name__}.{name} has no description: add "
-                              f"Field(description=...) beside it")
-        rows.append(f"| {env_names(prefix, name, field)} | {type_name(field.annotation)} | "
-                    f"{default(field)} | {field.description} |")
+            raise ValueError(
+                f"{cls.__module__}.{cls.__name__}.{name} has no description: add Field(description=...) beside it"
+            )
+        rows.append(
+            f"| {env_names(prefix, name, field)} | {type_name(field.annotation)} | "
+            f"{default(field)} | {field.description} |"
+        )
     return "\n".join(rows)
 
 
@@ -85,8 +88,14 @@ def type_name(annotation) -> str:
         return " \\| ".join(named) + (", optional" if type(None) in args else "")
     if origin is dict:
         return f"JSON object of {type_name(args[1])}"
-    return {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "Path": "path",
-            "SecretStr": "secret string"}.get(getattr(annotation, "__name__", ""), str(annotation))
+    return {
+        "str": "string",
+        "int": "integer",
+        "float": "number",
+        "bool": "boolean",
+        "Path": "path",
+        "SecretStr": "secret string",
+    }.get(getattr(annotation, "__name__", ""), str(annotation))
 
 
 def default(field) -> str:
@@ -106,5 +115,9 @@ def training_options() -> str:
     return options_markdown()
 
 
-GENERATORS = {"service-settings": service_settings, "worker-settings": worker_settings,
-              "error-kinds": error_kinds, "training-options": training_options}
+GENERATORS = {
+    "service-settings": service_settings,
+    "worker-settings": worker_settings,
+    "error-kinds": error_kinds,
+    "training-options": training_options,
+}

@@ -46,18 +46,31 @@ def main() -> None:
     work = Path(args.workdir)
     encoder = ensure_minilm(work / "minilm")
     split = prepare_rotten_tomatoes(work / "data", seed=args.seed)
-    print(f"train: {split['train_rows']} reviews of {split['train_films']} films; "
-          f"held out: {split['eval_rows']} reviews of {split['eval_films']} other films")
+    print(
+        f"train: {split['train_rows']} reviews of {split['train_films']} films; "
+        f"held out: {split['eval_rows']} reviews of {split['eval_films']} other films"
+    )
 
-    train = merge_train_config(default_train_config(FinetuneSpec), {
-        "epochs": args.epochs, "lr": args.lr, "warmup_ratio": 0.1, "seed": args.seed, "log_every": 10})
-    spec = FinetuneSpec(train_file=split["train"], eval_file=split["eval"], from_model=str(encoder),
-                        out=str(work / "run"), batch_size=args.batch_size, max_seq_len=args.max_seq_len, train=train)
+    train = merge_train_config(
+        default_train_config(FinetuneSpec),
+        {"epochs": args.epochs, "lr": args.lr, "warmup_ratio": 0.1, "seed": args.seed, "log_every": 10},
+    )
+    spec = FinetuneSpec(
+        train_file=split["train"],
+        eval_file=split["eval"],
+        from_model=str(encoder),
+        out=str(work / "run"),
+        batch_size=args.batch_size,
+        max_seq_len=args.max_seq_len,
+        train=train,
+    )
     started = time.perf_counter()
     result = run_finetuning(spec, callbacks=[LogProgress()])
     m = result.eval_metrics
-    print(f"held-out accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} on {m['examples']} reviews "
-          f"({result.step} steps, {time.perf_counter() - started:.0f} s); model in {result.model_dir}")
+    print(
+        f"held-out accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} on {m['examples']} reviews "
+        f"({result.step} steps, {time.perf_counter() - started:.0f} s); model in {result.model_dir}"
+    )
 
 
 if __name__ == "__main__":

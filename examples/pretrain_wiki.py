@@ -36,7 +36,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("warm", "scratch"), default="warm")
     p.add_argument("--workdir", default=".demo/wiki")
-    p.add_argument("--max-steps", type=int, help="default: 200 warm, 1500 scratch (about 5 minutes each on 2 cores with --threads 1)")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="default: 200 warm, 1500 scratch (about 5 minutes each on 2 cores with --threads 1)",
+    )
     p.add_argument("--lr", type=float)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-seq-len", type=int, default=128)
@@ -55,13 +59,30 @@ def main() -> None:
         print(f"wrote {info['articles']} articles, {info['sentences']} sentences to {corpus}")
 
     steps = args.max_steps or DEFAULTS[args.mode]["max_steps"]
-    train = merge_train_config(default_train_config(PretrainSpec), {
-        "max_steps": steps, "lr": args.lr or DEFAULTS[args.mode]["lr"], "warmup_ratio": 0.05, "seed": args.seed,
-        "eval_on_start": True, "eval_every": max(1, steps // 2), "save_every": max(1, steps // 4),
-        "log_every": 10, "max_eval_batches": 25})
+    train = merge_train_config(
+        default_train_config(PretrainSpec),
+        {
+            "max_steps": steps,
+            "lr": args.lr or DEFAULTS[args.mode]["lr"],
+            "warmup_ratio": 0.05,
+            "seed": args.seed,
+            "eval_on_start": True,
+            "eval_every": max(1, steps // 2),
+            "save_every": max(1, steps // 4),
+            "log_every": 10,
+            "max_eval_batches": 25,
+        },
+    )
     model_source = {"from_model": str(encoder)} if args.mode == "warm" else {"config": "tiny", "vocab": str(encoder)}
-    spec = PretrainSpec(corpus=str(corpus), out=str(work / f"run-{args.mode}"), batch_size=args.batch_size,
-                        max_seq_len=args.max_seq_len, eval_fraction=0.02, train=train, **model_source)
+    spec = PretrainSpec(
+        corpus=str(corpus),
+        out=str(work / f"run-{args.mode}"),
+        batch_size=args.batch_size,
+        max_seq_len=args.max_seq_len,
+        eval_fraction=0.02,
+        train=train,
+        **model_source,
+    )
     started = time.perf_counter()
     result = run_pretraining(spec, callbacks=[LogProgress()])
     print(f"{args.mode}: {result.step} steps in {time.perf_counter() - started:.0f} s; model in {result.model_dir}")
@@ -73,8 +94,10 @@ def print_start_and_end(metrics_file: Path) -> None:
 
     evals = [r for r in map(json.loads, metrics_file.read_text().splitlines()) if r.get("type") == "eval"]
     for r in (evals[0], evals[-1]):
-        print(f"  step {r['step']:>5}: MLM loss {r['mlm_loss']:.3f}  MLM accuracy {r['mlm_accuracy']:.3f}  "
-              f"perplexity {r['perplexity']:.1f}  NSP accuracy {r['nsp_accuracy']:.3f}")
+        print(
+            f"  step {r['step']:>5}: MLM loss {r['mlm_loss']:.3f}  MLM accuracy {r['mlm_accuracy']:.3f}  "
+            f"perplexity {r['perplexity']:.1f}  NSP accuracy {r['nsp_accuracy']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -95,8 +95,15 @@ class LogProgress(Callback):
     """One INFO line per logged step (step, loss, lr, tokens/s, ETA) and per evaluation."""
 
     def on_step(self, state: dict[str, Any]) -> None:
-        log.info("step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  eta %.0f s", state["step"], state["total_steps"],
-                 state["loss"], state["lr"], state["tokens_per_s"], state["eta_s"])
+        log.info(
+            "step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  eta %.0f s",
+            state["step"],
+            state["total_steps"],
+            state["loss"],
+            state["lr"],
+            state["tokens_per_s"],
+            state["eta_s"],
+        )
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
         log.info("step %d  eval %s", metrics["step"], format_metrics(metrics))

@@ -47,6 +47,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 # ---------------------------------------------------------------------------- finding checkpoints
 
+
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"step-{step}"
 
@@ -170,8 +171,17 @@ class CheckpointRotation:
 
 # ---------------------------------------------------------------------------- saving
 
-def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler=None, trainer_state: dict, data_state: dict, tokenizer=None) -> Path:
+
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler=None,
+    trainer_state: dict,
+    data_state: dict,
+    tokenizer=None,
+) -> Path:
     """Write a complete checkpoint atomically to `path` (normally `checkpoint_dir(run_dir, step)`)."""
     path = Path(path)
     with atomic_dir(path) as tmp:
@@ -227,8 +237,10 @@ def _rng_state() -> tuple[dict[str, torch.Tensor], dict]:
     kind, key, pos, has_gauss, cached = numpy_state
     tensors["numpy_key"] = torch.from_numpy(key.astype(np.int64))
     version, internal, gauss_next = random.getstate()
-    return tensors, {"numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-                     "python": {"version": version, "state": list(internal), "gauss_next": gauss_next}}
+    return tensors, {
+        "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+    }
 
 
 def _write_manifest(out: Path) -> None:
@@ -238,8 +250,15 @@ def _write_manifest(out: Path) -> None:
 
 # ---------------------------------------------------------------------------- loading
 
-def load_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler=None, restore_rng: bool = True) -> dict[str, Any]:
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
     """Restore a checkpoint into existing objects; returns {"trainer": ..., "data": ...} state."""
     path = Path(path)
     if not is_complete(path):
@@ -274,9 +293,10 @@ def _restore_rng(tensors: dict[str, torch.Tensor], saved: dict) -> None:
     torch.set_rng_state(tensors["torch_cpu"])
     cuda = [tensors[f"torch_cuda_{i}"] for i in range(sum(k.startswith("torch_cuda_") for k in tensors))]
     if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[:torch.cuda.device_count()])
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
     n = saved["numpy"]
-    np.random.set_state((n["kind"], tensors["numpy_key"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        (n["kind"], tensors["numpy_key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     p = saved["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))

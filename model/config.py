@@ -49,15 +49,23 @@ class BertConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) is not a multiple of "
-                f"num_attention_heads ({self.num_attention_heads})")
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"unknown hidden_act {self.hidden_act!r}; expected one of {ACTIVATIONS}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
@@ -65,8 +73,9 @@ class BertConfig:
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id ({self.pad_token_id}) is outside the vocabulary "
-                             f"(vocab_size {self.vocab_size})")
+            raise ValueError(
+                f"pad_token_id ({self.pad_token_id}) is outside the vocabulary (vocab_size {self.vocab_size})"
+            )
         if self.id2label is not None and sorted(self.id2label) != list(range(len(self.id2label))):
             raise ValueError(f"id2label keys must be 0..n-1, got {sorted(self.id2label)}")
 
@@ -92,8 +101,10 @@ class BertConfig:
         if data.get("is_decoder") or data.get("add_cross_attention"):
             raise ValueError("is_decoder/add_cross_attention configs are not BERT encoders; not supported")
         if data.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"position_embedding_type {data['position_embedding_type']!r} "
-                             "is not supported (only 'absolute', as in the paper)")
+            raise ValueError(
+                f"position_embedding_type {data['position_embedding_type']!r} "
+                "is not supported (only 'absolute', as in the paper)"
+            )
         kwargs = {k: v for k, v in data.items() if k in known}
         if "num_labels" in data and "id2label" not in data:
             kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(data["num_labels"]))}

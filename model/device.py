@@ -16,7 +16,7 @@ DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
 
 def resolve_device(setting: str | torch.device = "auto") -> torch.device:
-    """"auto": CUDA when torch sees a GPU, else the CPU; "cpu", "cuda" or "cuda:N" as given.
+    """ "auto": CUDA when torch sees a GPU, else the CPU; "cpu", "cuda" or "cuda:N" as given.
 
     Asking for CUDA where torch sees none is a ValueError quoting the setting, not a failure later
     in the first forward pass.
@@ -32,6 +32,7 @@ def resolve_device(setting: str | torch.device = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(setting)!r} was asked for, but torch sees no CUDA device")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {str(setting)!r} was asked for, but torch sees only "
-                         f"{torch.cuda.device_count()} CUDA device(s)")
+        raise ValueError(
+            f"device {str(setting)!r} was asked for, but torch sees only {torch.cuda.device_count()} CUDA device(s)"
+        )
     return device

@@ -91,8 +91,10 @@ def init(device: torch.device, timeout_s: float = 1800.0) -> Dist:
             torch.cuda.set_device(d.local_rank)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     if dist.get_world_size() != d.world or dist.get_rank() != d.rank:
-        raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
-                           f"but the environment says {d.rank} of {d.world}")
+        raise RuntimeError(
+            f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
+            f"but the environment says {d.rank} of {d.world}"
+        )
     return d
 
 
@@ -156,7 +158,7 @@ def rank_rows(batch: dict[str, torch.Tensor], d: Dist) -> tuple[dict[str, torch.
     rows = len(next(iter(batch.values())))
     if d.rank >= rows:
         return {k: v[:1] for k, v in batch.items()}, 0.0
-    return {k: v[d.rank::d.world] for k, v in batch.items()}, 1.0
+    return {k: v[d.rank :: d.world] for k, v in batch.items()}, 1.0
 
 
 def label_counts(batch: dict[str, torch.Tensor], names) -> dict[str, int]:
@@ -174,8 +176,9 @@ def label_counts(batch: dict[str, torch.Tensor], names) -> dict[str, int]:
     return counts
 
 
-def loss_weights(global_batch: dict[str, torch.Tensor], local_batch: dict[str, torch.Tensor], names,
-                 d: Dist, factor: float = 1.0) -> dict[str, float]:
+def loss_weights(
+    global_batch: dict[str, torch.Tensor], local_batch: dict[str, torch.Tensor], names, d: Dist, factor: float = 1.0
+) -> dict[str, float]:
     """Per loss: world * local_count / global_count, so that DDP's gradient average equals the gradient of
     the global batch's mean (see the module docstring). 1.0 for each when not distributed."""
     if not d.enabled:
@@ -219,9 +222,16 @@ def main_first(device: torch.device):
         barrier(d)
 
 
-def torchrun_command(target: list[str], nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                     rdzv_endpoint: str | None = None, rdzv_id: str | None = None, trusted_network: bool = False,
-                     python: str = sys.executable) -> list[str]:
+def torchrun_command(
+    target: list[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    trusted_network: bool = False,
+    python: str = sys.executable,
+) -> list[str]:
     """The command that runs `target` (e.g. ["-m", "app.cli", "pretrain", ...]) on `nproc_per_node` ranks
     here, through torchrun (model/torchrun.py: torch.distributed.run, dying with its parent, its stores
     listening where `listen_where_named` says). One node: --standalone (a local rendezvous on a free port,
@@ -234,16 +244,27 @@ def torchrun_command(target: list[str], nproc_per_node: int, nnodes: int = 1, no
     if nnodes == 1:
         cmd += ["--standalone", "--local-addr=127.0.0.1"]
     else:
-        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+        cmd += [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+        ]
         assert rdzv_endpoint is not None  # check_launch asks for one with nnodes > 1
         if is_loopback(endpoint_host(rdzv_endpoint)):  # every node is on this machine
             cmd.append("--local-addr=127.0.0.1")
     return cmd + list(target)
 
 
-def check_launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-                 rdzv_id: str | None = None, trusted_network: bool = False) -> None:
+def check_launch(
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    trusted_network: bool = False,
+) -> None:
     """ValueError quoting the values for launcher options that cannot work, or that would open the
     rendezvous store to a network not declared trusted (see the module docstring)."""
     if not isinstance(nproc_per_node, int) or nproc_per_node < 1:
@@ -259,14 +280,17 @@ def check_launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"rendezvous endpoint must be HOST:PORT, got {rdzv_endpoint!r}")
     if nnodes > 1 and rdzv_endpoint and not trusted_network and not is_loopback(endpoint_host(rdzv_endpoint)):
-        raise ValueError(f"rendezvous endpoint {rdzv_endpoint} is not on loopback: torch's rendezvous store runs "
-                         "code sent to its port, so a multi-node run needs a network that only the training "
-                         "nodes can reach; say so with trusted_network")
+        raise ValueError(
+            f"rendezvous endpoint {rdzv_endpoint} is not on loopback: torch's rendezvous store runs "
+            "code sent to its port, so a multi-node run needs a network that only the training "
+            "nodes can reach; say so with trusted_network"
+        )
     if rdzv_id is not None and not (0 < len(rdzv_id) <= 128 and all(c.isalnum() or c in "-_." for c in rdzv_id)):
         raise ValueError(f"rdzv_id must be 1 to 128 letters, digits, '-', '_' or '.', got {rdzv_id!r}")
     if nnodes > 1 and node_rank > 0 and rdzv_id is None:
-        raise ValueError(f"node_rank {node_rank} needs the run's rdzv_id: the one node 0 printed (the same on "
-                         "every node)")
+        raise ValueError(
+            f"node_rank {node_rank} needs the run's rdzv_id: the one node 0 printed (the same on every node)"
+        )
 
 
 def new_run_id() -> str:
@@ -300,14 +324,24 @@ class _NamedAddressStore(dist.TCPStore):
     """A TCPStore whose server listens on the address its host name resolves to (torch's listens on every
     interface): the server is handed a socket bound there (TCPStore's master_listen_fd)."""
 
-    def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
-                 timeout: datetime.timedelta = datetime.timedelta(seconds=300), wait_for_workers: bool = True,
-                 multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool | None = None):
+    def __init__(
+        self,
+        host_name: str,
+        port: int,
+        world_size: int | None = None,
+        is_master: bool = False,
+        timeout: datetime.timedelta = datetime.timedelta(seconds=300),
+        wait_for_workers: bool = True,
+        multi_tenant: bool = False,
+        master_listen_fd: int | None = None,
+        use_libuv: bool | None = None,
+    ):
         if is_master and master_listen_fd is None:
             master_listen_fd, port = _bound_socket(host_name, port)
         options = {} if use_libuv is None else {"use_libuv": use_libuv}
-        super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
-                         master_listen_fd, **options)
+        super().__init__(
+            host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, **options
+        )
 
 
 def _bound_socket(host: str, port: int) -> tuple[int, int]:

@@ -42,9 +42,15 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.device | None = None,
-             precision: str = "fp32", max_batches: int | None = None,
-             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    data: BatchSource,
+    *,
+    device: str | torch.device | None = None,
+    precision: str = "fp32",
+    max_batches: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, float]:
     """Metrics of `model` on epoch 0 of `data`, chosen by the model: classification or (masked) LM."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
@@ -56,8 +62,7 @@ def evaluate(model: torch.nn.Module, data: BatchSource, *, device: str | torch.d
         is_classifier = isinstance(model, BertForSequenceClassification)
         totals: dict[str, Any] = {}
         for batch, out in batches:
-            _accumulate(totals, _classification_counts(model, out, batch) if is_classifier
-                        else _lm_counts(out, batch))
+            _accumulate(totals, _classification_counts(model, out, batch) if is_classifier else _lm_counts(out, batch))
         if not totals:
             raise ValueError("evaluation data has no batches")
         return _classification_metrics(totals) if is_classifier else _lm_metrics(totals)
@@ -89,11 +94,14 @@ def _accumulate(totals: dict[str, Any], counts: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------- scored by the data
 
+
 def _scored_by_data(model, data, batches) -> dict[str, float]:
     """Loss and row outputs over the rows in order, the task metrics from `data.score(outputs)`."""
     if getattr(data, "shuffle", False) or not hasattr(data, "score"):
-        raise ValueError(f"{type(model).__name__} is evaluated on unshuffled data that scores its outputs "
-                         f"(TokenClassificationBatches, QABatches with shuffle=False), not {type(data).__name__}")
+        raise ValueError(
+            f"{type(model).__name__} is evaluated on unshuffled data that scores its outputs "
+            f"(TokenClassificationBatches, QABatches with shuffle=False), not {type(data).__name__}"
+        )
     outputs, loss_sum, rows = [], 0.0, 0
     for batch, out in batches:
         n = batch["input_ids"].shape[0]
@@ -115,6 +123,7 @@ def _row_outputs(out, attention_mask: torch.Tensor) -> list:
 
 
 # ---------------------------------------------------------------------------- (masked) LM
+
 
 def _lm_counts(out, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
@@ -148,16 +157,21 @@ def _lm_metrics(t: dict[str, float]) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------- classification
 
+
 def _classification_counts(model, out, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     logits, labels = out.logits.float(), batch["labels"]
     if model.num_labels == 1:
         return {"n": labels.numel(), "se": ((logits.squeeze(-1) - labels.float()) ** 2).sum().item()}
     preds, labels = logits.argmax(-1), labels.reshape(-1)
     n = logits.shape[-1]
-    return {"n": labels.numel(), "correct": (preds == labels).sum().item(),
-            "loss_sum": F.cross_entropy(logits, labels, reduction="sum").item(),
-            "true_positives": torch.bincount(labels[preds == labels], minlength=n),  # (n,) per label
-            "predicted": torch.bincount(preds, minlength=n), "actual": torch.bincount(labels, minlength=n)}
+    return {
+        "n": labels.numel(),
+        "correct": (preds == labels).sum().item(),
+        "loss_sum": F.cross_entropy(logits, labels, reduction="sum").item(),
+        "true_positives": torch.bincount(labels[preds == labels], minlength=n),  # (n,) per label
+        "predicted": torch.bincount(preds, minlength=n),
+        "actual": torch.bincount(labels, minlength=n),
+    }
 
 
 def _classification_metrics(t: dict[str, Any]) -> dict[str, float]:
@@ -168,5 +182,9 @@ def _classification_metrics(t: dict[str, Any]) -> dict[str, float]:
     fp, fn = t["predicted"] - tp, t["actual"] - tp
     scored = (tp + fp + fn) > 0  # a class neither present nor predicted is left out, as scikit-learn does
     f1s = 2 * tp[scored] / (2 * tp[scored] + fp[scored] + fn[scored])
-    return {"loss": t["loss_sum"] / t["n"], "accuracy": t["correct"] / t["n"],
-            "macro_f1": f1s.mean().item() if len(f1s) else 0.0, "examples": int(t["n"])}
+    return {
+        "loss": t["loss_sum"] / t["n"],
+        "accuracy": t["correct"] / t["n"],
+        "macro_f1": f1s.mean().item() if len(f1s) else 0.0,
+        "examples": int(t["n"]),
+    }

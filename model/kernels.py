@@ -49,9 +49,26 @@ import torch.nn.functional as F
 log = logging.getLogger("bertserve.kernels")
 
 # oneDNN's instruction sets, lowest first, as ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) names them.
-ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-               "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
-               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL", "DEFAULT")
+ONEDNN_ISAS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+    "AVX10_1_512",
+    "AVX512_CORE_FP16",
+    "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+    "ALL",
+    "DEFAULT",
+)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "avx_ne_convert")  # bf16 arithmetic in hardware
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products in hardware
 
@@ -59,6 +76,7 @@ VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products in har
 # ---------------------------------------------------------------------------------------------
 # What the CPU has, as torch reports it
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CpuInfo:
@@ -78,19 +96,26 @@ class CpuInfo:
     @property
     def bf16_native(self) -> bool:
         """bf16 in hardware, and oneDNN allowed to use it."""
-        return self.mkldnn_bf16 and bool(self.flags & set(BF16_FLAGS)) and self.onednn_allows(
-            "AVX2_VNNI_2" if "avx_ne_convert" in self.flags else "AVX512_CORE_BF16")
+        return (
+            self.mkldnn_bf16
+            and bool(self.flags & set(BF16_FLAGS))
+            and self.onednn_allows("AVX2_VNNI_2" if "avx_ne_convert" in self.flags else "AVX512_CORE_BF16")
+        )
 
     @property
     def vnni(self) -> bool:
         """int8 dot products in hardware, and oneDNN allowed to use them."""
         return bool(self.flags & set(VNNI_FLAGS)) and self.onednn_allows(
-            "AVX2_VNNI" if "avx_vnni" in self.flags else "AVX512_CORE_VNNI")
+            "AVX2_VNNI" if "avx_vnni" in self.flags else "AVX512_CORE_VNNI"
+        )
 
     def summary(self) -> str:
         """e.g. "cpu AVX2, no native bf16, no VNNI" """
-        parts = [f"cpu {self.capability}", "native bf16" if self.bf16_native else "no native bf16",
-                 "VNNI" if self.vnni else "no VNNI"]
+        parts = [
+            f"cpu {self.capability}",
+            "native bf16" if self.bf16_native else "no native bf16",
+            "VNNI" if self.vnni else "no VNNI",
+        ]
         if self.onednn_limit:
             parts.append(f"ONEDNN_MAX_CPU_ISA={self.onednn_limit}")
         return ", ".join(parts)
@@ -104,11 +129,16 @@ def cpu() -> CpuInfo:
     if not _cpu:
         caps = _cpuinfo_flags()
         limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
-        _cpu.append(CpuInfo(
-            name=str(caps.get("cpu_name") or "unknown"), capability=torch.backends.cpu.get_cpu_capability(),
-            flags=frozenset(f for f in (*BF16_FLAGS, *VNNI_FLAGS, "avx2") if caps.get(f)),
-            onednn_limit=limit.strip().upper() if limit else None, mkldnn_bf16=_mkldnn_bf16(),
-            cores=int(caps.get("num_physical_cores") or os.cpu_count() or 1)))
+        _cpu.append(
+            CpuInfo(
+                name=str(caps.get("cpu_name") or "unknown"),
+                capability=torch.backends.cpu.get_cpu_capability(),
+                flags=frozenset(f for f in (*BF16_FLAGS, *VNNI_FLAGS, "avx2") if caps.get(f)),
+                onednn_limit=limit.strip().upper() if limit else None,
+                mkldnn_bf16=_mkldnn_bf16(),
+                cores=int(caps.get("num_physical_cores") or os.cpu_count() or 1),
+            )
+        )
     return _cpu[0]
 
 
@@ -140,6 +170,7 @@ def _mkldnn_bf16() -> bool:
 # ---------------------------------------------------------------------------------------------
 # The paths: what each needs, and the probe that confirms it
 # ---------------------------------------------------------------------------------------------
+
 
 def _onednn_op():
     op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
@@ -201,8 +232,13 @@ def _agree(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: 
 
 
 # The fused post-ops model.onednn uses (its _POSTOPS), with what each computes.
-_POSTOPS = (("gelu", "none", F.gelu), ("gelu", "tanh", lambda y: F.gelu(y, approximate="tanh")),
-            ("relu", "", F.relu), ("tanh", "", torch.tanh), ("swish", "", F.silu))
+_POSTOPS = (
+    ("gelu", "none", F.gelu),
+    ("gelu", "tanh", lambda y: F.gelu(y, approximate="tanh")),
+    ("relu", "", F.relu),
+    ("tanh", "", torch.tanh),
+    ("swish", "", F.silu),
+)
 
 
 def _probe_onednn(dtype: torch.dtype) -> None:
@@ -237,8 +273,12 @@ def _probe_flash_varlen() -> None:
     q, k, v = _inputs((8, 2, 16), (8, 2, 16), (8, 2, 16), dtype=torch.bfloat16, device="cuda")
     cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda")
     got = varlen_attn(q, k, v, cu, cu, 5, 5)
-    want = torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
-                      for a, b in ((0, 3), (3, 8))])
+    want = torch.cat(
+        [
+            F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
+            for a, b in ((0, 3), (3, 8))
+        ]
+    )
     _agree("varlen attention", got, want, 2e-2, 2e-2)  # type: ignore[arg-type]  # (a pair only with return_aux)
 
 
@@ -264,6 +304,7 @@ PATHS: dict[str, _Path] = {
 # ---------------------------------------------------------------------------------------------
 # Deciding, failing, forcing
 # ---------------------------------------------------------------------------------------------
+
 
 def enabled(name: str) -> bool:
     """Whether path `name` runs now; its first call asks the machine and runs the probe."""
@@ -326,6 +367,7 @@ def _describe_error(e: BaseException) -> str:
 # What a model at a precision runs here, and why
 # ---------------------------------------------------------------------------------------------
 
+
 def describe(precision: str, device: str | torch.device = "cpu") -> dict[str, str]:
     """{"kernels": ..., "why": ...} for a model served at `precision` ("fp32", "bf16", "int8") on
     `device`, from the paths' current state (deciding them if need be)."""
@@ -346,8 +388,10 @@ def describe(precision: str, device: str | torch.device = "cpu") -> dict[str, st
     if on:  # oneDNN runs bf16 on a CPU without it in hardware (AVX-512 without avx512_bf16)
         return {"kernels": name, "why": f"{info.summary()}: oneDNN emulates bf16, slower than fp32"}
     off = f"; {name} off: {why}" if PATHS[name].machine or PATHS[name].forced is not None else ""
-    return {"kernels": f"{precision}-emulated ({gemm})",
-            "why": f"{info.summary()}: {precision} weights, GEMMs in fp32, emulated and slower than fp32{off}"}
+    return {
+        "kernels": f"{precision}-emulated ({gemm})",
+        "why": f"{info.summary()}: {precision} weights, GEMMs in fp32, emulated and slower than fp32{off}",
+    }
 
 
 def _describe_cuda(precision: str, device: torch.device) -> dict[str, str]:

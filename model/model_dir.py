@@ -35,8 +35,9 @@ def import_model(src: str | Path, dst: str | Path) -> dict:
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise UserError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-                        f"{model.config.vocab_size}")
+        raise UserError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
+        )
     model.save_pretrained(dst, tokenizer=tokenizer)
     return summarize(dst)
 

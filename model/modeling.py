@@ -56,12 +56,15 @@ from model.weights import (
     normalize_state_dict,
 )
 
-IGNORE_INDEX = -100  # labels that take no part in a loss (Hugging Face's convention): MLM positions not predicted, padding
+IGNORE_INDEX = (
+    -100
+)  # labels that take no part in a loss (Hugging Face's convention): MLM positions not predicted, padding
 
 
 # ---------------------------------------------------------------------------------------------
 # Outputs: HF's field names, so callers written against transformers read ours unchanged.
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class BaseModelOutput:
@@ -113,6 +116,7 @@ class MultipleChoiceModelOutput:
 # Embeddings
 # ---------------------------------------------------------------------------------------------
 
+
 class BertEmbeddings(nn.Module):
     """Token + learned position + segment embeddings, summed, then LayerNorm and dropout."""
 
@@ -120,15 +124,13 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
-                                            padding_idx=config.pad_token_id)
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Not a weight: rebuilt from the config, never saved (HF's old checkpoints carry it; we ignore it).
-        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings),
-                             persistent=False)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         seq_len = input_ids.shape[1]
@@ -147,6 +149,7 @@ class BertEmbeddings(nn.Module):
 # flash attention's variable-length kernel; on CPU a loop of SDPA calls, one per sequence.
 # ---------------------------------------------------------------------------------------------
 
+
 def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
     """The padding mask, built once per batch: (B, T) -> bool (B, 1, 1, T), True = attend.
 
@@ -157,8 +160,10 @@ def attention_mask_for(attention_mask: torch.Tensor | None, input_ids: torch.Ten
     if attention_mask is None:
         return None
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} does not match "
-                         f"input_ids shape {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} does not match "
+            f"input_ids shape {tuple(input_ids.shape)}"
+        )
     mask = attention_mask.bool()
     if not torch.compiler.is_compiling() and bool(mask.all()):  # a graph break under compile
         return None
@@ -181,8 +186,13 @@ CPU_UNPAD_MIN_PADDING = 0.2
 
 def varlen_fits(dtype: torch.dtype, head_size: int, dropout_p: float) -> bool:
     """Whether flash attention's variable-length kernel takes this attention (on a CUDA device)."""
-    return (_varlen_attn is not None and dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
-            and head_size % VARLEN_HEAD_SIZE_MULTIPLE == 0 and head_size <= VARLEN_MAX_HEAD_SIZE)
+    return (
+        _varlen_attn is not None
+        and dtype in (torch.float16, torch.bfloat16)
+        and dropout_p == 0.0
+        and head_size % VARLEN_HEAD_SIZE_MULTIPLE == 0
+        and head_size <= VARLEN_MAX_HEAD_SIZE
+    )
 
 
 def should_unpad(mask: torch.Tensor, hidden: torch.Tensor, dropout_p: float, head_size: int) -> bool:
@@ -238,6 +248,7 @@ class Packed:
 # ---------------------------------------------------------------------------------------------
 # Attention
 # ---------------------------------------------------------------------------------------------
+
 
 class BertSelfAttention(nn.Module):
     """Multi-head scaled dot-product attention, softmax(QK^T / sqrt(d_k)) V, via torch's SDPA.
@@ -324,6 +335,7 @@ class BertAttention(nn.Module):
 # Feed-forward
 # ---------------------------------------------------------------------------------------------
 
+
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -344,6 +356,7 @@ class BertOutput(_ResidualOutput):
 # ---------------------------------------------------------------------------------------------
 # Layer and encoder
 # ---------------------------------------------------------------------------------------------
+
 
 class BertLayer(nn.Module):
     """One post-LN Transformer encoder layer: attention sub-layer, then feed-forward sub-layer."""
@@ -373,6 +386,7 @@ class BertEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Heads
 # ---------------------------------------------------------------------------------------------
+
 
 class BertPooler(nn.Module):
     """dense + tanh on the [CLS] vector: the sentence representation NSP and classifiers read."""
@@ -411,6 +425,7 @@ class BertLMPredictionHead(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Base class: weight init, loading and saving, shared by every model class
 # ---------------------------------------------------------------------------------------------
+
 
 class BertPreTrainedModel(nn.Module):
     """Weight init, from_pretrained/save_pretrained and parameter counting for every model class."""
@@ -460,8 +475,7 @@ class BertPreTrainedModel(nn.Module):
         """Write config.json + model.safetensors (+ tokenizer files) atomically into `path`."""
         config = BertConfig.from_dict(self.config.to_dict())
         config.architectures = [type(self).__name__]
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous()
-                   for k, v in self.state_dict().items()}
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
         with atomic_dir(path) as tmp:
             config.to_json_file(tmp / "config.json")
             save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
@@ -471,8 +485,9 @@ class BertPreTrainedModel(nn.Module):
     # -- loading --------------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
-                        init_missing_heads: bool = False, **config_overrides):
+    def from_pretrained(
+        cls, path: str | Path, device: str | torch.device = "cpu", init_missing_heads: bool = False, **config_overrides
+    ):
         """Load a model directory in HF layout; eval mode, on `device`.
 
         A head this class needs but the directory lacks is an error naming it, unless
@@ -482,8 +497,9 @@ class BertPreTrainedModel(nn.Module):
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {path} does not exist")
-        return cls._from_state(path, normalize_state_dict(load_state_dict(path)), device,
-                               init_missing_heads, config_overrides)
+        return cls._from_state(
+            path, normalize_state_dict(load_state_dict(path)), device, init_missing_heads, config_overrides
+        )
 
     @classmethod
     def _from_state(cls, path: Path, state, device, init_missing_heads, config_overrides):
@@ -518,8 +534,7 @@ class BertPreTrainedModel(nn.Module):
         if missing_heads:
             self.init_weights()
         try:
-            self.load_state_dict({k[strip:]: v for k, v in given.items() if k in expected},
-                                 strict=not missing_heads)
+            self.load_state_dict({k[strip:]: v for k, v in given.items() if k in expected}, strict=not missing_heads)
         except RuntimeError as e:
             raise ValueError(f"{source}: weights do not fit the config: {e}") from None
 
@@ -532,6 +547,7 @@ def _names(keys: list[str], most: int = 8) -> str:
 # ---------------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------------
+
 
 class BertModel(BertPreTrainedModel):
     """The encoder: embeddings, L post-LN layers, and (optionally) the pooler."""
@@ -550,8 +566,12 @@ class BertModel(BertPreTrainedModel):
         # An encoder saved without a pooler (HF's BertForMaskedLM) still loads as a BertModel.
         return cls(config, add_pooling_layer="pooler" in heads or init_missing_heads)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> BaseModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> BaseModelOutput:
         """`attention_mask` may stay on the CPU while the ids are on a GPU (the service's engine does
         so): whether to mask or pack, and where each sequence starts, are then read off the host copy,
         without a device-to-host sync."""
@@ -578,12 +598,15 @@ class BertModel(BertPreTrainedModel):
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
         seq_len, limit = input_ids.shape[1], self.config.max_position_embeddings
         if seq_len > limit:
-            raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings {limit}; "
-                             "truncate the input (tokenizer truncation=True)")
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings {limit}; "
+                "truncate the input (tokenizer truncation=True)"
+            )
 
 
-def _masked_lm(head: BertLMPredictionHead, hidden: torch.Tensor, labels: torch.Tensor | None,
-              masked_positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _masked_lm(
+    head: BertLMPredictionHead, hidden: torch.Tensor, labels: torch.Tensor | None, masked_positions: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits, loss) of the MLM head on (B, T, H) `hidden`, for BertForPreTraining and BertForMaskedLM.
 
     The head runs only where a prediction is wanted: at the True positions of a bool (B, T)
@@ -605,16 +628,16 @@ def _masked_lm(head: BertLMPredictionHead, hidden: torch.Tensor, labels: torch.T
 def _rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Flat (batch, position) indices, on hidden's device, of the True positions of a bool (B, T) mask."""
     if positions.shape != hidden.shape[:2]:
-        raise ValueError(f"masked_positions shape {tuple(positions.shape)} does not match "
-                         f"the batch {tuple(hidden.shape[:2])}")
+        raise ValueError(
+            f"masked_positions shape {tuple(positions.shape)} does not match the batch {tuple(hidden.shape[:2])}"
+        )
     return positions.reshape(-1).nonzero().squeeze(1).to(hidden.device, non_blocking=True)
 
 
 def _mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     if labels.numel() == 0:  # nothing masked in this batch: a zero that still has a graph
         return logits.sum() * 0.0
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
 class BertForPreTraining(BertPreTrainedModel):
@@ -635,8 +658,15 @@ class BertForPreTraining(BertPreTrainedModel):
         self.cls.seq_relationship = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                next_sentence_label=None, masked_positions=None) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        labels=None,
+        next_sentence_label=None,
+        masked_positions=None,
+    ) -> PreTrainingOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         logits, mlm_loss = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, masked_positions)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)
@@ -660,8 +690,9 @@ class BertForMaskedLM(BertPreTrainedModel):
         self.cls.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                masked_positions=None) -> MaskedLMOutput:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, labels=None, masked_positions=None
+    ) -> MaskedLMOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         return MaskedLMOutput(*_masked_lm(self.cls.predictions, out.last_hidden_state, labels, masked_positions))
 
@@ -678,8 +709,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
-                labels=None) -> SequenceClassifierOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> SequenceClassifierOutput:
         pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
         logits = dense(self.classifier, self.dropout(pooled))
         loss = None
@@ -711,14 +741,14 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
-                labels=None) -> TokenClassifierOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TokenClassifierOutput:
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
         logits = dense(self.classifier, self.dropout(hidden))  # (B, T, num_labels)
         loss = None
         if labels is not None:  # (B, T, L) -> (B*T, L) against (B*T,)
-            loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(
+                logits.reshape(-1, self.num_labels).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+            )
         return TokenClassifierOutput(logits, loss)
 
 
@@ -736,8 +766,9 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start, end
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
-                end_positions=None) -> QuestionAnsweringModelOutput:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None
+    ) -> QuestionAnsweringModelOutput:
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
         logits = dense(self.qa_outputs, hidden)  # (B, T, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
@@ -745,8 +776,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         if start_positions is not None and end_positions is not None:
             ignored = start_logits.shape[1]
             start, end = (p.reshape(-1).clamp(0, ignored) for p in (start_positions, end_positions))
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+            loss = (
+                F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+                + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
+            ) / 2
         return QuestionAnsweringModelOutput(start_logits, end_logits, loss)
 
 
@@ -763,8 +796,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
-                labels=None) -> MultipleChoiceModelOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> MultipleChoiceModelOutput:
         if input_ids.dim() != 3:
             raise ValueError(f"input_ids must be (batch, num_choices, seq_len), got shape {tuple(input_ids.shape)}")
         B, C, T = input_ids.shape
@@ -779,9 +811,18 @@ class BertForMultipleChoice(BertPreTrainedModel):
 # Helpers: model classes by name and by heads, compiling, loading a directory as its class
 # ---------------------------------------------------------------------------------------------
 
-MODEL_CLASSES = {cls.__name__: cls for cls in
-                 (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-                  BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)}
+MODEL_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+    )
+}
 # The classes whose head is `classifier.*`: sequence (on the pooled [CLS]), token (on every token,
 # no pooler) and multiple choice (one score per choice, on the pooled [CLS]).
 CLASSIFIER_CLASSES = (BertForSequenceClassification, BertForTokenClassification, BertForMultipleChoice)

@@ -43,8 +43,14 @@ ACT2FN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 # ACT2FN name -> oneDNN post-op (attr, algorithm), as torch.ops.mkldnn._linear_pointwise spells them.
-_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
-            "relu": ("relu", ""), "tanh": ("tanh", ""), "silu": ("swish", "")}
+_POSTOPS = {
+    "gelu": ("gelu", "none"),
+    "gelu_new": ("gelu", "tanh"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+    "tanh": ("tanh", ""),
+    "silu": ("swish", ""),
+}
 
 # Below about a million multiply-adds (tiny test models, one token) oneDNN's fixed ~12 us a call
 # costs more than it saves; MKL takes those.
@@ -79,9 +85,14 @@ def use_onednn(enabled: bool) -> bool:
 def _path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """The oneDNN path this call takes, or None for torch's own F.linear."""
     # is_compiling() before kernels.enabled(): the first probe must not happen inside a graph being traced.
-    if not (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _PATHS
-            and x.numel() * weight.shape[0] >= _MIN_MACS and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()):
+    if not (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype
+        and x.dtype in _PATHS
+        and x.numel() * weight.shape[0] >= _MIN_MACS
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    ):
         return None
     name = _PATHS[x.dtype]
     return name if kernels.enabled(name) else None
@@ -90,13 +101,19 @@ def _path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
 def _emulate_bf16(x: torch.Tensor) -> bool:
     """bf16 on a CPU whose oneDNN has no bf16 GEMM, where ATen's own bf16 GEMM ran 7x slower than
     fp32 (AVX2): each GEMM in fp32 instead (see `linear`)."""
-    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and not kernels.enabled("onednn-bf16"))
+    return (
+        x.dtype == torch.bfloat16
+        and x.device.type == "cpu"
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not kernels.enabled("onednn-bf16")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Packed weights (inference) and the three GEMMs of a training step
 # ---------------------------------------------------------------------------------------------
+
 
 class _PackedWeight:
     """A weight reordered once into oneDNN's blocked layout, kept beside the module that uses it.
@@ -169,8 +186,15 @@ class _OneDnnLinear(torch.autograd.Function):
 # The entry points
 # ---------------------------------------------------------------------------------------------
 
-def linear(owner: nn.Module | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           act: str | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
+
+def linear(
+    owner: nn.Module | None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    act: str | None = None,
+    add: torch.Tensor | None = None,
+) -> torch.Tensor:
     """ACT2FN[act](x W^T + b) + add (never both act and add); `owner` keeps the packed weight.
 
     bf16 where oneDNN has no bf16 GEMM is computed in fp32 on the same bf16 numbers and rounded back:
@@ -192,8 +216,14 @@ def linear(owner: nn.Module | None, x: torch.Tensor, weight: torch.Tensor, bias:
         return y
 
 
-def _onednn_linear(owner: nn.Module | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   act: str | None, add: torch.Tensor | None) -> torch.Tensor:
+def _onednn_linear(
+    owner: nn.Module | None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    act: str | None,
+    add: torch.Tensor | None,
+) -> torch.Tensor:
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):  # inference
         packed = _packed(owner, weight)
         if add is not None:
@@ -210,8 +240,7 @@ def _epilogue(y: torch.Tensor, act: str | None, add: torch.Tensor | None) -> tor
     return y if add is None else y + add
 
 
-def dense(layer: nn.Module, x: torch.Tensor, act: str | None = None,
-          add: torch.Tensor | None = None) -> torch.Tensor:
+def dense(layer: nn.Module, x: torch.Tensor, act: str | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
     """ACT2FN[act](layer(x)) + add for a Linear `layer`, by oneDNN where it fits (see the module docstring).
 
     A plain nn.Linear is not called as a module (no per-call module overhead), so forward hooks

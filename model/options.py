@@ -46,8 +46,13 @@ class Option:
 
     def bounds(self, kind: str) -> dict[str, float]:
         """{minimum, maximum, above, below} of `kind`, those that are set."""
-        values = {"minimum": self.minimum, "maximum": self.maximum, "above": self.above, "below": self.below,
-                  **self.bounds_by_kind.get(kind, {})}
+        values = {
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+            "above": self.above,
+            "below": self.below,
+            **self.bounds_by_kind.get(kind, {}),
+        }
         return {k: v for k, v in values.items() if v is not None}
 
     def default_for(self, kind: str, task: str | None = None) -> Any:
@@ -66,88 +71,275 @@ def _o(*args, **kwargs) -> Option:
 
 OPTIONS: tuple[Option, ...] = (
     # -- length of the run ------------------------------------------------------------------------
-    _o("max_steps", int, "optimizer steps to train; unset: `epochs` passes over the data", nullable=True,
-       by_kind={"pretrain": 1000, "finetune": None},  # pretrain: BERT's 1M steps scaled to a small run
-       minimum=1, maximum=1_000_000),
-    _o("epochs", float, "passes over the data, used when max_steps is unset", nullable=True,
-       by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-       above=0.0, maximum=1000.0),
+    _o(
+        "max_steps",
+        int,
+        "optimizer steps to train; unset: `epochs` passes over the data",
+        nullable=True,
+        by_kind={"pretrain": 1000, "finetune": None},  # pretrain: BERT's 1M steps scaled to a small run
+        minimum=1,
+        maximum=1_000_000,
+    ),
+    _o(
+        "epochs",
+        float,
+        "passes over the data, used when max_steps is unset",
+        nullable=True,
+        by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
+        above=0.0,
+        maximum=1000.0,
+    ),
     # -- optimiser -----------------------------------------------------------------------------
-    _o("lr", float, "peak learning rate, reached at the end of warmup",
-       by_kind={"pretrain": 1e-4, "finetune": 2e-5},  # BERT: 1e-4 pretraining; 2e-5, the grid's safest
-       by_task={"question-answering": 5e-5},  # BERT's SQuAD v1.1 run: 5e-5, 3 epochs, batch 32
-       above=0.0, maximum=1.0),
-    _o("warmup_ratio", float, "share of the run's steps to warm the learning rate up over (when warmup_steps "
-                              "is unset)",
-       by_kind={"pretrain": 0.01, "finetune": 0.1},  # BERT: 10k of 1M steps (1%); fine-tuning 10%
-       minimum=0.0, below=1.0, cli=False),
-    _o("warmup_steps", int, "linear warmup in steps; unset: warmup_ratio of the run", nullable=True,
-       minimum=0, maximum=1_000_000, cli=False),  # unset, so the ratio scales with the run's length
-    _o("weight_decay", float, "AdamW decoupled weight decay, on weight matrices only", default=0.01,  # BERT's
-       minimum=0.0, maximum=1.0),
-    _o("grad_accum_steps", int, "micro-batches per optimizer step: effective batch = batch_size x this",
-       default=1, minimum=1, maximum=1024, flag="--grad-accum"),  # one step per batch, as BERT
-    _o("max_grad_norm", float, "clip the global gradient norm to this; unset: no clipping", default=1.0,  # BERT's
-       nullable=True, above=0.0, maximum=1e6),
-    _o("seed", int, "seed of init, data order, masking and dropout", default=0, minimum=0,
-       maximum=2**31 - 1),  # any fixed seed makes runs repeatable
+    _o(
+        "lr",
+        float,
+        "peak learning rate, reached at the end of warmup",
+        by_kind={"pretrain": 1e-4, "finetune": 2e-5},  # BERT: 1e-4 pretraining; 2e-5, the grid's safest
+        by_task={"question-answering": 5e-5},  # BERT's SQuAD v1.1 run: 5e-5, 3 epochs, batch 32
+        above=0.0,
+        maximum=1.0,
+    ),
+    _o(
+        "warmup_ratio",
+        float,
+        "share of the run's steps to warm the learning rate up over (when warmup_steps is unset)",
+        by_kind={"pretrain": 0.01, "finetune": 0.1},  # BERT: 10k of 1M steps (1%); fine-tuning 10%
+        minimum=0.0,
+        below=1.0,
+        cli=False,
+    ),
+    _o(
+        "warmup_steps",
+        int,
+        "linear warmup in steps; unset: warmup_ratio of the run",
+        nullable=True,
+        minimum=0,
+        maximum=1_000_000,
+        cli=False,
+    ),  # unset, so the ratio scales with the run's length
+    _o(
+        "weight_decay",
+        float,
+        "AdamW decoupled weight decay, on weight matrices only",
+        default=0.01,  # BERT's
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    _o(
+        "grad_accum_steps",
+        int,
+        "micro-batches per optimizer step: effective batch = batch_size x this",
+        default=1,
+        minimum=1,
+        maximum=1024,
+        flag="--grad-accum",
+    ),  # one step per batch, as BERT
+    _o(
+        "max_grad_norm",
+        float,
+        "clip the global gradient norm to this; unset: no clipping",
+        default=1.0,  # BERT's
+        nullable=True,
+        above=0.0,
+        maximum=1e6,
+    ),
+    _o(
+        "seed", int, "seed of init, data order, masking and dropout", default=0, minimum=0, maximum=2**31 - 1
+    ),  # any fixed seed makes runs repeatable
     # -- batches (spec fields) -------------------------------------------------------------------
-    _o("batch_size", int, "examples per micro-batch, over all devices (a step takes grad_accum_steps of them)", default=32,
-       trainer=False, minimum=1, maximum=4096),  # BERT fine-tuning's 32; pretraining's 256 needs more memory
-    _o("max_seq_len", int, "tokens per example, [CLS] and [SEP] included", default=128, trainer=False,
-       minimum=8, maximum=4096),  # BERT's first 90% of pretraining; fits most sentence tasks
-    _o("eval_fraction", float, "share held out for evaluation when no eval data is given (0: none)",
-       by_kind={"pretrain": 0.02, "finetune": 0.1},  # pretrain: documents (capped); finetune: rows
-       trainer=False, minimum=0.0, maximum=0.5,
-       bounds_by_kind={"finetune": {"minimum": None, "above": 0.0}}),  # fine-tuning picks its best checkpoint on them
+    _o(
+        "batch_size",
+        int,
+        "examples per micro-batch, over all devices (a step takes grad_accum_steps of them)",
+        default=32,
+        trainer=False,
+        minimum=1,
+        maximum=4096,
+    ),  # BERT fine-tuning's 32; pretraining's 256 needs more memory
+    _o(
+        "max_seq_len",
+        int,
+        "tokens per example, [CLS] and [SEP] included",
+        default=128,
+        trainer=False,
+        minimum=8,
+        maximum=4096,
+    ),  # BERT's first 90% of pretraining; fits most sentence tasks
+    _o(
+        "eval_fraction",
+        float,
+        "share held out for evaluation when no eval data is given (0: none)",
+        by_kind={"pretrain": 0.02, "finetune": 0.1},  # pretrain: documents (capped); finetune: rows
+        trainer=False,
+        minimum=0.0,
+        maximum=0.5,
+        bounds_by_kind={"finetune": {"minimum": None, "above": 0.0}},
+    ),  # fine-tuning picks its best checkpoint on them
     # -- pretraining ---------------------------------------------------------------------------
-    _o("nsp", bool, "next-sentence prediction beside masked LM (BertForPreTraining); false: MLM only",
-       default=True, kinds=("pretrain",), trainer=False),  # BERT's two objectives
-    _o("masked_lm_prob", float, "share of tokens masked for the MLM objective", default=0.15,  # BERT's 15%
-       kinds=("pretrain",), trainer=False, minimum=0.01, maximum=0.5, flag="--mlm-probability"),
-    _o("whole_word_mask", bool, "mask every piece of a chosen word together", default=False,  # BERT's first release
-       kinds=("pretrain",), trainer=False),
-    _o("freeze_encoder", bool, "warm start: train only the heads (and pooler); the encoder stays as loaded",
-       default=False, kinds=("pretrain",), trainer=False),  # full training is what BERT does
+    _o(
+        "nsp",
+        bool,
+        "next-sentence prediction beside masked LM (BertForPreTraining); false: MLM only",
+        default=True,
+        kinds=("pretrain",),
+        trainer=False,
+    ),  # BERT's two objectives
+    _o(
+        "masked_lm_prob",
+        float,
+        "share of tokens masked for the MLM objective",
+        default=0.15,  # BERT's 15%
+        kinds=("pretrain",),
+        trainer=False,
+        minimum=0.01,
+        maximum=0.5,
+        flag="--mlm-probability",
+    ),
+    _o(
+        "whole_word_mask",
+        bool,
+        "mask every piece of a chosen word together",
+        default=False,  # BERT's first release
+        kinds=("pretrain",),
+        trainer=False,
+    ),
+    _o(
+        "freeze_encoder",
+        bool,
+        "warm start: train only the heads (and pooler); the encoder stays as loaded",
+        default=False,
+        kinds=("pretrain",),
+        trainer=False,
+    ),  # full training is what BERT does
     # -- fine-tuning ---------------------------------------------------------------------------
-    _o("task", str, "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
-                    "by entity f1) or question-answering (SQuAD; best checkpoint by f1)",
-       default="sequence-classification", kinds=("finetune",), trainer=False, choices=TASKS),  # the common case
-    _o("regression", bool, "sequence-classification: float labels, one output, MSE loss (e.g. a reranker's "
-                           "relevance score)", default=False, kinds=("finetune",), trainer=False),  # labels are classes
-    _o("doc_stride", int, "question-answering: context tokens that windows of a long context share; unset: "
-                          "128, or half a short window's context", nullable=True, kinds=("finetune",),
-       trainer=False, minimum=0, maximum=4096),  # BERT's SQuAD script: 128
-    _o("max_query_length", int, "question-answering: question tokens kept", default=64,  # BERT's SQuAD script
-       kinds=("finetune",), trainer=False, minimum=1, maximum=4096),
-    _o("max_answer_len", int, "question-answering evaluation: the longest answer, in tokens", default=30,
-       kinds=("finetune",), trainer=False, minimum=1, maximum=4096),  # BERT's SQuAD script
+    _o(
+        "task",
+        str,
+        "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
+        "by entity f1) or question-answering (SQuAD; best checkpoint by f1)",
+        default="sequence-classification",
+        kinds=("finetune",),
+        trainer=False,
+        choices=TASKS,
+    ),  # the common case
+    _o(
+        "regression",
+        bool,
+        "sequence-classification: float labels, one output, MSE loss (e.g. a reranker's relevance score)",
+        default=False,
+        kinds=("finetune",),
+        trainer=False,
+    ),  # labels are classes
+    _o(
+        "doc_stride",
+        int,
+        "question-answering: context tokens that windows of a long context share; unset: "
+        "128, or half a short window's context",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0,
+        maximum=4096,
+    ),  # BERT's SQuAD script: 128
+    _o(
+        "max_query_length",
+        int,
+        "question-answering: question tokens kept",
+        default=64,  # BERT's SQuAD script
+        kinds=("finetune",),
+        trainer=False,
+        minimum=1,
+        maximum=4096,
+    ),
+    _o(
+        "max_answer_len",
+        int,
+        "question-answering evaluation: the longest answer, in tokens",
+        default=30,
+        kinds=("finetune",),
+        trainer=False,
+        minimum=1,
+        maximum=4096,
+    ),  # BERT's SQuAD script
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
-    _o("save_every", int, "checkpoint every N steps (0: only at the end and on a stop request)", default=500,
-       minimum=0, maximum=1_000_000),  # a crash loses minutes, not the run; keep_last bounds the disk
-    _o("keep_last", int, "checkpoints kept besides the best one", default=2, minimum=1,
-       maximum=100),  # one to resume from while the next is written
-    _o("eval_every", int, "evaluate every N steps (0: only at the end)", default=0, minimum=0,
-       maximum=1_000_000),  # evaluation costs a pass over the held-out data
-    _o("eval_on_start", bool, "also evaluate before the first step (a baseline for the curve)",
-       default=False),  # one more pass over the eval data
-    _o("log_every", int, "steps between progress reports (a metrics.jsonl line)", default=10, minimum=1,
-       maximum=100_000),  # a readable curve without a line per step
+    _o(
+        "save_every",
+        int,
+        "checkpoint every N steps (0: only at the end and on a stop request)",
+        default=500,
+        minimum=0,
+        maximum=1_000_000,
+    ),  # a crash loses minutes, not the run; keep_last bounds the disk
+    _o(
+        "keep_last", int, "checkpoints kept besides the best one", default=2, minimum=1, maximum=100
+    ),  # one to resume from while the next is written
+    _o(
+        "eval_every", int, "evaluate every N steps (0: only at the end)", default=0, minimum=0, maximum=1_000_000
+    ),  # evaluation costs a pass over the held-out data
+    _o(
+        "eval_on_start", bool, "also evaluate before the first step (a baseline for the curve)", default=False
+    ),  # one more pass over the eval data
+    _o(
+        "log_every",
+        int,
+        "steps between progress reports (a metrics.jsonl line)",
+        default=10,
+        minimum=1,
+        maximum=100_000,
+    ),  # a readable curve without a line per step
     # -- where and how it computes ---------------------------------------------------------------
-    _o("precision", str, "bf16 autocast or fp32; auto: bf16 on CUDA, fp32 on CPU", default="auto",
-       choices=TRAIN_PRECISIONS),  # bf16 is fast where it is native
-    _o("compile", bool, "torch.compile the training step (the first steps pay for compiling; measure first)",
-       default=False),  # pays only on long runs of some models
-    _o("device", str, "cpu, cuda, cuda:N or auto (CUDA when there is one)", default="auto",
-       job=False),  # a job's device is its worker's (BERT_WORKER_DEVICE)
-    _o("text_column", str, "sequence-classification: the text column", default="text", kinds=("finetune",),
-       trainer=False, job=False),  # an uploaded dataset's columns are fixed: text, text_pair, label
-    _o("text_pair_column", str, "sequence-classification: the second text's column, used when the file has it",
-       default="text_pair", kinds=("finetune",), trainer=False, job=False),
-    _o("label_column", str, "sequence-classification: the label column", default="label", kinds=("finetune",),
-       trainer=False, job=False),
-    _o("group_column", str, "hold out whole groups of this column (e.g. one film's reviews)", nullable=True,
-       kinds=("finetune",), trainer=False, job=False),  # unset: rows are held out one by one
+    _o(
+        "precision",
+        str,
+        "bf16 autocast or fp32; auto: bf16 on CUDA, fp32 on CPU",
+        default="auto",
+        choices=TRAIN_PRECISIONS,
+    ),  # bf16 is fast where it is native
+    _o(
+        "compile",
+        bool,
+        "torch.compile the training step (the first steps pay for compiling; measure first)",
+        default=False,
+    ),  # pays only on long runs of some models
+    _o(
+        "device", str, "cpu, cuda, cuda:N or auto (CUDA when there is one)", default="auto", job=False
+    ),  # a job's device is its worker's (BERT_WORKER_DEVICE)
+    _o(
+        "text_column",
+        str,
+        "sequence-classification: the text column",
+        default="text",
+        kinds=("finetune",),
+        trainer=False,
+        job=False,
+    ),  # an uploaded dataset's columns are fixed: text, text_pair, label
+    _o(
+        "text_pair_column",
+        str,
+        "sequence-classification: the second text's column, used when the file has it",
+        default="text_pair",
+        kinds=("finetune",),
+        trainer=False,
+        job=False,
+    ),
+    _o(
+        "label_column",
+        str,
+        "sequence-classification: the label column",
+        default="label",
+        kinds=("finetune",),
+        trainer=False,
+        job=False,
+    ),
+    _o(
+        "group_column",
+        str,
+        "hold out whole groups of this column (e.g. one film's reviews)",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        job=False,
+    ),  # unset: rows are held out one by one
 )
 
 BY_NAME = {o.name: o for o in OPTIONS}
@@ -157,8 +349,11 @@ def options_for(kind: str, *, job: bool | None = None, trainer: bool | None = No
     """The options of `kind`, in table order; `job` / `trainer` filter on those attributes."""
     if kind not in KINDS:
         raise ValueError(f"unknown job kind {kind!r}; expected one of {KINDS}")
-    return [o for o in OPTIONS if kind in o.kinds and (job is None or o.job == job)
-            and (trainer is None or o.trainer == trainer)]
+    return [
+        o
+        for o in OPTIONS
+        if kind in o.kinds and (job is None or o.job == job) and (trainer is None or o.trainer == trainer)
+    ]
 
 
 def defaults(kind: str, task: str | None = None, *, trainer: bool | None = None) -> dict[str, Any]:
@@ -183,8 +378,11 @@ def format_default(option: Option, kind: str) -> str:
 
 def bounds_text(option: Option, kind: str) -> str:
     b = option.bounds(kind)
-    parts = [f"{sign} {_show(b[key])}" for key, sign in (("minimum", ">="), ("above", ">"), ("maximum", "<="),
-                                                          ("below", "<")) if key in b]
+    parts = [
+        f"{sign} {_show(b[key])}"
+        for key, sign in (("minimum", ">="), ("above", ">"), ("maximum", "<="), ("below", "<"))
+        if key in b
+    ]
     parts.append(" | ".join(option.choices) if option.choices else "")
     return ", ".join(p for p in parts if p)
 
@@ -203,11 +401,17 @@ def options_markdown() -> str:
     """The configuration reference: one markdown table per job kind."""
     out = []
     for kind in KINDS:
-        out += [f"### {kind}", "", "| option | flag | type | default | bounds | job | description |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            f"### {kind}",
+            "",
+            "| option | flag | type | default | bounds | job | description |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for o in options_for(kind):
             flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
-            out.append(f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
-                       f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |")
+            out.append(
+                f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
+                f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |"
+            )
         out.append("")
     return "\n".join(out)

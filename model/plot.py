@@ -20,10 +20,25 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
 
 # (panel title, [(record type, key, legend label)])
 PANELS = [
-    ("loss", [("train", "loss", "train loss"), ("train", "mlm_loss", "train MLM loss"),
-              ("eval", "loss", "eval loss"), ("eval", "mlm_loss", "eval MLM loss"), ("eval", "mse", "eval MSE")]),
-    ("accuracy", [("eval", "mlm_accuracy", "eval MLM accuracy"), ("eval", "nsp_accuracy", "eval NSP accuracy"),
-                  ("eval", "accuracy", "eval accuracy"), ("eval", "macro_f1", "eval macro-F1")]),
+    (
+        "loss",
+        [
+            ("train", "loss", "train loss"),
+            ("train", "mlm_loss", "train MLM loss"),
+            ("eval", "loss", "eval loss"),
+            ("eval", "mlm_loss", "eval MLM loss"),
+            ("eval", "mse", "eval MSE"),
+        ],
+    ),
+    (
+        "accuracy",
+        [
+            ("eval", "mlm_accuracy", "eval MLM accuracy"),
+            ("eval", "nsp_accuracy", "eval NSP accuracy"),
+            ("eval", "accuracy", "eval accuracy"),
+            ("eval", "macro_f1", "eval macro-F1"),
+        ],
+    ),
 ]
 
 
@@ -32,10 +47,12 @@ def write_training_plot(records: list[dict[str, Any]], path: str | Path, title: 
 
 
 def render_svg(records: list[dict[str, Any]], title: str = "training") -> str:
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
-             f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-             f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="16">{escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="16">{escape(title)}</text>',
+    ]
     for i, (name, series) in enumerate(PANELS):
         lines = [(label, _points(records, kind, key)) for kind, key, label in series]
         lines = [(label, pts) for label, pts in lines if pts]
@@ -54,10 +71,14 @@ def _points(records: list[dict[str, Any]], kind: str, key: str) -> list[tuple[fl
 
 
 def _panel(x0: float, y0: float, name: str, lines: list[tuple[str, list[tuple[float, float]]]]) -> str:
-    out = [f'<g><text x="{x0 + PANEL_W / 2}" y="{y0 - 10}" text-anchor="middle" font-size="14">{name}</text>',
-           f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" stroke="#888"/>']
+    out = [
+        f'<g><text x="{x0 + PANEL_W / 2}" y="{y0 - 10}" text-anchor="middle" font-size="14">{name}</text>',
+        f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" stroke="#888"/>',
+    ]
     if not lines:
-        out.append(f'<text x="{x0 + PANEL_W / 2}" y="{y0 + PANEL_H / 2}" text-anchor="middle" fill="#888">no data yet</text></g>')
+        out.append(
+            f'<text x="{x0 + PANEL_W / 2}" y="{y0 + PANEL_H / 2}" text-anchor="middle" fill="#888">no data yet</text></g>'
+        )
         return "\n".join(out)
     xs = [p[0] for _, pts in lines for p in pts]
     ys = [p[1] for _, pts in lines for p in pts]
@@ -72,11 +93,15 @@ def _panel(x0: float, y0: float, name: str, lines: list[tuple[str, list[tuple[fl
         return y0 + PANEL_H - (y - ylo) / (yhi - ylo) * PANEL_H
 
     for t in _ticks(xlo, xhi):
-        out.append(f'<line x1="{sx(t):.1f}" y1="{y0 + PANEL_H}" x2="{sx(t):.1f}" y2="{y0 + PANEL_H + 4}" stroke="#888"/>'
-                   f'<text x="{sx(t):.1f}" y="{y0 + PANEL_H + 16}" text-anchor="middle">{_fmt(t)}</text>')
+        out.append(
+            f'<line x1="{sx(t):.1f}" y1="{y0 + PANEL_H}" x2="{sx(t):.1f}" y2="{y0 + PANEL_H + 4}" stroke="#888"/>'
+            f'<text x="{sx(t):.1f}" y="{y0 + PANEL_H + 16}" text-anchor="middle">{_fmt(t)}</text>'
+        )
     for t in _ticks(ylo, yhi):
-        out.append(f'<line x1="{x0}" y1="{sy(t):.1f}" x2="{x0 + PANEL_W}" y2="{sy(t):.1f}" stroke="#eee"/>'
-                   f'<text x="{x0 - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+        out.append(
+            f'<line x1="{x0}" y1="{sy(t):.1f}" x2="{x0 + PANEL_W}" y2="{sy(t):.1f}" stroke="#eee"/>'
+            f'<text x="{x0 - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{_fmt(t)}</text>'
+        )
     out.append(f'<text x="{x0 + PANEL_W / 2}" y="{y0 + PANEL_H + 32}" text-anchor="middle">step</text>')
     for j, (label, pts) in enumerate(lines):
         color = COLORS[j % len(COLORS)]
@@ -85,8 +110,10 @@ def _panel(x0: float, y0: float, name: str, lines: list[tuple[str, list[tuple[fl
         if len(pts) < 30:
             out.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}"/>' for x, y in pts)
         ly = y0 + 14 + 16 * j
-        out.append(f'<line x1="{x0 + PANEL_W - 150}" y1="{ly - 4}" x2="{x0 + PANEL_W - 130}" y2="{ly - 4}" '
-                   f'stroke="{color}" stroke-width="2"/><text x="{x0 + PANEL_W - 125}" y="{ly}">{escape(label)}</text>')
+        out.append(
+            f'<line x1="{x0 + PANEL_W - 150}" y1="{ly - 4}" x2="{x0 + PANEL_W - 130}" y2="{ly - 4}" '
+            f'stroke="{color}" stroke-width="2"/><text x="{x0 + PANEL_W - 125}" y="{ly}">{escape(label)}</text>'
+        )
     out.append("</g>")
     return "\n".join(out)
 

@@ -105,8 +105,9 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         if prefix + "weight" not in state_dict:
             missing_keys.append(prefix + "weight")
             return
@@ -185,8 +186,11 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
     if precision == "auto":
         return "bf16" if torch.device(device).type == "cuda" else "fp32"
     if check_precision(precision) == "bf16" and torch.device(device).type == "cpu" and not bf16_native("cpu"):
-        log.warning("bf16 autocast on this CPU (%s) runs bf16 GEMMs without hardware support, slower than "
-                    "fp32: use precision fp32 here", kernels.cpu().summary())
+        log.warning(
+            "bf16 autocast on this CPU (%s) runs bf16 GEMMs without hardware support, slower than "
+            "fp32: use precision fp32 here",
+            kernels.cpu().summary(),
+        )
     return precision
 
 
@@ -208,6 +212,7 @@ def recommended_precision(device: str | torch.device = "cpu") -> str:
 
 
 # -- internals --------------------------------------------------------------------------------
+
 
 def _encoder(model: nn.Module) -> nn.Module:
     bert = getattr(model, "bert", model)
@@ -238,7 +243,8 @@ def _cast_outputs(model: nn.Module, dtype: torch.dtype | None) -> None:
         handle.remove()
     if dtype is not None:
         model.__dict__["_precision_output_hook"] = model.register_forward_hook(
-            lambda module, args, output: _cast_floats(output, dtype))
+            lambda module, args, output: _cast_floats(output, dtype)
+        )
 
 
 def _cast_floats(output, dtype: torch.dtype):

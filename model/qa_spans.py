@@ -27,9 +27,16 @@ MAX_ANSWER_LEN = 30  # tokens; run_qa.py's and the pipeline's default
 NO_NULL = 1000000.0  # the empty answer's score before any window lowered it
 
 
-def window_spans(start: np.ndarray, end: np.ndarray, context: np.ndarray, *, max_answer_len: int = MAX_ANSWER_LEN,
-                 top_k: int = 1, null: float = NO_NULL, handle_impossible: bool = False,
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+def window_spans(
+    start: np.ndarray,
+    end: np.ndarray,
+    context: np.ndarray,
+    *,
+    max_answer_len: int = MAX_ANSWER_LEN,
+    top_k: int = 1,
+    null: float = NO_NULL,
+    handle_impossible: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """(starts, ends, scores, null) of one window's top_k spans; `context` (T,) is True on context tokens,
     `null` the empty answer's score so far (lowered to this window's when `handle_impossible`)."""
     allowed = np.array(context, dtype=bool)
@@ -59,19 +66,28 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return x / x.sum()
 
 
-def best_answer(context: str, windows: Sequence[tuple[np.ndarray, np.ndarray, Sequence]], *,
-                max_answer_len: int = MAX_ANSWER_LEN, allow_impossible: bool = False) -> str:
+def best_answer(
+    context: str,
+    windows: Sequence[tuple[np.ndarray, np.ndarray, Sequence]],
+    *,
+    max_answer_len: int = MAX_ANSWER_LEN,
+    allow_impossible: bool = False,
+) -> str:
     """The answer text of one example from its windows' (start logits, end logits, offsets), where
     offsets[t] is token t's (first, end) character in `context`, or None off the context."""
     best, best_text, null = -1.0, "", NO_NULL
     for start, end, offsets in windows:
         n = len(offsets)  # the window's own tokens; the logits may run on over padding
         mask = np.array([o is not None for o in offsets], dtype=bool)
-        starts, ends, scores, null = window_spans(np.asarray(start[:n], dtype=np.float32),
-                                                  np.asarray(end[:n], dtype=np.float32), mask,
-                                                  max_answer_len=max_answer_len, null=null,
-                                                  handle_impossible=allow_impossible)
+        starts, ends, scores, null = window_spans(
+            np.asarray(start[:n], dtype=np.float32),
+            np.asarray(end[:n], dtype=np.float32),
+            mask,
+            max_answer_len=max_answer_len,
+            null=null,
+            handle_impossible=allow_impossible,
+        )
         if len(scores) and scores[0] > best:
             best = float(scores[0])
-            best_text = context[offsets[starts[0]][0]:offsets[ends[0]][1]]
+            best_text = context[offsets[starts[0]][0] : offsets[ends[0]][1]]
     return "" if allow_impossible and null > best else best_text

@@ -65,6 +65,7 @@ MODEL_PRESETS = {
 # Spec fields that are options take their defaults from model/options.py (one column per kind).
 _PRE, _FT = options.defaults("pretrain", trainer=False), options.defaults("finetune", trainer=False)
 
+
 @dataclass
 class PretrainSpec:
     corpus: str  # text corpus (pairs A<TAB>B, google, text, jsonl) or a token store directory (model/data/store.py)
@@ -173,6 +174,7 @@ def merge_train_config(default: TrainConfig, overrides: dict[str, Any]) -> Train
 
 # ---------------------------------------------------------------------------- runs
 
+
 def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Pretrain (MLM + NSP, or MLM only) from scratch, from a warm start, or resume; see PretrainSpec."""
     out = Path(spec.out)
@@ -182,8 +184,16 @@ def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> T
         with _main_rank_first(spec.train):
             train_data, eval_data = _pretraining_data(spec, tokenizer)
             train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
-        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data, evaluate_fn=evaluate,
-                          tokenizer=tokenizer, callbacks=callbacks)
+        trainer = Trainer(
+            model,
+            train_data,
+            spec.train,
+            run_dir=out,
+            eval_data=eval_data,
+            evaluate_fn=evaluate,
+            tokenizer=tokenizer,
+            callbacks=callbacks,
+        )
     return trainer.fit(resume=resume_from or False)
 
 
@@ -202,8 +212,16 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
             model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
-        trainer = Trainer(model, train_data, spec.train, run_dir=out, eval_data=eval_data, evaluate_fn=evaluate,
-                          tokenizer=tokenizer, callbacks=callbacks)
+        trainer = Trainer(
+            model,
+            train_data,
+            spec.train,
+            run_dir=out,
+            eval_data=eval_data,
+            evaluate_fn=evaluate,
+            tokenizer=tokenizer,
+            callbacks=callbacks,
+        )
     return trainer.fit(resume=resume_from or False)
 
 
@@ -211,9 +229,16 @@ def _classification_data(spec: FinetuneSpec):
     from model.data.finetune import load_classification_data
 
     data = load_classification_data(
-        spec.train_file, spec.eval_file, text_column=spec.text_column, text_pair_column=spec.text_pair_column,
-        label_column=spec.label_column, regression=spec.regression, eval_fraction=spec.eval_fraction,
-        group_column=spec.group_column, seed=spec.train.seed)
+        spec.train_file,
+        spec.eval_file,
+        text_column=spec.text_column,
+        text_pair_column=spec.text_pair_column,
+        label_column=spec.label_column,
+        regression=spec.regression,
+        eval_fraction=spec.eval_fraction,
+        group_column=spec.group_column,
+        seed=spec.train.seed,
+    )
     return BertForSequenceClassification, data, data.config_updates()
 
 
@@ -228,8 +253,9 @@ def _classification_batches(spec: FinetuneSpec, data, tokenizer):
 def _tagging_data(spec: FinetuneSpec):
     from model.data.token_classification import load_token_classification_data
 
-    data = load_token_classification_data(spec.train_file, spec.eval_file, eval_fraction=spec.eval_fraction,
-                                          seed=spec.train.seed)
+    data = load_token_classification_data(
+        spec.train_file, spec.eval_file, eval_fraction=spec.eval_fraction, seed=spec.train.seed
+    )
     return BertForTokenClassification, data, data.config_updates()
 
 
@@ -252,25 +278,49 @@ def _qa_data(spec: FinetuneSpec):
 def _qa_batches(spec: FinetuneSpec, data, tokenizer):
     from model.data.question_answering import QABatches
 
-    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, doc_stride=spec.doc_stride,
-              max_query_length=spec.max_query_length, max_answer_len=spec.max_answer_len,
-              allow_impossible=data.has_impossible)
+    kw = dict(
+        batch_size=spec.batch_size,
+        max_seq_len=spec.max_seq_len,
+        doc_stride=spec.doc_stride,
+        max_query_length=spec.max_query_length,
+        max_answer_len=spec.max_answer_len,
+        allow_impossible=data.has_impossible,
+    )
     train = QABatches(data.train, tokenizer, seed=spec.train.seed, **kw)
     return train, QABatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
 
 
 # task -> (model class, data, config updates) and task -> (train batches, eval batches or None)
-_FINETUNE_DATA = {"sequence-classification": _classification_data, "token-classification": _tagging_data,
-                  "question-answering": _qa_data}
-_FINETUNE_BATCHES = {"sequence-classification": _classification_batches, "token-classification": _tagging_batches,
-                     "question-answering": _qa_batches}
+_FINETUNE_DATA = {
+    "sequence-classification": _classification_data,
+    "token-classification": _tagging_data,
+    "question-answering": _qa_data,
+}
+_FINETUNE_BATCHES = {
+    "sequence-classification": _classification_batches,
+    "token-classification": _tagging_batches,
+    "question-answering": _qa_batches,
+}
 
 
-def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_format: str | None = None,
-                   text_column: str = "text", text_pair_column: str | None = "text_pair",
-                   label_column: str = "label", batch_size: int = 32, max_seq_len: int = 128, seed: int = 0,
-                   max_batches: int | None = None, device: str = "auto", precision: str = "auto",
-                   doc_stride: int | None = None, max_query_length: int = 64, max_answer_len: int = 30) -> dict:
+def evaluate_model(
+    model_dir: str | Path,
+    data_path: str | Path,
+    *,
+    corpus_format: str | None = None,
+    text_column: str = "text",
+    text_pair_column: str | None = "text_pair",
+    label_column: str = "label",
+    batch_size: int = 32,
+    max_seq_len: int = 128,
+    seed: int = 0,
+    max_batches: int | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    doc_stride: int | None = None,
+    max_query_length: int = 64,
+    max_answer_len: int = 30,
+) -> dict:
     """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus or token
     store (MLM models), a labelled table (sequence classifiers), tagged sentences (token classifiers;
     entity precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
@@ -288,36 +338,70 @@ def evaluate_model(model_dir: str | Path, data_path: str | Path, *, corpus_forma
         if isinstance(model, BertForSequenceClassification):
             labels = [model.config.id2label[i] for i in sorted(model.config.id2label)]
             regression = model.num_labels == 1
-            table = load_classification_data(data_path, data_path, text_column=text_column,
-                                             text_pair_column=text_pair_column, label_column=label_column,
-                                             regression=regression, labels=None if regression else labels)
-            data = ClassificationBatches(table.eval, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
-                                         shuffle=False, regression=regression)
+            table = load_classification_data(
+                data_path,
+                data_path,
+                text_column=text_column,
+                text_pair_column=text_pair_column,
+                label_column=label_column,
+                regression=regression,
+                labels=None if regression else labels,
+            )
+            data = ClassificationBatches(
+                table.eval,
+                tokenizer,
+                batch_size=batch_size,
+                max_seq_len=max_seq_len,
+                shuffle=False,
+                regression=regression,
+            )
         elif isinstance(model, BertForTokenClassification):
             label2id = {model.config.id2label[i]: i for i in sorted(model.config.id2label)}
-            data = TokenClassificationBatches(read_tagged(data_path), tokenizer, label2id, batch_size=batch_size,
-                                              max_seq_len=max_seq_len, shuffle=False)
+            data = TokenClassificationBatches(
+                read_tagged(data_path),
+                tokenizer,
+                label2id,
+                batch_size=batch_size,
+                max_seq_len=max_seq_len,
+                shuffle=False,
+            )
         elif isinstance(model, BertForQuestionAnswering):
-            data = QABatches(read_squad(data_path), tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
-                             doc_stride=doc_stride, max_query_length=max_query_length,
-                             max_answer_len=max_answer_len, shuffle=False)
+            data = QABatches(
+                read_squad(data_path),
+                tokenizer,
+                batch_size=batch_size,
+                max_seq_len=max_seq_len,
+                doc_stride=doc_stride,
+                max_query_length=max_query_length,
+                max_answer_len=max_answer_len,
+                shuffle=False,
+            )
         elif isinstance(model, (BertForPreTraining, BertForMaskedLM)):
             if Path(data_path).is_dir():
                 corpus = open_store(data_path, tokenizer)
             else:
-                corpus = load_corpus(data_path, tokenizer, format=corpus_format,
-                                     cache_dir=_cache_dir(None, Path(data_path), None))
-            data = PretrainingData(corpus, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len, seed=seed,
-                                   nsp=isinstance(model, BertForPreTraining))
+                corpus = load_corpus(
+                    data_path, tokenizer, format=corpus_format, cache_dir=_cache_dir(None, Path(data_path), None)
+                )
+            data = PretrainingData(
+                corpus,
+                tokenizer,
+                batch_size=batch_size,
+                max_seq_len=max_seq_len,
+                seed=seed,
+                nsp=isinstance(model, BertForPreTraining),
+            )
         else:
             raise UserError(f"{model_dir} has no MLM, classifier or QA head: nothing to evaluate")
         dev = resolve_device(device)
-        metrics = evaluate(model.to(dev), data, device=dev, precision=resolve_precision(precision, dev),
-                           max_batches=max_batches)
+        metrics = evaluate(
+            model.to(dev), data, device=dev, precision=resolve_precision(precision, dev), max_batches=max_batches
+        )
     return {"model": str(model_dir), "data": str(data_path), **metrics}
 
 
 # ---------------------------------------------------------------------------- their parts
+
 
 @contextlib.contextmanager
 def _user_errors():
@@ -338,8 +422,9 @@ def _main_rank_first(train: TrainConfig):
 def _resume_point(out: Path, resume: bool) -> Path | None:
     latest = ckpt.latest_checkpoint(out)
     if latest is not None and not resume:
-        raise UserError(f"{out} already has checkpoints (latest: {latest.name}); resume it, "
-                        "or choose another output directory")
+        raise UserError(
+            f"{out} already has checkpoints (latest: {latest.name}); resume it, or choose another output directory"
+        )
     return latest
 
 
@@ -387,10 +472,13 @@ def _pretraining_model(spec: PretrainSpec, resume_from: Path | None):
         tokenizer = _tokenizer_of(spec.vocab)
         model = cls(_scratch_config(spec.config, tokenizer))
     else:
-        raise UserError("say where the model comes from: --from MODEL_DIR (warm start) or --config tiny|small|base|FILE")
+        raise UserError(
+            "say where the model comes from: --from MODEL_DIR (warm start) or --config tiny|small|base|FILE"
+        )
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise UserError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-                        f"{model.config.vocab_size}")
+        raise UserError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
+        )
     _check_seq_len(spec.max_seq_len, model.config)
     if spec.freeze_encoder:
         freeze_encoder(model)
@@ -418,8 +506,9 @@ def _scratch_config(name: str, tokenizer: BertTokenizer) -> BertConfig:
 
 def _check_seq_len(max_seq_len: int, config: BertConfig) -> None:
     if max_seq_len > config.max_position_embeddings:
-        raise UserError(f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings "
-                        f"{config.max_position_embeddings}")
+        raise UserError(
+            f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}"
+        )
 
 
 def _cache_dir(explicit: str | None, corpus: Path, out: Path | None) -> Path | None:
@@ -437,10 +526,17 @@ def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
     if spec.eval_corpus:
         eval_corpus = _open_corpus(spec.eval_corpus, spec, tokenizer)
     elif spec.eval_fraction > 0:
-        corpus, eval_corpus = holdout_documents(corpus, spec.eval_fraction, spec.eval_max_documents,
-                                                min_documents=2 if spec.nsp else 1)
-    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len, seed=spec.train.seed, nsp=spec.nsp,
-              masked_lm_prob=spec.masked_lm_prob, whole_word_mask=spec.whole_word_mask)
+        corpus, eval_corpus = holdout_documents(
+            corpus, spec.eval_fraction, spec.eval_max_documents, min_documents=2 if spec.nsp else 1
+        )
+    kw = dict(
+        batch_size=spec.batch_size,
+        max_seq_len=spec.max_seq_len,
+        seed=spec.train.seed,
+        nsp=spec.nsp,
+        masked_lm_prob=spec.masked_lm_prob,
+        whole_word_mask=spec.whole_word_mask,
+    )
     train = PretrainingData(corpus, tokenizer, **kw)
     return train, PretrainingData(eval_corpus, tokenizer, **kw) if eval_corpus is not None else None
 
@@ -452,11 +548,17 @@ def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
 
     if Path(path).is_dir():
         if spec.corpus_format:
-            raise UserError(f"--format {spec.corpus_format} is for text corpora, but {path} is a directory "
-                            "(read as a token store)")
+            raise UserError(
+                f"--format {spec.corpus_format} is for text corpora, but {path} is a directory (read as a token store)"
+            )
         return open_store(path, tokenizer)
-    return load_corpus(path, tokenizer, format=spec.corpus_format, text_field=spec.text_field,
-                       cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)))
+    return load_corpus(
+        path,
+        tokenizer,
+        format=spec.corpus_format,
+        text_field=spec.text_field,
+        cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)),
+    )
 
 
 def holdout_documents(corpus, fraction: float, max_documents: int, min_documents: int = 2):
@@ -489,8 +591,14 @@ def _split_tail(corpus, k: int):
     d = corpus.num_documents - k
     s = int(corpus.document_offsets[d])  # first held-out sentence
     t = int(corpus.sentence_offsets[s])  # its first token
-    train = TokenizedCorpus(corpus.path, corpus.format, corpus.tokens[:t], corpus.sentence_offsets[: s + 1],
-                            corpus.document_offsets[: d + 1])
-    held = TokenizedCorpus(corpus.path, corpus.format, corpus.tokens[t:], corpus.sentence_offsets[s:] - t,
-                           corpus.document_offsets[d:] - s)
+    train = TokenizedCorpus(
+        corpus.path,
+        corpus.format,
+        corpus.tokens[:t],
+        corpus.sentence_offsets[: s + 1],
+        corpus.document_offsets[: d + 1],
+    )
+    held = TokenizedCorpus(
+        corpus.path, corpus.format, corpus.tokens[t:], corpus.sentence_offsets[s:] - t, corpus.document_offsets[d:] - s
+    )
     return train, held

@@ -52,9 +52,13 @@ def tagging_counts(gold: Sequence[str], predicted: Sequence[str]) -> dict[str, i
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold tags but {len(predicted)} predicted")
     true_entities, pred_entities = set(entities(gold)), set(entities(predicted))
-    return {"entities_correct": len(true_entities & pred_entities), "entities_predicted": len(pred_entities),
-            "entities_gold": len(true_entities), "words_correct": sum(g == p for g, p in zip(gold, predicted)),
-            "words": len(gold)}
+    return {
+        "entities_correct": len(true_entities & pred_entities),
+        "entities_predicted": len(pred_entities),
+        "entities_gold": len(true_entities),
+        "words_correct": sum(g == p for g, p in zip(gold, predicted)),
+        "words": len(gold),
+    }
 
 
 def tagging_metrics(counts: Mapping[str, float]) -> dict[str, float]:

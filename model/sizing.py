@@ -89,8 +89,13 @@ class TrainingSize:
 
     @property
     def memory_bytes(self) -> int:
-        return (self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
-                + self.overhead_bytes)
+        return (
+            self.weights_bytes
+            + self.gradient_bytes
+            + self.optimizer_bytes
+            + self.activation_bytes
+            + self.overhead_bytes
+        )
 
     @property
     def memory_gb(self) -> float:
@@ -111,10 +116,16 @@ def part_parameters(config: Any, num_labels: int = 2) -> dict[str, int]:
     h, i = _get(config, "hidden_size"), _get(config, "intermediate_size")
     v = _get(config, "vocab_size")
     tables = v + _get(config, "max_position_embeddings") + _get(config, "type_vocab_size")
-    return {"embeddings": tables * h + 2 * h,
-            "encoder": _get(config, "num_hidden_layers") * (4 * h * h + 2 * h * i + 9 * h + i),
-            "pooler": h * h + h, "mlm": h * h + 3 * h + v, "nsp": 2 * h + 2, "classifier": num_labels * h + num_labels,
-            "qa": 2 * h + 2, "choice": h + 1}
+    return {
+        "embeddings": tables * h + 2 * h,
+        "encoder": _get(config, "num_hidden_layers") * (4 * h * h + 2 * h * i + 9 * h + i),
+        "pooler": h * h + h,
+        "mlm": h * h + 3 * h + v,
+        "nsp": 2 * h + 2,
+        "classifier": num_labels * h + num_labels,
+        "qa": 2 * h + 2,
+        "choice": h + 1,
+    }
 
 
 def count_parameters(config: Any, architecture: str, num_labels: int = 2) -> int:
@@ -123,8 +134,9 @@ def count_parameters(config: Any, architecture: str, num_labels: int = 2) -> int
     return parts["embeddings"] + parts["encoder"] + sum(parts[p] for p in ARCHITECTURES[architecture])
 
 
-def layer_activation_bytes(config: Any, batch_size: int, seq_len: int, e: int, mask_bytes: int,
-                           scaled_qk: bool = True) -> int:
+def layer_activation_bytes(
+    config: Any, batch_size: int, seq_len: int, e: int, mask_bytes: int, scaled_qk: bool = True
+) -> int:
     """One encoder layer's activations kept for the backward pass (module docstring)."""
     h, i, a = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads"))
     sbh, sbi, attention = seq_len * batch_size * h, seq_len * batch_size * i, a * seq_len * seq_len * batch_size
@@ -132,8 +144,14 @@ def layer_activation_bytes(config: Any, batch_size: int, seq_len: int, e: int, m
     return kept + (e * 2 * sbh if scaled_qk else 0)
 
 
-def activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str,
-                     masked_lm_prob: float | None = None, label_logits: int = 0) -> int:
+def activation_bytes(
+    config: Any,
+    batch_size: int,
+    seq_len: int,
+    precision: str,
+    masked_lm_prob: float | None = None,
+    label_logits: int = 0,
+) -> int:
     """Bytes of one micro-batch's activations at the peak of the backward pass (module docstring);
     `label_logits`: a classifier's logits in one micro-batch (rows x labels)."""
     e = ACTIVATION_BYTES[precision]
@@ -153,16 +171,37 @@ def label_logits(architecture: str, batch_size: int, seq_len: int, num_labels: i
     return rows * num_labels
 
 
-def estimate_training(config: Any, architecture: str, *, batch_size: int, seq_len: int, precision: str = "auto",
-                      num_labels: int = 2, masked_lm_prob: float = 0.15, freeze_encoder: bool = False) -> TrainingSize:
+def estimate_training(
+    config: Any,
+    architecture: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    precision: str = "auto",
+    num_labels: int = 2,
+    masked_lm_prob: float = 0.15,
+    freeze_encoder: bool = False,
+) -> TrainingSize:
     """Parameters and peak memory of training `architecture` (a model/modeling.py class name) with
     AdamW at this micro-batch size and sequence length; `precision` "fp32", "bf16" or "auto" (the
     larger of the two). `freeze_encoder`: embeddings and encoder get no gradient (heads-only)."""
     if precision == "auto":
-        return max((estimate_training(config, architecture, batch_size=batch_size, seq_len=seq_len, precision=p,
-                                      num_labels=num_labels, masked_lm_prob=masked_lm_prob,
-                                      freeze_encoder=freeze_encoder) for p in ACTIVATION_BYTES),
-                   key=lambda size: size.memory_bytes)
+        return max(
+            (
+                estimate_training(
+                    config,
+                    architecture,
+                    batch_size=batch_size,
+                    seq_len=seq_len,
+                    precision=p,
+                    num_labels=num_labels,
+                    masked_lm_prob=masked_lm_prob,
+                    freeze_encoder=freeze_encoder,
+                )
+                for p in ACTIVATION_BYTES
+            ),
+            key=lambda size: size.memory_bytes,
+        )
     if precision not in ACTIVATION_BYTES:
         raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
     if architecture not in ARCHITECTURES:
@@ -172,12 +211,16 @@ def estimate_training(config: Any, architecture: str, *, batch_size: int, seq_le
     trainable = total - (parts["embeddings"] + parts["encoder"] if freeze_encoder else 0)
     mlm = masked_lm_prob if "mlm" in ARCHITECTURES[architecture] else None
     return TrainingSize(
-        parameters=total, trainable=trainable,
+        parameters=total,
+        trainable=trainable,
         weights_bytes=4 * total + (2 * total if precision == "bf16" else 0),
-        gradient_bytes=4 * trainable, optimizer_bytes=8 * trainable,
-        activation_bytes=activation_bytes(config, batch_size, seq_len, precision, mlm,
-                                          label_logits(architecture, batch_size, seq_len, num_labels)),
-        precision=precision)
+        gradient_bytes=4 * trainable,
+        optimizer_bytes=8 * trainable,
+        activation_bytes=activation_bytes(
+            config, batch_size, seq_len, precision, mlm, label_logits(architecture, batch_size, seq_len, num_labels)
+        ),
+        precision=precision,
+    )
 
 
 def format_count(n: float) -> str:

@@ -295,8 +295,9 @@ class BertTokenizer:
             ids = ids.tolist()
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def decode_filled(self, ids: Sequence[int], position: int, candidates: Sequence[int],
-                      skip_special_tokens: bool = True) -> list[str]:
+    def decode_filled(
+        self, ids: Sequence[int], position: int, candidates: Sequence[int], skip_special_tokens: bool = True
+    ) -> list[str]:
         """`decode(ids with ids[position] = c)` for each candidate c, decoding the rest of `ids` once.
 
         WordPiece's decoder turns each token into a piece of its own: "##" dropped from a continuation,
@@ -309,12 +310,12 @@ class BertTokenizer:
         skipped = set(self.all_special_ids) if skip_special_tokens else set()
         head = self.decode(ids[:position], skip_special_tokens)
         first = all(t in skipped for t in ids[:position])  # the candidate opens the text
-        tail = [self._tok.id_to_token(t) for t in ids[position + 1:] if t not in skipped]
+        tail = [self._tok.id_to_token(t) for t in ids[position + 1 :] if t not in skipped]
         after = self._tok.decoder.decode(["x"] + tail)[1:]  # pieces as they are after a first token
         out = []
         for c in candidates:
             if c in skipped:
-                out.append(self.decode(ids[:position] + [c] + ids[position + 1:], skip_special_tokens))
+                out.append(self.decode(ids[:position] + [c] + ids[position + 1 :], skip_special_tokens))
                 continue
             token = self.convert_ids_to_tokens(c)
             piece = self._tok.decoder.decode([token]) if first else self._tok.decoder.decode(["x", token])[1:]
@@ -339,8 +340,9 @@ class BertTokenizer:
         """WordPiece ids of `text`, without [CLS]/[SEP] and untruncated: one side of `pair_from_ids`."""
         return encode_one(self._tok, _check_text(text, "text"), add_special_tokens=False).ids
 
-    def pair_from_ids(self, a: Sequence[int], b: Sequence[int], max_length: int | None = None,
-                      direction: str = "right") -> dict[str, list[int]]:
+    def pair_from_ids(
+        self, a: Sequence[int], b: Sequence[int], max_length: int | None = None, direction: str = "right"
+    ) -> dict[str, list[int]]:
         """`encode(text, text_pair)` from the two texts' `token_ids`: [CLS] a [SEP] b [SEP] and its token types,
         cut to `max_length` (None: uncut) as the tokenizer's longest_first truncation cuts a pair, from the
         end ("right") or the start ("left") of each text. A text paired with many others (a re-ranker's
@@ -521,8 +523,9 @@ _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BertTokenize
 _copies_lock = threading.Lock()
 
 
-def truncating(tok: BertTokenizer, max_length: int, stride: int = 0, strategy: str = "longest_first",
-               direction: str = "right") -> Tokenizer:
+def truncating(
+    tok: BertTokenizer, max_length: int, stride: int = 0, strategy: str = "longest_first", direction: str = "right"
+) -> Tokenizer:
     """A copy of the tokenizer that truncates so (the Rust tokenizer's truncation is mutable state
     shared by threads: never set it on the shared one). The last few are kept for reuse."""
     with _copies_lock:
@@ -557,7 +560,7 @@ def _kept(ids: Sequence[int], n: int, direction: str) -> list[int]:
     """The `n` tokens truncation keeps: the first ("right": the end is cut) or the last ("left")."""
     if direction not in ("right", "left"):
         raise ValueError(f"direction must be 'right' or 'left', got {direction!r}")
-    return list(ids[:n]) if direction == "right" else list(ids[len(ids) - n:])
+    return list(ids[:n]) if direction == "right" else list(ids[len(ids) - n :])
 
 
 def window_count(n: int, room: int, stride: int) -> int:

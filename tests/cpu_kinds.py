@@ -12,14 +12,13 @@ import dataclasses
 import torch
 
 # What oneDNN raises for a bf16 weight on a CPU without avx512bw/vl/dq or avx_ne_convert (torch 2.13).
-AVX2_BF16_ERROR = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
-                   "avx512vl and avx512dq")
+AVX2_BF16_ERROR = (
+    "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+)
 
 # Put on PYTHONPATH (with the repository) as sitecustomize.py: a `bert serve` that believes it is on AVX2,
 # and runs oneDNN for every matmul, however small (tiny test models normally fall under its threshold).
-SITECUSTOMIZE = ("import model.onednn, tests.cpu_kinds\n"
-                 "model.onednn._MIN_MACS = 0\n"
-                 "tests.cpu_kinds.pretend_avx2()\n")
+SITECUSTOMIZE = "import model.onednn, tests.cpu_kinds\nmodel.onednn._MIN_MACS = 0\ntests.cpu_kinds.pretend_avx2()\n"
 
 
 class RaisingOnBf16:

@@ -34,23 +34,94 @@ from model.tokenizer import BertTokenizer
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = "tiny"
 
-WORDS = ["the", "a", "an", "is", "was", "are", "of", "to", "and", "in", "on", "at", "it", "he", "she", "they", "we", "you", "i", "this", "that", "cat", "dog", "man", "woman", "food", "bread", "eats", "eating", "sat", "mat", "sky", "blue", "red", "green", "house", "car", "runs", "ran", "fast", "slow", "big", "small", "good", "bad", "movie", "film", "great", "awful", "love", "hate", "day", "night", "water", "fire", "tree", "book", "read", "reads", "write", "city", "river", "mountain"]
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "is",
+    "was",
+    "are",
+    "of",
+    "to",
+    "and",
+    "in",
+    "on",
+    "at",
+    "it",
+    "he",
+    "she",
+    "they",
+    "we",
+    "you",
+    "i",
+    "this",
+    "that",
+    "cat",
+    "dog",
+    "man",
+    "woman",
+    "food",
+    "bread",
+    "eats",
+    "eating",
+    "sat",
+    "mat",
+    "sky",
+    "blue",
+    "red",
+    "green",
+    "house",
+    "car",
+    "runs",
+    "ran",
+    "fast",
+    "slow",
+    "big",
+    "small",
+    "good",
+    "bad",
+    "movie",
+    "film",
+    "great",
+    "awful",
+    "love",
+    "hate",
+    "day",
+    "night",
+    "water",
+    "fire",
+    "tree",
+    "book",
+    "read",
+    "reads",
+    "write",
+    "city",
+    "river",
+    "mountain",
+]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
 POSITIVE = ["the movie was great", "i love this film", "a good film", "great movie ! love it", "good day"]
 NEGATIVE = ["the movie was awful", "i hate this film", "a bad film", "awful movie ! hate it", "bad night"]
 
 
 def tiny_config(**overrides) -> BertConfig:
-    values = dict(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=37, max_position_embeddings=64)
+    values = dict(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
     return BertConfig(**{**values, **overrides})
 
 
 def make_data_dir(root: Path) -> Path:
     """DATA_DIR with DATA_DIR/models/tiny: a random tiny BertForPreTraining and its vocabulary."""
     torch.manual_seed(0)
-    BertForPreTraining(tiny_config()).save_pretrained(root / "models" / BASE_MODEL,
-                                                      tokenizer=BertTokenizer.from_vocab(VOCAB))
+    BertForPreTraining(tiny_config()).save_pretrained(
+        root / "models" / BASE_MODEL, tokenizer=BertTokenizer.from_vocab(VOCAB)
+    )
     return root
 
 
@@ -63,8 +134,14 @@ def labelled_csv(rows: int = 40) -> bytes:
 
 def corpus_txt(documents: int = 30) -> bytes:
     """Google format: a sentence per line, a blank line between documents."""
-    sentences = ["the cat sat on the mat .", "the dog ran fast in the city .", "a man eats bread .",
-                 "she reads a book at night .", "they love the blue river .", "the sky is blue ."]
+    sentences = [
+        "the cat sat on the mat .",
+        "the dog ran fast in the city .",
+        "a man eats bread .",
+        "she reads a book at night .",
+        "they love the blue river .",
+        "the sky is blue .",
+    ]
     docs = ["\n".join(sentences[(d + k) % 6] for k in range(4)) for d in range(documents)]
     return ("\n\n".join(docs) + "\n").encode()
 
@@ -73,14 +150,21 @@ def corpus_txt(documents: int = 30) -> bytes:
 TAGGED = [
     (["the", "man", "eats", "bread", "in", "the", "city"], ["O", "B-PER", "O", "B-THING", "O", "O", "B-LOC"]),
     (["she", "reads", "a", "book", "at", "the", "river"], ["B-PER", "O", "O", "B-THING", "O", "O", "B-LOC"]),
-    (["the", "woman", "sat", "on", "the", "big", "red", "car"],
-     ["O", "B-PER", "O", "O", "O", "B-THING", "I-THING", "I-THING"]),
+    (
+        ["the", "woman", "sat", "on", "the", "big", "red", "car"],
+        ["O", "B-PER", "O", "O", "O", "B-THING", "I-THING", "I-THING"],
+    ),
     (["he", "ran", "to", "the", "mountain"], ["B-PER", "O", "O", "O", "B-LOC"]),
 ]
 QA_CONTEXTS = ["the man eats bread in the city . the dog sat on the mat", "she reads a book at the river at night"]
-QA_QUESTIONS = [("what does the man eat ?", 0, "bread"), ("where does he eat ?", 0, "the city"),
-                ("what sat on the mat ?", 0, "the dog"), ("what does she read ?", 1, "a book"),
-                ("where does she read ?", 1, "the river"), ("when does she read ?", 1, "night")]
+QA_QUESTIONS = [
+    ("what does the man eat ?", 0, "bread"),
+    ("where does he eat ?", 0, "the city"),
+    ("what sat on the mat ?", 0, "the dog"),
+    ("what does she read ?", 1, "a book"),
+    ("where does she read ?", 1, "the river"),
+    ("when does she read ?", 1, "night"),
+]
 
 
 def tagged_conll(repeat: int = 5) -> bytes:
@@ -92,25 +176,39 @@ def squad_json(impossible: bool = False) -> bytes:
     """SQuAD v1.1 (or v2.0 with one impossible question per context)."""
     paragraphs = []
     for k, context in enumerate(QA_CONTEXTS):
-        qas = [{"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
-               for i, (q, c, a) in enumerate(QA_QUESTIONS) if c == k]
+        qas = [
+            {"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+            for i, (q, c, a) in enumerate(QA_QUESTIONS)
+            if c == k
+        ]
         if impossible:
             qas.append({"id": f"x{k}", "question": "what is blue ?", "answers": [], "is_impossible": True})
         paragraphs.append({"context": context, "qas": qas})
-    return json.dumps({"version": "v2.0" if impossible else "v1.1",
-                       "data": [{"title": "t", "paragraphs": paragraphs}]}).encode()
+    return json.dumps(
+        {"version": "v2.0" if impossible else "v1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}
+    ).encode()
 
 
 def finetune_request(model_name: str, dataset: str = "reviews", **params) -> dict:
     values = dict(max_steps=30, batch_size=8, max_seq_len=32, save_every=10, log_every=1, lr=1e-3)
-    return {"kind": "finetune", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,
-            "params": {**values, **params}}
+    return {
+        "kind": "finetune",
+        "model_name": model_name,
+        "base_model": BASE_MODEL,
+        "dataset": dataset,
+        "params": {**values, **params},
+    }
 
 
 def pretrain_request(model_name: str, dataset: str = "wiki", **params) -> dict:
     values = dict(max_steps=30, batch_size=8, max_seq_len=32, save_every=10, log_every=1, lr=1e-3)
-    return {"kind": "pretrain", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,
-            "params": {**values, **params}}
+    return {
+        "kind": "pretrain",
+        "model_name": model_name,
+        "base_model": BASE_MODEL,
+        "dataset": dataset,
+        "params": {**values, **params},
+    }
 
 
 def free_port() -> int:
@@ -147,9 +245,16 @@ def flush_redis(url: str | None = None) -> None:
 
 def child_env(data_dir: Path, broker_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_")}
-    env.update(BERT_DATA_DIR=str(data_dir), BERT_BROKER_URL=broker_url, OMP_NUM_THREADS="1",
-               MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT), BERT_WORKER_DEVICE="cpu",
-               BERT_JOB_PROGRESS_INTERVAL_S="0.1", BERT_JOB_HEARTBEAT_S="1")
+    env.update(
+        BERT_DATA_DIR=str(data_dir),
+        BERT_BROKER_URL=broker_url,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        BERT_WORKER_DEVICE="cpu",
+        BERT_JOB_PROGRESS_INTERVAL_S="0.1",
+        BERT_JOB_HEARTBEAT_S="1",
+    )
     env.update(extra)
     return env
 
@@ -160,8 +265,9 @@ class Process:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path):
         self.log_path = log
         self._log = open(log, "ab")  # noqa: SIM115  (the process's output, closed when it stops)
-        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -195,9 +301,24 @@ class Process:
 
 
 def start_worker(data_dir: Path, broker_url: str, name: str, log_dir: Path, **env: str) -> Process:
-    argv = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "training",
-            "--concurrency", "1", "--without-gossip", "--without-mingle", "--hostname", f"{name}@%h",
-            "--loglevel", "INFO"]
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app",
+        "worker",
+        "-Q",
+        "training",
+        "--concurrency",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+        "--hostname",
+        f"{name}@%h",
+        "--loglevel",
+        "INFO",
+    ]
     worker = Process(argv, child_env(data_dir, broker_url, **env), log_dir / f"{name}.log")
     worker.wait_for_log(" ready.")
     return worker
@@ -205,10 +326,24 @@ def start_worker(data_dir: Path, broker_url: str, name: str, log_dir: Path, **en
 
 def start_server(data_dir: Path, broker_url: str, log_dir: Path, **env: str) -> tuple[Process, str]:
     port = free_port()
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "app.main:create_app", "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warning"]
-    server = Process(argv, child_env(data_dir, broker_url, BERT_DEFAULT_MODEL=BASE_MODEL, BERT_LOAD="lazy",
-                                     BERT_DEVICE="cpu", **env), log_dir / "server.log")
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "app.main:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    server = Process(
+        argv,
+        child_env(data_dir, broker_url, BERT_DEFAULT_MODEL=BASE_MODEL, BERT_LOAD="lazy", BERT_DEVICE="cpu", **env),
+        log_dir / "server.log",
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -232,11 +367,23 @@ class RedisServer:
 
     def start(self) -> None:
         if shutil.which("redis-server") is None:
-            raise RuntimeError("the tests need the redis-server binary (apt-get install redis-server), or "
-                               "BERT_TEST_REDIS_URL naming a Redis whose database they may flush")
+            raise RuntimeError(
+                "the tests need the redis-server binary (apt-get install redis-server), or "
+                "BERT_TEST_REDIS_URL naming a Redis whose database they may flush"
+            )
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
-        argv = [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-                *persistence, "--save", ""]
+        argv = [
+            shutil.which("redis-server"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            *persistence,
+            "--save",
+            "",
+        ]
         if shutil.which("setpriv") and threading.current_thread() is threading.main_thread():
             argv = ["setpriv", "--pdeathsig", "KILL", *argv]  # gone with this process, even a killed one
         with open(self.dir / "redis.log", "ab") as log:  # the child keeps its own descriptor
@@ -307,8 +454,13 @@ def finetune_spec(model_name: str, dataset: str = "reviews", **params) -> dict:
     from app.schemas import FinetuneParams
 
     values = dict(max_steps=10, batch_size=8, max_seq_len=32, save_every=5, log_every=1, lr=1e-3)
-    return {"kind": "finetune", "model_name": model_name, "base_model": BASE_MODEL, "dataset": dataset,
-            "params": FinetuneParams(**{**values, **params}).to_record()}
+    return {
+        "kind": "finetune",
+        "model_name": model_name,
+        "base_model": BASE_MODEL,
+        "dataset": dataset,
+        "params": FinetuneParams(**{**values, **params}).to_record(),
+    }
 
 
 class LeaseHolder:
@@ -316,8 +468,10 @@ class LeaseHolder:
 
     def __init__(self, data_dir: Path, job_id: str):
         # A bare flock on the lease file, as Lease takes it (no imports: starts in milliseconds).
-        code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-                "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('held', flush=True); time.sleep(600)")
+        code = (
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('held', flush=True); time.sleep(600)"
+        )
         lease = data_dir / "jobs" / job_id / ".lease"
         self.proc = subprocess.Popen([sys.executable, "-S", "-c", code, str(lease)], stdout=subprocess.PIPE)
         assert self.proc.stdout.readline().strip() == b"held"

@@ -22,8 +22,13 @@ PACKAGES = ("model", "app", "worker")
 
 def lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    return subprocess.run([str(LINT_IMPORTS), str(ROOT / "pyproject.toml"), "--no-cache"], cwd=cwd,
-                          env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [str(LINT_IMPORTS), str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def import_cycles(*packages: str) -> list[list[str]]:
@@ -138,16 +143,19 @@ def test_the_app_reaches_into_worker_only_through_a_leaf_queue_module():
     module imports nothing of the project."""
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     app_modules = [m for m in graph.modules if m.split(".")[0] == "app"]
-    reached = {n for m in app_modules for n in graph.find_modules_directly_imported_by(m)
-               if n.split(".")[0] == "worker"}
+    reached = {
+        n for m in app_modules for n in graph.find_modules_directly_imported_by(m) if n.split(".")[0] == "worker"
+    }
     assert reached == {"worker.queue"}
     assert not {n for n in graph.find_modules_directly_imported_by("worker.queue") if n.split(".")[0] in PACKAGES}
 
 
 def test_the_data_directory_contract_loads_no_framework_and_no_torch():
     """import-linter sees direct imports; this runs the import (package __init__ files included)."""
-    code = ("import sys, model.datadir; heavy = {'torch', 'numpy', 'fastapi', 'celery', 'kombu', 'pydantic'}; "
-            "print(sorted(heavy & set(sys.modules)))")
+    code = (
+        "import sys, model.datadir; heavy = {'torch', 'numpy', 'fastapi', 'celery', 'kombu', 'pydantic'}; "
+        "print(sorted(heavy & set(sys.modules)))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -174,9 +182,12 @@ def test_no_two_modules_share_a_file_name_unless_they_mean_the_same_thing():
 
 
 def test_ignore_index_is_defined_once():
-    defining = [path.relative_to(ROOT).as_posix() for package in ("app", "model", "worker")
-                for path in (ROOT / package).rglob("*.py")
-                if re.search(r"^\s*IGNORE_INDEX\s*[:=]", path.read_text(), re.M)]
+    defining = [
+        path.relative_to(ROOT).as_posix()
+        for package in ("app", "model", "worker")
+        for path in (ROOT / package).rglob("*.py")
+        if re.search(r"^\s*IGNORE_INDEX\s*[:=]", path.read_text(), re.M)
+    ]
     assert defining == ["model/modeling.py"]
 
 
@@ -218,8 +229,11 @@ def _writes_record_key(node: ast.AST) -> bool:
     """x["state"] = ..., (x["state"], y) = ..., x.state = ... (x not self), x.update(state=...),
     x.update({"state": ...}), x.setdefault/__setitem__("events", ...), x["events"].append(...), setattr(x, "state", ...)."""
     for target in _targets(node):
-        if _key(target) or (isinstance(target, ast.Attribute) and target.attr in RECORD_KEYS
-                            and not (isinstance(target.value, ast.Name) and target.value.id == "self")):
+        if _key(target) or (
+            isinstance(target, ast.Attribute)
+            and target.attr in RECORD_KEYS
+            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+        ):
             return True
     if not isinstance(node, ast.Call):
         return False
@@ -230,9 +244,10 @@ def _writes_record_key(node: ast.AST) -> bool:
     if not isinstance(func, ast.Attribute):
         return False
     if func.attr == "update":
-        return (any(k.arg in RECORD_KEYS for k in node.keywords)
-                or any(isinstance(a, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in RECORD_KEYS
-                                                       for k in a.keys) for a in args))
+        return any(k.arg in RECORD_KEYS for k in node.keywords) or any(
+            isinstance(a, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in RECORD_KEYS for k in a.keys)
+            for a in args
+        )
     if func.attr in ("setdefault", "__setitem__", "pop"):
         return first in RECORD_KEYS
     return func.attr in ("append", "extend", "insert", "clear", "remove") and _key(func.value) is not None
@@ -267,8 +282,10 @@ WRITERS = {
     "worker/h.py": 'def f(r):\n    setattr(r, "state", "x")\n',
 }
 READERS = {
-    "app/ok.py": ('class Stream:\n    def see(self, record):\n        self.state = record["state"]\n'
-                  '        return {"state": self.state, "events": record["events"][-3:]}\n'),
+    "app/ok.py": (
+        'class Stream:\n    def see(self, record):\n        self.state = record["state"]\n'
+        '        return {"state": self.state, "events": record["events"][-3:]}\n'
+    ),
 }
 
 
@@ -277,4 +294,3 @@ def test_the_owner_check_sees_every_way_of_writing_the_state(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert record_key_writers(tmp_path) == {name: [2] for name in WRITERS}
-

@@ -41,8 +41,12 @@ def _docker_missing() -> str | None:
 
 
 _MISSING = _docker_missing()
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.skipif(_MISSING is not None, reason=f"needs Docker: {_MISSING}")]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1500),
+    pytest.mark.skipif(_MISSING is not None, reason=f"needs Docker: {_MISSING}"),
+]
 
 
 class Stack:
@@ -52,9 +56,17 @@ class Stack:
         self.project = f"bstest{secrets.token_hex(3)}"
         self.port = free_port()
         self.admin_key = "admin-" + secrets.token_hex(12)
-        values = {"REDIS_PASSWORD": secrets.token_hex(16), "BERT_ADMIN_KEY": self.admin_key, "BERT_API_KEY": "",
-                  "BERT_BIND": "127.0.0.1", "BERT_PORT": str(self.port), "BERT_IMAGE": IMAGE,
-                  "FLOWER_PASSWORD": "unused", "TORCH_INDEX": os.environ.get("TORCH_INDEX", ""), **env}
+        values = {
+            "REDIS_PASSWORD": secrets.token_hex(16),
+            "BERT_ADMIN_KEY": self.admin_key,
+            "BERT_API_KEY": "",
+            "BERT_BIND": "127.0.0.1",
+            "BERT_PORT": str(self.port),
+            "BERT_IMAGE": IMAGE,
+            "FLOWER_PASSWORD": "unused",
+            "TORCH_INDEX": os.environ.get("TORCH_INDEX", ""),
+            **env,
+        }
         if not values["TORCH_INDEX"]:
             del values["TORCH_INDEX"]  # the Dockerfile's default (download.pytorch.org's CPU index)
         self.env_file = tmp / f"{self.project}.env"
@@ -65,8 +77,9 @@ class Stack:
         argv = ["docker", "compose", "-p", self.project, "--env-file", str(self.env_file), *args]
         result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
-            raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-                                 f"\n{self.logs()}")
+            raise AssertionError(
+                f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n{self.logs()}"
+            )
         return result
 
     def container(self, service: str) -> str:
@@ -76,8 +89,9 @@ class Stack:
         cid = self.container(service)
         if not cid:
             return {}
-        out = subprocess.run(["docker", "inspect", "--format", "{{json .State}}", cid], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["docker", "inspect", "--format", "{{json .State}}", cid], capture_output=True, text=True, timeout=30
+        )
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
     def health(self, service: str) -> str | None:
@@ -86,15 +100,35 @@ class Stack:
     def wait_healthy(self, services: tuple[str, ...], timeout: float = 300) -> float:
         start = time.monotonic()
         try:
-            wait_for(lambda: all(self.health(s) == "healthy" for s in services), timeout,
-                     f"{services} to be healthy", interval=1)
+            wait_for(
+                lambda: all(self.health(s) == "healthy" for s in services),
+                timeout,
+                f"{services} to be healthy",
+                interval=1,
+            )
         except TimeoutError as e:
             raise AssertionError(f"{e}\n{self.compose('ps').stdout}\n{self.logs()}") from None
         return time.monotonic() - start
 
     def logs(self) -> str:
-        result = subprocess.run(["docker", "compose", "-p", self.project, "--env-file", str(self.env_file), "logs",
-                                 "--no-color", "--tail", "40"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [
+                "docker",
+                "compose",
+                "-p",
+                self.project,
+                "--env-file",
+                str(self.env_file),
+                "logs",
+                "--no-color",
+                "--tail",
+                "40",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return result.stdout[-6000:]
 
     def down(self) -> None:
@@ -116,8 +150,10 @@ def test_a_fresh_stack_serves_at_once_trains_on_the_worker_and_resumes_after_a_r
         started = time.monotonic()
         stack.compose("up", "-d")
         took = stack.wait_healthy(("redis", "api", "worker"))
-        print(f"image build {built:.0f} s; every container healthy {took:.0f} s after `up -d` returned "
-              f"({time.monotonic() - started:.0f} s after it was run)")
+        print(
+            f"image build {built:.0f} s; every container healthy {took:.0f} s after `up -d` returned "
+            f"({time.monotonic() - started:.0f} s after it was run)"
+        )
         init = stack.state("init")
         assert init.get("Status") == "exited" and init.get("ExitCode") == 0, stack.logs()
 
@@ -134,24 +170,48 @@ def test_a_fresh_stack_serves_at_once_trains_on_the_worker_and_resumes_after_a_r
         assert r.status_code in (200, 503), r.text
         if r.status_code == 503:
             assert r.json()["job"]["id"] == job["id"]
-        wait_for(lambda: client.post("/fill-mask", json={"inputs": "paris is the [MASK] of france ."}).status_code
-                 == 200, 300, "the bootstrap model to be served", interval=2)
+        wait_for(
+            lambda: client.post("/fill-mask", json={"inputs": "paris is the [MASK] of france ."}).status_code == 200,
+            300,
+            "the bootstrap model to be served",
+            interval=2,
+        )
 
         # A fine-tune job on the worker container, restarted mid-job: it resumes from its checkpoint.
-        r = client.post("/datasets", headers=admin, files={"file": ("reviews.csv", labelled_csv(80))},
-                        data={"name": "reviews"})
+        r = client.post(
+            "/datasets", headers=admin, files={"file": ("reviews.csv", labelled_csv(80))}, data={"name": "reviews"}
+        )
         assert r.status_code == 201, r.text
-        body = {"kind": "finetune", "model_name": "reviews-clf", "base_model": "minilm", "dataset": "reviews",
-                "params": {"max_steps": 40, "batch_size": 8, "max_seq_len": 32, "save_every": 4, "log_every": 1,
-                           "lr": 5e-5}}
+        body = {
+            "kind": "finetune",
+            "model_name": "reviews-clf",
+            "base_model": "minilm",
+            "dataset": "reviews",
+            "params": {
+                "max_steps": 40,
+                "batch_size": 8,
+                "max_seq_len": 32,
+                "save_every": 4,
+                "log_every": 1,
+                "lr": 5e-5,
+            },
+        }
         r = client.post("/jobs", headers=admin, json=body)
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
-        wait_for(lambda: (client.get(f"/jobs/{job_id}", headers=admin).json().get("step") or 0) >= 8, 300,
-                 "the fine-tune job to pass step 8", interval=0.5)
+        wait_for(
+            lambda: (client.get(f"/jobs/{job_id}", headers=admin).json().get("step") or 0) >= 8,
+            300,
+            "the fine-tune job to pass step 8",
+            interval=0.5,
+        )
         stack.compose("restart", "worker")
-        wait_for(lambda: client.get(f"/jobs/{job_id}", headers=admin).json()["state"] in ("succeeded", "failed"),
-                 600, "the fine-tune job to end", interval=1)
+        wait_for(
+            lambda: client.get(f"/jobs/{job_id}", headers=admin).json()["state"] in ("succeeded", "failed"),
+            600,
+            "the fine-tune job to end",
+            interval=1,
+        )
         record = client.get(f"/jobs/{job_id}", headers=admin).json()
         assert record["state"] == "succeeded", record
         assert record["step"] == 40
@@ -185,8 +245,9 @@ def test_published_beyond_loopback_the_stack_needs_a_key(built, tmp_path):
         keyed.wait_healthy(("api",))
         r = httpx.post(f"{keyed.url}/embeddings", json={"inputs": ["hi"]}, timeout=30)
         assert r.status_code == 401, r.text
-        r = httpx.post(f"{keyed.url}/embeddings", json={"inputs": ["hi"]}, timeout=30,
-                       headers={"Authorization": f"Bearer {key}"})
+        r = httpx.post(
+            f"{keyed.url}/embeddings", json={"inputs": ["hi"]}, timeout=30, headers={"Authorization": f"Bearer {key}"}
+        )
         assert r.status_code == 200, r.text
     finally:
         keyed.down()

@@ -67,9 +67,24 @@ def parse_sse(text: str) -> list[tuple[str, dict]]:
 def test_curl_follows_a_running_job_and_the_stream_closes_when_it_ends(stack):
     r = stack.admin.post("/datasets", files={"file": ("curl.csv", labelled_csv())}, data={"name": "curl-data"})
     assert r.status_code == 201, r.text
-    job_id = stack.admin.post("/jobs", json=finetune_request("curl-clf", dataset="curl-data", max_steps=40)).json()["id"]
-    curl = subprocess.run(["curl", "-sSN", "--max-time", "120", "-H", f"Authorization: Bearer {ADMIN_KEY}",
-                           f"{stack.url}/jobs/{job_id}/events"], check=False, capture_output=True, text=True, timeout=130)
+    job_id = stack.admin.post("/jobs", json=finetune_request("curl-clf", dataset="curl-data", max_steps=40)).json()[
+        "id"
+    ]
+    curl = subprocess.run(
+        [
+            "curl",
+            "-sSN",
+            "--max-time",
+            "120",
+            "-H",
+            f"Authorization: Bearer {ADMIN_KEY}",
+            f"{stack.url}/jobs/{job_id}/events",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=130,
+    )
     assert curl.returncode == 0, curl.stderr  # closed by the server when the job ended, not by --max-time
     events = parse_sse(curl.stdout)
     names = [name for name, _ in events]
@@ -84,6 +99,7 @@ def test_curl_follows_a_running_job_and_the_stream_closes_when_it_ends(stack):
 
 
 # -- the browser -----------------------------------------------------------------------------------
+
 
 def _browser_missing() -> str | None:
     if not (CHROMIUM and CHROMEDRIVER):
@@ -104,8 +120,16 @@ def browser(stack, tmp_path_factory):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900",
-                "--disable-background-networking", "--disable-component-update", "--no-first-run"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -142,13 +166,17 @@ def css(b, selector: str):
 
 def text_of(b, selector: str) -> str:
     """The element's visible text, read in one step (the page re-renders live parts under us)."""
-    return b.driver.execute_script("const el = document.querySelector(arguments[0]); return el ? el.innerText : ''",
-                                   selector)
+    return b.driver.execute_script(
+        "const el = document.querySelector(arguments[0]); return el ? el.innerText : ''", selector
+    )
 
 
 def attribute(b, selector: str, name: str) -> str | None:
-    return b.driver.execute_script("const el = document.querySelector(arguments[0]); "
-                                   "return el ? el.getAttribute(arguments[1]) : null", selector, name)
+    return b.driver.execute_script(
+        "const el = document.querySelector(arguments[0]); return el ? el.getAttribute(arguments[1]) : null",
+        selector,
+        name,
+    )
 
 
 def open_page(b, hash_: str):
@@ -175,14 +203,16 @@ def test_the_key_prompt_refuses_a_wrong_key_then_opens_the_console(browser):
     type_into(b, "#api-key", "not-the-key-0123456789")
     css(b, "#keys-submit")[0].click()
     until(b, lambda d: text_of(b, "#keys-reason").startswith("Refused:"), what="the refusal")
-    assert text_of(b, "#keys-reason") == ("Refused: missing or wrong API key: send 'Authorization: Bearer "
-                                          "<BERT_API_KEY>'")
+    assert text_of(b, "#keys-reason") == (
+        "Refused: missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'"
+    )
     assert css(b, "#keys-dialog[open]")
     type_into(b, "#api-key", API_KEY)
     type_into(b, "#admin-key", ADMIN_KEY)
     css(b, "#keys-submit")[0].click()
-    until(b, lambda d: not css(b, "#keys-dialog[open]") and css(b, "#jobs-table tbody tr[data-job]"),
-          what="the jobs list")
+    until(
+        b, lambda d: not css(b, "#keys-dialog[open]") and css(b, "#jobs-table tbody tr[data-job]"), what="the jobs list"
+    )
     # Kept for the tab, never in a cookie or the URL.
     assert b.driver.execute_script("return sessionStorage.getItem('bert.adminKey')") == ADMIN_KEY
     assert b.driver.get_cookies() == [] and API_KEY not in b.driver.current_url
@@ -262,7 +292,8 @@ def test_the_form_shows_the_api_message_beside_the_field(browser):
     submit_job_form(b, {"#model_name": "console-clf", "[id='params.max_steps']": "0"})
     until(b, lambda d: text_of(b, "[id='err-params.max_steps']"), what="the max_steps error")
     assert text_of(b, "[id='err-params.max_steps']") == (
-        "finetune.params.max_steps: Input should be greater than or equal to 1")
+        "finetune.params.max_steps: Input should be greater than or equal to 1"
+    )
     assert attribute(b, "[id='params.max_steps']", "aria-invalid") == "true"
     submit_job_form(b, {"#model_name": "tiny", "[id='params.max_steps']": "10"})
     until(b, lambda d: text_of(b, "#err-model_name"), what="the model_name error")
@@ -279,9 +310,18 @@ def test_a_finetune_from_the_form_grows_its_curve_and_a_second_job_is_cancelled(
     b = browser
     open_page(b, "#/new")
     until(b, lambda d: css(b, "#new-job #model_name"), what="the form")
-    submit_job_form(b, {"#model_name": "console-clf", "[id='params.max_steps']": "20000",
-                        "[id='params.batch_size']": "8", "[id='params.max_seq_len']": "32",
-                        "[id='params.log_every']": "1", "[id='params.save_every']": "500", "[id='params.lr']": "1e-3"})
+    submit_job_form(
+        b,
+        {
+            "#model_name": "console-clf",
+            "[id='params.max_steps']": "20000",
+            "[id='params.batch_size']": "8",
+            "[id='params.max_seq_len']": "32",
+            "[id='params.log_every']": "1",
+            "[id='params.save_every']": "500",
+            "[id='params.lr']": "1e-3",
+        },
+    )
     until(b, lambda d: "#/jobs/" in d.current_url, what="the job page")
     first = b.driver.current_url.rsplit("/", 1)[1]
     try:
@@ -299,8 +339,11 @@ def test_a_finetune_from_the_form_grows_its_curve_and_a_second_job_is_cancelled(
     # The second job waits behind the first (one worker process) and is cancelled from its page.
     second = stack.admin.post("/jobs", json=finetune_request("console-second")).json()["id"]
     open_page(b, "#/jobs")
-    until(b, lambda d: css(b, f"tr[data-job='{second}']") and "running" in text_of(b, f"tr[data-job='{first}']"),
-          what="both jobs listed")
+    until(
+        b,
+        lambda d: css(b, f"tr[data-job='{second}']") and "running" in text_of(b, f"tr[data-job='{first}']"),
+        what="both jobs listed",
+    )
     shot(b, "jobs")
     open_page(b, f"#/jobs/{second}")
     until(b, lambda d: "queued" in text_of(b, "#job-facts"), what="the queued job")
@@ -314,17 +357,21 @@ def test_a_finetune_from_the_form_grows_its_curve_and_a_second_job_is_cancelled(
     css(b, "#cancel-job")[0].click()
     until(b, lambda d: text_of(b, "#job-live") == "Finished: cancelled.", what="the running job cancelled")
     assert "cancelled" in text_of(b, "#job-facts") and "checkpoints/step-" in text_of(b, "#job-checkpoint")
-    assert [e["event"] for e in stack.admin.get(f"/jobs/{first}").json()["events"]][-2:] == ["cancel requested",
-                                                                                            "cancelled"]
+    assert [e["event"] for e in stack.admin.get(f"/jobs/{first}").json()["events"]][-2:] == [
+        "cancel requested",
+        "cancelled",
+    ]
 
 
 def test_narrow_screens_and_same_origin(browser):
     b = browser
     b.driver.set_window_size(390, 844)
     try:
-        for name, hash_, ready in (("jobs-390", "#/jobs", "#jobs-table tbody tr[data-job]"),
-                                   ("models-390", "#/models", "main tbody tr"),
-                                   ("new-job-390", "#/new", "#new-job #model_name")):
+        for name, hash_, ready in (
+            ("jobs-390", "#/jobs", "#jobs-table tbody tr[data-job]"),
+            ("models-390", "#/models", "main tbody tr"),
+            ("new-job-390", "#/new", "#new-job #model_name"),
+        ):
             open_page(b, hash_)
             until(b, lambda d, ready=ready: css(b, ready), what=name)
             width = b.driver.execute_script("return document.documentElement.scrollWidth")

@@ -25,7 +25,7 @@ def dockerfile() -> list[str]:
 
 
 def instructions(lines, name):
-    return [line[len(name):].strip() for line in lines if line.upper().startswith(name + " ")]
+    return [line[len(name) :].strip() for line in lines if line.upper().startswith(name + " ")]
 
 
 def env_of(service: dict) -> dict:
@@ -47,8 +47,9 @@ def test_api_and_worker_share_one_volume_at_data_dir(compose):
     api, worker = compose["services"]["api"], compose["services"]["worker"]
     data_dir = env_of(api)["BERT_DATA_DIR"]
     assert env_of(worker)["BERT_DATA_DIR"] == data_dir
-    mounts = {s: [v for v in compose["services"][s]["volumes"] if v.endswith(":" + data_dir)]
-              for s in ("api", "worker")}
+    mounts = {
+        s: [v for v in compose["services"][s]["volumes"] if v.endswith(":" + data_dir)] for s in ("api", "worker")
+    }
     assert len(mounts["api"]) == 1 and mounts["api"] == mounts["worker"]
     volume = mounts["api"][0].split(":")[0]
     assert volume in compose["volumes"], "a named volume, not a host path"
@@ -60,7 +61,10 @@ def test_one_image_built_once_for_init_api_and_worker(compose):
     assert len(images) == 1
     assert [s for s in ("init", "api", "worker") if "build" in services[s]] == ["init"]
     assert services["init"]["command"] == ["bert", "init"]
-    assert services["api"]["command"][:2] == ["bert", "serve"] and services["worker"]["command"][:2] == ["bert", "worker"]
+    assert services["api"]["command"][:2] == ["bert", "serve"] and services["worker"]["command"][:2] == [
+        "bert",
+        "worker",
+    ]
     # Only the broker URL tells the embedded mode from compose: both name it the same way.
     assert "BERT_BROKER_URL" in env_of(services["api"]) and "BERT_BROKER_URL" in env_of(services["worker"])
 
@@ -115,8 +119,14 @@ def test_secrets_come_from_env_with_required_markers(compose):
     text = (ROOT / "docker-compose.yml").read_text()
     assert "${BERT_ADMIN_KEY:?" in text and "${REDIS_PASSWORD:?" in text
     example = (ROOT / ".env.example").read_text()
-    for name in ("REDIS_PASSWORD", "BERT_ADMIN_KEY", "BERT_API_KEY", "BERT_BIND", "BERT_DEFAULT_MODEL",
-                 "BERT_DEFAULT_MLM_MODEL"):
+    for name in (
+        "REDIS_PASSWORD",
+        "BERT_ADMIN_KEY",
+        "BERT_API_KEY",
+        "BERT_BIND",
+        "BERT_DEFAULT_MODEL",
+        "BERT_DEFAULT_MLM_MODEL",
+    ):
         assert re.search(rf"^{name}=", example, re.M), name
 
 

@@ -48,8 +48,9 @@ def test_skip_markers_are_used_only_on_blocks_that_cannot_run(page):
         assert cmds, f"{page.name}: a skip marker above a block without commands"
         for cmd in cmds:
             assert SKIP_REASONS[skip].search(cmd), f"{page.name}: `{cmd}` is skipped as {skip!r} but does not need it"
-    assert len(re.findall(r"(?<!`)<!-- docs-test: skip", text)) == sum(skip is not None for _, _, skip in fenced_blocks(text)), \
-        f"{page.name}: a skip marker that is not on the line right above a block"
+    assert len(re.findall(r"(?<!`)<!-- docs-test: skip", text)) == sum(
+        skip is not None for _, _, skip in fenced_blocks(text)
+    ), f"{page.name}: a skip marker that is not on the line right above a block"
 
 
 def test_the_skip_check_catches_a_runnable_block_marked_skipped():
@@ -111,14 +112,18 @@ def test_pages_speak_to_users_only(page):
     prose = re.sub(r"^```.*?^```|`[^`\n]*`", "", text, flags=re.S | re.M)  # example outputs hold ids and digests
     for pattern, what in HISTORY:
         m = re.search(pattern, prose if what == "a commit hash" else text, re.I)
-        assert m is None, f"{page.name}: {what}: {m.string[max(0, m.start() - 60):m.end() + 60]!r}"
+        assert m is None, f"{page.name}: {what}: {m.string[max(0, m.start() - 60) : m.end() + 60]!r}"
 
 
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]'); make installs it")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1",
-                                                                         "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "site" / "configuration" / "index.html").exists()
 

@@ -48,10 +48,27 @@ def stack(tmp_path_factory):
 def test_token_classification_and_qa_jobs_train_publish_and_serve(stack):
     c = stack.client
     jobs = {}
-    for request in (finetune_request("ner-tagger", dataset="ner", task="token-classification", max_steps=60,
-                                     lr=3e-3, eval_fraction=0.2, eval_every=20),
-                    finetune_request("squad-qa", dataset="squad", task="question-answering", max_steps=60,
-                                     lr=3e-3, eval_fraction=0.2, max_query_length=8, doc_stride=8)):
+    for request in (
+        finetune_request(
+            "ner-tagger",
+            dataset="ner",
+            task="token-classification",
+            max_steps=60,
+            lr=3e-3,
+            eval_fraction=0.2,
+            eval_every=20,
+        ),
+        finetune_request(
+            "squad-qa",
+            dataset="squad",
+            task="question-answering",
+            max_steps=60,
+            lr=3e-3,
+            eval_fraction=0.2,
+            max_query_length=8,
+            doc_stride=8,
+        ),
+    ):
         r = c.post("/jobs", json=request)
         assert r.status_code == 202, r.text
         jobs[request["model_name"]] = r.json()["id"]
@@ -67,11 +84,15 @@ def test_token_classification_and_qa_jobs_train_publish_and_serve(stack):
     models = {m["name"]: m for m in c.get("/models").json()["models"]}
     assert models["ner-tagger"]["architecture"] == "BertForTokenClassification"
     assert models["squad-qa"]["architecture"] == "BertForQuestionAnswering"
-    r = c.post("/token-classification", json={"inputs": "the man eats bread in the city", "model": "ner-tagger",
-                                              "aggregation_strategy": "simple"})
+    r = c.post(
+        "/token-classification",
+        json={"inputs": "the man eats bread in the city", "model": "ner-tagger", "aggregation_strategy": "simple"},
+    )
     assert r.status_code == 200, r.text
     assert [(e["entity_group"], e["word"]) for e in r.json()] == [("PER", "man"), ("THING", "bread"), ("LOC", "city")]
-    r = c.post("/question-answering", json={"question": "what does the man eat ?", "context": QA_CONTEXTS[0],
-                                            "model": "squad-qa"})
+    r = c.post(
+        "/question-answering",
+        json={"question": "what does the man eat ?", "context": QA_CONTEXTS[0], "model": "squad-qa"},
+    )
     assert r.status_code == 200, r.text
     assert set(r.json()) == {"score", "start", "end", "answer"}

@@ -18,8 +18,9 @@ def context(tmp_path, device="cpu") -> Context:
 
 def test_parity_passes_on_cpu_for_the_three_classes(tmp_path):
     rows = gpu_check.check_parity(context(tmp_path), cfg=TINY, batch=3, seq=16)
-    assert [r.check for r in rows] == [f"parity {p} {name}" for name in gpu_check.PARITY_CLASSES
-                                       for p in ("fp32", "bf16")]
+    assert [r.check for r in rows] == [
+        f"parity {p} {name}" for name in gpu_check.PARITY_CLASSES for p in ("fp32", "bf16")
+    ]
     assert [r.verdict for r in rows] == ["PASS"] * 6, rows
 
 
@@ -49,8 +50,10 @@ def test_a_failing_check_is_a_row_and_the_others_run(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(gpu_check, "CHECKS", {"broken": broken, "fine": lambda ctx: [Row("fine", "ok", "-", "PASS")]})
     rows = [row for name in ("broken", "fine") for row in gpu_check.run_check(name, context(tmp_path))]
-    assert rows == [Row("broken", "error: RuntimeError: CUDA error: device-side assert / triggered", "runs", "FAIL"),
-                    Row("fine", "ok", "-", "PASS")]
+    assert rows == [
+        Row("broken", "error: RuntimeError: CUDA error: device-side assert / triggered", "runs", "FAIL"),
+        Row("fine", "ok", "-", "PASS"),
+    ]
 
 
 def test_main_prints_one_table_and_writes_its_files(tmp_path, monkeypatch, capsys):
@@ -83,7 +86,11 @@ def test_gpu_memory_is_measured_on_cuda(tmp_path):
 
 def test_the_review_names_the_kernel_paths_it_runs_through(tmp_path):
     rows = gpu_check.kernel_rows(context(tmp_path))
-    assert [r.check for r in rows] == ["kernel path onednn-fp32", "kernel path onednn-bf16", "kernel path int8-vnni",
-                                       "bf16 model's kernels"]
+    assert [r.check for r in rows] == [
+        "kernel path onednn-fp32",
+        "kernel path onednn-bf16",
+        "kernel path int8-vnni",
+        "bf16 model's kernels",
+    ]
     assert all(r.result.startswith(("on: ", "off: ")) for r in rows[:3]), rows
     assert rows[3].result.startswith(("onednn-bf16", "bf16-emulated")), rows

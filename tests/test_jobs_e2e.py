@@ -40,8 +40,10 @@ def stack(tmp_path_factory):
     worker = start_worker(data_dir, REDIS_URL, "e2e", root, BERT_JOB_PROGRESS_INTERVAL_S="0")
     client = httpx.Client(base_url=url, timeout=30)
     try:
-        for name, kind, filename, body in (("reviews", "labelled", "reviews.csv", labelled_csv()),
-                                           ("wiki", "corpus", "wiki.txt", corpus_txt())):
+        for name, kind, filename, body in (
+            ("reviews", "labelled", "reviews.csv", labelled_csv()),
+            ("wiki", "corpus", "wiki.txt", corpus_txt()),
+        ):
             r = client.post("/datasets", files={"file": (filename, body)}, data={"name": name, "kind": kind})
             assert r.status_code == 201, r.text
         yield SimpleNamespace(client=client, data_dir=data_dir, worker=worker)
@@ -64,14 +66,33 @@ def test_datasets_are_listed(stack):
 def test_finetune_then_classify_and_pretrain_then_fill_mask(stack):
     c = stack.client
     assert "reviews-clf" not in {m["name"] for m in c.get("/models").json()["models"]}
-    scratch = {"kind": "pretrain", "model_name": "wiki-scratch", "dataset": "wiki",
-               "params": {"max_steps": 30, "batch_size": 8, "max_seq_len": 32, "save_every": 10, "log_every": 1,
-                          "nsp": False, "vocab_size": 80, "config": {"hidden_size": 32, "num_hidden_layers": 1,
-                                                                    "num_attention_heads": 2, "intermediate_size": 37,
-                                                                    "max_position_embeddings": 64}}}
+    scratch = {
+        "kind": "pretrain",
+        "model_name": "wiki-scratch",
+        "dataset": "wiki",
+        "params": {
+            "max_steps": 30,
+            "batch_size": 8,
+            "max_seq_len": 32,
+            "save_every": 10,
+            "log_every": 1,
+            "nsp": False,
+            "vocab_size": 80,
+            "config": {
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 37,
+                "max_position_embeddings": 64,
+            },
+        },
+    }
     created = {}
-    for request in (finetune_request("reviews-clf", eval_fraction=0.2, eval_every=10), pretrain_request("wiki-mlm"),
-                    scratch):
+    for request in (
+        finetune_request("reviews-clf", eval_fraction=0.2, eval_every=10),
+        pretrain_request("wiki-mlm"),
+        scratch,
+    ):
         r = c.post("/jobs", json=request)
         assert r.status_code == 202, r.text
         body = r.json()
@@ -135,8 +156,12 @@ def test_cancel_queued_and_running(stack):
     wait_for(lambda: "already cancelled" in stack.worker.log(), 30, "the cancelled job's delivery")
     assert c.get(f"/jobs/{queued}").json()["attempts"] == 0
     r = c.post(f"/jobs/{running}/cancel")  # finished: nothing to cancel, and nothing changes
-    assert (r.status_code, r.json()) == (409, {
-        "error": f"job '{running}' has already finished (cancelled): there is nothing to cancel",
-        "error_type": "conflict"})
+    assert (r.status_code, r.json()) == (
+        409,
+        {
+            "error": f"job '{running}' has already finished (cancelled): there is nothing to cancel",
+            "error_type": "conflict",
+        },
+    )
     after = c.get(f"/jobs/{running}").json()
     assert (after["state"], after["events"], after["finished_at"]) == (job["state"], job["events"], job["finished_at"])

@@ -19,8 +19,20 @@ from model.options import OPTIONS, TASKS, options_markdown
 from tests.helpers import REDIS_URL, flush_redis, labelled_csv, make_data_dir, start_server, start_worker, wait_state
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-COMMANDS = ["pretrain", "finetune", "evaluate", "vocab", "import", "info", "serve", "up", "init", "worker",
-            "corpus", "corpus build"]
+COMMANDS = [
+    "pretrain",
+    "finetune",
+    "evaluate",
+    "vocab",
+    "import",
+    "info",
+    "serve",
+    "up",
+    "init",
+    "worker",
+    "corpus",
+    "corpus build",
+]
 
 
 def bert(*args: str) -> subprocess.CompletedProcess:
@@ -39,8 +51,11 @@ def subparser(command: str):
 def option_helps(command: str) -> dict[str, str]:
     """{first flag: its help as `bert COMMAND --help` prints it, "(default: ...)" included}."""
     parser = subparser(command)
-    return {a.option_strings[0]: parser._get_formatter()._expand_help(a) if a.help else ""
-            for a in parser._actions if a.option_strings and a.dest != "help"}
+    return {
+        a.option_strings[0]: parser._get_formatter()._expand_help(a) if a.help else ""
+        for a in parser._actions
+        if a.option_strings and a.dest != "help"
+    }
 
 
 def help_defaults(command: str, printed: str) -> dict[str, str]:
@@ -146,8 +161,9 @@ print("\\nEXIT", code, "TORCH" if "torch" in sys.modules else "NO-TORCH")
 
 @pytest.mark.parametrize("command", ["", *COMMANDS])
 def test_help_imports_no_torch_and_every_option_shows_its_default(command):
-    proc = subprocess.run([sys.executable, "-c", PROBE, *command.split(), "--help"], capture_output=True,
-                          text=True, env=ENV)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *command.split(), "--help"], capture_output=True, text=True, env=ENV
+    )
     assert proc.stdout.rstrip().endswith("EXIT 0 NO-TORCH"), proc.stdout[-500:] + proc.stderr
     if not command or command == "corpus":
         return
@@ -168,14 +184,17 @@ def test_version_is_the_installed_distributions():
 
 
 def test_options_module_needs_only_the_standard_library():
-    code = ("import sys; before = set(sys.modules); import model.options; "
-            "print(sorted(m for m in set(sys.modules) - before if not m.startswith('model')))")
+    code = (
+        "import sys; before = set(sys.modules); import model.options; "
+        "print(sorted(m for m in set(sys.modules) - before if not m.startswith('model')))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert all(m.split(".")[0] in sys.stdlib_module_names for m in eval(proc.stdout)), proc.stdout
 
 
 # -- the same fine-tune through the CLI and through POST /jobs ------------------------------------
+
 
 @pytest.mark.slow
 def test_the_same_fine_tune_through_bert_finetune_and_post_jobs_trains_the_same(tmp_path):
@@ -187,11 +206,22 @@ def test_the_same_fine_tune_through_bert_finetune_and_post_jobs_trains_the_same(
     worker = start_worker(data_dir, REDIS_URL, "options", tmp_path)
     try:
         with httpx.Client(base_url=url, timeout=30) as client:
-            r = client.post("/datasets", files={"file": ("reviews.csv", labelled_csv())},
-                            data={"name": "reviews", "kind": "labelled"})
+            r = client.post(
+                "/datasets",
+                files={"file": ("reviews.csv", labelled_csv())},
+                data={"name": "reviews", "kind": "labelled"},
+            )
             assert r.status_code == 201, r.text
-            r = client.post("/jobs", json={"kind": "finetune", "model_name": "reviews-clf", "base_model": "tiny",
-                                           "dataset": "reviews", "params": {"max_seq_len": 32, "log_every": 1}})
+            r = client.post(
+                "/jobs",
+                json={
+                    "kind": "finetune",
+                    "model_name": "reviews-clf",
+                    "base_model": "tiny",
+                    "dataset": "reviews",
+                    "params": {"max_seq_len": 32, "log_every": 1},
+                },
+            )
             assert r.status_code == 202, r.text
             job = wait_state(client, r.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=120)
             assert job["state"] == "succeeded", job
@@ -201,12 +231,29 @@ def test_the_same_fine_tune_through_bert_finetune_and_post_jobs_trains_the_same(
         flush_redis()
     job_dir = data_dir / "jobs" / job["id"]
     assert json.loads((job_dir / "job.json").read_text())["params"] == {
-        "max_seq_len": 32, "log_every": 1, "devices": 1, "max_runtime": json.loads(
-            (job_dir / "job.json").read_text())["params"]["max_runtime"]}  # only what the request set
+        "max_seq_len": 32,
+        "log_every": 1,
+        "devices": 1,
+        "max_runtime": json.loads((job_dir / "job.json").read_text())["params"]["max_runtime"],
+    }  # only what the request set
 
-    proc = bert("finetune", "--from", str(data_dir / "models" / "tiny"), "--train",
-                str(data_dir / "datasets" / "reviews" / "data.csv"), "--out", str(tmp_path / "cli"),
-                "--max-seq-len", "32", "--log-every", "1", "--device", "cpu", "--threads", "1")
+    proc = bert(
+        "finetune",
+        "--from",
+        str(data_dir / "models" / "tiny"),
+        "--train",
+        str(data_dir / "datasets" / "reviews" / "data.csv"),
+        "--out",
+        str(tmp_path / "cli"),
+        "--max-seq-len",
+        "32",
+        "--log-every",
+        "1",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
 
     def curve(run_dir):

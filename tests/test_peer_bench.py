@@ -17,19 +17,22 @@ def test_percentile_is_nearest_rank_and_nan_when_empty():
 
 
 def test_measure_counts_a_request_that_straddles_the_window_for_its_part_inside():
-    spans = [(-0.5, 0.5, True),   # half inside
-             (0.5, 1.5, True),    # whole
-             (1.5, 2.5, False),   # half inside, and an error
-             (-2.0, -1.0, True),  # warm-up only
-             (2.0, 3.0, True)]    # sent after the window
+    spans = [
+        (-0.5, 0.5, True),  # half inside
+        (0.5, 1.5, True),  # whole
+        (1.5, 2.5, False),  # half inside, and an error
+        (-2.0, -1.0, True),  # warm-up only
+        (2.0, 3.0, True),
+    ]  # sent after the window
     m = peer_bench.measure(spans, seconds=2.0, texts_per_request=32)
     assert m == Measure(rps=1.0, texts_per_s=32.0, p50_ms=1000.0, p99_ms=1000.0, errors=1)
 
 
 def test_summarize_takes_medians_over_rounds_and_adds_errors():
     rounds = [Measure(10, 320, 5, 9, 0), Measure(30, 960, 7, 20, 1), Measure(20, 640, 6, 10, 2)]
-    assert peer_bench.summarize(rounds) == Summary(rps=20, rps_low=10, rps_high=30, texts_per_s=640, p50_ms=6,
-                                                   p99_ms=10, errors=3, rounds=3)
+    assert peer_bench.summarize(rounds) == Summary(
+        rps=20, rps_low=10, rps_high=30, texts_per_s=640, p50_ms=6, p99_ms=10, errors=3, rounds=3
+    )
 
 
 def summary(rps: float, p50: float) -> Summary:
@@ -38,16 +41,22 @@ def summary(rps: float, p50: float) -> Summary:
 
 def test_tables_give_each_server_a_row_and_bertserve_over_each_peer():
     servers, cells = ["bertserve", "infinity", "plain"], ["short-1", "batch32-4"]
-    summaries = {("short-1", "bertserve"): summary(60, 16), ("short-1", "infinity"): summary(30, 32),
-                 ("short-1", "plain"): summary(20, 8), ("batch32-4", "bertserve"): summary(8, 600),
-                 ("batch32-4", "infinity"): summary(0, float("nan")), ("batch32-4", "plain"): summary(4, 300)}
+    summaries = {
+        ("short-1", "bertserve"): summary(60, 16),
+        ("short-1", "infinity"): summary(30, 32),
+        ("short-1", "plain"): summary(20, 8),
+        ("batch32-4", "bertserve"): summary(8, 600),
+        ("batch32-4", "infinity"): summary(0, float("nan")),
+        ("batch32-4", "plain"): summary(4, 300),
+    }
     table = peer_bench.results_table(summaries, cells, servers).splitlines()
     assert table[0] == "| cell | server | req/s (min-max) | texts/s | p50 ms | p99 ms | errors |"
     assert table[2] == "| short-1: 1 text x 10 tok, 1 client | bertserve | 60.0 (60.0-60.0) | 60.0 | 16.0 | 32.0 | 0 |"
     assert len(table) == 2 + 6
     ratios = peer_bench.ratio_table(summaries, cells, servers).splitlines()
-    assert ratios[0] == ("| cell | req/s bertserve/infinity | p50 bertserve/infinity | req/s bertserve/plain "
-                         "| p50 bertserve/plain |")
+    assert ratios[0] == (
+        "| cell | req/s bertserve/infinity | p50 bertserve/infinity | req/s bertserve/plain | p50 bertserve/plain |"
+    )
     assert ratios[2:] == ["| short-1 | 2.00 | 0.50 | 3.00 | 2.00 |", "| batch32-4 | n/a | n/a | 2.00 | 2.00 |"]
 
 
@@ -94,8 +103,9 @@ def test_closed_loop_sends_each_clients_bodies_in_turn_and_counts_non_200():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            return await live.closed_loop(port, "/v1/embeddings", [b"a", b"bad", b"c", b"d"], clients=2,
-                                          seconds=0.2, warmup=0.05)
+            return await live.closed_loop(
+                port, "/v1/embeddings", [b"a", b"bad", b"c", b"d"], clients=2, seconds=0.2, warmup=0.05
+            )
 
     spans = asyncio.run(run())
     assert spans and all(sent <= done for sent, done, _ in spans)

@@ -38,11 +38,39 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 BERT = VENV_BIN / "bert"
 # Values compared exactly; everything else is compared by type (scores and ids differ run to run).
-STABLE_KEYS = {"status", "error_type", "object", "kind", "architecture", "name", "model_name", "base_model",
-               "dataset", "default", "heads", "format", "labels", "index"}
+STABLE_KEYS = {
+    "status",
+    "error_type",
+    "object",
+    "kind",
+    "architecture",
+    "name",
+    "model_name",
+    "base_model",
+    "dataset",
+    "default",
+    "heads",
+    "format",
+    "labels",
+    "index",
+}
 # Present, but their value, length or null-ness depends on timing (a job record read mid-run).
-LOOSE_KEYS = {"events", "worker", "started_at", "finished_at", "heartbeat_at", "eval", "result",
-              "latest_checkpoint", "loss", "lr", "tokens_per_s", "eta_s", "epoch", "loaded"}
+LOOSE_KEYS = {
+    "events",
+    "worker",
+    "started_at",
+    "finished_at",
+    "heartbeat_at",
+    "eval",
+    "result",
+    "latest_checkpoint",
+    "loss",
+    "lr",
+    "tokens_per_s",
+    "eta_s",
+    "epoch",
+    "loaded",
+}
 MORE = "__more__"
 SKIP = re.compile(r"<!-- docs-test: skip ([\w-]+) -->\n *$")
 # The blocks that cannot run in a test, and what every command of such a block must be.
@@ -62,11 +90,12 @@ def pages() -> list[Path]:
 
 # ---------------------------------------------------------------------------- page parsing
 
+
 def fenced_blocks(text: str) -> list[tuple[str, str, str | None]]:
     """(language, body, skip reason or None) for every fenced block of a page, one in a list item too."""
     blocks = []
     for m in re.finditer(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```", text, re.S | re.M):
-        skip = SKIP.search(text[:m.start()][-200:])
+        skip = SKIP.search(text[: m.start()][-200:])
         body = re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)
         blocks.append((m.group(2), body, skip.group(1) if skip else None))
     return blocks
@@ -135,6 +164,7 @@ def same_shape(doc, got, key: str = "", path: str = "$") -> None:
 
 def same_text_shape(doc: str, got: str) -> None:
     """Non-JSON output: the same lines with every number allowed to differ; a `...` line is any lines."""
+
     def shape(s: str) -> list[str]:
         return [re.sub(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?", "#", line.rstrip()) for line in s.strip().splitlines()]
 
@@ -151,6 +181,7 @@ def lines_match(doc: list[str], got: list[str]) -> bool:
 
 # ---------------------------------------------------------------------------- the system
 
+
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
     """(port, scratch folder) of a running `bert up`; the scratch folder holds its data/."""
@@ -161,9 +192,14 @@ def system(tmp_path_factory):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
     log = open(scratch / "bert-up.log", "w")  # noqa: SIM115  (bert up's output for the whole module)
-    proc = subprocess.Popen([str(BERT), "up", "--data-dir", str(data_dir), "--port", str(port),
-                             "--bootstrap-steps", "3"], cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BERT), "up", "--data-dir", str(data_dir), "--port", str(port), "--bootstrap-steps", "3"],
+        cwd=scratch,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait(lambda: httpx.get(f"{url}/ready").status_code == 200, 240, "/ready", proc, log)
@@ -202,11 +238,12 @@ def run_block(pairs: list[tuple[str, str]], port: int, cwd: Path) -> list[tuple[
     script = ["set -o pipefail"]
     for i, (command, _) in enumerate(pairs):
         command = strip_comment(command.replace("localhost:8000", f"localhost:{port}"))
-        script += [f"echo '@@@START {i}'", command, f"echo; echo \"@@@END {i} $?\""]
+        script += [f"echo '@@@START {i}'", command, f'echo; echo "@@@END {i} $?"']
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
     env.update(PATH=f"{VENV_BIN}:{env['PATH']}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
     results = []
     for i, (command, _) in enumerate(pairs):
         m = re.search(rf"@@@START {i}\n(.*?)\n@@@END {i} (\d+)", proc.stdout, re.S)
@@ -241,6 +278,19 @@ def test_examples_run_and_print_what_the_page_shows(system, page):
 def test_the_readme_tours_every_route_family():
     """README's five-minute tour: one curl at least for each family of routes."""
     curls = " ".join(cmd for pairs in console_blocks((ROOT / "README.md").read_text()) for cmd, _ in pairs)
-    for route in ("/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify", "/token-classification",
-                  "/question-answering", "/embed", "/jobs", "/datasets", "/models", "/health", "/metrics"):
+    for route in (
+        "/fill-mask",
+        "/nsp",
+        "/embeddings",
+        "/v1/embeddings",
+        "/classify",
+        "/token-classification",
+        "/question-answering",
+        "/embed",
+        "/jobs",
+        "/datasets",
+        "/models",
+        "/health",
+        "/metrics",
+    ):
         assert f"localhost:8000{route}" in curls, route

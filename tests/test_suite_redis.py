@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_TOUCHING_TEST = ("tests/app/cli/test_service_commands.py::"
-                       "test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once")
+REDIS_TOUCHING_TEST = (
+    "tests/app/cli/test_service_commands.py::test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once"
+)
 
 # Run inside the namespace: the user's Redis, its keys, the inner pytest, then what is left of the keys.
 BESIDE_A_USERS_REDIS = """
@@ -55,11 +56,18 @@ finally:
 @pytest.mark.slow
 def test_a_key_in_the_users_redis_survives_a_redis_touching_test():
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("unshare", "ip", "redis-server", "setpriv")):
-        pytest.skip("needs root, unshare, ip, setpriv and redis-server for a network namespace with its own "
-                    "127.0.0.1:6379")
+        pytest.skip(
+            "needs root, unshare, ip, setpriv and redis-server for a network namespace with its own 127.0.0.1:6379"
+        )
     script = f"ip link set lo up && exec {sys.executable} -c '{BESIDE_A_USERS_REDIS}' {REDIS_TOUCHING_TEST}"
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["returncode"] == 0, result["tail"]  # the inner test ran and passed

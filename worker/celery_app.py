@@ -45,8 +45,9 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
         # Redis: how long a delivered, unacked message waits before another worker gets it (the lease
         # turns that second delivery into a no-op while the first still trains). filesystem://
         # gets its folders from here too, so the URL stays the only setting that differs.
-        broker_transport_options=broker_transport_options(settings.broker_url, settings.data_dir,
-                                                          settings.visibility_timeout),
+        broker_transport_options=broker_transport_options(
+            settings.broker_url, settings.data_dir, settings.visibility_timeout
+        ),
         # Keep training through a broker outage: reconnect forever, do not cancel the running job
         # (its state is on the shared volume; the late ack is simply redone after reconnecting).
         broker_connection_retry_on_startup=True,

@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = WorkerSettings()
     if not has_fanout(settings.broker_url):
-        print(f"cannot ping a worker over {settings.broker_url.split('://', 1)[0]}://: it has no remote control",
-              file=sys.stderr)
+        print(
+            f"cannot ping a worker over {settings.broker_url.split('://', 1)[0]}://: it has no remote control",
+            file=sys.stderr,
+        )
         return 2
     node = node_name(args.node)
     try:

@@ -53,7 +53,9 @@ def producer(broker_url: str, data_dir: str | os.PathLike, connect_timeout_s: fl
 
     celery = Celery("bertserve-producer", broker=broker_url, set_as_current=False)
     celery.conf.update(
-        task_serializer="json", accept_content=["json"], task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
         broker_transport_options=broker_transport_options(broker_url, data_dir, 3600),
         broker_connection_timeout=connect_timeout_s,
     )

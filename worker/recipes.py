@@ -47,8 +47,13 @@ def spec_params(params: dict, kind: str) -> dict:
 def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:
     p = record["params"]
     corpus, meta = dataset_file(data_dir, record["dataset"])
-    spec = dict(corpus=str(corpus), out=str(job_dir), corpus_format=meta.get("format"), **spec_params(p, "pretrain"),
-                train=train_overrides(p, device))
+    spec = dict(
+        corpus=str(corpus),
+        out=str(job_dir),
+        corpus_format=meta.get("format"),
+        **spec_params(p, "pretrain"),
+        train=train_overrides(p, device),
+    )
     if record.get("base_model"):
         spec["from_model"] = str(DataDir(data_dir).model(record["base_model"]))
     else:
@@ -62,9 +67,15 @@ def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
 def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
-    return FinetuneSpec.from_dict(dict(
-        train_file=str(table), from_model=str(DataDir(data_dir).model(record["base_model"])), out=str(job_dir),
-        **spec_params(p, "finetune"), train=train_overrides(p, device)))
+    return FinetuneSpec.from_dict(
+        dict(
+            train_file=str(table),
+            from_model=str(DataDir(data_dir).model(record["base_model"])),
+            out=str(job_dir),
+            **spec_params(p, "finetune"),
+            train=train_overrides(p, device),
+        )
+    )
 
 
 def prepare(record: Mapping[str, Any], data_dir: Path, job_dir: Path) -> None:
@@ -74,7 +85,9 @@ def prepare(record: Mapping[str, Any], data_dir: Path, job_dir: Path) -> None:
         pretrain_spec(record, Path(data_dir), Path(job_dir), "cpu")
 
 
-def run(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]) -> TrainResult:
+def run(
+    record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback]
+) -> TrainResult:
     """Train (or resume) the job in `job_dir`; raises model.errors.UserError for bad data or options."""
     if record["kind"] == "pretrain":
         return run_pretraining(pretrain_spec(record, Path(data_dir), Path(job_dir), device), callbacks)

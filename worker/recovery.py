@@ -36,8 +36,7 @@ _timer_stop = threading.Event()
 shutting_down = multiprocessing.Event()
 
 
-def sweep(store: JobStore, send: Callable[[str], None],
-          states: tuple[str, ...] = ("queued", "running")) -> list[str]:
+def sweep(store: JobStore, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")) -> list[str]:
     """Send again every job in `states` whose lease is free; returns their ids."""
     sent = []
     for record in store.list():
@@ -82,6 +81,7 @@ def note_lost_attempt(store: JobStore, job_id: str, reason: str) -> None:
 def celery_sender(app) -> Callable[[str], None]:
     def send(job_id: str) -> None:
         send_job(app, job_id)
+
     return send
 
 
@@ -104,8 +104,12 @@ def install(settings: WorkerSettings) -> None:
         except Exception:  # the broker may be down: the periodic sweep and redelivery still recover jobs
             log.exception("start-up recovery sweep failed")
         if settings.worker_sweep_interval_s > 0:
-            threading.Thread(target=_periodic, args=(app, store, settings.worker_sweep_interval_s),
-                             daemon=True, name="bert-recovery-sweep").start()
+            threading.Thread(
+                target=_periodic,
+                args=(app, store, settings.worker_sweep_interval_s),
+                daemon=True,
+                name="bert-recovery-sweep",
+            ).start()
 
     worker_ready.connect(on_worker_ready, weak=False)
     worker_shutting_down.connect(_on_shutdown, weak=False)

@@ -22,35 +22,78 @@ DAY = 24 * 3600
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(Path("./data"), description=(
-        "The same directory the service uses: jobs, datasets and models live below it. It must be one "
-        "filesystem with working `flock` (a local disk or NFSv4)."))
-    broker_url: str = Field("redis://127.0.0.1:6379/0",
-                            validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"), description=(
-                                "Celery broker. For no server, use `sqla+sqlite:////abs/path/broker.sqlite` or "
-                                "`filesystem://` (messages in `DATA_DIR/broker`)."))
+    data_dir: Path = Field(
+        Path("./data"),
+        description=(
+            "The same directory the service uses: jobs, datasets and models live below it. It must be one "
+            "filesystem with working `flock` (a local disk or NFSv4)."
+        ),
+    )
+    broker_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
+        description=(
+            "Celery broker. For no server, use `sqla+sqlite:////abs/path/broker.sqlite` or "
+            "`filesystem://` (messages in `DATA_DIR/broker`)."
+        ),
+    )
     # The lease makes a redelivery harmless (it finds the job running and does nothing); it is what
     # resumes a job whose whole worker died when no other worker restarts to sweep it up.
-    visibility_timeout: int = Field(3600, ge=10, description=(
-        "Seconds before Redis hands a delivered, unacknowledged job to another worker. While the first worker "
-        "still trains, the job's lease makes that copy a no-op."))
-    job_soft_time_limit: int = Field(3 * DAY, ge=10, description=(
-        "Seconds, per attempt. The loop stops at the next step, saves a checkpoint, and the job fails with "
-        "\"time limit\". A job's own `max_runtime` (over all attempts) may stop it sooner."))
-    job_time_limit_grace: int = Field(600, ge=10, description=(
-        "Celery kills a hung step this many seconds after the soft limit."))
-    job_max_attempts: int = Field(3, ge=1, le=100, description=(
-        "A job that has started this many times without finishing (its worker died) is failed, with the error."))
-    job_heartbeat_s: float = Field(10.0, gt=0, description=(
-        "Seconds between lease heartbeats in `job.json` (`heartbeat_at`)."))
-    job_progress_interval_s: float = Field(1.0, ge=0, description=(
-        "At most one progress write to `job.json` per this many seconds. `metrics.jsonl` gets every log line."))
-    worker_sweep_interval_s: float = Field(60.0, ge=0, description=(
-        "Seconds between re-sends of running jobs whose worker died; 0 means only at start-up."))
-    worker_device: str = Field("auto", pattern=DEVICE_PATTERN, description=(
-        "Where training runs: `auto` (CUDA when the worker has it), `cpu`, `cuda` or `cuda:N`."))
-    worker_devices: int | None = Field(None, ge=1, le=1024, description=(
-        "The most processes a job's `params.devices` may use here (data parallel through torchrun). Unset: the "
-        "GPUs torch sees when training on CUDA, else the CPU cores. A job asking for more fails, saying so. A "
-        "data-parallel job on CUDA needs `BERT_WORKER_DEVICE` `auto` or `cuda` (each process takes "
-        "`cuda:LOCAL_RANK`)."))
+    visibility_timeout: int = Field(
+        3600,
+        ge=10,
+        description=(
+            "Seconds before Redis hands a delivered, unacknowledged job to another worker. While the first worker "
+            "still trains, the job's lease makes that copy a no-op."
+        ),
+    )
+    job_soft_time_limit: int = Field(
+        3 * DAY,
+        ge=10,
+        description=(
+            "Seconds, per attempt. The loop stops at the next step, saves a checkpoint, and the job fails with "
+            '"time limit". A job\'s own `max_runtime` (over all attempts) may stop it sooner.'
+        ),
+    )
+    job_time_limit_grace: int = Field(
+        600, ge=10, description=("Celery kills a hung step this many seconds after the soft limit.")
+    )
+    job_max_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description=(
+            "A job that has started this many times without finishing (its worker died) is failed, with the error."
+        ),
+    )
+    job_heartbeat_s: float = Field(
+        10.0, gt=0, description=("Seconds between lease heartbeats in `job.json` (`heartbeat_at`).")
+    )
+    job_progress_interval_s: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "At most one progress write to `job.json` per this many seconds. `metrics.jsonl` gets every log line."
+        ),
+    )
+    worker_sweep_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description=("Seconds between re-sends of running jobs whose worker died; 0 means only at start-up."),
+    )
+    worker_device: str = Field(
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description=("Where training runs: `auto` (CUDA when the worker has it), `cpu`, `cuda` or `cuda:N`."),
+    )
+    worker_devices: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "The most processes a job's `params.devices` may use here (data parallel through torchrun). Unset: the "
+            "GPUs torch sees when training on CUDA, else the CPU cores. A job asking for more fails, saying so. A "
+            "data-parallel job on CUDA needs `BERT_WORKER_DEVICE` `auto` or `cuda` (each process takes "
+            "`cuda:LOCAL_RANK`)."
+        ),
+    )

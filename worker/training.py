@@ -58,16 +58,34 @@ ERROR_LOG = "error.log"
 HANDED_BACK = "handed back"
 RANKS_LOST = "training processes lost"  # a data-parallel attempt ended without an outcome: sent again
 RANKS_LOG = "ranks.log"  # a data-parallel job's torchrun output
-PROGRESS_KEYS = ("step", "total_steps", "loss", "mlm_loss", "nsp_loss", "lr", "tokens_per_s", "eta_s", "epoch",
-                 "grad_norm", "tokens_seen", "world_size", "rank_tokens_per_s")
+PROGRESS_KEYS = (
+    "step",
+    "total_steps",
+    "loss",
+    "mlm_loss",
+    "nsp_loss",
+    "lr",
+    "tokens_per_s",
+    "eta_s",
+    "epoch",
+    "grad_norm",
+    "tokens_seen",
+    "world_size",
+    "rank_tokens_per_s",
+)
 
 
 class Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
-def run_job(job_id: str, settings: WorkerSettings, *, shutting_down: Flag | None = None,
-            requeue: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_job(
+    job_id: str,
+    settings: WorkerSettings,
+    *,
+    shutting_down: Flag | None = None,
+    requeue: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Handle one delivery of job `job_id`; returns what happened (the task's result, for logs).
 
     `shutting_down` (set by the worker on SIGTERM) stops the loop at the next step; the job is then
@@ -93,7 +111,9 @@ def run_job(job_id: str, settings: WorkerSettings, *, shutting_down: Flag | None
             outcome = train(store, record, settings, shutting_down)
         finally:
             _free_accelerator_memory()
-    if outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None:  # only now: the next delivery must find the lease free
+    if (
+        outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None
+    ):  # only now: the next delivery must find the lease free
         requeue(job_id)
         with contextlib.suppress(IllegalTransition):  # another worker took the job and finished it meanwhile
             store.move(job_id, jobs.requeued, "after the hand-back")
@@ -150,11 +170,14 @@ def _used_up(r: JobRecord) -> str | None:
     limit = r["params"].get("max_runtime")
     if not limit or (r.get("runtime_s") or 0) < limit:
         return None
-    return (f"time limit: the job's max_runtime ({limit} s) was used up by its earlier attempts "
-            f"({r['runtime_s']:.0f} s); latest checkpoint {r.get('latest_checkpoint')}")
+    return (
+        f"time limit: the job's max_runtime ({limit} s) was used up by its earlier attempts "
+        f"({r['runtime_s']:.0f} s); latest checkpoint {r.get('latest_checkpoint')}"
+    )
 
 
 # ---------------------------------------------------------------------------- training
+
 
 class JobReporter(Callback):
     """Trainer callbacks: progress and runtime into job.json (throttled); stop on cancel, worker
@@ -215,10 +238,11 @@ class JobReporter(Callback):
 
     def time_limit_error(self, step: int, checkpoint: str | None, runtime: float) -> str:
         if self.limit == "max_runtime":
-            return (f"time limit: the job's max_runtime ({self.max_runtime} s) was reached at step {step}, after "
-                    f"{runtime:.0f} s of training; checkpoint {checkpoint}")
-        return (f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {step}; "
-                f"checkpoint {checkpoint}")
+            return (
+                f"time limit: the job's max_runtime ({self.max_runtime} s) was reached at step {step}, after "
+                f"{runtime:.0f} s of training; checkpoint {checkpoint}"
+            )
+        return f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {step}; checkpoint {checkpoint}"
 
 
 def train(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
@@ -240,9 +264,14 @@ def train(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting
         published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
         return _fail(store, job_id, e, reporter.runtime())
-    summary = {"model": record["model_name"], "model_dir": published.relative_to(settings.data_dir).as_posix(),
-               "step": result.step, "train_loss": result.train_loss, "eval": result.eval_metrics,
-               "best_checkpoint": _relative(job_dir, result.best_checkpoint)}
+    summary = {
+        "model": record["model_name"],
+        "model_dir": published.relative_to(settings.data_dir).as_posix(),
+        "step": result.step,
+        "train_loss": result.train_loss,
+        "eval": result.eval_metrics,
+        "best_checkpoint": _relative(job_dir, result.best_checkpoint),
+    }
 
     runtime = round(reporter.runtime(), 3)
 
@@ -265,8 +294,9 @@ def train_ranks(store: JobStore, record: JobRecord, settings: WorkerSettings, sh
         return _fail(store, job_id, e, float(record.get("runtime_s") or 0.0))
     cmd = torchrun_command(["-m", "worker.ddp_job", job_id], devices)
     with open(job_dir / RANKS_LOG, "ab") as log_file:
-        proc = subprocess.Popen(cmd, env=_rank_env(settings), stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=_rank_env(settings), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
     signalled = False
     try:
         while proc.poll() is None:
@@ -302,11 +332,14 @@ def check_devices(devices: int, settings: WorkerSettings) -> None:
     have = settings.worker_devices or (torch.cuda.device_count() if on_cuda else os.cpu_count() or 1)
     if devices > have:
         what = "GPUs" if on_cuda else "processes"
-        raise UserError(f"params.devices is {devices}, but this worker runs at most {have} {what} "
-                        f"(BERT_WORKER_DEVICES)")
+        raise UserError(
+            f"params.devices is {devices}, but this worker runs at most {have} {what} (BERT_WORKER_DEVICES)"
+        )
     if on_cuda and settings.worker_device.startswith("cuda:"):
-        raise UserError(f"params.devices is {devices}, but BERT_WORKER_DEVICE={settings.worker_device} names "
-                        "one GPU; a data-parallel job takes cuda:0 to cuda:N-1 (set it to cuda or auto)")
+        raise UserError(
+            f"params.devices is {devices}, but BERT_WORKER_DEVICE={settings.worker_device} names "
+            "one GPU; a data-parallel job takes cuda:0 to cuda:N-1 (set it to cuda or auto)"
+        )
 
 
 def _rank_env(settings: WorkerSettings) -> dict[str, str]:
@@ -325,8 +358,10 @@ def _ranks_outcome(store: JobStore, job_id: str, code: int) -> str:
         return HANDED_BACK
     if record["state"] in TERMINAL:
         return record["state"]
-    reason = (f"a training process of the data-parallel run ended it (torchrun exit status {code}; "
-              f"see {RANKS_LOG} in the job directory)")
+    reason = (
+        f"a training process of the data-parallel run ended it (torchrun exit status {code}; "
+        f"see {RANKS_LOG} in the job directory)"
+    )
 
     store.move(job_id, jobs.ranks_lost, reason)  # read by the next delivery's begin()
     return RANKS_LOST
@@ -341,8 +376,16 @@ def _mark_resume(store: JobStore, record: JobRecord) -> None:
         return
     step = ckpt.checkpoint_step(latest)
     # The trainer keeps metrics records with step <= the checkpoint's; this one (step == it) survives.
-    store.append_metric(record["id"], {"type": "resume", "step": step, "attempt": record["attempts"],
-                                       "checkpoint": _relative(job_dir, latest), "at": now_iso()})
+    store.append_metric(
+        record["id"],
+        {
+            "type": "resume",
+            "step": step,
+            "attempt": record["attempts"],
+            "checkpoint": _relative(job_dir, latest),
+            "at": now_iso(),
+        },
+    )
     store.move(record["id"], jobs.resumed, _relative(job_dir, latest))
 
 

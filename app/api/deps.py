@@ -26,6 +26,7 @@ _admin_bearer = HTTPBearer(auto_error=False, description="BERT_ADMIN_KEY (or BER
 # The dependencies are `async def`: FastAPI runs a plain `def` one in its thread pool, a thread hop
 # per request for an attribute read.
 
+
 async def get_service(request: Request) -> Service:
     return request.app.state.service
 
@@ -75,6 +76,7 @@ def bearer_token(authorization: str | None) -> str | None:
 # The key checks proper run in app/api/middleware.py's KeyMiddleware, from the headers alone, before the
 # body is read; these dependencies declare them (OpenAPI's security scheme, the middleware reads
 # which key a route needs off them) and check again where the route runs.
+
 
 async def require_api_key(service: ServiceDep, credentials: Annotated[Credentials, Depends(_api_bearer)]) -> None:
     """When BERT_API_KEY is set, demand `Authorization: Bearer <key>`."""

@@ -58,8 +58,9 @@ def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, 
     included with, as the key dependencies of app/api/deps.py declare it."""
     guards: list[tuple[re.Pattern, KeyOf | None]] = []
     for router, dependencies in routers:
-        key_of = next((KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies]
-                       if d.dependency in KEY_OF), None)
+        key_of = next(
+            (KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies] if d.dependency in KEY_OF), None
+        )
         # (starlette's BaseRoute does not declare path_regex; every route an APIRouter holds has one)
         guards += [(route.path_regex, key_of) for route in router.routes]  # type: ignore[attr-defined]
     return guards
@@ -180,5 +181,7 @@ class DeadlineMiddleware:
             scope[DISCONNECTED] = True
             log.info("%s %s: the client went away; its work was dropped", scope["method"], scope["path"])
         elif not started:
-            await error_response("unavailable", f"the request took longer than BERT_REQUEST_TIMEOUT "
-                                                f"({self.seconds:g} s); its work was dropped")(scope, receive, send)
+            await error_response(
+                "unavailable",
+                f"the request took longer than BERT_REQUEST_TIMEOUT ({self.seconds:g} s); its work was dropped",
+            )(scope, receive, send)

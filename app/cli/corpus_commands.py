@@ -21,14 +21,17 @@ def cmd_corpus_build(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     try:
         tokenizer = BertTokenizer.from_pretrained(args.tokenizer)
-        options = BuildOptions(format=args.format, text_field=args.text_field, shard_tokens=args.shard_tokens,
-                               unit_bytes=int(args.unit_mb * 2**20))
+        options = BuildOptions(
+            format=args.format,
+            text_field=args.text_field,
+            shard_tokens=args.shard_tokens,
+            unit_bytes=int(args.unit_mb * 2**20),
+        )
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     bar, started = BuildProgressBar(), time.monotonic()
     try:
-        manifest = build_store(args.inputs, tokenizer, args.out, workers=args.workers, options=options,
-                               on_progress=bar)
+        manifest = build_store(args.inputs, tokenizer, args.out, workers=args.workers, options=options, on_progress=bar)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     finally:
@@ -40,32 +43,49 @@ def cmd_corpus_build(args: argparse.Namespace) -> int:
 def _print_summary(manifest: dict, out: Path, seconds: float) -> None:
     totals, stats = manifest["totals"], manifest["stats"]
     size = sum(s["bytes"] for s in manifest["sources"])
-    print(f"{out}: {len(manifest['shards'])} shards, {totals['documents']:,} documents, "
-          f"{totals['sentences']:,} sentences, {totals['tokens']:,} tokens from {len(manifest['sources'])} files "
-          f"({size / 2**20:,.1f} MiB) in {seconds:.1f} s ({size / 2**20 / max(seconds, 1e-9):,.1f} MiB/s, "
-          f"{totals['tokens'] / max(seconds, 1e-9):,.0f} tokens/s); dropped {stats['paragraphs_duplicate']:,} "
-          f"duplicate paragraphs, {stats['sentences_near_empty']:,} near-empty and "
-          f"{stats['sentences_non_text']:,} non-text sentences")
+    print(
+        f"{out}: {len(manifest['shards'])} shards, {totals['documents']:,} documents, "
+        f"{totals['sentences']:,} sentences, {totals['tokens']:,} tokens from {len(manifest['sources'])} files "
+        f"({size / 2**20:,.1f} MiB) in {seconds:.1f} s ({size / 2**20 / max(seconds, 1e-9):,.1f} MiB/s, "
+        f"{totals['tokens'] / max(seconds, 1e-9):,.0f} tokens/s); dropped {stats['paragraphs_duplicate']:,} "
+        f"duplicate paragraphs, {stats['sentences_near_empty']:,} near-empty and "
+        f"{stats['sentences_non_text']:,} non-text sentences"
+    )
 
 
 def add_commands(sub) -> None:
     """Register `corpus` (with `build`) on the `bert` command's subparsers."""
     corpus = sub.add_parser("corpus", help="prepare pretraining corpora at scale")
     corpus_sub = corpus.add_subparsers(dest="corpus_command", required=True, metavar="SUBCOMMAND")
-    p = corpus_sub.add_parser("build", help="tokenise raw text into a sharded token store (resumable)",
-                              description="Tokenise files, folders and globs (text, google, pairs, jsonl, "
-                                          "Wikipedia XML; .gz/.bz2/.xz/.zst) into STORE_DIR. Rerun the same "
-                                          "command to resume a build that was killed.")
+    p = corpus_sub.add_parser(
+        "build",
+        help="tokenise raw text into a sharded token store (resumable)",
+        description="Tokenise files, folders and globs (text, google, pairs, jsonl, "
+        "Wikipedia XML; .gz/.bz2/.xz/.zst) into STORE_DIR. Rerun the same "
+        "command to resume a build that was killed.",
+    )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="file, folder (every file below) or glob")
-    p.add_argument("--tokenizer", required=True, metavar="MODEL_OR_VOCAB_DIR",
-                   help="directory with tokenizer.json or vocab.txt (a model directory works)")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="MODEL_OR_VOCAB_DIR",
+        help="directory with tokenizer.json or vocab.txt (a model directory works)",
+    )
     p.add_argument("--out", required=True, metavar="STORE_DIR", help="the store directory (created)")
     p.add_argument("--workers", type=int, default=1, help="tokenising processes (default 1: this process)")
     p.add_argument("--format", choices=READ_FORMATS, help="input format of every file (default: detect per file)")
     p.add_argument("--text-field", default="text", help="JSONL field with the text")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
-                   help=f"tokens per shard before it is closed (default {DEFAULT_SHARD_TOKENS:,})")
-    p.add_argument("--unit-mb", type=float, default=DEFAULT_UNIT_BYTES / 2**20,
-                   help="large uncompressed files are cut into work units of about this size "
-                        f"(default {DEFAULT_UNIT_BYTES // 2**20})")
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=DEFAULT_SHARD_TOKENS,
+        help=f"tokens per shard before it is closed (default {DEFAULT_SHARD_TOKENS:,})",
+    )
+    p.add_argument(
+        "--unit-mb",
+        type=float,
+        default=DEFAULT_UNIT_BYTES / 2**20,
+        help="large uncompressed files are cut into work units of about this size "
+        f"(default {DEFAULT_UNIT_BYTES // 2**20})",
+    )
     p.set_defaults(func=cmd_corpus_build)

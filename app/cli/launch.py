@@ -25,26 +25,45 @@ from model.errors import UserError
 LAUNCH_OPTIONS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id")  # with a value
 LAUNCH_FLAGS = ("--trusted-network",)
 # check_launch's parameter names as this command spells them
-OPTION_NAMES = {"nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes", "node_rank": "--node-rank",
-                "rdzv_id": "--rdzv-id", "trusted_network": "--trusted-network"}
+OPTION_NAMES = {
+    "nproc_per_node": "--nproc-per-node",
+    "nnodes": "--nnodes",
+    "node_rank": "--node-rank",
+    "rdzv_id": "--rdzv-id",
+    "trusted_network": "--trusted-network",
+}
 
 
 def add_launch_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data parallel (torchrun)")
-    g.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                   help="processes on this machine, one per GPU on CUDA (gloo on CPU, NCCL on CUDA; default 1)")
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes on this machine, one per GPU on CUDA (gloo on CPU, NCCL on CUDA; default 1)",
+    )
     g.add_argument("--nnodes", type=int, default=1, metavar="M", help="machines in the run (default 1)")
     g.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's rank, 0 to M-1")
-    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                   help="with --nnodes > 1: where the machines meet (the same on every one; c10d rendezvous); "
-                        "its port must be reachable only from the training machines (default: none; needed "
-                        "with --nnodes > 1)")
-    g.add_argument("--rdzv-id", metavar="ID",
-                   help="with --nnodes > 1: the run's rendezvous id, the same on every machine (default: node 0 "
-                        "makes a random one and prints it; the other nodes need it)")
-    g.add_argument("--trusted-network", action="store_true",
-                   help="allow a --rdzv-endpoint beyond loopback: the network between the machines is private "
-                        "(torch's rendezvous store runs code sent to its port)")
+    g.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="with --nnodes > 1: where the machines meet (the same on every one; c10d rendezvous); "
+        "its port must be reachable only from the training machines (default: none; needed "
+        "with --nnodes > 1)",
+    )
+    g.add_argument(
+        "--rdzv-id",
+        metavar="ID",
+        help="with --nnodes > 1: the run's rendezvous id, the same on every machine (default: node 0 "
+        "makes a random one and prints it; the other nodes need it)",
+    )
+    g.add_argument(
+        "--trusted-network",
+        action="store_true",
+        help="allow a --rdzv-endpoint beyond loopback: the network between the machines is private "
+        "(torch's rendezvous store runs code sent to its port)",
+    )
 
 
 def wants_launcher(args: argparse.Namespace) -> bool:
@@ -52,16 +71,19 @@ def wants_launcher(args: argparse.Namespace) -> bool:
     from model.distributed import check_launch, launched
 
     try:
-        check_launch(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
-                     args.trusted_network)
+        check_launch(
+            args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id, args.trusted_network
+        )
     except ValueError as e:
         message = str(e)
         for name, option in OPTION_NAMES.items():
             message = message.replace(name, option)
         raise UserError(message) from None
     if (args.device or "").startswith("cuda:") and args.nproc_per_node > 1:
-        raise UserError(f"--device {args.device} names one GPU, but --nproc-per-node {args.nproc_per_node} "
-                        "gives each process its own (cuda:LOCAL_RANK): use --device cuda")
+        raise UserError(
+            f"--device {args.device} names one GPU, but --nproc-per-node {args.nproc_per_node} "
+            "gives each process its own (cuda:LOCAL_RANK): use --device cuda"
+        )
     return (args.nproc_per_node > 1 or args.nnodes > 1) and not launched()
 
 
@@ -88,12 +110,21 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> int:
         run_id = new_run_id()
         print(f"rendezvous id: {run_id} (start the other nodes with --rdzv-id {run_id})", file=sys.stderr)
     if args.nnodes > 1 and not is_loopback(endpoint_host(args.rdzv_endpoint)):
-        print(f"warning: --trusted-network: the rendezvous store on {args.rdzv_endpoint} runs code sent to its "
-              "port; only the training nodes must be able to reach it", file=sys.stderr)
-    cmd = torchrun_command(["-m", "app.cli", *strip_launch_options(argv)], args.nproc_per_node, args.nnodes,
-                           args.node_rank, args.rdzv_endpoint, run_id, args.trusted_network)
-    print(f"data parallel: {args.nproc_per_node} process(es) x {args.nnodes} node(s) through torchrun",
-          file=sys.stderr)
+        print(
+            f"warning: --trusted-network: the rendezvous store on {args.rdzv_endpoint} runs code sent to its "
+            "port; only the training nodes must be able to reach it",
+            file=sys.stderr,
+        )
+    cmd = torchrun_command(
+        ["-m", "app.cli", *strip_launch_options(argv)],
+        args.nproc_per_node,
+        args.nnodes,
+        args.node_rank,
+        args.rdzv_endpoint,
+        run_id,
+        args.trusted_network,
+    )
+    print(f"data parallel: {args.nproc_per_node} process(es) x {args.nnodes} node(s) through torchrun", file=sys.stderr)
     proc = subprocess.Popen(cmd)
     stopped = []
 
@@ -112,7 +143,10 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> int:
         return 130
     if code != 0:
         latest = ckpt.latest_checkpoint(args.out)
-        print(f"bert {args.command}: error: a training process failed (torchrun exit status {code}); the run "
-              f"ended at {'checkpoint ' + str(latest) if latest else 'no checkpoint yet'}. Run the same command "
-              "to resume.", file=sys.stderr)
+        print(
+            f"bert {args.command}: error: a training process failed (torchrun exit status {code}); the run "
+            f"ended at {'checkpoint ' + str(latest) if latest else 'no checkpoint yet'}. Run the same command "
+            "to resume.",
+            file=sys.stderr,
+        )
     return code

@@ -18,8 +18,9 @@ def cmd_vocab(args: argparse.Namespace) -> int:
     missing = [f for f in args.files if not Path(f).is_file()]
     if missing:
         raise UserError(f"no such file: {', '.join(missing)}")
-    tok = train_vocab(args.files, args.output, vocab_size=args.vocab_size,
-                      lowercase=not args.cased, min_frequency=args.min_frequency)
+    tok = train_vocab(
+        args.files, args.output, vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency
+    )
     print(f"wrote a {tok.vocab_size}-token {'cased' if args.cased else 'uncased'} vocabulary to {args.output}")
     return 0
 
@@ -76,8 +77,12 @@ def _kernels_here(device_setting: str) -> dict:
         raise UserError(str(e)) from None
     where = kernels.cpu().name if device.type == "cpu" else str(device)
     precisions = PRECISIONS if device.type == "cpu" else tuple(p for p in PRECISIONS if p != "int8")  # int8: CPU only
-    return {"device": str(device), "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
-            "auto": recommended_precision(device), **{p: kernels.describe(p, device) for p in precisions}}
+    return {
+        "device": str(device),
+        "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
+        "auto": recommended_precision(device),
+        **{p: kernels.describe(p, device) for p in precisions},
+    }
 
 
 def _print_kernels(plan: dict) -> None:
@@ -91,8 +96,10 @@ def _print_kernels(plan: dict) -> None:
 
 def _print_summary(info: dict) -> None:
     heads = ", ".join(info["model_heads"]) or "none"
-    print(f"  architecture: {info['architecture']} ({info['layers']} layers, hidden {info['hidden_size']}, "
-          f"{info['heads']} heads, max {info['max_position_embeddings']} positions)")
+    print(
+        f"  architecture: {info['architecture']} ({info['layers']} layers, hidden {info['hidden_size']}, "
+        f"{info['heads']} heads, max {info['max_position_embeddings']} positions)"
+    )
     print(f"  parameters:   {info['parameters']:,}")
     print(f"  heads:        {heads}")
     if info["labels"]:
@@ -118,8 +125,11 @@ def add_commands(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing destination")
     p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser("info", help="architecture, parameters, heads and vocabulary of a model directory, "
-                                    "and the kernels this machine would run it with at each precision")
+    p = sub.add_parser(
+        "info",
+        help="architecture, parameters, heads and vocabulary of a model directory, "
+        "and the kernels this machine would run it with at each precision",
+    )
     p.add_argument("dir", help="a model directory")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", help="where the kernels would run: auto, cpu, cuda or cuda:N")

@@ -22,8 +22,10 @@ class ProgressBar(Callback):
         if self.bar is None:
             self.bar = tqdm(total=state["total_steps"], initial=0, unit="step", file=self.stream, dynamic_ncols=True)
         self.bar.update(state["step"] - self.bar.n)
-        self.bar.set_postfix_str(f"loss={state['loss']:.4f} lr={state['lr']:.2e} tok/s={state['tokens_per_s']:,.0f} "
-                                 f"epoch={state['epoch']:.2f}")
+        self.bar.set_postfix_str(
+            f"loss={state['loss']:.4f} lr={state['lr']:.2e} tok/s={state['tokens_per_s']:,.0f} "
+            f"epoch={state['epoch']:.2f}"
+        )
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
         self._write(f"step {metrics['step']}: eval " + format_metrics(metrics))
@@ -69,7 +71,6 @@ class SignalStop(Callback):
         return self.requested
 
 
-
 class BuildProgressBar:
     """`bert corpus build`'s bar: input bytes read (tqdm shows MB/s and the ETA) and tokens/s; a TTY only."""
 
@@ -82,8 +83,16 @@ class BuildProgressBar:
         from tqdm import tqdm
 
         if self.bar is None:
-            self.bar = tqdm(total=state["bytes_total"], initial=state["bytes_done"], unit="B", unit_scale=True,
-                            unit_divisor=1024, file=self.stream, dynamic_ncols=True, desc="corpus")
+            self.bar = tqdm(
+                total=state["bytes_total"],
+                initial=state["bytes_done"],
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=self.stream,
+                dynamic_ncols=True,
+                desc="corpus",
+            )
         self.bar.update(state["bytes_done"] - self.bar.n)
         rate = state["tokens"] / max(state["elapsed_s"], 1e-9)
         self.bar.set_postfix_str(f"tok/s={rate:,.0f} tokens={state['tokens']:,} shards={state['shards']}")

@@ -52,8 +52,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         return 2
     # The flags, else the environment (the compose file passes .env's values that way).
     bootstrap = not args.no_bootstrap and _env_flag("BERT_BOOTSTRAP") is not False
-    steps = _positive_steps(args.bootstrap_steps if args.bootstrap_steps is not None
-                            else _env_int("BERT_BOOTSTRAP_STEPS"))
+    steps = _positive_steps(
+        args.bootstrap_steps if args.bootstrap_steps is not None else _env_int("BERT_BOOTSTRAP_STEPS")
+    )
     try:
         initialize(settings, bootstrap=bootstrap, steps=steps)
     except AssetMissingError as e:
@@ -94,8 +95,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     celery = shutil.which("celery", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if celery is None:
         raise UserError("the `celery` command is not installed in this environment")
-    argv = [celery, "-A", "worker.celery_app", "worker", "--loglevel", args.loglevel,
-            "--concurrency", str(args.concurrency), "-Q", args.queues, "--without-gossip", "--without-mingle"]
+    argv = [
+        celery,
+        "-A",
+        "worker.celery_app",
+        "worker",
+        "--loglevel",
+        args.loglevel,
+        "--concurrency",
+        str(args.concurrency),
+        "-Q",
+        args.queues,
+        "--without-gossip",
+        "--without-mingle",
+    ]
     if args.hostname:
         argv += ["--hostname", args.hostname]
     os.execv(celery, argv)
@@ -107,25 +120,37 @@ def add_commands(sub) -> None:
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
     p.add_argument("--data-dir", help="models live in DATA_DIR/models (default BERT_DATA_DIR or ./data)")
-    p.add_argument("--allow-public", action="store_true",
-                   help="listen beyond loopback even without BERT_API_KEY (not recommended)")
+    p.add_argument(
+        "--allow-public", action="store_true", help="listen beyond loopback even without BERT_API_KEY (not recommended)"
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("up", help="everything on this machine, no Docker or Redis: API + one worker (make run)")
-    p.add_argument("--data-dir", default=os.environ.get("BERT_DATA_DIR", "data"),
-                   help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)")
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get("BERT_DATA_DIR", "data"),
+        help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)",
+    )
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
     p.add_argument("--no-bootstrap", action="store_true", help="do not queue the bootstrap fill-mask/NSP job")
     p.add_argument("--bootstrap-steps", type=int, help="train the bootstrap model for N steps instead of the default")
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("init", help="fill an empty DATA_DIR as `bert up` does on first start (the compose `init` service)")
+    p = sub.add_parser(
+        "init", help="fill an empty DATA_DIR as `bert up` does on first start (the compose `init` service)"
+    )
     p.add_argument("--data-dir", help="default BERT_DATA_DIR or ./data")
-    p.add_argument("--no-bootstrap", action="store_true",
-                   help="do not queue the bootstrap fill-mask/NSP job (or BERT_BOOTSTRAP=false)")
-    p.add_argument("--bootstrap-steps", type=int,
-                   help="train the bootstrap model for N steps instead of the default (or BERT_BOOTSTRAP_STEPS)")
+    p.add_argument(
+        "--no-bootstrap",
+        action="store_true",
+        help="do not queue the bootstrap fill-mask/NSP job (or BERT_BOOTSTRAP=false)",
+    )
+    p.add_argument(
+        "--bootstrap-steps",
+        type=int,
+        help="train the bootstrap model for N steps instead of the default (or BERT_BOOTSTRAP_STEPS)",
+    )
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("worker", help="run a Celery worker for training jobs")

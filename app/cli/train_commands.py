@@ -30,8 +30,7 @@ def _run_with_progress(run, spec) -> int:
 
     main_rank = env_dist().is_main
     # The run functions and the data pipeline log what they do (tokenising, warm start) at INFO.
-    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s", stream=sys.stderr)
     bar = ProgressBar()
     latest = ckpt.latest_checkpoint(spec.out)
     if latest is not None and spec.resume and main_rank:
@@ -45,8 +44,10 @@ def _run_with_progress(run, spec) -> int:
     if not main_rank:
         return 0
     if result.stopped:
-        print(f"stopped at step {result.step}/{result.total_steps}; checkpoint {result.checkpoint}. "
-              "Run the same command to resume.")
+        print(
+            f"stopped at step {result.step}/{result.total_steps}; checkpoint {result.checkpoint}. "
+            "Run the same command to resume."
+        )
         # A rank's non-zero status would make torchrun call the run failed; the launcher says 130.
         return 130 if stop.requested and not launched() else 0
     print(f"done: {result.step} steps; final model in {result.model_dir}")
@@ -75,11 +76,19 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.freeze_encoder and not args.from_model:
         raise UserError("--freeze-encoder needs --from MODEL_DIR (a fresh encoder has nothing worth freezing)")
     spec = PretrainSpec(
-        corpus=_existing_corpus(args.corpus), out=args.out, from_model=args.from_model, config=args.config,
-        vocab=args.vocab, corpus_format=args.format, text_field=args.text_field,
-        eval_corpus=_existing_corpus(args.eval_corpus) if args.eval_corpus else None, cache_dir=args.cache_dir,
-        resume=args.resume, train=_train_config(args, "pretrain", default_train_config(PretrainSpec)),
-        **_given(args, "pretrain", trainer=False))
+        corpus=_existing_corpus(args.corpus),
+        out=args.out,
+        from_model=args.from_model,
+        config=args.config,
+        vocab=args.vocab,
+        corpus_format=args.format,
+        text_field=args.text_field,
+        eval_corpus=_existing_corpus(args.eval_corpus) if args.eval_corpus else None,
+        cache_dir=args.cache_dir,
+        resume=args.resume,
+        train=_train_config(args, "pretrain", default_train_config(PretrainSpec)),
+        **_given(args, "pretrain", trainer=False),
+    )
     return _run_with_progress(run_pretraining, spec)
 
 
@@ -93,9 +102,14 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.regression and task != "sequence-classification":
         raise UserError(f"--regression is for --task sequence-classification, not {task}")
     spec = FinetuneSpec(
-        train_file=_existing_file(args.train), from_model=args.from_model, out=args.out,
-        eval_file=_existing_file(args.eval) if args.eval else None, resume=args.resume,
-        train=_train_config(args, "finetune", task_train_config(task)), **_given(args, "finetune", trainer=False))
+        train_file=_existing_file(args.train),
+        from_model=args.from_model,
+        out=args.out,
+        eval_file=_existing_file(args.eval) if args.eval else None,
+        resume=args.resume,
+        train=_train_config(args, "finetune", task_train_config(task)),
+        **_given(args, "finetune", trainer=False),
+    )
     return _run_with_progress(run_finetuning, spec)
 
 
@@ -103,12 +117,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from model.runs import evaluate_model
 
     _set_threads(args)
-    metrics = evaluate_model(args.model, _existing_corpus(args.data), corpus_format=args.format,
-                             text_column=args.text_column, text_pair_column=args.text_pair_column,
-                             label_column=args.label_column, batch_size=args.batch_size,
-                             max_seq_len=args.max_seq_len, seed=args.seed, max_batches=args.max_batches,
-                             device=args.device, precision=args.precision, doc_stride=args.doc_stride,
-                             max_query_length=args.max_query_length, max_answer_len=args.max_answer_len)
+    metrics = evaluate_model(
+        args.model,
+        _existing_corpus(args.data),
+        corpus_format=args.format,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        label_column=args.label_column,
+        batch_size=args.batch_size,
+        max_seq_len=args.max_seq_len,
+        seed=args.seed,
+        max_batches=args.max_batches,
+        device=args.device,
+        precision=args.precision,
+        doc_stride=args.doc_stride,
+        max_query_length=args.max_query_length,
+        max_answer_len=args.max_answer_len,
+    )
     if args.json:
         print(json.dumps(metrics, indent=2))
     else:
@@ -132,8 +157,11 @@ def _existing_corpus(path: str) -> str:
 
 def _given(args: argparse.Namespace, kind: str, *, trainer: bool) -> dict[str, Any]:
     """The options of `kind` given on the command line (model/options.py), trainer ones or spec ones."""
-    return {o.name: getattr(args, o.name) for o in options_for(kind, trainer=trainer)
-            if o.cli and getattr(args, o.name) is not None}
+    return {
+        o.name: getattr(args, o.name)
+        for o in options_for(kind, trainer=trainer)
+        if o.cli and getattr(args, o.name) is not None
+    }
 
 
 def _train_config(args: argparse.Namespace, kind: str, default):
@@ -165,9 +193,11 @@ def _parse_warmup(text: str) -> dict[str, Any]:
 
 def _add_options(p: argparse.ArgumentParser, kind: str) -> None:
     """The flags of model/options.py's table for `kind`, each with its help and default(s), in three groups."""
-    groups = {"data": p.add_argument_group("data"), kind: p.add_argument_group(kind.replace("finetune", "fine-tuning")
-                                                                             .replace("pretrain", "pretraining")),
-              "training": p.add_argument_group("training")}
+    groups = {
+        "data": p.add_argument_group("data"),
+        kind: p.add_argument_group(kind.replace("finetune", "fine-tuning").replace("pretrain", "pretraining")),
+        "training": p.add_argument_group("training"),
+    }
     for o in options_for(kind):
         if o.name == "warmup_steps":
             _add_warmup(groups["training"], kind)
@@ -183,26 +213,46 @@ def add_option_flag(g, o: Option, kind: str, default: Any = None, help: str | No
     if o.type is bool:
         g.add_argument(o.cli_flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default, help=help)
         return
-    g.add_argument(o.cli_flag, dest=o.name, type=o.type, choices=o.choices, default=default, help=help,
-                   metavar=None if o.choices else o.name.upper())
+    g.add_argument(
+        o.cli_flag,
+        dest=o.name,
+        type=o.type,
+        choices=o.choices,
+        default=default,
+        help=help,
+        metavar=None if o.choices else o.name.upper(),
+    )
 
 
 def _add_warmup(g, kind: str) -> None:
     steps, ratio = BY_NAME["warmup_steps"], BY_NAME["warmup_ratio"]
-    g.add_argument("--warmup", help=f"warmup steps (e.g. 500) or a fraction of the run (e.g. 0.1) (default: "
-                                    f"{format_default(ratio, kind)} of the run, as "
-                                    f"{ratio.name}; {steps.name}: {format_default(steps, kind)})")
+    g.add_argument(
+        "--warmup",
+        help=f"warmup steps (e.g. 500) or a fraction of the run (e.g. 0.1) (default: "
+        f"{format_default(ratio, kind)} of the run, as "
+        f"{ratio.name}; {steps.name}: {format_default(steps, kind)})",
+    )
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
-    g.add_argument("--out", required=True, metavar="RUN_DIR",
-                   help="run directory: metrics.jsonl, training.svg, checkpoints/, model/")
-    g.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; on a busy "
-                                               "machine 1 can be several times faster)")
-    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue from RUN_DIR's latest complete checkpoint; --no-resume refuses a RUN_DIR "
-                        "that has one")
+    g.add_argument(
+        "--out",
+        required=True,
+        metavar="RUN_DIR",
+        help="run directory: metrics.jsonl, training.svg, checkpoints/, model/",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: torch's choice; on a busy machine 1 can be several times faster)",
+    )
+    g.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="continue from RUN_DIR's latest complete checkpoint; --no-resume refuses a RUN_DIR that has one",
+    )
     add_launch_options(p)
 
 
@@ -215,18 +265,28 @@ def add_commands(sub) -> None:
 
 def _add_pretrain(sub) -> None:
     p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) on a text corpus, from scratch or warm-started")
-    p.add_argument("--corpus", required=True,
-                   help="pairs (A<TAB>B), google (sentence per line), text or jsonl file, or a token store directory")
+    p.add_argument(
+        "--corpus",
+        required=True,
+        help="pairs (A<TAB>B), google (sentence per line), text or jsonl file, or a token store directory",
+    )
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
     p.add_argument("--text-field", default="text", help="JSONL field with the text")
-    p.add_argument("--eval-corpus",
-                   help="held-out corpus or token store (default: hold out --eval-fraction of the documents)")
-    p.add_argument("--from", dest="from_model", metavar="MODEL_DIR",
-                   help="warm start from a model directory (default: from scratch, with --config)")
-    p.add_argument("--config", help="from scratch: tiny, small, base, or a config.json (default: none; give it "
-                                    "or --from)")
-    p.add_argument("--vocab", metavar="DIR", help="tokenizer directory, vocab.txt or tokenizer.json (default: "
-                                                  "the --from model's)")
+    p.add_argument(
+        "--eval-corpus", help="held-out corpus or token store (default: hold out --eval-fraction of the documents)"
+    )
+    p.add_argument(
+        "--from",
+        dest="from_model",
+        metavar="MODEL_DIR",
+        help="warm start from a model directory (default: from scratch, with --config)",
+    )
+    p.add_argument(
+        "--config", help="from scratch: tiny, small, base, or a config.json (default: none; give it or --from)"
+    )
+    p.add_argument(
+        "--vocab", metavar="DIR", help="tokenizer directory, vocab.txt or tokenizer.json (default: the --from model's)"
+    )
     p.add_argument("--cache-dir", help="where tokenised corpora are cached (default: beside the corpus)")
     _add_run_options(p)
     _add_options(p, "pretrain")
@@ -234,13 +294,25 @@ def _add_pretrain(sub) -> None:
 
 
 def _add_finetune(sub) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a model directory as a text classifier (or regressor), "
-                                        "a token classifier (NER) or an extractive QA model")
-    p.add_argument("--train", required=True, help="CSV, TSV or JSONL with text[, text_pair], label; CoNLL or "
-                                                  "JSONL {tokens, tags} (token-classification); SQuAD JSON (QA)")
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a model directory as a text classifier (or regressor), "
+        "a token classifier (NER) or an extractive QA model",
+    )
+    p.add_argument(
+        "--train",
+        required=True,
+        help="CSV, TSV or JSONL with text[, text_pair], label; CoNLL or "
+        "JSONL {tokens, tags} (token-classification); SQuAD JSON (QA)",
+    )
     p.add_argument("--eval", help="held-out file (default: hold out --eval-fraction of --train)")
-    p.add_argument("--from", dest="from_model", required=True, metavar="MODEL_DIR",
-                   help="the model directory to start from, with its tokenizer")
+    p.add_argument(
+        "--from",
+        dest="from_model",
+        required=True,
+        metavar="MODEL_DIR",
+        help="the model directory to start from, with its tokenizer",
+    )
     _add_run_options(p)
     _add_options(p, "finetune")
     p.set_defaults(func=cmd_finetune)
@@ -249,17 +321,34 @@ def _add_finetune(sub) -> None:
 def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="MLM/NSP, classification, NER or QA metrics of a model on a data file")
     p.add_argument("--model", required=True, metavar="DIR", help="model directory or run directory")
-    p.add_argument("--data", required=True, help="corpus or token store (MLM models), labelled table (classifiers), "
-                                                 "CoNLL/JSONL tagged sentences (token classifiers) or SQuAD JSON (QA models)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="corpus or token store (MLM models), labelled table (classifiers), "
+        "CoNLL/JSONL tagged sentences (token classifiers) or SQuAD JSON (QA models)",
+    )
     p.add_argument("--format", choices=("pairs", "google", "text", "jsonl"), help="corpus format (default: detect)")
     p.add_argument("--max-batches", type=int, help="evaluate at most N batches (default: all)")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--json", action="store_true",
-                   help="print the metrics as JSON: f1, precision, recall, accuracy (NER); exact_match, f1 (QA)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the metrics as JSON: f1, precision, recall, accuracy (NER); exact_match, f1 (QA)",
+    )
     g = p.add_argument_group("options (as `bert finetune` has them)")
     helps = {"batch_size": "examples per batch", "seed": "masking seed for corpora"}
-    for name in ("batch_size", "max_seq_len", "seed", "device", "precision", "text_column", "text_pair_column",
-                 "label_column", "max_query_length", "max_answer_len"):
+    for name in (
+        "batch_size",
+        "max_seq_len",
+        "seed",
+        "device",
+        "precision",
+        "text_column",
+        "text_pair_column",
+        "label_column",
+        "max_query_length",
+        "max_answer_len",
+    ):
         o = BY_NAME[name]
         add_option_flag(g, o, "finetune", default=o.default_for("finetune"), help=helps.get(name))
     add_option_flag(g, BY_NAME["doc_stride"], "finetune")

@@ -61,12 +61,18 @@ class EventStreams:
     def open(self, job_id: str) -> Callable[[], None]:
         """Count a new stream of `job_id`; returns its release (idempotent)."""
         if sum(self.by_job.values()) >= self.total:
-            raise ServiceError("overloaded", f"{self.total} event streams are open, the most this service allows "
-                                             "(BERT_MAX_EVENT_STREAMS); retry later")
+            raise ServiceError(
+                "overloaded",
+                f"{self.total} event streams are open, the most this service allows "
+                "(BERT_MAX_EVENT_STREAMS); retry later",
+            )
         if self.by_job[job_id] >= self.per_job:
-            raise ServiceError("overloaded", f"job '{job_id}' has {self.per_job} event streams open, the most this "
-                                             "service allows for one job (BERT_MAX_EVENT_STREAMS_PER_JOB); retry "
-                                             "later")
+            raise ServiceError(
+                "overloaded",
+                f"job '{job_id}' has {self.per_job} event streams open, the most this "
+                "service allows for one job (BERT_MAX_EVENT_STREAMS_PER_JOB); retry "
+                "later",
+            )
         self.by_job[job_id] += 1
         released = False
 
@@ -77,6 +83,7 @@ class EventStreams:
                 self.by_job[job_id] -= 1
                 if not self.by_job[job_id]:
                     del self.by_job[job_id]
+
         return release
 
 
@@ -119,7 +126,7 @@ class MetricsTail:
             end = data.find(b"\n")
             if end < 0:
                 return []
-            data, self.skipping = data[end + 1:], False
+            data, self.skipping = data[end + 1 :], False
         *lines, rest = (self.partial + data).split(b"\n")
         self.partial = rest
         if len(rest) > MAX_LINE:
@@ -157,8 +164,13 @@ class _Stream:
         rewritten, lines = self.tail.read_lines()
         self.read_all = not lines
         chunk = [sse("reset", {"reason": "metrics.jsonl was rewritten"})] if rewritten else []
-        chunk += [f"event: metrics\nid: {r['step']}\ndata: {line}\n\n" if isinstance(r.get("step"), int)
-                  else f"event: metrics\ndata: {line}\n\n" for r, line in lines if self._wanted(r)]
+        chunk += [
+            f"event: metrics\nid: {r['step']}\ndata: {line}\n\n"
+            if isinstance(r.get("step"), int)
+            else f"event: metrics\ndata: {line}\n\n"
+            for r, line in lines
+            if self._wanted(r)
+        ]
         if record["updated_at"] != self.updated:
             self.updated = record["updated_at"]
             chunk.append(sse("progress", JobStatus.from_record(record).model_dump(mode="json")))
@@ -174,9 +186,15 @@ class _Stream:
         return self.since is None or not isinstance(step, int) or step >= self.since
 
 
-async def job_events(store: JobStore, job_id: str, disconnected: Callable[[], Awaitable[bool]],
-                     poll_s: float = POLL_S, since: int | None = None, max_seconds: float | None = None,
-                     replay: asyncio.Lock | None = None) -> AsyncIterator[str]:
+async def job_events(
+    store: JobStore,
+    job_id: str,
+    disconnected: Callable[[], Awaitable[bool]],
+    poll_s: float = POLL_S,
+    since: int | None = None,
+    max_seconds: float | None = None,
+    replay: asyncio.Lock | None = None,
+) -> AsyncIterator[str]:
     """The events of one job until it ends, the client goes (`disconnected`) or `max_seconds` pass;
     metrics from step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
     stream = _Stream(store, job_id, since)

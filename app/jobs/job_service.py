@@ -73,11 +73,15 @@ class JobService:
         except BROKER_ERRORS as e:
             await asyncio.to_thread(self.store.discard_unclaimed, record["id"], "the broker could not be reached")
             log.warning("publishing job %s failed: %s: %s", record["id"], type(e).__name__, e)
-            raise ServiceError("unavailable", "the job queue (broker) cannot be reached, nothing was queued; "
-                                              "retry later (the service log has the details)") from None
+            raise ServiceError(
+                "unavailable",
+                "the job queue (broker) cannot be reached, nothing was queued; "
+                "retry later (the service log has the details)",
+            ) from None
         except Exception:  # a bug: no record without a message; the app's handler logs it and answers 500
-            await asyncio.to_thread(self.store.discard_unclaimed, record["id"],
-                                    "sending the job failed on an internal error")
+            await asyncio.to_thread(
+                self.store.discard_unclaimed, record["id"], "sending the job failed on an internal error"
+            )
             raise
         return await asyncio.to_thread(self.store.move, record["id"], jobs.enqueued)
 
@@ -88,8 +92,9 @@ class JobService:
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
         except JobFinished as e:
-            raise ServiceError("conflict", f"job '{job_id}' has already finished ({e.state}): there is "
-                                           f"nothing to cancel") from None
+            raise ServiceError(
+                "conflict", f"job '{job_id}' has already finished ({e.state}): there is nothing to cancel"
+            ) from None
 
     def find(self, job_id: str) -> JobRecord:
         """A job's record; 404 when there is none (blocking: call in a thread)."""
@@ -109,8 +114,9 @@ class JobService:
         params = req.params.to_record()  # what the request set: the run's defaults apply to the rest
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
-            _check_seq_len(req.params.max_seq_len, base.config.max_position_embeddings,
-                           f"base model '{req.base_model}'")
+            _check_seq_len(
+                req.params.max_seq_len, base.config.max_position_embeddings, f"base model '{req.base_model}'"
+            )
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
         else:
@@ -121,41 +127,58 @@ class JobService:
         self._check_devices(params["devices"])
         size = _training_size(req, base.config if req.base_model is not None else None, dataset)
         self._check_size(size)
-        return {"kind": req.kind, "model_name": req.model_name, "base_model": req.base_model,
-                "dataset": req.dataset, "params": params, "estimate": size.to_dict()}
+        return {
+            "kind": req.kind,
+            "model_name": req.model_name,
+            "base_model": req.base_model,
+            "dataset": req.dataset,
+            "params": params,
+            "estimate": size.to_dict(),
+        }
 
     def _check_label_count(self, dataset: dict) -> None:
         have, limit = num_labels(dataset), self.settings.max_labels
         if dataset["kind"] != "qa" and have > limit:
-            raise ServiceError("validation", f"dataset: '{dataset['name']}' has {have} labels, more than the {limit} "
-                                             "this service trains (BERT_MAX_LABELS)")
+            raise ServiceError(
+                "validation",
+                f"dataset: '{dataset['name']}' has {have} labels, more than the {limit} "
+                "this service trains (BERT_MAX_LABELS)",
+            )
 
     def _check_devices(self, asked: int) -> None:
         limit = self.settings.job_max_devices
         if asked > limit:
-            raise ServiceError("validation", f"params.devices: {asked} is more than this service allows "
-                                             f"({limit}, BERT_JOB_MAX_DEVICES)")
+            raise ServiceError(
+                "validation",
+                f"params.devices: {asked} is more than this service allows ({limit}, BERT_JOB_MAX_DEVICES)",
+            )
 
     def _max_runtime(self, asked: int | None) -> int:
         limit = self.settings.job_max_runtime
         if asked is not None and asked > limit:
-            raise ServiceError("validation", f"params.max_runtime: {asked} s is more than this service allows "
-                                             f"({limit} s, BERT_JOB_MAX_RUNTIME)")
+            raise ServiceError(
+                "validation",
+                f"params.max_runtime: {asked} s is more than this service allows ({limit} s, BERT_JOB_MAX_RUNTIME)",
+            )
         return limit if asked is None else asked
 
     def _check_size(self, size: TrainingSize) -> None:
         """422 naming the estimate and the limit, for each limit the job is over."""
         over = []
         if size.parameters > self.settings.job_max_params:
-            over.append(f"{format_count(size.parameters)} parameters ({size.parameters:,}) is more than the limit "
-                        f"of {format_count(self.settings.job_max_params)} (BERT_JOB_MAX_PARAMS)")
+            over.append(
+                f"{format_count(size.parameters)} parameters ({size.parameters:,}) is more than the limit "
+                f"of {format_count(self.settings.job_max_params)} (BERT_JOB_MAX_PARAMS)"
+            )
         if size.memory_gb > self.settings.job_max_memory_gb:
             states = size.weights_bytes + size.gradient_bytes + size.optimizer_bytes
-            over.append(f"an estimated {size.memory_gb:,.1f} GB of peak training memory ({size.precision}: weights, "
-                        f"gradients and AdamW state {_gb(states)} GB, activations {_gb(size.activation_bytes)} GB, "
-                        f"runtime {_gb(size.overhead_bytes)} GB) is more than the limit of "
-                        f"{self.settings.job_max_memory_gb:g} GB (BERT_JOB_MAX_MEMORY_GB); a smaller batch_size "
-                        f"or max_seq_len uses less (grad_accum_steps keeps the effective batch)")
+            over.append(
+                f"an estimated {size.memory_gb:,.1f} GB of peak training memory ({size.precision}: weights, "
+                f"gradients and AdamW state {_gb(states)} GB, activations {_gb(size.activation_bytes)} GB, "
+                f"runtime {_gb(size.overhead_bytes)} GB) is more than the limit of "
+                f"{self.settings.job_max_memory_gb:g} GB (BERT_JOB_MAX_MEMORY_GB); a smaller batch_size "
+                f"or max_seq_len uses less (grad_accum_steps keeps the effective batch)"
+            )
         if over:
             raise ServiceError("validation", "params: the job is too large: " + "; ".join(over))
 
@@ -164,8 +187,10 @@ class JobService:
             raise ServiceError("validation", f"model_name: model '{name}' already exists; choose another name")
         record = self.store.unfinished_job_for_model(name)
         if record is not None:
-            raise ServiceError("validation", f"model_name: job {record['id']} ({record['state']}) "
-                                             f"is already training a model named '{name}'")
+            raise ServiceError(
+                "validation",
+                f"model_name: job {record['id']} ({record['state']}) is already training a model named '{name}'",
+            )
 
     def _dataset(self, name: str, kind: str, task: str | None) -> dict:
         meta = read_meta(self.data_dir, name)
@@ -188,8 +213,9 @@ class JobService:
 
 def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:
     if max_seq_len > positions:
-        raise ServiceError("validation", f"params.max_seq_len: {max_seq_len} is more than {what} has "
-                                         f"positions for ({positions})")
+        raise ServiceError(
+            "validation", f"params.max_seq_len: {max_seq_len} is more than {what} has positions for ({positions})"
+        )
 
 
 SCRATCH_VOCAB_SIZE = 8000  # a from-scratch job's vocabulary unless params.vocab_size says otherwise
@@ -199,16 +225,25 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
     scratch_only = [k for k in ("config", "vocab_size", "lowercase") if params.get(k) is not None]
     if req.base_model is not None:
         if scratch_only:
-            raise ServiceError("validation", f"params.{scratch_only[0]}: only for pretraining from scratch; "
-                                             f"with base_model the model's own size and vocabulary are used")
+            raise ServiceError(
+                "validation",
+                f"params.{scratch_only[0]}: only for pretraining from scratch; "
+                f"with base_model the model's own size and vocabulary are used",
+            )
         return {k: v for k, v in params.items() if k not in ("config", "vocab_size", "lowercase")}
     if req.params.freeze_encoder:
-        raise ServiceError("validation", "params.freeze_encoder: needs a base_model (a from-scratch encoder "
-                                         "has nothing worth freezing)")
+        raise ServiceError(
+            "validation",
+            "params.freeze_encoder: needs a base_model (a from-scratch encoder has nothing worth freezing)",
+        )
     config = req.params.config or ModelSize()
     _check_seq_len(req.params.max_seq_len, config.max_position_embeddings, "params.config")
-    return {**params, "config": config.model_dump(), "vocab_size": req.params.vocab_size or SCRATCH_VOCAB_SIZE,
-            "lowercase": True if req.params.lowercase is None else req.params.lowercase}
+    return {
+        **params,
+        "config": config.model_dump(),
+        "vocab_size": req.params.vocab_size or SCRATCH_VOCAB_SIZE,
+        "lowercase": True if req.params.lowercase is None else req.params.lowercase,
+    }
 
 
 def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
@@ -220,11 +255,19 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
         extra = {}
     else:
         architecture = "BertForPreTraining" if p.nsp else "BertForMaskedLM"
-        config = base_config or BertConfig.from_dict({**(p.config or ModelSize()).model_dump(),
-                                                      "vocab_size": p.vocab_size or SCRATCH_VOCAB_SIZE})
+        config = base_config or BertConfig.from_dict(
+            {**(p.config or ModelSize()).model_dump(), "vocab_size": p.vocab_size or SCRATCH_VOCAB_SIZE}
+        )
         labels, extra = 2, {"masked_lm_prob": p.masked_lm_prob, "freeze_encoder": p.freeze_encoder}
-    return estimate_training(config, architecture, batch_size=p.batch_size, seq_len=p.max_seq_len,
-                             precision=p.precision, num_labels=labels, **extra)
+    return estimate_training(
+        config,
+        architecture,
+        batch_size=p.batch_size,
+        seq_len=p.max_seq_len,
+        precision=p.precision,
+        num_labels=labels,
+        **extra,
+    )
 
 
 def _gb(n: int) -> str:
@@ -232,9 +275,11 @@ def _gb(n: int) -> str:
 
 
 # The model class a fine-tuning task trains (model/runs.py), for sizing and base-model checks.
-FINETUNE_ARCHITECTURES = {"sequence-classification": "BertForSequenceClassification",
-                          "token-classification": "BertForTokenClassification",
-                          "question-answering": "BertForQuestionAnswering"}
+FINETUNE_ARCHITECTURES = {
+    "sequence-classification": "BertForSequenceClassification",
+    "token-classification": "BertForTokenClassification",
+    "question-answering": "BertForQuestionAnswering",
+}
 
 
 def _check_labels(base, dataset: dict) -> None:
@@ -244,5 +289,7 @@ def _check_labels(base, dataset: dict) -> None:
         return
     have, want = base.config.num_labels, num_labels(dataset)
     if have != want:
-        raise ServiceError("validation", f"base_model: '{base.name}' is a classifier with {have} labels; "
-                                         f"dataset '{dataset['name']}' has {want}")
+        raise ServiceError(
+            "validation",
+            f"base_model: '{base.name}' is a classifier with {have} labels; dataset '{dataset['name']}' has {want}",
+        )

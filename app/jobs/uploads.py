@@ -71,10 +71,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("bertserve")
 
 # suffix -> the kinds a file with it can be, the default first
-EXTENSIONS = {".txt": ("corpus", "token-labelled"), ".csv": ("labelled",), ".tsv": ("labelled", "token-labelled"),
-              ".jsonl": ("corpus", "labelled", "token-labelled"), ".conll": ("token-labelled",),
-              ".iob": ("token-labelled",), ".iob2": ("token-labelled",), ".bio": ("token-labelled",),
-              ".json": ("qa",)}
+EXTENSIONS = {
+    ".txt": ("corpus", "token-labelled"),
+    ".csv": ("labelled",),
+    ".tsv": ("labelled", "token-labelled"),
+    ".jsonl": ("corpus", "labelled", "token-labelled"),
+    ".conll": ("token-labelled",),
+    ".iob": ("token-labelled",),
+    ".iob2": ("token-labelled",),
+    ".bio": ("token-labelled",),
+    ".json": ("qa",),
+}
 MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
@@ -83,6 +90,7 @@ MAX_LABEL_CHARS = 200
 MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or QA context
 
 # ---------------------------------------------------------------------------- the upload
+
 
 class _Upload:
     """Callbacks for python-multipart's streaming parser: fields kept small, the file part on disk."""
@@ -103,10 +111,15 @@ class _Upload:
         self.parts = 0
 
     def callbacks(self) -> MultipartCallbacks:
-        return {"on_part_begin": self.on_part_begin, "on_part_data": self.on_part_data,
-                "on_part_end": self.on_part_end, "on_header_field": self.on_header_field,
-                "on_header_value": self.on_header_value, "on_header_end": self.on_header_end,
-                "on_headers_finished": self.on_headers_finished}
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+            "on_header_field": self.on_header_field,
+            "on_header_value": self.on_header_value,
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+        }
 
     def on_part_begin(self) -> None:
         self.parts += 1
@@ -150,8 +163,9 @@ class _Upload:
         if self._part == "file":
             self.file_bytes += len(chunk)
             if self.file_bytes > self.max_bytes:
-                raise ServiceError("too_large", f"dataset is larger than the limit of {self.max_bytes} bytes "
-                                                "(BERT_MAX_DATASET_BYTES)")
+                raise ServiceError(
+                    "too_large", f"dataset is larger than the limit of {self.max_bytes} bytes (BERT_MAX_DATASET_BYTES)"
+                )
             self.sha256.update(chunk)
             self.pending.append(chunk)
             self.pending_bytes += len(chunk)
@@ -185,7 +199,9 @@ class _Upload:
         """Close the file without keeping its data (the upload failed; its directory goes)."""
         if self._file is not None:
             file, self._file = self._file, None
-            with contextlib.suppress(OSError):  # close may flush, and fail again on a full disk: the data is unwanted anyway
+            with contextlib.suppress(
+                OSError
+            ):  # close may flush, and fail again on a full disk: the data is unwanted anyway
                 file.close()
 
 
@@ -195,8 +211,10 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
         if not valid_name(name):
             raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")
         if DataDir(data_dir).dataset(name).exists():
-            raise ServiceError("validation", f"name: dataset '{name}' already exists (datasets are never "
-                                             "replaced; upload under another name)")
+            raise ServiceError(
+                "validation",
+                f"name: dataset '{name}' already exists (datasets are never replaced; upload under another name)",
+            )
     if kind is not None and kind not in DATASET_KINDS:
         raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(DATASET_KINDS)}")
 
@@ -206,12 +224,15 @@ async def receive_upload(request: Request, data_dir: Path, settings: Settings) -
     max_bytes = settings.max_dataset_bytes
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
-        raise ServiceError("validation", "send the dataset as multipart/form-data (curl -F file=@data.csv "
-                                         "-F name=NAME -F kind=labelled)")
+        raise ServiceError(
+            "validation",
+            "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME -F kind=labelled)",
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
-        raise ServiceError("too_large", f"dataset is larger than the limit of {max_bytes} bytes "
-                                        "(BERT_MAX_DATASET_BYTES)")
+        raise ServiceError(
+            "too_large", f"dataset is larger than the limit of {max_bytes} bytes (BERT_MAX_DATASET_BYTES)"
+        )
     tmp = None
     try:
         tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
@@ -221,8 +242,10 @@ async def receive_upload(request: Request, data_dir: Path, settings: Settings) -
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in DISK_FULL:
-            message = (f"not enough disk space in the data directory to store the dataset "
-                       f"({os.strerror(e.errno)}); the upload was removed")
+            message = (
+                f"not enough disk space in the data directory to store the dataset "
+                f"({os.strerror(e.errno)}); the upload was removed"
+            )
             raise ServiceError("insufficient_storage", message) from None
         raise
 
@@ -241,8 +264,11 @@ async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, d
         await asyncio.to_thread(upload.close)
     except (FormParserError, UnicodeDecodeError) as e:  # the parser's own errors: the body is not multipart
         log.info("malformed multipart body on POST /datasets: %s", e)  # the parser's words stay here
-        raise ServiceError("validation", "malformed multipart body: it does not follow the multipart/form-data "
-                                         "format with the boundary its Content-Type names") from None
+        raise ServiceError(
+            "validation",
+            "malformed multipart body: it does not follow the multipart/form-data "
+            "format with the boundary its Content-Type names",
+        ) from None
     except ClientDisconnect:  # nobody reads this answer; it keeps a hang-up out of the error log
         raise ServiceError("validation", "the client disconnected before the upload was complete") from None
     finally:
@@ -260,8 +286,9 @@ def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings) -> d
     return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir, settings)
 
 
-def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path,
-             settings: Settings) -> dict:
+def _install(
+    tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path, settings: Settings
+) -> dict:
     """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
     ext = Path(filename).suffix.lower()
     kinds = EXTENSIONS[ext]
@@ -272,8 +299,15 @@ def _install(tmp: Path, filename: str, fields: dict[str, str], size: int, sha256
         suffixes = "; ".join(f"{k}: {', '.join(x for x in EXTENSIONS if k in EXTENSIONS[x])}" for k in DATASET_KINDS)
         raise ServiceError("validation", f"kind: a {kind} dataset cannot be a {ext} file ({suffixes})")
     path = tmp / f"data{ext}"
-    meta = {"name": name, "kind": kind, "file": path.name, "original_filename": filename[:200],
-            "bytes": size, "sha256": sha256, "created_at": now_iso()}
+    meta = {
+        "name": name,
+        "kind": kind,
+        "file": path.name,
+        "original_filename": filename[:200],
+        "bytes": size,
+        "sha256": sha256,
+        "created_at": now_iso(),
+    }
     meta.update(check_file(kind, path, settings))
     try:
         install(data_dir, tmp, meta)
@@ -311,8 +345,9 @@ def _listing_key(root: Path) -> tuple:
     return tuple(key)
 
 
-def add_local_dataset(data_dir: Path, src: Path, name: str, kind: str | None = None,
-                      settings: Settings | None = None) -> dict[str, Any]:
+def add_local_dataset(
+    data_dir: Path, src: Path, name: str, kind: str | None = None, settings: Settings | None = None
+) -> dict[str, Any]:
     """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
     settings = settings or Settings()
     if Path(src).suffix.lower() not in EXTENSIONS:
@@ -347,17 +382,22 @@ def _sniff_jsonl_kind(path: Path) -> str:
 
 # ---------------------------------------------------------------------------- the format checks
 
+
 def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
     """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked in a
     child process with a CPU and time bound. Blocks: call it in a thread."""
     request = {"kind": kind, "path": str(path), "limits": {"max_labels": settings.max_labels}}
     seconds = settings.dataset_check_seconds
-    too_slow = ServiceError("validation", f"file: checking the dataset took longer than {seconds:g} s "
-                                          "(BERT_DATASET_CHECK_SECONDS); upload a smaller file")
+    too_slow = ServiceError(
+        "validation",
+        f"file: checking the dataset took longer than {seconds:g} s "
+        "(BERT_DATASET_CHECK_SECONDS); upload a smaller file",
+    )
     ctx = _check_context()
     receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_check_child, args=(sender, request, seconds), name="bertserve-dataset-check",
-                        daemon=True)
+    child = ctx.Process(
+        target=_check_child, args=(sender, request, seconds), name="bertserve-dataset-check", daemon=True
+    )
     try:
         try:
             child.start()
@@ -444,33 +484,52 @@ def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     try:
         data = load_classification_data(path, path)  # eval = train: no split, every row checked
     except (ValueError, UnicodeDecodeError, KeyError) as e:
-        raise ServiceError("validation", f"file: not a usable labelled table (columns text, label and "
-                                         f"optionally text_pair): {_clean(e, path)}") from None
+        raise ServiceError(
+            "validation",
+            f"file: not a usable labelled table (columns text, label and optionally text_pair): {_clean(e, path)}",
+        ) from None
     labels = list(data.id2label.values())
     if len(labels) < 2:
         raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {labels}")
     _check_labels(labels, max_labels)
-    _check_sizes(f"row {i + 1}'s text" for i, e in enumerate(data.train)
-                 if len(e.text) + len(e.text_pair or "") > MAX_EXAMPLE_CHARS)
+    _check_sizes(
+        f"row {i + 1}'s text"
+        for i, e in enumerate(data.train)
+        if len(e.text) + len(e.text_pair or "") > MAX_EXAMPLE_CHARS
+    )
     listed, counts = _listed(labels, Counter(data.id2label[int(example.label)] for example in data.train))
-    return {"format": path.suffix.lstrip("."), "rows": len(data.train), "num_labels": len(labels), "labels": listed,
-            "label_counts": counts, "is_pair": data.is_pair}
+    return {
+        "format": path.suffix.lstrip("."),
+        "rows": len(data.train),
+        "num_labels": len(labels),
+        "labels": listed,
+        "label_counts": counts,
+        "is_pair": data.is_pair,
+    }
 
 
 def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     try:
         sentences = read_tagged(path)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ServiceError("validation", f"file: not a usable token-labelled file (CoNLL columns, or JSONL with "
-                                         f"tokens and tags; IOB2 tags): {_clean(e, path)}") from None
+        raise ServiceError(
+            "validation",
+            f"file: not a usable token-labelled file (CoNLL columns, or JSONL with "
+            f"tokens and tags; IOB2 tags): {_clean(e, path)}",
+        ) from None
     tags = sorted({t for s in sentences for t in s.tags})
     _check_labels(tags, max_labels)
     _check_sizes(f"the sentence on line {s.line}" for s in sentences if sum(map(len, s.tokens)) > MAX_EXAMPLE_CHARS)
     listed, _ = _listed(tags, Counter(t for s in sentences for t in s.tags))
     _, entity_counts = _listed([], Counter(type_ for s in sentences for type_, _, _ in entities(s.tags)))
-    return {"format": "jsonl" if path.suffix == ".jsonl" else "conll", "sentences": len(sentences),
-            "tokens": sum(len(s.tokens) for s in sentences), "num_labels": len(tags), "labels": listed,
-            "entity_counts": dict(sorted(entity_counts.items()))}
+    return {
+        "format": "jsonl" if path.suffix == ".jsonl" else "conll",
+        "sentences": len(sentences),
+        "tokens": sum(len(s.tokens) for s in sentences),
+        "num_labels": len(tags),
+        "labels": listed,
+        "entity_counts": dict(sorted(entity_counts.items())),
+    }
 
 
 def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
@@ -479,30 +538,43 @@ def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as e:
         raise ServiceError("validation", f"file: not a usable SQuAD file: {_clean(e, path)}") from None
     _check_sizes(f"question {e.id!r}'s context" for e in examples if len(e.context) > MAX_EXAMPLE_CHARS)
-    return {"format": "squad", "questions": len(examples), "impossible": sum(e.is_impossible for e in examples),
-            "contexts": len({e.context for e in examples})}
+    return {
+        "format": "squad",
+        "questions": len(examples),
+        "impossible": sum(e.is_impossible for e in examples),
+        "contexts": len({e.context for e in examples}),
+    }
 
 
-CHECKS = {"corpus": _check_corpus, "labelled": _check_labelled, "token-labelled": _check_token_labelled,
-          "qa": _check_qa}
+CHECKS = {
+    "corpus": _check_corpus,
+    "labelled": _check_labelled,
+    "token-labelled": _check_token_labelled,
+    "qa": _check_qa,
+}
 
 
 def _check_labels(labels: list[str], max_labels: int) -> None:
     if len(labels) > max_labels:
-        raise ServiceError("validation", f"file: {len(labels)} distinct labels, more than the {max_labels} this "
-                                         "service allows (BERT_MAX_LABELS)")
+        raise ServiceError(
+            "validation",
+            f"file: {len(labels)} distinct labels, more than the {max_labels} this service allows (BERT_MAX_LABELS)",
+        )
     long = next((label for label in labels if len(label) > MAX_LABEL_CHARS), None)
     if long is not None:
-        raise ServiceError("validation", f"file: the label {long[:40]!r}... is {len(long)} characters long; a label "
-                                         f"has at most {MAX_LABEL_CHARS}")
+        raise ServiceError(
+            "validation",
+            f"file: the label {long[:40]!r}... is {len(long)} characters long; a label has at most {MAX_LABEL_CHARS}",
+        )
 
 
 def _check_sizes(too_long) -> None:
     """A 422 naming the first example (`too_long` yields their descriptions) over MAX_EXAMPLE_CHARS."""
     first = next(iter(too_long), None)
     if first is not None:
-        raise ServiceError("validation", f"file: {first} is longer than {MAX_EXAMPLE_CHARS} characters, the most "
-                                         "one example may hold")
+        raise ServiceError(
+            "validation", f"file: {first} is longer than {MAX_EXAMPLE_CHARS} characters, the most one example may hold"
+        )
 
 
 def _listed(labels: list[str], counts: Counter) -> tuple[list[str], dict[str, int]]:

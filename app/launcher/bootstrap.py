@@ -41,12 +41,23 @@ BOOTSTRAP_MODEL = "wiki-mlm"
 # Five to ten minutes on two CPU cores: whole-model continued pretraining (MLM + NSP), which beat
 # heads-only training on a frozen encoder at equal time (docs/training.md, "The bootstrap
 # model"); checkpoints every 25 steps so a restart loses little.
-BOOTSTRAP_PARAMS = dict(max_steps=200, batch_size=16, max_seq_len=128, lr=1e-4, warmup_steps=10,
-                        save_every=25, eval_every=0, eval_fraction=0.02, log_every=5, seed=0)
+BOOTSTRAP_PARAMS = dict(
+    max_steps=200,
+    batch_size=16,
+    max_seq_len=128,
+    lr=1e-4,
+    warmup_steps=10,
+    save_every=25,
+    eval_every=0,
+    eval_fraction=0.02,
+    log_every=5,
+    seed=0,
+)
 
 
-def initialize(settings: Settings, bootstrap: bool = True, steps: int | None = None,
-               log: Callable[[str], None] = print) -> JobRecord | None:
+def initialize(
+    settings: Settings, bootstrap: bool = True, steps: int | None = None, log: Callable[[str], None] = print
+) -> JobRecord | None:
     """Encoder, corpus and (if `bootstrap`) the bootstrap job, each unless already there; the job's
     record, or None when there is none to follow. Raises AssetMissingError when an asset is not
     installed and ServiceError when the job cannot be queued (the broker is down)."""
@@ -57,8 +68,10 @@ def initialize(settings: Settings, bootstrap: bool = True, steps: int | None = N
             return None
         record = bootstrap_job(settings, steps)
     if record is not None:
-        log(f"bootstrap job {record['id']} ({record['state']}) trains '{BOOTSTRAP_MODEL}'; "
-            f"GET /jobs/{record['id']} shows its progress")
+        log(
+            f"bootstrap job {record['id']} ({record['state']}) trains '{BOOTSTRAP_MODEL}'; "
+            f"GET /jobs/{record['id']} shows its progress"
+        )
     return record
 
 
@@ -90,8 +103,13 @@ def bootstrap_job(settings: Settings, steps: int | None = None) -> JobRecord | N
     for record in JobStore(data_dir).list():
         if record.get("model_name") == BOOTSTRAP_MODEL and record["state"] != "cancelled":
             return record  # queued/running: the worker's recovery sweep picks it up; failed: say so
-    request = PretrainJobRequest(kind="pretrain", model_name=BOOTSTRAP_MODEL, base_model=ENCODER, dataset=CORPUS,
-                                 params=PretrainParams(**bootstrap_params(steps)))
+    request = PretrainJobRequest(
+        kind="pretrain",
+        model_name=BOOTSTRAP_MODEL,
+        base_model=ENCODER,
+        dataset=CORPUS,
+        params=PretrainParams(**bootstrap_params(steps)),
+    )
     jobs = JobService(settings, data_dir, ModelRegistry(data_dir, ENCODER, torch.device("cpu")))
     return asyncio.run(jobs.submit(request))
 
@@ -100,5 +118,10 @@ def bootstrap_params(steps: int | None) -> dict:
     """BOOTSTRAP_PARAMS, shortened to `steps` (tests use a few; warmup and checkpoints scale with it)."""
     if not steps:
         return dict(BOOTSTRAP_PARAMS)
-    return {**BOOTSTRAP_PARAMS, "max_steps": steps, "warmup_steps": min(BOOTSTRAP_PARAMS["warmup_steps"], steps // 10),
-            "save_every": min(BOOTSTRAP_PARAMS["save_every"], steps), "log_every": 1}
+    return {
+        **BOOTSTRAP_PARAMS,
+        "max_steps": steps,
+        "warmup_steps": min(BOOTSTRAP_PARAMS["warmup_steps"], steps // 10),
+        "save_every": min(BOOTSTRAP_PARAMS["save_every"], steps),
+        "log_every": 1,
+    }

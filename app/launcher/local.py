@@ -32,17 +32,21 @@ def local_settings(data_dir: Path, host: str | None, port: int | None) -> tuple[
     env.setdefault("BERT_DEFAULT_MODEL", ENCODER)
     env.setdefault("BERT_DEFAULT_MLM_MODEL", BOOTSTRAP_MODEL)
     env.pop("REDIS_URL", None)  # the broker URL above wins; REDIS_URL is the compose spelling
-    overrides: dict[str, Any] = {"data_dir": data_dir, "broker_url": env["BERT_BROKER_URL"],
-                                 "default_model": env["BERT_DEFAULT_MODEL"],
-                                 "default_mlm_model": env["BERT_DEFAULT_MLM_MODEL"]}
+    overrides: dict[str, Any] = {
+        "data_dir": data_dir,
+        "broker_url": env["BERT_BROKER_URL"],
+        "default_model": env["BERT_DEFAULT_MODEL"],
+        "default_mlm_model": env["BERT_DEFAULT_MLM_MODEL"],
+    }
     overrides.update({k: v for k, v in (("host", host), ("port", port)) if v is not None})
     return Settings(**overrides), env
 
 
 def start_worker(env: dict) -> subprocess.Popen:
     # Its own session: Ctrl-C in the terminal reaches only us, and we stop the worker the right way.
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--hostname", "local@%h"], env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--hostname", "local@%h"], env=env, start_new_session=True
+    )
 
 
 def stop_worker(worker: subprocess.Popen, grace_s: float = 120.0) -> None:
@@ -56,8 +60,13 @@ def stop_worker(worker: subprocess.Popen, grace_s: float = 120.0) -> None:
             worker.wait()
 
 
-def up(data_dir: str | Path, host: str | None = None, port: int | None = None, bootstrap: bool = True,
-       bootstrap_steps: int | None = None) -> int:
+def up(
+    data_dir: str | Path,
+    host: str | None = None,
+    port: int | None = None,
+    bootstrap: bool = True,
+    bootstrap_steps: int | None = None,
+) -> int:
     settings, env = local_settings(Path(data_dir).resolve(), host, port)
     refusal = exposure_refusal(settings, settings.host)
     if refusal:  # before anything is written or started

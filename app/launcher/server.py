@@ -29,14 +29,20 @@ from app.settings import Settings
 
 log = logging.getLogger("bertserve")
 
-REFUSAL = ("refusing to listen on {host}: it is reachable beyond this machine and BERT_API_KEY is not set. "
-           "Set BERT_API_KEY, or pass --allow-public (BERT_ALLOW_PUBLIC=true) to serve without a key.")
-PUBLISHED_REFUSAL = ("refusing to serve: the port is published on {host} (BERT_PUBLISHED_HOST, set from BERT_BIND "
-                     "by compose), which is reachable beyond this machine, and BERT_API_KEY is not set. Set "
-                     "BERT_API_KEY, or publish on 127.0.0.1.")
+REFUSAL = (
+    "refusing to listen on {host}: it is reachable beyond this machine and BERT_API_KEY is not set. "
+    "Set BERT_API_KEY, or pass --allow-public (BERT_ALLOW_PUBLIC=true) to serve without a key."
+)
+PUBLISHED_REFUSAL = (
+    "refusing to serve: the port is published on {host} (BERT_PUBLISHED_HOST, set from BERT_BIND "
+    "by compose), which is reachable beyond this machine, and BERT_API_KEY is not set. Set "
+    "BERT_API_KEY, or publish on 127.0.0.1."
+)
 MIN_PUBLIC_KEY_LENGTH = 16
-SHORT_KEY = ("refusing to listen on {host}: it is reachable beyond this machine and {name} is shorter than "
-             f"{MIN_PUBLIC_KEY_LENGTH} characters. Use a long random key, e.g. `openssl rand -hex 32`.")
+SHORT_KEY = (
+    "refusing to listen on {host}: it is reachable beyond this machine and {name} is shorter than "
+    f"{MIN_PUBLIC_KEY_LENGTH} characters. Use a long random key, e.g. `openssl rand -hex 32`."
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -88,9 +94,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     @classmethod
     def serving(cls, settings: Settings) -> type[GuardedHttpProtocol]:
-        return type(cls.__name__, (cls,), {"header_timeout": settings.header_timeout,
-                                           "body_timeout": settings.body_timeout,
-                                           "max_connections": settings.max_connections})
+        return type(
+            cls.__name__,
+            (cls,),
+            {
+                "header_timeout": settings.header_timeout,
+                "body_timeout": settings.body_timeout,
+                "max_connections": settings.max_connections,
+            },
+        )
 
     _closing = False  # answered for good: what the client still sends is read and dropped
 
@@ -150,21 +162,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _timed_out(self) -> None:
         self._timer = None
         if not self.transport.is_closing():
-            log.info("closed a connection from %s: %s", self.client,
-                     "its body stalled" if self._reading_body else "its request headers were too slow")
+            log.info(
+                "closed a connection from %s: %s",
+                self.client,
+                "its body stalled" if self._reading_body else "its request headers were too slow",
+            )
             self.transport.close()
 
 
 def _connection_limit_answer(limit: int) -> bytes:
     """The raw HTTP 503 for one connection too many (no request has been read: no app to ask)."""
     body = json.dumps(error_body("unavailable", f"too many open connections (at most {limit}); retry later")).encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nretry-after: {RETRY_AFTER_S[503]}\r\nconnection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {RETRY_AFTER_S[503]}\r\nconnection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 
-def serve(host: str | None = None, port: int | None = None, allow_public: bool = False,
-          settings: Settings | None = None) -> int:
+def serve(
+    host: str | None = None, port: int | None = None, allow_public: bool = False, settings: Settings | None = None
+) -> int:
     """Run the service until SIGINT/SIGTERM; 0 after a clean stop. Exits with code 2 if the bind
     would be unsafe. Arguments left None come from `settings` (BERT_HOST, BERT_PORT, ...)."""
     settings = settings or Settings()
@@ -179,11 +197,16 @@ def serve(host: str | None = None, port: int | None = None, allow_public: bool =
     except ValueError as e:  # a device torch cannot see, int8 on a GPU: one line, not a traceback
         print(f"refusing to start: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    config = uvicorn.Config(app, host=host, port=port, log_level="info",
-                            # (uvicorn types it int; it is awaited as a float of seconds)
-                            timeout_graceful_shutdown=settings.graceful_timeout,  # type: ignore[arg-type]
-                            access_log=False,
-                            http=GuardedHttpProtocol.serving(settings))
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        # (uvicorn types it int; it is awaited as a float of seconds)
+        timeout_graceful_shutdown=settings.graceful_timeout,  # type: ignore[arg-type]
+        access_log=False,
+        http=GuardedHttpProtocol.serving(settings),
+    )
     uvicorn.Server(config).run()
     return 0
 
@@ -192,8 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bert serve", description="Run the bertserve inference service.")
     parser.add_argument("--host", help="address to bind (default BERT_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default BERT_PORT, 8000)")
-    parser.add_argument("--allow-public", action="store_true",
-                        help="allow binding beyond loopback without BERT_API_KEY")
+    parser.add_argument(
+        "--allow-public", action="store_true", help="allow binding beyond loopback without BERT_API_KEY"
+    )
     args = parser.parse_args(argv)
     sys.exit(serve(args.host, args.port, args.allow_public, Settings()))
 

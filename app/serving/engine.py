@@ -145,8 +145,17 @@ def plan_batch(items: list[WorkItem], max_tokens: int) -> list[tuple[WorkItem, i
 
 
 class Engine:
-    def __init__(self, device: torch.device, runners: dict[str, Runner], *, max_batch_tokens: int,
-                 max_queue: int, max_wait_ms: float, batching: bool, metrics=None):
+    def __init__(
+        self,
+        device: torch.device,
+        runners: dict[str, Runner],
+        *,
+        max_batch_tokens: int,
+        max_queue: int,
+        max_wait_ms: float,
+        batching: bool,
+        metrics=None,
+    ):
         self.device = device
         self.runners = runners
         self.max_batch_tokens = max_batch_tokens
@@ -180,8 +189,9 @@ class Engine:
             if self._stopping:
                 raise ServiceError("unavailable", "the service is shutting down")
             if len(self._pending) >= self.max_queue:
-                raise ServiceError("overloaded", f"the inference queue is full ({self.max_queue} requests "
-                                                 "waiting); retry later")
+                raise ServiceError(
+                    "overloaded", f"the inference queue is full ({self.max_queue} requests waiting); retry later"
+                )
             self._pending.append(item)
             self._set_depth()
             self._cond.notify()
@@ -315,9 +325,12 @@ class Engine:
     def _forward(self, first: WorkItem, batch: Batch) -> list:
         if self.metrics is not None:
             self.metrics.observe_batch(first.model.name, first.task, batch)
-        if self.device.type == "cuda":  # a copy from pageable memory is not asynchronous: pin (torch caches pinned blocks)
+        if (
+            self.device.type == "cuda"
+        ):  # a copy from pageable memory is not asynchronous: pin (torch caches pinned blocks)
             batch.input_ids, batch.token_type_ids, batch.attention_mask = (
-                t.pin_memory() for t in (batch.input_ids, batch.token_type_ids, batch.attention_mask))
+                t.pin_memory() for t in (batch.input_ids, batch.token_type_ids, batch.attention_mask)
+            )
         batch.input_ids = batch.input_ids.to(self.device, non_blocking=True)
         batch.token_type_ids = batch.token_type_ids.to(self.device, non_blocking=True)
         batch.host_mask = batch.attention_mask

@@ -42,9 +42,11 @@ def run_mlm(lm, batch) -> list[list[tuple[list[float], list[int]]]]:
     if not any(p.get("target_ids") for p in params):  # one top-k for the whole batch, one copy
         k = min(max(p["top_k"] for p in params), probs.shape[-1])
         values, ids = (t.cpu().tolist() for t in probs.topk(k, dim=-1))
-        return [[(values[j][:p["top_k"]], ids[j][:p["top_k"]]) for j in range(s, s + n)]
-                for p, s, n in zip(params, starts, counts)]
-    return [_top_k(probs[s:s + n], p) for p, s, n in zip(params, starts, counts)]
+        return [
+            [(values[j][: p["top_k"]], ids[j][: p["top_k"]]) for j in range(s, s + n)]
+            for p, s, n in zip(params, starts, counts)
+        ]
+    return [_top_k(probs[s : s + n], p) for p, s, n in zip(params, starts, counts)]
 
 
 def _top_k(probs: torch.Tensor, p: dict) -> list[tuple[list[float], list[int]]]:
@@ -123,5 +125,11 @@ def run_qa(lm, batch) -> list[tuple[list[float], list[float]]]:
     return list(zip(_unpadded(batch, out.start_logits.float()), _unpadded(batch, out.end_logits.float())))
 
 
-RUNNERS: dict[str, Runner] = {"encode": run_encode, "mlm": run_mlm, "nsp": run_nsp, "classify": run_classify,
-                              "token_classify": run_token_classify, "qa": run_qa}
+RUNNERS: dict[str, Runner] = {
+    "encode": run_encode,
+    "mlm": run_mlm,
+    "nsp": run_nsp,
+    "classify": run_classify,
+    "token_classify": run_token_classify,
+    "qa": run_qa,
+}

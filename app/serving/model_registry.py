@@ -52,8 +52,13 @@ HEAD_CLASSES = {
     "token_classifier": (BertForTokenClassification,),
     "qa": (BertForQuestionAnswering,),
 }
-HEAD_TITLES = {"mlm": "masked-LM (mlm)", "nsp": "next-sentence (nsp)", "classifier": "classifier",
-               "token_classifier": "token-classifier (token_classifier)", "qa": "question-answering (qa)"}
+HEAD_TITLES = {
+    "mlm": "masked-LM (mlm)",
+    "nsp": "next-sentence (nsp)",
+    "classifier": "classifier",
+    "token_classifier": "token-classifier (token_classifier)",
+    "qa": "question-answering (qa)",
+}
 
 
 def servable_heads(cls: type) -> list[str]:
@@ -147,8 +152,10 @@ def describe_failure(e: Exception, data_dir: Path) -> str:
     in model/), with paths relative to DATA_DIR; for a library's exception, its type only (its text,
     which may quote internals, stays in the log)."""
     if isinstance(e, pickle.UnpicklingError):
-        return ("pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
-                "(convert it to model.safetensors)")
+        return (
+            "pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+            "(convert it to model.safetensors)"
+        )
     raised_in = Path(traceback.extract_tb(e.__traceback__)[-1].filename) if e.__traceback__ else None
     if raised_in is None or not raised_in.resolve().is_relative_to(MODEL_PACKAGE):
         return f"{type(e).__name__} (the service log has the details)"
@@ -159,8 +166,15 @@ def describe_failure(e: Exception, data_dir: Path) -> str:
 
 
 class ModelRegistry:
-    def __init__(self, data_dir: Path, default_model: str | None, device: torch.device, warm_up=None,
-                 default_mlm_model: str | None = None, precision=lambda name: "fp32"):
+    def __init__(
+        self,
+        data_dir: Path,
+        default_model: str | None,
+        device: torch.device,
+        warm_up=None,
+        default_mlm_model: str | None = None,
+        precision=lambda name: "fp32",
+    ):
         self.root = DataDir(data_dir).models
         self.jobs = JobStore(data_dir)
         self.default_name = default_model
@@ -236,8 +250,9 @@ class ModelRegistry:
                 await asyncio.to_thread(self.scan)
             name = self.default()
             if name is None:
-                raise ServiceError("not_found", "no model named in the request and no default model "
-                                                "(set BERT_DEFAULT_MODEL)")
+                raise ServiceError(
+                    "not_found", "no model named in the request and no default model (set BERT_DEFAULT_MODEL)"
+                )
         if not valid_name(name):
             raise ServiceError("not_found", f"model '{name}' not found")
         entry = self._entries.get(name)
@@ -258,11 +273,20 @@ class ModelRegistry:
         record = self.jobs.unfinished_job_for_model(name)
         if record is not None:
             step, total = steps_of(record)
-            job = {"id": record["id"], "state": record["state"], "step": step, "total_steps": total,
-                   "status_url": f"/jobs/{record['id']}"}
-            raise ServiceError("unavailable", f"model '{name}' is still being trained by job {job['id']} "
-                                              f"({job['state']}, step {job['step']}/{job['total_steps']}); "
-                                              "it is served as soon as the job finishes", job=job)
+            job = {
+                "id": record["id"],
+                "state": record["state"],
+                "step": step,
+                "total_steps": total,
+                "status_url": f"/jobs/{record['id']}",
+            }
+            raise ServiceError(
+                "unavailable",
+                f"model '{name}' is still being trained by job {job['id']} "
+                f"({job['state']}, step {job['step']}/{job['total_steps']}); "
+                "it is served as soon as the job finishes",
+                job=job,
+            )
 
     async def get(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
         """The loaded model for a request, loading and warming it up on first use.
@@ -274,8 +298,11 @@ class ModelRegistry:
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         if head is not None and head not in entry.heads:
             has = ", ".join(entry.heads) or "none"
-            raise ServiceError("validation", f"model '{entry.name}' has no {HEAD_TITLES[head]} head, which "
-                                             f"{route} needs (it is a {entry.architecture}; heads: {has})")
+            raise ServiceError(
+                "validation",
+                f"model '{entry.name}' has no {HEAD_TITLES[head]} head, which "
+                f"{route} needs (it is a {entry.architecture}; heads: {has})",
+            )
         return await self.ensure_loaded(entry)
 
     async def ensure_loaded(self, entry: StoredModel) -> LoadedModel:
@@ -305,15 +332,22 @@ class ModelRegistry:
         if tokenizer.vocab_size > model.config.vocab_size:
             # An id past the embedding table is an IndexError for one batch on the CPU, but on CUDA a
             # device-side assert that poisons the context for every later batch: refuse it here.
-            entry.error = (f"its tokenizer has {tokenizer.vocab_size:,} tokens but the model's embeddings only "
-                           f"{model.config.vocab_size:,} rows (config.json's vocab_size)")
+            entry.error = (
+                f"its tokenizer has {tokenizer.vocab_size:,} tokens but the model's embeddings only "
+                f"{model.config.vocab_size:,} rows (config.json's vocab_size)"
+            )
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
         plan = kernels.warn_if_emulated(precision, self.device)  # decides the paths off the event loop
-        log.info("loaded model %s (%s, %s, kernels %s) on %s", entry.name, type(model).__name__, precision,
-                 plan["kernels"], self.device)
+        log.info(
+            "loaded model %s (%s, %s, kernels %s) on %s",
+            entry.name,
+            type(model).__name__,
+            precision,
+            plan["kernels"],
+            self.device,
+        )
         return LoadedModel(entry.name, model, tokenizer, max_length, precision)
 
     def loaded_count(self) -> int:
         return sum(e.loaded is not None for e in self._entries.values())
-

@@ -36,42 +36,72 @@ from app.serving.service import Service
 from model.tokenizer import encode_one, truncating, window_count
 
 SPECIAL_TOKENS = 2  # [CLS] text [SEP]
+
+
 async def token_classification(svc: Service, req: TokenClassificationRequest) -> Any:
     windows: list[list[Encoding]] = []  # filled while preparing: per text, its windows' offsets
-    outcome = await _infer(svc, "token_classify", req.model, req.inputs, _prepare, req.truncate, req.stride,
-                           req.aggregation_strategy, svc.check_tokens, windows)
+    outcome = await _infer(
+        svc,
+        "token_classify",
+        req.model,
+        req.inputs,
+        _prepare,
+        req.truncate,
+        req.stride,
+        req.aggregation_strategy,
+        svc.check_tokens,
+        windows,
+    )
     texts = [req.inputs] if outcome.single else req.inputs
-    out = await svc.off_loop(_answer, outcome.lm, texts, windows, outcome.results, req.aggregation_strategy,
-                             set(req.ignore_labels))
+    out = await svc.off_loop(
+        _answer, outcome.lm, texts, windows, outcome.results, req.aggregation_strategy, set(req.ignore_labels)
+    )
     return outcome.answer(out)
 
 
-def _prepare(lm: LoadedModel, texts: list[str], truncate: bool, stride: int | None, strategy: str,
-             check_tokens: Callable[[int], None], windows: list) -> tuple[list[Row], dict]:
+def _prepare(
+    lm: LoadedModel,
+    texts: list[str],
+    truncate: bool,
+    stride: int | None,
+    strategy: str,
+    check_tokens: Callable[[int], None],
+    windows: list,
+) -> tuple[list[Row], dict]:
     if stride is not None:
         return _prepare_windows(lm, texts, stride, strategy, check_tokens, windows)
     tok = truncating(lm.tokenizer, lm.max_length) if truncate else lm.tokenizer.backend_tokenizer
     for i, text in enumerate(texts):
         enc = encode_one(tok, text)
         if len(enc.ids) > lm.max_length:
-            raise ServiceError("validation", f"input {i} is {len(enc.ids)} tokens long, more than the "
-                                             f"{lm.max_length} model '{lm.name}' takes; shorten it or send "
-                                             "\"truncate\": true")
+            raise ServiceError(
+                "validation",
+                f"input {i} is {len(enc.ids)} tokens long, more than the "
+                f"{lm.max_length} model '{lm.name}' takes; shorten it or send "
+                '"truncate": true',
+            )
         windows.append([enc])
     return [(w[0].ids, w[0].type_ids) for w in windows], {}
 
 
-def _prepare_windows(lm: LoadedModel, texts: list[str], stride: int, strategy: str,
-                     check_tokens: Callable[[int], None], windows: list) -> tuple[list[Row], dict]:
+def _prepare_windows(
+    lm: LoadedModel, texts: list[str], stride: int, strategy: str, check_tokens: Callable[[int], None], windows: list
+) -> tuple[list[Row], dict]:
     """transformers' `stride`: each text in windows of the model's length sharing `stride` tokens;
     their tokens counted (and checked) before any window is made."""
     room = lm.max_length - SPECIAL_TOKENS
     if strategy == "none":
-        raise ServiceError("validation", "stride reads the whole text in windows, and their entities are merged "
-                                         "by character span: choose an aggregation_strategy other than none")
+        raise ServiceError(
+            "validation",
+            "stride reads the whole text in windows, and their entities are merged "
+            "by character span: choose an aggregation_strategy other than none",
+        )
     if stride >= room:
-        raise ServiceError("validation", f"stride {stride} must be less than the {room} tokens a window of model "
-                                         f"'{lm.name}' holds beside [CLS] and [SEP]")
+        raise ServiceError(
+            "validation",
+            f"stride {stride} must be less than the {room} tokens a window of model "
+            f"'{lm.name}' holds beside [CLS] and [SEP]",
+        )
     tokens = 0
     for text in texts:
         n = len(lm.tokenizer.token_ids(text))
@@ -87,16 +117,20 @@ def _prepare_windows(lm: LoadedModel, texts: list[str], stride: int, strategy: s
     return rows, {}
 
 
-def _answer(lm: LoadedModel, texts: list[str], windows: list[list[Encoding]], results: list, strategy: str,
-            ignore: set[str]) -> list[list[dict]]:
+def _answer(
+    lm: LoadedModel, texts: list[str], windows: list[list[Encoding]], results: list, strategy: str, ignore: set[str]
+) -> list[list[dict]]:
     labels = lm.config.id2label or {}
     out, row = [], 0
     for text, encodings in zip(texts, windows):
         entities = []
-        for enc, probs in zip(encodings, results[row:row + len(encodings)]):
+        for enc, probs in zip(encodings, results[row : row + len(encodings)]):
             tokens = _tokens(lm, text, enc, np.asarray(probs, dtype=np.float32))
-            entities += [e for e in _aggregate(lm, tokens, strategy, labels)
-                         if e.get("entity", e.get("entity_group")) not in ignore]
+            entities += [
+                e
+                for e in _aggregate(lm, tokens, strategy, labels)
+                if e.get("entity", e.get("entity_group")) not in ignore
+            ]
         row += len(encodings)
         out.append(_merge_overlaps(entities) if len(encodings) > 1 else entities)
     return out
@@ -126,15 +160,24 @@ def _tokens(lm: LoadedModel, text: str, enc: Encoding, scores: np.ndarray) -> li
     unk = lm.tokenizer.backend_tokenizer.token_to_id(lm.tokenizer.unk_token)
     tokens = []
     for index, (token_id, word, (start, end), special) in enumerate(
-            zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)):
+        zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)
+    ):
         if special:
             continue
         ref = text[start:end]
         is_subword = len(word) != len(ref)
         if token_id == unk:
             word, is_subword = ref, False
-        tokens.append({"word": word, "scores": scores[index], "start": start, "end": end, "index": index,
-                       "is_subword": is_subword})
+        tokens.append(
+            {
+                "word": word,
+                "scores": scores[index],
+                "start": start,
+                "end": end,
+                "index": index,
+                "is_subword": is_subword,
+            }
+        )
     return tokens
 
 
@@ -144,8 +187,17 @@ def _label(labels: dict, i: int) -> str:
 
 def _aggregate(lm: LoadedModel, tokens: list[dict], strategy: str, labels: dict) -> list[dict]:
     if strategy in ("none", "simple"):
-        entities = [{"entity": _label(labels, t["scores"].argmax()), "score": float(t["scores"].max()),
-                     "index": t["index"], "word": t["word"], "start": t["start"], "end": t["end"]} for t in tokens]
+        entities = [
+            {
+                "entity": _label(labels, t["scores"].argmax()),
+                "score": float(t["scores"].max()),
+                "index": t["index"],
+                "word": t["word"],
+                "start": t["start"],
+                "end": t["end"],
+            }
+            for t in tokens
+        ]
     else:
         entities = [_word(lm, group, strategy, labels) for group in _words(tokens)]
     return entities if strategy == "none" else _group(lm, entities)
@@ -171,8 +223,13 @@ def _word(lm: LoadedModel, tokens: list[dict], strategy: str, labels: dict) -> d
     else:  # average
         scores = np.nanmean(np.stack([t["scores"] for t in tokens]), axis=0)
     best = scores.argmax()
-    return {"entity": _label(labels, best), "score": float(scores[best]), "word": _join(lm, tokens),
-            "start": tokens[0]["start"], "end": tokens[-1]["end"]}
+    return {
+        "entity": _label(labels, best),
+        "score": float(scores[best]),
+        "word": _join(lm, tokens),
+        "start": tokens[0]["start"],
+        "end": tokens[-1]["end"],
+    }
 
 
 def _join(lm: LoadedModel, tokens: list[dict]) -> str:
@@ -196,6 +253,13 @@ def _group(lm: LoadedModel, entities: list[dict]) -> list[dict]:
             groups[-1].append(entity)
         else:
             groups.append([entity])
-    return [{"entity_group": group[0]["entity"].split("-", 1)[-1],
-             "score": float(np.nanmean([e["score"] for e in group])),
-             "word": _join(lm, group), "start": group[0]["start"], "end": group[-1]["end"]} for group in groups]
+    return [
+        {
+            "entity_group": group[0]["entity"].split("-", 1)[-1],
+            "score": float(np.nanmean([e["score"] for e in group])),
+            "word": _join(lm, group),
+            "start": group[0]["start"],
+            "end": group[-1]["end"],
+        }
+        for group in groups
+    ]

@@ -40,9 +40,14 @@ _UNLIMITED = 10**9
 
 
 # engine task -> (the head it needs, the route named when a model lacks it)
-TASKS = {"encode": (None, "/embeddings"), "mlm": ("mlm", "/fill-mask"), "nsp": ("nsp", "/nsp"),
-         "classify": ("classifier", "/classify"), "token_classify": ("token_classifier", "/token-classification"),
-         "qa": ("qa", "/question-answering")}
+TASKS = {
+    "encode": (None, "/embeddings"),
+    "mlm": ("mlm", "/fill-mask"),
+    "nsp": ("nsp", "/nsp"),
+    "classify": ("classifier", "/classify"),
+    "token_classify": ("token_classifier", "/token-classification"),
+    "qa": ("qa", "/question-answering"),
+}
 
 
 def encode(lm: LoadedModel, items: Sequence[str | TextPair], truncate: bool, first: int = 0) -> list[Row]:
@@ -63,8 +68,11 @@ def encode(lm: LoadedModel, items: Sequence[str | TextPair], truncate: bool, fir
 
 
 def too_long(lm: LoadedModel, i: int, n: int) -> ServiceError:
-    return ServiceError("validation", f"input {i} is {n} tokens long, more than the {lm.max_length} model "
-                                      f"'{lm.name}' takes; shorten it or send \"truncate\": true")
+    return ServiceError(
+        "validation",
+        f"input {i} is {n} tokens long, more than the {lm.max_length} model "
+        f"'{lm.name}' takes; shorten it or send \"truncate\": true",
+    )
 
 
 def as_list(inputs) -> tuple[list, bool]:
@@ -91,8 +99,16 @@ def _tokenize(lm: LoadedModel, items: list, truncate: bool) -> tuple[list[Row], 
     return encode(lm, items, truncate), {}
 
 
-async def _infer(svc: Service, task: str, model: str | None, inputs, prepare: Callable, *args,
-                 params: dict | None = None, route: str | None = None) -> Outcome:
+async def _infer(
+    svc: Service,
+    task: str,
+    model: str | None,
+    inputs,
+    prepare: Callable,
+    *args,
+    params: dict | None = None,
+    route: str | None = None,
+) -> Outcome:
     """Run one request's inputs as a work item. `prepare(lm, items, *args)` runs in the thread pool
     and returns (rows, options to add to `params`). `route` names the route in errors when it is
     not the task's own."""
@@ -110,34 +126,52 @@ async def _infer(svc: Service, task: str, model: str | None, inputs, prepare: Ca
 
 # -- fill-mask ---------------------------------------------------------------------------------
 
+
 async def fill_mask(svc: Service, req: FillMaskRequest) -> Any:
-    outcome = await _infer(svc, "mlm", req.model, req.inputs, _prepare_fill_mask, req.targets, req.truncate,
-                           req.top_k, svc.settings, params={"top_k": req.top_k})
+    outcome = await _infer(
+        svc,
+        "mlm",
+        req.model,
+        req.inputs,
+        _prepare_fill_mask,
+        req.targets,
+        req.truncate,
+        req.top_k,
+        svc.settings,
+        params={"top_k": req.top_k},
+    )
     return outcome.answer(await svc.off_loop(_format_fill_mask, outcome.lm, outcome.rows, outcome.results))
 
 
-def _prepare_fill_mask(lm: LoadedModel, texts: list[str], targets: list[str] | None, truncate: bool, top_k: int,
-                       limits: Settings) -> tuple[list[Row], dict]:
+def _prepare_fill_mask(
+    lm: LoadedModel, texts: list[str], targets: list[str] | None, truncate: bool, top_k: int, limits: Settings
+) -> tuple[list[Row], dict]:
     """The rows, and the request's cost checked before any inference: masks per input, and
     candidates (inputs x masks x top_k), each answered and decoded, per request."""
     mask, name, masks, rows = lm.mask_token_id, lm.tokenizer.mask_token, 0, []
     for i, text in enumerate(texts):  # one at a time: an input over a limit stops the tokenising
-        (ids, types), = encode(lm, [text], truncate, first=i)
+        ((ids, types),) = encode(lm, [text], truncate, first=i)
         rows.append((ids, types))
         n = ids.count(mask)
         if n == 0:
             raise ServiceError("validation", f"input {i} has no {name} token; fill-mask needs at least one")
         if n > limits.max_masks_per_input:
-            raise ServiceError("validation", f"input {i} has {n} {name} tokens, more than the "
-                                             f"{limits.max_masks_per_input} per input that "
-                                             "BERT_MAX_MASKS_PER_INPUT allows")
+            raise ServiceError(
+                "validation",
+                f"input {i} has {n} {name} tokens, more than the "
+                f"{limits.max_masks_per_input} per input that "
+                "BERT_MAX_MASKS_PER_INPUT allows",
+            )
         masks += n
     target_ids = _target_ids(lm, targets) if targets is not None else None
     candidates = masks * min(top_k, len(target_ids) if target_ids else lm.tokenizer.vocab_size)
     if candidates > limits.max_fill_mask_candidates:
-        raise ServiceError("validation", f"the request asks for {candidates} candidates ({masks} {name} tokens x "
-                                         f"top_k), more than the {limits.max_fill_mask_candidates} per request that "
-                                         "BERT_MAX_FILL_MASK_CANDIDATES allows")
+        raise ServiceError(
+            "validation",
+            f"the request asks for {candidates} candidates ({masks} {name} tokens x "
+            f"top_k), more than the {limits.max_fill_mask_candidates} per request that "
+            "BERT_MAX_FILL_MASK_CANDIDATES allows",
+        )
     return rows, {"target_ids": target_ids}
 
 
@@ -163,13 +197,23 @@ def _format_fill_mask(lm: LoadedModel, rows: list[Row], results: list) -> list:
         answers = []
         for pos, (scores, token_ids) in zip(positions, per_mask):
             sequences = tok.decode_filled(ids, pos, token_ids, skip_special_tokens=single)
-            answers.append([{"score": score, "token": token, "token_str": tok.decode([token], skip_special_tokens=False),
-                             "sequence": sequence} for score, token, sequence in zip(scores, token_ids, sequences)])
+            answers.append(
+                [
+                    {
+                        "score": score,
+                        "token": token,
+                        "token_str": tok.decode([token], skip_special_tokens=False),
+                        "sequence": sequence,
+                    }
+                    for score, token, sequence in zip(scores, token_ids, sequences)
+                ]
+            )
         out.append(answers[0] if single else answers)
     return out
 
 
 # -- nsp ---------------------------------------------------------------------------------------
+
 
 async def nsp(svc: Service, req: NspRequest) -> Any:
     outcome = await _infer(svc, "nsp", req.model, req.inputs, _tokenize, req.truncate)
@@ -178,35 +222,63 @@ async def nsp(svc: Service, req: NspRequest) -> Any:
 
 # -- embeddings --------------------------------------------------------------------------------
 
+
 async def embeddings(svc: Service, req: EmbeddingsRequest) -> Any:
-    outcome = await _infer(svc, "encode", req.model, req.inputs, _tokenize, req.truncate,
-                           params={"pooling": req.pooling, "normalize": req.normalize})
+    outcome = await _infer(
+        svc,
+        "encode",
+        req.model,
+        req.inputs,
+        _tokenize,
+        req.truncate,
+        params={"pooling": req.pooling, "normalize": req.normalize},
+    )
     return outcome.answer(outcome.results)
 
 
 async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
-    outcome = await _infer(svc, "encode", req.model, req.input, _prepare_openai, req.dimensions,
-                           params={"pooling": "mean", "normalize": True})
+    outcome = await _infer(
+        svc,
+        "encode",
+        req.model,
+        req.input,
+        _prepare_openai,
+        req.dimensions,
+        params={"pooling": "mean", "normalize": True},
+    )
     vectors, tokens = outcome.results, sum(len(ids) for ids, _ in outcome.rows)
     if req.encoding_format == "base64":
         vectors = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
-    return {"object": "list", "model": outcome.lm.name,
-            "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "object": "list",
+        "model": outcome.lm.name,
+        "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def _prepare_openai(lm: LoadedModel, texts: list[str], dimensions: int | None) -> tuple[list[Row], dict]:
     if dimensions is not None and dimensions != lm.config.hidden_size:
-        raise ServiceError("validation", f"model '{lm.name}' makes {lm.config.hidden_size}-dimensional "
-                                         f"embeddings, not {dimensions}")
+        raise ServiceError(
+            "validation", f"model '{lm.name}' makes {lm.config.hidden_size}-dimensional embeddings, not {dimensions}"
+        )
     return encode(lm, texts, truncate=False), {}
 
 
 # -- classify ----------------------------------------------------------------------------------
 
+
 async def classify(svc: Service, req: ClassifyRequest) -> Any:
-    outcome = await _infer(svc, "classify", req.model, req.inputs, _prepare_classify, req.truncate, req.top_k,
-                           svc.settings.max_label_scores)
+    outcome = await _infer(
+        svc,
+        "classify",
+        req.model,
+        req.inputs,
+        _prepare_classify,
+        req.truncate,
+        req.top_k,
+        svc.settings.max_label_scores,
+    )
     out = []
     for scores, names in label_scores(outcome):
         best = max(range(len(scores)), key=scores.__getitem__)
@@ -214,8 +286,9 @@ async def classify(svc: Service, req: ClassifyRequest) -> Any:
     return outcome.answer(out)
 
 
-def _prepare_classify(lm: LoadedModel, items: list, truncate: bool, top_k: int | None,
-                      limit: int) -> tuple[list[Row], dict]:
+def _prepare_classify(
+    lm: LoadedModel, items: list, truncate: bool, top_k: int | None, limit: int
+) -> tuple[list[Row], dict]:
     return encode(lm, items, truncate), {"top_k": scores_per_input(lm, top_k, limit)}
 
 
@@ -226,8 +299,10 @@ def scores_per_input(lm: LoadedModel, top_k: int | None, limit: int) -> int:
     if top_k is None:
         return min(labels, limit)
     if min(top_k, labels) > limit:
-        raise ServiceError("validation", f"top_k: {top_k} label scores per input is more than the {limit} that "
-                                         "BERT_MAX_LABEL_SCORES allows")
+        raise ServiceError(
+            "validation",
+            f"top_k: {top_k} label scores per input is more than the {limit} that BERT_MAX_LABEL_SCORES allows",
+        )
     return min(top_k, labels)
 
 

@@ -42,19 +42,27 @@ async def question_answering(svc: Service, req: QuestionAnsweringRequest) -> Any
     single = isinstance(req.question, str)
     pairs = list(zip([req.question], [req.context]) if single else zip(req.question, req.context))
     windows: list[list[Encoding]] = []  # filled while preparing: per pair, its windows' encodings
-    outcome = await _infer(svc, "qa", req.model, pairs, _prepare, req.max_seq_len, req.doc_stride,
-                           svc.check_tokens, windows)
+    outcome = await _infer(
+        svc, "qa", req.model, pairs, _prepare, req.max_seq_len, req.doc_stride, svc.check_tokens, windows
+    )
     out = await svc.off_loop(_answer, pairs, windows, outcome.results, req)
     return out[0] if single else out
 
 
-def _prepare(lm: LoadedModel, pairs: list[tuple[str, str]], max_seq_len: int | None, doc_stride: int | None,
-             check_tokens: Callable[[int], None], windows: list) -> tuple[list[Row], dict]:
+def _prepare(
+    lm: LoadedModel,
+    pairs: list[tuple[str, str]],
+    max_seq_len: int | None,
+    doc_stride: int | None,
+    check_tokens: Callable[[int], None],
+    windows: list,
+) -> tuple[list[Row], dict]:
     if max_seq_len is None:
         max_seq_len = min(lm.max_length, 384)
     elif max_seq_len > lm.max_length:
-        raise ServiceError("validation", f"max_seq_len is {max_seq_len}, more than the {lm.max_length} tokens "
-                                         f"model '{lm.name}' takes")
+        raise ServiceError(
+            "validation", f"max_seq_len is {max_seq_len}, more than the {lm.max_length} tokens model '{lm.name}' takes"
+        )
     if doc_stride is None:
         doc_stride = min(max_seq_len // 2, 128)
     tok = truncating(lm.tokenizer, max_seq_len, stride=doc_stride, strategy="only_second")
@@ -79,36 +87,48 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
         return q + c + SPECIAL_TOKENS_IN_A_PAIR  # one window: nothing to cut
     room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR
     if room < 1:
-        raise ServiceError("validation", f"question {i} is {q} tokens long: with [CLS] and two [SEP] it leaves no "
-                                         f"room for the context in a window of max_seq_len {max_seq_len} tokens")
+        raise ServiceError(
+            "validation",
+            f"question {i} is {q} tokens long: with [CLS] and two [SEP] it leaves no "
+            f"room for the context in a window of max_seq_len {max_seq_len} tokens",
+        )
     if doc_stride >= room:
-        raise ServiceError("validation", f"doc_stride {doc_stride} must be less than the {room} context tokens "
-                                         f"that fit in a window beside question {i} (max_seq_len {max_seq_len})")
+        raise ServiceError(
+            "validation",
+            f"doc_stride {doc_stride} must be less than the {room} context tokens "
+            f"that fit in a window beside question {i} (max_seq_len {max_seq_len})",
+        )
     # As the tokenizer cuts: the first window holds `room` context tokens, each next one the last
     # doc_stride tokens of the one before and up to room - doc_stride new ones.
     windows = window_count(c, room, doc_stride)
     return windows * (q + SPECIAL_TOKENS_IN_A_PAIR) + c + (windows - 1) * doc_stride
 
 
-def _answer(pairs: list[tuple[str, str]], windows: list[list[Encoding]], results: list,
-            req: QuestionAnsweringRequest) -> list:
+def _answer(
+    pairs: list[tuple[str, str]], windows: list[list[Encoding]], results: list, req: QuestionAnsweringRequest
+) -> list:
     out, row = [], 0
     for (_, context), encodings in zip(pairs, windows):
-        logits = results[row:row + len(encodings)]
+        logits = results[row : row + len(encodings)]
         row += len(encodings)
         answers, null = [], NO_NULL  # the empty answer's score: the lowest over the windows
         for enc, (start, end) in zip(encodings, logits):
             context_mask = np.array([sid == 1 for sid in enc.sequence_ids], dtype=bool)
             starts, ends, scores, null = window_spans(
-                np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32), context_mask,
-                max_answer_len=req.max_answer_len, top_k=req.top_k, null=null,
-                handle_impossible=req.handle_impossible_answer)
+                np.asarray(start, dtype=np.float32),
+                np.asarray(end, dtype=np.float32),
+                context_mask,
+                max_answer_len=req.max_answer_len,
+                top_k=req.top_k,
+                null=null,
+                handle_impossible=req.handle_impossible_answer,
+            )
             for s, e, score in zip(starts, ends, scores):
                 first, last = _chars(enc, int(s), int(e), req.align_to_words)
                 answers.append({"score": score.item(), "start": first, "end": last, "answer": context[first:last]})
         if req.handle_impossible_answer:
             answers.append({"score": null, "start": 0, "end": 0, "answer": ""})
-        answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:req.top_k]
+        answers = sorted(answers, key=lambda a: a["score"], reverse=True)[: req.top_k]
         out.append(answers[0] if len(answers) == 1 else answers)
     return out
 

@@ -52,8 +52,10 @@ def check_precisions(settings: Settings, device: torch.device) -> None:
         raise ValueError("BERT_PRECISION=int8 runs on the CPU only; on a GPU use bf16 or auto")
     int8 = sorted(name for name, precision in settings.model_precision.items() if precision == "int8")
     if int8:
-        raise ValueError(f"BERT_MODEL_PRECISION asks int8 for {', '.join(int8)}: int8 runs on the CPU only; "
-                         "on a GPU use bf16 or auto")
+        raise ValueError(
+            f"BERT_MODEL_PRECISION asks int8 for {', '.join(int8)}: int8 runs on the CPU only; "
+            "on a GPU use bf16 or auto"
+        )
 
 
 class Service:
@@ -62,8 +64,14 @@ class Service:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         check_precisions(settings, self.device)
-        self.store = ModelRegistry(settings.data_dir, settings.default_model, self.device, warm_up=self.warm_up,
-                                default_mlm_model=settings.default_mlm_model, precision=self.precision_for)
+        self.store = ModelRegistry(
+            settings.data_dir,
+            settings.default_model,
+            self.device,
+            warm_up=self.warm_up,
+            default_mlm_model=settings.default_mlm_model,
+            precision=self.precision_for,
+        )
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
         self._pool_jobs = 0  # jobs given to the pool and not yet answered (app/serving/service.py off_loop)
@@ -75,8 +83,15 @@ class Service:
         s = self.settings
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
-        self.engine = Engine(self.device, RUNNERS, max_batch_tokens=s.max_batch_tokens, max_queue=s.max_queue,
-                             max_wait_ms=s.max_wait_ms, batching=s.batching, metrics=self.metrics)
+        self.engine = Engine(
+            self.device,
+            RUNNERS,
+            max_batch_tokens=s.max_batch_tokens,
+            max_queue=s.max_queue,
+            max_wait_ms=s.max_wait_ms,
+            batching=s.batching,
+            metrics=self.metrics,
+        )
         self.engine.start()
         if self.device.type == "cpu":
             info = kernels.cpu()
@@ -171,8 +186,15 @@ class Service:
         long = [tok.cls_token_id] + [tok.unk_token_id] * (n - 2) + [tok.sep_token_id]
         short = [tok.cls_token_id, tok.sep_token_id]
         for rows in ([short, long], [long, long]):
-            await self.run(WorkItem("encode", lm, [(ids, [0] * len(ids)) for ids in rows],
-                                    {"pooling": "mean", "normalize": True}, wait=False))
+            await self.run(
+                WorkItem(
+                    "encode",
+                    lm,
+                    [(ids, [0] * len(ids)) for ids in rows],
+                    {"pooling": "mean", "normalize": True},
+                    wait=False,
+                )
+            )
 
     def check_count(self, n: int) -> None:
         if n > self.settings.max_inputs:
@@ -182,9 +204,12 @@ class Service:
         """A request's cost, known once it is tokenised; over budget it never reaches the engine. Safe to
         call from the thread pool (a job that counts as it tokenises)."""
         if n > self.settings.max_request_tokens:
-            raise ServiceError("validation", f"the request is {n} tokens long ({counted}), more than the "
-                                             f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
-                                             "allows")
+            raise ServiceError(
+                "validation",
+                f"the request is {n} tokens long ({counted}), more than the "
+                f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
+                "allows",
+            )
 
     # -- readiness ------------------------------------------------------------------------------
 

@@ -73,38 +73,63 @@ def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str)
 
 def _no_prompt(lm: LoadedModel, prompt_name: str | None) -> None:
     if prompt_name is not None:
-        raise ServiceError("validation", f"prompt_name '{prompt_name}' is not supported: model '{lm.name}' has no "
-                                         "prompts; put the prompt at the start of the text instead")
+        raise ServiceError(
+            "validation",
+            f"prompt_name '{prompt_name}' is not supported: model '{lm.name}' has no "
+            "prompts; put the prompt at the start of the text instead",
+        )
 
 
 # -- /embed ------------------------------------------------------------------------------------
 
+
 async def embed(svc: Service, req: EmbedRequest) -> list[list[float]]:
-    outcome = await _infer(svc, "encode", req.model, req.inputs, _prepare_embed, req.truncate,
-                           req.truncation_direction, req.prompt_name,
-                           params={"pooling": "mean", "normalize": req.normalize}, route="/embed")
+    outcome = await _infer(
+        svc,
+        "encode",
+        req.model,
+        req.inputs,
+        _prepare_embed,
+        req.truncate,
+        req.truncation_direction,
+        req.prompt_name,
+        params={"pooling": "mean", "normalize": req.normalize},
+        route="/embed",
+    )
     return outcome.results
 
 
-def _prepare_embed(lm: LoadedModel, texts: list[str], truncate: bool | None, direction: str,
-                   prompt_name: str | None) -> tuple[list[Row], dict]:
+def _prepare_embed(
+    lm: LoadedModel, texts: list[str], truncate: bool | None, direction: str, prompt_name: str | None
+) -> tuple[list[Row], dict]:
     _no_prompt(lm, prompt_name)
     return _encode(lm, texts, truncate, direction), {}
 
 
 # -- /similarity -------------------------------------------------------------------------------
 
+
 async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
     params = req.parameters or SimilarityParameters()
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
-    outcome = await _infer(svc, "encode", req.model, texts, _prepare_embed, params.truncate,
-                           params.truncation_direction, params.prompt_name,
-                           params={"pooling": "mean", "normalize": True}, route="/similarity")
+    outcome = await _infer(
+        svc,
+        "encode",
+        req.model,
+        texts,
+        _prepare_embed,
+        params.truncate,
+        params.truncation_direction,
+        params.prompt_name,
+        params={"pooling": "mean", "normalize": True},
+        route="/similarity",
+    )
     source, *others = outcome.results
     return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
 
 
 # -- POST / -------------------------------------------------------------------------------------
+
 
 def root_route(lm: LoadedModel, body: dict) -> str:
     """What TEI's POST / is for its model's type (router/src/http/server.rs `run`): a re-ranker (a
@@ -130,8 +155,10 @@ async def root(svc: Service, body: dict) -> list:
 
 # -- /predict ----------------------------------------------------------------------------------
 
+
 def _predict_inputs(inputs) -> tuple[list[str | TextPair], bool]:
     """TEI's PredictInput as (texts or pairs, whether it was one input)."""
+
     def sequence(value: list[str]) -> str | TextPair:
         return value[0] if len(value) == 1 else TextPair.model_construct(text_a=value[0], text_b=value[1])
 
@@ -161,25 +188,49 @@ def _best_first(entries: list[dict]) -> list[dict]:
 
 async def predict(svc: Service, req: PredictRequest) -> list:
     items, single = _predict_inputs(req.inputs)
-    outcome = await _infer(svc, "classify", req.model or svc.settings.predict_model, items, _prepare_predict,
-                           req.truncate, req.truncation_direction, req.top_k, svc.settings.max_label_scores,
-                           params={"scoring": "logits" if req.raw_scores else "tei"}, route="/predict")
-    out = [_best_first([{"score": s, "label": name} for s, name in zip(scores, names)])
-           for scores, names in label_scores(outcome)]
+    outcome = await _infer(
+        svc,
+        "classify",
+        req.model or svc.settings.predict_model,
+        items,
+        _prepare_predict,
+        req.truncate,
+        req.truncation_direction,
+        req.top_k,
+        svc.settings.max_label_scores,
+        params={"scoring": "logits" if req.raw_scores else "tei"},
+        route="/predict",
+    )
+    out = [
+        _best_first([{"score": s, "label": name} for s, name in zip(scores, names)])
+        for scores, names in label_scores(outcome)
+    ]
     return out[0] if single else out
 
 
-def _prepare_predict(lm: LoadedModel, items: list, truncate: bool | None, direction: str, top_k: int | None,
-                     limit: int) -> tuple[list[Row], dict]:
+def _prepare_predict(
+    lm: LoadedModel, items: list, truncate: bool | None, direction: str, top_k: int | None, limit: int
+) -> tuple[list[Row], dict]:
     return _encode(lm, items, truncate, direction), {"top_k": scores_per_input(lm, top_k, limit)}
 
 
 # -- /rerank -----------------------------------------------------------------------------------
 
+
 async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
-    outcome = await _infer(svc, "classify", req.model or svc.settings.rerank_model, req.texts, _prepare_rerank,
-                           req.query, req.truncate, req.truncation_direction, svc.check_tokens, params={"logits": True},
-                           route="/rerank")
+    outcome = await _infer(
+        svc,
+        "classify",
+        req.model or svc.settings.rerank_model,
+        req.texts,
+        _prepare_rerank,
+        req.query,
+        req.truncate,
+        req.truncation_direction,
+        svc.check_tokens,
+        params={"logits": True},
+        route="/rerank",
+    )
     ranks = []
     for index, logits in enumerate(outcome.results):
         rank: dict[str, int | float | str] = {"index": index, "score": tei_scores(logits, req.raw_scores)[0]}
@@ -189,14 +240,18 @@ async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
     return _best_first(ranks)
 
 
-def _prepare_rerank(lm: LoadedModel, texts: list[str], query: str, truncate: bool | None, direction: str,
-                    check_tokens) -> tuple[list[Row], dict]:
+def _prepare_rerank(
+    lm: LoadedModel, texts: list[str], query: str, truncate: bool | None, direction: str, check_tokens
+) -> tuple[list[Row], dict]:
     """One (query, text) row per text, as encode() of the pairs would make them, with the query tokenized
     once. The tokens before truncation (the query once, and every text) count against
     BERT_MAX_REQUEST_TOKENS as they are tokenized, so a huge query is refused before any pairing."""
     if lm.config.num_labels != 1:
-        raise ServiceError("validation", f"model '{lm.name}' is not a re-ranker: /rerank needs a sequence classifier "
-                                         f"with one label (a cross-encoder), and it has {lm.config.num_labels}")
+        raise ServiceError(
+            "validation",
+            f"model '{lm.name}' is not a re-ranker: /rerank needs a sequence classifier "
+            f"with one label (a cross-encoder), and it has {lm.config.num_labels}",
+        )
     tok, counted = lm.tokenizer, "before truncation: the query once and every text"
     query_ids = tok.token_ids(query)
     total = len(query_ids)
@@ -216,6 +271,7 @@ def _prepare_rerank(lm: LoadedModel, texts: list[str], query: str, truncate: boo
 
 # -- /tokenize ---------------------------------------------------------------------------------
 
+
 async def tokenize(svc: Service, req: TokenizeRequest) -> list[list[dict]]:
     lm = await svc.model(req.model, None, "/tokenize")
     texts, _ = as_list(req.inputs)
@@ -232,14 +288,21 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
     for text in texts:
         check_dropped()
         enc = encode_one(backend, text, add_special_tokens=add_special_tokens)
-        out.append([{"id": i, "text": token, "special": True, "start": None, "stop": None} if special else
-                    {"id": i, "text": text[start:stop], "special": False, "start": start, "stop": stop}
-                    for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask,
-                                                                enc.tokens)])
+        out.append(
+            [
+                {"id": i, "text": token, "special": True, "start": None, "stop": None}
+                if special
+                else {"id": i, "text": text[start:stop], "special": False, "start": start, "stop": stop}
+                for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens)
+            ]
+        )
     return out
 
 
 # route -> (request type, its handler)
 ROOT_ROUTES: dict[str, tuple[type[BaseModel], Callable[[Service, Any], Awaitable[list]]]] = {
-    "/embed": (EmbedRequest, embed), "/similarity": (SimilarityRequest, similarity),
-    "/predict": (PredictRequest, predict), "/rerank": (RerankRequest, rerank)}
+    "/embed": (EmbedRequest, embed),
+    "/similarity": (SimilarityRequest, similarity),
+    "/predict": (PredictRequest, predict),
+    "/rerank": (RerankRequest, rerank),
+}

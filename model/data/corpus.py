@@ -74,7 +74,52 @@ MAX_PARAGRAPH_CHARS = 1 << 20
 # Sentence end: . ! or ? (plus closing quotes/brackets), whitespace, then something that can start a sentence.
 _BOUNDARY = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
 _ABBREVIATIONS = frozenset(
-    ["mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "inc", "ltd", "co", "corp", "no", "fig", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "gen", "col", "lt", "sgt", "rev", "mt", "ft", "approx", "dept", "est", "u.s", "u.k", "a.m", "p.m"]
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "no",
+        "fig",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "gen",
+        "col",
+        "lt",
+        "sgt",
+        "rev",
+        "mt",
+        "ft",
+        "approx",
+        "dept",
+        "est",
+        "u.s",
+        "u.k",
+        "a.m",
+        "p.m",
+    ]
 )
 
 
@@ -110,8 +155,9 @@ def _ends_with_abbreviation(text: str) -> bool:
 class _RawSlice(io.RawIOBase):
     """Bytes [start, end) of a file (end None: to its end), telling `on_read` how many bytes each read took."""
 
-    def __init__(self, path: Path, start: int = 0, end: int | None = None,
-                 on_read: Callable[[int], None] | None = None):
+    def __init__(
+        self, path: Path, start: int = 0, end: int | None = None, on_read: Callable[[int], None] | None = None
+    ):
         self._f = open(path, "rb")  # noqa: SIM115  (a file object: open until its close())
         self._f.seek(start)
         self._left = None if end is None else end - start
@@ -172,8 +218,12 @@ def open_binary(
     return io.BufferedReader(reader, 1 << 20)
 
 
-def open_text(path: str | os.PathLike, byte_range: tuple[int, int] | None = None, errors: str = "strict",
-              on_read: Callable[[int], None] | None = None) -> io.TextIOBase:
+def open_text(
+    path: str | os.PathLike,
+    byte_range: tuple[int, int] | None = None,
+    errors: str = "strict",
+    on_read: Callable[[int], None] | None = None,
+) -> io.TextIOBase:
     """A file as UTF-8 text with universal newlines, decompressed by its suffix (see open_binary)."""
     # (typeshed's BufferedIOBase lacks the `name` attribute its TextIOWrapper asks for)
     binary = open_binary(path, byte_range, on_read)
@@ -209,8 +259,9 @@ def bounded_lines(f, path: Path, max_chars: int, cut: bool = True) -> Iterator[t
             yield lineno, text
             continue
         if not cut:
-            raise ValueError(f"{path}, line {lineno + 1}: longer than {max_chars} characters, the most one line "
-                             "may hold")
+            raise ValueError(
+                f"{path}, line {lineno + 1}: longer than {max_chars} characters, the most one line may hold"
+            )
         head, carry = _cut(text, max_chars)
         yield lineno + 1, head + "\n"
 
@@ -276,7 +327,9 @@ def _read_jsonl(f, path: Path, text_field: str, bounds: Bounds) -> Iterator[list
         text = record[text_field]
         if not isinstance(text, str):
             raise ValueError(f"{path}, line {lineno}: field {text_field!r} is {type(text).__name__}, not a string")
-        yield [split_sentences(piece) for p in _PARAGRAPH_BREAK.split(text) for piece in cut_at_words(p, bounds.paragraph)]
+        yield [
+            split_sentences(piece) for p in _PARAGRAPH_BREAK.split(text) for piece in cut_at_words(p, bounds.paragraph)
+        ]
 
 
 def read_paragraphs(
@@ -325,11 +378,13 @@ def _paragraphs(path, format, text_field, byte_range, errors, on_read, stats, bo
             yield from _read_jsonl(f, path, text_field, bounds)
 
 
-def read_documents(path: str | os.PathLike, format: str | None = None, text_field: str = "text",
-                   bounds: Bounds = Bounds()) -> Iterator[list[str]]:
+def read_documents(
+    path: str | os.PathLike, format: str | None = None, text_field: str = "text", bounds: Bounds = Bounds()
+) -> Iterator[list[str]]:
     """Stream the documents (lists of sentence strings) of a corpus file."""
-    return ([s for paragraph in doc for s in paragraph] for doc in read_paragraphs(path, format, text_field,
-                                                                                    bounds=bounds))
+    return (
+        [s for paragraph in doc for s in paragraph] for doc in read_paragraphs(path, format, text_field, bounds=bounds)
+    )
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -355,8 +410,9 @@ def detect_format(path: str | os.PathLike) -> str:
                     if len(lines) >= _SNIFF_LINES:
                         break
     except UnicodeDecodeError as e:
-        raise ValueError(f"corpus {path} is not UTF-8 text (byte {e.object[e.start]:#04x} where UTF-8 "
-                         "was expected)") from None
+        raise ValueError(
+            f"corpus {path} is not UTF-8 text (byte {e.object[e.start]:#04x} where UTF-8 was expected)"
+        ) from None
     if not lines:
         raise ValueError(f"corpus {path} is empty")
     if suffix != ".txt" and lines[0].lstrip().startswith(("<mediawiki", "<?xml")):

@@ -84,10 +84,21 @@ MIN_SENTENCE_TOKENS = 2
 MIN_WORD_SHARE = 0.5
 _WORD = re.compile(r"[^\W_]")  # a letter or digit in any script
 _SHARD_NAME = "shard-{:05d}"
-_STAT_KEYS = ("documents_read", "paragraphs_read", "sentences_read", "paragraphs_duplicate",
-              "documents_duplicate", "sentences_near_empty", "sentences_non_text", "paragraphs_empty",
-              "documents_empty", "wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles",
-              "wiki_oversize_pages")
+_STAT_KEYS = (
+    "documents_read",
+    "paragraphs_read",
+    "sentences_read",
+    "paragraphs_duplicate",
+    "documents_duplicate",
+    "sentences_near_empty",
+    "sentences_non_text",
+    "paragraphs_empty",
+    "documents_empty",
+    "wiki_redirects",
+    "wiki_other_namespaces",
+    "wiki_empty_articles",
+    "wiki_oversize_pages",
+)
 
 
 @dataclass(frozen=True)
@@ -227,8 +238,15 @@ def _process_unit(unit: Unit, build_dir: str, text_field: str) -> dict:
     def on_read(n: int) -> None:
         read_bytes[0] += n
 
-    docs = read_paragraphs(unit.path, unit.format, text_field, errors="replace", on_read=on_read, stats=stats,
-                           byte_range=None if unit.start is None or unit.end is None else (unit.start, unit.end))
+    docs = read_paragraphs(
+        unit.path,
+        unit.format,
+        text_field,
+        errors="replace",
+        on_read=on_read,
+        stats=stats,
+        byte_range=None if unit.start is None or unit.end is None else (unit.start, unit.end),
+    )
     parts: list[tuple[str, int]] = []
     pending: list[dict] = []
     seen: set[int] = set()
@@ -339,8 +357,13 @@ def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def _write_part(build_dir: str, unit: int, part: int, pieces: list[dict]) -> tuple[str, int]:
     path = os.path.join(build_dir, f"unit-{unit:06d}-{part:04d}.npz")
-    dtypes = {"tokens": np.int32, "sent_lengths": np.int64, "sent_per_para": np.int64, "para_per_doc": np.int64,
-              "keys": np.uint64}
+    dtypes = {
+        "tokens": np.int32,
+        "sent_lengths": np.int64,
+        "sent_per_para": np.int64,
+        "para_per_doc": np.int64,
+        "keys": np.uint64,
+    }
     arrays = {k: np.concatenate([p[k] for p in pieces] + [np.zeros(0, dtype)]) for k, dtype in dtypes.items()}
     with open(path, "wb") as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]  # (numpy's stubs: **arrays might fill allow_pickle)
@@ -401,15 +424,25 @@ class _Docs:
         """Documents a..b-1."""
         p, s, t = self.offsets()
         pa, pb = p[a], p[b]
-        return _Docs(self.tokens[t[s[pa]]:t[s[pb]]], self.sent_lengths[s[pa]:s[pb]], self.sent_per_para[pa:pb],
-                     self.para_per_doc[a:b], self.keys[pa:pb])
+        return _Docs(
+            self.tokens[t[s[pa]] : t[s[pb]]],
+            self.sent_lengths[s[pa] : s[pb]],
+            self.sent_per_para[pa:pb],
+            self.para_per_doc[a:b],
+            self.keys[pa:pb],
+        )
 
     def keep_paragraphs(self, keep: np.ndarray) -> _Docs:
         """Only the paragraphs where `keep`; documents left with none disappear."""
         keep_sent = np.repeat(keep, self.sent_per_para)
         paras = _segment_sums(keep, self.para_per_doc)
-        return _Docs(self.tokens[np.repeat(keep_sent, self.sent_lengths)], self.sent_lengths[keep_sent],
-                     self.sent_per_para[keep], paras[paras > 0], self.keys[keep])
+        return _Docs(
+            self.tokens[np.repeat(keep_sent, self.sent_lengths)],
+            self.sent_lengths[keep_sent],
+            self.sent_per_para[keep],
+            paras[paras > 0],
+            self.keys[keep],
+        )
 
     def doc_tokens(self) -> np.ndarray:
         return _segment_sums(_segment_sums(self.sent_lengths, self.sent_per_para), self.para_per_doc)
@@ -502,8 +535,10 @@ class _ShardWriter:
 class _OpenShard:
     def __init__(self, out: Path, index: int, dtype: np.dtype):
         self.out, self.name = out, _SHARD_NAME.format(index)
-        self.writers = {part: _ArrayWriter(out / f"{self.name}.{part}.npy", dtype if part == "tokens" else np.int64)
-                        for part in ("tokens", "sentences", "documents")}
+        self.writers = {
+            part: _ArrayWriter(out / f"{self.name}.{part}.npy", dtype if part == "tokens" else np.int64)
+            for part in ("tokens", "sentences", "documents")
+        }
         self.writers["sentences"].append([0])
         self.writers["documents"].append([0])
         self.tokens = self.sentences = self.documents = 0
@@ -512,8 +547,9 @@ class _OpenShard:
     def append(self, docs: _Docs) -> None:
         self.writers["tokens"].append(docs.tokens)
         self.writers["sentences"].append(self.tokens + np.cumsum(docs.sent_lengths))
-        self.writers["documents"].append(self.sentences + np.cumsum(_segment_sums(docs.sent_per_para,
-                                                                                  docs.para_per_doc)))
+        self.writers["documents"].append(
+            self.sentences + np.cumsum(_segment_sums(docs.sent_per_para, docs.para_per_doc))
+        )
         self.tokens += int(docs.sent_lengths.sum())
         self.sentences += len(docs.sent_lengths)
         self.documents += len(docs)
@@ -525,9 +561,15 @@ class _OpenShard:
         fsync_dir(self.out)
         keys = np.concatenate(self.keys) if self.keys else np.zeros(0, np.uint64)
         _atomic_save(build / f"{self.name}.keys.npy", keys)
-        record = {"name": self.name, "documents": self.documents, "sentences": self.sentences, "tokens": self.tokens,
-                  "sha256": {part: _sha256(self.out / f"{self.name}.{part}.npy") for part in self.writers},
-                  "position": asdict(position), "stats": dict(stats)}
+        record = {
+            "name": self.name,
+            "documents": self.documents,
+            "sentences": self.sentences,
+            "tokens": self.tokens,
+            "sha256": {part: _sha256(self.out / f"{self.name}.{part}.npy") for part in self.writers},
+            "position": asdict(position),
+            "stats": dict(stats),
+        }
         atomic_write_bytes(build / f"{self.name}.done.json", json.dumps(record, indent=1).encode())
         return record
 
@@ -588,12 +630,17 @@ def build_store(
         return finished
     state = _resume(out, plan)
     writer = _ShardWriter(out, dtype, options.shard_tokens, state)
-    todo = units[state.position.unit:]
+    todo = units[state.position.unit :]
     skip = {state.position.unit: state.position.docs}
-    progress = _Progress(on_progress, sum(u.bytes for u in units), sum(u.bytes for u in units[:state.position.unit]),
-                         lambda: len(writer.records))
-    for result in _run_units(todo, tokenizer, word_token_table(tokenizer), out / BUILD_DIR, options.text_field,
-                             workers, progress):
+    progress = _Progress(
+        on_progress,
+        sum(u.bytes for u in units),
+        sum(u.bytes for u in units[: state.position.unit]),
+        lambda: len(writer.records),
+    )
+    for result in _run_units(
+        todo, tokenizer, word_token_table(tokenizer), out / BUILD_DIR, options.text_field, workers, progress
+    ):
         writer.consume(result, skip.get(result["unit"], 0))
     writer.finish(len(units))
     if not writer.records:
@@ -609,12 +656,19 @@ def _plan_record(sources, units, tokenizer, dtype, options: BuildOptions) -> dic
     return {
         "format": STORE_FORMAT,
         "version": STORE_VERSION,
-        "tokenizer": {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": tokenizer.vocab_size,
-                      "lowercase": bool(tokenizer.lowercase)},
+        "tokenizer": {
+            "fingerprint": tokenizer_fingerprint(tokenizer),
+            "vocab_size": tokenizer.vocab_size,
+            "lowercase": bool(tokenizer.lowercase),
+        },
         "dtype": np.dtype(dtype).name,
         "sources": [asdict(s) for s in sources],
-        "options": {"shard_tokens": options.shard_tokens, "unit_bytes": options.unit_bytes,
-                    "text_field": options.text_field, "units": len(units)},
+        "options": {
+            "shard_tokens": options.shard_tokens,
+            "unit_bytes": options.unit_bytes,
+            "text_field": options.text_field,
+            "units": len(units),
+        },
         "mtimes_ns": [Path(s.path).stat().st_mtime_ns for s in sources],
     }
 
@@ -632,8 +686,10 @@ def _finished_manifest(out: Path, plan: dict) -> dict | None:
         return None
     built = {**manifest, "options": manifest.get("build")}
     if not _same_build({k: v for k, v in plan.items() if k != "mtimes_ns"}, built):
-        raise ValueError(f"{out} holds a finished store built from other inputs, tokenizer or options; "
-                         "choose another output directory or delete it")
+        raise ValueError(
+            f"{out} holds a finished store built from other inputs, tokenizer or options; "
+            "choose another output directory or delete it"
+        )
     return manifest
 
 
@@ -645,8 +701,10 @@ def _resume(out: Path, plan: dict) -> _ResumeState:
     if plan_path.is_file():
         previous = json.loads(plan_path.read_text(encoding="utf-8"))
         if not _same_build(plan, previous) or previous.get("mtimes_ns") != plan["mtimes_ns"]:
-            raise ValueError(f"{out} holds an unfinished build of other inputs, tokenizer or options (or the "
-                             "inputs changed since); delete it, or rerun with the same inputs and options")
+            raise ValueError(
+                f"{out} holds an unfinished build of other inputs, tokenizer or options (or the "
+                "inputs changed since); delete it, or rerun with the same inputs and options"
+            )
     else:
         if any(out.glob("shard-*")):
             raise ValueError(f"{out} holds shards but no build record; delete it or choose another directory")
@@ -666,24 +724,34 @@ def _resume(out: Path, plan: dict) -> _ResumeState:
 def _remove_leftovers(out: Path, n_done: int) -> None:
     """Delete shards past the finished ones, temp files and unit parts of a killed build."""
     for path in out.glob("shard-*"):
-        if int(path.name[len("shard-"):].split(".")[0]) >= n_done:
+        if int(path.name[len("shard-") :].split(".")[0]) >= n_done:
             path.unlink()
     for path in chain(out.glob(".shard-*"), (out / BUILD_DIR).glob("unit-*"), (out / BUILD_DIR).glob(".*")):
         path.unlink()
     for path in (out / BUILD_DIR).glob("shard-*"):
-        if int(path.name[len("shard-"):].split(".")[0]) >= n_done:
+        if int(path.name[len("shard-") :].split(".")[0]) >= n_done:
             path.unlink()
 
 
 def _manifest(plan: dict, writer: _ShardWriter) -> dict:
     shards = [{k: r[k] for k in ("name", "documents", "sentences", "tokens", "sha256")} for r in writer.records]
     totals = {k: sum(s[k] for s in shards) for k in ("documents", "sentences", "tokens")}
-    stats = {**writer.stats, "unique_paragraphs": len(writer.keys),
-             "dedup_key": "blake2b-64 of each paragraph's words joined by single spaces"}
+    stats = {
+        **writer.stats,
+        "unique_paragraphs": len(writer.keys),
+        "dedup_key": "blake2b-64 of each paragraph's words joined by single spaces",
+    }
     return {
-        "format": STORE_FORMAT, "version": STORE_VERSION, "tokenizer": plan["tokenizer"], "dtype": plan["dtype"],
-        "shards": shards, "totals": totals, "sources": plan["sources"], "stats": stats,
-        "build": plan["options"], "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "format": STORE_FORMAT,
+        "version": STORE_VERSION,
+        "tokenizer": plan["tokenizer"],
+        "dtype": plan["dtype"],
+        "shards": shards,
+        "totals": totals,
+        "sources": plan["sources"],
+        "stats": stats,
+        "build": plan["options"],
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -700,13 +768,21 @@ class _Progress:
         if self.callback is None or self.counters is None or (not final and now - self.last < 0.5):
             return
         self.last = now
-        self.callback({"bytes_done": self.bytes_before + self.counters["bytes"].value, "bytes_total": self.bytes_total,
-                       "tokens": self.counters["tokens"].value, "shards": self.shards(),
-                       "elapsed_s": now - self.started, "final": final})
+        self.callback(
+            {
+                "bytes_done": self.bytes_before + self.counters["bytes"].value,
+                "bytes_total": self.bytes_total,
+                "tokens": self.counters["tokens"].value,
+                "shards": self.shards(),
+                "elapsed_s": now - self.started,
+                "final": final,
+            }
+        )
 
 
-def _run_units(units: list[Unit], tokenizer, words: np.ndarray, build: Path, text_field: str, workers: int,
-               progress: _Progress) -> Iterator[dict]:
+def _run_units(
+    units: list[Unit], tokenizer, words: np.ndarray, build: Path, text_field: str, workers: int, progress: _Progress
+) -> Iterator[dict]:
     """Each unit's result, in unit order; at most 2 x workers units tokenised ahead of the writer."""
     ctx = mp.get_context("spawn")
     counters = {"bytes": ctx.Value("q", 0), "tokens": ctx.Value("q", 0)}

@@ -199,8 +199,9 @@ def load_classification_data(
     return ClassificationData(train, evals, id2label, label2id, regression, pair_col is not None, groups)
 
 
-def _label_maps(path: Path, rows, label_column: str, regression: bool,
-                labels: list[str] | None) -> tuple[dict[int, str], dict[str, int]]:
+def _label_maps(
+    path: Path, rows, label_column: str, regression: bool, labels: list[str] | None
+) -> tuple[dict[int, str], dict[str, int]]:
     """id2label and label2id: one pseudo-label for regression, `labels` as given, else from the data."""
     if regression:
         return {0: "LABEL_0"}, {"LABEL_0": 0}
@@ -214,8 +215,10 @@ def _hold_out(examples: list, fraction: float, seed: int, group_values: list | N
     train_idx, eval_idx = split_holdout(len(examples), fraction, seed, group_values)
     groups = {}
     if group_values is not None:
-        groups = {"train": sorted({str(group_values[i]) for i in train_idx}),
-                  "eval": sorted({str(group_values[i]) for i in eval_idx})}
+        groups = {
+            "train": sorted({str(group_values[i]) for i in train_idx}),
+            "eval": sorted({str(group_values[i]) for i in eval_idx}),
+        }
     return [examples[i] for i in train_idx], [examples[i] for i in eval_idx], groups
 
 

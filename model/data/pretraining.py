@@ -65,8 +65,9 @@ PLAN_BLOCK_SENTENCES = 1 << 20
 _FIELDS = ("a_lo", "a_hi", "b_lo", "b_hi", "is_random_next")
 
 
-def plan_instances(corpus, max_num_tokens: int, short_seq_prob: float, nsp: bool,
-                   rng: np.random.Generator) -> InstancePlan:
+def plan_instances(
+    corpus, max_num_tokens: int, short_seq_prob: float, nsp: bool, rng: np.random.Generator
+) -> InstancePlan:
     """Token ranges of every instance of one pass over a TokenizedCorpus or TokenStore, in corpus order.
 
     Offsets are global (a store's shards end to end). Each shard, and each block of a shard, draws from
@@ -90,7 +91,8 @@ def plan_instances(corpus, max_num_tokens: int, short_seq_prob: float, nsp: bool
                 rand = cols["is_random_next"] == 1
                 own = document_bases[s] + d0 + doc[rand]
                 cols["b_lo"][rand], cols["b_hi"][rand] = _random_segments(
-                    shards, token_bases, document_bases, own, target[rand], block_rng)
+                    shards, token_bases, document_bases, own, target[rand], block_rng
+                )
             parts.append(cols)
     if not parts:  # no documents at all
         return InstancePlan(*(np.zeros(0, np.int8 if f == "is_random_next" else np.int64) for f in _FIELDS))
@@ -134,8 +136,13 @@ def _plan_block(shard, d0: int, d1: int, max_num_tokens, short_seq_prob, nsp, rn
     if not nsp:
         take = _chunk_starts(end)
         zero = np.zeros(len(take), np.int64)
-        cols = {"a_lo": starts[take], "a_hi": starts[end[take]], "b_lo": zero, "b_hi": zero.copy(),
-                "is_random_next": np.zeros(len(take), np.int8)}
+        cols = {
+            "a_lo": starts[take],
+            "a_hi": starts[end[take]],
+            "b_lo": zero,
+            "b_hi": zero.copy(),
+            "is_random_next": np.zeros(len(take), np.int8),
+        }
         return cols, doc_of[take], goal[take]
     is_random = rng.random(n) < 0.5
     single = ~is_random & (end - i == 1)
@@ -151,8 +158,13 @@ def _plan_block(shard, d0: int, d1: int, max_num_tokens, short_seq_prob, nsp, rn
     a_lo = np.where(with_prev, take - 1, take)
     a_hi = np.where(with_prev, take, a_end)  # (with_next: a_end is take + 1 already)
     b_hi = np.where(with_next, take + 2, end)
-    cols = {"a_lo": starts[a_lo], "a_hi": starts[a_hi], "b_lo": starts[a_hi], "b_hi": starts[b_hi],
-            "is_random_next": is_random[take].astype(np.int8)}
+    cols = {
+        "a_lo": starts[a_lo],
+        "a_hi": starts[a_hi],
+        "b_lo": starts[a_hi],
+        "b_hi": starts[b_hi],
+        "is_random_next": is_random[take].astype(np.int8),
+    }
     return cols, doc_of[take], goal[take] - (cols["a_hi"] - cols["a_lo"])
 
 
@@ -416,4 +428,3 @@ def collate_pretraining(examples: list[dict], pad_id: int) -> dict[str, torch.Te
     if "next_sentence_label" in examples[0]:
         batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples], dtype=torch.long)
     return batch
-

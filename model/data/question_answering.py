@@ -132,12 +132,16 @@ def _example(path: Path, qa, context: str, where: str) -> QAExample:
     for i, answer in enumerate(_list(path, qa, "answers", f"question {qid!r}")):
         text, start = (answer.get(k) if isinstance(answer, dict) else None for k in ("text", "answer_start"))
         if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool):
-            raise ValueError(f"{path}: question {qid!r}: answers[{i}] needs a non-empty 'text' and an "
-                             f"integer 'answer_start', got {answer!r}")
-        found = context[start:start + len(text)] if start >= 0 else ""
+            raise ValueError(
+                f"{path}: question {qid!r}: answers[{i}] needs a non-empty 'text' and an "
+                f"integer 'answer_start', got {answer!r}"
+            )
+        found = context[start : start + len(text)] if start >= 0 else ""
         if found != text:
-            raise ValueError(f"{path}: question {qid!r}: answers[{i}] {text!r} is not at answer_start {start} "
-                             f"of the context (found {found!r})")
+            raise ValueError(
+                f"{path}: question {qid!r}: answers[{i}] {text!r} is not at answer_start {start} "
+                f"of the context (found {found!r})"
+            )
         texts.append(text)
         starts.append(start)
     if impossible and texts:
@@ -147,8 +151,13 @@ def _example(path: Path, qa, context: str, where: str) -> QAExample:
     return QAExample(qid, question, context, texts, starts, impossible)
 
 
-def load_qa_data(train_path: str | os.PathLike, eval_path: str | os.PathLike | None = None, *,
-                 eval_fraction: float = 0.1, seed: int = 0) -> QAData:
+def load_qa_data(
+    train_path: str | os.PathLike,
+    eval_path: str | os.PathLike | None = None,
+    *,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+) -> QAData:
     """Read SQuAD questions; without `eval_path`, hold out `eval_fraction` of the train questions."""
     train = read_squad(train_path)
     if eval_path is not None:
@@ -165,8 +174,14 @@ def default_doc_stride(max_seq_len: int, max_query_length: int = MAX_QUERY_LENGT
     return max(0, min(DOC_STRIDE, (max_seq_len - max_query_length - SPECIAL_TOKENS_IN_A_PAIR) // 2))
 
 
-def encode_squad(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384, doc_stride: int | None = None,
-                 max_query_length: int = MAX_QUERY_LENGTH) -> list[QAWindow]:
+def encode_squad(
+    examples: list[QAExample],
+    tokenizer,
+    *,
+    max_seq_len: int = 384,
+    doc_stride: int | None = None,
+    max_query_length: int = MAX_QUERY_LENGTH,
+) -> list[QAWindow]:
     """Windows of every example, in order, with start/end positions (see the module docstring).
     `doc_stride` None: default_doc_stride."""
     if max_query_length < 1:
@@ -189,8 +204,10 @@ def _check_room(qid: str, q: int, max_seq_len: int, doc_stride: int) -> None:
     """A window must hold the question's `q` tokens, three special ones and more than doc_stride of the context."""
     room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR  # context tokens per window
     if room < 1 or not 0 <= doc_stride < room:
-        raise ValueError(f"question {qid!r}: doc_stride {doc_stride} must be at least 0 and less than the {room} "
-                         f"context tokens that fit beside its {q} tokens in a window of max_seq_len {max_seq_len}")
+        raise ValueError(
+            f"question {qid!r}: doc_stride {doc_stride} must be at least 0 and less than the {room} "
+            f"context tokens that fit beside its {q} tokens in a window of max_seq_len {max_seq_len}"
+        )
 
 
 def cut_questions(tokenizer, questions: list[str], max_tokens: int) -> list[tuple[str, int]]:
@@ -201,7 +218,7 @@ def cut_questions(tokenizer, questions: list[str], max_tokens: int) -> list[tupl
         if len(enc.ids) <= max_tokens:
             out.append((question, len(enc.ids)))
         else:
-            out.append((question[:enc.offsets[max_tokens - 1][1]], max_tokens))
+            out.append((question[: enc.offsets[max_tokens - 1][1]], max_tokens))
     return out
 
 
@@ -246,16 +263,26 @@ class QABatches(RowBatches):
     when the empty answer wins and `allow_impossible` (SQuAD v2.0 data), scored by EM and F1.
     """
 
-    def __init__(self, examples: list[QAExample], tokenizer, *, batch_size: int = 32, max_seq_len: int = 384,
-                 doc_stride: int | None = None, max_query_length: int = MAX_QUERY_LENGTH,
-                 max_answer_len: int = MAX_ANSWER_LEN, allow_impossible: bool | None = None, seed: int = 0,
-                 shuffle: bool = True):
-        windows = encode_squad(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
-                               max_query_length=max_query_length)
+    def __init__(
+        self,
+        examples: list[QAExample],
+        tokenizer,
+        *,
+        batch_size: int = 32,
+        max_seq_len: int = 384,
+        doc_stride: int | None = None,
+        max_query_length: int = MAX_QUERY_LENGTH,
+        max_answer_len: int = MAX_ANSWER_LEN,
+        allow_impossible: bool | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
+        windows = encode_squad(
+            examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride, max_query_length=max_query_length
+        )
         super().__init__(windows, batch_size, seed, shuffle)
         self.examples, self.pad_id, self.max_answer_len = examples, tokenizer.pad_token_id, max_answer_len
-        self.allow_impossible = (any(e.is_impossible for e in examples) if allow_impossible is None
-                                 else allow_impossible)
+        self.allow_impossible = any(e.is_impossible for e in examples) if allow_impossible is None else allow_impossible
 
     def collate(self, rows: list[QAWindow]) -> dict[str, torch.Tensor]:
         batch = padded_inputs([r.input_ids for r in rows], [r.token_type_ids for r in rows], self.pad_id)
@@ -270,9 +297,15 @@ class QABatches(RowBatches):
         for row, (start, end) in zip(self.rows, logits):
             per_example.setdefault(row.example, []).append((start, end, row.offsets))
         done = list(per_example)[:-1] if len(logits) < len(self.rows) else list(per_example)
-        return {self.examples[i].id: best_answer(self.examples[i].context, per_example[i],
-                                                 max_answer_len=self.max_answer_len,
-                                                 allow_impossible=self.allow_impossible) for i in done}
+        return {
+            self.examples[i].id: best_answer(
+                self.examples[i].context,
+                per_example[i],
+                max_answer_len=self.max_answer_len,
+                allow_impossible=self.allow_impossible,
+            )
+            for i in done
+        }
 
     def score(self, logits: list[tuple]) -> dict[str, float]:
         """exact_match and f1 over the questions `predictions` answers."""

@@ -165,8 +165,9 @@ def _read_manifest(path: Path) -> dict:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ValueError(f"{file}: format is {found!r}, expected {STORE_FORMAT!r}")
     if manifest.get("version") != STORE_VERSION:
-        raise ValueError(f"{file}: version {manifest.get('version')!r} is not supported (this reader reads "
-                         f"version {STORE_VERSION})")
+        raise ValueError(
+            f"{file}: version {manifest.get('version')!r} is not supported (this reader reads version {STORE_VERSION})"
+        )
     if manifest.get("dtype") not in TOKEN_DTYPES:
         raise ValueError(f"{file}: dtype {manifest.get('dtype')!r}, expected one of {TOKEN_DTYPES}")
     if not manifest.get("shards"):
@@ -185,18 +186,25 @@ def _open_shard(path: Path, entry: dict, dtype: str) -> TokenizedCorpus:
             arrays[part] = np.load(file, mmap_mode="r")
         except ValueError as e:
             raise ValueError(f"{file} is not a readable .npy array: {e}") from None
-    expected = {"tokens": entry.get("tokens"), "sentences": _plus_one(entry.get("sentences")),
-                "documents": _plus_one(entry.get("documents"))}
+    expected = {
+        "tokens": entry.get("tokens"),
+        "sentences": _plus_one(entry.get("sentences")),
+        "documents": _plus_one(entry.get("documents")),
+    }
     for part in PARTS:
         if arrays[part].ndim != 1 or len(arrays[part]) != expected[part]:
-            raise ValueError(f"{path / f'{name}.{part}.npy'} has {arrays[part].shape[0]} entries, the manifest "
-                             f"says {expected[part]} ({_counts(entry)})")
+            raise ValueError(
+                f"{path / f'{name}.{part}.npy'} has {arrays[part].shape[0]} entries, the manifest "
+                f"says {expected[part]} ({_counts(entry)})"
+            )
     if arrays["tokens"].dtype != np.dtype(dtype):
         raise ValueError(f"{path / f'{name}.tokens.npy'} holds {arrays['tokens'].dtype}, the manifest says {dtype}")
     s, d = arrays["sentences"], arrays["documents"]
     if s[0] != 0 or s[-1] != len(arrays["tokens"]) or d[0] != 0 or d[-1] != len(s) - 1:
-        raise ValueError(f"{path}: shard {name!r} offsets do not start at 0 and end at its token and sentence "
-                         f"counts (sentences {s[0]}..{s[-1]}, documents {d[0]}..{d[-1]})")
+        raise ValueError(
+            f"{path}: shard {name!r} offsets do not start at 0 and end at its token and sentence "
+            f"counts (sentences {s[0]}..{s[-1]}, documents {d[0]}..{d[-1]})"
+        )
     return TokenizedCorpus(path / str(name), "store", arrays["tokens"], s, d)
 
 

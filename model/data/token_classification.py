@@ -106,8 +106,10 @@ def tagged_format(path: Path) -> str:
         return "jsonl"
     if name.endswith(CONLL_SUFFIXES):
         return "conll"
-    raise ValueError(f"cannot tell the format of {path}: expected CoNLL columns "
-                     f"({', '.join(CONLL_SUFFIXES)}) or JSONL ({', '.join(JSONL_SUFFIXES)})")
+    raise ValueError(
+        f"cannot tell the format of {path}: expected CoNLL columns "
+        f"({', '.join(CONLL_SUFFIXES)}) or JSONL ({', '.join(JSONL_SUFFIXES)})"
+    )
 
 
 def read_tagged(path: str | os.PathLike) -> list[TaggedSentence]:
@@ -144,8 +146,9 @@ def _iter_conll(lines, path: Path):
             raise ValueError(f"{path}, line {lineno}: 1 column, expected a token and a tag: {line!r}")
         columns = columns or (len(cols), lineno)
         if len(cols) != columns[0]:
-            raise ValueError(f"{path}, line {lineno}: {len(cols)} columns, expected {columns[0]} "
-                             f"as on line {columns[1]}: {line!r}")
+            raise ValueError(
+                f"{path}, line {lineno}: {len(cols)} columns, expected {columns[0]} as on line {columns[1]}: {line!r}"
+            )
         if not cols[0]:
             raise ValueError(f"{path}, line {lineno}: empty token: {line!r}")
         tokens.append(cols[0])
@@ -182,16 +185,19 @@ def check_iob2(sentence: TaggedSentence) -> None:
         if tag != "O" and not _TAG.match(tag):
             raise ValueError(f"{sentence.where(i)}: tag {tag!r} is not O, B-<type> or I-<type>")
         if tag.startswith("I-") and previous[2:] != tag[2:]:
-            raise ValueError(f"{sentence.where(i)}: tag {tag!r} follows {previous!r}, not B-{tag[2:]} or "
-                             f"I-{tag[2:]} (IOB2: an entity opens with B-; convert IOB1 files first)")
+            raise ValueError(
+                f"{sentence.where(i)}: tag {tag!r} follows {previous!r}, not B-{tag[2:]} or "
+                f"I-{tag[2:]} (IOB2: an entity opens with B-; convert IOB1 files first)"
+            )
         previous = tag
 
 
 # ---------------------------------------------------------------------------- tag map and loading
 
 
-def build_tag_map(sentences: list[TaggedSentence], labels: list[str] | None = None
-                  ) -> tuple[dict[int, str], dict[str, int]]:
+def build_tag_map(
+    sentences: list[TaggedSentence], labels: list[str] | None = None
+) -> tuple[dict[int, str], dict[str, int]]:
     """id2label, label2id: `labels` in the order given, else the distinct tags sorted. Every tag in
     `sentences` must be in the map."""
     if labels is None:
@@ -240,8 +246,9 @@ def load_token_classification_data(
 # ---------------------------------------------------------------------------- encoding
 
 
-def encode_tagged(sentences: list[TaggedSentence], tokenizer, label2id: dict[str, int],
-                  max_seq_len: int = 128) -> list[TokenClassificationExample]:
+def encode_tagged(
+    sentences: list[TaggedSentence], tokenizer, label2id: dict[str, int], max_seq_len: int = 128
+) -> list[TokenClassificationExample]:
     """Encode with `tokenizer` (our BertTokenizer), one example per part of each sentence."""
     if not isinstance(max_seq_len, int) or max_seq_len < 3:
         raise ValueError(f"max_seq_len must be an int >= 3 ([CLS], a token, [SEP]), got {max_seq_len!r}")
@@ -255,8 +262,9 @@ def encode_tagged(sentences: list[TaggedSentence], tokenizer, label2id: dict[str
     return examples
 
 
-def _sentence_parts(index: int, ids: list[int], word_ids: list[int], labels: list[int], tokenizer,
-                    budget: int) -> list[TokenClassificationExample]:
+def _sentence_parts(
+    index: int, ids: list[int], word_ids: list[int], labels: list[int], tokenizer, budget: int
+) -> list[TokenClassificationExample]:
     """A sentence's pieces cut at word boundaries into parts of at most `budget` pieces, then framed."""
     spans = _word_spans(word_ids, len(labels))  # (first piece, end piece) per word
     cuts, start, used = [], 0, 0  # cuts: (first word, end word)
@@ -271,14 +279,20 @@ def _sentence_parts(index: int, ids: list[int], word_ids: list[int], labels: lis
         lo, hi = spans[w0][0], spans[w1 - 1][1]
         hi = min(hi, lo + budget)  # a single word longer than the budget is cut (its first piece stays)
         piece_words = word_ids[lo:hi]
-        part_labels = [labels[w] if j == lo or word_ids[j - 1] != w else IGNORE_INDEX
-                       for j, w in enumerate(piece_words, start=lo)]
-        parts.append(TokenClassificationExample(
-            input_ids=[tokenizer.cls_token_id, *ids[lo:hi], tokenizer.sep_token_id],
-            labels=[IGNORE_INDEX, *part_labels, IGNORE_INDEX],
-            word_ids=[None, *piece_words, None],
-            sentence=index, part=part, parts=len(cuts), first_word=w0,
-        ))
+        part_labels = [
+            labels[w] if j == lo or word_ids[j - 1] != w else IGNORE_INDEX for j, w in enumerate(piece_words, start=lo)
+        ]
+        parts.append(
+            TokenClassificationExample(
+                input_ids=[tokenizer.cls_token_id, *ids[lo:hi], tokenizer.sep_token_id],
+                labels=[IGNORE_INDEX, *part_labels, IGNORE_INDEX],
+                word_ids=[None, *piece_words, None],
+                sentence=index,
+                part=part,
+                parts=len(cuts),
+                first_word=w0,
+            )
+        )
     return parts
 
 
@@ -310,8 +324,17 @@ class TokenClassificationBatches(RowBatches):
     a sentence's parts are joined again, so an entity across a cut is one entity.
     """
 
-    def __init__(self, sentences: list[TaggedSentence], tokenizer, label2id: dict[str, int], *,
-                 batch_size: int = 32, max_seq_len: int = 128, seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self,
+        sentences: list[TaggedSentence],
+        tokenizer,
+        label2id: dict[str, int],
+        *,
+        batch_size: int = 32,
+        max_seq_len: int = 128,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
         super().__init__(encode_tagged(sentences, tokenizer, label2id, max_seq_len), batch_size, seed, shuffle)
         self.pad_id = tokenizer.pad_token_id
         self.id2label = {i: label for label, i in label2id.items()}

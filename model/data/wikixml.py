@@ -30,7 +30,25 @@ from defusedxml.ElementTree import DefusedXMLParser
 from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
 
 # Tags whose content is not running text (tables, references, code, maths, galleries).
-_DROPPED_TAGS = frozenset(["table", "ref", "references", "gallery", "math", "chem", "score", "syntaxhighlight", "source", "pre", "timeline", "imagemap", "templatedata", "graph", "mapframe"])
+_DROPPED_TAGS = frozenset(
+    [
+        "table",
+        "ref",
+        "references",
+        "gallery",
+        "math",
+        "chem",
+        "score",
+        "syntaxhighlight",
+        "source",
+        "pre",
+        "timeline",
+        "imagemap",
+        "templatedata",
+        "graph",
+        "mapframe",
+    ]
+)
 # Link namespaces that are media or page metadata, not prose (and their aliases).
 _DROPPED_LINKS = ("file:", "image:", "media:", "category:", ":category:")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
@@ -41,8 +59,9 @@ _READ_BYTES = 1 << 16
 _STATS = ("wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles", "wiki_oversize_pages")
 
 
-def read_wiki_articles(f: IO[bytes] | io.BufferedIOBase, path: str | Path,
-                       stats: dict | None = None) -> Iterator[list[str]]:
+def read_wiki_articles(
+    f: IO[bytes] | io.BufferedIOBase, path: str | Path, stats: dict | None = None
+) -> Iterator[list[str]]:
     """The articles of a MediaWiki XML export, each a list of its paragraphs' plain text.
 
     `stats` counts pages skipped: "wiki_redirects", "wiki_other_namespaces", "wiki_empty_articles",
@@ -79,8 +98,10 @@ def _pages(f: IO[bytes] | io.BufferedIOBase, path: str | Path) -> Iterator[dict]
         raise ValueError(f"{path}: malformed XML ({e})") from None
     except DefusedXmlException as e:
         line = parser.parser.CurrentLineNumber
-        raise ValueError(f"{path}, line {line}: not a MediaWiki XML dump: {type(e).__name__} (DTDs, entity "
-                         "declarations and external references are not read)") from None
+        raise ValueError(
+            f"{path}, line {line}: not a MediaWiki XML dump: {type(e).__name__} (DTDs, entity "
+            "declarations and external references are not read)"
+        ) from None
     yield from target.take()
 
 
@@ -89,7 +110,10 @@ class _PageTarget:
     <title>, <ns> and <revision><text>, each dropped once longer than MAX_PAGE_CHARS (and marked oversize)."""
 
     _KEPT: dict[tuple[str | None, str], str] = {  # (parent, element) -> field; the root's parent is None
-        ("page", "title"): "title", ("page", "ns"): "ns", ("revision", "text"): "text"}
+        ("page", "title"): "title",
+        ("page", "ns"): "ns",
+        ("revision", "text"): "text",
+    }
 
     def __init__(self, path: str | Path):
         self.path = path

@@ -32,8 +32,11 @@ META = "meta.json"
 DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")
 LISTED_LABELS = 100
 # The fine-tuning task (model.runs.TASKS) each kind of dataset trains.
-KIND_OF_TASK = {"sequence-classification": "labelled", "token-classification": "token-labelled",
-                "question-answering": "qa"}
+KIND_OF_TASK = {
+    "sequence-classification": "labelled",
+    "token-classification": "token-labelled",
+    "question-answering": "qa",
+}
 
 
 class DatasetExists(FileExistsError):

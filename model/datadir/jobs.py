@@ -118,12 +118,30 @@ class JobStore:
         """Write a new job in state "queued" (atomically: the directory appears with its record)."""
         job_id = new_job_id()
         now = now_iso()
-        record = cast(JobRecord, {
-            "format_version": FORMAT_VERSION, "id": job_id, **spec, "state": "queued", "attempts": 0,
-            "created_at": now, "updated_at": now, "enqueued_at": None, "started_at": None, "finished_at": None,
-            "heartbeat_at": None, "worker": None, "progress": {}, "eval": None, "latest_checkpoint": None,
-            "cancel_requested": False, "error": None, "result": None, "events": [],
-        })
+        record = cast(
+            JobRecord,
+            {
+                "format_version": FORMAT_VERSION,
+                "id": job_id,
+                **spec,
+                "state": "queued",
+                "attempts": 0,
+                "created_at": now,
+                "updated_at": now,
+                "enqueued_at": None,
+                "started_at": None,
+                "finished_at": None,
+                "heartbeat_at": None,
+                "worker": None,
+                "progress": {},
+                "eval": None,
+                "latest_checkpoint": None,
+                "cancel_requested": False,
+                "error": None,
+                "result": None,
+                "events": [],
+            },
+        )
         _add_event(record, "created")
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"{TMP_PREFIX}{job_id}"
@@ -315,8 +333,15 @@ def duplicate_ignored(record: JobRecord, detail: str) -> None:
 def start(record: JobRecord, worker: str) -> None:
     """A new attempt, on `worker`, now holding the lease."""
     attempt = record["attempts"] + 1
-    _move(record, "started", f"attempt {attempt} on {worker}", attempts=attempt, worker=worker,
-          heartbeat_at=now_iso(), started_at=record.get("started_at") or now_iso())
+    _move(
+        record,
+        "started",
+        f"attempt {attempt} on {worker}",
+        attempts=attempt,
+        worker=worker,
+        heartbeat_at=now_iso(),
+        started_at=record.get("started_at") or now_iso(),
+    )
 
 
 def attempt_did_not_finish(record: JobRecord) -> None:

@@ -24,8 +24,9 @@ MODELS, DATASETS, JOBS = "models", "datasets", "jobs"
 INIT_LOCK = ".init.lock"
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
-             "(and not with 'tmp')")
+NAME_RULE = (
+    "must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit (and not with 'tmp')"
+)
 JOB_ID_PATTERN = r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$"
 _NAME_RE, _JOB_ID_RE = re.compile(NAME_PATTERN), re.compile(JOB_ID_PATTERN)
 

@@ -67,8 +67,9 @@ class Lease:
     def start_heartbeat(self, interval_s: float) -> None:
         if interval_s <= 0 or self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._beat, args=(interval_s,), daemon=True,
-                                        name=f"lease-heartbeat-{self.job_id}")
+        self._thread = threading.Thread(
+            target=self._beat, args=(interval_s,), daemon=True, name=f"lease-heartbeat-{self.job_id}"
+        )
         self._thread.start()
 
     def _beat(self, interval_s: float) -> None:

@@ -27,8 +27,10 @@ def publish_model(data_dir: str | os.PathLike, job_id: str, source: Path, name: 
         if published_by(target) == job_id:
             shutil.rmtree(source, ignore_errors=True)
             return target
-        raise FileExistsError(f"model '{name}' already exists in {target.parent} (made by something else "
-                              f"while this job ran); the trained model is kept in {source}")
+        raise FileExistsError(
+            f"model '{name}' already exists in {target.parent} (made by something else "
+            f"while this job ran); the trained model is kept in {source}"
+        )
     provenance = {"job_id": job_id, "published_at": now_iso()}
     atomic_write_bytes(source / PROVENANCE, encode(provenance))
     try:

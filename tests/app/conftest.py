@@ -22,7 +22,95 @@ from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel
 from model.tokenizer import BertTokenizer
 
-WORDS = ["the", "a", "an", "of", "to", "in", "is", "was", "it", "that", "he", "she", "they", "we", "you", "i", "and", "or", "but", "not", "for", "with", "on", "at", "by", "from", "cat", "dog", "mat", "sat", "ran", "fox", "quick", "brown", "lazy", "jumped", "over", "paris", "france", "capital", "city", "river", "house", "car", "red", "blue", "green", "big", "small", "good", "bad", "happy", "sad", "film", "movie", "great", "awful", "one", "two", "three", "four", "five", "man", "woman", "child", "ate", "eats", "food", "milk", "store", "bought", "went", "sky", "penguins", "fly", "can", "##s", "##ing", "##ed", "##er", "##ly", ".", ",", "!", "?", "'", "-"]
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "is",
+    "was",
+    "it",
+    "that",
+    "he",
+    "she",
+    "they",
+    "we",
+    "you",
+    "i",
+    "and",
+    "or",
+    "but",
+    "not",
+    "for",
+    "with",
+    "on",
+    "at",
+    "by",
+    "from",
+    "cat",
+    "dog",
+    "mat",
+    "sat",
+    "ran",
+    "fox",
+    "quick",
+    "brown",
+    "lazy",
+    "jumped",
+    "over",
+    "paris",
+    "france",
+    "capital",
+    "city",
+    "river",
+    "house",
+    "car",
+    "red",
+    "blue",
+    "green",
+    "big",
+    "small",
+    "good",
+    "bad",
+    "happy",
+    "sad",
+    "film",
+    "movie",
+    "great",
+    "awful",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "man",
+    "woman",
+    "child",
+    "ate",
+    "eats",
+    "food",
+    "milk",
+    "store",
+    "bought",
+    "went",
+    "sky",
+    "penguins",
+    "fly",
+    "can",
+    "##s",
+    "##ing",
+    "##ed",
+    "##er",
+    "##ly",
+    ".",
+    ",",
+    "!",
+    "?",
+    "'",
+    "-",
+]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
 MAX_POSITIONS = 32
 
@@ -35,8 +123,14 @@ MODELS = {
 
 
 def tiny_config(**overrides) -> BertConfig:
-    values = dict(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=37, max_position_embeddings=MAX_POSITIONS)
+    values = dict(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=MAX_POSITIONS,
+    )
     return BertConfig(**{**values, **overrides})
 
 
@@ -69,8 +163,18 @@ def reference(data_dir):
 
 def settings_for(data_dir: Path, **overrides) -> Settings:
     # broker: nothing listens on port 1; the default, 127.0.0.1:6379, may be a user's Redis
-    values = dict(data_dir=data_dir, default_model="tiny-pt", device="cpu", load="startup", max_wait_ms=2.0,
-                  api_key=None, max_inputs=64, max_batch_tokens=4096, batching=True, broker_url="redis://127.0.0.1:1/0")
+    values = dict(
+        data_dir=data_dir,
+        default_model="tiny-pt",
+        device="cpu",
+        load="startup",
+        max_wait_ms=2.0,
+        api_key=None,
+        max_inputs=64,
+        max_batch_tokens=4096,
+        batching=True,
+        broker_url="redis://127.0.0.1:1/0",
+    )
     return Settings(**{**values, **overrides})
 
 

@@ -65,13 +65,15 @@ async def until(condition, timeout: float = 5.0) -> None:
 
 # -- cost limits, checked after tokenising and before the engine -------------------------------
 
+
 async def test_too_many_masks_is_422_before_any_inference(data_dir):
     # The issue's request ("[MASK] " * 510, top_k 100), scaled to the tiny model's 32 positions.
     text = "[MASK] " * 30
     async with serve_app(settings_for(data_dir, max_masks_per_input=8)) as c:
         spy = Spy(c.app.state.service.engine, "mlm")
-        too_many = err("validation", "input 0 has 30 [MASK] tokens, more than the 8 per input that "
-                                     "BERT_MAX_MASKS_PER_INPUT allows")
+        too_many = err(
+            "validation", "input 0 has 30 [MASK] tokens, more than the 8 per input that BERT_MAX_MASKS_PER_INPUT allows"
+        )
         r = await c.post("/fill-mask", json={"inputs": text, "top_k": 100})
         assert r.status_code == 422 and r.json() == too_many
         r = await c.post("/fill-mask", json={"inputs": [text] * 64, "top_k": 100})  # 64 copies in one request
@@ -85,31 +87,39 @@ async def test_too_many_masks_is_422_before_any_inference(data_dir):
 async def test_too_many_candidates_is_422_naming_the_limit(data_dir):
     async with serve_app(settings_for(data_dir, max_fill_mask_candidates=20)) as c:
         spy = Spy(c.app.state.service.engine, "mlm")
-        r = await c.post("/fill-mask", json={"inputs": ["the [MASK] sat"] * 3 + ["a [MASK] and a [MASK]"],
-                                             "top_k": 5})
+        r = await c.post("/fill-mask", json={"inputs": ["the [MASK] sat"] * 3 + ["a [MASK] and a [MASK]"], "top_k": 5})
         assert r.status_code == 422
-        assert r.json() == err("validation", "the request asks for 25 candidates (5 [MASK] tokens x top_k), more "
-                                             "than the 20 per request that BERT_MAX_FILL_MASK_CANDIDATES allows")
+        assert r.json() == err(
+            "validation",
+            "the request asks for 25 candidates (5 [MASK] tokens x top_k), more "
+            "than the 20 per request that BERT_MAX_FILL_MASK_CANDIDATES allows",
+        )
         assert spy.passes == []
         ok = {"inputs": ["the [MASK] sat"] * 5, "top_k": 4}  # 20: at the limit
         assert (await c.post("/fill-mask", json=ok)).status_code == 200
         # top_k counts as the number of targets when there are fewer of them
-        r = await c.post("/fill-mask", json={"inputs": ["the [MASK] sat"] * 10, "top_k": 100,
-                                             "targets": ["cat", "dog"]})
+        r = await c.post(
+            "/fill-mask", json={"inputs": ["the [MASK] sat"] * 10, "top_k": 100, "targets": ["cat", "dog"]}
+        )
         assert r.status_code == 200 and len(r.json()) == 10 and len(r.json()[0]) == 2
 
 
 async def test_too_many_tokens_is_422_on_every_route(data_dir):
     async with serve_app(settings_for(data_dir, max_request_tokens=12)) as c:
-        message = err("validation", "the request is 14 tokens long (all inputs together), more than the 12 that "
-                                    "BERT_MAX_REQUEST_TOKENS allows")
+        message = err(
+            "validation",
+            "the request is 14 tokens long (all inputs together), more than the 12 that BERT_MAX_REQUEST_TOKENS allows",
+        )
         texts = ["the cat sat on the mat", "a dog"]  # 8 + 4 tokens... with [CLS]/[SEP]: 8 + 4 = 12
         assert (await c.post("/embeddings", json={"inputs": texts})).status_code == 200
         texts = ["the cat sat on the mat .", "a big dog"]  # 9 + 5 = 14
-        for path, body in [("/embeddings", {"inputs": texts}), ("/v1/embeddings", {"input": texts}),
-                           ("/classify", {"inputs": texts, "model": "tiny-cls"}),
-                           ("/fill-mask", {"inputs": [t + " [MASK]" for t in texts]}),
-                           ("/nsp", {"inputs": {"text_a": texts[0], "text_b": texts[1]}})]:
+        for path, body in [
+            ("/embeddings", {"inputs": texts}),
+            ("/v1/embeddings", {"input": texts}),
+            ("/classify", {"inputs": texts, "model": "tiny-cls"}),
+            ("/fill-mask", {"inputs": [t + " [MASK]" for t in texts]}),
+            ("/nsp", {"inputs": {"text_a": texts[0], "text_b": texts[1]}}),
+        ]:
             r = await c.post(path, json=body)
             assert r.status_code == 422, path
             tokens = 14 + 2 * (path == "/fill-mask") - (path == "/nsp")  # a pair shares one [CLS]
@@ -117,6 +127,7 @@ async def test_too_many_tokens_is_422_on_every_route(data_dir):
 
 
 # -- the tokeniser pool: bounded, and work of a request that went away is dropped ---------------
+
 
 async def test_full_tokenizer_queue_is_429_with_retry_after(data_dir):
     settings = settings_for(data_dir, tokenizer_threads=1, max_tokenizer_queue=2)
@@ -155,16 +166,30 @@ async def test_full_inference_queue_429_has_retry_after(data_dir):
 
 # -- a request that goes away: raw ASGI calls whose client disconnects ---------------------------
 
+
 class RawRequest:
     """One POST straight into the ASGI app; `leave()` makes its client disconnect."""
 
     def __init__(self, app, path: str, body: dict):
         self.app, self.body = app, json.dumps(body).encode()
-        self.scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                      "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-                      "query_string": b"", "client": ("127.0.0.1", 5000), "server": ("test", 80),
-                      "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
-                                  (b"content-length", str(len(self.body)).encode())]}
+        self.scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "client": ("127.0.0.1", 5000),
+            "server": ("test", 80),
+            "headers": [
+                (b"host", b"test"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(self.body)).encode()),
+            ],
+        }
         self.sent: list[dict] = []
         self.gone = asyncio.Event()
         self.done = asyncio.Event()
@@ -259,8 +284,14 @@ def hold_tokenizer(lm, path: str, monkeypatch) -> HeldTokenizer:
         return held
     backend = lm.tokenizer.backend_tokenizer
     held = HeldTokenizer(lambda text, *args, **kwargs: backend.encode_batch([text], *args, **kwargs))
-    proxy = type("Backend", (), {"encode_batch": staticmethod(lambda inputs, *args, **kwargs: held(*inputs, *args, **kwargs)),
-                                 "__getattr__": lambda self, name: getattr(backend, name)})
+    proxy = type(
+        "Backend",
+        (),
+        {
+            "encode_batch": staticmethod(lambda inputs, *args, **kwargs: held(*inputs, *args, **kwargs)),
+            "__getattr__": lambda self, name: getattr(backend, name),
+        },
+    )
     monkeypatch.setattr(type(lm.tokenizer), "backend_tokenizer", property(lambda self: proxy()))
     return held
 
@@ -294,8 +325,9 @@ async def test_tokenize_has_the_deadline_of_the_other_routes(data_dir, monkeypat
         finally:
             held.gate.set()
         assert r.status_code == 503
-        assert r.json() == err("unavailable", "the request took longer than BERT_REQUEST_TIMEOUT (0.5 s); its work "
-                                              "was dropped")
+        assert r.json() == err(
+            "unavailable", "the request took longer than BERT_REQUEST_TIMEOUT (0.5 s); its work was dropped"
+        )
         await service.off_loop(lambda: None)
         assert held.texts == ["one"]
 
@@ -326,6 +358,7 @@ async def test_request_timeout_is_503_and_drops_the_work(data_dir):
 
 
 # -- scheduling: a large request cannot hold a small one for more than a pass --------------------
+
 
 async def test_a_small_request_runs_in_the_pass_after_a_large_ones_current_pass(data_dir):
     async with warm(data_dir, max_batch_tokens=12, max_wait_ms=0) as c:

@@ -34,8 +34,12 @@ def test_the_page_and_its_files_need_no_key_and_stay_on_the_origin(tmp_path):
 
 def test_only_the_console_files_are_served(tmp_path):
     with make_client(make_data_dir(tmp_path / "data"), **KEYS) as client:
-        for path in ("/console/index.html", "/console/vendor/README.md", "/console/..%2Fsettings.py",
-                     "/console/%2e%2e/%2e%2e/main.py"):
+        for path in (
+            "/console/index.html",
+            "/console/vendor/README.md",
+            "/console/..%2Fsettings.py",
+            "/console/%2e%2e/%2e%2e/main.py",
+        ):
             r = client.get(path)
             assert r.status_code == 404, path
             assert r.json()["error_type"] == "not_found"
@@ -57,8 +61,13 @@ def test_the_job_form_offers_every_parameter_with_the_api_defaults():
                 assert by_name[name]["default"] == info.default, (kind, name)
     pretrain = {f["name"]: f for f in fields["pretrain"]}
     assert pretrain["config.hidden_size"] == {
-        "name": "config.hidden_size", "type": "integer", "default": 256, "minimum": 8, "maximum": 4096,
-        "description": "The size of a model pretrained from scratch (BERT-base: 768, 12, 12, 3072, 512)."}
+        "name": "config.hidden_size",
+        "type": "integer",
+        "default": 256,
+        "minimum": 8,
+        "maximum": 4096,
+        "description": "The size of a model pretrained from scratch (BERT-base: 768, 12, 12, 3072, 512).",
+    }
     assert pretrain["precision"]["type"] == "enum" and pretrain["precision"]["enum"] == ["auto", "fp32", "bf16"]
     assert pretrain["max_runtime"]["type"] == "duration" and pretrain["nsp"]["type"] == "boolean"
     assert pretrain["lr"]["exclusiveMinimum"] == 0.0

@@ -86,8 +86,7 @@ async def test_the_default_precision_serves_on_a_cpu_without_bf16(data_dir, kern
     assert {(m["precision"], m["kernels"], m["error"]) for m in models.values()} == {("fp32", fp32, None)}
 
 
-async def test_bf16_kernels_that_raise_on_a_request_fall_back_for_it(data_dir, kernel_paths, every_size,
-                                                                     monkeypatch):
+async def test_bf16_kernels_that_raise_on_a_request_fall_back_for_it(data_dir, kernel_paths, every_size, monkeypatch):
     """A CPU where the bf16 probe passed, but the kernel fails on a real shape: that request is answered
     through the plain path, and the path is off from then on."""
     ref = await fp32_answers(data_dir)
@@ -106,12 +105,26 @@ async def test_bf16_kernels_that_raise_on_a_request_fall_back_for_it(data_dir, k
 def start_serve(data_dir: Path, port: int, tmp_path: Path, **env: str) -> subprocess.Popen:
     """A real `bert serve` that believes it runs on an AVX2 CPU (tests/cpu_kinds.py via sitecustomize)."""
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "BERT_DATA_DIR": str(data_dir),
-           "BERT_DEFAULT_MODEL": "tiny-enc", "BERT_DEVICE": "cpu", "BERT_LOAD": "startup", "BERT_API_KEY": "",
-           "OMP_NUM_THREADS": "1", **env}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+        "BERT_DATA_DIR": str(data_dir),
+        "BERT_DEFAULT_MODEL": "tiny-enc",
+        "BERT_DEVICE": "cpu",
+        "BERT_LOAD": "startup",
+        "BERT_API_KEY": "",
+        "OMP_NUM_THREADS": "1",
+        **env,
+    }
     bert = Path(sys.executable).with_name("bert")
-    return subprocess.Popen([str(bert), "serve", "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [str(bert), "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_ready(proc: subprocess.Popen, port: int) -> None:
@@ -141,7 +154,9 @@ def test_bert_serve_in_bf16_as_on_an_avx2_cpu(data_dir, tmp_path):
         proc.terminate()
         output = proc.communicate(timeout=30)[0]
     assert got.status_code == 200, got.text
-    assert {(m["error"], m["precision"], m["kernels"]) for m in models} == {(None, "bf16", "bf16-emulated (onednn-fp32)")}
+    assert {(m["error"], m["precision"], m["kernels"]) for m in models} == {
+        (None, "bf16", "bf16-emulated (onednn-fp32)")
+    }
     from tests.app.conftest import MODELS
     from tests.app.test_inference import embed_reference
 

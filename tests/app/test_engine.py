@@ -15,7 +15,26 @@ from tests.app.test_inference import embed_reference, mlm_reference
 
 pytestmark = pytest.mark.anyio
 
-WORDS = ["the", "quick", "brown", "fox", "jumped", "over", "a", "lazy", "dog", "and", "ran", "to", "the", "river", "with", "five", "happy", "children"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumped",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "and",
+    "ran",
+    "to",
+    "the",
+    "river",
+    "with",
+    "five",
+    "happy",
+    "children",
+]
 
 
 def test_plan_batch_takes_shortest_rows_first_within_the_padded_budget():
@@ -47,7 +66,7 @@ def metric(text: str, name: str, **labels) -> float:
 
 
 async def test_64_concurrent_requests_are_batched_and_correct(data_dir, reference, tokenizer):
-    texts = [" ".join(WORDS[i % 7: i % 7 + 2 + i % 9]) for i in range(32)]
+    texts = [" ".join(WORDS[i % 7 : i % 7 + 2 + i % 9]) for i in range(32)]
     masked = ["[MASK] " + t for t in texts]
     expected_vectors = [embed_reference(reference["tiny-pt"].bert, tokenizer, t) for t in texts]
     expected_top = [mlm_reference(reference["tiny-pt"], tokenizer, t, 3)[0][1].tolist() for t in masked]
@@ -78,7 +97,8 @@ async def test_64_concurrent_requests_are_batched_and_correct(data_dir, referenc
             assert rows / passes > 1, (task, rows, passes)
         assert metric(text, "bert_requests_total", route="/fill-mask", status="200") == 32
         assert metric(text, "bert_tokens_processed_total", task="mlm") == sum(
-            len(tokenizer.encode(t)["input_ids"]) for t in masked)
+            len(tokenizer.encode(t)["input_ids"]) for t in masked
+        )
         assert "bert_queue_depth 0.0" in text
         assert metric(text, "bert_request_duration_seconds_count", route="/embeddings", status="200") == 33
 

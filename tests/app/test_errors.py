@@ -26,8 +26,10 @@ async def test_too_long_input_is_422_unless_truncate(client):
     long_text = " ".join(["dog"] * 40)
     r = await client.post("/embeddings", json={"inputs": ["the cat", long_text]})
     assert r.status_code == 422
-    assert r.json() == err("validation", "input 1 is 42 tokens long, more than the 32 model 'tiny-pt' takes; "
-                                         "shorten it or send \"truncate\": true")
+    assert r.json() == err(
+        "validation",
+        "input 1 is 42 tokens long, more than the 32 model 'tiny-pt' takes; shorten it or send \"truncate\": true",
+    )
     r = await client.post("/embeddings", json={"inputs": ["the cat", long_text], "truncate": True})
     assert r.status_code == 200
 
@@ -40,44 +42,68 @@ async def test_unknown_model_is_404(client):
     assert r.status_code == 404 and r.json()["error_type"] == "not_found"
 
 
-@pytest.mark.parametrize("path,body,message", [
-    ("/fill-mask", {"inputs": "the [MASK]", "model": "tiny-enc"},
-     "model 'tiny-enc' has no masked-LM (mlm) head, which /fill-mask needs (it is a BertModel; heads: none)"),
-    ("/nsp", {"inputs": {"text_a": "a", "text_b": "b"}, "model": "tiny-mlm"},
-     "model 'tiny-mlm' has no next-sentence (nsp) head, which /nsp needs (it is a BertForMaskedLM; heads: mlm)"),
-    ("/classify", {"inputs": "a", "model": "tiny-pt"},
-     "model 'tiny-pt' has no classifier head, which /classify needs (it is a BertForPreTraining; heads: mlm, nsp)"),
-])
+@pytest.mark.parametrize(
+    "path,body,message",
+    [
+        (
+            "/fill-mask",
+            {"inputs": "the [MASK]", "model": "tiny-enc"},
+            "model 'tiny-enc' has no masked-LM (mlm) head, which /fill-mask needs (it is a BertModel; heads: none)",
+        ),
+        (
+            "/nsp",
+            {"inputs": {"text_a": "a", "text_b": "b"}, "model": "tiny-mlm"},
+            "model 'tiny-mlm' has no next-sentence (nsp) head, which /nsp needs (it is a BertForMaskedLM; heads: mlm)",
+        ),
+        (
+            "/classify",
+            {"inputs": "a", "model": "tiny-pt"},
+            "model 'tiny-pt' has no classifier head, which /classify needs (it is a BertForPreTraining; heads: mlm, nsp)",
+        ),
+    ],
+)
 async def test_missing_head_is_422_naming_it(client, path, body, message):
     r = await client.post(path, json=body)
     assert r.status_code == 422
     assert r.json() == err("validation", message)
 
 
-@pytest.mark.parametrize("body,message", [
-    ({"inputs": "the [MASK]", "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
-    ({"inputs": "the [MASK]", "model": "../etc"},
-     "model: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'"),
-    ({"inputs": "the [MASK]", "topk": 3}, "topk: Extra inputs are not permitted"),
-    ({}, "inputs: Field required"),
-    ({"inputs": "the [MASK]", "targets": []}, "targets: List should have at least 1 item after validation, not 0"),
-    ({"inputs": "the [MASK]", "targets": [" "]}, "none of the targets is a token of the model's vocabulary"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"inputs": "the [MASK]", "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
+        (
+            {"inputs": "the [MASK]", "model": "../etc"},
+            "model: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'",
+        ),
+        ({"inputs": "the [MASK]", "topk": 3}, "topk: Extra inputs are not permitted"),
+        ({}, "inputs: Field required"),
+        ({"inputs": "the [MASK]", "targets": []}, "targets: List should have at least 1 item after validation, not 0"),
+        ({"inputs": "the [MASK]", "targets": [" "]}, "none of the targets is a token of the model's vocabulary"),
+    ],
+)
 async def test_bad_requests_are_422(client, body, message):
     r = await client.post("/fill-mask", json=body)
     assert r.status_code == 422
     assert r.json() == err("validation", message)
 
 
-@pytest.mark.parametrize("path,body,message", [
-    ("/fill-mask", {"inputs": "the [MASK]", "top_k": "5"}, "top_k: Input should be a valid integer"),
-    ("/fill-mask", {"inputs": "the [MASK]", "top_k": 5.0}, "top_k: Input should be a valid integer"),
-    ("/embeddings", {"inputs": "the cat", "normalize": 1}, "normalize: Input should be a valid boolean"),
-    ("/embeddings", {"inputs": "the cat", "truncate": "true"}, "truncate: Input should be a valid boolean"),
-    ("/v1/embeddings", {"input": "the cat", "dimensions": "32"}, "dimensions: Input should be a valid integer"),
-    ("/nsp", {"inputs": {"text_a": "a", "text_b": "b", "label": 0}}, "inputs.TextPair.label: Extra inputs are not "
-     "permitted; inputs.list[TextPair]: Input should be a valid list"),
-])
+@pytest.mark.parametrize(
+    "path,body,message",
+    [
+        ("/fill-mask", {"inputs": "the [MASK]", "top_k": "5"}, "top_k: Input should be a valid integer"),
+        ("/fill-mask", {"inputs": "the [MASK]", "top_k": 5.0}, "top_k: Input should be a valid integer"),
+        ("/embeddings", {"inputs": "the cat", "normalize": 1}, "normalize: Input should be a valid boolean"),
+        ("/embeddings", {"inputs": "the cat", "truncate": "true"}, "truncate: Input should be a valid boolean"),
+        ("/v1/embeddings", {"input": "the cat", "dimensions": "32"}, "dimensions: Input should be a valid integer"),
+        (
+            "/nsp",
+            {"inputs": {"text_a": "a", "text_b": "b", "label": 0}},
+            "inputs.TextPair.label: Extra inputs are not "
+            "permitted; inputs.list[TextPair]: Input should be a valid list",
+        ),
+    ],
+)
 async def test_json_types_must_match_exactly(client, path, body, message):
     """One strictness rule for every route (app/schemas.py): no "5" for 5, no 1 for true."""
     r = await client.post(path, json=body)
@@ -203,5 +229,6 @@ async def test_no_default_model(data_dir):
         assert r.json() == err("unavailable", "no default model: set BERT_DEFAULT_MODEL (or store exactly one model)")
         r = await c.post("/embeddings", json={"inputs": "the cat"})
         assert r.status_code == 404
-        assert r.json() == err("not_found", "no model named in the request and no default model "
-                                            "(set BERT_DEFAULT_MODEL)")
+        assert r.json() == err(
+            "not_found", "no model named in the request and no default model (set BERT_DEFAULT_MODEL)"
+        )

@@ -21,10 +21,14 @@ API_KEY, ADMIN_KEY = "inference-key-0123456789", "admin-key-0123456789abc"
 API = {"Authorization": f"Bearer {API_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 JSON = {"content-type": "application/json"}
-API_REFUSAL = {"error": "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'",
-               "error_type": "unauthorized"}
-ADMIN_REFUSAL = {"error": "missing or wrong key: send 'Authorization: Bearer <BERT_ADMIN_KEY>'",
-                 "error_type": "unauthorized"}
+API_REFUSAL = {
+    "error": "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'",
+    "error_type": "unauthorized",
+}
+ADMIN_REFUSAL = {
+    "error": "missing or wrong key: send 'Authorization: Bearer <BERT_ADMIN_KEY>'",
+    "error_type": "unauthorized",
+}
 
 
 def err(kind: str, message: str) -> dict:
@@ -40,20 +44,47 @@ async def keyed(data_dir):
 
 # -- lone surrogates ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path,body,message", [
-    ("/fill-mask", r'{"inputs": "the \ud800 [MASK]"}', r"inputs is not valid Unicode: lone surrogate '\ud800' at character 4"),
-    ("/fill-mask", r'{"inputs": ["the [MASK]", "a \udc00 [MASK]"]}',
-     r"inputs[1] is not valid Unicode: lone surrogate '\udc00' at character 2"),
-    ("/fill-mask", r'{"inputs": "the [MASK]", "targets": ["cat", "\ud800"]}',
-     r"targets[1] is not valid Unicode: lone surrogate '\ud800' at character 0"),
-    ("/embeddings", r'{"inputs": "\ud800"}', r"inputs is not valid Unicode: lone surrogate '\ud800' at character 0"),
-    ("/v1/embeddings", r'{"input": ["ok", "\ud800"]}',
-     r"input[1] is not valid Unicode: lone surrogate '\ud800' at character 0"),
-    ("/nsp", r'{"inputs": {"text_a": "a", "text_b": "\ud800"}}',
-     r"inputs.text_b is not valid Unicode: lone surrogate '\ud800' at character 0"),
-    ("/classify", r'{"inputs": [{"text_a": "\ud800", "text_b": "b"}], "model": "tiny-cls"}',
-     r"inputs[0].text_a is not valid Unicode: lone surrogate '\ud800' at character 0"),
-])
+
+@pytest.mark.parametrize(
+    "path,body,message",
+    [
+        (
+            "/fill-mask",
+            r'{"inputs": "the \ud800 [MASK]"}',
+            r"inputs is not valid Unicode: lone surrogate '\ud800' at character 4",
+        ),
+        (
+            "/fill-mask",
+            r'{"inputs": ["the [MASK]", "a \udc00 [MASK]"]}',
+            r"inputs[1] is not valid Unicode: lone surrogate '\udc00' at character 2",
+        ),
+        (
+            "/fill-mask",
+            r'{"inputs": "the [MASK]", "targets": ["cat", "\ud800"]}',
+            r"targets[1] is not valid Unicode: lone surrogate '\ud800' at character 0",
+        ),
+        (
+            "/embeddings",
+            r'{"inputs": "\ud800"}',
+            r"inputs is not valid Unicode: lone surrogate '\ud800' at character 0",
+        ),
+        (
+            "/v1/embeddings",
+            r'{"input": ["ok", "\ud800"]}',
+            r"input[1] is not valid Unicode: lone surrogate '\ud800' at character 0",
+        ),
+        (
+            "/nsp",
+            r'{"inputs": {"text_a": "a", "text_b": "\ud800"}}',
+            r"inputs.text_b is not valid Unicode: lone surrogate '\ud800' at character 0",
+        ),
+        (
+            "/classify",
+            r'{"inputs": [{"text_a": "\ud800", "text_b": "b"}], "model": "tiny-cls"}',
+            r"inputs[0].text_a is not valid Unicode: lone surrogate '\ud800' at character 0",
+        ),
+    ],
+)
 async def test_a_lone_surrogate_is_422_on_every_text_route(keyed, path, body, message):
     """It was a 500 (the Rust tokenizer's TypeError) on every one of them. The body is valid JSON
     (JSON may escape a lone surrogate); its text is not valid Unicode."""
@@ -68,17 +99,25 @@ async def test_a_surrogate_pair_is_text(keyed):
 
 # -- the key before the body ----------------------------------------------------------------------
 
+
 async def _unread_body(sent: list):
     for i in range(3):
         sent.append(i)
         yield b'{"inputs": ' if i == 0 else b"[" * 100
 
 
-@pytest.mark.parametrize("path,key,refusal", [
-    ("/fill-mask", API, API_REFUSAL), ("/embeddings", API, API_REFUSAL), ("/v1/embeddings", API, API_REFUSAL),
-    ("/nsp", API, API_REFUSAL), ("/classify", API, API_REFUSAL),
-    ("/jobs", ADMIN, ADMIN_REFUSAL), ("/datasets", ADMIN, ADMIN_REFUSAL),
-])
+@pytest.mark.parametrize(
+    "path,key,refusal",
+    [
+        ("/fill-mask", API, API_REFUSAL),
+        ("/embeddings", API, API_REFUSAL),
+        ("/v1/embeddings", API, API_REFUSAL),
+        ("/nsp", API, API_REFUSAL),
+        ("/classify", API, API_REFUSAL),
+        ("/jobs", ADMIN, ADMIN_REFUSAL),
+        ("/datasets", ADMIN, ADMIN_REFUSAL),
+    ],
+)
 async def test_anonymous_clients_get_401_whatever_the_body(keyed, path, key, refusal):
     """Malformed, nested, oversized or merely valid: 401 from the headers, and the body is never read."""
     bodies = [b"{", b"[" * 1000 + b"]" * 1000, b'{"inputs": "\\ud800"}', b'{"inputs": "the [MASK]"}']
@@ -107,8 +146,14 @@ async def test_with_the_key_the_body_is_judged(keyed):
 
 async def test_paths_without_a_route_need_the_key_too(keyed):
     """Nothing about the routes leaks to a client without the key: a miss is a 401 like a hit."""
-    for method, path in (("GET", "/nowhere"), ("GET", "/info/"), ("POST", "/embeddings/"), ("GET", "/fill-mask"),
-                         ("OPTIONS", "/embeddings"), ("GET", "/metrics")):
+    for method, path in (
+        ("GET", "/nowhere"),
+        ("GET", "/info/"),
+        ("POST", "/embeddings/"),
+        ("GET", "/fill-mask"),
+        ("OPTIONS", "/embeddings"),
+        ("GET", "/metrics"),
+    ):
         r = await keyed.request(method, path)
         assert (r.status_code, r.json()) == (401, API_REFUSAL), (method, path)
     for path in ("/health", "/ready"):
@@ -117,6 +162,7 @@ async def test_paths_without_a_route_need_the_key_too(keyed):
 
 
 # -- Retry-After -----------------------------------------------------------------------------------
+
 
 async def test_every_503_says_when_to_retry(data_dir):
     async with serve_app(settings_for(data_dir, load="lazy"), wait_ready=False) as c:
@@ -134,6 +180,7 @@ async def test_every_503_says_when_to_retry(data_dir):
 
 # -- no redirects built from the Host header -------------------------------------------------------
 
+
 async def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_hosts_name(data_dir):
     async with serve_app(settings_for(data_dir, load="lazy"), wait_ready=False) as c:
         for method, path in (("GET", "/info/"), ("GET", "/models/"), ("POST", "/embeddings/"), ("GET", "/health/")):
@@ -143,6 +190,7 @@ async def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_hosts_name(data_d
 
 
 # -- our words in error bodies ---------------------------------------------------------------------
+
 
 class _Payload:
     def __reduce__(self):
@@ -155,7 +203,9 @@ async def test_error_bodies_carry_no_library_text_or_absolute_paths(tmp_path):
     pickled = models / "pickled"
     save_tiny(pickled, BertForPreTraining)
     (pickled / "model.safetensors").unlink()
-    (pickled / "pytorch_model.bin").write_bytes(pickle.dumps({"bert.embeddings.word_embeddings.weight": _Payload()}, protocol=2))
+    (pickled / "pytorch_model.bin").write_bytes(
+        pickle.dumps({"bert.embeddings.word_embeddings.weight": _Payload()}, protocol=2)
+    )
     save_tiny(models / "no-weights", BertForPreTraining)
     (models / "no-weights" / "model.safetensors").unlink()  # our own FileNotFoundError, with its path
     (models / "bad-json").mkdir()
@@ -165,14 +215,16 @@ async def test_error_bodies_carry_no_library_text_or_absolute_paths(tmp_path):
         assert listed == {
             "good": None,
             "pickled": "pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
-                       "(convert it to model.safetensors)",
+            "(convert it to model.safetensors)",
             "no-weights": "no model.safetensors or pytorch_model.bin in models/no-weights",
             "bad-json": "models/bad-json/config.json is not valid JSON: Expecting property name enclosed in double "
-                        "quotes: line 1 column 2 (char 1)",
+            "quotes: line 1 column 2 (char 1)",
         }
         r = await c.post("/embeddings", json={"inputs": "the cat", "model": "pickled"})
-        assert (r.status_code, r.json()) == (503, err("unavailable", f"model 'pickled' cannot be served: "
-                                                                     f"{listed['pickled']}"))
+        assert (r.status_code, r.json()) == (
+            503,
+            err("unavailable", f"model 'pickled' cannot be served: {listed['pickled']}"),
+        )
         text = (await c.get("/models")).text + r.text
         assert str(tmp_path) not in text and "Weights only load failed" not in text
 
@@ -192,24 +244,32 @@ async def test_ready_names_no_absolute_path(tmp_path):
 
 # -- /metrics --------------------------------------------------------------------------------------
 
+
 async def test_metrics_need_the_key_unless_public(data_dir):
     async with serve_app(settings_for(data_dir, api_key=API_KEY, load="lazy"), wait_ready=False) as c:
         r = await c.get("/metrics")
         assert (r.status_code, r.json()) == (401, API_REFUSAL)
         r = await c.get("/metrics", headers=API)
         assert r.status_code == 200 and "bert_requests_total" in r.text
-    async with serve_app(settings_for(data_dir, api_key=API_KEY, metrics_public=True, load="lazy"),
-                         wait_ready=False) as c:
+    async with serve_app(
+        settings_for(data_dir, api_key=API_KEY, metrics_public=True, load="lazy"), wait_ready=False
+    ) as c:
         assert (await c.get("/metrics")).status_code == 200
         assert (await c.get("/info")).status_code == 401  # only /metrics opens
 
 
 # -- methods ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,path,key,allow", [
-    ("PUT", "/jobs", ADMIN, "GET, OPTIONS, POST"), ("DELETE", "/datasets", ADMIN, "GET, OPTIONS, POST"),
-    ("GET", "/embeddings", API, "OPTIONS, POST"), ("POST", "/models/tiny-pt", API, "GET, OPTIONS"),
-])
+
+@pytest.mark.parametrize(
+    "method,path,key,allow",
+    [
+        ("PUT", "/jobs", ADMIN, "GET, OPTIONS, POST"),
+        ("DELETE", "/datasets", ADMIN, "GET, OPTIONS, POST"),
+        ("GET", "/embeddings", API, "OPTIONS, POST"),
+        ("POST", "/models/tiny-pt", API, "GET, OPTIONS"),
+    ],
+)
 async def test_405_lists_every_method_of_the_path(keyed, method, path, key, allow):
     """The router named one route's methods: PUT /jobs said `Allow: GET` (POST /jobs is another route)."""
     r = await keyed.request(method, path, headers=key)
@@ -228,10 +288,13 @@ async def test_options_answers_the_allowed_methods(keyed):
 
 # -- bodies the parser refuses ---------------------------------------------------------------------
 
+
 async def test_deeply_nested_json_and_non_utf8_bodies_say_what_is_wrong(keyed):
     for body in (b"[" * 1000 + b"]" * 1000, b'{"inputs": ' + b"[" * 1000 + b"]" * 1000 + b"}"):
         r = await keyed.post("/embeddings", content=body, headers={**API, **JSON})
-        assert (r.status_code, r.json()) == (422, err("validation", "the body is not valid JSON for this service: "
-                                                                    "it is nested too deeply"))
+        assert (r.status_code, r.json()) == (
+            422,
+            err("validation", "the body is not valid JSON for this service: it is nested too deeply"),
+        )
     r = await keyed.post("/embeddings", content=b'{"inputs": "\xff"}', headers={**API, **JSON})
     assert (r.status_code, r.json()) == (422, err("validation", "the body is not valid JSON (it must be UTF-8 text)"))

@@ -41,7 +41,7 @@ async def test_fill_mask_single_mask_matches_model(client, reference, tokenizer,
     r = await client.post("/fill-mask", json={"inputs": text, "top_k": 4, "model": name})
     assert r.status_code == 200
     got = r.json()
-    (values, ids), = mlm_reference(reference[name], tokenizer, text, 4)
+    ((values, ids),) = mlm_reference(reference[name], tokenizer, text, 4)
     assert [c["token"] for c in got] == ids.tolist()
     assert [c["score"] for c in got] == pytest.approx(values.tolist(), abs=1e-6)
     first = got[0]
@@ -77,8 +77,10 @@ async def test_fill_mask_targets(client, reference, tokenizer):
 
 
 async def test_nsp_matches_model(client, reference, tokenizer):
-    pairs = [{"text_a": "i went to the store.", "text_b": "i bought milk."},
-             {"text_a": "the sky is blue.", "text_b": "penguins can not fly, they ran."}]
+    pairs = [
+        {"text_a": "i went to the store.", "text_b": "i bought milk."},
+        {"text_a": "the sky is blue.", "text_b": "penguins can not fly, they ran."},
+    ]
     r = await client.post("/nsp", json={"inputs": pairs})
     assert r.status_code == 200
     for got, pair in zip(r.json(), pairs):
@@ -93,8 +95,9 @@ async def test_nsp_matches_model(client, reference, tokenizer):
 @pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", False)])
 async def test_embeddings_match_bert_model(client, reference, tokenizer, pooling, normalize):
     text = "a small red car"
-    r = await client.post("/embeddings", json={"inputs": text, "model": "tiny-enc", "pooling": pooling,
-                                               "normalize": normalize})
+    r = await client.post(
+        "/embeddings", json={"inputs": text, "model": "tiny-enc", "pooling": pooling, "normalize": normalize}
+    )
     assert r.status_code == 200
     expected = embed_reference(reference["tiny-enc"], tokenizer, text, pooling, normalize)
     assert r.json() == pytest.approx(expected.tolist(), abs=1e-5)
@@ -117,8 +120,10 @@ async def test_classify_matches_model(client, reference, tokenizer):
         best = int(np.argmax(probs))
         assert got["label"] == ["negative", "positive"][best]
         assert got["score"] == pytest.approx(probs[best], abs=1e-6)
-        assert got["scores"] == {"negative": pytest.approx(probs[0], abs=1e-6),
-                                 "positive": pytest.approx(probs[1], abs=1e-6)}
+        assert got["scores"] == {
+            "negative": pytest.approx(probs[0], abs=1e-6),
+            "positive": pytest.approx(probs[1], abs=1e-6),
+        }
 
 
 async def test_openai_embeddings_format(client, reference, tokenizer):
@@ -131,11 +136,13 @@ async def test_openai_embeddings_format(client, reference, tokenizer):
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     assert [d["index"] for d in body["data"]] == [0, 1] and {d["object"] for d in body["data"]} == {"embedding"}
     for d, text in zip(body["data"], texts):
-        assert d["embedding"] == pytest.approx(embed_reference(reference["tiny-enc"], tokenizer, text).tolist(),
-                                               abs=1e-5)
+        assert d["embedding"] == pytest.approx(
+            embed_reference(reference["tiny-enc"], tokenizer, text).tolist(), abs=1e-5
+        )
     # OpenAI's python client asks for base64 (little-endian float32) unless told otherwise.
-    r64 = await client.post("/v1/embeddings", json={"input": texts[0], "model": "tiny-enc",
-                                                    "encoding_format": "base64"})
+    r64 = await client.post(
+        "/v1/embeddings", json={"input": texts[0], "model": "tiny-enc", "encoding_format": "base64"}
+    )
     decoded = np.frombuffer(base64.b64decode(r64.json()["data"][0]["embedding"]), dtype="<f4")
     assert decoded.tolist() == pytest.approx(body["data"][0]["embedding"], abs=1e-6)
 
@@ -149,8 +156,13 @@ async def test_truncate_cuts_long_inputs(client, reference, tokenizer):
 
 
 async def test_batched_answers_equal_one_by_one(client):
-    texts = ["the cat", "a quick brown fox jumped over the lazy dog and ran to the river",
-             "paris", "she is happy, he is sad, they are not.", "one two three four five"]
+    texts = [
+        "the cat",
+        "a quick brown fox jumped over the lazy dog and ran to the river",
+        "paris",
+        "she is happy, he is sad, they are not.",
+        "one two three four five",
+    ]
     batch = (await client.post("/embeddings", json={"inputs": texts})).json()
     for text, vector in zip(texts, batch):
         alone = (await client.post("/embeddings", json={"inputs": text})).json()
@@ -167,8 +179,11 @@ async def test_batched_answers_equal_one_by_one(client):
 async def test_answers_match_transformers_fill_mask_pipeline(client, data_dir):
     transformers = pytest.importorskip("transformers")
     pipe = transformers.pipeline("fill-mask", model=str(data_dir / "models" / "tiny-mlm"))
-    for text, kwargs in [("the cat [MASK] on the mat.", {}), ("the [MASK] sat [MASK].", {}),
-                         ("the [MASK] ran.", {"targets": ["cat", "Dog", "fox"]})]:
+    for text, kwargs in [
+        ("the cat [MASK] on the mat.", {}),
+        ("the [MASK] sat [MASK].", {}),
+        ("the [MASK] ran.", {"targets": ["cat", "Dog", "fox"]}),
+    ]:
         expected = pipe(text, top_k=3, **kwargs)
         r = await client.post("/fill-mask", json={"inputs": text, "top_k": 3, "model": "tiny-mlm", **kwargs})
         assert _rounded(r.json()) == _rounded(expected)

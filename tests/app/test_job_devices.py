@@ -22,11 +22,14 @@ def data_dir(tmp_path_factory):
     return data_dir
 
 
-@pytest.mark.parametrize("limit, devices, status, error", [
-    (1, 2, 422, "params.devices: 2 is more than this service allows (1, BERT_JOB_MAX_DEVICES)"),
-    (2, 3, 422, "params.devices: 3 is more than this service allows (2, BERT_JOB_MAX_DEVICES)"),
-    (2, 2, 503, None),  # valid: it reaches the (unreachable) broker
-])
+@pytest.mark.parametrize(
+    "limit, devices, status, error",
+    [
+        (1, 2, 422, "params.devices: 2 is more than this service allows (1, BERT_JOB_MAX_DEVICES)"),
+        (2, 3, 422, "params.devices: 3 is more than this service allows (2, BERT_JOB_MAX_DEVICES)"),
+        (2, 2, 503, None),  # valid: it reaches the (unreachable) broker
+    ],
+)
 def test_devices_are_bounded_by_the_service(data_dir, limit, devices, status, error):
     with make_client(data_dir, job_max_devices=limit) as client:
         code, body = post_job(client, finetune_request("wide", devices=devices))
@@ -38,8 +41,10 @@ def test_devices_are_bounded_by_the_service(data_dir, limit, devices, status, er
 def test_devices_below_one_are_a_validation_error(data_dir):
     with make_client(data_dir) as client:
         code, body = post_job(client, finetune_request("wide", devices=0))
-    assert (code, body) == (422, {"error": "finetune.params.devices: Input should be greater than or equal to 1",
-                                  "error_type": "validation"})
+    assert (code, body) == (
+        422,
+        {"error": "finetune.params.devices: Input should be greater than or equal to 1", "error_type": "validation"},
+    )
 
 
 def test_a_worker_with_fewer_devices_refuses_the_job(tmp_path):

@@ -46,6 +46,7 @@ def set_state(store: JobStore, job_id: str, state: str, step: int = 0) -> dict:
     def change(r):
         r["state"] = state
         r["progress"] = {"step": step, "total_steps": 10, "loss": 0.5}
+
     return store.update(job_id, change)
 
 
@@ -76,12 +77,20 @@ def test_a_finished_job_streams_its_whole_curve_then_ends(store):
 def test_unknown_job_is_404_and_a_wrong_key_401_before_any_stream(store):
     with make_client(store.data_dir, admin_key="admin-key-0123456789") as client:
         r = client.get("/jobs/20240101T000000-0000abcd/events")
-        assert (r.status_code, r.json()) == (401, {"error": "missing or wrong key: send 'Authorization: Bearer "
-                                                            "<BERT_ADMIN_KEY>'", "error_type": "unauthorized"})
-        r = client.get("/jobs/20240101T000000-0000abcd/events",
-                       headers={"Authorization": "Bearer admin-key-0123456789"})
-        assert (r.status_code, r.json()) == (404, {"error": "job '20240101T000000-0000abcd' not found",
-                                                   "error_type": "not_found"})
+        assert (r.status_code, r.json()) == (
+            401,
+            {
+                "error": "missing or wrong key: send 'Authorization: Bearer <BERT_ADMIN_KEY>'",
+                "error_type": "unauthorized",
+            },
+        )
+        r = client.get(
+            "/jobs/20240101T000000-0000abcd/events", headers={"Authorization": "Bearer admin-key-0123456789"}
+        )
+        assert (r.status_code, r.json()) == (
+            404,
+            {"error": "job '20240101T000000-0000abcd' not found", "error_type": "not_found"},
+        )
         r = client.get("/jobs/not-a-job/events", headers={"Authorization": "Bearer admin-key-0123456789"})
         assert r.status_code == 422
 
@@ -97,6 +106,7 @@ class Reader:
     async def _run(self, store, job_id):
         async def disconnected():
             return self.gone
+
         async for chunk in job_events(store, job_id, disconnected, poll_s=0.01):
             self.events += parse_sse(chunk)
 
@@ -104,6 +114,7 @@ class Reader:
         async def wait():
             while not predicate(self.events):
                 await asyncio.sleep(0.01)
+
         await asyncio.wait_for(wait(), timeout)
 
     def names(self) -> list[str]:
@@ -133,14 +144,16 @@ async def test_a_running_job_streams_records_as_written_and_ends_with_the_job(st
     rewrite_jsonl(store.job_dir(job_id) / "metrics.jsonl", lambda r: r["step"] <= 1)
     store.append_metric(job_id, train(2))
     await reader.until(lambda ev: ev.count(("metrics", train(2))) == 2)
-    after_reset = reader.events[reader.names().index("reset") + 1:]
+    after_reset = reader.events[reader.names().index("reset") + 1 :]
     assert [e for e in after_reset if e[0] == "metrics"] == [("metrics", train(1)), ("metrics", train(2))]
 
     store.append_metric(job_id, train(3))
     set_state(store, job_id, "cancelled", step=3)
     await asyncio.wait_for(reader.task, 5)
-    assert reader.events[-2:] == [("state", {"state": "cancelled", "previous": "running"}),
-                                  ("end", {"state": "cancelled"})]
+    assert reader.events[-2:] == [
+        ("state", {"state": "cancelled", "previous": "running"}),
+        ("end", {"state": "cancelled"}),
+    ]
     assert ("metrics", train(3)) in reader.events  # the last record arrives before the end
 
 
@@ -177,8 +190,11 @@ def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
 
 def sse_ids(text: str) -> list[str | None]:
     """The `id` of each metrics event."""
-    return [dict(line.split(": ", 1) for line in block.splitlines()).get("id")
-            for block in text.split("\n\n") if block.startswith("event: metrics")]
+    return [
+        dict(line.split(": ", 1) for line in block.splitlines()).get("id")
+        for block in text.split("\n\n")
+        if block.startswith("event: metrics")
+    ]
 
 
 def test_since_and_last_event_id_start_the_curve_at_a_step(store):
@@ -218,6 +234,7 @@ async def test_a_stream_ends_at_its_lifetime_without_an_end_event(store):
 
     async def never():
         return False
+
     started = time.monotonic()
     chunks = [chunk async for chunk in job_events(store, job_id, never, poll_s=0.01, max_seconds=0.3)]
     assert time.monotonic() - started >= 0.3
@@ -234,6 +251,7 @@ async def test_a_long_curve_is_replayed_in_paced_pieces(store, monkeypatch):
 
     async def never():
         return False
+
     chunks = [chunk async for chunk in job_events(store, job_id, never, poll_s=0.01)]
     events = [e for c in chunks for e in parse_sse(c)]
     assert [data for name, data in events if name == "metrics"] == store.metrics(job_id)
@@ -246,24 +264,35 @@ def test_streams_are_capped_per_job_and_in_all_over_a_real_server(tmp_path):
     jobs = [store.create(finetune_spec(f"clf{i}"))["id"] for i in range(3)]
     for job_id in jobs:
         set_state(store, job_id, "running")
-    server, url = start_server(store.data_dir, NO_BROKER, tmp_path, BERT_MAX_EVENT_STREAMS="2",
-                               BERT_MAX_EVENT_STREAMS_PER_JOB="1")
+    server, url = start_server(
+        store.data_dir, NO_BROKER, tmp_path, BERT_MAX_EVENT_STREAMS="2", BERT_MAX_EVENT_STREAMS_PER_JOB="1"
+    )
     try:
-        with httpx.Client(base_url=url, timeout=10) as a, httpx.Client(base_url=url, timeout=10) as b, \
-                httpx.Client(base_url=url, timeout=10) as c:
+        with (
+            httpx.Client(base_url=url, timeout=10) as a,
+            httpx.Client(base_url=url, timeout=10) as b,
+            httpx.Client(base_url=url, timeout=10) as c,
+        ):
             with a.stream("GET", f"/jobs/{jobs[0]}/events") as first:
                 events = first.iter_text()  # kept: dropping the iterator would close the connection
                 assert first.status_code == 200 and "event: progress" in next(events)
                 r = b.get(f"/jobs/{jobs[0]}/events")
-                assert (r.status_code, r.headers["retry-after"], r.json()) == (429, "1", {
-                    "error": f"job '{jobs[0]}' has 1 event streams open, the most this service allows for one job "
-                             "(BERT_MAX_EVENT_STREAMS_PER_JOB); retry later", "error_type": "overloaded"})
+                assert (r.status_code, r.headers["retry-after"], r.json()) == (
+                    429,
+                    "1",
+                    {
+                        "error": f"job '{jobs[0]}' has 1 event streams open, the most this service allows for one job "
+                        "(BERT_MAX_EVENT_STREAMS_PER_JOB); retry later",
+                        "error_type": "overloaded",
+                    },
+                )
                 with b.stream("GET", f"/jobs/{jobs[1]}/events") as second:
                     assert second.status_code == 200
                     r = c.get(f"/jobs/{jobs[2]}/events")
-                    assert (r.status_code, r.json()["error"]) == (429, "2 event streams are open, the most this "
-                                                                       "service allows (BERT_MAX_EVENT_STREAMS); "
-                                                                       "retry later")
+                    assert (r.status_code, r.json()["error"]) == (
+                        429,
+                        "2 event streams are open, the most this service allows (BERT_MAX_EVENT_STREAMS); retry later",
+                    )
             deadline = time.monotonic() + 10  # the closed streams' slots come back once the server sees them go
             while True:
                 with c.stream("GET", f"/jobs/{jobs[2]}/events") as again:

@@ -31,8 +31,9 @@ from tests.helpers import (
 )
 
 NO_BROKER = "redis://127.0.0.1:1/0"
-NAME_RULE = ("must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
-             "(and not with 'tmp')")
+NAME_RULE = (
+    "must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit (and not with 'tmp')"
+)
 
 
 def make_client(data_dir, raise_server_exceptions: bool = True, **settings) -> TestClient:
@@ -63,12 +64,16 @@ def post_job(client, body) -> tuple[int, dict]:
 
 
 BAD_JOBS = [
-    ({"kind": "distill", "model_name": "x", "dataset": "reviews"},
-     "body: Input tag 'distill' found using 'kind' does not match any of the expected tags: 'pretrain', 'finetune'"),
-    ({"model_name": "x", "dataset": "reviews"},
-     "body: Unable to extract tag using discriminator 'kind'"),
+    (
+        {"kind": "distill", "model_name": "x", "dataset": "reviews"},
+        "body: Input tag 'distill' found using 'kind' does not match any of the expected tags: 'pretrain', 'finetune'",
+    ),
+    ({"model_name": "x", "dataset": "reviews"}, "body: Unable to extract tag using discriminator 'kind'"),
     (finetune_request("x", dataset="nope"), "dataset: 'nope' not found (upload it with POST /datasets)"),
-    (finetune_request("x", dataset="wiki"), "dataset: 'wiki' is a corpus dataset; task sequence-classification needs a labelled one"),
+    (
+        finetune_request("x", dataset="wiki"),
+        "dataset: 'wiki' is a corpus dataset; task sequence-classification needs a labelled one",
+    ),
     (pretrain_request("x", dataset="reviews"), "dataset: 'reviews' is a labelled dataset; this job needs a corpus one"),
     ({**finetune_request("x"), "base_model": "ghost"}, "base_model: model 'ghost' not found in DATA_DIR/models"),
     ({k: v for k, v in finetune_request("x").items() if k != "base_model"}, "finetune.base_model: Field required"),
@@ -85,58 +90,125 @@ BAD_JOBS = [
     (finetune_request("x", dataset="../../etc/passwd"), f"finetune.dataset: {NAME_RULE}"),
     (pretrain_request("x", dataset="/abs/wiki"), f"pretrain.dataset: {NAME_RULE}"),
     # Parameters: bounds, types, unknown names, consistency.
-    (finetune_request("x", max_steps=10**9), "finetune.params.max_steps: Input should be less than or equal to 1000000"),
+    (
+        finetune_request("x", max_steps=10**9),
+        "finetune.params.max_steps: Input should be less than or equal to 1000000",
+    ),
     (finetune_request("x", max_steps=0), "finetune.params.max_steps: Input should be greater than or equal to 1"),
-    (finetune_request("x", batch_size=100_000), "finetune.params.batch_size: Input should be less than or equal to 4096"),
+    (
+        finetune_request("x", batch_size=100_000),
+        "finetune.params.batch_size: Input should be less than or equal to 4096",
+    ),
     (finetune_request("x", lr=-1), "finetune.params.lr: Input should be greater than 0"),
     (finetune_request("x", lr=5), "finetune.params.lr: Input should be less than or equal to 1"),
     (finetune_request("x", lr="0.1"), "finetune.params.lr: Input should be a valid number"),
     (finetune_request("x", seed=-3), "finetune.params.seed: Input should be greater than or equal to 0"),
     (finetune_request("x", momentum=0.9), "finetune.params.momentum: Extra inputs are not permitted"),
     (finetune_request("x", epochs=0.0), "finetune.params.epochs: Input should be greater than 0"),
-    (finetune_request("x", task="token-classification", regression=True),
-     "finetune.params: regression is for task sequence-classification, not token-classification"),
+    (
+        finetune_request("x", task="token-classification", regression=True),
+        "finetune.params: regression is for task sequence-classification, not token-classification",
+    ),
     (finetune_request("x", precision="fp8"), "finetune.params.precision: Input should be 'auto', 'fp32' or 'bf16'"),
-    (finetune_request("x", warmup_steps=100, max_steps=10),
-     "finetune.params: warmup_steps (100) must not exceed max_steps (10)"),
-    (pretrain_request("x", eval_fraction=0.0, eval_every=5),
-     "pretrain.params: eval_every needs eval_fraction > 0 (there is nothing to evaluate on)"),
+    (
+        finetune_request("x", warmup_steps=100, max_steps=10),
+        "finetune.params: warmup_steps (100) must not exceed max_steps (10)",
+    ),
+    (
+        pretrain_request("x", eval_fraction=0.0, eval_every=5),
+        "pretrain.params: eval_every needs eval_fraction > 0 (there is nothing to evaluate on)",
+    ),
     # a fine-tuning job chooses its best checkpoint on the held-out rows: none is refused here, not in the worker
     (finetune_request("x", eval_fraction=0), "finetune.params.eval_fraction: Input should be greater than 0"),
-    (finetune_request("x", max_seq_len=128), "params.max_seq_len: 128 is more than base model 'tiny' has positions for (64)"),
-    (pretrain_request("x", config={"hidden_size": 64}),
-     "params.config: only for pretraining from scratch; with base_model the model's own size and vocabulary are used"),
-    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki",
-      "params": {"config": {"hidden_size": 30, "num_attention_heads": 4}}},
-     "pretrain.params.config: hidden_size (30) must be a multiple of num_attention_heads (4)"),
-    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"config": {"num_hidden_layers": 1000}}},
-     "pretrain.params.config.num_hidden_layers: Input should be less than or equal to 48"),
-    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"max_seq_len": 1024}},
-     "params.max_seq_len: 1024 is more than params.config has positions for (512)"),
+    (
+        finetune_request("x", max_seq_len=128),
+        "params.max_seq_len: 128 is more than base model 'tiny' has positions for (64)",
+    ),
+    (
+        pretrain_request("x", config={"hidden_size": 64}),
+        "params.config: only for pretraining from scratch; with base_model the model's own size and vocabulary are used",
+    ),
+    (
+        {
+            "kind": "pretrain",
+            "model_name": "x",
+            "dataset": "wiki",
+            "params": {"config": {"hidden_size": 30, "num_attention_heads": 4}},
+        },
+        "pretrain.params.config: hidden_size (30) must be a multiple of num_attention_heads (4)",
+    ),
+    (
+        {"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"config": {"num_hidden_layers": 1000}}},
+        "pretrain.params.config.num_hidden_layers: Input should be less than or equal to 48",
+    ),
+    (
+        {"kind": "pretrain", "model_name": "x", "dataset": "wiki", "params": {"max_seq_len": 1024}},
+        "params.max_seq_len: 1024 is more than params.config has positions for (512)",
+    ),
     # Sized before queued (model/sizing.py): issue 12's from-scratch job of ~10 B parameters.
-    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki",
-      "params": {"batch_size": 4096, "max_seq_len": 4096, "vocab_size": 200_000,
-                 "config": {"hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 64,
-                            "intermediate_size": 16384, "max_position_embeddings": 4096}}},
-     ("params: the job is too large: 10.5 B parameters (10,536,004,930) is more than the limit of 500.0 M "
-      "(BERT_JOB_MAX_PARAMS); an estimated 2,665,878.2 GB of peak training memory (fp32: weights, gradients and "
-      "AdamW state 157.0 GB, activations 2,665,721.0 GB, runtime 0.2 GB) is more than the limit of 16 GB "
-      "(BERT_JOB_MAX_MEMORY_GB); "
-      "a smaller batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)")),
+    (
+        {
+            "kind": "pretrain",
+            "model_name": "x",
+            "dataset": "wiki",
+            "params": {
+                "batch_size": 4096,
+                "max_seq_len": 4096,
+                "vocab_size": 200_000,
+                "config": {
+                    "hidden_size": 4096,
+                    "num_hidden_layers": 48,
+                    "num_attention_heads": 64,
+                    "intermediate_size": 16384,
+                    "max_position_embeddings": 4096,
+                },
+            },
+        },
+        (
+            "params: the job is too large: 10.5 B parameters (10,536,004,930) is more than the limit of 500.0 M "
+            "(BERT_JOB_MAX_PARAMS); an estimated 2,665,878.2 GB of peak training memory (fp32: weights, gradients and "
+            "AdamW state 157.0 GB, activations 2,665,721.0 GB, runtime 0.2 GB) is more than the limit of 16 GB "
+            "(BERT_JOB_MAX_MEMORY_GB); "
+            "a smaller batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)"
+        ),
+    ),
     # A model within the parameter limit whose batch is not within the memory limit (BERT-base shape).
-    ({"kind": "pretrain", "model_name": "x", "dataset": "wiki",
-      "params": {"batch_size": 256, "max_seq_len": 512, "vocab_size": 30522,
-                 "config": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-                            "intermediate_size": 3072}}},
-     ("params: the job is too large: an estimated 224.2 GB of peak training memory (fp32: weights, gradients and "
-      "AdamW state 1.6 GB, activations 222.3 GB, runtime 0.2 GB) is more than the limit of 16 GB "
-      "(BERT_JOB_MAX_MEMORY_GB); "
-      "a smaller batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)")),
-    (finetune_request("x", max_runtime="2x"),
-     "finetune.params.max_runtime: '2x' is not a duration: give seconds (an integer) or e.g. '90m', '12h', '1d12h'"),
-    (finetune_request("x", max_runtime=0), "finetune.params.max_runtime: must be between 1 second and 366 days, got 0 s"),
-    (finetune_request("x", max_runtime="4d"),
-     "params.max_runtime: 345600 s is more than this service allows (259200 s, BERT_JOB_MAX_RUNTIME)"),
+    (
+        {
+            "kind": "pretrain",
+            "model_name": "x",
+            "dataset": "wiki",
+            "params": {
+                "batch_size": 256,
+                "max_seq_len": 512,
+                "vocab_size": 30522,
+                "config": {
+                    "hidden_size": 768,
+                    "num_hidden_layers": 12,
+                    "num_attention_heads": 12,
+                    "intermediate_size": 3072,
+                },
+            },
+        },
+        (
+            "params: the job is too large: an estimated 224.2 GB of peak training memory (fp32: weights, gradients and "
+            "AdamW state 1.6 GB, activations 222.3 GB, runtime 0.2 GB) is more than the limit of 16 GB "
+            "(BERT_JOB_MAX_MEMORY_GB); "
+            "a smaller batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)"
+        ),
+    ),
+    (
+        finetune_request("x", max_runtime="2x"),
+        "finetune.params.max_runtime: '2x' is not a duration: give seconds (an integer) or e.g. '90m', '12h', '1d12h'",
+    ),
+    (
+        finetune_request("x", max_runtime=0),
+        "finetune.params.max_runtime: must be between 1 second and 366 days, got 0 s",
+    ),
+    (
+        finetune_request("x", max_runtime="4d"),
+        "params.max_runtime: 345600 s is more than this service allows (259200 s, BERT_JOB_MAX_RUNTIME)",
+    ),
 ]
 
 
@@ -150,9 +222,12 @@ def test_bad_jobs_are_422_and_write_nothing(env, body, message):
 
 def test_nan_is_not_a_number(env):
     client, _, _ = env
-    r = client.post("/jobs", content=b'{"kind": "finetune", "model_name": "x", "base_model": "tiny", '
-                                     b'"dataset": "reviews", "params": {"lr": NaN}}',
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/jobs",
+        content=b'{"kind": "finetune", "model_name": "x", "base_model": "tiny", '
+        b'"dataset": "reviews", "params": {"lr": NaN}}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422 and r.json()["error_type"] == "validation"
 
 
@@ -160,8 +235,9 @@ def test_a_valid_job_without_a_broker_is_503_and_leaves_no_record(env):
     client, _, data_dir = env
     status, body = post_job(client, finetune_request("fine"))
     assert status == 503 and body["error_type"] == "unavailable"
-    assert body["error"] == ("the job queue (broker) cannot be reached, nothing was queued; retry later "
-                             "(the service log has the details)")  # not the client library's words
+    assert body["error"] == (
+        "the job queue (broker) cannot be reached, nothing was queued; retry later (the service log has the details)"
+    )  # not the client library's words
     assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
     assert client.get("/jobs").json() == {"jobs": []}
 
@@ -175,7 +251,9 @@ def test_a_bug_while_publishing_is_a_logged_500_and_leaves_no_record(env, monkey
     monkeypatch.setattr(JobService, "publish", buggy_publish)
     with make_client(data_dir, raise_server_exceptions=False) as client:
         assert post_job(client, finetune_request("buggy")) == (
-            500, {"error": "internal server error", "error_type": "internal"})
+            500,
+            {"error": "internal server error", "error_type": "internal"},
+        )
         assert client.get("/jobs").json() == {"jobs": []}
     assert not any(p.name[:1].isdigit() for p in (data_dir / "jobs").iterdir())
     assert "unhandled error on POST /jobs" in caplog.text and "TypeError: send_job()" in caplog.text
@@ -195,8 +273,9 @@ def test_an_accepted_job_carries_its_size_and_runtime_limit(env, monkeypatch):
     assert job["params"]["max_runtime"] == 5400 and job["runtime_s"] is None
     # The tiny base model (tests/helpers.py) as a 2-label classifier: every part counted, all trainable.
     classifier = BertForSequenceClassification(tiny_config().with_labels(["negative", "positive"]))
-    assert job["estimate"]["parameters"] == job["estimate"]["trainable"] == sum(
-        p.numel() for p in classifier.parameters())
+    assert (
+        job["estimate"]["parameters"] == job["estimate"]["trainable"] == sum(p.numel() for p in classifier.parameters())
+    )
     assert job["estimate"]["precision"] in ("fp32", "bf16") and job["estimate"]["memory_bytes"] > 0
     status, body = post_job(client, finetune_request("default-runtime"))
     assert client.get(body["status_url"]).json()["params"]["max_runtime"] == 259200  # BERT_JOB_MAX_RUNTIME
@@ -209,16 +288,24 @@ def test_the_size_limits_are_settings(tmp_path, monkeypatch):
     accept_without_a_broker(monkeypatch)
     with make_client(data_dir, job_max_params=19_000) as client:
         assert upload(client, "reviews.csv", labelled_csv()).status_code == 201
-        assert post_job(client, finetune_request("x")) == (422, {
-            "error": "params: the job is too large: 19.3 K parameters (19,308) is more than the limit of 19.0 K "
-                     "(BERT_JOB_MAX_PARAMS)", "error_type": "validation"})
+        assert post_job(client, finetune_request("x")) == (
+            422,
+            {
+                "error": "params: the job is too large: 19.3 K parameters (19,308) is more than the limit of 19.0 K "
+                "(BERT_JOB_MAX_PARAMS)",
+                "error_type": "validation",
+            },
+        )
     with make_client(data_dir, job_max_memory_gb=0.001, job_max_runtime=60) as client:
         status, body = post_job(client, finetune_request("x"))
         assert status == 422 and body["error"].startswith("params: the job is too large: an estimated 0.3 GB")
-        assert body["error"].endswith("is more than the limit of 0.001 GB (BERT_JOB_MAX_MEMORY_GB); a smaller "
-                                      "batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)")
+        assert body["error"].endswith(
+            "is more than the limit of 0.001 GB (BERT_JOB_MAX_MEMORY_GB); a smaller "
+            "batch_size or max_seq_len uses less (grad_accum_steps keeps the effective batch)"
+        )
         assert post_job(client, finetune_request("x", max_runtime="2m"))[1]["error"] == (
-            "params.max_runtime: 120 s is more than this service allows (60 s, BERT_JOB_MAX_RUNTIME)")
+            "params.max_runtime: 120 s is more than this service allows (60 s, BERT_JOB_MAX_RUNTIME)"
+        )
 
 
 @pytest.mark.parametrize("state", ["succeeded", "failed", "cancelled"])
@@ -230,9 +317,13 @@ def test_cancelling_a_finished_job_is_409_and_changes_nothing(env, monkeypatch, 
     store.update(job_id, lambda r: r.update(state=state, finished_at=now_iso()))
     before = store.read(job_id)
     r = client.post(f"/jobs/{job_id}/cancel")
-    assert (r.status_code, r.json()) == (409, {
-        "error": f"job '{job_id}' has already finished ({state}): there is nothing to cancel",
-        "error_type": "conflict"})
+    assert (r.status_code, r.json()) == (
+        409,
+        {
+            "error": f"job '{job_id}' has already finished ({state}): there is nothing to cancel",
+            "error_type": "conflict",
+        },
+    )
     assert store.read(job_id) == before and not store.cancel_requested(job_id)
     shutil.rmtree(data_dir / "jobs" / job_id)
 
@@ -262,17 +353,21 @@ def test_a_dotted_model_name_is_served_and_can_be_a_job_base_model(tmp_path):
 def test_job_lookups(env):
     client, _, _ = env
     assert client.get("/jobs/20240101T000000-0000abcd").json() == {
-        "error": "job '20240101T000000-0000abcd' not found", "error_type": "not_found"}
+        "error": "job '20240101T000000-0000abcd' not found",
+        "error_type": "not_found",
+    }
     assert client.post("/jobs/20240101T000000-0000abcd/cancel").status_code == 404
     assert client.get("/jobs/20240101T000000-0000abcd/metrics").status_code == 404
     for bad in ("not-a-job", "x" * 100, "20240101T000000-0000abcd.json"):
         assert client.get(f"/jobs/{bad}").status_code == 422
     assert client.get("/jobs", params={"state": "bogus"}).json() == {
         "error": "query.state: Input should be 'queued', 'running', 'succeeded', 'failed' or 'cancelled'",
-        "error_type": "validation"}
+        "error_type": "validation",
+    }
 
 
 # ---------------------------------------------------------------------------- datasets
+
 
 def upload(client, filename, body, **fields):
     return client.post("/datasets", files={"file": (filename, body)}, data=fields)
@@ -288,31 +383,74 @@ def test_datasets_are_described(env):
 
 
 BAD_UPLOADS = [
-    (("evil.exe", b"x"), {}, 422, "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl, .conll, .iob, .iob2, .bio, .json file"),
+    (
+        ("evil.exe", b"x"),
+        {},
+        422,
+        "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl, .conll, .iob, .iob2, .bio, .json file",
+    ),
     (("a.csv", labelled_csv()), {"name": "../x"}, 422, f"name: '../x' {NAME_RULE}"),
     (("a.csv", labelled_csv()), {"name": "/tmp/x"}, 422, f"name: '/tmp/x' {NAME_RULE}"),
     # nested past json's recursion limit: a 422 naming it, not a 500
-    (("deep.json", b'{"data": ' + b"[" * 9000 + b"]" * 9000 + b"}"), {}, 422,
-     "file: not a usable SQuAD file: the file: not JSON for this reader: nested too deeply"),
-    (("deep.jsonl", b'{"text": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"), {}, 422,
-     "file: not a usable corpus: the file, line 1: not valid JSON for this reader (nested too deeply)"),
-    (("deep.jsonl", b'{"text": "a", "label": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"), {"kind": "labelled"}, 422,
-     "file: not a usable labelled table (columns text, label and optionally text_pair): the file, line 1: not valid "
-     "JSON for this reader (nested too deeply)"),
-    (("deep.jsonl", b'{"tokens": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"), {"kind": "token-labelled"}, 422,
-     "file: not a usable token-labelled file (CoNLL columns, or JSONL with tokens and tags; IOB2 tags): the file, "
-     "line 1: not valid JSON for this reader (nested too deeply)"),
-    (("a.csv", labelled_csv()), {"name": "reviews"}, 422,
-     "name: dataset 'reviews' already exists (datasets are never replaced; upload under another name)"),
-    (("a.csv", labelled_csv()), {"name": "a", "kind": "images"}, 422, "kind: 'images' is not one of corpus, labelled, token-labelled, qa"),
-    (("a.txt", corpus_txt()), {"name": "a", "kind": "labelled"}, 422,
-     "kind: a labelled dataset cannot be a .txt file (corpus: .txt, .jsonl; labelled: .csv, .tsv, .jsonl; "
-     "token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json)"),
-    (("a.csv", b"text,lab\nhello,1\n"), {}, 422, "file: not a usable labelled table (columns text, label and "
-                                               "optionally text_pair): the file: missing column(s) ['label']; found ['lab', 'text']"),
+    (
+        ("deep.json", b'{"data": ' + b"[" * 9000 + b"]" * 9000 + b"}"),
+        {},
+        422,
+        "file: not a usable SQuAD file: the file: not JSON for this reader: nested too deeply",
+    ),
+    (
+        ("deep.jsonl", b'{"text": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"),
+        {},
+        422,
+        "file: not a usable corpus: the file, line 1: not valid JSON for this reader (nested too deeply)",
+    ),
+    (
+        ("deep.jsonl", b'{"text": "a", "label": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"),
+        {"kind": "labelled"},
+        422,
+        "file: not a usable labelled table (columns text, label and optionally text_pair): the file, line 1: not valid "
+        "JSON for this reader (nested too deeply)",
+    ),
+    (
+        ("deep.jsonl", b'{"tokens": ' + b"[" * 9000 + b"]" * 9000 + b"}\n"),
+        {"kind": "token-labelled"},
+        422,
+        "file: not a usable token-labelled file (CoNLL columns, or JSONL with tokens and tags; IOB2 tags): the file, "
+        "line 1: not valid JSON for this reader (nested too deeply)",
+    ),
+    (
+        ("a.csv", labelled_csv()),
+        {"name": "reviews"},
+        422,
+        "name: dataset 'reviews' already exists (datasets are never replaced; upload under another name)",
+    ),
+    (
+        ("a.csv", labelled_csv()),
+        {"name": "a", "kind": "images"},
+        422,
+        "kind: 'images' is not one of corpus, labelled, token-labelled, qa",
+    ),
+    (
+        ("a.txt", corpus_txt()),
+        {"name": "a", "kind": "labelled"},
+        422,
+        "kind: a labelled dataset cannot be a .txt file (corpus: .txt, .jsonl; labelled: .csv, .tsv, .jsonl; "
+        "token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json)",
+    ),
+    (
+        ("a.csv", b"text,lab\nhello,1\n"),
+        {},
+        422,
+        "file: not a usable labelled table (columns text, label and "
+        "optionally text_pair): the file: missing column(s) ['label']; found ['lab', 'text']",
+    ),
     (("a.csv", b"text,label\nhello,1\nbye,1\n"), {}, 422, "file: a classifier needs at least 2 labels, found ['1']"),
-    (("a.jsonl", b'{"text": "ok"}\nnot json\n'), {"kind": "corpus"}, 422,
-     "file: not a usable corpus: the file, line 2: not valid JSON (Expecting value)"),
+    (
+        ("a.jsonl", b'{"text": "ok"}\nnot json\n'),
+        {"kind": "corpus"},
+        422,
+        "file: not a usable corpus: the file, line 2: not valid JSON (Expecting value)",
+    ),
     (("a.txt", b"\n\n  \n"), {}, 422, "file: the corpus has no text"),
     (("big.txt", b"word " * 5000), {}, 413, "dataset is larger than the limit of 20000 bytes (BERT_MAX_DATASET_BYTES)"),
 ]
@@ -323,7 +461,10 @@ def test_bad_uploads_are_refused_and_leave_nothing(env, file, fields, status, me
     client, outer, data_dir = env
     before = tree(outer)
     r = upload(client, *file, **fields)
-    assert (r.status_code, r.json()) == (status, {"error": message, "error_type": "validation" if status == 422 else "too_large"})
+    assert (r.status_code, r.json()) == (
+        status,
+        {"error": message, "error_type": "validation" if status == 422 else "too_large"},
+    )
     assert tree(outer) == before  # the streamed temp directory is gone too
 
 
@@ -332,8 +473,11 @@ def test_a_name_with_a_final_newline_is_refused(env):
     the filename keeps it): re.match's `$` matched before that newline and a dataset 'ab\\n' was stored."""
     client, outer, _ = env
     before = tree(outer)
-    body = (b'--b\r\nContent-Disposition: form-data; name="file"; filename="ab\n.csv"\r\n\r\n' + labelled_csv()
-            + b"\r\n--b--\r\n")
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="ab\n.csv"\r\n\r\n'
+        + labelled_csv()
+        + b"\r\n--b--\r\n"
+    )
     r = client.post("/datasets", content=body, headers={"content-type": "multipart/form-data; boundary=b"})
     assert (r.status_code, r.json()) == (422, {"error": f"name: 'ab\\n' {NAME_RULE}", "error_type": "validation"})
     assert tree(outer) == before
@@ -343,8 +487,9 @@ def staging_dirs(data_dir) -> list[str]:
     return [p.name for p in (data_dir / "datasets").iterdir() if p.name.startswith(".")]
 
 
-@pytest.mark.parametrize("code, reason", [(errno.ENOSPC, "No space left on device"),
-                                          (errno.EDQUOT, "Disk quota exceeded")])
+@pytest.mark.parametrize(
+    "code, reason", [(errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded")]
+)
 def test_a_full_disk_is_507_and_removes_the_partial_upload(env, monkeypatch, code, reason):
     """Fault injection: the upload's file write fails as it does on a full disk (or quota)."""
     client, outer, data_dir = env
@@ -356,9 +501,14 @@ def test_a_full_disk_is_507_and_removes_the_partial_upload(env, monkeypatch, cod
     before = tree(outer)
     name = f"full-{code}"
     r = upload(client, "full.csv", labelled_csv(), name=name)
-    assert (r.status_code, r.json()) == (507, {
-        "error": f"not enough disk space in the data directory to store the dataset ({reason}); "
-                 "the upload was removed", "error_type": "insufficient_storage"})
+    assert (r.status_code, r.json()) == (
+        507,
+        {
+            "error": f"not enough disk space in the data directory to store the dataset ({reason}); "
+            "the upload was removed",
+            "error_type": "insufficient_storage",
+        },
+    )
     assert tree(outer) == before and staging_dirs(data_dir) == []
     monkeypatch.undo()  # space again: the name was never taken
     assert upload(client, "full.csv", labelled_csv(), name=name).status_code == 201
@@ -374,8 +524,13 @@ def test_label_counts_are_bounded_at_upload_and_at_job_submission(tmp_path, monk
     accept_without_a_broker(monkeypatch)
     with make_client(data_dir, max_labels=5) as client:
         r = upload(client, "six.csv", many_labels_csv(6))
-        assert (r.status_code, r.json()) == (422, {"error": "file: 6 distinct labels, more than the 5 this service "
-                                                            "allows (BERT_MAX_LABELS)", "error_type": "validation"})
+        assert (r.status_code, r.json()) == (
+            422,
+            {
+                "error": "file: 6 distinct labels, more than the 5 this service allows (BERT_MAX_LABELS)",
+                "error_type": "validation",
+            },
+        )
         tags = "".join(f"w{i} B-T{i}\n\n" for i in range(6)).encode()  # 6 tags in CoNLL columns
         r = upload(client, "tags.conll", tags)
         assert r.json()["error"] == "file: 6 distinct labels, more than the 5 this service allows (BERT_MAX_LABELS)"
@@ -385,9 +540,13 @@ def test_label_counts_are_bounded_at_upload_and_at_job_submission(tmp_path, monk
     with make_client(data_dir, max_labels=6) as client:  # a dataset taken in under a higher limit
         assert upload(client, "six.csv", many_labels_csv(6)).status_code == 201
     with make_client(data_dir, max_labels=5) as client:
-        assert post_job(client, finetune_request("x", dataset="six")) == (422, {
-            "error": "dataset: 'six' has 6 labels, more than the 5 this service trains (BERT_MAX_LABELS)",
-            "error_type": "validation"})
+        assert post_job(client, finetune_request("x", dataset="six")) == (
+            422,
+            {
+                "error": "dataset: 'six' has 6 labels, more than the 5 this service trains (BERT_MAX_LABELS)",
+                "error_type": "validation",
+            },
+        )
 
 
 def test_a_dataset_description_lists_at_most_100_labels(tmp_path):
@@ -402,16 +561,19 @@ def test_a_dataset_description_lists_at_most_100_labels(tmp_path):
 
 
 def test_a_txt_upload_is_text_even_when_it_starts_like_a_wikipedia_dump(tmp_path):
-    dump = b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">\n<page><title>A</title>\n' \
-           b'<revision><text>Some words here.</text></revision></page>\n</mediawiki>\n'
+    dump = (
+        b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">\n<page><title>A</title>\n'
+        b"<revision><text>Some words here.</text></revision></page>\n</mediawiki>\n"
+    )
     with make_client(make_data_dir(tmp_path / "data")) as client:
         r = upload(client, "dump.txt", dump)
         assert r.status_code == 201 and r.json()["format"] in ("google", "text")
 
 
 def big_labelled_csv(first_text: str, rows: int) -> bytes:
-    lines = [f"{first_text},positive"] + [f"row {i} says nothing much at all,{('negative', 'positive')[i % 2]}"
-                                          for i in range(rows)]
+    lines = [f"{first_text},positive"] + [
+        f"row {i} says nothing much at all,{('negative', 'positive')[i % 2]}" for i in range(rows)
+    ]
     return ("text,label\n" + "\n".join(lines) + "\n").encode()
 
 
@@ -428,16 +590,25 @@ def test_an_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path, mon
         assert r.status_code == 201, r.json()
         assert (r.json()["rows"], r.json()["num_labels"]) == (40_001, 2)
         r = upload(client, "long.csv", big_labelled_csv("word " * 220_000, 10))  # one row of 1.1 M characters
-        assert (r.status_code, r.json()) == (422, {"error": "file: row 1's text is longer than 1048576 characters, "
-                                                            "the most one example may hold",
-                                                   "error_type": "validation"})
+        assert (r.status_code, r.json()) == (
+            422,
+            {
+                "error": "file: row 1's text is longer than 1048576 characters, the most one example may hold",
+                "error_type": "validation",
+            },
+        )
     assert in_process == []  # the checks ran in the child processes, never in the API process's threads
     # A check that takes longer than the bound is stopped, and the upload refused.
     with make_client(data_dir, max_dataset_bytes=4 << 20, dataset_check_seconds=0.01) as client:
         r = upload(client, "slow.csv", big)
-        assert (r.status_code, r.json()) == (422, {"error": "file: checking the dataset took longer than 0.01 s "
-                                                            "(BERT_DATASET_CHECK_SECONDS); upload a smaller file",
-                                                   "error_type": "validation"})
+        assert (r.status_code, r.json()) == (
+            422,
+            {
+                "error": "file: checking the dataset took longer than 0.01 s "
+                "(BERT_DATASET_CHECK_SECONDS); upload a smaller file",
+                "error_type": "validation",
+            },
+        )
     assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == ["big", "small"]
 
 
@@ -476,12 +647,17 @@ def test_any_other_failure_while_storing_an_upload_is_a_logged_500(env, monkeypa
 def test_a_malformed_multipart_body_is_422_and_leaves_nothing(env):
     client, outer, data_dir = env
     before = tree(outer)
-    r = client.post("/datasets", content=b"no boundary here",
-                    headers={"content-type": "multipart/form-data; boundary=xyz"})
-    assert (r.status_code, r.json()) == (422, {
-        "error": "malformed multipart body: it does not follow the multipart/form-data format with the boundary "
-                 "its Content-Type names",
-        "error_type": "validation"})
+    r = client.post(
+        "/datasets", content=b"no boundary here", headers={"content-type": "multipart/form-data; boundary=xyz"}
+    )
+    assert (r.status_code, r.json()) == (
+        422,
+        {
+            "error": "malformed multipart body: it does not follow the multipart/form-data format with the boundary "
+            "its Content-Type names",
+            "error_type": "validation",
+        },
+    )
     assert tree(outer) == before and staging_dirs(data_dir) == []
 
 
@@ -496,19 +672,25 @@ def test_upload_kinds_and_names(env):
     r = upload(client, "notes.jsonl", b'{"text": "The cat sat. The dog ran."}\n')
     assert (r.status_code, r.json()["kind"], r.json()["sentences"]) == (201, "corpus", 2)
     r = client.post("/datasets", json={"file": "x"})
-    assert r.json() == {"error": "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME "
-                                 "-F kind=labelled)", "error_type": "validation"}
+    assert r.json() == {
+        "error": "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME -F kind=labelled)",
+        "error_type": "validation",
+    }
 
 
 # ---------------------------------------------------------------------------- keys
 
-@pytest.mark.parametrize("keys, header, status", [
-    ({"admin_key": "adm"}, None, 401),
-    ({"admin_key": "adm"}, "inference", 401),  # an inference key never opens the training routes
-    ({"admin_key": "adm"}, "adm", 200),
-    ({}, None, 401),  # no admin key: the API key guards them
-    ({}, "inference", 200),
-])
+
+@pytest.mark.parametrize(
+    "keys, header, status",
+    [
+        ({"admin_key": "adm"}, None, 401),
+        ({"admin_key": "adm"}, "inference", 401),  # an inference key never opens the training routes
+        ({"admin_key": "adm"}, "adm", 200),
+        ({}, None, 401),  # no admin key: the API key guards them
+        ({}, "inference", 200),
+    ],
+)
 def test_training_routes_need_the_admin_key(tmp_path, keys, header, status):
     data_dir = make_data_dir(tmp_path / "data")
     with make_client(data_dir, service={"api_key": "inference"}, **keys) as client:
@@ -518,10 +700,13 @@ def test_training_routes_need_the_admin_key(tmp_path, keys, header, status):
             assert r.status_code == status
             if status == 401:
                 which = "BERT_ADMIN_KEY" if keys else "BERT_API_KEY"
-                assert r.json() == {"error": f"missing or wrong key: send 'Authorization: Bearer <{which}>'",
-                                    "error_type": "unauthorized"}
+                assert r.json() == {
+                    "error": f"missing or wrong key: send 'Authorization: Bearer <{which}>'",
+                    "error_type": "unauthorized",
+                }
         assert client.post("/jobs", json=finetune_request("x"), headers=headers).status_code == (
-            422 if status == 200 else 401)
+            422 if status == 200 else 401
+        )
 
 
 def test_open_without_any_key(tmp_path):
@@ -537,6 +722,7 @@ def test_dataset_uploads_are_capped_by_their_own_limit_not_the_json_body_limit(t
         r = client.post("/datasets", files={"file": ("big.csv", body)}, data={"name": "big"})
         assert r.status_code == 201, r.text
         assert r.json()["rows"] == 400
-        r = client.post("/embeddings", content=b'{"inputs": "' + b"x" * 3_000 + b'"}',
-                        headers={"content-type": "application/json"})
+        r = client.post(
+            "/embeddings", content=b'{"inputs": "' + b"x" * 3_000 + b'"}', headers={"content-type": "application/json"}
+        )
         assert r.status_code == 413

@@ -20,9 +20,16 @@ from tests.helpers import BASE_MODEL, make_data_dir
 
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
-APP = create_app(Settings(data_dir=make_data_dir(Path(tempfile.mkdtemp(prefix="bertserve-jobs-schema-"))),
-                          default_model=BASE_MODEL, device="cpu", load="lazy",
-                          broker_url="redis://127.0.0.1:1/0", max_dataset_bytes=10_000))
+APP = create_app(
+    Settings(
+        data_dir=make_data_dir(Path(tempfile.mkdtemp(prefix="bertserve-jobs-schema-"))),
+        default_model=BASE_MODEL,
+        device="cpu",
+        load="lazy",
+        broker_url="redis://127.0.0.1:1/0",
+        max_dataset_bytes=10_000,
+    )
+)
 CONFIG = schemathesis.Config.from_dict({"phases": {"coverage": {"enabled": False}}})
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP, config=CONFIG).include(tag=["jobs", "datasets"])
 

@@ -23,18 +23,30 @@ def own_data_dir(tmp_path, data_dir):
 
 async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
     store = JobStore(own_data_dir)
-    record = store.create({"kind": "pretrain", "model_name": "wiki-mlm", "base_model": "tiny-enc",
-                           "dataset": "wiki", "params": {"max_steps": 300}})
+    record = store.create(
+        {
+            "kind": "pretrain",
+            "model_name": "wiki-mlm",
+            "base_model": "tiny-enc",
+            "dataset": "wiki",
+            "params": {"max_steps": 300},
+        }
+    )
     settings = settings_for(own_data_dir, default_model="tiny-enc", default_mlm_model="wiki-mlm")
     async with serve_app(settings) as client:
         r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
         assert r.status_code == 503
         assert r.json() == {
             "error": f"model 'wiki-mlm' is still being trained by job {record['id']} (queued, step 0/300); "
-                     "it is served as soon as the job finishes",
+            "it is served as soon as the job finishes",
             "error_type": "unavailable",
-            "job": {"id": record["id"], "state": "queued", "step": 0, "total_steps": 300,
-                    "status_url": f"/jobs/{record['id']}"},
+            "job": {
+                "id": record["id"],
+                "state": "queued",
+                "step": 0,
+                "total_steps": 300,
+                "status_url": f"/jobs/{record['id']}",
+            },
         }
         r = await client.post("/nsp", json={"inputs": {"text_a": "the cat sat.", "text_b": "it ran."}})
         assert r.status_code == 503 and r.json()["job"]["id"] == record["id"]
@@ -55,8 +67,9 @@ async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
 
 async def test_a_failed_job_leaves_a_plain_404(own_data_dir):
     store = JobStore(own_data_dir)
-    record = store.create({"kind": "pretrain", "model_name": "gone", "base_model": None, "dataset": "wiki",
-                           "params": {"max_steps": 10}})
+    record = store.create(
+        {"kind": "pretrain", "model_name": "gone", "base_model": None, "dataset": "wiki", "params": {"max_steps": 10}}
+    )
     store.update(record["id"], lambda r: r.update(state="failed"))
     async with serve_app(settings_for(own_data_dir, default_model="tiny-enc")) as client:
         r = await client.post("/fill-mask", json={"inputs": "a [MASK]", "model": "gone"})

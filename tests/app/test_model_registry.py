@@ -79,8 +79,9 @@ async def test_broken_model_is_listed_with_its_reason(tmp_path):
         for _ in range(2):
             r = await c.post("/embeddings", json={"inputs": "a", "model": "no-vocab"})
             assert r.status_code == 503
-            assert r.json()["error"] == ("model 'no-vocab' cannot be served: loading failed: "
-                                         "no tokenizer.json or vocab.txt in models/no-vocab")  # relative to DATA_DIR
+            assert r.json()["error"] == (
+                "model 'no-vocab' cannot be served: loading failed: no tokenizer.json or vocab.txt in models/no-vocab"
+            )  # relative to DATA_DIR
         listed = {m["name"]: m for m in (await c.get("/models")).json()["models"]}
         assert listed["no-vocab"]["error"] == "loading failed: no tokenizer.json or vocab.txt in models/no-vocab"
 
@@ -98,12 +99,16 @@ async def test_a_tokenizer_larger_than_the_embeddings_is_refused_at_load(tmp_pat
     such a model is refused when it loads, with the reason, and remembered."""
     save_tiny(tmp_path / "models" / "good", BertModel)
     save_tiny(tmp_path / "models" / "short", BertModel, vocab_size=len(VOCAB) - 3)
-    reason = (f"its tokenizer has {len(VOCAB)} tokens but the model's embeddings only {len(VOCAB) - 3} rows "
-              "(config.json's vocab_size)")
+    reason = (
+        f"its tokenizer has {len(VOCAB)} tokens but the model's embeddings only {len(VOCAB) - 3} rows "
+        "(config.json's vocab_size)"
+    )
     async with serve_app(settings_for(tmp_path, default_model="good")) as c:
         for _ in range(2):
             r = await c.post("/embeddings", json={"inputs": "a", "model": "short"})
-            assert (r.status_code, r.json()) == (503, {"error": f"model 'short' cannot be served: {reason}",
-                                                       "error_type": "unavailable"})
+            assert (r.status_code, r.json()) == (
+                503,
+                {"error": f"model 'short' cannot be served: {reason}", "error_type": "unavailable"},
+            )
         listed = {m["name"]: m for m in (await c.get("/models")).json()["models"]}
         assert listed["short"]["error"] == reason and listed["good"]["error"] is None

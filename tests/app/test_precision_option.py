@@ -56,15 +56,20 @@ async def test_auto_is_the_default_and_serves_fp32_on_cpu(data_dir):
 def test_precision_settings_resolve_per_device(data_dir, monkeypatch, native_bf16, auto):
     """An explicit setting is served as given on any device; "auto" is bf16 only on a CUDA GPU with
     native bf16. CUDA is faked (the resolver only asks torch.cuda these two questions)."""
+
     def resolved(device, **settings):
         service = Service(settings_for(data_dir, device=device, **settings), Metrics())
         return {name: service.precision_for(name) for name in ("tiny-pt", "tiny-enc")}
 
     assert resolved("cpu") == {"tiny-pt": "fp32", "tiny-enc": "fp32"}
     assert resolved("cpu", precision="bf16", model_precision={"tiny-enc": "auto"}) == {
-        "tiny-pt": "bf16", "tiny-enc": "fp32"}
+        "tiny-pt": "bf16",
+        "tiny-enc": "fp32",
+    }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: native_bf16)
     assert resolved("cuda") == {"tiny-pt": auto, "tiny-enc": auto}
     assert resolved("cuda", precision="fp32", model_precision={"tiny-enc": "auto"}) == {
-        "tiny-pt": "fp32", "tiny-enc": auto}
+        "tiny-pt": "fp32",
+        "tiny-enc": auto,
+    }

@@ -33,8 +33,13 @@ from model.modeling import (
 )
 from tests.app.conftest import save_tiny, settings_for
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          response_headers_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
 
 
 # Named as in the OpenAPI examples, so the examples phase reaches real models.
@@ -75,8 +80,9 @@ def test_api_conforms_to_its_schema(case):
 
 LONE_SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 HOSTILE_TEXT = st.one_of(
-    st.text(st.one_of(LONE_SURROGATES, st.characters(max_codepoint=0x2FFF)), min_size=1, max_size=20)
-    .filter(lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t)),
+    st.text(st.one_of(LONE_SURROGATES, st.characters(max_codepoint=0x2FFF)), min_size=1, max_size=20).filter(
+        lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t)
+    ),
     st.integers(1, 600).map(lambda n: "[MASK] " * n),  # far more masks than positions
     st.tuples(st.integers(1, 300), LONE_SURROGATES).map(lambda nc: f"[MASK]{nc[1]} " * nc[0]),
 )
@@ -107,11 +113,17 @@ def test_hostile_text_is_never_a_server_error(case):
     case.call_and_validate(checks=CHECKS)
 
 
-
 def test_the_run_reached_every_outcome():
     """The examples and generated cases hit real models (200s), not only rejections."""
     text = APP.state.service.metrics.render().decode()
-    for route in ("/fill-mask", "/nsp", "/embeddings", "/v1/embeddings", "/classify", "/token-classification",
-                  "/question-answering"):
+    for route in (
+        "/fill-mask",
+        "/nsp",
+        "/embeddings",
+        "/v1/embeddings",
+        "/classify",
+        "/token-classification",
+        "/question-answering",
+    ):
         for status in ("200", "422"):
             assert f'route="{route}",status="{status}"' in text, (route, status)

@@ -29,10 +29,24 @@ def free_port() -> int:
 
 def start_server(data_dir: Path, port: int, **env_overrides: str) -> subprocess.Popen:
     """`python -m app.launcher.server` on `port`, serving tiny-enc, once /ready answers 200."""
-    env = {**os.environ, "BERT_DATA_DIR": str(data_dir), "BERT_DEFAULT_MODEL": "tiny-enc", "BERT_DEVICE": "cpu",
-           "BERT_LOAD": "startup", "BERT_API_KEY": "", "PYTHONUNBUFFERED": "1", **env_overrides}
-    proc = subprocess.Popen([sys.executable, "-m", "app.launcher.server", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "BERT_DATA_DIR": str(data_dir),
+        "BERT_DEFAULT_MODEL": "tiny-enc",
+        "BERT_DEVICE": "cpu",
+        "BERT_LOAD": "startup",
+        "BERT_API_KEY": "",
+        "PYTHONUNBUFFERED": "1",
+        **env_overrides,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.launcher.server", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None:
@@ -56,8 +70,10 @@ def test_real_uvicorn_serves_and_drains_on_sigterm(data_dir, reference, tokenize
         # An in-flight request: its body is half sent when SIGTERM arrives, the rest after.
         body = json.dumps({"inputs": "the cat sat"}).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-            conn.sendall(b"POST /embeddings HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+            conn.sendall(
+                b"POST /embeddings HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body[:10]
+            )
             time.sleep(0.3)
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.5)
@@ -86,10 +102,25 @@ def test_refuses_public_bind_without_a_key(capsys):
 
 def test_loopback_detection():
     """All of 127.0.0.0/8 in the forms the resolver takes, ::1 (plain, bracketed, IPv4-mapped), localhost."""
-    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "LocalHost", "::1", "[::1]", "127.0.0.2", "127.1",
-                                        "127.255.255.254", "::ffff:127.0.0.1", "[::ffff:127.9.9.9]"))
-    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.com", "128.1", "::ffff:10.0.0.1",
-                                            "localhost.example.com"))
+    assert all(
+        is_loopback(h)
+        for h in (
+            "127.0.0.1",
+            "localhost",
+            "LocalHost",
+            "::1",
+            "[::1]",
+            "127.0.0.2",
+            "127.1",
+            "127.255.255.254",
+            "::ffff:127.0.0.1",
+            "[::ffff:127.9.9.9]",
+        )
+    )
+    assert not any(
+        is_loopback(h)
+        for h in ("0.0.0.0", "::", "192.168.1.5", "example.com", "128.1", "::ffff:10.0.0.1", "localhost.example.com")
+    )
 
 
 def test_a_blank_key_is_no_key(capsys):
@@ -106,14 +137,16 @@ def test_short_keys_are_refused_beyond_loopback_only():
     long_key = "k" * MIN_PUBLIC_KEY_LENGTH
     assert exposure_refusal(Settings(api_key="k" * 15), "0.0.0.0", False) == (
         "refusing to listen on 0.0.0.0: it is reachable beyond this machine and BERT_API_KEY is shorter than 16 "
-        "characters. Use a long random key, e.g. `openssl rand -hex 32`.")
+        "characters. Use a long random key, e.g. `openssl rand -hex 32`."
+    )
     assert "BERT_ADMIN_KEY is shorter" in exposure_refusal(Settings(api_key=long_key, admin_key="admin"), "::", False)
-    assert "BERT_API_KEY is shorter" in exposure_refusal(Settings(api_key="short"), "10.0.0.1", True)  # allow_public: no key,
-    assert exposure_refusal(Settings(api_key=None), "0.0.0.0", True) is None                          # not a weak one
+    assert "BERT_API_KEY is shorter" in exposure_refusal(
+        Settings(api_key="short"), "10.0.0.1", True
+    )  # allow_public: no key,
+    assert exposure_refusal(Settings(api_key=None), "0.0.0.0", True) is None  # not a weak one
     assert exposure_refusal(Settings(api_key=long_key, admin_key=long_key), "0.0.0.0", False) is None
     assert exposure_refusal(Settings(api_key="short"), "127.1", False) is None
     assert exposure_refusal(Settings(api_key=None), "127.1", False) is None
-
 
 
 def _closed_after(conn: socket.socket, limit: float) -> tuple[bytes, float]:
@@ -135,8 +168,10 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
     try:
         with socket.create_connection(address) as slow_headers, socket.create_connection(address) as stalled_body:
             slow_headers.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
-            stalled_body.sendall(b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: 100\r\n\r\n{\"inputs\": ")
+            stalled_body.sendall(
+                b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"inputs": '
+            )
             for conn in (slow_headers, stalled_body):
                 received, after = _closed_after(conn, 10)
                 assert received == b"" and after < 3, (received, after)
@@ -144,8 +179,10 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
         # Answered before its body was read (413 on the declared length): trickling the rest keeps
         # the connection open no longer (it stayed open as long as the trickle went on).
         with socket.create_connection(address) as trickle:
-            trickle.sendall(b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            b"Content-Length: 5000000\r\n\r\n{")
+            trickle.sendall(
+                b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 5000000\r\n\r\n{"
+            )
             answer = b""
             while b'"error_type":"too_large"}' not in answer:
                 answer += trickle.recv(65536)
@@ -177,8 +214,10 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
                 conn.close()
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 5" in head.lower(), answer
-        assert json.loads(body) == {"error": "too many open connections (at most 4); retry later",
-                                    "error_type": "unavailable"}
+        assert json.loads(body) == {
+            "error": "too many open connections (at most 4); retry later",
+            "error_type": "unavailable",
+        }
 
         time.sleep(0.2)  # the idle ones are gone
         r = httpx.get(f"http://127.0.0.1:{port}/info/", headers={"Host": "evil.example"})

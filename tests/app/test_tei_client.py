@@ -38,11 +38,13 @@ def served(tmp_path_factory):
     tiny-rerank, behind an API key."""
     root = tmp_path_factory.mktemp("tei-client")
     save_tiny(root / "models" / "tiny", BertModel, seed=1)
-    save_tiny(root / "models" / "tiny-cls", BertForSequenceClassification, seed=2,
-              id2label={0: "negative", 1: "positive"})
+    save_tiny(
+        root / "models" / "tiny-cls", BertForSequenceClassification, seed=2, id2label={0: "negative", 1: "positive"}
+    )
     save_tiny(root / "models" / "tiny-rerank", BertForSequenceClassification, seed=3, id2label={0: "LABEL_0"})
-    server, url = start_server(root, REDIS_URL, root, BERT_API_KEY=KEY, BERT_PREDICT_MODEL="tiny-cls",
-                               BERT_RERANK_MODEL="tiny-rerank")
+    server, url = start_server(
+        root, REDIS_URL, root, BERT_API_KEY=KEY, BERT_PREDICT_MODEL="tiny-cls", BERT_RERANK_MODEL="tiny-rerank"
+    )
     try:
         yield url, root
     finally:
@@ -92,9 +94,11 @@ def test_feature_extraction_errors_reach_the_client_with_our_body(served):
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as e:
         client(url, "/embed").feature_extraction("the cat", prompt_name="query")
     assert e.value.response.status_code == 422
-    assert e.value.response.json() == {"error": "prompt_name 'query' is not supported: model 'tiny' has no prompts; "
-                                                "put the prompt at the start of the text instead",
-                                       "error_type": "validation"}
+    assert e.value.response.json() == {
+        "error": "prompt_name 'query' is not supported: model 'tiny' has no prompts; "
+        "put the prompt at the start of the text instead",
+        "error_type": "validation",
+    }
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as e:
         client(url, "/embed", token="wrong-key-0123456789").feature_extraction("the cat")
     assert e.value.response.status_code == 401
@@ -113,8 +117,9 @@ def test_text_classification_is_teis_predict(served):
     # list it parses, so against TEI (and here) it returns the best label alone, not a list.
     assert got.label == ["negative", "positive"][best]
     assert got.score == pytest.approx(probs[best], abs=1e-5)
-    raw = httpx.post(f"{url}/predict", json={"inputs": "I like you. I love you"},
-                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    raw = httpx.post(
+        f"{url}/predict", json={"inputs": "I like you. I love you"}, headers={"Authorization": f"Bearer {KEY}"}
+    ).json()
     assert [p["label"] for p in raw] == [got.label, ["negative", "positive"][1 - best]]
 
 
@@ -130,22 +135,33 @@ def test_similarity_limits_options_and_errors(served):
     url, root = served
     headers = {"Authorization": f"Bearer {KEY}"}
     text = " ".join(["dog"] * 40)
-    r = httpx.post(f"{url}/similarity", headers=headers, json={
-        "inputs": {"source_sentence": text, "sentences": ["dog"]},
-        "parameters": {"truncate": True, "truncation_direction": "Left", "prompt_name": None}})
+    r = httpx.post(
+        f"{url}/similarity",
+        headers=headers,
+        json={
+            "inputs": {"source_sentence": text, "sentences": ["dog"]},
+            "parameters": {"truncate": True, "truncation_direction": "Left", "prompt_name": None},
+        },
+    )
     assert r.status_code == 200
     vectors = hf_embeddings(root, [text, "dog"], truncation=True, max_length=32)
     assert r.json() == pytest.approx([(vectors[0] @ vectors[1]).item()], abs=1e-5)
     r = httpx.post(f"{url}/similarity", headers=headers, json={"inputs": {"source_sentence": text, "sentences": ["a"]}})
     assert r.status_code == 422
-    assert r.json() == {"error": "input 0 is 42 tokens long, more than the 32 model 'tiny' takes; shorten it or send "
-                                 "\"truncate\": true", "error_type": "validation"}
+    assert r.json() == {
+        "error": "input 0 is 42 tokens long, more than the 32 model 'tiny' takes; shorten it or send "
+        '"truncate": true',
+        "error_type": "validation",
+    }
     r = httpx.post(f"{url}/similarity", headers=headers, json={"inputs": {"source_sentence": "a", "sentences": []}})
     assert r.status_code == 422
-    assert r.json() == {"error": "inputs.sentences: List should have at least 1 item after validation, not 0",
-                        "error_type": "validation"}
-    r = httpx.post(f"{url}/similarity", headers=headers,
-                   json={"inputs": {"source_sentence": "a", "sentences": ["b"] * 64}})  # 65 texts in all
+    assert r.json() == {
+        "error": "inputs.sentences: List should have at least 1 item after validation, not 0",
+        "error_type": "validation",
+    }
+    r = httpx.post(
+        f"{url}/similarity", headers=headers, json={"inputs": {"source_sentence": "a", "sentences": ["b"] * 64}}
+    )  # 65 texts in all
     assert r.status_code == 422
     assert r.json() == {"error": "at most 64 inputs per request, got 65", "error_type": "validation"}
     r = httpx.post(f"{url}/similarity", json={"inputs": {"source_sentence": "a", "sentences": ["b"]}})
@@ -157,8 +173,9 @@ def test_the_bare_url_answers_as_teis_post_root(served):
     got = client(url).feature_extraction(TEXTS[:2])  # POST /: the default model `tiny` is an encoder
     assert got == pytest.approx(hf_embeddings(root, TEXTS[:2]).numpy(), abs=1e-5)
     similar = client(url).sentence_similarity("the cat sat on the mat", TEXTS)
-    assert similar == pytest.approx(client(url, "/similarity").sentence_similarity("the cat sat on the mat", TEXTS),
-                                    abs=1e-6)
+    assert similar == pytest.approx(
+        client(url, "/similarity").sentence_similarity("the cat sat on the mat", TEXTS), abs=1e-6
+    )
 
 
 def test_health_check_and_endpoint_info(served):
@@ -180,10 +197,15 @@ def test_rerank_and_tokenize_over_http_as_teis_readme(served):
     model = transformers.BertForSequenceClassification.from_pretrained(path).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     with torch.no_grad():
-        scores = model(**tok(["What is Deep Learning?"] * 2, texts, padding=True,
-                             return_tensors="pt")).logits[:, 0].sigmoid().tolist()
-    assert r.json() == [{"index": i, "score": pytest.approx(scores[i], abs=1e-5)}
-                        for i in sorted(range(2), key=lambda i: -scores[i])]
+        scores = (
+            model(**tok(["What is Deep Learning?"] * 2, texts, padding=True, return_tensors="pt"))
+            .logits[:, 0]
+            .sigmoid()
+            .tolist()
+        )
+    assert r.json() == [
+        {"index": i, "score": pytest.approx(scores[i], abs=1e-5)} for i in sorted(range(2), key=lambda i: -scores[i])
+    ]
     r = httpx.post(f"{url}/tokenize", headers=headers, json={"inputs": "What is Deep Learning?"})
     assert r.status_code == 200
     ids = transformers.AutoTokenizer.from_pretrained(root / "models" / "tiny")("What is Deep Learning?")["input_ids"]

@@ -28,13 +28,20 @@ pytestmark = pytest.mark.anyio
 transformers = pytest.importorskip("transformers")
 
 NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
-TEXTS = ["the quick brown fox jumped over the lazy dog", "Paris is the capital of France!",
-         "the cats and dogs went to paris", "Zebras ran to the big city , she said", "happily he bought milk"]
+TEXTS = [
+    "the quick brown fox jumped over the lazy dog",
+    "Paris is the capital of France!",
+    "the cats and dogs went to paris",
+    "Zebras ran to the big city , she said",
+    "happily he bought milk",
+]
 STRATEGIES = ["none", "simple", "first", "average", "max"]
 QUESTION = "where did the fox go ?"
-LONG_CONTEXT = ("the quick brown fox jumped over the lazy dog and went to paris . the cat sat on the mat in the "
-                "house . she bought milk from the store and the dogs ran to the big city by the river in france . "
-                "a man ate food with a child")
+LONG_CONTEXT = (
+    "the quick brown fox jumped over the lazy dog and went to paris . the cat sat on the mat in the "
+    "house . she bought milk from the store and the dogs ran to the big city by the river in france . "
+    "a man ate food with a child"
+)
 
 
 def err(kind: str, message: str) -> dict:
@@ -60,8 +67,9 @@ def tasks_dir(tmp_path_factory):
     save_tiny(root / "models" / "tiny-ner", BertForTokenClassification, seed=3, id2label=NER_LABELS)
     save_tiny(root / "models" / "tiny-qa", BertForQuestionAnswering, seed=4)
     save_null_favouring_qa(root / "models" / "tiny-qa-null")
-    save_tiny(root / "models" / "tiny-cls", BertForSequenceClassification, seed=5,
-              id2label={0: "negative", 1: "positive"})
+    save_tiny(
+        root / "models" / "tiny-cls", BertForSequenceClassification, seed=5, id2label={0: "negative", 1: "positive"}
+    )
     return root
 
 
@@ -92,6 +100,7 @@ def assert_same(ours, theirs) -> None:
 
 # -- /token-classification ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("ignore", [None, []])
 async def test_token_classification_equals_transformers_pipeline(svc, tasks_dir, strategy, ignore):
@@ -99,8 +108,10 @@ async def test_token_classification_equals_transformers_pipeline(svc, tasks_dir,
     pipe = transformers.pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy=strategy)
     options = {} if ignore is None else {"ignore_labels": ignore}
     expected = pipe(TEXTS, **options)
-    r = await svc.post("/token-classification", json={"inputs": TEXTS, "model": "tiny-ner",
-                                                      "aggregation_strategy": strategy, **options})
+    r = await svc.post(
+        "/token-classification",
+        json={"inputs": TEXTS, "model": "tiny-ner", "aggregation_strategy": strategy, **options},
+    )
     assert r.status_code == 200, r.json()
     body = r.json()
     assert len(body) == len(TEXTS)
@@ -114,8 +125,10 @@ async def test_token_classification_equals_transformers_pipeline(svc, tasks_dir,
 async def test_token_classification_one_text_answers_one_list(svc, tasks_dir):
     model, tok = hf(tasks_dir, "tiny-ner", "BertForTokenClassification")
     pipe = transformers.pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy="simple")
-    r = await svc.post("/token-classification", json={"inputs": TEXTS[1], "model": "tiny-ner",
-                                                      "aggregation_strategy": "simple", "ignore_labels": []})
+    r = await svc.post(
+        "/token-classification",
+        json={"inputs": TEXTS[1], "model": "tiny-ner", "aggregation_strategy": "simple", "ignore_labels": []},
+    )
     assert r.status_code == 200
     assert_same(r.json(), pipe(TEXTS[1], ignore_labels=[]))
     assert {e["entity_group"] for e in r.json()} - {"O", "PER", "LOC"} == set()
@@ -125,20 +138,28 @@ async def test_token_classification_long_input_422_unless_truncated(svc, tasks_d
     long_text = " ".join(["dog", "cat"] * 20)
     r = await svc.post("/token-classification", json={"inputs": ["a dog", long_text], "model": "tiny-ner"})
     assert r.status_code == 422
-    assert r.json() == err("validation", "input 1 is 42 tokens long, more than the 32 model 'tiny-ner' takes; "
-                                         "shorten it or send \"truncate\": true")
+    assert r.json() == err(
+        "validation",
+        "input 1 is 42 tokens long, more than the 32 model 'tiny-ner' takes; shorten it or send \"truncate\": true",
+    )
     model, tok = hf(tasks_dir, "tiny-ner", "BertForTokenClassification")
     pipe = transformers.pipeline("token-classification", model=model, tokenizer=tok)
-    r = await svc.post("/token-classification", json={"inputs": long_text, "model": "tiny-ner", "truncate": True,
-                                                      "ignore_labels": []})
+    r = await svc.post(
+        "/token-classification", json={"inputs": long_text, "model": "tiny-ner", "truncate": True, "ignore_labels": []}
+    )
     assert r.status_code == 200
     assert_same(r.json(), pipe(long_text, ignore_labels=[]))
     assert len(r.json()) == 30
 
 
-LONG_TEXT = " ".join(["the quick brown fox jumped over the lazy dog and went to paris . the cats sat on the mat",
-                      "in the house . Zebras bought milk from the store and the dogs ran to the big city by the river",
-                      "in france"] * 2)
+LONG_TEXT = " ".join(
+    [
+        "the quick brown fox jumped over the lazy dog and went to paris . the cats sat on the mat",
+        "in the house . Zebras bought milk from the store and the dogs ran to the big city by the river",
+        "in france",
+    ]
+    * 2
+)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES[1:])
@@ -146,11 +167,19 @@ LONG_TEXT = " ".join(["the quick brown fox jumped over the lazy dog and went to 
 async def test_token_classification_stride_reads_the_whole_text_as_transformers(svc, tasks_dir, strategy, stride):
     model, tok = hf(tasks_dir, "tiny-ner", "BertForTokenClassification")
     assert len(tok(LONG_TEXT)["input_ids"]) > 2 * MAX_POSITIONS  # three windows or more
-    pipe = transformers.pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy=strategy,
-                                 stride=stride)
-    r = await svc.post("/token-classification", json={"inputs": [LONG_TEXT, "a dog"], "model": "tiny-ner",
-                                                      "aggregation_strategy": strategy, "stride": stride,
-                                                      "ignore_labels": []})
+    pipe = transformers.pipeline(
+        "token-classification", model=model, tokenizer=tok, aggregation_strategy=strategy, stride=stride
+    )
+    r = await svc.post(
+        "/token-classification",
+        json={
+            "inputs": [LONG_TEXT, "a dog"],
+            "model": "tiny-ner",
+            "aggregation_strategy": strategy,
+            "stride": stride,
+            "ignore_labels": [],
+        },
+    )
     assert r.status_code == 200, r.json()
     assert_same(r.json()[0], pipe(LONG_TEXT, ignore_labels=[]))
     assert_same(r.json()[1], pipe("a dog", ignore_labels=[]))
@@ -160,36 +189,52 @@ async def test_token_classification_stride_reads_the_whole_text_as_transformers(
 async def test_token_classification_stride_errors_and_tokens_limit(svc, tasks_dir):
     r = await svc.post("/token-classification", json={"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 4})
     assert r.status_code == 422
-    assert r.json() == err("validation", "stride reads the whole text in windows, and their entities are merged by "
-                                         "character span: choose an aggregation_strategy other than none")
-    r = await svc.post("/token-classification", json={"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 30,
-                                                      "aggregation_strategy": "first"})
+    assert r.json() == err(
+        "validation",
+        "stride reads the whole text in windows, and their entities are merged by "
+        "character span: choose an aggregation_strategy other than none",
+    )
+    r = await svc.post(
+        "/token-classification",
+        json={"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 30, "aggregation_strategy": "first"},
+    )
     assert r.status_code == 422
-    assert r.json() == err("validation", "stride 30 must be less than the 30 tokens a window of model 'tiny-ner' "
-                                         "holds beside [CLS] and [SEP]")
+    assert r.json() == err(
+        "validation",
+        "stride 30 must be less than the 30 tokens a window of model 'tiny-ner' holds beside [CLS] and [SEP]",
+    )
     _, tok = hf(tasks_dir, "tiny-ner", "BertForTokenClassification")
-    tokens = sum(map(len, tok(LONG_TEXT, truncation=True, max_length=32, stride=7,
-                              return_overflowing_tokens=True)["input_ids"]))
+    tokens = sum(
+        map(len, tok(LONG_TEXT, truncation=True, max_length=32, stride=7, return_overflowing_tokens=True)["input_ids"])
+    )
     body = {"inputs": LONG_TEXT, "model": "tiny-ner", "stride": 7, "aggregation_strategy": "simple"}
     for limit, status in ((tokens, 200), (tokens - 1, 422)):  # counted exactly, before the windows are made
         async with serve_app(settings_for(tasks_dir, default_model="tiny-ner", max_request_tokens=limit)) as c:
             r = await c.post("/token-classification", json=body)
         assert r.status_code == status, (limit, r.json())
-    assert r.json() == err("validation", f"the request is {tokens} tokens long (all inputs together), more than "
-                                         f"the {tokens - 1} that BERT_MAX_REQUEST_TOKENS allows")
+    assert r.json() == err(
+        "validation",
+        f"the request is {tokens} tokens long (all inputs together), more than "
+        f"the {tokens - 1} that BERT_MAX_REQUEST_TOKENS allows",
+    )
 
 
 async def test_token_classification_errors(svc):
     r = await svc.post("/token-classification", json={"inputs": "a dog", "model": "tiny-cls"})
     assert r.status_code == 422
-    assert r.json() == err("validation", "model 'tiny-cls' has no token-classifier (token_classifier) head, which "
-                                         "/token-classification needs (it is a BertForSequenceClassification; "
-                                         "heads: classifier)")
-    r = await svc.post("/token-classification", json={"inputs": "a dog", "model": "tiny-ner",
-                                                      "aggregation_strategy": "mean"})
+    assert r.json() == err(
+        "validation",
+        "model 'tiny-cls' has no token-classifier (token_classifier) head, which "
+        "/token-classification needs (it is a BertForSequenceClassification; "
+        "heads: classifier)",
+    )
+    r = await svc.post(
+        "/token-classification", json={"inputs": "a dog", "model": "tiny-ner", "aggregation_strategy": "mean"}
+    )
     assert r.status_code == 422
-    assert r.json() == err("validation", "aggregation_strategy: Input should be 'none', 'simple', 'first', "
-                                         "'average' or 'max'")
+    assert r.json() == err(
+        "validation", "aggregation_strategy: Input should be 'none', 'simple', 'first', 'average' or 'max'"
+    )
     r = await svc.post("/token-classification", json={"inputs": ["a"] * 65, "model": "tiny-ner"})
     assert r.status_code == 422 and r.json() == err("validation", "at most 64 inputs per request, got 65")
 
@@ -203,23 +248,45 @@ async def test_models_lists_the_new_heads_and_labels(svc):
 
 # -- /question-answering: transformers 4.x's pipeline as the reference --------------------------
 
-def qa_reference(model, tok, question, context, top_k=1, max_answer_len=15, handle_impossible_answer=False,
-                 max_seq_len=None, doc_stride=None, align_to_words=True):
+
+def qa_reference(
+    model,
+    tok,
+    question,
+    context,
+    top_k=1,
+    max_answer_len=15,
+    handle_impossible_answer=False,
+    max_seq_len=None,
+    doc_stride=None,
+    align_to_words=True,
+):
     """transformers 4.x QuestionAnsweringPipeline (preprocess, postprocess) for one question."""
     max_seq_len = max_seq_len or min(tok.model_max_length, 384)
     doc_stride = min(max_seq_len // 2, 128) if doc_stride is None else doc_stride
-    encoded = tok(text=question, text_pair=context, padding="do_not_pad", truncation="only_second",
-                  max_length=max_seq_len, stride=doc_stride, return_token_type_ids=True,
-                  return_overflowing_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True)
+    encoded = tok(
+        text=question,
+        text_pair=context,
+        padding="do_not_pad",
+        truncation="only_second",
+        max_length=max_seq_len,
+        stride=doc_stride,
+        return_token_type_ids=True,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
     min_null_score, answers = 1000000, []
     for span in range(len(encoded["input_ids"])):
         input_ids = encoded["input_ids"][span]
         p_mask = np.asarray([tok_ != 1 for tok_ in encoded.sequence_ids(span)])
         p_mask[np.asarray(input_ids) == tok.cls_token_id] = 0
         with torch.no_grad():
-            out = model(input_ids=torch.tensor([input_ids]),
-                        token_type_ids=torch.tensor([encoded["token_type_ids"][span]]),
-                        attention_mask=torch.tensor([encoded["attention_mask"][span]]))
+            out = model(
+                input_ids=torch.tensor([input_ids]),
+                token_type_ids=torch.tensor([encoded["token_type_ids"][span]]),
+                attention_mask=torch.tensor([encoded["attention_mask"][span]]),
+            )
         start, end = out.start_logits.numpy(), out.end_logits.numpy()  # (1, T)
         undesired_tokens = np.abs(np.array(p_mask) - 1) & np.asarray(encoded["attention_mask"][span])
         undesired_tokens_mask = undesired_tokens == 0.0
@@ -256,8 +323,14 @@ def qa_reference(model, tok, question, context, top_k=1, max_answer_len=15, hand
                     start_index, end_index = enc.offsets[s][0], enc.offsets[e][1]
             else:
                 start_index, end_index = enc.offsets[s][0], enc.offsets[e][1]
-            answers.append({"score": score.item(), "start": start_index, "end": end_index,
-                            "answer": context[start_index:end_index]})
+            answers.append(
+                {
+                    "score": score.item(),
+                    "start": start_index,
+                    "end": end_index,
+                    "answer": context[start_index:end_index],
+                }
+            )
     if handle_impossible_answer:
         answers.append({"score": min_null_score, "start": 0, "end": 0, "answer": ""})
     answers = sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
@@ -287,28 +360,38 @@ QA_CASES = [
 async def test_question_answering_equals_transformers_4_pipeline(svc, tasks_dir, name, context, options):
     model, tok = hf(tasks_dir, "tiny-qa", "BertForQuestionAnswering")
     expected = qa_reference(model, tok, QUESTION, context, **options)
-    r = await svc.post("/question-answering", json={"question": QUESTION, "context": context, "model": "tiny-qa",
-                                                    **options})
+    r = await svc.post(
+        "/question-answering", json={"question": QUESTION, "context": context, "model": "tiny-qa", **options}
+    )
     assert r.status_code == 200, r.json()
     assert_answers(r.json(), expected)
 
 
 async def test_question_answering_long_context_has_several_windows(tasks_dir):
     _, tok = hf(tasks_dir, "tiny-qa", "BertForQuestionAnswering")
-    windows = tok(QUESTION, LONG_CONTEXT, truncation="only_second", max_length=32, stride=16,
-                  return_overflowing_tokens=True)["input_ids"]
+    windows = tok(
+        QUESTION, LONG_CONTEXT, truncation="only_second", max_length=32, stride=16, return_overflowing_tokens=True
+    )["input_ids"]
     assert len(windows) >= 4
 
 
 async def test_question_answering_impossible_answer_can_win(svc, tasks_dir):
     """Where the empty answer ranks first, it is answered as the reference answers it."""
     model, tok = hf(tasks_dir, "tiny-qa-null", "BertForQuestionAnswering")
-    contexts = [LONG_CONTEXT] + [" ".join(LONG_CONTEXT.split()[i:i + n]) for n in (2, 3, 5) for i in range(0, 30, 2)]
-    winners = [c for c in contexts
-               if qa_reference(model, tok, QUESTION, c, handle_impossible_answer=True)["answer"] == ""]
+    contexts = [LONG_CONTEXT] + [" ".join(LONG_CONTEXT.split()[i : i + n]) for n in (2, 3, 5) for i in range(0, 30, 2)]
+    winners = [
+        c for c in contexts if qa_reference(model, tok, QUESTION, c, handle_impossible_answer=True)["answer"] == ""
+    ]
     assert LONG_CONTEXT in winners and len(winners) > 10, winners  # several windows: the lowest [CLS] score
-    r = await svc.post("/question-answering", json={"question": [QUESTION] * len(winners), "context": winners,
-                                                    "model": "tiny-qa-null", "handle_impossible_answer": True})
+    r = await svc.post(
+        "/question-answering",
+        json={
+            "question": [QUESTION] * len(winners),
+            "context": winners,
+            "model": "tiny-qa-null",
+            "handle_impossible_answer": True,
+        },
+    )
     assert r.status_code == 200
     assert [a["answer"] for a in r.json()] == [""] * len(winners)
     for ours, context in zip(r.json(), winners):
@@ -318,8 +401,9 @@ async def test_question_answering_impossible_answer_can_win(svc, tasks_dir):
 async def test_question_answering_lists_answer_per_pair(svc, tasks_dir):
     model, tok = hf(tasks_dir, "tiny-qa", "BertForQuestionAnswering")
     questions, contexts = ["who ate food ?", QUESTION], ["a man ate food", LONG_CONTEXT]
-    r = await svc.post("/question-answering", json={"question": questions, "context": contexts, "model": "tiny-qa",
-                                                    "top_k": 2})
+    r = await svc.post(
+        "/question-answering", json={"question": questions, "context": contexts, "model": "tiny-qa", "top_k": 2}
+    )
     assert r.status_code == 200
     for ours, q, c in zip(r.json(), questions, contexts):
         assert_answers(ours, qa_reference(model, tok, q, c, top_k=2))
@@ -337,12 +421,17 @@ async def test_question_answering_errors(svc):
     long_question = " ".join(["the dog"] * 15)
     r = await post(question=long_question, context=LONG_CONTEXT)
     assert r.status_code == 422
-    assert r.json() == err("validation", "question 0 is 30 tokens long: with [CLS] and two [SEP] it leaves no room "
-                                         "for the context in a window of max_seq_len 32 tokens")
+    assert r.json() == err(
+        "validation",
+        "question 0 is 30 tokens long: with [CLS] and two [SEP] it leaves no room "
+        "for the context in a window of max_seq_len 32 tokens",
+    )
     r = await post(question=QUESTION, context=LONG_CONTEXT, doc_stride=24)
     assert r.status_code == 422
-    assert r.json() == err("validation", "doc_stride 24 must be less than the 23 context tokens that fit in a "
-                                         "window beside question 0 (max_seq_len 32)")
+    assert r.json() == err(
+        "validation",
+        "doc_stride 24 must be less than the 23 context tokens that fit in a window beside question 0 (max_seq_len 32)",
+    )
     r = await post(question=QUESTION, context="the fox", doc_stride=24)  # one window: nothing to cut
     assert r.status_code == 200
     r = await post(question=QUESTION, context="the fox", max_seq_len=64)
@@ -353,26 +442,36 @@ async def test_question_answering_errors(svc):
     assert r.json() == err("validation", "top_k: Input should be greater than or equal to 1")
     r = await svc.post("/question-answering", json={"question": "q", "context": "c", "model": "tiny-ner"})
     assert r.status_code == 422
-    assert r.json() == err("validation", "model 'tiny-ner' has no question-answering (qa) head, which "
-                                         "/question-answering needs (it is a BertForTokenClassification; heads: "
-                                         "token_classifier)")
+    assert r.json() == err(
+        "validation",
+        "model 'tiny-ner' has no question-answering (qa) head, which "
+        "/question-answering needs (it is a BertForTokenClassification; heads: "
+        "token_classifier)",
+    )
 
 
 async def test_question_answering_tokens_limit_counts_every_window(tasks_dir):
     async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=64)) as c:
-        r = await c.post("/question-answering", json={"question": QUESTION, "context": LONG_CONTEXT,
-                                                       "model": "tiny-qa"})
+        r = await c.post(
+            "/question-answering", json={"question": QUESTION, "context": LONG_CONTEXT, "model": "tiny-qa"}
+        )
     assert r.status_code == 422
     assert r.json()["error"].startswith("the request is ")
-    assert r.json()["error"].endswith("tokens long (all inputs together), more than the 64 that "
-                                      "BERT_MAX_REQUEST_TOKENS allows")
+    assert r.json()["error"].endswith(
+        "tokens long (all inputs together), more than the 64 that BERT_MAX_REQUEST_TOKENS allows"
+    )
 
 
 # -- key ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path,body", [
-    ("/token-classification", {"inputs": "a dog", "model": "tiny-ner"}),
-    ("/question-answering", {"question": "a ?", "context": "a dog", "model": "tiny-qa"})])
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/token-classification", {"inputs": "a dog", "model": "tiny-ner"}),
+        ("/question-answering", {"question": "a ?", "context": "a dog", "model": "tiny-qa"}),
+    ],
+)
 async def test_routes_need_the_api_key(tasks_dir, path, body):
     key = "tasks-key-0123456789abcdef"
     async with serve_app(settings_for(tasks_dir, api_key=key, default_model="tiny-ner")) as c:
@@ -384,20 +483,31 @@ async def test_routes_need_the_api_key(tasks_dir, path, body):
 
 # -- the rest of every inference route: text checks, deadline, batching --------------------------
 
+
 async def test_a_lone_surrogate_is_422(svc):
-    r = await svc.post("/token-classification", content=rb'{"inputs": ["ok", "a \ud800"], "model": "tiny-ner"}',
-                       headers={"Content-Type": "application/json"})
+    r = await svc.post(
+        "/token-classification",
+        content=rb'{"inputs": ["ok", "a \ud800"], "model": "tiny-ner"}',
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 422
     assert r.json() == err("validation", r"inputs[1] is not valid Unicode: lone surrogate '\ud800' at character 2")
-    r = await svc.post("/question-answering", content=rb'{"question": "q", "context": "\udc00", "model": "tiny-qa"}',
-                       headers={"Content-Type": "application/json"})
+    r = await svc.post(
+        "/question-answering",
+        content=rb'{"question": "q", "context": "\udc00", "model": "tiny-qa"}',
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 422
     assert r.json() == err("validation", r"context is not valid Unicode: lone surrogate '\udc00' at character 0")
 
 
-@pytest.mark.parametrize("path,task,body", [
-    ("/token-classification", "token_classify", {"inputs": "a dog", "model": "tiny-ner"}),
-    ("/question-answering", "qa", {"question": "a ?", "context": "a dog", "model": "tiny-qa"})])
+@pytest.mark.parametrize(
+    "path,task,body",
+    [
+        ("/token-classification", "token_classify", {"inputs": "a dog", "model": "tiny-ner"}),
+        ("/question-answering", "qa", {"question": "a ?", "context": "a dog", "model": "tiny-qa"}),
+    ],
+)
 async def test_request_timeout_is_503(tasks_dir, path, task, body):
     async with serve_app(settings_for(tasks_dir, default_model="tiny-ner", request_timeout=0.5)) as c:
         engine, gate = c.app.state.service.engine, threading.Event()
@@ -409,8 +519,9 @@ async def test_request_timeout_is_503(tasks_dir, path, task, body):
             gate.set()
             engine.runners[task] = runner
     assert r.status_code == 503
-    assert r.json() == err("unavailable", "the request took longer than BERT_REQUEST_TIMEOUT (0.5 s); its work was "
-                                          "dropped")
+    assert r.json() == err(
+        "unavailable", "the request took longer than BERT_REQUEST_TIMEOUT (0.5 s); its work was dropped"
+    )
 
 
 async def test_windows_and_texts_are_batched_in_one_pass(svc):
@@ -438,22 +549,34 @@ async def test_windows_and_texts_are_batched_in_one_pass(svc):
 
 # -- MiniLM-based heads: a real vocabulary (casing, accents, sub-words, [UNK]) and long contexts ------
 
-MINILM_TEXTS = ["Wolfgang Müller lives in Berlin-Köln since 1998!", "Dr. Émilie Dupont visited São Paulo's museums.",
-                "unbelievably tokenization-heavy sentences 🙂 are fun", "I live in Berlin"]
-MINILM_CONTEXT = " ".join(["Wolfgang Müller was born in Berlin in 1998 and moved to São Paulo in 2010.",
-                           "He studied tokenization at the university, then worked at a museum.",
-                           "Émilie Dupont, his colleague, lives in Köln and visits him every summer."] * 10)
+MINILM_TEXTS = [
+    "Wolfgang Müller lives in Berlin-Köln since 1998!",
+    "Dr. Émilie Dupont visited São Paulo's museums.",
+    "unbelievably tokenization-heavy sentences 🙂 are fun",
+    "I live in Berlin",
+]
+MINILM_CONTEXT = " ".join(
+    [
+        "Wolfgang Müller was born in Berlin in 1998 and moved to São Paulo in 2010.",
+        "He studied tokenization at the university, then worked at a museum.",
+        "Émilie Dupont, his colleague, lives in Köln and visits him every summer.",
+    ]
+    * 10
+)
 
 
 @pytest.fixture(scope="module")
 def minilm_heads(tmp_path_factory):
     from tests.conftest import MINILM_DIR
+
     if not MINILM_DIR.is_dir():
         pytest.fail(f"{MINILM_DIR} is missing: run `make demo-data`")
     root = tmp_path_factory.mktemp("minilm-heads")
     tok = transformers.AutoTokenizer.from_pretrained(MINILM_DIR)
-    for name, cls, extra in [("minilm-ner", "BertForTokenClassification", {"id2label": NER_LABELS}),
-                             ("minilm-qa", "BertForQuestionAnswering", {})]:
+    for name, cls, extra in [
+        ("minilm-ner", "BertForTokenClassification", {"id2label": NER_LABELS}),
+        ("minilm-qa", "BertForQuestionAnswering", {}),
+    ]:
         torch.manual_seed(0)  # the head is new: random, seeded
         model = getattr(transformers, cls).from_pretrained(MINILM_DIR, **extra).eval()
         model.save_pretrained(root / "models" / name)
@@ -469,18 +592,31 @@ async def test_minilm_heads_equal_transformers(minilm_heads):
     tok = transformers.AutoTokenizer.from_pretrained(path / "minilm-ner")
     async with serve_app(settings_for(minilm_heads, default_model="minilm-ner")) as c:
         for strategy in STRATEGIES:
-            pipe = transformers.pipeline("token-classification", model=ner, tokenizer=tok,
-                                         aggregation_strategy=strategy)
-            r = await c.post("/token-classification", json={"inputs": MINILM_TEXTS, "model": "minilm-ner",
-                                                            "aggregation_strategy": strategy, "ignore_labels": []})
+            pipe = transformers.pipeline(
+                "token-classification", model=ner, tokenizer=tok, aggregation_strategy=strategy
+            )
+            r = await c.post(
+                "/token-classification",
+                json={
+                    "inputs": MINILM_TEXTS,
+                    "model": "minilm-ner",
+                    "aggregation_strategy": strategy,
+                    "ignore_labels": [],
+                },
+            )
             assert r.status_code == 200, r.json()
             for ours, theirs in zip(r.json(), pipe(MINILM_TEXTS, ignore_labels=[])):
                 assert_same(ours, theirs)
-        for options in ({}, {"top_k": 3, "handle_impossible_answer": True},
-                        {"max_seq_len": 64, "doc_stride": 16, "top_k": 2}):
+        for options in (
+            {},
+            {"top_k": 3, "handle_impossible_answer": True},
+            {"max_seq_len": 64, "doc_stride": 16, "top_k": 2},
+        ):
             for question in ("Where does Émilie Dupont live?", "When was Wolfgang born?"):
-                r = await c.post("/question-answering", json={"question": question, "context": MINILM_CONTEXT,
-                                                              "model": "minilm-qa", **options})
+                r = await c.post(
+                    "/question-answering",
+                    json={"question": question, "context": MINILM_CONTEXT, "model": "minilm-qa", **options},
+                )
                 assert r.status_code == 200, r.json()
                 assert_answers(r.json(), qa_reference(qa, tok, question, MINILM_CONTEXT, **options))
     assert len(tok(MINILM_CONTEXT)["input_ids"]) > 384  # the default windows are several too
@@ -504,17 +640,29 @@ async def test_question_answering_refuses_too_many_windows_before_making_them(ta
     truncating = qa_pipeline.truncating
     monkeypatch.setattr(qa_pipeline, "truncating", lambda *a, **k: Recording(truncating(*a, **k)))
     async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=2000)) as c:
-        r = await c.post("/question-answering", json={"question": QUESTION, "context": "the dog " * 5000,
-                                                       "model": "tiny-qa", "max_seq_len": 16, "doc_stride": 6})
+        r = await c.post(
+            "/question-answering",
+            json={
+                "question": QUESTION,
+                "context": "the dog " * 5000,
+                "model": "tiny-qa",
+                "max_seq_len": 16,
+                "doc_stride": 6,
+            },
+        )
         assert r.status_code == 422
-        assert r.json() == err("validation", "the request is 159904 tokens long (all inputs together), more than "
-                                             "the 2000 that BERT_MAX_REQUEST_TOKENS allows")
+        assert r.json() == err(
+            "validation",
+            "the request is 159904 tokens long (all inputs together), more than "
+            "the 2000 that BERT_MAX_REQUEST_TOKENS allows",
+        )
         assert windowed == []
         # the count is exact (what the tokenizer's windows hold): at the limit it is answered
         body = {"question": QUESTION, "context": LONG_CONTEXT, "model": "tiny-qa", "max_seq_len": 16, "doc_stride": 3}
         _, tok = hf(tasks_dir, "tiny-qa", "BertForQuestionAnswering")
-        windows = tok(QUESTION, LONG_CONTEXT, truncation="only_second", max_length=16, stride=3,
-                      return_overflowing_tokens=True)["input_ids"]
+        windows = tok(
+            QUESTION, LONG_CONTEXT, truncation="only_second", max_length=16, stride=3, return_overflowing_tokens=True
+        )["input_ids"]
         tokens = sum(map(len, windows))
     async with serve_app(settings_for(tasks_dir, default_model="tiny-qa", max_request_tokens=tokens)) as c:
         assert (await c.post("/question-answering", json=body)).status_code == 200
@@ -531,8 +679,10 @@ async def test_tokenizer_copies_for_request_options_are_bounded(svc):
     from model.tokenizer import COPIES_PER_TOKENIZER, _copies
 
     for stride in range(COPIES_PER_TOKENIZER + 4):
-        r = await svc.post("/question-answering", json={"question": "a ?", "context": "a dog", "model": "tiny-qa",
-                                                        "doc_stride": stride})
+        r = await svc.post(
+            "/question-answering",
+            json={"question": "a ?", "context": "a dog", "model": "tiny-qa", "doc_stride": stride},
+        )
         assert r.status_code == 200
     lm = svc.app.state.service.store.peek("tiny-qa").loaded
     assert len(_copies[lm.tokenizer]) == COPIES_PER_TOKENIZER

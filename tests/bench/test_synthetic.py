@@ -109,14 +109,15 @@ def test_squad_answers_sit_at_their_offsets(qa):
             assert q["is_impossible"] == (q["answers"] == [])
             for answer in q["answers"]:
                 start = answer["answer_start"]
-                assert context[start:start + len(answer["text"])] == answer["text"], q
+                assert context[start : start + len(answer["text"])] == answer["text"], q
         impossible = sum(q["is_impossible"] for _, q in items) / len(items)
         assert 0.12 < impossible < 0.22, (split, impossible)
 
 
 def test_squad_answers_of_the_test_split_never_occur_in_training(qa):
-    answers = {split: {a["text"].lower() for _, q in qa_items(squad) for a in q["answers"]}
-               for split, squad in qa.items()}
+    answers = {
+        split: {a["text"].lower() for _, q in qa_items(squad) for a in q["answers"]} for split, squad in qa.items()
+    }
     assert len(answers["test"]) > 300
     assert not answers["test"] & answers["train"]
     train_text = " ".join(c + " " + q["question"] for c, q in qa_items(qa["train"])).lower()
@@ -131,8 +132,10 @@ def form_pattern(form: str) -> re.Pattern:
 
 def test_squad_test_split_asks_question_forms_training_never_does(qa):
     test_only = [form_pattern(forms[-1]) for *_, forms in QA_QUESTIONS]
-    count = {split: sum(any(p.match(q["question"]) for p in test_only) for _, q in qa_items(squad))
-             for split, squad in qa.items()}
+    count = {
+        split: sum(any(p.match(q["question"]) for p in test_only) for _, q in qa_items(squad))
+        for split, squad in qa.items()
+    }
     assert count["train"] == 0 and count["test"] > 40, count
 
 

@@ -55,9 +55,15 @@ def test_the_named_transitions_cover_the_whole_table():
     named = {event_of(t, s) for t in NAMED for s in STATES}
     assert named == declared
     assert {s for pair in TRANSITIONS.items() for s in (pair[0][0], pair[1])} <= set(STATES)
-    public = {name for name, f in vars(jobs).items()
-              if callable(f) and not name.startswith("_") and getattr(f, "__module__", None) == jobs.__name__
-              and not isinstance(f, type) and name not in ("steps_of", "encode")}
+    public = {
+        name
+        for name, f in vars(jobs).items()
+        if callable(f)
+        and not name.startswith("_")
+        and getattr(f, "__module__", None) == jobs.__name__
+        and not isinstance(f, type)
+        and name not in ("steps_of", "encode")
+    }
     assert public == {t.__name__ for t in NAMED}  # a transition added to jobs.py must be walked here too
 
 
@@ -101,7 +107,11 @@ def test_an_illegal_move_changes_nothing_in_memory_either(store, state, transiti
 def test_what_the_moves_write_besides_the_state(store):
     job_id = store.create(finetune_spec("m"))["id"]
     record = store.move(job_id, jobs.start, "host:1")
-    assert (record["attempts"], record["worker"], record["events"][-1]["detail"]) == (1, "host:1", "attempt 1 on host:1")
+    assert (record["attempts"], record["worker"], record["events"][-1]["detail"]) == (
+        1,
+        "host:1",
+        "attempt 1 on host:1",
+    )
     assert record["started_at"] and record["heartbeat_at"]
     first_start = record["started_at"]
     record = store.move(job_id, jobs.worker_process_lost, "SIGKILL")
@@ -116,8 +126,15 @@ def test_what_the_moves_write_besides_the_state(store):
     record = store.move(job_id, jobs.succeed, {"model": "m"}, "model 'm' published")
     assert (record["result"], record["error"], record["finished_at"] is not None) == ({"model": "m"}, None, True)
     assert [e["event"] for e in record["events"]] == [
-        "created", "started", "worker process lost", "attempt did not finish", "started", "handed back", "started",
-        "succeeded"]
+        "created",
+        "started",
+        "worker process lost",
+        "attempt did not finish",
+        "started",
+        "handed back",
+        "started",
+        "succeeded",
+    ]
 
 
 def test_a_cancel_of_a_finished_job_is_refused_with_its_state(store):

@@ -45,10 +45,28 @@ def test_ids_that_are_not_ids_never_reach_the_disk(store, job_id):
     assert not store.exists(job_id)
 
 
-@pytest.mark.parametrize("name, ok", [("bert-tiny_2", True), ("x", True), ("bert.v2", True), ("a..b", True),
-                                      ("../x", False), ("a/b", False), (".x", False), ("..", False), ("tmp1", False),
-                                      ("TMP1", False), ("x" * 64, True), ("x" * 65, False), ("", False), (None, False),
-                                      ("ab\n", False), ("nl\n", False), ("a\nb", False)])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("bert-tiny_2", True),
+        ("x", True),
+        ("bert.v2", True),
+        ("a..b", True),
+        ("../x", False),
+        ("a/b", False),
+        (".x", False),
+        ("..", False),
+        ("tmp1", False),
+        ("TMP1", False),
+        ("x" * 64, True),
+        ("x" * 65, False),
+        ("", False),
+        (None, False),
+        ("ab\n", False),
+        ("nl\n", False),
+        ("a\nb", False),
+    ],
+)
 def test_names_are_single_plain_path_components(name, ok):
     """One rule for models, datasets and job model names: dots allowed, never a path or a temp name."""
     assert valid_name(name) is ok

@@ -11,10 +11,15 @@ from model.data.pretraining import PretrainingData
 from model.modeling import BertForPreTraining
 from tests.conftest import tiny_config_dict
 
-PAIRS = [("the cat sat on the mat", "the dog eats bread"), ("she reads a book", "the sky is blue"),
-         ("he ran fast", "the car is red"), ("we love the movie", "it was a great film"),
-         ("the river runs at night", "the tree is big"), ("a man eats food", "a woman reads"),
-         ("the city is small", "the mountain is green")]
+PAIRS = [
+    ("the cat sat on the mat", "the dog eats bread"),
+    ("she reads a book", "the sky is blue"),
+    ("he ran fast", "the car is red"),
+    ("we love the movie", "it was a great film"),
+    ("the river runs at night", "the tree is big"),
+    ("a man eats food", "a woman reads"),
+    ("the city is small", "the mountain is green"),
+]
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def listeners() -> list[tuple[str, int]]:
 
 
 def _address(hex_addr: str, width: int) -> str:
-    raw = b"".join(bytes.fromhex(hex_addr[i:i + 8])[::-1] for i in range(0, width, 8))  # little-endian words
+    raw = b"".join(bytes.fromhex(hex_addr[i : i + 8])[::-1] for i in range(0, width, 8))  # little-endian words
     return socket.inet_ntop(socket.AF_INET if width == 8 else socket.AF_INET6, raw)
 
 

@@ -19,12 +19,19 @@ def write_store(path: Path, corpus: TokenizedCorpus, tokenizer, cuts: list[int])
     entries = [_write_shard(path, f"shard-{i:05d}", corpus, d0, d1) for i, (d0, d1) in enumerate(zip(edges, edges[1:]))]
     totals = {k: sum(e[k] for e in entries) for k in ("documents", "sentences", "tokens")}
     manifest = {
-        "format": "bertserve-token-store", "version": 1,
-        "tokenizer": {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": tokenizer.vocab_size,
-                      "lowercase": bool(tokenizer.lowercase)},
-        "dtype": corpus.tokens.dtype.name, "shards": entries, "totals": totals,
+        "format": "bertserve-token-store",
+        "version": 1,
+        "tokenizer": {
+            "fingerprint": tokenizer_fingerprint(tokenizer),
+            "vocab_size": tokenizer.vocab_size,
+            "lowercase": bool(tokenizer.lowercase),
+        },
+        "dtype": corpus.tokens.dtype.name,
+        "shards": entries,
+        "totals": totals,
         "sources": [{"path": str(corpus.path), "bytes": 0, "format": corpus.format}],
-        "stats": {}, "created_at": "2026-12-02T00:00:00Z",
+        "stats": {},
+        "created_at": "2026-12-02T00:00:00Z",
     }
     (path / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return path

@@ -39,8 +39,15 @@ def trained_objects(seed=0):
 
 
 def save(run_dir, step, model, optimizer, scheduler=None, tokenizer=None):
-    return save_checkpoint(checkpoint_dir(run_dir, step), model=model, optimizer=optimizer, scheduler=scheduler,
-                           trainer_state={"step": step}, data_state={"epoch": 1, "batch": 2}, tokenizer=tokenizer)
+    return save_checkpoint(
+        checkpoint_dir(run_dir, step),
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        trainer_state={"step": step},
+        data_state={"epoch": 1, "batch": 2},
+        tokenizer=tokenizer,
+    )
 
 
 def test_round_trip_restores_weights_optimizer_scheduler_rng_and_positions(tmp_path, tiny_tokenizer):
@@ -65,8 +72,16 @@ def test_a_checkpoint_is_a_model_directory_and_holds_no_pickles(tmp_path, tiny_t
     model, optimizer, _ = trained_objects()
     path = save(tmp_path, 1, model, optimizer, tokenizer=tiny_tokenizer)
     assert sorted(p.name for p in path.iterdir()) == [
-        "COMPLETE", "config.json", "model.safetensors", "optimizer.safetensors", "rng.safetensors",
-        "state.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+        "COMPLETE",
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "state.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
     loaded = load_model(path)
     assert type(loaded) is BertForPreTraining
     assert BertTokenizer.from_pretrained(path).vocab_size == len(TINY_VOCAB)
@@ -131,8 +146,9 @@ _KILLED_WRITER = textwrap.dedent("""
 def test_sigkill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path), root], env=env,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), root], env=env, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "writing").exists():
         assert proc.poll() is None, proc.stderr.read().decode()

@@ -60,8 +60,11 @@ book.&lt;/ref&gt;</text></revision></page>
 </mediawiki>
 """
 WIKI_ARTICLES = [
-    [["Foo is a Bar thing.", "It has size."], ["Foo was made in 1900 by John Smith.", "See here."],
-     ["A list item about foo."]],
+    [
+        ["Foo is a Bar thing.", "It has size."],
+        ["Foo was made in 1900 by John Smith.", "See here."],
+        ["A list item about foo."],
+    ],
     [["Baz is like foo but smaller."]],
 ]
 
@@ -85,8 +88,9 @@ def write_inputs(root: Path) -> Path:
         f.writelines(json.dumps({"text": "\n\n".join(paragraphs(3 + i, 3))}) + "\n" for i in range(20))
     with lzma.open(root / "d_pairs.tsv.xz", "wt") as f:
         f.writelines(f"{a}\t{b}\n" for a, b in zip(paragraphs(40, 25), paragraphs(41, 25)))
-    (root / "e_text.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(
-        ("\n\n".join(paragraphs(50, 30)) + "\n").encode()))
+    (root / "e_text.txt.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(("\n\n".join(paragraphs(50, 30)) + "\n").encode())
+    )
     return root
 
 
@@ -96,19 +100,24 @@ def read_store(store: Path) -> tuple[dict, list[list[list[int]]]]:
     assert (manifest["format"], manifest["version"]) == ("bertserve-token-store", 1)
     documents = []
     for shard in manifest["shards"]:
-        arrays = {part: np.load(store / f"{shard['name']}.{part}.npy", mmap_mode="r")
-                  for part in ("tokens", "sentences", "documents")}
+        arrays = {
+            part: np.load(store / f"{shard['name']}.{part}.npy", mmap_mode="r")
+            for part in ("tokens", "sentences", "documents")
+        }
         tokens, sentences, docs = arrays["tokens"], arrays["sentences"], arrays["documents"]
         assert tokens.dtype == np.dtype(manifest["dtype"]) and sentences.dtype == docs.dtype == np.int64
-        assert (len(tokens), len(sentences) - 1, len(docs) - 1) == (shard["tokens"], shard["sentences"],
-                                                                    shard["documents"])
+        assert (len(tokens), len(sentences) - 1, len(docs) - 1) == (
+            shard["tokens"],
+            shard["sentences"],
+            shard["documents"],
+        )
         assert sentences[0] == 0 and sentences[-1] == len(tokens) and np.all(np.diff(sentences) > 0)
         assert docs[0] == 0 and docs[-1] == len(sentences) - 1 and np.all(np.diff(docs) > 0)
         for part in arrays:
             digest = hashlib.sha256((store / f"{shard['name']}.{part}.npy").read_bytes()).hexdigest()
             assert digest == shard["sha256"][part]
         for d in range(len(docs) - 1):
-            documents.append([tokens[sentences[i]:sentences[i + 1]].tolist() for i in range(docs[d], docs[d + 1])])
+            documents.append([tokens[sentences[i] : sentences[i + 1]].tolist() for i in range(docs[d], docs[d + 1])])
     totals = {k: sum(s[k] for s in manifest["shards"]) for k in ("documents", "sentences", "tokens")}
     assert manifest["totals"] == totals and totals["documents"] == len(documents)
     return manifest, documents
@@ -130,8 +139,13 @@ def manifest_without_time(store: Path) -> dict:
 def test_compressed_files_read_like_plain_ones(tmp_path):
     inputs = write_inputs(tmp_path / "in")
     formats = {p.name: detect_format(p) for p in sorted(inputs.iterdir())}
-    assert formats == {"a_text.txt": "text", "b_google.txt.gz": "google", "c_records.jsonl.bz2": "jsonl",
-                       "d_pairs.tsv.xz": "pairs", "e_text.txt.zst": "text"}
+    assert formats == {
+        "a_text.txt": "text",
+        "b_google.txt.gz": "google",
+        "c_records.jsonl.bz2": "jsonl",
+        "d_pairs.tsv.xz": "pairs",
+        "e_text.txt.zst": "text",
+    }
     plain = tmp_path / "e_text.txt"
     plain.write_text("\n\n".join(paragraphs(50, 30)) + "\n")
     assert list(read_documents(inputs / "e_text.txt.zst")) == list(read_documents(plain))
@@ -142,8 +156,9 @@ def test_compressed_files_read_like_plain_ones(tmp_path):
 def test_byte_ranges_cut_at_document_boundaries(tmp_path):
     path = tmp_path / "big.txt"
     path.write_text("\n\n \n".join(paragraphs(7, 400)) + "\n")
-    sources = [type("S", (), {"path": str(path), "bytes": path.stat().st_size, "format": "text",
-                              "compression": None})()]
+    sources = [
+        type("S", (), {"path": str(path), "bytes": path.stat().st_size, "format": "text", "compression": None})()
+    ]
     units = plan_units(sources, unit_bytes=2048)
     assert len(units) > 10 and units[0].start == 0 and units[-1].end == path.stat().st_size
     assert all(a.end == b.start for a, b in zip(units, units[1:]))
@@ -157,7 +172,12 @@ def test_wikipedia_dump_markup_is_stripped(tmp_path):
     assert detect_format(dump) == "wikixml"
     stats = {}
     assert list(read_paragraphs(dump, stats=stats)) == WIKI_ARTICLES
-    assert stats == {"wiki_redirects": 1, "wiki_other_namespaces": 1, "wiki_empty_articles": 0, "wiki_oversize_pages": 0}
+    assert stats == {
+        "wiki_redirects": 1,
+        "wiki_other_namespaces": 1,
+        "wiki_empty_articles": 0,
+        "wiki_oversize_pages": 0,
+    }
 
 
 def test_a_file_that_is_not_a_dump_is_refused(tmp_path):
@@ -169,11 +189,16 @@ def test_a_file_that_is_not_a_dump_is_refused(tmp_path):
 
 def test_xml_with_a_dtd_or_entities_is_refused_before_anything_expands(tmp_path):
     bomb = tmp_path / "bomb.xml"
-    bomb.write_text('<?xml version="1.0"?>\n<!DOCTYPE mediawiki [\n<!ENTITY a "aaaaaaaaaa">\n'
-                    '<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">\n]>\n<mediawiki><page><title>&b;</title></page>'
-                    '</mediawiki>')
-    with pytest.raises(ValueError, match=r"bomb.xml, line 2: not a MediaWiki XML dump: DTDForbidden \(DTDs, "
-                                         r"entity declarations and external references are not read\)"):
+    bomb.write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE mediawiki [\n<!ENTITY a "aaaaaaaaaa">\n'
+        '<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">\n]>\n<mediawiki><page><title>&b;</title></page>'
+        "</mediawiki>"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"bomb.xml, line 2: not a MediaWiki XML dump: DTDForbidden \(DTDs, "
+        r"entity declarations and external references are not read\)",
+    ):
         list(read_paragraphs(bomb))
 
 
@@ -210,13 +235,17 @@ def test_one_huge_compressed_line_is_cut_at_words_into_bounded_documents(tmp_pat
     assert docs == [[["x" * 10]], [["x" * 10]], [["x" * 5]], [["ab cd ef"]], [["gh ij", "kl"]], [["last one"]]]
 
 
-@pytest.mark.parametrize("format, suffix, line", [("pairs", ".tsv", "a\t" + "b " * 20), ("jsonl", ".jsonl",
-                                                                                            '{"text": "' + "b " * 20 + '"}')])
+@pytest.mark.parametrize(
+    "format, suffix, line", [("pairs", ".tsv", "a\t" + "b " * 20), ("jsonl", ".jsonl", '{"text": "' + "b " * 20 + '"}')]
+)
 def test_a_record_longer_than_the_bound_is_refused_naming_the_file_and_line(tmp_path, format, suffix, line):
     path = tmp_path / f"data{suffix}"
     path.write_text(('{"text": "a"}' if format == "jsonl" else "x\ty") + f"\n{line}\n")
-    with pytest.raises(ValueError, match=rf"data{suffix}, line 2: longer than 30 characters, the most one line "
-                                         "may hold"):
+    with pytest.raises(
+        ValueError,
+        match=rf"data{suffix}, line 2: longer than 30 characters, the most one line "
+        "may hold",
+    ):
         list(read_paragraphs(path, format, bounds=Bounds(line=30)))
 
 
@@ -227,18 +256,24 @@ def test_store_holds_every_document_with_the_cache_encoding(tmp_path, tiny_token
     inputs = write_inputs(tmp_path / "in")
     manifest = build_store([inputs], tiny_tokenizer, tmp_path / "store", options=BuildOptions(shard_tokens=500))
     manifest, documents = read_store(tmp_path / "store")
-    expected = [encode_sentences(tiny_tokenizer, doc) for path in sorted(inputs.iterdir())
-                for doc in read_documents(path)]
+    expected = [
+        encode_sentences(tiny_tokenizer, doc) for path in sorted(inputs.iterdir()) for doc in read_documents(path)
+    ]
     assert documents == expected
     assert len(manifest["shards"]) > 3 and all(s["tokens"] >= 500 for s in manifest["shards"][:-1])
-    assert manifest["tokenizer"] == {"fingerprint": tokenizer_fingerprint(tiny_tokenizer),
-                                     "vocab_size": tiny_tokenizer.vocab_size, "lowercase": True}
+    assert manifest["tokenizer"] == {
+        "fingerprint": tokenizer_fingerprint(tiny_tokenizer),
+        "vocab_size": tiny_tokenizer.vocab_size,
+        "lowercase": True,
+    }
     assert manifest["dtype"] == "uint16"
     assert [(Path(s["path"]).name, s["bytes"], s["format"]) for s in manifest["sources"]] == [
-        (p.name, p.stat().st_size, detect_format(p)) for p in sorted(inputs.iterdir())]
+        (p.name, p.stat().st_size, detect_format(p)) for p in sorted(inputs.iterdir())
+    ]
     assert manifest["stats"]["paragraphs_duplicate"] == 0 and manifest["stats"]["documents_read"] == len(expected)
     assert sorted(p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith("shard-")) == [
-        "manifest.json"]  # no work files left behind
+        "manifest.json"
+    ]  # no work files left behind
 
 
 def test_exact_duplicate_paragraphs_are_dropped_first_occurrence_wins(tmp_path, tiny_tokenizer):
@@ -247,8 +282,9 @@ def test_exact_duplicate_paragraphs_are_dropped_first_occurrence_wins(tmp_path, 
     a, b, c = paragraphs(9, 3)
     (inputs / "1.txt").write_text(f"{a}\n\n{b}\n\n{a}\n")
     # The same paragraph with other spacing and line breaks is a duplicate; a jsonl record keeps its new one.
-    (inputs / "2.jsonl").write_text(json.dumps({"text": f"{b.replace(' ', '   ')}\n\n{c}"}) + "\n"
-                                    + json.dumps({"text": f"  {a}  "}) + "\n")
+    (inputs / "2.jsonl").write_text(
+        json.dumps({"text": f"{b.replace(' ', '   ')}\n\n{c}"}) + "\n" + json.dumps({"text": f"  {a}  "}) + "\n"
+    )
     manifest = build_store([inputs], tiny_tokenizer, tmp_path / "store")
     _, documents = read_store(tmp_path / "store")
     enc = lambda p: encode_sentences(tiny_tokenizer, split_sentences(p))  # noqa: E731
@@ -263,11 +299,14 @@ def test_near_empty_and_non_text_sentences_are_dropped_and_counted(tmp_path, tin
     inputs.mkdir()
     good = "The cat sat on the mat."
     (inputs / "g.txt").write_text(f"{good}\nthe\n! ? , . !\n\n| . | , | ! |\n\n{good} The dog ran.\n")
-    manifest = build_store([inputs / "g.txt"], tiny_tokenizer, tmp_path / "store", options=BuildOptions(
-        format="google"))
+    manifest = build_store(
+        [inputs / "g.txt"], tiny_tokenizer, tmp_path / "store", options=BuildOptions(format="google")
+    )
     _, documents = read_store(tmp_path / "store")
-    assert documents == [encode_sentences(tiny_tokenizer, [good]),
-                         encode_sentences(tiny_tokenizer, [f"{good} The dog ran."])]
+    assert documents == [
+        encode_sentences(tiny_tokenizer, [good]),
+        encode_sentences(tiny_tokenizer, [f"{good} The dog ran."]),
+    ]
     stats = manifest["stats"]
     assert (stats["sentences_near_empty"], stats["sentences_non_text"], stats["documents_empty"]) == (1, 2, 1)
 
@@ -277,8 +316,9 @@ def test_store_is_the_same_for_any_worker_count_and_unit_size(tmp_path, tiny_tok
     inputs = write_inputs(tmp_path / "in")
     (inputs / "f_big.txt").write_text("\n\n".join(paragraphs(60, 300) + paragraphs(1, 40)) + "\n")
     build_store([inputs], tiny_tokenizer, tmp_path / "one", options=BuildOptions(shard_tokens=700))
-    build_store([inputs], tiny_tokenizer, tmp_path / "two", workers=2,
-                options=BuildOptions(shard_tokens=700, unit_bytes=4096))
+    build_store(
+        [inputs], tiny_tokenizer, tmp_path / "two", workers=2, options=BuildOptions(shard_tokens=700, unit_bytes=4096)
+    )
     assert store_files(tmp_path / "one") == store_files(tmp_path / "two")
     one, two = manifest_without_time(tmp_path / "one"), manifest_without_time(tmp_path / "two")
     assert one["stats"]["paragraphs_duplicate"] == 40
@@ -343,8 +383,13 @@ def test_inputs_expand_folders_and_globs_sorted_once(tmp_path):
     write_inputs(tmp_path / "in")
     (tmp_path / "in" / ".hidden").write_text("x")
     files = expand_inputs([tmp_path / "in", str(tmp_path / "in" / "*.txt")])
-    assert [p.name for p in files] == ["a_text.txt", "b_google.txt.gz", "c_records.jsonl.bz2", "d_pairs.tsv.xz",
-                                       "e_text.txt.zst"]
+    assert [p.name for p in files] == [
+        "a_text.txt",
+        "b_google.txt.gz",
+        "c_records.jsonl.bz2",
+        "d_pairs.tsv.xz",
+        "e_text.txt.zst",
+    ]
     with pytest.raises(FileNotFoundError, match=r"^input not found: /nowhere/\*\.txt$"):
         expand_inputs(["/nowhere/*.txt"])
 
@@ -386,7 +431,10 @@ def test_an_input_that_is_not_text_is_refused_naming_the_file(tmp_path, tiny_tok
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("the cat sat .\n")
     (tmp_path / "in" / "b.txt.tokens.npy").write_bytes(b"\x93NUMPY\x01\x00")  # a cache file globbed in by mistake
-    with pytest.raises(ValueError, match=r"corpus .*b\.txt\.tokens\.npy is not UTF-8 text \(byte 0x93 where "
-                                         r"UTF-8 was expected\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"corpus .*b\.txt\.tokens\.npy is not UTF-8 text \(byte 0x93 where "
+        r"UTF-8 was expected\)",
+    ):
         build_store([tmp_path / "in"], tiny_tokenizer, tmp_path / "store")
     assert not (tmp_path / "store" / "manifest.json").exists()

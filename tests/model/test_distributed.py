@@ -40,8 +40,10 @@ def ranks_mean(model, batch, world: int, parts) -> list[torch.Tensor]:
 def test_pretraining_ranks_average_to_the_global_gradient(tiny_tokenizer, world):
     model = tiny_model(**NO_DROPOUT)
     batch = fixed_pretraining_batch(tiny_tokenizer)  # 4 rows: with 5 ranks, one rank has none
-    assert label_counts(batch, ["mlm_loss", "nsp_loss"]) == {"mlm_loss": int((batch["labels"] != -100).sum()),
-                                                             "nsp_loss": 4}
+    assert label_counts(batch, ["mlm_loss", "nsp_loss"]) == {
+        "mlm_loss": int((batch["labels"] != -100).sum()),
+        "nsp_loss": 4,
+    }
     expected = gradients(model, batch)
     for got, want in zip(ranks_mean(model, batch, world, ["mlm_loss", "nsp_loss"]), expected):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
@@ -75,8 +77,9 @@ def test_a_lost_peer_is_told_apart_from_a_ranks_own_error():
 
     from model.distributed import is_peer_failure
 
-    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:15794: "
-                        "Connection reset by peer.")
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:15794: Connection reset by peer."
+    )
     assert is_peer_failure(gloo) and is_peer_failure(DistBackendError("NCCL communicator was aborted"))
     assert not is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_peer_failure(ValueError("Connection reset by peer"))

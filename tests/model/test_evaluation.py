@@ -42,7 +42,7 @@ class FixedLogits(BertForSequenceClassification):
     """A classifier whose predictions the test chooses."""
 
     def __init__(self, logits):
-        super().__init__(BertConfig(**tiny_config_dict(), id2label=dict(enumerate("abc"[:logits.shape[1]]))))
+        super().__init__(BertConfig(**tiny_config_dict(), id2label=dict(enumerate("abc"[: logits.shape[1]]))))
         self.logits = logits
 
     def forward(self, input_ids, labels=None, **kw):

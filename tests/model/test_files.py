@@ -35,6 +35,7 @@ def test_replacing_a_directory_never_leaves_it_missing(tmp_path):
 
 def test_state_dict_keys_reads_the_header(tmp_path, tiny_config):
     from model.modeling import BertForMaskedLM
+
     model = BertForMaskedLM(tiny_config)
     model.save_pretrained(tmp_path)
     assert sorted(state_dict_keys(tmp_path)) == sorted(model.state_dict())

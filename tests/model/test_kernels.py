@@ -65,6 +65,7 @@ def warnings_of(caplog) -> list[str]:
 
 # -- asked ------------------------------------------------------------------------------------
 
+
 def test_the_cpu_is_what_torch_reports():
     info = kernels.cpu()
     assert info.capability == torch.backends.cpu.get_cpu_capability()
@@ -102,9 +103,9 @@ def test_a_path_the_machine_lacks_is_off_without_a_probe(kernel_paths, monkeypat
 
 # -- confirmed ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("broken", ["raises", "disagrees"])
-def test_a_probe_that_fails_turns_the_path_off_with_one_warning(kernel_paths, every_size, monkeypatch, caplog,
-                                                                broken):
+def test_a_probe_that_fails_turns_the_path_off_with_one_warning(kernel_paths, every_size, monkeypatch, caplog, broken):
     real = torch.ops.mkldnn._linear_pointwise
 
     def bad(*args):
@@ -127,8 +128,9 @@ def test_a_probe_that_fails_turns_the_path_off_with_one_warning(kernel_paths, ev
 
 
 @pytest.mark.skipif(not onednn.available(), reason="no oneDNN fp32 path on this machine")
-def test_a_kernel_that_raises_on_a_real_call_is_switched_off_and_that_call_answered(kernel_paths, every_size,
-                                                                                    monkeypatch, caplog):
+def test_a_kernel_that_raises_on_a_real_call_is_switched_off_and_that_call_answered(
+    kernel_paths, every_size, monkeypatch, caplog
+):
     model, ids, mask = model_and_batch(BertForMaskedLM)
     assert kernels.enabled("onednn-fp32")  # decided (its probe passed) before the op goes bad
 
@@ -139,8 +141,10 @@ def test_a_kernel_that_raises_on_a_real_call_is_switched_off_and_that_call_answe
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", raising)
     out = hidden(model, ids, mask)  # the call that hits it is answered, through F.linear
     assert kernels.status("onednn-fp32") == (False, "raised RuntimeError: oneDNN: unsupported shape")
-    assert warnings_of(caplog) == ["kernel path onednn-fp32 is off for this process: it raised RuntimeError: "
-                                   "oneDNN: unsupported shape; the plain path answers instead"]
+    assert warnings_of(caplog) == [
+        "kernel path onednn-fp32 is off for this process: it raised RuntimeError: "
+        "oneDNN: unsupported shape; the plain path answers instead"
+    ]
     torch.testing.assert_close(out, plain_fp32(model, ids, mask), atol=1e-6, rtol=0)
 
 
@@ -154,6 +158,7 @@ def test_bad_inputs_are_the_callers_error_not_the_kernels(kernel_paths, every_si
 
 # -- every fallback gives the same answers ------------------------------------------------------
 
+
 def test_bf16_without_bf16_kernels_is_emulated_close_to_fp32(kernel_paths, every_size, monkeypatch, caplog):
     pretend_avx2(monkeypatch.setattr)
     model, ids, mask = model_and_batch(BertForMaskedLM)
@@ -166,9 +171,10 @@ def test_bf16_without_bf16_kernels_is_emulated_close_to_fp32(kernel_paths, every
     clear = top2[:, 0] - top2[:, 1] > 0.05  # random weights: some top-1s are near ties that bf16 may swap
     assert clear.sum() >= 10 and torch.equal(out.argmax(-1)[clear], ref.argmax(-1)[clear])
     plan = kernels.describe("bf16")
-    assert plan == {"kernels": "bf16-emulated (onednn-fp32)" if onednn.available() else "bf16-emulated (torch-fp32)",
-                    "why": "cpu AVX2, no native bf16, no VNNI: bf16 weights, GEMMs in fp32, emulated and slower "
-                           "than fp32"}
+    assert plan == {
+        "kernels": "bf16-emulated (onednn-fp32)" if onednn.available() else "bf16-emulated (torch-fp32)",
+        "why": "cpu AVX2, no native bf16, no VNNI: bf16 weights, GEMMs in fp32, emulated and slower than fp32",
+    }
     assert warnings_of(caplog) == []  # the machine lacks it: no probe ran, no surprise to report
     kernels.warn_if_emulated("bf16")
     kernels.warn_if_emulated("bf16")
@@ -186,8 +192,9 @@ def test_bf16_kernels_that_claim_support_but_raise_fall_back(kernel_paths, every
     out = hidden(apply_precision(model, "bf16"), ids, mask)
     assert kernels.status("onednn-bf16") == (False, f"its probe failed: RuntimeError: {AVX2_BF16_ERROR}")
     assert F.cosine_similarity(out, ref).min() > 0.99
-    assert kernels.describe("bf16")["why"].endswith(f"; onednn-bf16 off: its probe failed: RuntimeError: "
-                                                    f"{AVX2_BF16_ERROR}")
+    assert kernels.describe("bf16")["why"].endswith(
+        f"; onednn-bf16 off: its probe failed: RuntimeError: {AVX2_BF16_ERROR}"
+    )
     assert len(warnings_of(caplog)) == 1
 
 
@@ -233,8 +240,15 @@ _CHILD = textwrap.dedent("""
 
 
 def run_child(**env: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -243,8 +257,10 @@ def run_child(**env: str) -> dict:
 def test_lesser_instruction_sets_give_the_same_answers():
     """ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA hold torch and oneDNN to what older CPUs have."""
     default = run_child()
-    lesser = {"avx2": run_child(ATEN_CPU_CAPABILITY="avx2"),
-              "sse41": run_child(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="SSE41")}
+    lesser = {
+        "avx2": run_child(ATEN_CPU_CAPABILITY="avx2"),
+        "sse41": run_child(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="SSE41"),
+    }
     assert lesser["sse41"]["capability"] == "DEFAULT"
     assert lesser["sse41"]["fp32 kernels"] == "torch-fp32"  # oneDNN held below AVX2 does not pay
     assert lesser["sse41"]["bf16 kernels"] == "bf16-emulated (torch-fp32)"

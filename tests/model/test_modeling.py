@@ -71,8 +71,7 @@ def test_transformers_checkpoint_loads_with_identical_outputs(name, tmp_path):
     ours = OURS[name].from_pretrained(tmp_path)
     ids, mask, types = padded_batch(hf.config.vocab_size)
     with torch.no_grad():
-        assert_same_outputs(hf(input_ids=ids, attention_mask=mask, token_type_ids=types),
-                            ours(ids, mask, types), mask)
+        assert_same_outputs(hf(input_ids=ids, attention_mask=mask, token_type_ids=types), ours(ids, mask, types), mask)
 
 
 @pytest.mark.parametrize("name", CLASSES)
@@ -83,8 +82,11 @@ def test_our_checkpoint_loads_in_transformers_with_identical_outputs(name, tmp_p
     back = getattr(transformers, name).from_pretrained(tmp_path / "ours").eval()
     ids, mask, types = padded_batch(hf.config.vocab_size)
     with torch.no_grad():
-        assert_same_outputs(hf(input_ids=ids, attention_mask=mask, token_type_ids=types),
-                            back(input_ids=ids, attention_mask=mask, token_type_ids=types), mask)
+        assert_same_outputs(
+            hf(input_ids=ids, attention_mask=mask, token_type_ids=types),
+            back(input_ids=ids, attention_mask=mask, token_type_ids=types),
+            mask,
+        )
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["architectures"] == [name]
 
 
@@ -132,8 +134,10 @@ def test_mlm_decoder_is_tied_to_word_embeddings(tiny_config):
     with torch.no_grad():
         emb.weight[7].fill_(0.5)
     h = torch.randn(1, tiny_config.hidden_size)
-    expected = model.cls.predictions.transform.LayerNorm(
-        torch.nn.functional.gelu(model.cls.predictions.transform.dense(h))) @ emb.weight.T
+    expected = (
+        model.cls.predictions.transform.LayerNorm(torch.nn.functional.gelu(model.cls.predictions.transform.dense(h)))
+        @ emb.weight.T
+    )
     torch.testing.assert_close(model.cls.predictions(h), expected + model.cls.predictions.bias)
     assert model.num_parameters() == sum(p.numel() for p in model.parameters())
 
@@ -152,8 +156,7 @@ def test_masked_positions_give_the_same_logits_as_the_full_decoder(tiny_config):
 
 def test_only_masked_positions_contribute_gradient(tiny_config):
     """A position labelled -100 contributes exactly nothing: its label cannot change the loss or grads."""
-    model = BertForMaskedLM(BertConfig(**tiny_config_dict(hidden_dropout_prob=0.0,
-                                                          attention_probs_dropout_prob=0.0)))
+    model = BertForMaskedLM(BertConfig(**tiny_config_dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
     ids, mask, types = padded_batch(tiny_config.vocab_size)
     labels = torch.full_like(ids, -100)
     labels[0, 2] = 9
@@ -220,12 +223,18 @@ def test_too_long_input_is_a_clear_error(tiny_config):
         model(torch.ones(1, 65, dtype=torch.long))
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(hidden_size=30, num_attention_heads=4), r"hidden_size \(30\) is not a multiple of num_attention_heads \(4\)"),
-    (dict(hidden_act="swish2"), "unknown hidden_act 'swish2'"),
-    (dict(vocab_size=0), "vocab_size must be a positive integer, got 0"),
-    (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob must be in \[0, 1\), got 1.5"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            dict(hidden_size=30, num_attention_heads=4),
+            r"hidden_size \(30\) is not a multiple of num_attention_heads \(4\)",
+        ),
+        (dict(hidden_act="swish2"), "unknown hidden_act 'swish2'"),
+        (dict(vocab_size=0), "vocab_size must be a positive integer, got 0"),
+        (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob must be in \[0, 1\), got 1.5"),
+    ],
+)
 def test_inconsistent_config_raises_value_error_quoting_values(bad, message):
     with pytest.raises(ValueError, match=message):
         BertConfig(**tiny_config_dict(**bad))
@@ -245,8 +254,10 @@ def test_legacy_keys_load(tmp_path, tiny_config):
     """position_ids, decoder.bias, gamma/beta and pytorch_model.bin, as old HF checkpoints carry."""
     model = BertForPreTraining(tiny_config).eval()
     state = model.state_dict()
-    legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-              for k, v in state.items()}
+    legacy = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in state.items()
+    }
     legacy["bert.embeddings.position_ids"] = torch.arange(64)[None]
     legacy["cls.predictions.decoder.bias"] = legacy.pop("cls.predictions.bias")
     legacy["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
@@ -259,16 +270,20 @@ def test_legacy_keys_load(tmp_path, tiny_config):
 
 def test_missing_heads_are_named(tmp_path, tiny_config):
     BertModel(tiny_config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"has no MLM head \(cls\.predictions\.\*\), NSP head "
-                                         r"\(cls\.seq_relationship\.\*\), which BertForPreTraining needs"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no MLM head \(cls\.predictions\.\*\), NSP head "
+        r"\(cls\.seq_relationship\.\*\), which BertForPreTraining needs",
+    ):
         BertForPreTraining.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"no classifier head \(classifier\.\*\)"):
         BertForSequenceClassification.from_pretrained(tmp_path)
     # Warm start: the encoder is kept, only the heads are new, and the decoder stays tied.
     warm = BertForPreTraining.from_pretrained(tmp_path, init_missing_heads=True)
     base = BertModel.from_pretrained(tmp_path)
-    assert torch.equal(warm.bert.encoder.layer[0].attention.self.qkv.weight,
-                       base.encoder.layer[0].attention.self.qkv.weight)
+    assert torch.equal(
+        warm.bert.encoder.layer[0].attention.self.qkv.weight, base.encoder.layer[0].attention.self.qkv.weight
+    )
     assert warm.cls.predictions.word_embeddings[0] is warm.bert.embeddings.word_embeddings
 
 
@@ -278,7 +293,9 @@ def test_unknown_and_missing_keys_are_reported_by_name(tmp_path, tiny_config):
     state["encoder.layer.0.attention.self.rotary.weight"] = torch.zeros(2)
     del state["encoder.layer.1.output.dense.bias"]
     save_file(state, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"lacks weights BertModel needs: bert\.encoder\.layer\.1\.output\.dense\.bias"):
+    with pytest.raises(
+        ValueError, match=r"lacks weights BertModel needs: bert\.encoder\.layer\.1\.output\.dense\.bias"
+    ):
         BertModel.from_pretrained(tmp_path)
     state["encoder.layer.1.output.dense.bias"] = torch.zeros(32)
     save_file(state, tmp_path / "model.safetensors")
@@ -310,7 +327,9 @@ def test_classification_loss_and_regression(tiny_config):
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, torch.tensor([0, 2, 1])))
     reg = BertForSequenceClassification(tiny_config.with_labels(["score"])).eval()
     out = reg(ids, mask, types, labels=torch.tensor([0.5, 1.0, -1.0]))
-    torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), torch.tensor([0.5, 1.0, -1.0])))
+    torch.testing.assert_close(
+        out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), torch.tensor([0.5, 1.0, -1.0]))
+    )
 
 
 @pytest.mark.slow
@@ -334,6 +353,7 @@ def test_save_replaces_atomically_and_a_killed_writer_leaves_the_old_model(tmp_p
     # An exception inside the write removes the temp dir and keeps the old model.
     with pytest.raises(RuntimeError):
         from model.files import atomic_dir
+
         with atomic_dir(dst) as tmp:
             (tmp / "x").write_text("partial")
             raise RuntimeError("boom")

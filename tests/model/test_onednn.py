@@ -38,8 +38,9 @@ _FIRST_CALL = textwrap.dedent("""
 @pytest.mark.slow
 def test_the_probe_runs_at_the_first_dense_call_that_could_use_onednn_not_at_import():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     at_import, small, first = json.loads(proc.stdout)
     assert at_import == small == {"enabled": None}

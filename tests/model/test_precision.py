@@ -48,6 +48,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # -- apply_precision ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", ["fp16", "BF16", "", "int4"])
 def test_unknown_precision_is_a_value_error_quoting_it(bad):
     with pytest.raises(ValueError, match=f"unknown precision '{bad}'; expected one of fp32, bf16, int8"):
@@ -128,7 +129,9 @@ def test_int8_linear_error_is_only_the_roundings():
         ref, out = linear(x), q(x)
     assert out.shape == ref.shape
     assert ((out - ref).norm() / ref.norm()) < 0.02
-    torch.testing.assert_close(q.dequantized_weight(), linear.weight.detach(), atol=linear.weight.abs().max().item() / 127, rtol=0)
+    torch.testing.assert_close(
+        q.dequantized_weight(), linear.weight.detach(), atol=linear.weight.abs().max().item() / 127, rtol=0
+    )
 
 
 def test_int8_refuses_training_mode_and_cannot_be_undone():
@@ -227,8 +230,9 @@ def test_packed_weights_follow_in_place_updates_and_copies(onednn_always):
 @pytest.mark.parametrize("training", [False, True])
 def test_packed_batches_match_the_padded_path(monkeypatch, training):
     """Padding never computed (the real tokens packed) gives the masked path's outputs and grads."""
-    model = tiny(BertForSequenceClassification, hidden_dropout_prob=0.0,
-                 attention_probs_dropout_prob=0.0).train(training)
+    model = tiny(BertForSequenceClassification, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train(
+        training
+    )
     ids, mask = batch(model.config.vocab_size)
     mask[2] = 0
     mask[2, :1] = 1  # a one-token sequence

@@ -23,12 +23,35 @@ from model.data.question_answering import (
 from model.tokenizer import BertTokenizer
 
 CONTEXT = "the cat sat on the mat . the dog eats bread"
-SQUAD = {"version": "v2.0", "data": [{"title": "pets", "paragraphs": [
-    {"context": CONTEXT, "qas": [
-        {"id": "q1", "question": "what sat on the mat ?", "answers": [{"text": "the cat", "answer_start": 0}]},
-        {"id": "q2", "question": "what does the dog eat ?",
-         "answers": [{"text": "bread", "answer_start": 38}, {"text": "eats bread", "answer_start": 33}]},
-        {"id": "q3", "question": "what is blue ?", "answers": [], "is_impossible": True}]}]}]}
+SQUAD = {
+    "version": "v2.0",
+    "data": [
+        {
+            "title": "pets",
+            "paragraphs": [
+                {
+                    "context": CONTEXT,
+                    "qas": [
+                        {
+                            "id": "q1",
+                            "question": "what sat on the mat ?",
+                            "answers": [{"text": "the cat", "answer_start": 0}],
+                        },
+                        {
+                            "id": "q2",
+                            "question": "what does the dog eat ?",
+                            "answers": [
+                                {"text": "bread", "answer_start": 38},
+                                {"text": "eats bread", "answer_start": 33},
+                            ],
+                        },
+                        {"id": "q3", "question": "what is blue ?", "answers": [], "is_impossible": True},
+                    ],
+                }
+            ],
+        }
+    ],
+}
 
 
 def write(path, doc):
@@ -42,7 +65,10 @@ def write(path, doc):
 def test_reads_v2_questions_all_answers_and_impossible(tmp_path):
     examples = read_squad(write(tmp_path / "dev.json", SQUAD))
     assert [(e.id, e.answers, e.answer_starts, e.is_impossible) for e in examples] == [
-        ("q1", ["the cat"], [0], False), ("q2", ["bread", "eats bread"], [38, 33], False), ("q3", [], [], True)]
+        ("q1", ["the cat"], [0], False),
+        ("q2", ["bread", "eats bread"], [38, 33], False),
+        ("q3", [], [], True),
+    ]
     assert {e.context for e in examples} == {CONTEXT}
 
 
@@ -60,23 +86,34 @@ def broken(edit):
     return doc
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d, p: p["qas"][0]["answers"][0].update(answer_start=4),
-     "question 'q1': answers[0] 'the cat' is not at answer_start 4 of the context (found 'cat sat')"),
-    (lambda d, p: p["qas"][1]["answers"][1].update(text="eats  bread"),
-     "question 'q2': answers[1] 'eats  bread' is not at answer_start 33 of the context (found 'eats bread')"),
-    (lambda d, p: p["qas"][1].update(id="q1"), "question id 'q1' appears more than once"),
-    (lambda d, p: p["qas"][0].update(question="  "), "question 'q1': 'question' is empty or not text"),
-    (lambda d, p: p.update(context=""), "data[0].paragraphs[0]: 'context' is empty or not text"),
-    (lambda d, p: p["qas"][0].update(answers=[]), "question 'q1' has no answers (and is not is_impossible)"),
-    (lambda d, p: p["qas"][2].update(answers=[{"text": "the", "answer_start": 0}]),
-     "question 'q3' is_impossible but has 1 answer(s)"),
-    (lambda d, p: p["qas"][0]["answers"][0].pop("answer_start"),
-     "question 'q1': answers[0] needs a non-empty 'text' and an integer 'answer_start', got {'text': 'the cat'}"),
-    (lambda d, p: p["qas"][0].pop("id"), "data[0].paragraphs[0].qas[0]: a question needs an 'id'"),
-    (lambda d, p: d.pop("data"), "not SQuAD JSON: expected an object with a 'data' list of articles"),
-    (lambda d, p: d["data"][0].update(paragraphs={}), "data[0]: 'paragraphs' must be a list"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda d, p: p["qas"][0]["answers"][0].update(answer_start=4),
+            "question 'q1': answers[0] 'the cat' is not at answer_start 4 of the context (found 'cat sat')",
+        ),
+        (
+            lambda d, p: p["qas"][1]["answers"][1].update(text="eats  bread"),
+            "question 'q2': answers[1] 'eats  bread' is not at answer_start 33 of the context (found 'eats bread')",
+        ),
+        (lambda d, p: p["qas"][1].update(id="q1"), "question id 'q1' appears more than once"),
+        (lambda d, p: p["qas"][0].update(question="  "), "question 'q1': 'question' is empty or not text"),
+        (lambda d, p: p.update(context=""), "data[0].paragraphs[0]: 'context' is empty or not text"),
+        (lambda d, p: p["qas"][0].update(answers=[]), "question 'q1' has no answers (and is not is_impossible)"),
+        (
+            lambda d, p: p["qas"][2].update(answers=[{"text": "the", "answer_start": 0}]),
+            "question 'q3' is_impossible but has 1 answer(s)",
+        ),
+        (
+            lambda d, p: p["qas"][0]["answers"][0].pop("answer_start"),
+            "question 'q1': answers[0] needs a non-empty 'text' and an integer 'answer_start', got {'text': 'the cat'}",
+        ),
+        (lambda d, p: p["qas"][0].pop("id"), "data[0].paragraphs[0].qas[0]: a question needs an 'id'"),
+        (lambda d, p: d.pop("data"), "not SQuAD JSON: expected an object with a 'data' list of articles"),
+        (lambda d, p: d["data"][0].update(paragraphs={}), "data[0]: 'paragraphs' must be a list"),
+    ],
+)
 def test_errors_name_file_and_question(tmp_path, edit, message):
     path = write(tmp_path / "bad.json", broken(edit))
     sep = ", " if message.startswith("data[") else ": "
@@ -102,8 +139,15 @@ def test_file_errors(tmp_path):
 
 def run_qa_features(hf, example: QAExample, max_seq_len: int, doc_stride: int):
     """transformers' run_qa.py prepare_train_features for one example (pad_on_right, no padding)."""
-    enc = hf(example.question.lstrip(), example.context, truncation="only_second", max_length=max_seq_len,
-             stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)
+    enc = hf(
+        example.question.lstrip(),
+        example.context,
+        truncation="only_second",
+        max_length=max_seq_len,
+        stride=doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
     features = []
     for i, offsets in enumerate(enc["offset_mapping"]):
         input_ids = enc["input_ids"][i]
@@ -168,20 +212,32 @@ def test_windows_equal_run_qa_tiny_vocab(tmp_path, tiny_tokenizer):
 
     tiny_tokenizer.save_pretrained(tmp_path)
     hf = BertTokenizerFast.from_pretrained(tmp_path)
-    context = "the cat sat on the mat . the dog eats bread . she reads a book in the city at night . " * 3 + \
-              "the big red house is on the mountain by the river"
-    answers = [("the dog", 25), ("reads a book", context.index("reads")), ("river", len(context) - 5),
-               ("city", context.rindex("city")), ("mat", 19)]
-    questions = [(" what eats bread ?", answers[0]), ("what does she do ?", answers[1]),
-                 ("where is the house ?", answers[2]), ("where is she ?", answers[3]), ("what is blue ?", None),
-                 ("what ?", answers[4])]
+    context = (
+        "the cat sat on the mat . the dog eats bread . she reads a book in the city at night . " * 3
+        + "the big red house is on the mountain by the river"
+    )
+    answers = [
+        ("the dog", 25),
+        ("reads a book", context.index("reads")),
+        ("river", len(context) - 5),
+        ("city", context.rindex("city")),
+        ("mat", 19),
+    ]
+    questions = [
+        (" what eats bread ?", answers[0]),
+        ("what does she do ?", answers[1]),
+        ("where is the house ?", answers[2]),
+        ("where is she ?", answers[3]),
+        ("what is blue ?", None),
+        ("what ?", answers[4]),
+    ]
     examples = examples_from(context, questions)
     for ex in examples:
-        assert all(ex.context[s:s + len(a)] == a for a, s in zip(ex.answers, ex.answer_starts))
+        assert all(ex.context[s : s + len(a)] == a for a, s in zip(ex.answers, ex.answer_starts))
     windows, quirks = check_windows_equal_run_qa(tiny_tokenizer, hf, examples, max_seq_len=40, doc_stride=8)
     assert quirks == 1  # "river" is the context's last token
     river = [w for w in windows if w.example == 2 and w.start_position]
-    assert [tiny_tokenizer.decode(w.input_ids[w.start_position:w.end_position + 1]) for w in river] == ["river"]
+    assert [tiny_tokenizer.decode(w.input_ids[w.start_position : w.end_position + 1]) for w in river] == ["river"]
 
 
 def test_windows_equal_run_qa_minilm(minilm_dir):
@@ -189,17 +245,21 @@ def test_windows_equal_run_qa_minilm(minilm_dir):
 
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     hf = BertTokenizerFast.from_pretrained(minilm_dir)
-    context = ("Zürich is the largest city in Switzerland and the capital of the canton of Zürich. It is located "
-               "in north-central Switzerland, at the northwestern tip of Lake Zürich. As of January 2020, the "
-               "municipality has 434,335 inhabitants, the urban area 1.315 million (2009), and the Zürich "
-               "metropolitan area 1.83 million (2011). Zürich is a hub for railways, roads, and air traffic. "
-               "Both Zürich Airport and Zürich's main railway station are the largest and busiest in the country.")
-    questions = [("What is the largest city in Switzerland?", ("Zürich", 0)),
-                 ("How many inhabitants did the municipality have?", ("434,335", context.index("434,335"))),
-                 ("When was the metropolitan area counted?", ("2011", context.index("2011"))),
-                 ("Which airport is the busiest?", ("Zürich Airport", context.index("Zürich Airport"))),
-                 ("Who founded the city?", None),
-                 ("Where is the lake?", ("north-central Switzerland", context.index("north-central")))]
+    context = (
+        "Zürich is the largest city in Switzerland and the capital of the canton of Zürich. It is located "
+        "in north-central Switzerland, at the northwestern tip of Lake Zürich. As of January 2020, the "
+        "municipality has 434,335 inhabitants, the urban area 1.315 million (2009), and the Zürich "
+        "metropolitan area 1.83 million (2011). Zürich is a hub for railways, roads, and air traffic. "
+        "Both Zürich Airport and Zürich's main railway station are the largest and busiest in the country."
+    )
+    questions = [
+        ("What is the largest city in Switzerland?", ("Zürich", 0)),
+        ("How many inhabitants did the municipality have?", ("434,335", context.index("434,335"))),
+        ("When was the metropolitan area counted?", ("2011", context.index("2011"))),
+        ("Which airport is the busiest?", ("Zürich Airport", context.index("Zürich Airport"))),
+        ("Who founded the city?", None),
+        ("Where is the lake?", ("north-central Switzerland", context.index("north-central"))),
+    ]
     check_windows_equal_run_qa(tokenizer, hf, examples_from(context, questions), max_seq_len=48, doc_stride=16)
 
 
@@ -217,7 +277,7 @@ def test_long_question_cut_to_max_query_length_tokens(minilm_dir):
     (window,) = encode_squad([example], tokenizer, max_seq_len=64, doc_stride=8, max_query_length=20)
     assert window.input_ids[1:21] == hf.convert_tokens_to_ids(hf.tokenize(question)[:20])
     assert window.input_ids[21] == hf.sep_token_id
-    assert tokenizer.decode(window.input_ids[window.start_position:window.end_position + 1]) == "zurich"
+    assert tokenizer.decode(window.input_ids[window.start_position : window.end_position + 1]) == "zurich"
 
 
 def test_answer_tokens_rule():
@@ -235,8 +295,10 @@ def test_encode_errors(tiny_tokenizer):
     example = QAExample("q7", "what is on the mat ?", CONTEXT, ["the cat"], [0])
     with pytest.raises(ValueError) as e:
         encode_squad([example], tiny_tokenizer, max_seq_len=16, doc_stride=10)
-    assert str(e.value) == ("question 'q7': doc_stride 10 must be at least 0 and less than the 7 context tokens "
-                            "that fit beside its 6 tokens in a window of max_seq_len 16")
+    assert str(e.value) == (
+        "question 'q7': doc_stride 10 must be at least 0 and less than the 7 context tokens "
+        "that fit beside its 6 tokens in a window of max_seq_len 16"
+    )
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         encode_squad([example], tiny_tokenizer, max_query_length=0)
     assert default_doc_stride(384) == 128 and default_doc_stride(128) == 30

@@ -30,8 +30,15 @@ def test_holdout_documents_are_views_of_the_last_documents(files):
 
 @pytest.mark.slow
 def test_warm_start_from_minilm_keeps_the_encoder_and_ties_the_decoder(minilm_dir, files, tmp_path):
-    spec = PretrainSpec(corpus=str(files / "corpus.txt"), out=str(tmp_path / "warm"), from_model=str(minilm_dir),
-                        batch_size=2, max_seq_len=16, eval_fraction=0, train=TrainConfig(max_steps=1, log_every=1))
+    spec = PretrainSpec(
+        corpus=str(files / "corpus.txt"),
+        out=str(tmp_path / "warm"),
+        from_model=str(minilm_dir),
+        batch_size=2,
+        max_seq_len=16,
+        eval_fraction=0,
+        train=TrainConfig(max_steps=1, log_every=1),
+    )
     _, model = _pretraining_model(spec, None)
     assert model.cls.predictions.word_embeddings[0] is model.bert.embeddings.word_embeddings
     source = normalize_state_dict(load_state_dict(minilm_dir))
@@ -45,13 +52,27 @@ def test_warm_start_from_minilm_keeps_the_encoder_and_ties_the_decoder(minilm_di
 
 
 def test_freeze_encoder_trains_only_the_heads(files, tmp_path):
-    scratch = PretrainSpec(corpus=str(files / "corpus.txt"), out=str(tmp_path / "base"), config=str(files / "tiny.json"),
-                           vocab=str(files / "vocab"), batch_size=4, max_seq_len=32, eval_fraction=0,
-                           train=TrainConfig(max_steps=2, log_every=1, lr=1e-3))
+    scratch = PretrainSpec(
+        corpus=str(files / "corpus.txt"),
+        out=str(tmp_path / "base"),
+        config=str(files / "tiny.json"),
+        vocab=str(files / "vocab"),
+        batch_size=4,
+        max_seq_len=32,
+        eval_fraction=0,
+        train=TrainConfig(max_steps=2, log_every=1, lr=1e-3),
+    )
     base = run_pretraining(scratch).model_dir
-    spec = PretrainSpec(corpus=str(files / "corpus.txt"), out=str(tmp_path / "frozen"), from_model=str(base),
-                        batch_size=4, max_seq_len=32, eval_fraction=0, freeze_encoder=True,
-                        train=TrainConfig(max_steps=3, log_every=1, lr=1e-2))
+    spec = PretrainSpec(
+        corpus=str(files / "corpus.txt"),
+        out=str(tmp_path / "frozen"),
+        from_model=str(base),
+        batch_size=4,
+        max_seq_len=32,
+        eval_fraction=0,
+        freeze_encoder=True,
+        train=TrainConfig(max_steps=3, log_every=1, lr=1e-2),
+    )
     result = run_pretraining(spec)
     before = normalize_state_dict(load_state_dict(base))
     after = normalize_state_dict(load_state_dict(result.model_dir))

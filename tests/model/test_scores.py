@@ -26,8 +26,9 @@ def test_scores_by_hand():
     # gold: PER, LOC, ORG; predicted: PER, ORG, ORG, LOC; right: PER and the second sentence's ORG.
     # Words right: 4 of 6 (LOC -> ORG and O -> LOC are wrong).
     scores = tagging_scores(gold, pred)
-    assert scores == pytest.approx({"precision": 2 / 4, "recall": 2 / 3, "f1": 2 * (1 / 2) * (2 / 3) / (1 / 2 + 2 / 3),
-                                    "accuracy": 4 / 6})
+    assert scores == pytest.approx(
+        {"precision": 2 / 4, "recall": 2 / 3, "f1": 2 * (1 / 2) * (2 / 3) / (1 / 2 + 2 / 3), "accuracy": 4 / 6}
+    )
     # A boundary off by one is a miss: strict span and type.
     assert tagging_scores([["B-PER", "I-PER"]], [["B-PER", "O"]])["f1"] == 0.0
     assert tagging_scores([["O"]], [["O"]]) == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "accuracy": 1.0}
@@ -47,11 +48,14 @@ def test_scores_equal_seqeval_default_mode():
         gold = [random_tags(rng, rng.randint(1, 12)) for _ in range(rng.randint(1, 6))]
         pred = [[t if rng.random() < 0.6 else rng.choice(["O", "B-PER", "I-LOC", "I-MISC"]) for t in s] for s in gold]
         ours = tagging_scores(gold, pred)
-        assert ours == pytest.approx({
-            "precision": seqeval.precision_score(gold, pred, zero_division=0),
-            "recall": seqeval.recall_score(gold, pred, zero_division=0),
-            "f1": seqeval.f1_score(gold, pred, zero_division=0),
-            "accuracy": seqeval.accuracy_score(gold, pred)}), (gold, pred)
+        assert ours == pytest.approx(
+            {
+                "precision": seqeval.precision_score(gold, pred, zero_division=0),
+                "recall": seqeval.recall_score(gold, pred, zero_division=0),
+                "f1": seqeval.f1_score(gold, pred, zero_division=0),
+                "accuracy": seqeval.accuracy_score(gold, pred),
+            }
+        ), (gold, pred)
         for g in gold + pred:
             assert [(t, s, e) for t, s, e in get_entities(g)] == entities(g)
 
@@ -72,7 +76,9 @@ def test_normalisation_as_the_official_script():
 
 def test_em_and_f1_by_hand():
     assert exact_match("the Cat.", "cat") == 1.0
-    assert answer_f1("the big red house", "red house on the hill") == pytest.approx(2 * (2 / 3) * (2 / 4) / (2 / 3 + 2 / 4))
+    assert answer_f1("the big red house", "red house on the hill") == pytest.approx(
+        2 * (2 / 3) * (2 / 4) / (2 / 3 + 2 / 4)
+    )
     assert answer_f1("dog", "cat") == 0.0
     assert answer_f1("", "") == 1.0 and answer_f1("a", "") == 1.0  # "a" normalises to nothing
     assert answer_f1("cat", "") == 0.0

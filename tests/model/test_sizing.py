@@ -19,10 +19,23 @@ from model.sizing import (
 )
 
 CONFIGS = [
-    dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-         max_position_embeddings=40),
-    dict(vocab_size=50, hidden_size=24, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
-         max_position_embeddings=16, type_vocab_size=3),
+    dict(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=40,
+    ),
+    dict(
+        vocab_size=50,
+        hidden_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        type_vocab_size=3,
+    ),
 ]
 
 
@@ -38,7 +51,8 @@ def test_parameter_count_is_exact(architecture, values, labels):
     model = built(architecture, config)
     assert count_parameters(config, architecture, num_labels=len(labels)) == sum(p.numel() for p in model.parameters())
     assert count_parameters(values, architecture, num_labels=len(labels)) == count_parameters(
-        config, architecture, num_labels=len(labels))  # a dict of the fields works as well as a BertConfig
+        config, architecture, num_labels=len(labels)
+    )  # a dict of the fields works as well as a BertConfig
 
 
 @pytest.mark.parametrize("architecture", ["BertForPreTraining", "BertForMaskedLM"])
@@ -55,10 +69,13 @@ def test_a_layer_in_16_bit_is_korthikantis_34_sbh_plus_5_as2b():
     """The reference's per-layer count (16-bit activations, I = 4h, 1-byte masks)."""
     s, b, h, a = 128, 4, 64, 4
     config = dict(hidden_size=h, intermediate_size=4 * h, num_attention_heads=a)
-    assert layer_activation_bytes(config, b, s, e=2, mask_bytes=1, scaled_qk=False) == 34 * s * b * h + 5 * a * s * s * b
+    assert (
+        layer_activation_bytes(config, b, s, e=2, mask_bytes=1, scaled_qk=False) == 34 * s * b * h + 5 * a * s * s * b
+    )
     # As PyTorch runs it on a CPU: masks in the activations' dtype, scaled copies of Q and K.
-    assert layer_activation_bytes(config, b, s, e=4, mask_bytes=4) == 4 * (12 * s * b * h + 2 * s * b * 4 * h
-                                                                            + 3 * a * s * s * b)
+    assert layer_activation_bytes(config, b, s, e=4, mask_bytes=4) == 4 * (
+        12 * s * b * h + 2 * s * b * 4 * h + 3 * a * s * s * b
+    )
     one = {**config, "num_hidden_layers": 1, "vocab_size": 10}
     two = {**one, "num_hidden_layers": 2}
     layer = activation_bytes(two, b, s, "fp32") - activation_bytes(one, b, s, "fp32")
@@ -76,7 +93,9 @@ def test_memory_adds_up_and_scales():
     auto = estimate_training(config, "BertForPreTraining", batch_size=8, seq_len=32)
     assert auto.memory_bytes == max(fp32.memory_bytes, bf16.memory_bytes)
     # Activations grow with the batch; the states do not.
-    single, double = (estimate_training(config, "BertModel", batch_size=b, seq_len=32, precision="fp32") for b in (8, 16))
+    single, double = (
+        estimate_training(config, "BertModel", batch_size=b, seq_len=32, precision="fp32") for b in (8, 16)
+    )
     assert double.activation_bytes == 2 * single.activation_bytes
     assert double.memory_bytes - double.activation_bytes == single.memory_bytes - single.activation_bytes
     # The MLM head's log-probabilities: only heads that have it pay for them.
@@ -85,20 +104,30 @@ def test_memory_adds_up_and_scales():
     assert mlm.activation_bytes - clf.activation_bytes == 3 * 4 * (round(8 * 32 * 0.15) * config.vocab_size - 8 * 2)
 
 
-@pytest.mark.parametrize("architecture, rows", [("BertForSequenceClassification", 8),
-                                                ("BertForTokenClassification", 8 * 32)])
+@pytest.mark.parametrize(
+    "architecture, rows", [("BertForSequenceClassification", 8), ("BertForTokenClassification", 8 * 32)]
+)
 def test_a_classifiers_label_logits_count_per_row_and_label(architecture, rows):
     """fp32 logits, log-probabilities and their gradient: 12 bytes per row (sequence) or token, per label."""
     config = BertConfig(**CONFIGS[0])
-    two, many = (estimate_training(config, architecture, batch_size=8, seq_len=32, precision="fp32", num_labels=n)
-                 for n in (2, 10_000))
+    two, many = (
+        estimate_training(config, architecture, batch_size=8, seq_len=32, precision="fp32", num_labels=n)
+        for n in (2, 10_000)
+    )
     assert many.activation_bytes - two.activation_bytes == 3 * 4 * rows * (10_000 - 2)
 
 
 def test_issue_12_job_is_ten_billion_parameters():
     """hidden 4096, 48 layers (FFN 4h), vocabulary 200,000: 12 L h^2 = 9.7 B in the encoder alone, 10.5 B all told."""
-    config = dict(vocab_size=200_000, hidden_size=4096, num_hidden_layers=48, num_attention_heads=64,
-                  intermediate_size=16384, max_position_embeddings=4096, type_vocab_size=2)
+    config = dict(
+        vocab_size=200_000,
+        hidden_size=4096,
+        num_hidden_layers=48,
+        num_attention_heads=64,
+        intermediate_size=16384,
+        max_position_embeddings=4096,
+        type_vocab_size=2,
+    )
     size = estimate_training(config, "BertForPreTraining", batch_size=4096, seq_len=4096)
     assert format_count(size.parameters) == "10.5 B" and size.memory_gb > 1e6
 
@@ -111,5 +140,10 @@ def test_bad_arguments_are_value_errors():
 
 
 def test_format_count():
-    assert [format_count(n) for n in (999, 1_500, 20_714, 335e6, 9.66e9)] == ["999", "1.5 K", "20.7 K", "335.0 M",
-                                                                             "9.7 B"]
+    assert [format_count(n) for n in (999, 1_500, 20_714, 335e6, 9.66e9)] == [
+        "999",
+        "1.5 K",
+        "20.7 K",
+        "335.0 M",
+        "9.7 B",
+    ]

@@ -53,7 +53,10 @@ def test_a_store_reads_as_the_corpus_it_was_cut_from(store_dir, corpus, tok):
     assert is_store(store_dir) and not is_store(store_dir.parent) and not is_store(corpus.path)
     assert [s.num_documents for s in store.shards] == [13, 14, 13]
     assert (store.num_documents, store.num_sentences, store.num_tokens) == (
-        corpus.num_documents, corpus.num_sentences, corpus.num_tokens)
+        corpus.num_documents,
+        corpus.num_sentences,
+        corpus.num_tokens,
+    )
     starts = corpus.sentence_offsets
     for i in range(corpus.num_sentences):  # global offsets read the same tokens as the file's
         assert np.array_equal(store.tokens[starts[i] : starts[i + 1]], corpus.tokens[starts[i] : starts[i + 1]])
@@ -80,30 +83,55 @@ def _shard_2(d: Path) -> dict:
     return json.loads((d / "manifest.json").read_text())["shards"][2]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "manifest.json").unlink(),
-     "{d} is not a complete token store: no manifest.json (the builder writes it last)"),
-    (lambda d: (d / "manifest.json").write_text("{not json"),
-     "{d}/manifest.json is not valid JSON: "
-     "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
-    (lambda d: _manifest(d, format="bertserve-corpus"),
-     "{d}/manifest.json: format is 'bertserve-corpus', expected 'bertserve-token-store'"),
-    (lambda d: _manifest(d, version=2), "{d}/manifest.json: version 2 is not supported (this reader reads version 1)"),
-    (lambda d: _manifest(d, dtype="int8"), "{d}/manifest.json: dtype 'int8', expected one of ('uint16', 'int32')"),
-    (lambda d: _manifest(d, shards=[]), "{d}/manifest.json: the store has no shards"),
-    (lambda d: (d / "shard-00001.sentences.npy").unlink(),
-     "{d}: shard 'shard-00001' has no shard-00001.sentences.npy (an incomplete or damaged store)"),
-    (_short_tokens, "{d}/shard-00002.tokens.npy has {t_1} entries, the manifest says {t} "
-                    "(documents 13, sentences {s}, tokens {t})"),
-    (lambda d: _manifest(d, totals=lambda t: {**t, "tokens": t["tokens"] + 1}),
-     "{d}/manifest.json: totals {{'documents': 40, 'sentences': {total_s}, 'tokens': {total_t_1}}} do not match "
-     "the shards' sum {{'documents': 40, 'sentences': {total_s}, 'tokens': {total_t}}}"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda d: (d / "manifest.json").unlink(),
+            "{d} is not a complete token store: no manifest.json (the builder writes it last)",
+        ),
+        (
+            lambda d: (d / "manifest.json").write_text("{not json"),
+            "{d}/manifest.json is not valid JSON: "
+            "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        (
+            lambda d: _manifest(d, format="bertserve-corpus"),
+            "{d}/manifest.json: format is 'bertserve-corpus', expected 'bertserve-token-store'",
+        ),
+        (
+            lambda d: _manifest(d, version=2),
+            "{d}/manifest.json: version 2 is not supported (this reader reads version 1)",
+        ),
+        (lambda d: _manifest(d, dtype="int8"), "{d}/manifest.json: dtype 'int8', expected one of ('uint16', 'int32')"),
+        (lambda d: _manifest(d, shards=[]), "{d}/manifest.json: the store has no shards"),
+        (
+            lambda d: (d / "shard-00001.sentences.npy").unlink(),
+            "{d}: shard 'shard-00001' has no shard-00001.sentences.npy (an incomplete or damaged store)",
+        ),
+        (
+            _short_tokens,
+            "{d}/shard-00002.tokens.npy has {t_1} entries, the manifest says {t} "
+            "(documents 13, sentences {s}, tokens {t})",
+        ),
+        (
+            lambda d: _manifest(d, totals=lambda t: {**t, "tokens": t["tokens"] + 1}),
+            "{d}/manifest.json: totals {{'documents': 40, 'sentences': {total_s}, 'tokens': {total_t_1}}} do not match "
+            "the shards' sum {{'documents': 40, 'sentences': {total_s}, 'tokens': {total_t}}}",
+        ),
+    ],
+)
 def test_a_damaged_store_is_a_value_error_naming_what_is_wrong(store_dir, corpus, tok, damage, message):
     shard = _shard_2(store_dir)
-    expected = message.format(d=store_dir, t=shard["tokens"], t_1=shard["tokens"] - 1, s=shard["sentences"],
-                              total_s=corpus.num_sentences, total_t=corpus.num_tokens,
-                              total_t_1=corpus.num_tokens + 1)
+    expected = message.format(
+        d=store_dir,
+        t=shard["tokens"],
+        t_1=shard["tokens"] - 1,
+        s=shard["sentences"],
+        total_s=corpus.num_sentences,
+        total_t=corpus.num_tokens,
+        total_t_1=corpus.num_tokens + 1,
+    )
     damage(store_dir)
     with pytest.raises(ValueError) as e:
         open_store(store_dir, tok)
@@ -118,7 +146,8 @@ def test_another_tokenizer_or_no_store_is_refused(store_dir, tok, tmp_path):
     assert str(e.value) == (
         f"{store_dir} was tokenised by another tokenizer: fingerprint {built!r} (vocab_size {len(VOCAB)}, "
         f"lowercase True), but this run's tokenizer is {tokenizer_fingerprint(other)!r} (vocab_size "
-        f"{len(VOCAB) + 1}, lowercase True); rebuild the store with this tokenizer or train with the store's")
+        f"{len(VOCAB) + 1}, lowercase True); rebuild the store with this tokenizer or train with the store's"
+    )
     assert open_store(store_dir).num_documents == 40  # no tokenizer: nothing to compare
     with pytest.raises(FileNotFoundError, match=f"^token store not found: {tmp_path / 'nowhere'}$"):
         open_store(tmp_path / "nowhere")
@@ -149,8 +178,9 @@ def test_the_vectorised_plan_has_the_statistics_of_the_sequential_loop_it_replac
 
 def _pooled(data: PretrainingData, epochs: int) -> InstancePlan:
     plans = [data.plan(e) for e in range(epochs)]
-    return InstancePlan(*(np.concatenate([getattr(p, f) for p in plans]) for f in
-                          ("a_lo", "a_hi", "b_lo", "b_hi", "is_random_next")))
+    return InstancePlan(
+        *(np.concatenate([getattr(p, f) for p in plans]) for f in ("a_lo", "a_hi", "b_lo", "b_hi", "is_random_next"))
+    )
 
 
 def _check_plan(store: TokenStore, plan: InstancePlan) -> None:
@@ -259,10 +289,16 @@ def test_a_run_on_a_store_resumes_to_the_weights_of_an_uninterrupted_run(tmp_pat
     store = write_store(tmp_path / "store", load_corpus(files / "corpus.txt", tok), tok, [5])
 
     def spec(out):
-        return PretrainSpec(corpus=str(store), out=str(tmp_path / out), config=str(files / "tiny.json"),
-                            vocab=str(files / "vocab"), batch_size=4, max_seq_len=32, eval_fraction=0.2,
-                            train=TrainConfig(max_steps=9, lr=1e-3, warmup_steps=2, save_every=100, seed=3,
-                                              log_every=1, eval_every=3))
+        return PretrainSpec(
+            corpus=str(store),
+            out=str(tmp_path / out),
+            config=str(files / "tiny.json"),
+            vocab=str(files / "vocab"),
+            batch_size=4,
+            max_seq_len=32,
+            eval_fraction=0.2,
+            train=TrainConfig(max_steps=9, lr=1e-3, warmup_steps=2, save_every=100, seed=3, log_every=1, eval_every=3),
+        )
 
     straight = run_pretraining(spec("straight"))
     assert run_pretraining(spec("stopped"), callbacks=[_StopAt(4)]).status == "stopped"

@@ -28,8 +28,11 @@ from tests.model.test_modeling import hf_model, padded_batch
 
 ATOL = 1e-5
 OURS = {c.__name__: c for c in (BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)}
-FIELDS = {"BertForTokenClassification": ("logits",), "BertForQuestionAnswering": ("start_logits", "end_logits"),
-          "BertForMultipleChoice": ("logits",)}
+FIELDS = {
+    "BertForTokenClassification": ("logits",),
+    "BertForQuestionAnswering": ("start_logits", "end_logits"),
+    "BertForMultipleChoice": ("logits",),
+}
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
@@ -75,8 +78,12 @@ def test_our_checkpoint_loads_in_transformers_with_identical_outputs(name, tmp_p
     back = getattr(transformers, name).from_pretrained(tmp_path / "ours").eval()
     ids, mask, types = inputs_for(name, hf.config.vocab_size)
     with torch.no_grad():
-        assert_same(name, hf(input_ids=ids, attention_mask=mask, token_type_ids=types),
-                    back(input_ids=ids, attention_mask=mask, token_type_ids=types), mask)
+        assert_same(
+            name,
+            hf(input_ids=ids, attention_mask=mask, token_type_ids=types),
+            back(input_ids=ids, attention_mask=mask, token_type_ids=types),
+            mask,
+        )
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["architectures"] == [name]
 
 
@@ -142,8 +149,12 @@ def test_multiple_choice_loss_equals_transformers(tmp_path):
 def test_heads_and_the_class_a_directory_loads_as(tmp_path, tiny_config):
     """`classifier.*` serves three tasks: config.json's architectures tells them apart; without it,
     the pooler does (sequence classification has one, token classification none)."""
-    for cls in (BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering,
-                BertForMultipleChoice):
+    for cls in (
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+    ):
         cls(tiny_config).save_pretrained(tmp_path / cls.__name__)
         assert type(load_model(tmp_path / cls.__name__)) is cls
         assert class_for_dir(tmp_path / cls.__name__) is cls
@@ -161,11 +172,17 @@ def test_heads_and_the_class_a_directory_loads_as(tmp_path, tiny_config):
 
 def test_missing_task_heads_are_named_and_warm_start_keeps_the_encoder(tmp_path, tiny_config):
     BertModel(tiny_config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"has no question-answering head \(qa_outputs\.\*\), "
-                                         r"which BertForQuestionAnswering needs"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no question-answering head \(qa_outputs\.\*\), "
+        r"which BertForQuestionAnswering needs",
+    ):
         BertForQuestionAnswering.from_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"has no classifier head \(classifier\.\*\), "
-                                         r"which BertForTokenClassification needs"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no classifier head \(classifier\.\*\), "
+        r"which BertForTokenClassification needs",
+    ):
         BertForTokenClassification.from_pretrained(tmp_path)
     base = BertModel.from_pretrained(tmp_path)
     for cls in OURS.values():
@@ -185,8 +202,10 @@ def test_minilm_encoder_with_a_random_head_matches_transformers(name, minilm_dir
     ours = load_model(tmp_path / "hf")
     assert type(ours) is OURS[name]
     tok = BertTokenizer.from_pretrained(minilm_dir)
-    batch = tok(["Who wrote Hamlet?", "Where does Ada Lovelace live?"],
-                ["Hamlet was written by William Shakespeare around 1600.", "She lives in London."])
+    batch = tok(
+        ["Who wrote Hamlet?", "Where does Ada Lovelace live?"],
+        ["Hamlet was written by William Shakespeare around 1600.", "She lives in London."],
+    )
     ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
     assert not mask.all()  # the batch is padded
     with torch.no_grad():
@@ -201,8 +220,9 @@ def test_minilm_encoder_with_a_random_head_matches_transformers(name, minilm_dir
 def test_tiny_task_model_overfits_a_padded_batch(name):
     """Every head learns: tags, answer spans and choices of a few padded examples, loss near zero."""
     torch.manual_seed(0)
-    config = BertConfig(**tiny_config_dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                           id2label=dict(enumerate(LABELS))))
+    config = BertConfig(
+        **tiny_config_dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, id2label=dict(enumerate(LABELS)))
+    )
     model = OURS[name](config).train()
     ids, mask, types = inputs_for(name, config.vocab_size)
     g = torch.Generator().manual_seed(2)

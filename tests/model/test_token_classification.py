@@ -38,18 +38,24 @@ Blackburn NNP I-NP I-PER
 # one unknown word ([UNK]), punctuation inside a word ("dog." -> dog .) and accents to strip.
 SENTENCES = [
     (["the", "cats", "sat", "on", "the", "mat"], ["O", "B-ANIMAL", "O", "O", "O", "B-THING"]),
-    (["she", "was", "reading", "a", "book", "in", "the", "city"], ["B-PER", "O", "O", "O", "B-THING", "O", "O", "B-LOC"]),
+    (
+        ["she", "was", "reading", "a", "book", "in", "the", "city"],
+        ["B-PER", "O", "O", "O", "B-THING", "O", "O", "B-LOC"],
+    ),
     (["Zyx", "dog.", "eats", "Brëad"], ["B-PER", "B-ANIMAL", "O", "B-THING"]),
     (["the", "big", "red", "house", "runs"], ["O", "B-THING", "I-THING", "I-THING", "O"]),
 ]
 
 MINILM_SENTENCES = [
-    (["Angela", "Merkel", "visited", "Washington", "on", "Tuesday", "."],
-     ["B-PER", "I-PER", "O", "B-LOC", "O", "B-DATE", "O"]),
-    (["Hugging", "Face", "Inc.", "is", "in", "New", "York", "City", "since", "2016"],
-     ["B-ORG", "I-ORG", "I-ORG", "O", "O", "B-LOC", "I-LOC", "I-LOC", "O", "B-DATE"]),
-    (["Zürich", "hosts", "unbelievably", "antidisestablishmentarianism", "workshops"],
-     ["B-LOC", "O", "O", "O", "O"]),
+    (
+        ["Angela", "Merkel", "visited", "Washington", "on", "Tuesday", "."],
+        ["B-PER", "I-PER", "O", "B-LOC", "O", "B-DATE", "O"],
+    ),
+    (
+        ["Hugging", "Face", "Inc.", "is", "in", "New", "York", "City", "since", "2016"],
+        ["B-ORG", "I-ORG", "I-ORG", "O", "O", "B-LOC", "I-LOC", "I-LOC", "O", "B-DATE"],
+    ),
+    (["Zürich", "hosts", "unbelievably", "antidisestablishmentarianism", "workshops"], ["B-LOC", "O", "O", "O", "O"]),
 ]
 
 
@@ -98,19 +104,24 @@ def test_jsonl_reads_sentences(tmp_path):
     path = write(tmp_path / "train.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
     got = read_tagged(path)
     assert [(s.tokens, s.tags, s.line, s.token_lines) for s in got] == [
-        (["EU", "rejects"], ["B-ORG", "O"], 1, None), (["Peter"], ["B-PER"], 2, None)]
+        (["EU", "rejects"], ["B-ORG", "O"], 1, None),
+        (["Peter"], ["B-PER"], 2, None),
+    ]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("EU B-ORG\nrejects\n", "line 2: 1 column, expected a token and a tag: 'rejects'"),
-    ("EU NNP B-ORG\nrejects O\n", "line 2: 2 columns, expected 3 as on line 1: 'rejects O'"),
-    ("EU\tB-ORG\n\tO\n", "line 2: empty token: '\\tO'"),
-    ("EU B-ORG\nrejects o\n", "line 2: tag 'o' is not O, B-<type> or I-<type>"),
-    ("EU B-ORG\nrejects B-\n", "line 2: tag 'B-' is not O, B-<type> or I-<type>"),
-    ("EU O\nrejects I-ORG\n", f"line 2: tag 'I-ORG' follows 'O', not B-ORG or I-ORG {IOB2}"),
-    ("EU B-PER\nrejects I-ORG\n", f"line 2: tag 'I-ORG' follows 'B-PER', not B-ORG or I-ORG {IOB2}"),
-    ("EU B-ORG\n\nrejects I-ORG\n", f"line 3: tag 'I-ORG' follows 'O', not B-ORG or I-ORG {IOB2}"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("EU B-ORG\nrejects\n", "line 2: 1 column, expected a token and a tag: 'rejects'"),
+        ("EU NNP B-ORG\nrejects O\n", "line 2: 2 columns, expected 3 as on line 1: 'rejects O'"),
+        ("EU\tB-ORG\n\tO\n", "line 2: empty token: '\\tO'"),
+        ("EU B-ORG\nrejects o\n", "line 2: tag 'o' is not O, B-<type> or I-<type>"),
+        ("EU B-ORG\nrejects B-\n", "line 2: tag 'B-' is not O, B-<type> or I-<type>"),
+        ("EU O\nrejects I-ORG\n", f"line 2: tag 'I-ORG' follows 'O', not B-ORG or I-ORG {IOB2}"),
+        ("EU B-PER\nrejects I-ORG\n", f"line 2: tag 'I-ORG' follows 'B-PER', not B-ORG or I-ORG {IOB2}"),
+        ("EU B-ORG\n\nrejects I-ORG\n", f"line 3: tag 'I-ORG' follows 'O', not B-ORG or I-ORG {IOB2}"),
+    ],
+)
 def test_conll_errors_name_file_and_line(tmp_path, text, message):
     path = write(tmp_path / "bad.conll", text)
     with pytest.raises(ValueError) as e:
@@ -118,18 +129,24 @@ def test_conll_errors_name_file_and_line(tmp_path, text, message):
     assert str(e.value) == f"{path}, {message}"
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"tokens": ["a"]}', "line 2: 'tags' must be a list of strings, got None"),
-    ('{"tokens": "a b", "tags": ["O"]}', "line 2: 'tokens' must be a list of strings, got 'a b'"),
-    ('{"tokens": ["a", 1], "tags": ["O", "O"]}', "line 2: 'tokens' must be a list of strings, got ['a', 1]"),
-    ('{"tokens": [], "tags": []}', "line 2: 'tokens' is empty"),
-    ('{"tokens": ["a", "b"], "tags": ["O"]}', "line 2: 2 tokens but 1 tags"),
-    ('{"tokens": ["a", " "], "tags": ["O", "O"]}', "line 2: empty token: tokens[1] is ' '"),
-    ('{"tokens": ["a", "b"], "tags": ["O", "PER"]}', "line 2, tags[1]: tag 'PER' is not O, B-<type> or I-<type>"),
-    ('{"tokens": ["a", "b"], "tags": ["O", "I-PER"]}', f"line 2, tags[1]: tag 'I-PER' follows 'O', not B-PER or I-PER {IOB2}"),
-    ('[1, 2]', "line 2: expected a JSON object, got list"),
-    ('{"tokens": ', "line 2: not valid JSON (Expecting value)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"tokens": ["a"]}', "line 2: 'tags' must be a list of strings, got None"),
+        ('{"tokens": "a b", "tags": ["O"]}', "line 2: 'tokens' must be a list of strings, got 'a b'"),
+        ('{"tokens": ["a", 1], "tags": ["O", "O"]}', "line 2: 'tokens' must be a list of strings, got ['a', 1]"),
+        ('{"tokens": [], "tags": []}', "line 2: 'tokens' is empty"),
+        ('{"tokens": ["a", "b"], "tags": ["O"]}', "line 2: 2 tokens but 1 tags"),
+        ('{"tokens": ["a", " "], "tags": ["O", "O"]}', "line 2: empty token: tokens[1] is ' '"),
+        ('{"tokens": ["a", "b"], "tags": ["O", "PER"]}', "line 2, tags[1]: tag 'PER' is not O, B-<type> or I-<type>"),
+        (
+            '{"tokens": ["a", "b"], "tags": ["O", "I-PER"]}',
+            f"line 2, tags[1]: tag 'I-PER' follows 'O', not B-PER or I-PER {IOB2}",
+        ),
+        ("[1, 2]", "line 2: expected a JSON object, got list"),
+        ('{"tokens": ', "line 2: not valid JSON (Expecting value)"),
+    ],
+)
 def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
     path = write(tmp_path / "bad.jsonl", '{"tokens": ["a"], "tags": ["O"]}\n' + line + "\n")
     with pytest.raises(ValueError) as e:
@@ -144,8 +161,10 @@ def test_file_errors(tmp_path):
     path = write(tmp_path / "data.csv", "a,b\n")
     with pytest.raises(ValueError) as e:
         read_tagged(path)
-    assert str(e.value) == (f"cannot tell the format of {path}: expected CoNLL columns (.conll, .iob, .iob2, "
-                            ".bio, .txt, .tsv) or JSONL (.jsonl, .ndjson)")
+    assert str(e.value) == (
+        f"cannot tell the format of {path}: expected CoNLL columns (.conll, .iob, .iob2, "
+        ".bio, .txt, .tsv) or JSONL (.jsonl, .ndjson)"
+    )
     path = write(tmp_path / "empty.conll", "-DOCSTART- O\n\n\n")
     with pytest.raises(ValueError) as e:
         read_tagged(path)
@@ -160,14 +179,14 @@ def test_tag_map_sorted_or_given(tmp_path):
     got = read_tagged(path)
     assert build_tag_map(got) == (
         {0: "B-MISC", 1: "B-ORG", 2: "B-PER", 3: "I-PER", 4: "O"},
-        {"B-MISC": 0, "B-ORG": 1, "B-PER": 2, "I-PER": 3, "O": 4})
+        {"B-MISC": 0, "B-ORG": 1, "B-PER": 2, "I-PER": 3, "O": 4},
+    )
     given = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
     id2label, label2id = build_tag_map(got, given)
     assert list(id2label.values()) == given and label2id["B-ORG"] == 3
     with pytest.raises(ValueError) as e:
         build_tag_map(got, ["O", "B-PER", "I-PER", "B-ORG"])
-    assert str(e.value) == (f"{path}, line 5: unknown tag 'B-MISC' "
-                            "(known tags: ['B-ORG', 'B-PER', 'I-PER', 'O'])")
+    assert str(e.value) == (f"{path}, line 5: unknown tag 'B-MISC' (known tags: ['B-ORG', 'B-PER', 'I-PER', 'O'])")
     with pytest.raises(ValueError) as e:
         build_tag_map(got, ["O", "B-PER", "O"])
     assert str(e.value) == "labels ['O'] are given more than once"
@@ -214,8 +233,15 @@ def test_alignment_equals_transformers_first_subword_rule_tiny_vocab(tmp_path, t
     check_alignment_matches_transformers(tiny_tokenizer, hf, SENTENCES)
     # The words that make this a real test: several pieces, [UNK], punctuation splitting a word.
     example = encode_tagged(sentences(SENTENCES[2:3]), tiny_tokenizer, build_tag_map(sentences(SENTENCES))[1])[0]
-    assert tiny_tokenizer.convert_ids_to_tokens(example.input_ids) == \
-        ["[CLS]", "[UNK]", "dog", ".", "eats", "bread", "[SEP]"]
+    assert tiny_tokenizer.convert_ids_to_tokens(example.input_ids) == [
+        "[CLS]",
+        "[UNK]",
+        "dog",
+        ".",
+        "eats",
+        "bread",
+        "[SEP]",
+    ]
     assert example.word_ids == [None, 0, 1, 1, 2, 3, None]
 
 
@@ -225,8 +251,10 @@ def test_alignment_equals_transformers_first_subword_rule_minilm(minilm_dir):
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     hf = BertTokenizerFast.from_pretrained(minilm_dir)
     check_alignment_matches_transformers(tokenizer, hf, MINILM_SENTENCES)
-    assert any(e.labels.count(IGNORE) > 3 for e in encode_tagged(
-        sentences(MINILM_SENTENCES), tokenizer, build_tag_map(sentences(MINILM_SENTENCES))[1]))
+    assert any(
+        e.labels.count(IGNORE) > 3
+        for e in encode_tagged(sentences(MINILM_SENTENCES), tokenizer, build_tag_map(sentences(MINILM_SENTENCES))[1])
+    )
 
 
 # ---------------------------------------------------------------------------- splitting
@@ -240,18 +268,25 @@ def test_long_sentence_split_at_word_boundaries(tiny_tokenizer):
     _, label2id = build_tag_map(given)
     examples = encode_tagged(given, tiny_tokenizer, label2id, max_seq_len=6)  # 4 pieces a part
     pieces = [tiny_tokenizer.convert_ids_to_tokens(e.input_ids) for e in examples]
-    assert pieces == [["[CLS]", "the", "cat", "##s", "sat", "[SEP]"],
-                      ["[CLS]", "read", "##ing", "the", "book", "[SEP]"],
-                      ["[CLS]", "dog", "[SEP]"],
-                      ["[CLS]", "the", "[SEP]"]]
-    assert [(e.sentence, e.part, e.parts, e.first_word) for e in examples] == \
-        [(0, 0, 3, 0), (0, 1, 3, 3), (0, 2, 3, 6), (1, 0, 1, 0)]
+    assert pieces == [
+        ["[CLS]", "the", "cat", "##s", "sat", "[SEP]"],
+        ["[CLS]", "read", "##ing", "the", "book", "[SEP]"],
+        ["[CLS]", "dog", "[SEP]"],
+        ["[CLS]", "the", "[SEP]"],
+    ]
+    assert [(e.sentence, e.part, e.parts, e.first_word) for e in examples] == [
+        (0, 0, 3, 0),
+        (0, 1, 3, 3),
+        (0, 2, 3, 6),
+        (1, 0, 1, 0),
+    ]
     assert [e.word_ids for e in examples[:3]] == [[None, 0, 1, 1, 2, None], [None, 3, 3, 4, 5, None], [None, 6, None]]
     lab = label2id
     assert [e.labels for e in examples[:3]] == [
         [IGNORE, lab["O"], lab["B-A"], IGNORE, lab["O"], IGNORE],
         [IGNORE, lab["B-B"], IGNORE, lab["I-B"], lab["I-B"], IGNORE],
-        [IGNORE, lab["O"], IGNORE]]
+        [IGNORE, lab["O"], IGNORE],
+    ]
     # Every word's label survives exactly once across the parts, in order.
     firsts = [(w, label) for e in examples[:3] for w, label in zip(e.word_ids, e.labels) if label != IGNORE]
     assert firsts == [(i, lab[t]) for i, t in enumerate(tags)]
@@ -263,8 +298,10 @@ def test_word_longer_than_a_part_is_cut_keeping_its_first_piece(tiny_tokenizer):
     given = sentences([(["cats", "sat"], ["B-A", "O"])])
     _, label2id = build_tag_map(given)
     examples = encode_tagged(given, tiny_tokenizer, label2id, max_seq_len=3)
-    assert [tiny_tokenizer.convert_ids_to_tokens(e.input_ids) for e in examples] == \
-        [["[CLS]", "cat", "[SEP]"], ["[CLS]", "sat", "[SEP]"]]
+    assert [tiny_tokenizer.convert_ids_to_tokens(e.input_ids) for e in examples] == [
+        ["[CLS]", "cat", "[SEP]"],
+        ["[CLS]", "sat", "[SEP]"],
+    ]
     assert [e.labels for e in examples] == [[IGNORE, label2id["B-A"], IGNORE], [IGNORE, label2id["O"], IGNORE]]
 
 

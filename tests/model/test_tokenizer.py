@@ -70,7 +70,22 @@ def hf():
 
 def corpus_lines():
     rng = random.Random(0)
-    words = ["the", "cat", "dog", "runs", "jumps", "quickly", "over", "under", "lazy", "brown", "fox", "house", "garden", "river"]
+    words = [
+        "the",
+        "cat",
+        "dog",
+        "runs",
+        "jumps",
+        "quickly",
+        "over",
+        "under",
+        "lazy",
+        "brown",
+        "fox",
+        "house",
+        "garden",
+        "river",
+    ]
     words += ["playing", "played", "player", "players", "Berlin", "Paris", "ate", "eating"]
     return [" ".join(rng.choice(words) for _ in range(12)) + rng.choice([".", "!", "?"]) for _ in range(300)]
 
@@ -158,15 +173,25 @@ def test_encode_one_is_the_rust_tokenizers_encode_with_its_windows(ours):
     from model.tokenizer import encode_one, truncating
 
     def fields(enc):
-        return (enc.ids, enc.type_ids, enc.tokens, enc.offsets, enc.special_tokens_mask, enc.attention_mask,
-                [fields(w) for w in enc.overflowing])
+        return (
+            enc.ids,
+            enc.type_ids,
+            enc.tokens,
+            enc.offsets,
+            enc.special_tokens_mask,
+            enc.attention_mask,
+            [fields(w) for w in enc.overflowing],
+        )
 
     question, text = "Who wrote it?", LONG * 3
-    cases = [(ours.backend_tokenizer, (text,), {}), (ours.backend_tokenizer, (text, question), {}),
-             (ours.backend_tokenizer, (text,), {"add_special_tokens": False}),
-             (truncating(ours, 16, stride=4), (text,), {}),
-             (truncating(ours, 24, stride=6, strategy="only_second"), (question, text), {}),
-             (truncating(ours, 12, direction="left"), (question, text), {})]
+    cases = [
+        (ours.backend_tokenizer, (text,), {}),
+        (ours.backend_tokenizer, (text, question), {}),
+        (ours.backend_tokenizer, (text,), {"add_special_tokens": False}),
+        (truncating(ours, 16, stride=4), (text,), {}),
+        (truncating(ours, 24, stride=6, strategy="only_second"), (question, text), {}),
+        (truncating(ours, 12, direction="left"), (question, text), {}),
+    ]
     for tokenizer, args, kwargs in cases:
         want = tokenizer.encode(*args, **kwargs)
         assert fields(encode_one(tokenizer, *args, **kwargs)) == fields(want), (args, kwargs)
@@ -237,14 +262,39 @@ def test_decode_filled_equals_decoding_each_filled_sequence(ours, skip_special_t
     rng = random.Random(0)
     vocab = ours.get_vocab()
     # words, "##" continuations, punctuation and apostrophes (the decoder's cleanup), special tokens
-    pool = [vocab[t] for t in ("the", "cat", "do", "not", "n", "it", "s", "isn", "##ing", "##s", "##ly", ".", ",",
-                               "!", "?", "'", "-", "[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]")]
+    pool = [
+        vocab[t]
+        for t in (
+            "the",
+            "cat",
+            "do",
+            "not",
+            "n",
+            "it",
+            "s",
+            "isn",
+            "##ing",
+            "##s",
+            "##ly",
+            ".",
+            ",",
+            "!",
+            "?",
+            "'",
+            "-",
+            "[CLS]",
+            "[SEP]",
+            "[MASK]",
+            "[PAD]",
+            "[UNK]",
+        )
+    ]
     pool += rng.sample(range(ours.vocab_size), 200)
     for _ in range(300):
         ids = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
         position = rng.randrange(len(ids))
         candidates = [rng.choice(pool) for _ in range(8)]
-        expected = [ours.decode(ids[:position] + [c] + ids[position + 1:], skip_special_tokens) for c in candidates]
+        expected = [ours.decode(ids[:position] + [c] + ids[position + 1 :], skip_special_tokens) for c in candidates]
         assert ours.decode_filled(ids, position, candidates, skip_special_tokens) == expected, (ids, position)
 
 

@@ -23,10 +23,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def in_namespace(mode: str) -> dict:
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
         pytest.skip("needs root, unshare and ip (util-linux, iproute2) for a network namespace")
-    script = (f"ip link set lo up && ip addr add {OTHER}/32 dev lo && "
-              f"exec {sys.executable} -m tests.model.listen_probe {mode}")
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    script = (
+        f"ip link set lo up && ip addr add {OTHER}/32 dev lo && "
+        f"exec {sys.executable} -m tests.model.listen_probe {mode}"
+    )
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if proc.returncode != 0 and "unshare" in proc.stderr and not proc.stdout:
         pytest.skip(f"no network namespace here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr

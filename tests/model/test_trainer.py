@@ -93,8 +93,12 @@ def test_schedule_matches_transformers_linear_schedule_and_is_what_the_loop_uses
     assert [ours(s) for s in range(12)] == pytest.approx(expected, abs=1e-12)
 
     rec = Recorder()
-    Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
-            TrainConfig(lr=1e-3, max_steps=6, warmup_ratio=0.34, log_every=1), callbacks=[rec]).fit()
+    Trainer(
+        tiny_model(),
+        pretraining_data(corpus, tiny_tokenizer),
+        TrainConfig(lr=1e-3, max_steps=6, warmup_ratio=0.34, log_every=1),
+        callbacks=[rec],
+    ).fit()
     # warmup_ratio 0.34 of 6 steps -> 2 warmup steps; the lr reported for step s is the one it used.
     assert [s["lr"] for s in rec.steps] == pytest.approx([1e-3 * linear_warmup_decay(2, 6)(s) for s in range(6)])
     assert [s["step"] for s in rec.steps] == [1, 2, 3, 4, 5, 6]
@@ -105,10 +109,17 @@ def test_schedule_matches_transformers_linear_schedule_and_is_what_the_loop_uses
 
 def _train(run_dir, corpus, tokenizer, *, steps, accum, model_seed=0, stop_at=None, resume=False):
     rec = Recorder(stop_at)
-    config = TrainConfig(lr=2e-3, max_steps=steps, warmup_steps=2, grad_accum_steps=accum, log_every=1,
-                         save_every=3, keep_last=5, seed=7)
-    trainer = Trainer(tiny_model(model_seed), pretraining_data(corpus, tokenizer, seed=7), config,
-                      run_dir=run_dir, tokenizer=tokenizer, callbacks=[rec])
+    config = TrainConfig(
+        lr=2e-3, max_steps=steps, warmup_steps=2, grad_accum_steps=accum, log_every=1, save_every=3, keep_last=5, seed=7
+    )
+    trainer = Trainer(
+        tiny_model(model_seed),
+        pretraining_data(corpus, tokenizer, seed=7),
+        config,
+        run_dir=run_dir,
+        tokenizer=tokenizer,
+        callbacks=[rec],
+    )
     return trainer, trainer.fit(resume=resume), rec
 
 
@@ -121,8 +132,9 @@ def test_resume_after_stop_is_bit_identical_to_an_uninterrupted_run(tmp_path, co
     assert Path(result.checkpoint).name == "step-4" and rec_first.checkpoints[-1] == Path(result.checkpoint)
     assert not (tmp_path / "b" / "model").exists()
     # A different init proves the weights come from the checkpoint, not from the seed.
-    resumed, result, rec_resumed = _train(tmp_path / "b", corpus, tiny_tokenizer, steps=7, accum=accum,
-                                          model_seed=99, resume=True)
+    resumed, result, rec_resumed = _train(
+        tmp_path / "b", corpus, tiny_tokenizer, steps=7, accum=accum, model_seed=99, resume=True
+    )
     assert result.status == "completed" and result.step == 7
 
     a, b = straight.model.state_dict(), resumed.model.state_dict()
@@ -138,15 +150,21 @@ def test_resume_after_stop_is_bit_identical_to_an_uninterrupted_run(tmp_path, co
 
 def test_stop_request_saves_a_checkpoint_even_without_save_every(tmp_path, corpus, tiny_tokenizer):
     rec = Recorder(stop_at=2)
-    result = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
-                     TrainConfig(max_steps=5, log_every=1), run_dir=tmp_path, callbacks=[rec]).fit()
+    result = Trainer(
+        tiny_model(),
+        pretraining_data(corpus, tiny_tokenizer),
+        TrainConfig(max_steps=5, log_every=1),
+        run_dir=tmp_path,
+        callbacks=[rec],
+    ).fit()
     assert (result.status, result.step, result.stopped) == ("stopped", 2, True)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-2"] and rec.checkpoints == list_checkpoints(tmp_path)
 
 
 @pytest.mark.parametrize("steps", [4, 2])  # a stop during an evaluation at step 2: mid-run, and the last step
-def test_a_stop_request_during_an_evaluation_stops_the_run_without_recording_it(tmp_path, corpus, tiny_tokenizer,
-                                                                                 steps):
+def test_a_stop_request_during_an_evaluation_stops_the_run_without_recording_it(
+    tmp_path, corpus, tiny_tokenizer, steps
+):
     rec = Recorder(stop_at=None)
 
     def stoppable_eval(model, data, *, should_stop, **kw):
@@ -157,8 +175,9 @@ def test_a_stop_request_during_an_evaluation_stops_the_run_without_recording_it(
 
     data = pretraining_data(corpus, tiny_tokenizer)
     config = TrainConfig(max_steps=steps, eval_every=2, log_every=1)
-    result = Trainer(tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=stoppable_eval,
-                     callbacks=[rec]).fit()
+    result = Trainer(
+        tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=stoppable_eval, callbacks=[rec]
+    ).fit()
     assert (result.status, result.step, result.eval_metrics, result.model_dir) == ("stopped", 2, None, None)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-2"]
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -180,8 +199,9 @@ def test_keeps_the_last_k_checkpoints_plus_the_best(tmp_path, corpus, tiny_token
 
 
 def test_bf16_autocast_on_cpu_trains(corpus, tiny_tokenizer):
-    trainer = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer),
-                      TrainConfig(max_steps=2, precision="bf16", log_every=1))
+    trainer = Trainer(
+        tiny_model(), pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=2, precision="bf16", log_every=1)
+    )
     result = trainer.fit()
     assert trainer.precision == "bf16" and math.isfinite(result.train_loss)
     assert next(trainer.model.parameters()).dtype == torch.float32  # autocast, not a bf16 model
@@ -192,12 +212,15 @@ def test_auto_precision_is_fp32_on_cpu(corpus, tiny_tokenizer):
     assert trainer.precision == "fp32"
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(max_steps=None), "set max_steps or epochs"),
-    (dict(max_steps=0), "max_steps must be a positive integer, got 0"),
-    (dict(grad_accum_steps=0), "grad_accum_steps must be an integer >= 1, got 0"),
-    (dict(precision="fp16"), "precision must be one of ('auto', 'fp32', 'bf16'), got 'fp16'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(max_steps=None), "set max_steps or epochs"),
+        (dict(max_steps=0), "max_steps must be a positive integer, got 0"),
+        (dict(grad_accum_steps=0), "grad_accum_steps must be an integer >= 1, got 0"),
+        (dict(precision="fp16"), "precision must be one of ('auto', 'fp32', 'bf16'), got 'fp16'"),
+    ],
+)
 def test_bad_train_config_is_a_value_error_quoting_the_value(bad, message):
     with pytest.raises(ValueError) as e:
         TrainConfig(**{"max_steps": 10, **bad})
@@ -206,7 +229,9 @@ def test_bad_train_config_is_a_value_error_quoting_the_value(bad, message):
 
 def test_a_fresh_start_refuses_a_run_directory_with_checkpoints(tmp_path, corpus, tiny_tokenizer):
     def trainer():
-        return Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=1), run_dir=tmp_path)
+        return Trainer(
+            tiny_model(), pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=1), run_dir=tmp_path
+        )
 
     trainer().fit()
     with pytest.raises(ValueError, match="already has checkpoints; resume, or use another run directory"):
@@ -276,8 +301,9 @@ def test_a_non_finite_loss_fails_the_run_at_the_next_log_line_before_any_checkpo
         Trainer(BlowsUp(False), data, TrainConfig(max_steps=10, log_every=2, lr=1e-2), callbacks=[rec]).fit()
     assert [s["step"] for s in rec.steps] == [2]
     with pytest.raises(FloatingPointError, match=r"\(steps 1-3\)"):  # no log line yet; the checkpoint at 3 is refused
-        Trainer(BlowsUp(False), data, TrainConfig(max_steps=10, log_every=5, save_every=3, lr=1e-2),
-                run_dir=tmp_path).fit()
+        Trainer(
+            BlowsUp(False), data, TrainConfig(max_steps=10, log_every=5, save_every=3, lr=1e-2), run_dir=tmp_path
+        ).fit()
     assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
 
 
@@ -314,10 +340,16 @@ def test_the_default_callbacks_write_metrics_before_and_the_plot_after_the_calle
     data = pretraining_data(corpus, tiny_tokenizer)
     hooks = Hooks(tmp_path)
     config = TrainConfig(max_steps=4, eval_every=2, log_every=2, save_every=2)
-    Trainer(tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=fake_eval,
-            callbacks=[hooks]).fit()
-    assert [c[:3] for c in hooks.calls[:-1]] == [("start", 0, False), ("step", 2, True), ("eval", 2, True),
-                                                 ("step", 4, True), ("eval", 4, True)]
+    Trainer(
+        tiny_model(), data, config, run_dir=tmp_path, eval_data=data, evaluate_fn=fake_eval, callbacks=[hooks]
+    ).fit()
+    assert [c[:3] for c in hooks.calls[:-1]] == [
+        ("start", 0, False),
+        ("step", 2, True),
+        ("eval", 2, True),
+        ("step", 4, True),
+        ("eval", 4, True),
+    ]
     end, step, svg = hooks.calls[-1]
     assert (end, step) == ("end", 4) and "eval loss" in svg
     assert [(r["type"], r["step"]) for r in hooks.lines()] == [("train", 2), ("eval", 2), ("train", 4), ("eval", 4)]
@@ -332,10 +364,17 @@ def test_the_default_callbacks_write_metrics_before_and_the_plot_after_the_calle
 def test_prefetching_trains_on_the_same_batches_and_resumes_exactly(tmp_path, corpus, tiny_tokenizer):
     """A thread building batches ahead changes nothing: the same weights as without it over several
     epochs, and a run stopped midway (batches read ahead are dropped) resumes to the same final weights."""
+
     def run(run_dir, prefetch, stop_at=None):
         config = TrainConfig(lr=2e-3, max_steps=7, warmup_steps=2, log_every=1, seed=7, prefetch_batches=prefetch)
-        trainer = Trainer(tiny_model(), pretraining_data(corpus, tiny_tokenizer, seed=7), config, run_dir=run_dir,
-                          tokenizer=tiny_tokenizer, callbacks=[Recorder(stop_at)])
+        trainer = Trainer(
+            tiny_model(),
+            pretraining_data(corpus, tiny_tokenizer, seed=7),
+            config,
+            run_dir=run_dir,
+            tokenizer=tiny_tokenizer,
+            callbacks=[Recorder(stop_at)],
+        )
         trainer.fit(resume=True)
         return trainer.model.state_dict()
 
@@ -369,11 +408,16 @@ def test_prefetch_batches_must_be_a_non_negative_integer(bad):
 @pytest.mark.slow
 def test_a_compiled_step_trains_like_the_eager_one(corpus, tiny_tokenizer):
     """TrainConfig(compile=True): the same losses as eager (dropout off: the RNG streams differ)."""
+
     def losses(compile):
         rec = Recorder()
         model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        Trainer(model, pretraining_data(corpus, tiny_tokenizer), TrainConfig(max_steps=3, log_every=1, lr=1e-3,
-                compile=compile), callbacks=[rec]).fit()
+        Trainer(
+            model,
+            pretraining_data(corpus, tiny_tokenizer),
+            TrainConfig(max_steps=3, log_every=1, lr=1e-3, compile=compile),
+            callbacks=[rec],
+        ).fit()
         return [s["loss"] for s in rec.steps]
 
     eager, compiled = losses(False), losses(True)

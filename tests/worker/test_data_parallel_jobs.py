@@ -57,8 +57,11 @@ def test_a_two_device_job_hands_back_survives_sigkill_and_finishes(tmp_path):
     with stack(tmp_path, server_env=LIMITS) as s:
         s.workers.append(start_worker(s.data_dir, REDIS_URL, "leaving", tmp_path, BERT_WORKER_DEVICES="2"))
         job_id = submit(s, finetune_request("wide", max_steps=240, save_every=40, devices=2))
-        wait_for(lambda: (read_record(s.data_dir, job_id).get("progress") or {}).get("step", 0) >= 15, 90,
-                 "training on two ranks")
+        wait_for(
+            lambda: (read_record(s.data_dir, job_id).get("progress") or {}).get("step", 0) >= 15,
+            90,
+            "training on two ranks",
+        )
         progress = read_record(s.data_dir, job_id)["progress"]
         assert progress["world_size"] == 2 and len(progress["rank_tokens_per_s"]) == 2
         assert min(progress["rank_tokens_per_s"]) > 0
@@ -76,8 +79,11 @@ def test_a_two_device_job_hands_back_survives_sigkill_and_finishes(tmp_path):
 
         # 2. SIGKILL to the next worker's process group: the launcher and ranks (their own session) die with it.
         s.workers.append(start_worker(s.data_dir, REDIS_URL, "doomed", tmp_path, BERT_WORKER_DEVICES="2"))
-        wait_for(lambda: read_record(s.data_dir, job_id)["latest_checkpoint"] != f"checkpoints/step-{handed_at}",
-                 90, "a new checkpoint")
+        wait_for(
+            lambda: read_record(s.data_dir, job_id)["latest_checkpoint"] != f"checkpoints/step-{handed_at}",
+            90,
+            "a new checkpoint",
+        )
         s.workers[1].kill()
         wait_for(lambda: not rank_processes(job_id), 10, "the ranks to die with their worker")
 
@@ -85,8 +91,11 @@ def test_a_two_device_job_hands_back_survives_sigkill_and_finishes(tmp_path):
         # the job is sent again, and it resumes from the latest checkpoint and finishes.
         killed = read_record(s.data_dir, job_id)["latest_checkpoint"]
         s.workers.append(start_worker(s.data_dir, REDIS_URL, "rescuer", tmp_path, BERT_WORKER_DEVICES="2"))
-        wait_for(lambda: read_record(s.data_dir, job_id)["latest_checkpoint"] != killed and rank_one(job_id), 90,
-                 "a checkpoint of the resumed attempt")
+        wait_for(
+            lambda: read_record(s.data_dir, job_id)["latest_checkpoint"] != killed and rank_one(job_id),
+            90,
+            "a checkpoint of the resumed attempt",
+        )
         os.kill(rank_one(job_id), signal.SIGKILL)
         job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=120)
         assert job["state"] == "succeeded", job
@@ -110,4 +119,3 @@ def test_a_running_two_device_job_is_cancelled_at_a_checkpoint(tmp_path):
         assert job["state"] == "cancelled", job
         assert job["latest_checkpoint"] == f"checkpoints/step-{job['step']}"
         wait_for(lambda: not rank_processes(job_id), 30, "the ranks to exit")  # rank 0 records, then exits
-

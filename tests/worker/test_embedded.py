@@ -19,12 +19,21 @@ def test_a_job_runs_without_redis(tmp_path, scheme):
     worker = start_worker(data_dir, url, f"embedded-{scheme.replace('+', '-')}", tmp_path)
     try:
         with make_client(data_dir, broker_url=url) as client:
-            assert client.post("/datasets", files={"file": ("r.csv", labelled_csv())}, data={"name": "r"}).status_code == 201
+            assert (
+                client.post("/datasets", files={"file": ("r.csv", labelled_csv())}, data={"name": "r"}).status_code
+                == 201
+            )
             r = client.post("/jobs", json=finetune_request("local", dataset="r", max_steps=10))
             assert r.status_code == 202, r.text
             job_id = r.json()["id"]
-            job = wait_for(lambda: (b := client.get(f"/jobs/{job_id}").json())["state"] in
-                           ("succeeded", "failed", "cancelled") and b, 60, "the job", interval=0.1)
+            job = wait_for(
+                lambda: (
+                    (b := client.get(f"/jobs/{job_id}").json())["state"] in ("succeeded", "failed", "cancelled") and b
+                ),
+                60,
+                "the job",
+                interval=0.1,
+            )
             assert job["state"] == "succeeded", job
             assert client.post("/classify", json={"inputs": "a good film", "model": "local"}).status_code == 200
         wait_for(lambda: "'outcome': 'succeeded'" in worker.log(), 10, "the task's return (and ack)")

@@ -15,8 +15,14 @@ pytestmark = pytest.mark.slow
 
 
 def health(data_dir, broker_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker.health", "--timeout", "2", *args], cwd=ROOT,
-                          env=child_env(data_dir, broker_url), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "worker.health", "--timeout", "2", *args],
+        cwd=ROOT,
+        env=child_env(data_dir, broker_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_consuming_worker_is_healthy_and_nothing_else_is(tmp_path):

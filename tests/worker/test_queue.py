@@ -10,7 +10,10 @@ def test_broker_options_follow_the_url(tmp_path):
     assert broker_transport_options("sqla+sqlite:////x.db", tmp_path, 99) == {}
     folder = str(tmp_path / "broker")
     assert broker_transport_options("filesystem://", tmp_path, 99) == {
-        "data_folder_in": folder, "data_folder_out": folder, "control_folder": f"{folder}/control"}
+        "data_folder_in": folder,
+        "data_folder_out": folder,
+        "control_folder": f"{folder}/control",
+    }
     assert broker_transport_options(f"filesystem://{tmp_path}/q", tmp_path, 99)["data_folder_in"] == f"{tmp_path}/q"
 
 

@@ -8,15 +8,21 @@ from worker.recipes import finetune_spec
 
 def record(**params):
     base = dict(max_steps=30, batch_size=8, max_seq_len=32, eval_fraction=0.1, lr=1e-3)
-    return {"kind": "finetune", "model_name": "m", "base_model": "tiny", "dataset": "squad",
-            "params": {**base, **params}}
+    return {
+        "kind": "finetune",
+        "model_name": "m",
+        "base_model": "tiny",
+        "dataset": "squad",
+        "params": {**base, **params},
+    }
 
 
 def test_task_and_qa_window_options_reach_the_spec(tmp_path):
     data_dir = make_data_dir(tmp_path / "data")
     write_dataset(data_dir, "squad", squad_json(), "squad.json")
-    spec = finetune_spec(record(task="question-answering", doc_stride=8, max_query_length=16), data_dir,
-                         tmp_path / "job", "cpu")
+    spec = finetune_spec(
+        record(task="question-answering", doc_stride=8, max_query_length=16), data_dir, tmp_path / "job", "cpu"
+    )
     assert (spec.task, spec.doc_stride, spec.max_query_length) == ("question-answering", 8, 16)
     assert (spec.train.best_metric, spec.train.greater_is_better, spec.train.max_steps) == ("f1", True, 30)
     assert spec.train_file == str(data_dir / "datasets" / "squad" / "data.json")
@@ -26,7 +32,12 @@ def test_a_record_from_before_tasks_is_sequence_classification(tmp_path):
     data_dir = make_data_dir(tmp_path / "data")
     write_dataset(data_dir, "squad", squad_json(), "squad.json")
     spec = finetune_spec(record(), data_dir, tmp_path / "job", "cpu")
-    assert (spec.task, spec.train.best_metric, spec.train.greater_is_better) == ("sequence-classification", "loss", False)
-    spec = finetune_spec(record(task="token-classification", doc_stride=None, max_query_length=64), data_dir,
-                         tmp_path / "job", "cpu")
+    assert (spec.task, spec.train.best_metric, spec.train.greater_is_better) == (
+        "sequence-classification",
+        "loss",
+        False,
+    )
+    spec = finetune_spec(
+        record(task="token-classification", doc_stride=None, max_query_length=64), data_dir, tmp_path / "job", "cpu"
+    )
     assert (spec.task, spec.doc_stride, spec.train.best_metric) == ("token-classification", None, "f1")

@@ -135,7 +135,10 @@ def test_a_pool_process_killed_like_the_oom_killer_does_shows_why(tmp_path):
         job = wait_state(s.client, job_id, {"succeeded", "failed", "cancelled"}, timeout=60)
         reason = "the worker process was killed (SIGKILL; likely out of memory: the kernel's OOM killer sends SIGKILL)"
         assert job["state"] == "failed" and job["attempts"] == 1
-        assert job["error"] == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
+        assert (
+            job["error"]
+            == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
+        )
         events = [(e["event"], e.get("detail")) for e in job["events"]]
         assert ("worker process lost", reason) in events
         assert ("attempt did not finish", f"attempt 1 did not finish: {reason}") in events

@@ -61,8 +61,9 @@ def test_a_job_that_keeps_dying_is_failed_after_max_attempts(data_dir, settings)
     assert run_job(job_id, settings)["outcome"] == "failed"
     record = store.read(job_id)
     assert record["state"] == "failed" and record["attempts"] == 3
-    assert record["error"] == ("gave up after 3 attempts (BERT_JOB_MAX_ATTEMPTS); "
-                               "last: attempt 3 did not finish: the worker died")
+    assert record["error"] == (
+        "gave up after 3 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 3 did not finish: the worker died"
+    )
     assert run_job(job_id, settings)["outcome"] == "already failed"
 
 
@@ -91,8 +92,9 @@ def test_the_soft_time_limit_stops_at_a_step_with_a_checkpoint(data_dir, setting
     limited = settings.model_copy(update={"job_soft_time_limit": 0})
     assert run_job(job_id, limited)["outcome"] == "failed"
     record = store.read(job_id)
-    assert record["error"] == ("stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step 1; "
-                               "checkpoint checkpoints/step-1")
+    assert record["error"] == (
+        "stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step 1; checkpoint checkpoints/step-1"
+    )
     assert is_complete(store.job_dir(job_id) / "checkpoints" / "step-1")
 
 
@@ -105,8 +107,10 @@ def test_max_runtime_stops_the_job_with_a_loadable_checkpoint(data_dir, settings
     record = store.read(job_id)
     step = record["progress"]["step"]
     assert 1 <= step < 100_000 and record["runtime_s"] >= 60
-    assert record["error"] == (f"time limit: the job's max_runtime (60 s) was reached at step {step}, after "
-                               f"{record['runtime_s']:.0f} s of training; checkpoint checkpoints/step-{step}")
+    assert record["error"] == (
+        f"time limit: the job's max_runtime (60 s) was reached at step {step}, after "
+        f"{record['runtime_s']:.0f} s of training; checkpoint checkpoints/step-{step}"
+    )
     assert record["events"][-1]["event"] == "time limit" and record["latest_checkpoint"] == f"checkpoints/step-{step}"
     checkpoint = store.job_dir(job_id) / record["latest_checkpoint"]
     assert is_complete(checkpoint)
@@ -124,8 +128,9 @@ def test_a_job_whose_max_runtime_is_used_up_fails_without_training(data_dir, set
     assert run_job(job_id, settings)["outcome"] == "failed"
     record = store.read(job_id)
     assert (record["attempts"], record["events"][-1]["event"]) == (1, "time limit")
-    assert record["error"] == ("time limit: the job's max_runtime (30 s) was used up by its earlier attempts (31 s); "
-                               "latest checkpoint None")
+    assert record["error"] == (
+        "time limit: the job's max_runtime (30 s) was used up by its earlier attempts (31 s); latest checkpoint None"
+    )
     assert not (store.job_dir(job_id) / "checkpoints").exists()
 
 
@@ -147,10 +152,13 @@ def test_runtime_adds_up_over_attempts(data_dir, settings):
     assert record["runtime_s"] > first + 100 and record["error"] is None
 
 
-@pytest.mark.parametrize("noted_attempt, reason", [
-    (1, "the worker process was killed (SIGKILL; likely out of memory: the kernel's OOM killer sends SIGKILL)"),
-    (0, "the worker died"),  # a note about an older attempt says nothing about this one
-])
+@pytest.mark.parametrize(
+    "noted_attempt, reason",
+    [
+        (1, "the worker process was killed (SIGKILL; likely out of memory: the kernel's OOM killer sends SIGKILL)"),
+        (0, "the worker died"),  # a note about an older attempt says nothing about this one
+    ],
+)
 def test_a_lost_attempt_shows_why_it_was_lost(data_dir, settings, noted_attempt, reason):
     store = JobStore(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
@@ -162,18 +170,23 @@ def test_a_lost_attempt_shows_why_it_was_lost(data_dir, settings, noted_attempt,
     one = settings.model_copy(update={"job_max_attempts": 1})
     assert run_job(job_id, one)["outcome"] == "failed"
     record = store.read(job_id)
-    assert record["error"] == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
+    assert (
+        record["error"] == f"gave up after 1 attempts (BERT_JOB_MAX_ATTEMPTS); last: attempt 1 did not finish: {reason}"
+    )
     lost = next(e for e in record["events"] if e["event"] == "attempt did not finish")
     assert lost["detail"] == f"attempt 1 did not finish: {reason}"
 
 
 def test_lost_reasons():
     assert lost_reason("Worker exited prematurely: signal 11 (SIGSEGV) Job: 0.") == (
-        "the worker process was killed by signal 11 (SIGSEGV)")
+        "the worker process was killed by signal 11 (SIGSEGV)"
+    )
     assert lost_reason("Worker exited prematurely: exitcode 70 Job: 0.") == (
-        "the worker process exited unexpectedly (exit code 70)")
+        "the worker process exited unexpectedly (exit code 70)"
+    )
     assert lost_reason("Worker exited prematurely: SystemExit.") == (
-        "the worker process was lost: Worker exited prematurely: SystemExit.")
+        "the worker process was lost: Worker exited prematurely: SystemExit."
+    )
 
 
 def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
@@ -193,8 +206,15 @@ def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
 
 
 def test_the_celery_app_is_configured_for_long_jobs(tmp_path):
-    app = make_celery(WorkerSettings(data_dir=tmp_path, broker_url=REDIS_URL,
-                                     visibility_timeout=7200, job_soft_time_limit=100, job_time_limit_grace=20))
+    app = make_celery(
+        WorkerSettings(
+            data_dir=tmp_path,
+            broker_url=REDIS_URL,
+            visibility_timeout=7200,
+            job_soft_time_limit=100,
+            job_time_limit_grace=20,
+        )
+    )
     conf = app.conf
     assert (conf.task_serializer, conf.result_serializer, conf.accept_content) == ("json", "json", ["json"])
     assert conf.task_acks_late and conf.task_reject_on_worker_lost and conf.worker_prefetch_multiplier == 1

@@ -15,8 +15,11 @@ ClassifyBody = Annotated[ClassifyRequest, Body(openapi_examples=body_examples(Cl
 EXAMPLE = {"label": "positive", "score": 0.94, "scores": {"negative": 0.06, "positive": 0.94}}
 
 
-@router.post("/classify", response_model=ClassifyResponse, responses={
-    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": EXAMPLE}}}})
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": EXAMPLE}}}},
+)
 async def classify(req: ClassifyBody, service: ServiceDep):
     """Label and per-label scores for each text or text pair (needs a classifier head)."""
     return await pipelines.classify(service, req)

@@ -32,7 +32,7 @@ ASSETS = {
 }
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",  # revalidated on every load, so an upgraded service serves its own console
@@ -51,8 +51,9 @@ async def job_form():
     return JSONResponse(form_fields(), headers=HEADERS)
 
 
-@router.get("/console/{asset:path}", response_class=FileResponse, include_in_schema=False,
-            responses=responses("not_found"))
+@router.get(
+    "/console/{asset:path}", response_class=FileResponse, include_in_schema=False, responses=responses("not_found")
+)
 async def console_asset(asset: str):
     """One of the console's static files."""
     if asset not in ASSETS:
@@ -62,8 +63,10 @@ async def console_asset(asset: str):
 
 @cache
 def form_fields() -> dict[str, list[dict[str, Any]]]:
-    return {"finetune": _fields(FinetuneParams.model_json_schema()),
-            "pretrain": _fields(PretrainParams.model_json_schema())}
+    return {
+        "finetune": _fields(FinetuneParams.model_json_schema()),
+        "pretrain": _fields(PretrainParams.model_json_schema()),
+    }
 
 
 def _fields(schema: dict, prefix: str = "", defs: dict | None = None) -> list[dict[str, Any]]:

@@ -14,8 +14,13 @@ from model.datadir import NAME_PATTERN, read_meta
 router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
 
 
-@router.post("/datasets", status_code=201, response_model=DatasetInfo, openapi_extra=DATASET_UPLOAD_BODY,
-             responses=responses("validation", "unauthorized", "too_large", "insufficient_storage"))
+@router.post(
+    "/datasets",
+    status_code=201,
+    response_model=DatasetInfo,
+    openapi_extra=DATASET_UPLOAD_BODY,
+    responses=responses("validation", "unauthorized", "too_large", "insufficient_storage"),
+)
 async def upload_dataset(request: Request, jobs: JobServiceDep) -> Any:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
     return await uploads.receive_upload(request, jobs.data_dir, jobs.settings)
@@ -27,8 +32,9 @@ async def list_datasets(jobs: JobServiceDep):
     return Response(await asyncio.to_thread(uploads.listing_json, jobs.data_dir), media_type="application/json")
 
 
-@router.get("/datasets/{name}", response_model=DatasetInfo,
-            responses=responses("validation", "unauthorized", "not_found"))
+@router.get(
+    "/datasets/{name}", response_model=DatasetInfo, responses=responses("validation", "unauthorized", "not_found")
+)
 async def get_dataset(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], jobs: JobServiceDep):
     """One dataset's description."""
     meta = await asyncio.to_thread(read_meta, jobs.data_dir, name)

@@ -17,23 +17,31 @@ from app.serving import pipelines
 
 router = APIRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]
-OpenAIEmbeddingsBody = Annotated[OpenAIEmbeddingsRequest,
-                                 Body(openapi_examples=body_examples(OpenAIEmbeddingsRequest))]
+OpenAIEmbeddingsBody = Annotated[OpenAIEmbeddingsRequest, Body(openapi_examples=body_examples(OpenAIEmbeddingsRequest))]
 
-OPENAI_EXAMPLE = {"object": "list", "model": "bert-tiny",
-                  "data": [{"object": "embedding", "embedding": [0.0123, -0.0456, 0.0789], "index": 0}],
-                  "usage": {"prompt_tokens": 4, "total_tokens": 4}}
+OPENAI_EXAMPLE = {
+    "object": "list",
+    "model": "bert-tiny",
+    "data": [{"object": "embedding", "embedding": [0.0123, -0.0456, 0.0789], "index": 0}],
+    "usage": {"prompt_tokens": 4, "total_tokens": 4},
+}
 
 
-@router.post("/embeddings", response_model=EmbeddingsResponse, responses={
-    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": [0.0123, -0.0456, 0.0789]}}}})
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingsResponse,
+    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": [0.0123, -0.0456, 0.0789]}}}},
+)
 async def embeddings(req: EmbeddingsBody, service: ServiceDep):
     """Sentence embeddings: mean-pooled (or [CLS]) last hidden states, any model."""
     return await pipelines.embeddings(service, req)
 
 
-@router.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse, responses={
-    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": OPENAI_EXAMPLE}}}})
+@router.post(
+    "/v1/embeddings",
+    response_model=OpenAIEmbeddingsResponse,
+    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": OPENAI_EXAMPLE}}}},
+)
 async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep):
     """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""
     return await pipelines.openai_embeddings(service, req)

@@ -20,8 +20,11 @@ def ok(example) -> dict:
     return {200: {"content": {"application/json": {"example": example}}}}
 
 
-@router.post("/fill-mask", response_model=FillMaskResponse, responses={
-    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": FILL_MASK_EXAMPLE}}}})
+@router.post(
+    "/fill-mask",
+    response_model=FillMaskResponse,
+    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": FILL_MASK_EXAMPLE}}}},
+)
 async def fill_mask(req: FillMaskBody, service: ServiceDep):
     """Top-k tokens for each [MASK]: one list per mask, one entry per input (needs an MLM head)."""
     return await pipelines.fill_mask(service, req)

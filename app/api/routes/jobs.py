@@ -29,10 +29,17 @@ router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin_key)])
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="As POST /jobs returned it.")]
 
 
-@router.post("/jobs", status_code=202, response_model=CreateJobResponse,
-             responses=responses("validation", "unauthorized", "unavailable"))
-async def create_job(req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
-                     jobs: JobServiceDep, response: Response):
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=CreateJobResponse,
+    responses=responses("validation", "unauthorized", "unavailable"),
+)
+async def create_job(
+    req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
+    jobs: JobServiceDep,
+    response: Response,
+):
     """Queue a pretraining or fine-tuning job; everything is validated first (422), nothing half-queued."""
     record = await jobs.submit(req)
     response.headers["Location"] = f"/jobs/{record['id']}"
@@ -40,8 +47,9 @@ async def create_job(req: Annotated[CreateJobRequest, Body(openapi_examples={"fi
 
 
 @router.get("/jobs", response_model=JobsResponse, responses=responses("validation", "unauthorized"))
-async def list_jobs(jobs: JobServiceDep,
-                    state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None):
+async def list_jobs(
+    jobs: JobServiceDep, state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None
+):
     """Every job, newest first; `?state=running` (queued, running, succeeded, failed, cancelled) filters."""
     records = await asyncio.to_thread(jobs.store.list, state)
     return JobsResponse(jobs=[JobStatus.from_record(r) for r in records])
@@ -53,8 +61,11 @@ async def get_job(job_id: JobId, jobs: JobServiceDep):
     return JobStatus.from_record(await asyncio.to_thread(jobs.find, job_id))
 
 
-@router.get("/jobs/{job_id}/metrics", response_model=JobMetricsResponse,
-            responses=responses("validation", "unauthorized", "not_found"))
+@router.get(
+    "/jobs/{job_id}/metrics",
+    response_model=JobMetricsResponse,
+    responses=responses("validation", "unauthorized", "not_found"),
+)
 async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
     """The whole training curve: every logged step, evaluation and resume, in order."""
     try:
@@ -65,16 +76,32 @@ async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
     return JobMetricsResponse(id=job_id, records=records)
 
 
-@router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                             "description": "progress, state, metrics, reset and end events (see the documentation, docs/training.md)"},
-                       **responses("validation", "unauthorized", "not_found", "overloaded")})
+@router.get(
+    "/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "progress, state, metrics, reset and end events (see the documentation, docs/training.md)",
+        },
+        **responses("validation", "unauthorized", "not_found", "overloaded"),
+    },
+)
 async def stream_job_events(
-        job_id: JobId, jobs: JobServiceDep, request: Request,
-        since: Annotated[int | None, Query(ge=0, description="Metrics records from this step on (earlier "
-                                                             "ones are not sent).")] = None,
-        last_event_id: Annotated[str | None, Header(max_length=20, description="The `id` of the last metrics "
-                                                    "event a reconnecting client got: go on from its step.")] = None):
+    job_id: JobId,
+    jobs: JobServiceDep,
+    request: Request,
+    since: Annotated[
+        int | None, Query(ge=0, description="Metrics records from this step on (earlier ones are not sent).")
+    ] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            max_length=20,
+            description="The `id` of the last metrics event a reconnecting client got: go on from its step.",
+        ),
+    ] = None,
+):
     """Server-Sent Events: the job's progress, state changes and metrics records as they come; ends with the job."""
     await asyncio.to_thread(jobs.find, job_id)  # a 404 now, before the stream starts
     if since is None and last_event_id is not None and last_event_id.strip().isdigit():
@@ -84,19 +111,32 @@ async def stream_job_events(
 
     async def events():
         try:
-            async for chunk in job_events(jobs.store, job_id, request.is_disconnected, since=since,
-                                          max_seconds=settings.event_stream_max_seconds,
-                                          replay=jobs.event_streams.replay):
+            async for chunk in job_events(
+                jobs.store,
+                job_id,
+                request.is_disconnected,
+                since=since,
+                max_seconds=settings.event_stream_max_seconds,
+                replay=jobs.event_streams.replay,
+            ):
                 yield chunk
         finally:
             release()
 
-    return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(release),
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        background=BackgroundTask(release),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
-@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus,
-             responses=responses("validation", "unauthorized", "not_found", "conflict"))
+@router.post(
+    "/jobs/{job_id}/cancel",
+    status_code=202,
+    response_model=JobStatus,
+    responses=responses("validation", "unauthorized", "not_found", "conflict"),
+)
 async def cancel_job(job_id: JobId, jobs: JobServiceDep):
     """Cancel: a queued job at once; a running one stops at its next step with a checkpoint; a finished one is 409."""
     return JobStatus.from_record(await asyncio.to_thread(jobs.cancel, job_id))

@@ -21,12 +21,19 @@ def model_info(entry: StoredModel, default: str | None, precision: str, device) 
     if config is not None and config.id2label and {"classifier", "token_classifier"} & set(entry.heads):
         labels = [config.id2label[i] for i in sorted(config.id2label)]
     return ModelInfo(
-        name=entry.name, architecture=entry.architecture, heads=entry.heads, labels=labels,
+        name=entry.name,
+        architecture=entry.architecture,
+        heads=entry.heads,
+        labels=labels,
         num_parameters=entry.num_parameters,
         max_position_embeddings=config.max_position_embeddings if config else None,
         hidden_size=config.hidden_size if config else None,
-        default=entry.name == default, loaded=entry.loaded is not None, precision=precision, error=entry.error,
-        **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}))
+        default=entry.name == default,
+        loaded=entry.loaded is not None,
+        precision=precision,
+        error=entry.error,
+        **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
+    )
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
@@ -38,8 +45,7 @@ async def list_models(service: ServiceDep):
     return ModelsResponse(models=models, default=default)
 
 
-@router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found",
-                                                                             "validation"))
+@router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found", "validation"))
 async def get_model(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], service: ServiceDep):
     """One model's description."""
     entry = await service.store.lookup(name)

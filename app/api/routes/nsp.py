@@ -13,8 +13,14 @@ router = APIRouter(tags=["inference"])
 NspBody = Annotated[NspRequest, Body(openapi_examples=body_examples(NspRequest))]
 
 
-@router.post("/nsp", response_model=NspResponse, responses={
-    **INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": {"is_next": True, "score": 0.9987}}}}})
+@router.post(
+    "/nsp",
+    response_model=NspResponse,
+    responses={
+        **INFERENCE_ERRORS,
+        200: {"content": {"application/json": {"example": {"is_next": True, "score": 0.9987}}}},
+    },
+)
 async def nsp(req: NspBody, service: ServiceDep):
     """Probability that text_b follows text_a, per pair (needs an NSP head, BertForPreTraining)."""
     return await pipelines.nsp(service, req)

@@ -41,9 +41,11 @@ async def ready(service: ServiceDep):
     return ReadyResponse(model=service.store.default())
 
 
-@metrics_router.get("/metrics", response_class=Response,
-                    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
-                               **responses("unauthorized")})
+@metrics_router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **responses("unauthorized")},
+)
 async def metrics(service: ServiceDep):
     """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens."""
     return Response(service.metrics.render(), media_type=service.metrics.content_type)
@@ -52,10 +54,15 @@ async def metrics(service: ServiceDep):
 @protected.get("/info", response_model=InfoResponse, responses=responses("unauthorized"))
 async def info(service: ServiceDep):
     """Version, device and the settings that are safe to show."""
-    return InfoResponse(name="bertserve", version=version(), device=str(service.device),
-                        cpu=f"{kernels.cpu().name}: {kernels.cpu().summary()}",
-                        torch=torch.__version__, python=platform.python_version(),
-                        settings=service.settings.public_dict())
+    return InfoResponse(
+        name="bertserve",
+        version=version(),
+        device=str(service.device),
+        cpu=f"{kernels.cpu().name}: {kernels.cpu().summary()}",
+        torch=torch.__version__,
+        python=platform.python_version(),
+        settings=service.settings.public_dict(),
+    )
 
 
 @protected.get("/openapi.json", include_in_schema=False)

@@ -30,23 +30,28 @@ SimilarityBody = Annotated[SimilarityRequest, Body(openapi_examples=body_example
 TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(TokenizeRequest))]
 
 
-@router.post("/embed", response_model=EmbedResponse,
-             responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
+@router.post("/embed", response_model=EmbedResponse, responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
 async def embed(req: EmbedBody, service: ServiceDep):
     """TEI's /embed: one mean-pooled vector per input (unit length unless normalize is false)."""
     return await tei_compat.embed(service, req)
 
 
-@router.post("/predict", response_model=PredictResponse,
-             responses={**INFERENCE_ERRORS, **ok([{"score": 0.94, "label": "positive"},
-                                                  {"score": 0.06, "label": "negative"}])})
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses={**INFERENCE_ERRORS, **ok([{"score": 0.94, "label": "positive"}, {"score": 0.06, "label": "negative"}])},
+)
 async def predict(req: PredictBody, service: ServiceDep):
     """TEI's /predict: every label's score for each text or pair, best first (needs a classifier head)."""
     return await tei_compat.predict(service, req)
 
 
-@router.post("/rerank", response_model=RerankResponse, response_model_exclude_none=True,
-             responses={**INFERENCE_ERRORS, **ok([{"index": 0, "score": 0.98}, {"index": 1, "score": 0.01}])})
+@router.post(
+    "/rerank",
+    response_model=RerankResponse,
+    response_model_exclude_none=True,
+    responses={**INFERENCE_ERRORS, **ok([{"index": 0, "score": 0.98}, {"index": 1, "score": 0.01}])},
+)
 async def rerank(req: RerankBody, service: ServiceDep):
     """TEI's /rerank: the texts by a cross-encoder's relevance to the query, best first (one-label classifier)."""
     return await tei_compat.rerank(service, req)
@@ -58,22 +63,47 @@ async def similarity(req: SimilarityBody, service: ServiceDep):
     return await tei_compat.similarity(service, req)
 
 
-@router.post("/tokenize", response_model=TokenizeResponse,
-             responses={**INFERENCE_ERRORS,
-                        **ok([[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
-                               {"id": 3231, "text": "test", "special": False, "start": 0, "stop": 4},
-                               {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None}]])})
+@router.post(
+    "/tokenize",
+    response_model=TokenizeResponse,
+    responses={
+        **INFERENCE_ERRORS,
+        **ok(
+            [
+                [
+                    {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+                    {"id": 3231, "text": "test", "special": False, "start": 0, "stop": 4},
+                    {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None},
+                ]
+            ]
+        ),
+    },
+)
 async def tokenize(req: TokenizeBody, service: ServiceDep):
     """TEI's /tokenize: each input's tokens with ids and character offsets (special tokens: null offsets)."""
     return await tei_compat.tokenize(service, req)
 
 
-@router.post("/", response_model=EmbedResponse | SimilarityResponse | PredictResponse | RerankResponse,
-             response_model_exclude_none=True, responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
-async def root(body: Annotated[dict[str, Any], Body(openapi_examples={
-                   "embed": {"summary": "an encoder: /embed", "value": {"inputs": "What is Deep Learning?"}},
-                   "rerank": {"summary": "a cross-encoder: /rerank", "value": {"query": "What is Deep Learning?",
-                                                                               "texts": ["Deep Learning is..."]}}})],
-               service: ServiceDep):
+@router.post(
+    "/",
+    response_model=EmbedResponse | SimilarityResponse | PredictResponse | RerankResponse,
+    response_model_exclude_none=True,
+    responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])},
+)
+async def root(
+    body: Annotated[
+        dict[str, Any],
+        Body(
+            openapi_examples={
+                "embed": {"summary": "an encoder: /embed", "value": {"inputs": "What is Deep Learning?"}},
+                "rerank": {
+                    "summary": "a cross-encoder: /rerank",
+                    "value": {"query": "What is Deep Learning?", "texts": ["Deep Learning is..."]},
+                },
+            }
+        ),
+    ],
+    service: ServiceDep,
+):
     """TEI's POST /: /embed, /predict or /rerank by the model's type (BERT_DEFAULT_MODEL unless `model`)."""
     return await tei_compat.root(service, body)

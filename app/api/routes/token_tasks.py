@@ -18,25 +18,34 @@ from app.schemas import (
 from app.serving import ner_pipeline, qa_pipeline
 
 router = APIRouter(tags=["inference"])
-TokenClassificationBody = Annotated[TokenClassificationRequest,
-                                    Body(openapi_examples=body_examples(TokenClassificationRequest))]
-QuestionAnsweringBody = Annotated[QuestionAnsweringRequest,
-                                  Body(openapi_examples=body_examples(QuestionAnsweringRequest))]
+TokenClassificationBody = Annotated[
+    TokenClassificationRequest, Body(openapi_examples=body_examples(TokenClassificationRequest))
+]
+QuestionAnsweringBody = Annotated[
+    QuestionAnsweringRequest, Body(openapi_examples=body_examples(QuestionAnsweringRequest))
+]
 
-ENTITIES = [{"entity_group": "PER", "score": 0.998, "word": "wolfgang", "start": 11, "end": 19},
-            {"entity_group": "LOC", "score": 0.999, "word": "berlin", "start": 34, "end": 40}]
+ENTITIES = [
+    {"entity_group": "PER", "score": 0.998, "word": "wolfgang", "start": 11, "end": 19},
+    {"entity_group": "LOC", "score": 0.999, "word": "berlin", "start": 34, "end": 40},
+]
 ANSWER = {"score": 0.97, "start": 15, "end": 21, "answer": "london"}
 
 
-@router.post("/token-classification", response_model=TokenClassificationResponse, response_model_exclude_none=True,
-             responses={**INFERENCE_ERRORS, **ok(ENTITIES)})
+@router.post(
+    "/token-classification",
+    response_model=TokenClassificationResponse,
+    response_model_exclude_none=True,
+    responses={**INFERENCE_ERRORS, **ok(ENTITIES)},
+)
 async def token_classification_route(req: TokenClassificationBody, service: ServiceDep):
     """Entities (or every token's label) in each text, with character offsets (needs a token classifier)."""
     return await ner_pipeline.token_classification(service, req)
 
 
-@router.post("/question-answering", response_model=QuestionAnsweringResponse,
-             responses={**INFERENCE_ERRORS, **ok(ANSWER)})
+@router.post(
+    "/question-answering", response_model=QuestionAnsweringResponse, responses={**INFERENCE_ERRORS, **ok(ANSWER)}
+)
 async def question_answering_route(req: QuestionAnsweringBody, service: ServiceDep):
     """The span of each context that answers its question, with character offsets (needs a QA head)."""
     return await qa_pipeline.question_answering(service, req)

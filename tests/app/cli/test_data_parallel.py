@@ -35,8 +35,14 @@ STEPS = 50
 
 
 def bert(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "app.cli", *map(str, args)], env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *map(str, args)],
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def finished(proc, timeout=120):
@@ -55,14 +61,44 @@ def files(tmp_path_factory):
 
 def args(root: Path, out: Path, *extra) -> list[str]:
     # NSP and MLM both: their losses are means over different counts (pairs, masked tokens).
-    return ["pretrain", "--config", root / "nodrop.json", "--vocab", root / "vocab", "--corpus", root / "corpus.txt",
-            "--batch-size", 6, "--max-seq-len", 32, "--eval-fraction", 0, "--log-every", 1, "--lr", 1e-3,
-            "--warmup", 5, "--grad-accum", 2, "--threads", 1, "--max-steps", STEPS, "--save-every", 10,
-            "--out", out, *extra]
+    return [
+        "pretrain",
+        "--config",
+        root / "nodrop.json",
+        "--vocab",
+        root / "vocab",
+        "--corpus",
+        root / "corpus.txt",
+        "--batch-size",
+        6,
+        "--max-seq-len",
+        32,
+        "--eval-fraction",
+        0,
+        "--log-every",
+        1,
+        "--lr",
+        1e-3,
+        "--warmup",
+        5,
+        "--grad-accum",
+        2,
+        "--threads",
+        1,
+        "--max-steps",
+        STEPS,
+        "--save-every",
+        10,
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 def losses(run: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "train"]
+    return [
+        r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "train"
+    ]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -113,8 +149,10 @@ def free_port() -> int:
 def test_two_nodes_on_loopback_match_one_process(runs, files):
     one, _ = runs
     out, endpoint = files / "nodes", f"127.0.0.1:{free_port()}"
-    nodes = [bert(*args(files, out, "--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint", endpoint,
-                        "--rdzv-id", "run-1")) for rank in (0, 1)]
+    nodes = [
+        bert(*args(files, out, "--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint", endpoint, "--rdzv-id", "run-1"))
+        for rank in (0, 1)
+    ]
     for node in nodes:
         code, _, err = finished(node)
         assert code == 0, err
@@ -165,43 +203,92 @@ def test_a_killed_rank_ends_the_run_and_the_same_command_resumes_to_the_same_wei
         assert torch.equal(wa[name], wb[name]), name
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--nproc-per-node", "0"], "--nproc-per-node must be an integer >= 1, got 0"),
-    (["--nnodes", "2"], "2 nodes need a rendezvous endpoint HOST:PORT (the same on every node)"),
-    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in [0, 2) for 2 "
-                                                                      "node(s), got 2"),
-    (["--nnodes", "2", "--rdzv-endpoint", "nohost"], "rendezvous endpoint must be HOST:PORT, got 'nohost'"),
-    (["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400"], "rendezvous endpoint 10.0.0.1:29400 is not on "
-     "loopback: torch's rendezvous store runs code sent to its port, so a multi-node run needs a network that only "
-     "the training nodes can reach; say so with --trusted-network"),
-    (["--nnodes", "2", "--rdzv-endpoint", "node0.example:29400", "--node-rank", "1", "--rdzv-id", "x"],
-     "rendezvous endpoint node0.example:29400 is not on loopback: torch's rendezvous store runs code sent to its "
-     "port, so a multi-node run needs a network that only the training nodes can reach; say so with "
-     "--trusted-network"),
-    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--node-rank", "1"], "--node-rank 1 needs the run's "
-     "--rdzv-id: the one node 0 printed (the same on every node)"),
-    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--trusted-network", "--rdzv-id", "a b"], "--rdzv-id must be 1 to "
-     "128 letters, digits, '-', '_' or '.', got 'a b'"),
-    (["--nproc-per-node", "2", "--device", "cuda:1"], "--device cuda:1 names one GPU, but --nproc-per-node 2 "
-                                                      "gives each process its own (cuda:LOCAL_RANK): use --device cuda"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node must be an integer >= 1, got 0"),
+        (["--nnodes", "2"], "2 nodes need a rendezvous endpoint HOST:PORT (the same on every node)"),
+        (
+            ["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"],
+            "--node-rank must be in [0, 2) for 2 node(s), got 2",
+        ),
+        (["--nnodes", "2", "--rdzv-endpoint", "nohost"], "rendezvous endpoint must be HOST:PORT, got 'nohost'"),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400"],
+            "rendezvous endpoint 10.0.0.1:29400 is not on "
+            "loopback: torch's rendezvous store runs code sent to its port, so a multi-node run needs a network that only "
+            "the training nodes can reach; say so with --trusted-network",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "node0.example:29400", "--node-rank", "1", "--rdzv-id", "x"],
+            "rendezvous endpoint node0.example:29400 is not on loopback: torch's rendezvous store runs code sent to its "
+            "port, so a multi-node run needs a network that only the training nodes can reach; say so with "
+            "--trusted-network",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--node-rank", "1"],
+            "--node-rank 1 needs the run's --rdzv-id: the one node 0 printed (the same on every node)",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "h:1", "--trusted-network", "--rdzv-id", "a b"],
+            "--rdzv-id must be 1 to 128 letters, digits, '-', '_' or '.', got 'a b'",
+        ),
+        (
+            ["--nproc-per-node", "2", "--device", "cuda:1"],
+            "--device cuda:1 names one GPU, but --nproc-per-node 2 "
+            "gives each process its own (cuda:LOCAL_RANK): use --device cuda",
+        ),
+    ],
+)
 def test_bad_launcher_options_are_one_line_errors(tmp_path, capsys, extra, message):
     assert main(["finetune", "--train", "x.csv", "--from", "m", "--out", str(tmp_path), *extra]) == 2
     assert capsys.readouterr().err == f"bert finetune: error: {message}\n"
 
 
 def test_the_ranks_run_the_same_command_without_the_launcher_options():
-    argv = ["pretrain", "--corpus", "c", "--nproc-per-node", "2", "--nnodes=2", "--node-rank", "1",
-            "--rdzv-endpoint=h:29500", "--trusted-network", "--rdzv-id", "r1", "--out", "r"]
+    argv = [
+        "pretrain",
+        "--corpus",
+        "c",
+        "--nproc-per-node",
+        "2",
+        "--nnodes=2",
+        "--node-rank",
+        "1",
+        "--rdzv-endpoint=h:29500",
+        "--trusted-network",
+        "--rdzv-id",
+        "r1",
+        "--out",
+        "r",
+    ]
     assert strip_launch_options(argv) == ["pretrain", "--corpus", "c", "--out", "r"]
     assert torchrun_command(["-m", "app.cli", "pretrain"], 2, python="py") == [
-        "py", "-m", "model.torchrun", "--nproc-per-node=2", "--max-restarts=0", "--standalone",
-        "--local-addr=127.0.0.1", "-m", "app.cli", "pretrain"]
+        "py",
+        "-m",
+        "model.torchrun",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        "--standalone",
+        "--local-addr=127.0.0.1",
+        "-m",
+        "app.cli",
+        "pretrain",
+    ]
     assert torchrun_command(["x.py"], 1, 2, 1, "h:29500", "r1", trusted_network=True, python="py")[3:] == [
-        "--nproc-per-node=1", "--max-restarts=0", "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=h:29500", "--rdzv-id=r1", "x.py"]
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=h:29500",
+        "--rdzv-id=r1",
+        "x.py",
+    ]
     assert torchrun_command(["x.py"], 1, 2, 0, "127.0.0.1:29500", "r1", python="py")[-2:] == [
-        "--local-addr=127.0.0.1", "x.py"]
+        "--local-addr=127.0.0.1",
+        "x.py",
+    ]
 
 
 def test_node_zero_prints_a_random_run_id_and_the_risk_of_a_trusted_network_once(files):
@@ -210,8 +297,13 @@ def test_node_zero_prints_a_random_run_id_and_the_risk_of_a_trusted_network_once
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare for a network namespace")
     command = args(files, files / "trusted", "--nnodes", 2, "--rdzv-endpoint", "192.0.2.1:29400", "--trusted-network")
-    launcher = subprocess.Popen(["unshare", "-n", sys.executable, "-m", "app.cli", *map(str, command)], env=ENV,
-                                text=True, stderr=subprocess.PIPE, start_new_session=True)
+    launcher = subprocess.Popen(
+        ["unshare", "-n", sys.executable, "-m", "app.cli", *map(str, command)],
+        env=ENV,
+        text=True,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     lines = []
     try:
         while not lines or not lines[-1].startswith("data parallel:"):
@@ -222,10 +314,12 @@ def test_node_zero_prints_a_random_run_id_and_the_risk_of_a_trusted_network_once
         launcher.wait()
     run_id = lines[0].split()[2]
     assert len(run_id) == 32 and int(run_id, 16) >= 0
-    assert lines == [f"rendezvous id: {run_id} (start the other nodes with --rdzv-id {run_id})\n",
-                     "warning: --trusted-network: the rendezvous store on 192.0.2.1:29400 runs code sent to its "
-                     "port; only the training nodes must be able to reach it\n",
-                     "data parallel: 1 process(es) x 2 node(s) through torchrun\n"]
+    assert lines == [
+        f"rendezvous id: {run_id} (start the other nodes with --rdzv-id {run_id})\n",
+        "warning: --trusted-network: the rendezvous store on 192.0.2.1:29400 runs code sent to its "
+        "port; only the training nodes must be able to reach it\n",
+        "data parallel: 1 process(es) x 2 node(s) through torchrun\n",
+    ]
 
 
 @pytest.mark.slow

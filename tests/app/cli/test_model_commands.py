@@ -14,8 +14,12 @@ import transformers
 from model.modeling import BertModel
 from model.tokenizer import BertTokenizer
 
-SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
-             "Une phrase en français, avec des accents!"]
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "Une phrase en français, avec des accents!",
+]
 
 pytestmark = pytest.mark.slow  # the bert command in subprocesses, and MiniLM imported and compared
 
@@ -34,6 +38,7 @@ def mean_pool(hidden, mask):
 @pytest.fixture(scope="module")
 def imported_minilm(tmp_path_factory):
     from tests.conftest import MINILM_DIR
+
     dst = tmp_path_factory.mktemp("models") / "minilm"
     out = bert("import", MINILM_DIR, dst).stdout
     assert "BertModel (6 layers, hidden 384, 12 heads" in out
@@ -42,7 +47,12 @@ def imported_minilm(tmp_path_factory):
 
 def test_import_writes_the_project_layout(imported_minilm):
     assert sorted(p.name for p in imported_minilm.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
 
 
 def test_imported_minilm_embeds_like_transformers(imported_minilm, minilm_dir):
@@ -50,8 +60,10 @@ def test_imported_minilm_embeds_like_transformers(imported_minilm, minilm_dir):
     theirs = transformers.BertModel.from_pretrained(minilm_dir).eval()
     batch = tok(SENTENCES)
     with torch.no_grad():
-        a = mean_pool(ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state,
-                      batch["attention_mask"])
+        a = mean_pool(
+            ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state,
+            batch["attention_mask"],
+        )
         b = mean_pool(theirs(**batch).last_hidden_state, batch["attention_mask"])
     assert (a * b).sum(-1).min() >= 0.9999
     # The sentence-transformers model card's example pair.
@@ -88,8 +100,12 @@ def test_import_refuses_bad_sources_with_one_line_errors(tmp_path, imported_mini
 
 def test_vocab_trains_a_vocabulary_the_tokenizer_loads(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(["the quick brown fox jumps over the lazy dog",
-                                 "a lazy dog sleeps in the sun", "foxes are quick and brown"] * 50))
+    corpus.write_text(
+        "\n".join(
+            ["the quick brown fox jumps over the lazy dog", "a lazy dog sleeps in the sun", "foxes are quick and brown"]
+            * 50
+        )
+    )
     out = bert("vocab", corpus, "-o", tmp_path / "vocab", "--vocab-size", "120").stdout
     assert "uncased vocabulary" in out
     tok = BertTokenizer.from_pretrained(tmp_path / "vocab")

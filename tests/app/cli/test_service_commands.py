@@ -17,9 +17,14 @@ pytestmark = pytest.mark.slow
 
 
 def bert(data_dir: Path, *args: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
-                            env=child_env(data_dir, REDIS_URL, **env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *args, "--data-dir", str(data_dir)],
+        cwd=ROOT,
+        env=child_env(data_dir, REDIS_URL, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:

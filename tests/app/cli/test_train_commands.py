@@ -34,9 +34,33 @@ def files(tmp_path_factory):
     return make_training_files(tmp_path_factory.mktemp("cli"))
 
 
-PRETRAIN = ["--config", "{root}/tiny.json", "--vocab", "{root}/vocab", "--corpus", "{root}/corpus.txt",
-            "--batch-size", "4", "--max-seq-len", "32", "--save-every", "4", "--eval-every", "4",
-            "--eval-fraction", "0.2", "--log-every", "2", "--lr", "1e-3", "--warmup", "2", "--eval-on-start", "--threads", "1"]
+PRETRAIN = [
+    "--config",
+    "{root}/tiny.json",
+    "--vocab",
+    "{root}/vocab",
+    "--corpus",
+    "{root}/corpus.txt",
+    "--batch-size",
+    "4",
+    "--max-seq-len",
+    "32",
+    "--save-every",
+    "4",
+    "--eval-every",
+    "4",
+    "--eval-fraction",
+    "0.2",
+    "--log-every",
+    "2",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "2",
+    "--eval-on-start",
+    "--threads",
+    "1",
+]
 
 
 def pretrain_args(root, out, *extra):
@@ -73,8 +97,18 @@ def test_pretrain_writes_metrics_plot_checkpoints_and_a_loadable_model(pretraine
 
 
 def test_evaluate_prints_mlm_and_nsp_metrics(pretrained_run, files):
-    proc = bert("evaluate", "--model", pretrained_run, "--data", files / "corpus.txt", "--json",
-                "--batch-size", 4, "--max-seq-len", 32)
+    proc = bert(
+        "evaluate",
+        "--model",
+        pretrained_run,
+        "--data",
+        files / "corpus.txt",
+        "--json",
+        "--batch-size",
+        4,
+        "--max-seq-len",
+        32,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout)
     assert metrics["model"] == str(pretrained_run / "model")
@@ -108,9 +142,29 @@ def test_pretrain_from_a_token_store_directory(files, tmp_path, capsys):
 
 def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files, tmp_path, capsys):
     out = tmp_path / "ft"
-    code = main(["finetune", "--from", str(pretrained_run / "model"), "--train", str(files / "reviews.csv"),
-                 "--out", str(out), "--max-steps", "6", "--eval-every", "3", "--batch-size", "4",
-                 "--max-seq-len", "16", "--lr", "1e-3", "--log-every", "3"])
+    code = main(
+        [
+            "finetune",
+            "--from",
+            str(pretrained_run / "model"),
+            "--train",
+            str(files / "reviews.csv"),
+            "--out",
+            str(out),
+            "--max-steps",
+            "6",
+            "--eval-every",
+            "3",
+            "--batch-size",
+            "4",
+            "--max-seq-len",
+            "16",
+            "--lr",
+            "1e-3",
+            "--log-every",
+            "3",
+        ]
+    )
     assert code == 0
     model = load_model(out / "model")
     assert type(model) is BertForSequenceClassification
@@ -123,28 +177,94 @@ def test_finetune_from_the_pretrained_model_then_evaluate(pretrained_run, files,
     assert "accuracy" in printed and "macro_f1" in printed
 
 
-@pytest.mark.parametrize("args, message", [
-    (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file or directory: nope.txt"),
-    (["pretrain", "--corpus", "{root}/vocab", "--out", "{out}", "--config", "tiny", "--vocab", "{root}/vocab"],
-     "{root}/vocab is not a complete token store: no manifest.json (the builder writes it last)"),
-    (["pretrain", "--corpus", "{root}/vocab", "--format", "google", "--out", "{out}", "--config", "tiny",
-      "--vocab", "{root}/vocab"],
-     "--format google is for text corpora, but {root}/vocab is a directory (read as a token store)"),
-    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny"],
-     "--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)"),
-    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}"],
-     "say where the model comes from: --from MODEL_DIR (warm start) or --config tiny|small|base|FILE"),
-    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "{root}/tiny.json",
-      "--vocab", "{root}/vocab", "--max-seq-len", "100"],
-     "--max-seq-len 100 exceeds the model's max_position_embeddings 64"),
-    (["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny", "--vocab", "{root}/vocab",
-      "--warmup", "abc"], "--warmup must be a number of steps or a fraction below 1, got 'abc'"),
-    (["finetune", "--train", "{root}/reviews.csv", "--from", "{root}/nomodel", "--out", "{out}"],
-     "tokenizer directory {root}/nomodel does not exist"),
-    (["finetune", "--train", "{root}/reviews.csv", "--from", "{root}/run/model", "--out", "{out}",
-      "--label-column", "stars"], "{root}/reviews.csv: missing column(s) ['stars']; found ['label', 'text']"),
-    (["evaluate", "--model", "{root}", "--data", "{root}/corpus.txt"], "{root} has no config.json: not a model directory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["pretrain", "--corpus", "nope.txt", "--out", "x", "--config", "tiny"], "no such file or directory: nope.txt"),
+        (
+            ["pretrain", "--corpus", "{root}/vocab", "--out", "{out}", "--config", "tiny", "--vocab", "{root}/vocab"],
+            "{root}/vocab is not a complete token store: no manifest.json (the builder writes it last)",
+        ),
+        (
+            [
+                "pretrain",
+                "--corpus",
+                "{root}/vocab",
+                "--format",
+                "google",
+                "--out",
+                "{out}",
+                "--config",
+                "tiny",
+                "--vocab",
+                "{root}/vocab",
+            ],
+            "--format google is for text corpora, but {root}/vocab is a directory (read as a token store)",
+        ),
+        (
+            ["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}", "--config", "tiny"],
+            "--config needs --vocab DIR (a tokenizer directory; make one with `bert vocab`)",
+        ),
+        (
+            ["pretrain", "--corpus", "{root}/corpus.txt", "--out", "{out}"],
+            "say where the model comes from: --from MODEL_DIR (warm start) or --config tiny|small|base|FILE",
+        ),
+        (
+            [
+                "pretrain",
+                "--corpus",
+                "{root}/corpus.txt",
+                "--out",
+                "{out}",
+                "--config",
+                "{root}/tiny.json",
+                "--vocab",
+                "{root}/vocab",
+                "--max-seq-len",
+                "100",
+            ],
+            "--max-seq-len 100 exceeds the model's max_position_embeddings 64",
+        ),
+        (
+            [
+                "pretrain",
+                "--corpus",
+                "{root}/corpus.txt",
+                "--out",
+                "{out}",
+                "--config",
+                "tiny",
+                "--vocab",
+                "{root}/vocab",
+                "--warmup",
+                "abc",
+            ],
+            "--warmup must be a number of steps or a fraction below 1, got 'abc'",
+        ),
+        (
+            ["finetune", "--train", "{root}/reviews.csv", "--from", "{root}/nomodel", "--out", "{out}"],
+            "tokenizer directory {root}/nomodel does not exist",
+        ),
+        (
+            [
+                "finetune",
+                "--train",
+                "{root}/reviews.csv",
+                "--from",
+                "{root}/run/model",
+                "--out",
+                "{out}",
+                "--label-column",
+                "stars",
+            ],
+            "{root}/reviews.csv: missing column(s) ['stars']; found ['label', 'text']",
+        ),
+        (
+            ["evaluate", "--model", "{root}", "--data", "{root}/corpus.txt"],
+            "{root} has no config.json: not a model directory",
+        ),
+    ],
+)
 def test_user_errors_are_one_line_and_exit_2(pretrained_run, files, tmp_path, capsys, args, message):
     fill = {"root": files, "out": tmp_path / "out"}
     assert main([a.format(**fill) for a in args]) == 2
@@ -154,8 +274,10 @@ def test_user_errors_are_one_line_and_exit_2(pretrained_run, files, tmp_path, ca
 
 def test_no_resume_refuses_a_run_directory_with_checkpoints(pretrained_run, files, capsys):
     assert main(pretrain_args(files, pretrained_run, "--max-steps", 8, "--no-resume")) == 2
-    assert capsys.readouterr().err == (f"bert pretrain: error: {pretrained_run} already has checkpoints "
-                                       "(latest: step-8); resume it, or choose another output directory\n")
+    assert capsys.readouterr().err == (
+        f"bert pretrain: error: {pretrained_run} already has checkpoints "
+        "(latest: step-8); resume it, or choose another output directory\n"
+    )
 
 
 def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files, tmp_path, capsys):
@@ -165,8 +287,10 @@ def test_mlm_only_pretraining_makes_a_masked_lm_and_evaluates_without_nsp(files,
     assert main(pretrain_args(files, out, "--max-steps", 2, "--no-nsp")) == 0
     assert type(load_model(out / "model")) is BertForMaskedLM
     capsys.readouterr()
-    assert main(["evaluate", "--model", str(out), "--data", str(files / "corpus.txt"), "--json",
-                 "--max-seq-len", "32"]) == 0
+    assert (
+        main(["evaluate", "--model", str(out), "--data", str(files / "corpus.txt"), "--json", "--max-seq-len", "32"])
+        == 0
+    )
     metrics = json.loads(capsys.readouterr().out)
     assert "mlm_accuracy" in metrics and "nsp_accuracy" not in metrics
 
