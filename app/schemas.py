@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from app.settings import Settings
@@ -78,7 +79,7 @@ def _invalid(message: str) -> PydanticCustomError:
     return PydanticCustomError("invalid", message)
 
 
-_EXAMPLES: dict[str, dict[str, dict]] = {}
+_EXAMPLES: dict[int, dict[str, dict]] = {}  # id of a config's json_schema_extra -> its named examples
 
 
 def examples(**named: dict) -> ConfigDict:
@@ -477,7 +478,7 @@ DATASET_UPLOAD_BODY = {
 }
 
 DatasetKind = Literal["corpus", "labelled", "token-labelled", "qa"]
-assert set(DatasetKind.__args__) == set(DATASET_KINDS)
+assert set(get_args(DatasetKind)) == set(DATASET_KINDS)
 
 
 class DatasetInfo(BaseModel):
@@ -554,13 +555,18 @@ def option_fields(kind: str, names: list[str]) -> dict[str, Any]:
 
 
 def _option_field(o: Option, kind: str) -> tuple[Any, Any]:
-    annotation = Literal[o.choices] if o.choices else o.type
+    annotation: Any = Literal[o.choices] if o.choices else o.type  # a type expression built at runtime
     if o.nullable:
         annotation = annotation | None
     b = o.bounds(kind)
-    constraints = {"ge": b.get("minimum"), "le": b.get("maximum"), "gt": b.get("above"), "lt": b.get("below")}
+    constraints: dict[str, Any] = {
+        "ge": b.get("minimum"),
+        "le": b.get("maximum"),
+        "gt": b.get("above"),
+        "lt": b.get("below"),
+    }
     description = o.help[0].upper() + o.help[1:] + "."
-    extra = None
+    extra: JsonDict | None = None
     if kind == "finetune" and o.by_task:
         description += f" Default: {format_default(o, kind)}."
         extra = {"x-task-defaults": {task: o.default_for(kind, task) for task in TASKS}}
@@ -605,6 +611,11 @@ class _TrainParams(Strict):
         "At most BERT_JOB_MAX_RUNTIME, which is also the default.",
     )
 
+    if TYPE_CHECKING:
+        # The options' fields are added by create_model (option_fields, from model/options.py), which
+        # mypy cannot see; to it they read as Any here and on every subclass.
+        def __getattr__(self, name: str) -> Any: ...
+
     @model_validator(mode="after")
     def _consistent(self):
         if self.warmup_steps is not None and self.max_steps is not None and self.warmup_steps > self.max_steps:
@@ -632,8 +643,7 @@ TrainParams = create_model(
     **option_fields("pretrain", _SHARED),
 )
 
-FinetuneTask = Literal[TASKS]
-assert set(FinetuneTask.__args__) == set(KIND_OF_TASK)
+assert set(TASKS) == set(KIND_OF_TASK)  # every fine-tuning task names the dataset kind it trains on
 SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 
@@ -736,7 +746,7 @@ CREATE_EXAMPLE = {
 # -- training jobs: responses ------------------------------------------------------------------
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-assert set(JobState.__args__) == set(STATES)
+assert set(get_args(JobState)) == set(STATES)
 
 
 class CreateJobResponse(BaseModel):

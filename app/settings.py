@@ -9,7 +9,7 @@ https://docs.pydantic.dev/latest/concepts/pydantic_settings/
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,7 +17,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from model.device import DEVICE_PATTERN
 from model.options import PRECISIONS
 
-Precision = Literal[("auto", *PRECISIONS)]  # auto: recommended_precision of the device (model/precision.py)
+Precision = Literal["auto", "fp32", "bf16", "int8"]  # auto: recommended_precision of the device (model/precision.py)
+assert get_args(Precision) == ("auto", *PRECISIONS)
 
 
 class Settings(BaseSettings):

@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 # Model shapes for training from scratch (Turc et al. 2019 "Well-Read Students Learn Better": BERT-Tiny
 # and BERT-Small; BERT-Base from the paper). vocab_size comes from the tokenizer.
-MODEL_PRESETS = {
+MODEL_PRESETS: dict[str, Mapping[str, Any]] = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
     "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
@@ -262,7 +262,7 @@ def _tagging_data(spec: FinetuneSpec):
 def _tagging_batches(spec: FinetuneSpec, data, tokenizer):
     from model.data.token_classification import TokenClassificationBatches
 
-    kw = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len)
+    kw: dict[str, Any] = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len)
     train = TokenClassificationBatches(data.train, tokenizer, data.label2id, seed=spec.train.seed, **kw)
     evals = TokenClassificationBatches(data.eval, tokenizer, data.label2id, shuffle=False, **kw) if data.eval else None
     return train, evals
@@ -324,19 +324,23 @@ def evaluate_model(
     """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus or token
     store (MLM models), a labelled table (sequence classifiers), tagged sentences (token classifiers;
     entity precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
-    from model.data.corpus import load_corpus
+    from model.data.batches import ResumableBatches
+    from model.data.corpus import TokenizedCorpus, load_corpus
     from model.data.finetune import ClassificationBatches, load_classification_data
     from model.data.pretraining import PretrainingData
     from model.data.question_answering import QABatches, read_squad
-    from model.data.store import open_store
+    from model.data.store import TokenStore, open_store
     from model.data.token_classification import TokenClassificationBatches, read_tagged
 
     model_dir = _model_dir_of(Path(model_dir))
+    data: ResumableBatches
     with _user_errors():
         model, tokenizer = load_model(model_dir), _tokenizer_of(model_dir)
         _check_seq_len(max_seq_len, model.config)
+        id2label = model.config.id2label
         if isinstance(model, BertForSequenceClassification):
-            labels = [model.config.id2label[i] for i in sorted(model.config.id2label)]
+            assert id2label is not None  # a classifier's config names its labels (from_dict: LABEL_i of num_labels)
+            labels = [id2label[i] for i in sorted(id2label)]
             regression = model.num_labels == 1
             table = load_classification_data(
                 data_path,
@@ -356,7 +360,8 @@ def evaluate_model(
                 regression=regression,
             )
         elif isinstance(model, BertForTokenClassification):
-            label2id = {model.config.id2label[i]: i for i in sorted(model.config.id2label)}
+            assert id2label is not None
+            label2id = {id2label[i]: i for i in sorted(id2label)}
             data = TokenClassificationBatches(
                 read_tagged(data_path),
                 tokenizer,
@@ -377,6 +382,7 @@ def evaluate_model(
                 shuffle=False,
             )
         elif isinstance(model, (BertForPreTraining, BertForMaskedLM)):
+            corpus: TokenizedCorpus | TokenStore
             if Path(data_path).is_dir():
                 corpus = open_store(data_path, tokenizer)
             else:
@@ -495,7 +501,7 @@ def freeze_encoder(model) -> None:
 
 
 def _scratch_config(name: str, tokenizer: BertTokenizer) -> BertConfig:
-    vocab = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id}
+    vocab: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id}
     if name in MODEL_PRESETS:
         return BertConfig(**MODEL_PRESETS[name], **vocab)
     path = Path(name)
@@ -529,7 +535,7 @@ def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
         corpus, eval_corpus = holdout_documents(
             corpus, spec.eval_fraction, spec.eval_max_documents, min_documents=2 if spec.nsp else 1
         )
-    kw = dict(
+    kw: dict[str, Any] = dict(
         batch_size=spec.batch_size,
         max_seq_len=spec.max_seq_len,
         seed=spec.train.seed,

@@ -52,13 +52,14 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from model import checkpoint as ckpt
 from model import distributed
@@ -120,7 +121,7 @@ class TrainConfig:
     compile: bool = _DEFAULT["compile"]
 
     def __post_init__(self) -> None:
-        self.adam_betas = tuple(self.adam_betas)
+        self.adam_betas = cast(tuple[float, float], tuple(self.adam_betas))  # a JSON round trip gives a list
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set max_steps or epochs")
         for name in ("max_steps", "warmup_steps"):
@@ -150,6 +151,16 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# A loss as the step reports it: a 0-dim device tensor (one process, read at the log line) or a float (ranks).
+Loss = float | torch.Tensor
+
+
+class _Pretrained(Protocol):
+    """What a model needs with a run directory (every model of model/modeling.py has it)."""
+
+    def save_pretrained(self, path: str | Path, tokenizer: Any = None) -> None: ...
 
 
 class BatchSource(Protocol):
@@ -183,7 +194,7 @@ class TrainResult:
 
 
 def configure_optimizer(
-    model: torch.nn.Module, lr: float, weight_decay: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-6
+    model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6
 ) -> torch.optim.AdamW:
     """AdamW decaying only matrices (dim >= 2: linear weights, embeddings); biases and LayerNorm are not.
     On CUDA the fused implementation (one kernel for all parameters instead of a few per tensor); its
@@ -193,7 +204,7 @@ def configure_optimizer(
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = bool(params) and all(p.is_cuda for p in params)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):
@@ -267,14 +278,13 @@ class Trainer:
         """DDP around the model when there are ranks (it broadcasts rank 0's weights now); else the model."""
         if not self.dist.enabled:
             return model
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 
     def _total_steps(self) -> int:
         if self.config.max_steps is not None:
             return self.config.max_steps
+        assert self.config.epochs is not None  # TrainConfig refuses neither max_steps nor epochs
         per_epoch = self.train_data.num_batches(0)
         if per_epoch < 1:
             raise ValueError("training data has no batches")
@@ -298,7 +308,7 @@ class Trainer:
         window = _Window()
         status = "completed"
         while self.step < self.total_steps:
-            lr = self.scheduler.get_last_lr()[0]
+            lr = float(self.scheduler.get_last_lr()[0])
             losses, rank_tokens, grad_norm = self._optimizer_step(stream)
             self.step += 1
             self.tokens_seen += sum(rank_tokens)
@@ -320,6 +330,7 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         if self.eval_data is None:
             raise ValueError("no eval data was given to the trainer")
+        assert self.evaluate_fn is not None  # __init__ refuses eval_data without one
         return self.evaluate_fn(
             self.model,
             self.eval_data,
@@ -381,10 +392,11 @@ class Trainer:
             return _Inline(batches)
         return _Prefetcher(batches, depth, (lambda b: {k: v.pin_memory() for k, v in b.items()}) if pin else None)
 
-    def _optimizer_step(self, stream) -> tuple[dict[str, float], list[int], float | None]:
+    def _optimizer_step(self, stream) -> tuple[dict[str, Loss], list[int], torch.Tensor | None]:
         """One optimizer step over `grad_accum_steps` micro-batches; returns the global batch's mean losses,
         the tokens each rank trained on, and the gradient norm before clipping."""
-        accum, losses, tokens = self.config.grad_accum_steps, {}, 0
+        accum, tokens = self.config.grad_accum_steps, 0
+        losses: dict[str, Loss] = {}
         if self.dist.enabled:
             torch.manual_seed(distributed.rank_seed(self.config.seed, self.step, self.dist.rank))
         for i in range(accum):
@@ -397,7 +409,8 @@ class Trainer:
             local = self._to_device(local)
             # DDP all-reduces gradients on the last micro-batch only (the others accumulate locally).
             sync = i == accum - 1 or not self.dist.enabled
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+            # sync is False only with ranks, where _wrap made self.ddp a DistributedDataParallel.
+            with contextlib.nullcontext() if sync else cast(DistributedDataParallel, self.ddp).no_sync():
                 with autocast(self.device, self.precision):
                     out = self.forward(**local)
                 loss, reported = self._weighted_losses(out, batch, local, factor)
@@ -435,13 +448,14 @@ class Trainer:
             return out.loss, {name: value.detach() for name, value in found.items()}
         parts = [name for name in found if name != "loss"] or ["loss"]
         weights = distributed.loss_weights(batch, local, parts, self.dist, factor)
-        loss = sum(found[name] * weights[name] for name in parts)
+        weighted = [found[name] * weights[name] for name in parts]
+        loss = sum(weighted[1:], weighted[0])  # started from the first: a tensor, never the int 0
         reported = {name: found[name].item() * weights[name] / self.dist.world for name in parts}
         if "loss" not in reported:  # the total of the parts, as the model sums them
             reported = {"loss": sum(reported.values()), **reported}
         return loss, {name: reported[name] for name in found}
 
-    def _sum_over_ranks(self, losses: dict[str, float], tokens: int) -> tuple[dict[str, float], list[int]]:
+    def _sum_over_ranks(self, losses: dict[str, Loss], tokens: int) -> tuple[dict[str, Loss], list[int]]:
         """Each rank's shares summed into the global batch's losses, and the tokens of each rank; one
         all-reduce of a small vector (every rank has the same loss names in the same order)."""
         if not self.dist.enabled:
@@ -452,7 +466,7 @@ class Trainer:
         vector[: len(names)] = torch.tensor([losses[n] for n in names], dtype=torch.float64)
         vector[len(names) + self.dist.rank] = tokens
         vector = distributed.all_reduce_sum(vector, self.dist)
-        summed = {n: float(v) for n, v in zip(names, vector[: len(names)].tolist())}
+        summed: dict[str, Loss] = {n: float(v) for n, v in zip(names, vector[: len(names)].tolist())}
         return summed, [int(t) for t in vector[len(names) :].tolist()]
 
     def _check_finite(self, window: _Window) -> None:
@@ -471,7 +485,7 @@ class Trainer:
         done = self.step - self._start_step
         per_step = (now - self._started) / max(1, done)
         elapsed = max(1e-9, now - window.since)
-        state = {
+        state: dict[str, Any] = {
             "type": "train",
             "step": self.step,
             "total_steps": self.total_steps,
@@ -546,7 +560,7 @@ class Trainer:
         if self.run_dir is not None and status == "completed":
             model_dir = self.run_dir / FINAL_MODEL
             if self.dist.is_main:
-                self.model.save_pretrained(model_dir, tokenizer=self.tokenizer)
+                cast(_Pretrained, self.model).save_pretrained(model_dir, tokenizer=self.tokenizer)
         distributed.barrier(self.dist)  # every rank returns once the checkpoint and model are on disk
         self.model.eval()
         result = TrainResult(
@@ -563,7 +577,9 @@ class Trainer:
         return result
 
 
-def _positioned(data: BatchSource, epoch: int, index: int) -> Iterator[tuple[dict[str, torch.Tensor], tuple[int, int]]]:
+def _positioned(
+    data: BatchSource, epoch: int, index: int
+) -> Generator[tuple[dict[str, torch.Tensor], tuple[int, int]], None, None]:
     """(batch, (epoch, index) of the batch after it), forever, epoch after epoch, from (epoch, index)."""
     while True:
         n = data.num_batches(epoch)
@@ -578,7 +594,7 @@ def _positioned(data: BatchSource, epoch: int, index: int) -> Iterator[tuple[dic
 class _Inline:
     """The batches, read when the loop asks."""
 
-    def __init__(self, source: Iterator):
+    def __init__(self, source: Generator):
         self.source = source
 
     def __next__(self):
@@ -593,13 +609,13 @@ class _Prefetcher:
 
     An error in the thread is raised by the `next` that would have got its batch; `close` stops it."""
 
-    def __init__(self, source: Iterator, depth: int, prepare: Callable | None = None):
+    def __init__(self, source: Generator, depth: int, prepare: Callable | None = None):
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._fill, args=(source, prepare), name="batch-prefetch", daemon=True)
         self.thread.start()
 
-    def _fill(self, source: Iterator, prepare: Callable | None) -> None:
+    def _fill(self, source: Generator, prepare: Callable | None) -> None:
         try:
             for batch, position in source:
                 item = (prepare(batch) if prepare else batch, position)

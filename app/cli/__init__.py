@@ -26,7 +26,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's "(default: X)" after an option's help, unless the help says its default itself (an
     option whose default is None words what None means) or it has none (a required option)."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         help = action.help or ""
         if "default" in help or action.default is None or action.default is argparse.SUPPRESS or action.required:
             return help

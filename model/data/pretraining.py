@@ -36,6 +36,7 @@ import torch
 
 from model.data.batches import ResumableBatches
 from model.data.corpus import TokenizedCorpus
+from model.data.store import TokenStore
 from model.modeling import IGNORE_INDEX
 
 # Distinct streams of randomness, so the plan, the order and each example never share draws.
@@ -340,7 +341,7 @@ class PretrainingData(ResumableBatches):
 
     def __init__(
         self,
-        corpus: TokenizedCorpus,
+        corpus: TokenizedCorpus | TokenStore,
         tokenizer,
         *,
         batch_size: int = 32,
