@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -74,7 +74,7 @@ class ErrorResponse(BaseModel):
 
 
 class ServiceError(Exception):
-    def __init__(self, error_type: str, message: str, **details):
+    def __init__(self, error_type: str, message: str, **details: Any) -> None:
         assert error_type in STATUS, error_type
         super().__init__(message)
         self.error_type = error_type
@@ -86,12 +86,12 @@ class ServiceError(Exception):
         return STATUS[self.error_type]
 
 
-def error_body(error_type: str, message: str, **details) -> dict:
+def error_body(error_type: str, message: str, **details: Any) -> dict:
     return {"error": message, "error_type": error_type, **details}
 
 
 def error_response(
-    error_type: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None, **details
+    error_type: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None, **details: Any
 ) -> JSONResponse:
     status = status or STATUS[error_type]
     headers = dict(headers or {})

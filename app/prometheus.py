@@ -8,6 +8,7 @@ queue depth and tokens processed.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -18,11 +19,21 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 
+if TYPE_CHECKING:
+    import torch
+
+
+class Batch(Protocol):
+    """What a batch metric reads of the engine's padded batch (app/serving/engine.py's Batch)."""
+
+    input_ids: torch.Tensor  # (rows, longest)
+    tokens: int  # real tokens, padding excluded
+
 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -58,7 +69,7 @@ class Metrics:
         self.queue_depth = Gauge("bert_queue_depth", "Requests waiting for the inference thread.", registry=r)
         self.models_loaded = Gauge("bert_models_loaded", "Models in memory.", registry=r)
 
-    def observe_batch(self, model: str, task: str, batch) -> None:
+    def observe_batch(self, model: str, task: str, batch: Batch) -> None:
         rows, longest = batch.input_ids.shape
         self.batch_size.labels(model, task).observe(rows)
         self.batch_tokens.labels(model, task).observe(rows * longest)

@@ -65,13 +65,9 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
 
-def _o(*args, **kwargs) -> Option:
-    return Option(*args, **kwargs)
-
-
 OPTIONS: tuple[Option, ...] = (
     # -- length of the run ------------------------------------------------------------------------
-    _o(
+    Option(
         "max_steps",
         int,
         "optimizer steps to train; unset: `epochs` passes over the data",
@@ -80,7 +76,7 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=1_000_000,
     ),
-    _o(
+    Option(
         "epochs",
         float,
         "passes over the data, used when max_steps is unset",
@@ -90,7 +86,7 @@ OPTIONS: tuple[Option, ...] = (
         maximum=1000.0,
     ),
     # -- optimiser -----------------------------------------------------------------------------
-    _o(
+    Option(
         "lr",
         float,
         "peak learning rate, reached at the end of warmup",
@@ -99,7 +95,7 @@ OPTIONS: tuple[Option, ...] = (
         above=0.0,
         maximum=1.0,
     ),
-    _o(
+    Option(
         "warmup_ratio",
         float,
         "share of the run's steps to warm the learning rate up over (when warmup_steps is unset)",
@@ -108,7 +104,7 @@ OPTIONS: tuple[Option, ...] = (
         below=1.0,
         cli=False,
     ),
-    _o(
+    Option(
         "warmup_steps",
         int,
         "linear warmup in steps; unset: warmup_ratio of the run",
@@ -117,7 +113,7 @@ OPTIONS: tuple[Option, ...] = (
         maximum=1_000_000,
         cli=False,
     ),  # unset, so the ratio scales with the run's length
-    _o(
+    Option(
         "weight_decay",
         float,
         "AdamW decoupled weight decay, on weight matrices only",
@@ -125,7 +121,7 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0.0,
         maximum=1.0,
     ),
-    _o(
+    Option(
         "grad_accum_steps",
         int,
         "micro-batches per optimizer step: effective batch = batch_size x this",
@@ -134,7 +130,7 @@ OPTIONS: tuple[Option, ...] = (
         maximum=1024,
         flag="--grad-accum",
     ),  # one step per batch, as BERT
-    _o(
+    Option(
         "max_grad_norm",
         float,
         "clip the global gradient norm to this; unset: no clipping",
@@ -143,11 +139,11 @@ OPTIONS: tuple[Option, ...] = (
         above=0.0,
         maximum=1e6,
     ),
-    _o(
+    Option(
         "seed", int, "seed of init, data order, masking and dropout", default=0, minimum=0, maximum=2**31 - 1
     ),  # any fixed seed makes runs repeatable
     # -- batches (spec fields) -------------------------------------------------------------------
-    _o(
+    Option(
         "batch_size",
         int,
         "examples per micro-batch, over all devices (a step takes grad_accum_steps of them)",
@@ -156,7 +152,7 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=4096,
     ),  # BERT fine-tuning's 32; pretraining's 256 needs more memory
-    _o(
+    Option(
         "max_seq_len",
         int,
         "tokens per example, [CLS] and [SEP] included",
@@ -165,7 +161,7 @@ OPTIONS: tuple[Option, ...] = (
         minimum=8,
         maximum=4096,
     ),  # BERT's first 90% of pretraining; fits most sentence tasks
-    _o(
+    Option(
         "eval_fraction",
         float,
         "share held out for evaluation when no eval data is given (0: none)",
@@ -176,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         bounds_by_kind={"finetune": {"minimum": None, "above": 0.0}},
     ),  # fine-tuning picks its best checkpoint on them
     # -- pretraining ---------------------------------------------------------------------------
-    _o(
+    Option(
         "nsp",
         bool,
         "next-sentence prediction beside masked LM (BertForPreTraining); false: MLM only",
@@ -184,7 +180,7 @@ OPTIONS: tuple[Option, ...] = (
         kinds=("pretrain",),
         trainer=False,
     ),  # BERT's two objectives
-    _o(
+    Option(
         "masked_lm_prob",
         float,
         "share of tokens masked for the MLM objective",
@@ -195,7 +191,7 @@ OPTIONS: tuple[Option, ...] = (
         maximum=0.5,
         flag="--mlm-probability",
     ),
-    _o(
+    Option(
         "whole_word_mask",
         bool,
         "mask every piece of a chosen word together",
@@ -203,7 +199,7 @@ OPTIONS: tuple[Option, ...] = (
         kinds=("pretrain",),
         trainer=False,
     ),
-    _o(
+    Option(
         "freeze_encoder",
         bool,
         "warm start: train only the heads (and pooler); the encoder stays as loaded",
@@ -212,7 +208,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
     ),  # full training is what BERT does
     # -- fine-tuning ---------------------------------------------------------------------------
-    _o(
+    Option(
         "task",
         str,
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
@@ -222,7 +218,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         choices=TASKS,
     ),  # the common case
-    _o(
+    Option(
         "regression",
         bool,
         "sequence-classification: float labels, one output, MSE loss (e.g. a reranker's relevance score)",
@@ -230,7 +226,7 @@ OPTIONS: tuple[Option, ...] = (
         kinds=("finetune",),
         trainer=False,
     ),  # labels are classes
-    _o(
+    Option(
         "doc_stride",
         int,
         "question-answering: context tokens that windows of a long context share; unset: "
@@ -241,7 +237,7 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
         maximum=4096,
     ),  # BERT's SQuAD script: 128
-    _o(
+    Option(
         "max_query_length",
         int,
         "question-answering: question tokens kept",
@@ -251,7 +247,7 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=4096,
     ),
-    _o(
+    Option(
         "max_answer_len",
         int,
         "question-answering evaluation: the longest answer, in tokens",
@@ -262,7 +258,7 @@ OPTIONS: tuple[Option, ...] = (
         maximum=4096,
     ),  # BERT's SQuAD script
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
-    _o(
+    Option(
         "save_every",
         int,
         "checkpoint every N steps (0: only at the end and on a stop request)",
@@ -270,16 +266,16 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
         maximum=1_000_000,
     ),  # a crash loses minutes, not the run; keep_last bounds the disk
-    _o(
+    Option(
         "keep_last", int, "checkpoints kept besides the best one", default=2, minimum=1, maximum=100
     ),  # one to resume from while the next is written
-    _o(
+    Option(
         "eval_every", int, "evaluate every N steps (0: only at the end)", default=0, minimum=0, maximum=1_000_000
     ),  # evaluation costs a pass over the held-out data
-    _o(
+    Option(
         "eval_on_start", bool, "also evaluate before the first step (a baseline for the curve)", default=False
     ),  # one more pass over the eval data
-    _o(
+    Option(
         "log_every",
         int,
         "steps between progress reports (a metrics.jsonl line)",
@@ -288,23 +284,23 @@ OPTIONS: tuple[Option, ...] = (
         maximum=100_000,
     ),  # a readable curve without a line per step
     # -- where and how it computes ---------------------------------------------------------------
-    _o(
+    Option(
         "precision",
         str,
         "bf16 autocast or fp32; auto: bf16 on CUDA, fp32 on CPU",
         default="auto",
         choices=TRAIN_PRECISIONS,
     ),  # bf16 is fast where it is native
-    _o(
+    Option(
         "compile",
         bool,
         "torch.compile the training step (the first steps pay for compiling; measure first)",
         default=False,
     ),  # pays only on long runs of some models
-    _o(
+    Option(
         "device", str, "cpu, cuda, cuda:N or auto (CUDA when there is one)", default="auto", job=False
     ),  # a job's device is its worker's (BERT_WORKER_DEVICE)
-    _o(
+    Option(
         "text_column",
         str,
         "sequence-classification: the text column",
@@ -313,7 +309,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         job=False,
     ),  # an uploaded dataset's columns are fixed: text, text_pair, label
-    _o(
+    Option(
         "text_pair_column",
         str,
         "sequence-classification: the second text's column, used when the file has it",
@@ -322,7 +318,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         job=False,
     ),
-    _o(
+    Option(
         "label_column",
         str,
         "sequence-classification: the label column",
@@ -331,7 +327,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         job=False,
     ),
-    _o(
+    Option(
         "group_column",
         str,
         "hold out whole groups of this column (e.g. one film's reviews)",
