@@ -288,7 +288,9 @@ def test_the_form_shows_the_api_message_beside_the_field(browser):
     b = browser
     open_page(b, "#/new")
     until(b, lambda d: css(b, "#new-job #model_name") and css(b, "[id='params.max_steps']"), what="the form")
-    assert "default: 1000" in text_of(b, "[id='hint-params.max_steps']")
+    # fine-tuning's defaults (model/options.py): 3 epochs, so max_steps unset
+    assert "default: unset" in text_of(b, "[id='hint-params.max_steps']")
+    assert "default: 3" in text_of(b, "[id='hint-params.epochs']")
     submit_job_form(b, {"#model_name": "console-clf", "[id='params.max_steps']": "0"})
     until(b, lambda d: text_of(b, "[id='err-params.max_steps']"), what="the max_steps error")
     assert text_of(b, "[id='err-params.max_steps']") == (
