@@ -217,9 +217,9 @@ def save_many_label_classifier(data_dir: Path, tokenizer, labels: int) -> None:
 
 def write_long_curve(data_dir: Path, lines: int) -> str:
     sys.path.insert(0, str(ROOT))
-    from model.datadir import JobStore
+    from model.datadir import JobRecords
 
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     spec = {
         "kind": "finetune",
         "model_name": "curve",

@@ -16,7 +16,7 @@ import sys
 import threading
 
 from model.callbacks import Callback
-from model.datadir import JobStore
+from model.datadir import JobRecords
 from model.distributed import die_with_parent, env_dist
 from worker import recipes
 from worker.settings import WorkerSettings
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     die_with_parent()  # before anything: no rank outlives the launcher (worker/training.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(rank)s %(message)s")
     job_id, settings, flag = argv[0], WorkerSettings(), SignalFlag()
-    store, d = JobStore(settings.data_dir), env_dist()
+    store, d = JobRecords(settings.data_dir), env_dist()
 
     def tag_rank(record: logging.LogRecord) -> bool:
         record.rank = d.rank

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from model.datadir import IllegalTransition, JobNotFound, JobStore, jobs, lease_is_free
+from model.datadir import IllegalTransition, JobNotFound, JobRecords, jobs, lease_is_free
 from worker.queue import send_job
 from worker.settings import WorkerSettings
 
@@ -36,7 +36,7 @@ _timer_stop = threading.Event()
 shutting_down = multiprocessing.Event()
 
 
-def sweep(store: JobStore, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")) -> list[str]:
+def sweep(store: JobRecords, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")) -> list[str]:
     """Send again every job in `states` whose lease is free; returns their ids."""
     sent = []
     for record in store.list():
@@ -70,7 +70,7 @@ def lost_reason(error: BaseException | str) -> str:
     return f"the worker process was lost: {text}"
 
 
-def note_lost_attempt(store: JobStore, job_id: str, reason: str) -> None:
+def note_lost_attempt(store: JobRecords, job_id: str, reason: str) -> None:
     """Record on a running job why its attempt's process died, for the next delivery's begin() to
     report (worker/training.py); called by the worker's main process, which saw the death."""
 
@@ -85,7 +85,7 @@ def celery_sender(app) -> Callable[[str], None]:
     return send
 
 
-def _periodic(app, store: JobStore, interval: float) -> None:
+def _periodic(app, store: JobRecords, interval: float) -> None:
     while not _timer_stop.wait(interval):
         try:
             sweep(store, celery_sender(app), states=("running",))
@@ -98,7 +98,7 @@ def install(settings: WorkerSettings) -> None:
 
     def on_worker_ready(sender, **kwargs) -> None:
         app = sender.app
-        store = JobStore(settings.data_dir)
+        store = JobRecords(settings.data_dir)
         try:
             sweep(store, celery_sender(app))
         except Exception:  # the broker may be down: the periodic sweep and redelivery still recover jobs

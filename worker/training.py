@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from model import checkpoint as ckpt
 from model.callbacks import Callback
-from model.datadir import TERMINAL, IllegalTransition, JobStore, Lease, jobs, now_iso, publish_model, worker_identity
+from model.datadir import TERMINAL, IllegalTransition, JobRecords, Lease, jobs, now_iso, publish_model, worker_identity
 from model.datadir.jobs import CANCEL, JobRecord
 from model.distributed import is_peer_failure, launched, torchrun_command
 from model.errors import UserError
@@ -91,7 +91,7 @@ def run_job(
     `shutting_down` (set by the worker on SIGTERM) stops the loop at the next step; the job is then
     handed back and `requeue(job_id)` sends it again for another worker.
     """
-    store = JobStore(settings.data_dir)
+    store = JobRecords(settings.data_dir)
     if not store.exists(job_id):
         log.warning("job %s: no record in %s; dropping the message", job_id, store.root)
         return {"job": job_id, "outcome": "unknown job"}
@@ -131,7 +131,7 @@ def _free_accelerator_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def begin(store: JobStore, job_id: str, max_attempts: int) -> tuple[JobRecord, str]:
+def begin(store: JobRecords, job_id: str, max_attempts: int) -> tuple[JobRecord, str]:
     """Decide under the record lock what this delivery does; "run" means the job is now ours."""
     cancel_flag = store.cancel_requested(job_id)
     outcome = "run"
@@ -189,7 +189,9 @@ class JobReporter(Callback):
     loses at most that much of its count. Time spent queued does not count.
     """
 
-    def __init__(self, store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None):
+    def __init__(
+        self, store: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None
+    ):
         self.store, self.job_id, self.shutting_down = store, record["id"], shutting_down
         self.cancel_path = store.job_dir(self.job_id) / CANCEL
         self.interval = settings.job_progress_interval_s
@@ -245,7 +247,7 @@ class JobReporter(Callback):
         return f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {step}; checkpoint {checkpoint}"
 
 
-def train(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+def train(store: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
     """Run (or resume) the training of a job this process holds the lease of; returns the outcome."""
     if record["params"].get("devices", 1) > 1 and not launched():
         return train_ranks(store, record, settings, shutting_down)
@@ -284,7 +286,9 @@ def train(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting
     return "succeeded"
 
 
-def train_ranks(store: JobStore, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+def train_ranks(
+    store: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None
+) -> str:
     """A data-parallel job: torchrun with params.devices ranks of worker/ddp_job.py; see the module docstring."""
     job_id, job_dir, devices = record["id"], store.job_dir(record["id"]), record["params"]["devices"]
     try:
@@ -351,7 +355,7 @@ def _rank_env(settings: WorkerSettings) -> dict[str, str]:
     return env
 
 
-def _ranks_outcome(store: JobStore, job_id: str, code: int) -> str:
+def _ranks_outcome(store: JobRecords, job_id: str, code: int) -> str:
     """What rank 0 recorded; when it recorded nothing (a rank died, the launcher failed), a lost attempt."""
     record = store.read(job_id)
     if record["state"] == "queued":
@@ -367,7 +371,7 @@ def _ranks_outcome(store: JobStore, job_id: str, code: int) -> str:
     return RANKS_LOST
 
 
-def _mark_resume(store: JobStore, record: JobRecord) -> None:
+def _mark_resume(store: JobRecords, record: JobRecord) -> None:
     """Before a resumed fit: drop a torn metrics line, and mark in the curve where this attempt picks up."""
     job_dir = store.job_dir(record["id"])
     store.repair_metrics(record["id"])
@@ -389,7 +393,7 @@ def _mark_resume(store: JobStore, record: JobRecord) -> None:
     store.move(record["id"], jobs.resumed, _relative(job_dir, latest))
 
 
-def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str:
+def _stopped(store: JobRecords, job_id: str, reporter: JobReporter, result) -> str:
     job_dir, reason = store.job_dir(job_id), reporter.stop_reason or "stopped"
     checkpoint = _relative(job_dir, result.checkpoint)
     where = f"at step {result.step}, checkpoint {checkpoint}"
@@ -410,7 +414,7 @@ def _stopped(store: JobStore, job_id: str, reporter: JobReporter, result) -> str
     return HANDED_BACK if reason == "shutdown" else record["state"]
 
 
-def _fail(store: JobStore, job_id: str, error: BaseException, runtime: float) -> str:
+def _fail(store: JobRecords, job_id: str, error: BaseException, runtime: float) -> str:
     log.exception("job %s failed", job_id)
     message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
     with contextlib.suppress(OSError):

@@ -34,7 +34,7 @@ from typing import Any
 
 from app.errors import ServiceError
 from app.schemas import JobStatus
-from model.datadir import JobNotFound, JobStore
+from model.datadir import JobNotFound, JobRecords
 from model.datadir.jobs import METRICS, TERMINAL
 
 POLL_S = 0.25  # the worker logs a step every log_every steps; a quarter second keeps a curve live
@@ -148,7 +148,7 @@ class _Stream:
     """One client's view of a job: what it was last told. `poll` (in a thread) reads the job's two files
     and returns the text of the events they make, and whether the job has ended with its curve read."""
 
-    def __init__(self, store: JobStore, job_id: str, since: int | None):
+    def __init__(self, store: JobRecords, job_id: str, since: int | None):
         self.store, self.job_id, self.since = store, job_id, since
         self.tail = MetricsTail(store.job_dir(job_id) / METRICS)
         self.updated: str | None = None
@@ -187,7 +187,7 @@ class _Stream:
 
 
 async def job_events(
-    store: JobStore,
+    store: JobRecords,
     job_id: str,
     disconnected: Callable[[], Awaitable[bool]],
     poll_s: float = POLL_S,

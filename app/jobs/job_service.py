@@ -30,7 +30,7 @@ from model.datadir import (
     JobFinished,
     JobNotFound,
     JobRecord,
-    JobStore,
+    JobRecords,
     jobs,
     read_meta,
 )
@@ -53,7 +53,7 @@ class JobService:
 
     def __init__(self, settings: Settings, data_dir: Path, models=None):
         self.settings, self.data_dir = settings, data_dir
-        self.store = JobStore(data_dir)
+        self.store = JobRecords(data_dir)
         self.models = models  # app.serving.model_registry.ModelRegistry, for base-model checks
         self.celery = producer(settings.broker_url, data_dir)
         self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time

@@ -32,7 +32,7 @@ from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from app.schemas import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
-from model.datadir import DataDir, JobRecord, JobStore, read_meta
+from model.datadir import DataDir, JobRecord, JobRecords, read_meta
 from model.files import TMP_PREFIX
 
 ENCODER = "minilm"
@@ -100,7 +100,7 @@ def bootstrap_job(settings: Settings, steps: int | None = None) -> JobRecord | N
     data_dir = settings.data_dir
     if DataDir(data_dir).model(BOOTSTRAP_MODEL).is_dir():
         return None
-    for record in JobStore(data_dir).list():
+    for record in JobRecords(data_dir).list():
         if record.get("model_name") == BOOTSTRAP_MODEL and record["state"] != "cancelled":
             return record  # queued/running: the worker's recovery sweep picks it up; failed: say so
     request = PretrainJobRequest(

@@ -24,7 +24,7 @@ import model as model_package
 from app.errors import ServiceError
 from model import kernels
 from model.config import BertConfig
-from model.datadir import DataDir, JobStore, valid_name
+from model.datadir import DataDir, JobRecords, valid_name
 from model.datadir.jobs import steps_of
 from model.modeling import (
     BertForMaskedLM,
@@ -176,7 +176,7 @@ class ModelRegistry:
         precision=lambda name: "fp32",
     ):
         self.root = DataDir(data_dir).models
-        self.jobs = JobStore(data_dir)
+        self.jobs = JobRecords(data_dir)
         self.default_name = default_model
         self.default_mlm_name = default_mlm_model  # for the routes that need the MLM or NSP head
         self.precision_of = precision  # name -> "fp32" | "bf16" | "int8" (resolved: never "auto")

@@ -21,7 +21,7 @@ from model.datadir.jobs import (
     JobFinished,
     JobNotFound,
     JobRecord,
-    JobStore,
+    JobRecords,
 )
 from model.datadir.layout import (
     JOB_ID_PATTERN,
@@ -45,7 +45,7 @@ __all__ = [
     "JobFinished",
     "JobNotFound",
     "JobRecord",
-    "JobStore",
+    "JobRecords",
     "Lease",
     "NAME_PATTERN",
     "NAME_RULE",

@@ -100,7 +100,7 @@ class JobFinished(IllegalTransition):
         return f"job {self.job_id} is {self.state}"
 
 
-class JobStore:
+class JobRecords:
     """The jobs below DATA_DIR/jobs: create, read, list, update (locked), cancel, metrics."""
 
     def __init__(self, data_dir: str | os.PathLike):
@@ -269,7 +269,7 @@ def encode(record: Mapping[str, Any]) -> bytes:
 #
 # Every move a job makes, as (state, event) -> state: the one declaration of the lifecycle. An event
 # is also what the move appends to the record's `events`. The functions below are the named
-# transitions; each changes a record in memory (callers run it inside JobStore.update or JobStore.move,
+# transitions; each changes a record in memory (callers run it inside JobRecords.update or JobRecords.move,
 # which write it atomically under the record lock) and raises IllegalTransition before changing
 # anything when the table has no such move.
 
@@ -415,7 +415,7 @@ def cancel_before_start(record: JobRecord) -> None:
 
 
 def discard(record: JobRecord, why: str) -> None:
-    """The job's message never left: closed (then removed by JobStore.discard_unclaimed)."""
+    """The job's message never left: closed (then removed by JobRecords.discard_unclaimed)."""
     _move(record, "discarded", why, error=f"{why}; the job was never queued")
 
 

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from model.datadir.jobs import LEASE, JobRecord, JobStore
+from model.datadir.jobs import LEASE, JobRecord, JobRecords
 from model.datadir.layout import now_iso
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class Lease:
     """The right to train one job, held until release (or until the process dies). A heartbeat
     thread stamps job.json so a reader can tell a live run from a stale record at a glance."""
 
-    def __init__(self, store: JobStore, job_id: str):
+    def __init__(self, store: JobRecords, job_id: str):
         self.store, self.job_id = store, job_id
         self.path = store.job_dir(job_id) / LEASE
         self._fd: int | None = None
@@ -100,7 +100,7 @@ def _stamp_heartbeat(record: JobRecord) -> None:
         record["heartbeat_at"] = now_iso()
 
 
-def lease_is_free(store: JobStore, job_id: str) -> bool:
+def lease_is_free(store: JobRecords, job_id: str) -> bool:
     """True when no process holds the job's lease. Probing takes the lock for an instant, so only the
     worker side may call this (a delivery racing the probe skips, and the prober then re-enqueues)."""
     lease = Lease(store, job_id)

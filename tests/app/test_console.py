@@ -1,6 +1,6 @@
 """GET /console and its files (app/api/routes/console.py): open with keys set, same-origin only, a fixed
 set of files, and the new-job form's parameters read off the API's own request types. The console
-in a real browser is tests/test_console.py.
+in a real browser is tests/test_console_browser.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GET /jobs/{id}/events (app/jobs/events.py): the stream of a finished job over the app, and the
 generator of a running one driven while the test plays the worker (appending metrics, rewriting
 them on a resume, changing state). The stream against a real worker, with curl, is in
-tests/test_console.py.
+tests/test_console_browser.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from app.jobs import events as job_events_module
 from app.jobs.events import MAX_LINE, MetricsTail, job_events
-from model.datadir import JobStore
+from model.datadir import JobRecords
 from model.files import rewrite_jsonl
 from tests.app.test_jobs_api import NO_BROKER, make_client
 from tests.helpers import finetune_spec, make_data_dir, start_server
@@ -42,7 +42,7 @@ def append_text(path, text: str) -> None:
         f.write(text)
 
 
-def set_state(store: JobStore, job_id: str, state: str, step: int = 0) -> dict:
+def set_state(store: JobRecords, job_id: str, state: str, step: int = 0) -> dict:
     def change(r):
         r["state"] = state
         r["progress"] = {"step": step, "total_steps": 10, "loss": 0.5}
@@ -52,7 +52,7 @@ def set_state(store: JobStore, job_id: str, state: str, step: int = 0) -> dict:
 
 @pytest.fixture
 def store(tmp_path):
-    return JobStore(make_data_dir(tmp_path / "data"))
+    return JobRecords(make_data_dir(tmp_path / "data"))
 
 
 def test_a_finished_job_streams_its_whole_curve_then_ends(store):
@@ -98,7 +98,7 @@ def test_unknown_job_is_404_and_a_wrong_key_401_before_any_stream(store):
 class Reader:
     """Consumes job_events() in a task, so the test can play the worker meanwhile."""
 
-    def __init__(self, store: JobStore, job_id: str):
+    def __init__(self, store: JobRecords, job_id: str):
         self.events: list[tuple[str, dict]] = []
         self.gone = False
         self.task = asyncio.create_task(self._run(store, job_id))
@@ -260,7 +260,7 @@ async def test_a_long_curve_is_replayed_in_paced_pieces(store, monkeypatch):
 
 @pytest.mark.slow
 def test_streams_are_capped_per_job_and_in_all_over_a_real_server(tmp_path):
-    store = JobStore(make_data_dir(tmp_path / "data"))
+    store = JobRecords(make_data_dir(tmp_path / "data"))
     jobs = [store.create(finetune_spec(f"clf{i}"))["id"] for i in range(3)]
     for job_id in jobs:
         set_state(store, job_id, "running")

@@ -18,7 +18,7 @@ from app.jobs.job_service import JobService
 from app.jobs.uploads import _Upload
 from app.main import create_app
 from app.settings import Settings
-from model.datadir import JobStore, now_iso
+from model.datadir import JobRecords, now_iso
 from model.modeling import BertForSequenceClassification
 from tests.helpers import (
     BASE_MODEL,
@@ -313,7 +313,7 @@ def test_cancelling_a_finished_job_is_409_and_changes_nothing(env, monkeypatch, 
     client, _, data_dir = env
     accept_without_a_broker(monkeypatch)
     job_id = post_job(client, finetune_request(f"done-{state}"))[1]["id"]
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     store.update(job_id, lambda r: r.update(state=state, finished_at=now_iso()))
     before = store.read(job_id)
     r = client.post(f"/jobs/{job_id}/cancel")

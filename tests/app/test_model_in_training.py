@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from model.datadir import JobStore
+from model.datadir import JobRecords
 from model.modeling import BertForPreTraining
 from tests.app.conftest import save_tiny, serve_app, settings_for
 
@@ -22,7 +22,7 @@ def own_data_dir(tmp_path, data_dir):
 
 
 async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
-    store = JobStore(own_data_dir)
+    store = JobRecords(own_data_dir)
     record = store.create(
         {
             "kind": "pretrain",
@@ -66,7 +66,7 @@ async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
 
 
 async def test_a_failed_job_leaves_a_plain_404(own_data_dir):
-    store = JobStore(own_data_dir)
+    store = JobRecords(own_data_dir)
     record = store.create(
         {"kind": "pretrain", "model_name": "gone", "base_model": None, "dataset": "wiki", "params": {"max_steps": 10}}
     )

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from model.datadir import STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobStore, jobs
+from model.datadir import STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobRecords, jobs
 from tests.helpers import finetune_spec
 
 # Each named transition, the arguments it takes, and the event it appends (by the job's state for
@@ -41,10 +41,10 @@ def event_of(transition, state: str) -> str:
 
 @pytest.fixture
 def store(tmp_path):
-    return JobStore(tmp_path / "data")
+    return JobRecords(tmp_path / "data")
 
 
-def job_in(store: JobStore, state: str) -> str:
+def job_in(store: JobRecords, state: str) -> str:
     job_id = store.create(finetune_spec("m"))["id"]
     store.update(job_id, lambda r: r.update(state=state, attempts=1))  # a test may set any state
     return job_id

@@ -12,7 +12,7 @@ from model.datadir import (
     PROVENANCE,
     JobFinished,
     JobNotFound,
-    JobStore,
+    JobRecords,
     Lease,
     lease_is_free,
     publish_model,
@@ -24,7 +24,7 @@ from tests.helpers import LeaseHolder, finetune_spec
 
 @pytest.fixture
 def store(tmp_path):
-    return JobStore(tmp_path / "data")
+    return JobRecords(tmp_path / "data")
 
 
 def test_a_new_job_is_queued_and_listed_newest_first(store):
@@ -73,7 +73,7 @@ def test_names_are_single_plain_path_components(name, ok):
 
 
 def _bump(data_dir, job_id, n):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     for _ in range(n):
         store.update(job_id, lambda r: r.update(attempts=r["attempts"] + 1))
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model.checkpoint import is_complete, load_checkpoint
-from model.datadir import JobStore
+from model.datadir import JobRecords
 from model.modeling import BertForSequenceClassification, load_model
 from tests.helpers import REDIS_URL, LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
 from worker.celery_app import make_celery
@@ -29,7 +29,7 @@ def settings(data_dir):
 
 
 def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, settings):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     assert run_job(job_id, settings) == {"job": job_id, "outcome": "succeeded"}
     record = store.read(job_id)
@@ -40,7 +40,7 @@ def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, set
 
 
 def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     store.update(job_id, lambda r: r.update(state="running", attempts=1))
     holder = LeaseHolder(data_dir, job_id)
@@ -55,7 +55,7 @@ def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings
 
 
 def test_a_job_that_keeps_dying_is_failed_after_max_attempts(data_dir, settings):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     store.update(job_id, lambda r: r.update(state="running", attempts=3))  # three workers died on it
     assert run_job(job_id, settings)["outcome"] == "failed"
@@ -68,7 +68,7 @@ def test_a_job_that_keeps_dying_is_failed_after_max_attempts(data_dir, settings)
 
 
 def test_a_training_error_fails_the_job_with_its_message(data_dir, settings):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     (data_dir / "datasets" / "reviews" / "data.csv").write_text("text,label\n")  # emptied after validation
     assert run_job(job_id, settings)["outcome"] == "failed"
@@ -78,7 +78,7 @@ def test_a_training_error_fails_the_job_with_its_message(data_dir, settings):
 
 
 def test_a_cancel_before_the_first_step_never_trains(data_dir, settings):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     store.update(job_id, lambda r: r.update(state="running"))  # e.g. a worker died, then a cancel came
     store.request_cancel(job_id)
@@ -87,7 +87,7 @@ def test_a_cancel_before_the_first_step_never_trains(data_dir, settings):
 
 
 def test_the_soft_time_limit_stops_at_a_step_with_a_checkpoint(data_dir, settings):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf", max_steps=50))["id"]
     limited = settings.model_copy(update={"job_soft_time_limit": 0})
     assert run_job(job_id, limited)["outcome"] == "failed"
@@ -100,7 +100,7 @@ def test_the_soft_time_limit_stops_at_a_step_with_a_checkpoint(data_dir, setting
 
 def test_max_runtime_stops_the_job_with_a_loadable_checkpoint(data_dir, settings):
     """Earlier attempts used 59.8 of the job's 60 s: this one stops at its first step past 0.2 s."""
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf", max_steps=100_000, save_every=0, max_runtime=60))["id"]
     store.update(job_id, lambda r: r.update(runtime_s=59.8))
     assert run_job(job_id, settings)["outcome"] == "failed"
@@ -122,7 +122,7 @@ def test_max_runtime_stops_the_job_with_a_loadable_checkpoint(data_dir, settings
 
 def test_a_job_whose_max_runtime_is_used_up_fails_without_training(data_dir, settings):
     """An attempt killed past its max_runtime: the next delivery does not start another."""
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf", max_runtime=30))["id"]
     store.update(job_id, lambda r: r.update(state="running", attempts=1, runtime_s=31.0))
     assert run_job(job_id, settings)["outcome"] == "failed"
@@ -136,7 +136,7 @@ def test_a_job_whose_max_runtime_is_used_up_fails_without_training(data_dir, set
 
 def test_runtime_adds_up_over_attempts(data_dir, settings):
     """A hand-back (worker shutdown) after one step, then a second attempt to the end: both count."""
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf", max_steps=10, max_runtime=600))["id"]
 
     class Set:
@@ -160,7 +160,7 @@ def test_runtime_adds_up_over_attempts(data_dir, settings):
     ],
 )
 def test_a_lost_attempt_shows_why_it_was_lost(data_dir, settings, noted_attempt, reason):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
     store.update(job_id, lambda r: r.update(state="running", attempts=1))
     if noted_attempt:
@@ -190,7 +190,7 @@ def test_lost_reasons():
 
 
 def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
-    store = JobStore(data_dir)
+    store = JobRecords(data_dir)
     ids = {name: store.create(finetune_spec(name))["id"] for name in ("queued", "orphan", "alive", "done")}
     for name, state in (("orphan", "running"), ("alive", "running"), ("done", "succeeded")):
         store.update(ids[name], lambda r, s=state: r.update(state=s))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model.datadir import JobStore
+from model.datadir import JobRecords
 from tests.helpers import REDIS_URL, ROOT, child_env, flush_redis
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once(tmp_path)
     data_dir = tmp_path / "data"
     results = [finish(p) for p in [bert(data_dir, "init", "--bootstrap-steps", "3") for _ in range(2)]]
     assert [code for code, _, _ in results] == [0, 0], results
-    jobs = JobStore(data_dir).list()
+    jobs = JobRecords(data_dir).list()
     assert [j["model_name"] for j in jobs] == ["wiki-mlm"], "one bootstrap job, not one per run"
     assert jobs[0]["params"]["max_steps"] == 3
     assert (data_dir / "models" / "minilm" / "config.json").is_file()
@@ -45,14 +45,14 @@ def test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once(tmp_path)
 
     code, out, _ = finish(bert(data_dir, "init"))
     assert code == 0 and f"bootstrap job {jobs[0]['id']} (queued)" in out
-    assert len(JobStore(data_dir).list()) == 1
+    assert len(JobRecords(data_dir).list()) == 1
 
 
 def test_init_without_the_bootstrap_job_from_the_environment(tmp_path):
     data_dir = tmp_path / "data"
     code, out, err = finish(bert(data_dir, "init", BERT_BOOTSTRAP="false"))
     assert code == 0, err
-    assert JobStore(data_dir).list() == [] and (data_dir / "models" / "minilm").is_dir()
+    assert JobRecords(data_dir).list() == [] and (data_dir / "models" / "minilm").is_dir()
 
     code, _, err = finish(bert(tmp_path / "other", "init", BERT_BOOTSTRAP="maybe"))
     assert code == 2 and "BERT_BOOTSTRAP must be true or false, got 'maybe'" in err
