@@ -68,7 +68,7 @@ class Settings(BaseSettings):
         ),
     )
     metrics_public: bool = Field(
-        False, description=("Serve `/metrics` without the API key (a Prometheus scraper on a trusted network).")
+        False, description="Serve `/metrics` without the API key (a Prometheus scraper on a trusted network)."
     )
     load: Literal["startup", "lazy"] = Field(
         "startup",
@@ -135,7 +135,7 @@ class Settings(BaseSettings):
         ),
     )
     max_queue: int = Field(
-        256, ge=1, description=("Requests waiting for the inference thread; one more is a 429 (with `Retry-After`).")
+        256, ge=1, description="Requests waiting for the inference thread; one more is a 429 (with `Retry-After`)."
     )
     max_tokenizer_queue: int = Field(
         256,
@@ -164,7 +164,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1_048_576,
         ge=1,
-        description=("Larger request bodies get a 413 before they are read whole. `POST /datasets` has its own limit."),
+        description="Larger request bodies get a 413 before they are read whole. `POST /datasets` has its own limit.",
     )
     batching: bool = Field(
         True, description="`false`: each request's inputs run alone, with no batches across requests and no waiting."
@@ -198,14 +198,14 @@ class Settings(BaseSettings):
         ),
     )
     body_timeout: float = Field(
-        30.0, gt=0, description=("Seconds a request body may stall between two reads; then the connection is closed.")
+        30.0, gt=0, description="Seconds a request body may stall between two reads; then the connection is closed."
     )
     max_connections: int = Field(
-        1000, ge=1, description=("Open connections at once; one more gets a 503 (with `Retry-After`) and is closed.")
+        1000, ge=1, description="Open connections at once; one more gets a 503 (with `Retry-After`) and is closed."
     )
     tokenizer_threads: int = Field(2, ge=1, description="Threads that tokenise requests, off the event loop.")
     torch_threads: int = Field(
-        0, ge=0, description=("torch intra-op threads for forward passes; 0 means torch's default (one per core).")
+        0, ge=0, description="torch intra-op threads for forward passes; 0 means torch's default (one per core)."
     )
 
     # -- training jobs (/jobs, /datasets) ----------------------------------------------------------
@@ -249,7 +249,7 @@ class Settings(BaseSettings):
         2,
         ge=0,
         le=10,
-        description=("How many times publishing a job to the broker is retried before `POST /jobs` answers 503."),
+        description="How many times publishing a job to the broker is retried before `POST /jobs` answers 503.",
     )
     # The defaults of the next two fit a 23 GB, CPU-only worker machine (BERT-large's AdamW state alone is 5.4 GB).
     job_max_params: int = Field(
@@ -285,10 +285,10 @@ class Settings(BaseSettings):
         ),
     )
     max_event_streams: int = Field(
-        64, ge=1, description=("`GET /jobs/{id}/events` streams open at once; one more is a 429 (with `Retry-After`).")
+        64, ge=1, description="`GET /jobs/{id}/events` streams open at once; one more is a 429 (with `Retry-After`)."
     )
     max_event_streams_per_job: int = Field(
-        4, ge=1, description=("Event streams of one job open at once; one more is a 429 (with `Retry-After`).")
+        4, ge=1, description="Event streams of one job open at once; one more is a 429 (with `Retry-After`)."
     )
     event_stream_max_seconds: float = Field(
         3600.0,

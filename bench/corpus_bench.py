@@ -45,7 +45,7 @@ if __package__ in (None, ""):
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_MB = 24  # size of each generated file
-EDIT_WORDS = ["notably", "also", "later", "early", "modern", "small", "large", "first", "second", "famous", "local"]
+EDIT_WORDS = "notably also later early modern small large first second famous local".split()
 
 
 # ---------------------------------------------------------------------------- inputs

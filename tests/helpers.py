@@ -30,76 +30,12 @@ import torch
 from model.config import BertConfig
 from model.modeling import BertForPreTraining
 from model.tokenizer import BertTokenizer
+from tests.conftest import TINY_VOCAB
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = "tiny"
 
-WORDS = [
-    "the",
-    "a",
-    "an",
-    "is",
-    "was",
-    "are",
-    "of",
-    "to",
-    "and",
-    "in",
-    "on",
-    "at",
-    "it",
-    "he",
-    "she",
-    "they",
-    "we",
-    "you",
-    "i",
-    "this",
-    "that",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "food",
-    "bread",
-    "eats",
-    "eating",
-    "sat",
-    "mat",
-    "sky",
-    "blue",
-    "red",
-    "green",
-    "house",
-    "car",
-    "runs",
-    "ran",
-    "fast",
-    "slow",
-    "big",
-    "small",
-    "good",
-    "bad",
-    "movie",
-    "film",
-    "great",
-    "awful",
-    "love",
-    "hate",
-    "day",
-    "night",
-    "water",
-    "fire",
-    "tree",
-    "book",
-    "read",
-    "reads",
-    "write",
-    "city",
-    "river",
-    "mountain",
-]
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [".", ",", "!", "?", "##s", "##ing", "##ed", "##ly"]
+VOCAB = TINY_VOCAB  # the tiny test vocabulary (tests/conftest.py)
 POSITIVE = ["the movie was great", "i love this film", "a good film", "great movie ! love it", "good day"]
 NEGATIVE = ["the movie was awful", "i hate this film", "a bad film", "awful movie ! hate it", "bad night"]
 

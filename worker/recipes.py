@@ -37,11 +37,16 @@ SPEC_KEYS = {kind: job_keys(kind, trainer=False) for kind in ("pretrain", "finet
 
 
 def train_overrides(params: dict, device: str) -> dict:
-    return {**{k: params[k] for k in TRAIN_KEYS if k in params}, "device": device}
+    return {**_pick(params, TRAIN_KEYS), "device": device}
 
 
 def spec_params(params: dict, kind: str) -> dict:
-    return {k: params[k] for k in SPEC_KEYS[kind] if k in params}
+    return _pick(params, SPEC_KEYS[kind])
+
+
+def _pick(params: dict, keys: Sequence[str]) -> dict:
+    """The params the job set among `keys` (a null it set is kept: it can mean "use the other option")."""
+    return {k: params[k] for k in keys if k in params}
 
 
 def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:

@@ -56,7 +56,7 @@ class WorkerSettings(BaseSettings):
         ),
     )
     job_time_limit_grace: int = Field(
-        600, ge=10, description=("Celery kills a hung step this many seconds after the soft limit.")
+        600, ge=10, description="Celery kills a hung step this many seconds after the soft limit."
     )
     job_max_attempts: int = Field(
         3,
@@ -67,7 +67,7 @@ class WorkerSettings(BaseSettings):
         ),
     )
     job_heartbeat_s: float = Field(
-        10.0, gt=0, description=("Seconds between lease heartbeats in `job.json` (`heartbeat_at`).")
+        10.0, gt=0, description="Seconds between lease heartbeats in `job.json` (`heartbeat_at`)."
     )
     job_progress_interval_s: float = Field(
         1.0,
@@ -79,12 +79,12 @@ class WorkerSettings(BaseSettings):
     worker_sweep_interval_s: float = Field(
         60.0,
         ge=0,
-        description=("Seconds between re-sends of running jobs whose worker died; 0 means only at start-up."),
+        description="Seconds between re-sends of running jobs whose worker died; 0 means only at start-up.",
     )
     worker_device: str = Field(
         "auto",
         pattern=DEVICE_PATTERN,
-        description=("Where training runs: `auto` (CUDA when the worker has it), `cpu`, `cuda` or `cuda:N`."),
+        description="Where training runs: `auto` (CUDA when the worker has it), `cpu`, `cuda` or `cuda:N`.",
     )
     worker_devices: int | None = Field(
         None,

@@ -219,10 +219,11 @@ def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:
 
 
 SCRATCH_VOCAB_SIZE = 8000  # a from-scratch job's vocabulary unless params.vocab_size says otherwise
+SCRATCH_ONLY = ("config", "vocab_size", "lowercase")  # pretraining params that size a new model
 
 
 def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
-    scratch_only = [k for k in ("config", "vocab_size", "lowercase") if params.get(k) is not None]
+    scratch_only = [k for k in SCRATCH_ONLY if params.get(k) is not None]
     if req.base_model is not None:
         if scratch_only:
             raise ServiceError(
@@ -230,7 +231,7 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
                 f"params.{scratch_only[0]}: only for pretraining from scratch; "
                 f"with base_model the model's own size and vocabulary are used",
             )
-        return {k: v for k, v in params.items() if k not in ("config", "vocab_size", "lowercase")}
+        return {k: v for k, v in params.items() if k not in SCRATCH_ONLY}
     if req.params.freeze_encoder:
         raise ServiceError(
             "validation",

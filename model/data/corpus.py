@@ -74,52 +74,8 @@ MAX_PARAGRAPH_CHARS = 1 << 20
 # Sentence end: . ! or ? (plus closing quotes/brackets), whitespace, then something that can start a sentence.
 _BOUNDARY = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
 _ABBREVIATIONS = frozenset(
-    [
-        "mr",
-        "mrs",
-        "ms",
-        "dr",
-        "prof",
-        "sr",
-        "jr",
-        "st",
-        "vs",
-        "etc",
-        "e.g",
-        "i.e",
-        "inc",
-        "ltd",
-        "co",
-        "corp",
-        "no",
-        "fig",
-        "jan",
-        "feb",
-        "mar",
-        "apr",
-        "jun",
-        "jul",
-        "aug",
-        "sep",
-        "sept",
-        "oct",
-        "nov",
-        "dec",
-        "gen",
-        "col",
-        "lt",
-        "sgt",
-        "rev",
-        "mt",
-        "ft",
-        "approx",
-        "dept",
-        "est",
-        "u.s",
-        "u.k",
-        "a.m",
-        "p.m",
-    ]
+    "mr mrs ms dr prof sr jr st vs etc e.g i.e inc ltd co corp no fig jan feb mar apr jun jul aug sep sept oct"
+    " nov dec gen col lt sgt rev mt ft approx dept est u.s u.k a.m p.m".split()
 )
 
 

@@ -31,23 +31,8 @@ from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
 
 # Tags whose content is not running text (tables, references, code, maths, galleries).
 _DROPPED_TAGS = frozenset(
-    [
-        "table",
-        "ref",
-        "references",
-        "gallery",
-        "math",
-        "chem",
-        "score",
-        "syntaxhighlight",
-        "source",
-        "pre",
-        "timeline",
-        "imagemap",
-        "templatedata",
-        "graph",
-        "mapframe",
-    ]
+    "table ref references gallery math chem score syntaxhighlight source pre timeline "
+    "imagemap templatedata graph mapframe".split()
 )
 # Link namespaces that are media or page metadata, not prose (and their aliases).
 _DROPPED_LINKS = ("file:", "image:", "media:", "category:", ":category:")

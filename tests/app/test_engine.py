@@ -15,26 +15,7 @@ from tests.app.test_inference import embed_reference, mlm_reference
 
 pytestmark = pytest.mark.anyio
 
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumped",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "and",
-    "ran",
-    "to",
-    "the",
-    "river",
-    "with",
-    "five",
-    "happy",
-    "children",
-]
+WORDS = "the quick brown fox jumped over a lazy dog and ran to the river with five happy children".split()
 
 
 def test_plan_batch_takes_shortest_rows_first_within_the_padded_budget():

@@ -30,47 +30,10 @@ from model.data.pretraining import (
 from model.tokenizer import BertTokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
-WORDS = [
-    "the",
-    "a",
-    "cat",
-    "dog",
-    "bird",
-    "fish",
-    "tree",
-    "house",
-    "river",
-    "stone",
-    "cloud",
-    "rain",
-    "sun",
-    "moon",
-    "star",
-    "road",
-    "car",
-    "boat",
-    "train",
-    "plane",
-    "red",
-    "blue",
-    "green",
-    "small",
-    "big",
-    "old",
-    "new",
-    "fast",
-    "slow",
-    "happy",
-    "walk",
-    "run",
-    "jump",
-    "sing",
-    "read",
-    "write",
-    "play",
-    "look",
-    "talk",
-]
+WORDS = (
+    "the a cat dog bird fish tree house river stone cloud rain sun moon star road car boat train plane "
+    "red blue green small big old new fast slow happy walk run jump sing read write play look talk"
+).split()
 PIECES = ["##s", "##ing", "##ed", "##er", "##ly"]
 VOCAB = SPECIALS + [".", ","] + WORDS + PIECES + [w + "s" for w in WORDS[:10]]
 

@@ -70,23 +70,8 @@ def hf():
 
 def corpus_lines():
     rng = random.Random(0)
-    words = [
-        "the",
-        "cat",
-        "dog",
-        "runs",
-        "jumps",
-        "quickly",
-        "over",
-        "under",
-        "lazy",
-        "brown",
-        "fox",
-        "house",
-        "garden",
-        "river",
-    ]
-    words += ["playing", "played", "player", "players", "Berlin", "Paris", "ate", "eating"]
+    words = "the cat dog runs jumps quickly over under lazy brown fox house garden river".split()
+    words += "playing played player players Berlin Paris ate eating".split()
     return [" ".join(rng.choice(words) for _ in range(12)) + rng.choice([".", "!", "?"]) for _ in range(300)]
 
 
