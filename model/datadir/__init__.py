@@ -9,6 +9,7 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     lease.py     the flock lease that makes a job train exactly once, and its heartbeat
     datasets.py  uploaded datasets and their meta.json
     publish.py   moving a finished model into DATA_DIR/models/<name>, with its provenance
+    cards.py     a model's card.json: its source and measured scores
 """
 
 from model.datadir.datasets import DatasetExists, dataset_file, list_datasets, read_meta
