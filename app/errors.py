@@ -32,6 +32,7 @@ ErrorType = Literal[
     "unauthorized",
     "too_large",
     "insufficient_storage",
+    "insufficient_memory",
     "internal",
 ]
 
@@ -45,6 +46,7 @@ STATUS: dict[str, int] = {
     "unauthorized": 401,
     "too_large": 413,
     "insufficient_storage": 507,  # the data directory's disk is full (a dataset upload)
+    "insufficient_memory": 507,  # a model larger than the model memory budget (less the pinned models)
     "internal": 500,
 }
 assert set(get_args(ErrorType)) == set(STATUS)

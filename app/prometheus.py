@@ -2,7 +2,8 @@
 
 Requests and latency are counted per route template (not per raw path, which would let clients
 create unbounded label values) and status; the engine reports batch sizes, padded batch tokens,
-queue depth and tokens processed.
+queue depth and tokens processed; the model registry, model loads, unloads, load time and the
+memory it counts against its budget.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ DISCONNECTED = "bertserve.disconnected"  # scope key: the client left before its
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 if TYPE_CHECKING:
     import torch
@@ -68,6 +70,27 @@ class Metrics:
         )
         self.queue_depth = Gauge("bert_queue_depth", "Requests waiting for the inference thread.", registry=r)
         self.models_loaded = Gauge("bert_models_loaded", "Models in memory.", registry=r)
+        self.model_loads = Counter(
+            "bert_model_loads_total", "Models loaded (and warmed up) into memory.", ["model"], registry=r
+        )
+        self.model_unloads = Counter(
+            "bert_model_unloads_total", "Models unloaded to make room under the memory budget.", ["model"], registry=r
+        )
+        self.model_load_seconds = Histogram(
+            "bert_model_load_duration_seconds",
+            "Time to load and warm up a model.",
+            ["model"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.model_memory = Gauge(
+            "bert_model_memory_bytes",
+            "Estimated memory of the loaded models and one forward pass's working set (counted against the budget).",
+            registry=r,
+        )
+        self.model_memory_budget = Gauge(
+            "bert_model_memory_budget_bytes", "The model memory budget (BERT_MODEL_MEMORY_GB).", registry=r
+        )
 
     def observe_batch(self, model: str, task: str, batch: Batch) -> None:
         rows, longest = batch.input_ids.shape

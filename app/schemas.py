@@ -408,11 +408,29 @@ class ModelInfo(BaseModel):
         '"cpu AVX2, no native bf16, no VNNI", and what is emulated.',
     )
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
+    pinned: bool = Field(
+        False, description="Never unloaded to make room (BERT_PINNED_MODELS; unset: the default model)."
+    )
+    estimated_bytes: int | None = Field(
+        None, description="Estimated memory of its weights at its precision, counted against the memory budget."
+    )
+
+
+class MemoryInfo(BaseModel):
+    """The model memory budget and what counts against it now (estimates)."""
+
+    budget_bytes: int | None = Field(description="BERT_MODEL_MEMORY_GB in bytes (or its default share of memory).")
+    loaded_bytes: int = Field(description="The weights of the models loaded (or loading).")
+    working_set_bytes: int = Field(
+        description="One forward pass's activations at BERT_MAX_BATCH_TOKENS, for the largest loaded model; 0 when "
+        "none is loaded."
+    )
 
 
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
     default: str | None
+    memory: MemoryInfo
 
 
 class HealthResponse(BaseModel):

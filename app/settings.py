@@ -108,6 +108,23 @@ class Settings(BaseSettings):
             "small request can wait behind a large one (one pass). On a GPU a larger budget may batch better."
         ),
     )
+    model_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Memory the loaded models may take together, in GB (2^30 bytes): their weights at their precision plus "
+            "one forward pass's working set at `BERT_MAX_BATCH_TOKENS` (estimates: see Using, Memory). A model that "
+            "does not fit unloads the least recently used ones; one that can never fit is a 507. Unset: 50% of the "
+            "RAM (or of the container's memory limit) on a CPU, 80% of the GPU's memory on CUDA."
+        ),
+    )
+    pinned_models: list[str] | None = Field(
+        None,
+        description=(
+            'Models never unloaded to make room, as JSON, e.g. `["minilm", "wiki-mlm"]`; `[]` pins none. Unset: the '
+            "default model (`BERT_DEFAULT_MODEL`, or the only stored model)."
+        ),
+    )
     max_inputs: int = Field(64, ge=1, description="Texts or pairs in one request; more is a 422.")
     max_request_tokens: int = Field(
         32768,

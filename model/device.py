@@ -6,6 +6,7 @@ DEVICE_PATTERN, and the worker's healthcheck imports its settings without torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,3 +37,27 @@ def resolve_device(setting: str | torch.device = "auto") -> torch.device:
             f"device {str(setting)!r} was asked for, but torch sees only {torch.cuda.device_count()} CUDA device(s)"
         )
     return device
+
+
+# cgroup v2, then v1: the container's memory limit ("max", or v1's huge number, when there is none).
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_bytes(device: torch.device) -> int:
+    """The memory a process can use on `device`: a CUDA device's total memory; on the CPU the physical
+    RAM, or the cgroup's memory limit (a container's) when that is smaller."""
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(physical, int(text))
+    return physical

@@ -1,4 +1,5 @@
-"""How big a training run is, from its config alone: parameters and peak training memory.
+"""How big a training run and a served model are, from the config alone: parameters, peak training
+memory, and a served model's weights and forward-pass working set.
 
 Pure arithmetic (no torch), so the service can size a job before anything is queued. The parameter
 count is exact for the classes of model/modeling.py (tests/model/test_sizing.py checks it against
@@ -49,6 +50,27 @@ its gradients add into the same buffers. Precision "auto" is fp32 on a CPU and b
 service that does not know where its jobs run takes the larger of the two (`precision="auto"`).
 The memory is that of the device that trains: RAM on a CPU, GPU memory on CUDA (plus, there, the
 CUDA context, about 0.5 GB, which the estimate leaves out).
+
+Serving memory (`inference_weight_bytes`, `engine_working_bytes`): a served model holds its weights,
+and the one inference thread holds the activations of one forward pass at a time, whichever model
+runs it. N parameters, W = L (4h^2 + 2hI) of them the encoder's Linear weights, R = L (5h + I) those
+weights' output rows:
+
+    weights      fp32  4 N                               model.precision.apply_precision's result
+                 bf16  2 N
+                 int8  4 N - 3 W + 4 R                   the encoder's Linear weights in int8 with an
+                                                         fp32 scale per output row; the rest stays fp32
+               + 8 P                                     the position-ids buffer (int64)
+    working set  e (6 th + 2 tI + 2 a t s)               one encoder layer's forward pass without
+                                                         autograd: its input and output (2 th), fused
+                                                         QKV (3 th), the attention context (th), the
+                                                         scores and their softmax (2 a t s, unfused
+                                                         attention), the FFN's input and GELU output (2 tI)
+
+with t the padded tokens of one forward pass (BERT_MAX_BATCH_TOKENS), s = min(t, P) its longest row,
+and e 4 (fp32 and int8, whose activations are fp32) or 2 (bf16). A layer's tensors are freed before
+the next layer's are made, so the working set is one layer's, not L. The heads' outputs are left
+out: fill-mask decodes only the [MASK] positions, the other heads' logits are a few per row.
 """
 
 from __future__ import annotations
@@ -229,3 +251,43 @@ def format_count(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return str(int(n))
+
+
+# -- serving ---------------------------------------------------------------------------------------
+
+# Bytes per weight at each serving precision (model/precision.py); int8 is the encoder's Linear weights only.
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
+SERVING_ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "int8": 4}  # int8's Int8Linear computes in fp32
+
+
+def inference_weight_bytes(config: Any, parameters: int, precision: str) -> int:
+    """Bytes a served model's tensors take at `precision` ("fp32", "bf16" or "int8"; module docstring):
+    `parameters` is its exact count (model/modeling.py's num_parameters), heads included."""
+    if precision not in WEIGHT_BYTES:
+        raise ValueError(f"precision must be one of {', '.join(WEIGHT_BYTES)}, got {precision!r}")
+    h, i, layers = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    buffers = 8 * _get(config, "max_position_embeddings")  # position ids, int64
+    if precision != "int8":
+        return WEIGHT_BYTES[precision] * parameters + buffers
+    linear, rows = layers * (4 * h * h + 2 * h * i), layers * (5 * h + i)
+    return 4 * (parameters - linear) + linear + 4 * rows + buffers
+
+
+def engine_working_bytes(config: Any, max_batch_tokens: int, precision: str) -> int:
+    """Bytes of one forward pass's activations at most, for BERT_MAX_BATCH_TOKENS = `max_batch_tokens`
+    padded tokens (module docstring)."""
+    if precision not in SERVING_ACTIVATION_BYTES:
+        raise ValueError(f"precision must be one of {', '.join(SERVING_ACTIVATION_BYTES)}, got {precision!r}")
+    h, i, a = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads"))
+    t = max_batch_tokens
+    s = min(t, _get(config, "max_position_embeddings"))
+    return SERVING_ACTIVATION_BYTES[precision] * (6 * t * h + 2 * t * i + 2 * a * t * s)
+
+
+def format_bytes(n: float) -> str:
+    """1.5e9 -> "1.40 GB", 2.5e6 -> "2.4 MB" (binary units, as the budget settings count GB)."""
+    if n >= GB:
+        return f"{n / GB:.2f} GB"
+    if n >= 1024**2:
+        return f"{n / 1024**2:.1f} MB"
+    return f"{n / 1024:.1f} KB"

@@ -6,14 +6,22 @@ temporary directories ("." or "tmp" prefix, as model.files.atomic_dir writes) ar
 directory that is replaced (a new inode or mtime, as an atomic save produces) is reloaded on its
 next use. Weights come through model.modeling.load_model (safetensors, or weights-only torch.load):
 nothing is ever unpickled.
+
+Memory: the loaded models' weights and one forward pass's working set (model/sizing.py's estimates)
+stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, the least recently
+used models that are not pinned are unloaded; a model that cannot fit beside the pinned ones is a
+507. Unloading only drops the registry's reference: requests in flight keep their LoadedModel and
+finish with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import pickle
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +30,7 @@ import torch
 
 import model as model_package
 from app.errors import ServiceError
+from app.prometheus import Metrics
 from model import kernels
 from model.config import BertConfig
 from model.datadir import DataDir, JobRecords, valid_name
@@ -38,6 +47,7 @@ from model.modeling import (
     load_model,
 )
 from model.precision import apply_precision
+from model.sizing import engine_working_bytes, format_bytes, inference_weight_bytes
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
@@ -110,6 +120,8 @@ class StoredModel:
     error: str | None = None  # why the directory cannot be served
     loaded: LoadedModel | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    reserved_bytes: int = 0  # its weights' estimate, counted against the budget while loading or loaded
+    last_used: int = 0  # when its last request came (a registry-wide count): the least recent is unloaded first
 
 
 def _identity(path: Path) -> tuple | None:
@@ -174,6 +186,10 @@ class ModelRegistry:
         warm_up=None,
         default_mlm_model: str | None = None,
         precision=lambda name: "fp32",
+        memory_budget: int | None = None,
+        pinned: list[str] | None = None,
+        max_batch_tokens: int = 4096,
+        metrics: Metrics | None = None,
     ):
         self.root = DataDir(data_dir).models
         self.jobs = JobRecords(data_dir)
@@ -184,6 +200,12 @@ class ModelRegistry:
         self.warm_up = warm_up  # async (LoadedModel) -> None: forward passes before first use
         self._entries: dict[str, StoredModel] = {}
         self._lock = threading.Lock()
+        self.memory_budget = memory_budget  # bytes; None: no limit
+        self.pinned = pinned  # never unloaded; None: the default model
+        self.max_batch_tokens = max_batch_tokens  # sizes one forward pass's working set
+        self.metrics = metrics
+        self._wake = asyncio.Event()  # set (and replaced) when memory is freed or a load ends
+        self._uses = itertools.count(1)  # orders requests for least-recently-used (no ties, unlike a clock)
 
     # -- scanning (filesystem work: call through asyncio.to_thread from async code) ----------
 
@@ -306,24 +328,40 @@ class ModelRegistry:
         return await self.ensure_loaded(entry)
 
     async def ensure_loaded(self, entry: StoredModel) -> LoadedModel:
-        if entry.loaded is not None:
-            return entry.loaded
-        async with entry.lock:  # concurrent first requests load it once
-            if entry.loaded is None:
-                try:
-                    loaded = await asyncio.to_thread(self._load, entry)
-                    if self.warm_up is not None:
-                        await self.warm_up(loaded)
-                    loaded.warm = True
-                    entry.loaded = loaded
-                except ServiceError:
-                    raise
-                except Exception as e:  # remembered until the directory changes: no retry storm
-                    log.exception("loading model %s failed", entry.name)
-                    entry.error = f"loading failed: {describe_failure(e, self.root.parent)}"
-                    message = f"model '{entry.name}' cannot be served: {entry.error}"
-                    raise ServiceError("unavailable", message) from None
-        return entry.loaded
+        """The entry's model, loaded (within the memory budget) and warmed up on first use. The value
+        returned stays usable even if the model is unloaded while the caller still runs it."""
+        loaded = entry.loaded
+        if loaded is None:
+            async with entry.lock:  # concurrent first requests load it once
+                loaded = entry.loaded
+                if loaded is None:
+                    loaded = await self._load_within_budget(entry)
+        entry.last_used = next(self._uses)
+        return loaded
+
+    async def _load_within_budget(self, entry: StoredModel) -> LoadedModel:
+        await self._reserve(entry)
+        start = time.perf_counter()
+        try:
+            loaded = await asyncio.to_thread(self._load, entry)
+            if self.warm_up is not None:
+                await self.warm_up(loaded)
+            loaded.warm = True
+        except BaseException as e:  # cancelled too: the reservation goes with the load
+            entry.reserved_bytes = 0
+            self._changed()
+            if isinstance(e, ServiceError) or not isinstance(e, Exception):
+                raise
+            log.exception("loading model %s failed", entry.name)  # remembered until the directory changes
+            entry.error = f"loading failed: {describe_failure(e, self.root.parent)}"
+            raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
+        entry.loaded = loaded
+        entry.last_used = next(self._uses)
+        if self.metrics is not None:
+            self.metrics.model_loads.labels(entry.name).inc()
+            self.metrics.model_load_seconds.labels(entry.name).observe(time.perf_counter() - start)
+        self._changed()
+        return loaded
 
     def _load(self, entry: StoredModel) -> LoadedModel:
         precision = self.precision_of(entry.name)
@@ -351,3 +389,102 @@ class ModelRegistry:
 
     def loaded_count(self) -> int:
         return sum(e.loaded is not None for e in self._entries.values())
+
+    # -- the memory budget --------------------------------------------------------------------------
+
+    def is_pinned(self, name: str) -> bool:
+        return name in self.pinned if self.pinned is not None else name == self.default()
+
+    def estimate(self, entry: StoredModel) -> tuple[int, int]:
+        """(weights, forward-pass working set) in bytes at the precision it is served in (model/sizing.py);
+        (0, 0) for a directory that cannot be described."""
+        if entry.config is None or entry.num_parameters is None:
+            return 0, 0
+        precision = self.precision_of(entry.name)
+        return (
+            inference_weight_bytes(entry.config, entry.num_parameters, precision),
+            engine_working_bytes(entry.config, self.max_batch_tokens, precision),
+        )
+
+    def memory_in_use(self, entries: list[StoredModel] | None = None) -> tuple[int, int]:
+        """(weights, working set) counted against the budget: the loaded and loading models' weights, and
+        the largest working set among them (one forward pass runs at a time, whichever model's)."""
+        held = [e for e in (list(self._entries.values()) if entries is None else entries) if e.reserved_bytes]
+        return sum(e.reserved_bytes for e in held), max((self.estimate(e)[1] for e in held), default=0)
+
+    def fits(self, entry: StoredModel) -> bool:
+        """Whether `entry` could load now without unloading another model."""
+        if self.memory_budget is None or entry.reserved_bytes:
+            return True
+        weights, working = self.estimate(entry)
+        held, held_working = self.memory_in_use()
+        return held + weights + max(working, held_working) <= self.memory_budget
+
+    async def _reserve(self, entry: StoredModel) -> None:
+        """Count `entry`'s weights against the budget, unloading least-recently-used models to make room;
+        while only models still loading stand in the way, wait for one to finish. Each decision runs
+        without an await in it, so concurrent first requests for several models see each other's
+        reservations and never decide on the same room twice."""
+        while not self._make_room(entry):
+            wake = self._wake
+            await wake.wait()
+
+    def _make_room(self, entry: StoredModel) -> bool:
+        weights, working = self.estimate(entry)
+        if self.memory_budget is not None:
+            while True:
+                others = [e for e in list(self._entries.values()) if e is not entry and e.reserved_bytes]
+                held, held_working = self.memory_in_use(others)
+                if held + weights + max(working, held_working) <= self.memory_budget:
+                    break
+                self._check_fits_beside_pinned(entry, weights, working, others)
+                victims = [e for e in others if e.loaded is not None and not self.is_pinned(e.name)]
+                if not victims:
+                    return False  # the others are loading: each becomes unloadable once it is loaded
+                self.unload(min(victims, key=lambda e: e.last_used))
+        entry.reserved_bytes = weights
+        self._changed()
+        return True
+
+    def _check_fits_beside_pinned(
+        self, entry: StoredModel, weights: int, working: int, others: list[StoredModel]
+    ) -> None:
+        """507 for a model that does not fit even with every unpinned model unloaded."""
+        assert self.memory_budget is not None
+        pinned = [e for e in others if self.is_pinned(e.name)]
+        pinned_bytes, pinned_working = self.memory_in_use(pinned)
+        working = max(working, pinned_working)
+        if pinned_bytes + weights + working <= self.memory_budget:
+            return
+        budget = f"the {format_bytes(self.memory_budget)} model memory budget"
+        if pinned:
+            names = ", ".join(sorted(e.name for e in pinned))
+            budget += f" less the {format_bytes(pinned_bytes)} that pinned models hold ({names})"
+        raise ServiceError(
+            "insufficient_memory",
+            f"model '{entry.name}' needs an estimated {format_bytes(weights + working)} "
+            f"({format_bytes(weights)} of {self.precision_of(entry.name)} weights and "
+            f"{format_bytes(working)} for a forward pass of BERT_MAX_BATCH_TOKENS={self.max_batch_tokens}), "
+            f"more than {budget}; raise BERT_MODEL_MEMORY_GB"
+            + (" or pin fewer models (BERT_PINNED_MODELS)" if pinned else ""),
+        )
+
+    def unload(self, entry: StoredModel) -> None:
+        """Drop the registry's reference to a loaded model (requests running it keep theirs)."""
+        log.info("unloading model %s to make room under the memory budget", entry.name)
+        entry.loaded = None
+        entry.reserved_bytes = 0
+        if self.metrics is not None:
+            self.metrics.model_unloads.labels(entry.name).inc()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # what no tensor holds any more goes back to the device
+        self._changed()
+
+    def _changed(self) -> None:
+        """After a reservation, load, failure or unload: wake the loads waiting for room, update the gauges."""
+        self._wake.set()
+        self._wake = asyncio.Event()
+        if self.metrics is not None:
+            held, working = self.memory_in_use()
+            self.metrics.models_loaded.set(self.loaded_count())
+            self.metrics.model_memory.set(held + working if held else 0)

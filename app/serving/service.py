@@ -21,10 +21,13 @@ from app.serving.forward import RUNNERS
 from app.serving.model_registry import LoadedModel, ModelRegistry
 from app.settings import Settings
 from model import kernels
-from model.device import resolve_device
+from model.device import memory_bytes, resolve_device
 from model.precision import recommended_precision
 
 log = logging.getLogger("bertserve")
+# BERT_MODEL_MEMORY_GB unset: the share of the device's memory the models may take. A CPU's RAM also holds
+# the process, its tokenisers and the page cache; a GPU's holds little but the models and the CUDA context.
+DEFAULT_MEMORY_SHARE = {"cpu": 0.5, "cuda": 0.8}
 # Longest warm-up row: long enough for the kernels a real batch takes, short enough to cost ~nothing.
 WARM_UP_TOKENS = 128
 # Set in an off_loop job's thread: its request is gone (deadline or disconnect), so the job should stop.
@@ -58,6 +61,14 @@ def check_precisions(settings: Settings, device: torch.device) -> None:
         )
 
 
+def memory_budget(settings: Settings, device: torch.device) -> int:
+    """Bytes the loaded models may take together: BERT_MODEL_MEMORY_GB, else DEFAULT_MEMORY_SHARE of the
+    device's memory (model.device.memory_bytes: RAM or the container's limit, or the GPU's memory)."""
+    if settings.model_memory_gb is not None:
+        return int(settings.model_memory_gb * 1024**3)
+    return int(DEFAULT_MEMORY_SHARE.get(device.type, 0.5) * memory_bytes(device))
+
+
 class Service:
     def __init__(self, settings: Settings, metrics: Metrics):
         self.settings = settings
@@ -71,7 +82,11 @@ class Service:
             warm_up=self.warm_up,
             default_mlm_model=settings.default_mlm_model,
             precision=self.precision_for,
+            pinned=settings.pinned_models,
+            max_batch_tokens=settings.max_batch_tokens,
+            metrics=metrics,
         )
+
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
         self._pool_jobs = 0  # jobs given to the pool and not yet answered (app/serving/service.py off_loop)
@@ -83,6 +98,8 @@ class Service:
         s = self.settings
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
+        self.store.memory_budget = memory_budget(s, self.device)  # asks the device: at start, not on import
+        self.metrics.model_memory_budget.set(self.store.memory_budget)
         self.engine = Engine(
             self.device,
             RUNNERS,
@@ -111,16 +128,23 @@ class Service:
             pool.shutdown(wait=False, cancel_futures=True)
 
     async def _load_all(self) -> None:
-        """BERT_LOAD=startup: load and warm up every stored model, the default first."""
+        """BERT_LOAD=startup: load and warm up every stored model, the default first, as long as they
+        fit in the memory budget without unloading one another (the rest load on first use)."""
         default = self.store.default()
         entries = sorted(self.store.entries(), key=lambda e: e.name != default)
         for entry in entries:
-            if entry.error is None:
-                try:
-                    await self.store.ensure_loaded(entry)
-                except ServiceError as e:
-                    log.error("%s", e.message)
-            self.metrics.models_loaded.set(self.store.loaded_count())
+            if entry.error is not None:
+                continue
+            if entry.name != default and not self.store.fits(entry):
+                log.info(
+                    "model %s is not loaded at start: it does not fit in the memory budget beside the others",
+                    entry.name,
+                )
+                continue
+            try:
+                await self.store.ensure_loaded(entry)
+            except ServiceError as e:
+                log.error("%s", e.message)
 
     def precision_for(self, name: str) -> str:
         """The precision model `name` is served in: BERT_MODEL_PRECISION's entry, else BERT_PRECISION;
@@ -132,9 +156,7 @@ class Service:
     # -- work -----------------------------------------------------------------------------------
 
     async def model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
-        lm = await self.store.get(name, head, route)
-        self.metrics.models_loaded.set(self.store.loaded_count())
-        return lm
+        return await self.store.get(name, head, route)
 
     def incoming(self):
         """`with service.incoming():` around a request's work before its work item is queued."""

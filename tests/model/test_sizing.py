@@ -1,5 +1,6 @@
 """model/sizing.py: parameter counts against built models, the memory formula against its reference
-(Korthikanti et al. 2022) and its own parts. The measured check is bench/sizing_bench.py."""
+(Korthikanti et al. 2022) and its own parts, a served model's weights against its tensors at each
+precision. The measured check is bench/sizing_bench.py."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import pytest
 
 from model.config import BertConfig
 from model.modeling import MODEL_CLASSES, BertModel
+from model.precision import apply_precision
 from model.runs import freeze_encoder
 from model.sizing import (
     ARCHITECTURES,
     RUNTIME_OVERHEAD_BYTES,
     activation_bytes,
     count_parameters,
+    engine_working_bytes,
     estimate_training,
+    format_bytes,
     format_count,
+    inference_weight_bytes,
     layer_activation_bytes,
 )
 
@@ -147,3 +152,32 @@ def test_format_count():
         "335.0 M",
         "9.7 B",
     ]
+
+
+@pytest.mark.parametrize("values", CONFIGS)
+@pytest.mark.parametrize("architecture", ["BertModel", "BertForPreTraining", "BertForSequenceClassification"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_served_weights_are_the_bytes_of_the_models_tensors(values, architecture, precision):
+    config = BertConfig(**values)
+    model = apply_precision(built(architecture, config).eval(), precision)
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()  # tied weights once
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    assert inference_weight_bytes(config, built(architecture, config).num_parameters(), precision) == held
+
+
+def test_working_set_is_one_layers_forward_pass():
+    """BERT-base at 4096 tokens: e (6th + 2tI + 2ats) with s = 512 positions, 4 bytes (fp32, int8) or 2 (bf16)."""
+    base = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, max_position_embeddings=512)
+    elements = 6 * 4096 * 768 + 2 * 4096 * 3072 + 2 * 12 * 4096 * 512
+    assert [engine_working_bytes(base, 4096, p) for p in ("fp32", "bf16", "int8")] == [
+        4 * elements,
+        2 * elements,
+        4 * elements,
+    ]
+    assert engine_working_bytes(base, 100, "fp32") == 4 * (6 * 100 * 768 + 2 * 100 * 3072 + 2 * 12 * 100 * 100)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, got 'auto'"):
+        engine_working_bytes(base, 1, "auto")
+
+
+def test_format_bytes():
+    assert [format_bytes(n) for n in (2048, 5 * 1024**2 + 1, 3 * 1024**3 // 2)] == ["2.0 KB", "5.0 MB", "1.50 GB"]
