@@ -144,17 +144,19 @@ async def test_concurrent_first_requests_stay_within_the_budget(four_models):
     loads twice at a time, and every request gets its own model."""
     store = registry(four_models, 2.5, pinned=[])
     loading: set[str] = set()
-    seen: list[tuple[int, set[str]]] = []
+    seen: list[tuple[int, int]] = []  # at each load's start: bytes counted, models loaded or loading
     original = store._load
 
     def recording_load(entry):
         assert entry.name not in loading  # single flight per model
         loading.add(entry.name)
-        held, working = store.memory_in_use()
-        seen.append((held + working, set(loading)))
-        time.sleep(0.01)  # give the others time to pile up behind the budget
-        loading.discard(entry.name)
-        return original(entry)
+        try:
+            held, working = store.memory_in_use()
+            seen.append((held + working, len(loading | set(loaded(store)))))
+            time.sleep(0.01)  # give the others time to pile up behind the budget
+            return original(entry)
+        finally:
+            loading.discard(entry.name)
 
     async def warm_up(lm):
         for _ in range(3):
@@ -171,7 +173,8 @@ async def test_concurrent_first_requests_stay_within_the_budget(four_models):
         for i in range(12):
             tg.start_soon(request, i, NAMES[i % 4])
     assert results == {i: NAMES[i % 4] for i in range(12)}
-    assert all(total <= store.memory_budget for total, _ in seen) and len(seen) >= 4
+    assert len(seen) >= 4
+    assert all(total <= store.memory_budget and models <= 2 for total, models in seen), seen
     assert len(loaded(store)) <= 2
 
 
