@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models)),
         # their routers depend on require_admin_key (app/api/deps.py)
         *((module.router, []) for module in (jobs, datasets)),
+        (models.admin, []),
         (console.router, []),
     ]  # open: static files that carry no data
     for router, dependencies in routers:

@@ -414,6 +414,9 @@ class ModelInfo(BaseModel):
     estimated_bytes: int | None = Field(
         None, description="Estimated memory of its weights at its precision, counted against the memory budget."
     )
+    version: int = Field(1, description="The promoted version: the one requests get.")
+    num_versions: int = Field(1, description="Versions on disk (POST /models/{name}/promote switches).")
+    disk_bytes: int = Field(0, description="Bytes on disk, every version together.")
 
 
 class MemoryInfo(BaseModel):
@@ -427,10 +430,36 @@ class MemoryInfo(BaseModel):
     )
 
 
+class ModelVersion(BaseModel):
+    version: int
+    promoted: bool = Field(description="Whether requests get this version.")
+    created_at: str | None = Field(description="When it was published (or imported).")
+    disk_bytes: int
+    made_by: str | None = Field(description="The id of the job (or import) that made it.")
+    card: dict[str, Any] = Field(description="Its card.json: source and measured scores ({} when it has none).")
+
+
+class ModelDetail(ModelInfo):
+    versions: list[ModelVersion] = Field(description="Every version, oldest first.")
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
     default: str | None
     memory: MemoryInfo
+
+
+class PromoteRequest(BaseModel):
+    version: int = Field(ge=1, description="The version requests get from now on (rollback: an older one).")
+
+
+class DeletedResponse(BaseModel):
+    """What a DELETE removed and the disk space it freed."""
+
+    deleted: Literal["model", "version", "dataset", "job"]
+    name: str = Field(description="The model's or dataset's name, or the job's id.")
+    version: int | None = Field(None, description="The version deleted (DELETE /models/{name}/versions/{version}).")
+    freed_bytes: int
 
 
 class HealthResponse(BaseModel):
@@ -524,6 +553,7 @@ class DatasetInfo(BaseModel):
     questions: int | None = None
     impossible: int | None = None
     contexts: int | None = None
+    disk_bytes: int | None = Field(None, description="Bytes on disk: the file, meta.json and token caches.")
 
 
 class DatasetsResponse(BaseModel):
@@ -816,9 +846,10 @@ class JobStatus(BaseModel):
     events: list[dict[str, Any]]
     status_url: str
     metrics_url: str
+    disk_bytes: int | None = Field(None, description="Bytes its directory holds (checkpoints, mostly).")
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> JobStatus:
+    def from_record(cls, record: Mapping[str, Any], disk_bytes: int | None = None) -> JobStatus:
         """The answer for a job record (model.datadir's job.json)."""
         progress = record.get("progress") or {}
         running = record["state"] == "running"
@@ -862,6 +893,7 @@ class JobStatus(BaseModel):
             rank_tokens_per_s=progress.get("rank_tokens_per_s"),
             status_url=f"/jobs/{record['id']}",
             metrics_url=f"/jobs/{record['id']}/metrics",
+            disk_bytes=disk_bytes,
         )
 
 

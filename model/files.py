@@ -93,6 +93,33 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
+def tree_bytes(root: str | Path) -> int:
+    """Bytes of the files below `root` (a hard-linked file counted once); 0 when it is gone."""
+    seen, total = set(), 0
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def remove_tree(path: str | Path) -> int:
+    """Remove a directory as readers see it: renamed to a hidden temp name first (one step, so no
+    reader ever finds half of it), then deleted; the bytes it held. FileNotFoundError if absent."""
+    path = Path(path)
+    doomed = path.parent / f"{TMP_PREFIX}deleted-{path.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(path, doomed)
+    fsync_dir(path.parent)
+    freed = tree_bytes(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return freed
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write a single file atomically: temp file, fsync, rename."""
     path = Path(path)

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from model.datadir import NAME_RULE
 from tests.helpers import (
     REDIS_URL,
     finetune_request,
@@ -297,9 +298,9 @@ def test_the_form_shows_the_api_message_beside_the_field(browser):
         "finetune.params.max_steps: Input should be greater than or equal to 1"
     )
     assert attribute(b, "[id='params.max_steps']", "aria-invalid") == "true"
-    submit_job_form(b, {"#model_name": "tiny", "[id='params.max_steps']": "10"})
+    submit_job_form(b, {"#model_name": "tmp-clf", "[id='params.max_steps']": "10"})
     until(b, lambda d: text_of(b, "#err-model_name"), what="the model_name error")
-    assert text_of(b, "#err-model_name") == "model_name: model 'tiny' already exists; choose another name"
+    assert text_of(b, "#err-model_name") == f"finetune.model_name: {NAME_RULE}"
     assert text_of(b, "[id='err-params.max_steps']") == ""
     shot(b, "new-job-error")
 

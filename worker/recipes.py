@@ -19,7 +19,7 @@ from typing import Any
 
 from model.callbacks import Callback
 from model.data.corpus import read_documents
-from model.datadir import DataDir, dataset_file
+from model.datadir import DataDir, dataset_file, model_dir_for
 from model.files import atomic_dir, atomic_write_bytes
 from model.options import job_keys
 from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
@@ -60,7 +60,7 @@ def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
         train=train_overrides(p, device),
     )
     if record.get("base_model"):
-        spec["from_model"] = str(DataDir(data_dir).model(record["base_model"]))
+        spec["from_model"] = str(base_model_dir(data_dir, record["base_model"]))
     else:
         spec["vocab"] = str(corpus_tokenizer(job_dir / TOKENIZER_DIR, corpus, meta, p))
         config = job_dir / SCRATCH_CONFIG
@@ -75,12 +75,20 @@ def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
     return FinetuneSpec.from_dict(
         dict(
             train_file=str(table),
-            from_model=str(DataDir(data_dir).model(record["base_model"])),
+            from_model=str(base_model_dir(data_dir, record["base_model"])),
             out=str(job_dir),
             **spec_params(p, "finetune"),
             train=train_overrides(p, device),
         )
     )
+
+
+def base_model_dir(data_dir: Path, name: str) -> Path:
+    """The directory of the base model's promoted version (model.datadir.versions)."""
+    found = model_dir_for(data_dir, name)
+    if found is None:
+        raise FileNotFoundError(f"base model '{name}' not found in {DataDir(data_dir).models}")
+    return found
 
 
 def prepare(record: Mapping[str, Any], data_dir: Path, job_dir: Path) -> None:

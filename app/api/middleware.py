@@ -1,8 +1,8 @@
 """Pure ASGI middleware: the key check before anything of the body is read, the body cap, and the
 deadline of inference requests.
 
-KeyMiddleware finds the routes of a request's path and the key their dependencies demand
-(app/api/deps.py), and answers 401 from the headers alone: an anonymous client never has its body read or parsed,
+KeyMiddleware finds the route of a request's path and method (any route of the path, for a method
+none has) and the key its dependencies demand (app/api/deps.py), and answers 401 from the headers alone: an anonymous client never has its body read or parsed,
 whatever it sends. A path no route has needs BERT_API_KEY, so nothing about the routes leaks.
 
 BodyLimitMiddleware caps request bodies (413) without reading them whole. A declared Content-Length over the limit is refused before a byte of the body is read. Otherwise
@@ -33,13 +33,13 @@ KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/api/deps.py's api_ke
 
 
 class KeyMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings, guards: list[tuple[re.Pattern, KeyOf | None]]):
+    def __init__(self, app: ASGIApp, settings: Settings, guards: list[tuple[re.Pattern, frozenset[str], KeyOf | None]]):
         self.app = app
         self.settings = settings
-        self.guards = guards  # (a route's path regex, the key it needs; None: open), from key_guards()
+        self.guards = guards  # (a route's path regex, methods, the key it needs; None: open), from key_guards()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (key_of := self.key_for(scope["path"])) is not None:
+        if scope["type"] == "http" and (key_of := self.key_for(scope["path"], scope["method"])) is not None:
             try:
                 check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
             except ServiceError as e:
@@ -47,22 +47,28 @@ class KeyMiddleware:
                 return
         await self.app(scope, receive, send)
 
-    def key_for(self, path: str) -> KeyOf | None:
-        """The key a path's routes need (every method of a path is in one router); BERT_API_KEY for a
-        path no route has."""
-        return next((key_of for regex, key_of in self.guards if regex.match(path)), api_key)
+    def key_for(self, path: str, method: str = "GET") -> KeyOf | None:
+        """The key the route of a path and method needs (GET /models/{name} BERT_API_KEY, DELETE
+        BERT_ADMIN_KEY); a method the path lacks: its first route's; BERT_API_KEY for a path no route has."""
+        matching = [(methods, key_of) for regex, methods, key_of in self.guards if regex.match(path)]
+        return next(
+            (key_of for methods, key_of in matching if method in methods), matching[0][1] if matching else api_key
+        )
 
 
-def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, KeyOf | None]]:
-    """(path regex, key) of every route of these routers, each with the extra dependencies it is
-    included with, as the key dependencies of app/api/deps.py declare it."""
-    guards: list[tuple[re.Pattern, KeyOf | None]] = []
+def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, frozenset[str], KeyOf | None]]:
+    """(path regex, methods, key) of every route of these routers, each with the extra dependencies it
+    is included with, as the key dependencies of app/api/deps.py declare it."""
+    guards: list[tuple[re.Pattern, frozenset[str], KeyOf | None]] = []
     for router, dependencies in routers:
         key_of = next(
             (KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies] if d.dependency in KEY_OF), None
         )
         # (starlette's BaseRoute does not declare path_regex; every route an APIRouter holds has one)
-        guards += [(route.path_regex, key_of) for route in router.routes]  # type: ignore[attr-defined]
+        guards += [
+            (route.path_regex, frozenset(getattr(route, "methods", None) or ()), key_of)  # type: ignore[attr-defined]
+            for route in router.routes
+        ]
     return guards
 
 

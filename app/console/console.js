@@ -646,7 +646,9 @@ async function newJobPage() {
       const created = await api("/jobs", {method: "POST", json: body});
       location.hash = `#/jobs/${created.id}`;
     } catch (err) {
-      if (err.status === 422) showFieldErrors(f, err.message, formError); else formError.textContent = err.message;
+      // 422: a field's value; 409: a field's name is taken (a model a job is already training)
+      if (err.status === 422 || err.status === 409) showFieldErrors(f, err.message, formError);
+      else formError.textContent = err.message;
     } finally {
       submit.disabled = false;
     }

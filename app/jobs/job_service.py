@@ -26,13 +26,17 @@ from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from model.config import BertConfig
 from model.datadir import (
+    TERMINAL,
     DataDir,
     JobFinished,
     JobNotFound,
     JobRecord,
     JobRecords,
+    JobUnfinished,
+    delete_dataset,
     jobs,
     read_meta,
+    versions,
 )
 from model.datadir.datasets import KIND_OF_TASK, num_labels
 from model.sizing import GB, TrainingSize, estimate_training, format_count
@@ -102,6 +106,75 @@ class JobService:
             return self.store.read(job_id)
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
+
+    # -- the data directory's models, datasets and jobs: promote and delete ------------------------
+    # Each runs under the submission lock, so no job can be accepted on a model or dataset between
+    # the in-use check and the change. Blocking calls run in a thread.
+
+    async def promote(self, name: str, version: int) -> None:
+        """Make `version` the one requests for `name` get; 404 for an unknown model or version."""
+        async with self._submit_lock:
+            await asyncio.to_thread(_data_call, versions.promote, self.data_dir, name, version)
+
+    async def delete_model(self, name: str, version: int | None = None) -> int:
+        """Delete a model (or one version of it; the last one deletes the model); the bytes freed.
+
+        409 while requests default to it (BERT_DEFAULT_MODEL and the other default-model settings) and the whole
+        model would go, or while a queued or running job trains from it, or for the promoted version
+        while others exist."""
+        async with self._submit_lock:
+            numbers = await asyncio.to_thread(versions.version_numbers, DataDir(self.data_dir).model(name))
+            if not numbers:
+                raise ServiceError("not_found", str(versions.ModelNotFound(name)))
+            if version is None or numbers == [version]:  # the whole model would go
+                self._refuse_default(name)
+            await asyncio.to_thread(self._refuse_in_use, "base_model", name, "model")
+            if version is None:
+                return await asyncio.to_thread(_data_call, versions.delete_model, self.data_dir, name)
+            return await asyncio.to_thread(_data_call, versions.delete_version, self.data_dir, name, version)
+
+    async def delete_dataset(self, name: str) -> int:
+        """Delete a dataset; the bytes freed. 404 when there is none; 409 while a queued or running job uses it."""
+        async with self._submit_lock:
+            await asyncio.to_thread(self._refuse_in_use, "dataset", name, "dataset")
+            try:
+                return await asyncio.to_thread(delete_dataset, self.data_dir, name)
+            except FileNotFoundError:
+                raise ServiceError("not_found", f"dataset '{name}' not found") from None
+
+    def delete_job(self, job_id: str) -> int:
+        """Delete a finished job's directory, checkpoints included; the bytes freed (blocking: call in
+        a thread). 404 when there is none; 409 while it is queued or running."""
+        try:
+            return self.store.delete(job_id)
+        except JobNotFound:
+            raise ServiceError("not_found", f"job '{job_id}' not found") from None
+        except JobUnfinished as e:
+            raise ServiceError(
+                "conflict", f"job '{job_id}' is {e.state}: only a finished job can be deleted (cancel it first)"
+            ) from None
+
+    def _refuse_default(self, name: str) -> None:
+        for value, setting in (
+            (self.settings.default_model, "BERT_DEFAULT_MODEL"),
+            (self.settings.default_mlm_model, "BERT_DEFAULT_MLM_MODEL"),
+            (self.settings.rerank_model, "BERT_RERANK_MODEL"),
+            (self.settings.predict_model, "BERT_PREDICT_MODEL"),
+        ):
+            if value == name:
+                raise ServiceError(
+                    "conflict", f"model '{name}' is the default model ({setting}): set another before deleting it"
+                )
+
+    def _refuse_in_use(self, field: str, name: str, what: str) -> None:
+        """409 naming the queued or running job whose `field` (base_model, dataset) is `name`."""
+        for record in self.store.list():
+            if record.get(field) == name and record["state"] not in TERMINAL:
+                raise ServiceError(
+                    "conflict",
+                    f"{what} '{name}' is in use by job {record['id']} ({record['state']}); "
+                    "delete it once the job has finished (or cancel the job)",
+                )
 
     # -- validation against the data directory ---------------------------------------------------
 
@@ -183,12 +256,12 @@ class JobService:
             raise ServiceError("validation", "params: the job is too large: " + "; ".join(over))
 
     def _check_model_name(self, name: str) -> None:
-        if DataDir(self.data_dir).model(name).exists():
-            raise ServiceError("validation", f"model_name: model '{name}' already exists; choose another name")
+        """A model that exists gets the job's output as its next version; two jobs at once may not
+        train one name (409)."""
         record = self.store.unfinished_job_for_model(name)
         if record is not None:
             raise ServiceError(
-                "validation",
+                "conflict",
                 f"model_name: job {record['id']} ({record['state']}) is already training a model named '{name}'",
             )
 
@@ -209,6 +282,16 @@ class JobService:
         if entry.error is not None:
             raise ServiceError("validation", f"base_model: model '{name}' cannot be used: {entry.error}")
         return entry
+
+
+def _data_call(call, *args):
+    """A model.datadir.versions call, its refusals as the service's errors (404, 409)."""
+    try:
+        return call(*args)
+    except (versions.ModelNotFound, versions.VersionNotFound) as e:
+        raise ServiceError("not_found", str(e)) from None
+    except versions.PromotedVersion as e:
+        raise ServiceError("conflict", str(e)) from None
 
 
 def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:

@@ -62,7 +62,7 @@ from model.data.question_answering import read_squad
 from model.data.token_classification import read_tagged
 from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
 from model.datadir import list_datasets as list_dataset_metas
-from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, install, staging_dir
+from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, dataset_bytes, install, staging_dir
 from model.scores import entities
 
 if TYPE_CHECKING:
@@ -212,8 +212,9 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
             raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")
         if DataDir(data_dir).dataset(name).exists():
             raise ServiceError(
-                "validation",
-                f"name: dataset '{name}' already exists (datasets are never replaced; upload under another name)",
+                "conflict",
+                f"name: dataset '{name}' already exists (datasets are never replaced; "
+                "upload under another name, or delete it first)",
             )
     if kind is not None and kind not in DATASET_KINDS:
         raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(DATASET_KINDS)}")
@@ -312,7 +313,7 @@ def _install(
     try:
         install(data_dir, tmp, meta)
     except DatasetExists:
-        raise ServiceError("validation", f"name: dataset '{name}' already exists") from None
+        raise ServiceError("conflict", f"name: dataset '{name}' already exists") from None
     return meta
 
 
@@ -327,13 +328,15 @@ def listing_json(data_dir: Path) -> bytes:
     cached = _listings.get(str(root))
     if cached is not None and cached[0] == key:
         return cached[1]
-    body = DatasetsResponse(datasets=list_dataset_metas(data_dir)).model_dump_json().encode()
+    metas = [{**m, "disk_bytes": dataset_bytes(data_dir, m["name"])} for m in list_dataset_metas(data_dir)]
+    body = DatasetsResponse(datasets=metas).model_dump_json().encode()
     _listings[str(root)] = (key, body)
     return body
 
 
 def _listing_key(root: Path) -> tuple:
-    """Each dataset's name and its meta.json's inode, mtime and size (meta.json is replaced, never edited)."""
+    """Each dataset's name and its meta.json's inode, mtime and size (meta.json is replaced, never edited),
+    and the mtimes of its directory and its cache/ (which change as workers add token caches)."""
     key = []
     for name in sorted(os.listdir(root)) if root.is_dir() else ():
         if valid_name(name):
@@ -341,8 +344,17 @@ def _listing_key(root: Path) -> tuple:
                 st = os.stat(root / name / META)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            key.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+            key.append(
+                (name, st.st_ino, st.st_mtime_ns, st.st_size, _mtime(root / name), _mtime(root / name / "cache"))
+            )
     return tuple(key)
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def add_local_dataset(

@@ -32,7 +32,7 @@ from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from app.schemas import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
-from model.datadir import DataDir, JobRecord, JobRecords, read_meta
+from model.datadir import DataDir, JobRecord, JobRecords, model_dir_for, publish_model, read_meta
 from model.files import TMP_PREFIX
 
 ENCODER = "minilm"
@@ -84,9 +84,11 @@ def _exclusive(path: Path) -> Iterator[None]:
 
 def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
     """The MiniLM encoder and the Wikipedia corpus in DATA_DIR, once."""
-    if not DataDir(data_dir).model(ENCODER).is_dir():
+    if model_dir_for(data_dir, ENCODER) is None:
         log(f"importing all-MiniLM-L6-v2 as model '{ENCODER}' ...")
-        ensure_minilm(DataDir(data_dir).model(ENCODER))
+        DataDir(data_dir).models.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=DataDir(data_dir).models, prefix=TMP_PREFIX) as staging:
+            publish_model(data_dir, f"import-{ENCODER}", ensure_minilm(Path(staging) / ENCODER), ENCODER)
     if read_meta(data_dir, CORPUS) is None:
         log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=TMP_PREFIX) as staging:
@@ -98,7 +100,7 @@ def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
 def bootstrap_job(settings: Settings, steps: int | None = None) -> JobRecord | None:
     """Queue the bootstrap job unless it ran, runs, or its model exists; the record, or None."""
     data_dir = settings.data_dir
-    if DataDir(data_dir).model(BOOTSTRAP_MODEL).is_dir():
+    if model_dir_for(data_dir, BOOTSTRAP_MODEL) is not None:
         return None
     for record in JobRecords(data_dir).list():
         if record.get("model_name") == BOOTSTRAP_MODEL and record["state"] != "cancelled":

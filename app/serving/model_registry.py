@@ -1,11 +1,14 @@
-"""the model registry: DATA_DIR/models/<name>/ directories in Hugging Face layout.
+"""the model registry: DATA_DIR/models/<name>/, each model's promoted version in Hugging Face layout.
 
 The store scans the directory (at start-up, on GET /models and when a request names a model it
 does not know), so a model saved while the service runs is served without a restart. Hidden and
-temporary directories ("." or "tmp" prefix, as model.files.atomic_dir writes) are skipped. A
-directory that is replaced (a new inode or mtime, as an atomic save produces) is reloaded on its
-next use. Weights come through model.modeling.load_model (safetensors, or weights-only torch.load):
-nothing is ever unpickled.
+temporary directories ("." or "tmp" prefix, as model.files.atomic_dir writes) are skipped. An entry
+is a model's promoted version (model.datadir.versions: model.json names it; a legacy flat directory
+is its own version 1). Its identity is that of model.json and of the version's directory together,
+so a promote (model.json rewritten) or a replaced directory (a new inode or mtime) makes the next
+request read it again and load the new version; a request that already has the old LoadedModel
+finishes on it. Weights come through model.modeling.load_model (safetensors, or weights-only
+torch.load): nothing is ever unpickled.
 
 Memory: the loaded models' weights and one forward pass's working set (model/sizing.py's estimates)
 stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, the least recently
@@ -35,6 +38,7 @@ from model import kernels
 from model.config import BertConfig
 from model.datadir import DataDir, JobRecords, valid_name
 from model.datadir.jobs import steps_of
+from model.datadir.versions import MODEL_JSON, resolve, version_numbers
 from model.modeling import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -111,8 +115,10 @@ class StoredModel:
     """What the store knows of one directory, loaded or not."""
 
     name: str
-    path: Path
-    identity: tuple  # (inode, mtime_ns) of the directory: changes when it is replaced
+    path: Path  # the promoted version's directory
+    identity: tuple  # (inode, mtime_ns) of model.json and of `path`: changes on a promote or a replacement
+    version: int = 1  # the promoted version's number
+    versions: list[int] = field(default_factory=list)  # every version on disk, as of the last scan
     config: BertConfig | None = None
     architecture: str | None = None
     heads: list[str] = field(default_factory=list)  # servable_heads of its class
@@ -127,9 +133,15 @@ class StoredModel:
 def _identity(path: Path) -> tuple | None:
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return (st.st_ino, st.st_mtime_ns)
+
+
+def _model_identity(model_root: Path, version_dir: Path) -> tuple | None:
+    """Two stats: model.json (None for a flat model) and the promoted version's directory."""
+    path_identity = _identity(version_dir)
+    return None if path_identity is None else (_identity(model_root / MODEL_JSON), path_identity)
 
 
 def _count_parameters(cls: type, config: BertConfig, heads: set[str]) -> int:
@@ -139,10 +151,12 @@ def _count_parameters(cls: type, config: BertConfig, heads: set[str]) -> int:
     return model.num_parameters()
 
 
-def read_stored_model(name: str, path: Path, identity: tuple) -> StoredModel:
+def read_stored_model(
+    name: str, path: Path, identity: tuple, version: int = 1, versions: list[int] | None = None
+) -> StoredModel:
     """What the store knows of a model directory, from its config and weight names (cheap: no tensors
     are loaded); a directory that cannot be served gets its reason in `error`."""
-    entry = StoredModel(name=name, path=path, identity=identity)
+    entry = StoredModel(name=name, path=path, identity=identity, version=version, versions=versions or [version])
     try:
         entry.config = BertConfig.from_json_file(path / "config.json")
         weight_heads = heads_in_dir(path)
@@ -151,9 +165,14 @@ def read_stored_model(name: str, path: Path, identity: tuple) -> StoredModel:
         entry.heads = servable_heads(cls)
         entry.num_parameters = _count_parameters(cls, entry.config, weight_heads)
     except Exception as e:  # a broken directory is listed with its reason, not hidden
-        entry.error = describe_failure(e, path.parent.parent)
+        entry.error = describe_failure(e, _data_dir_of(path))
         log.warning("model %s at %s is unusable: %s: %s", name, path, type(e).__name__, e)
     return entry
+
+
+def _data_dir_of(path: Path) -> Path:
+    """DATA_DIR of a model's directory: models/<name>/ (flat) or models/<name>/v<N>/."""
+    return path.parent.parent.parent if path.parent.parent.name == "models" else path.parent.parent
 
 
 MODEL_PACKAGE = Path(model_package.__file__).resolve().parent
@@ -214,37 +233,49 @@ class ModelRegistry:
         found = {}
         if self.root.is_dir():
             for child in self.root.iterdir():
-                name = child.name
-                if not valid_name(name) or not child.is_dir():  # also skips .tmp-* and tmp* dirs
+                if not valid_name(child.name) or not child.is_dir():  # also skips .tmp-* and tmp* dirs
                     continue
-                if not (child / "config.json").is_file():
-                    continue
-                identity = _identity(child)
-                if identity is not None:
-                    found[name] = identity
+                current = self._on_disk(child.name)
+                if current is not None:
+                    found[child.name] = current
         with self._lock:
             for name in list(self._entries):
                 if name not in found:
                     del self._entries[name]
-            for name, identity in found.items():
-                old = self._entries.get(name)
-                if old is None or old.identity != identity:
-                    self._entries[name] = read_stored_model(name, self.root / name, identity)
+            for name, current in found.items():
+                self._update(name, *current)
             return [self._entries[n] for n in sorted(self._entries)]
 
-    def _refresh(self, name: str) -> StoredModel | None:
-        """The entry for `name`, read again if its directory was replaced since."""
-        entry = self._entries.get(name)
-        if entry is None:
+    def _on_disk(self, name: str) -> tuple[Path, tuple, int, list[int]] | None:
+        """(promoted version's directory, identity, version, versions) of a model, None: not servable."""
+        model_root = self.root / name
+        promoted = resolve(model_root)
+        if promoted is None or not (promoted[1] / "config.json").is_file():
             return None
-        identity = _identity(entry.path)
-        if identity is None:  # removed (or mid-replacement): let a scan decide
+        identity = _model_identity(model_root, promoted[1])
+        if identity is None:
+            return None
+        return promoted[1], identity, promoted[0], version_numbers(model_root)
+
+    def _update(self, name: str, path: Path, identity: tuple, version: int, versions: list[int]) -> None:
+        """Read the entry again when its promoted version changed (call with self._lock held)."""
+        old = self._entries.get(name)
+        if old is None or old.identity != identity or old.path != path:
+            self._entries[name] = read_stored_model(name, path, identity, version, versions)
+        else:
+            old.versions = versions
+
+    def _refresh(self, name: str) -> StoredModel | None:
+        """The entry for `name`, read again if its promoted version changed or was replaced since."""
+        if self._entries.get(name) is None:
+            return None
+        current = self._on_disk(name)
+        if current is None:  # removed (or mid-replacement): let a scan decide
             self.scan()
             return self._entries.get(name)
-        if identity != entry.identity:
-            with self._lock:
-                self._entries[name] = read_stored_model(name, entry.path, identity)
-        return self._entries[name]
+        with self._lock:
+            self._update(name, *current)
+            return self._entries[name]
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -278,8 +309,8 @@ class ModelRegistry:
         if not valid_name(name):
             raise ServiceError("not_found", f"model '{name}' not found")
         entry = self._entries.get(name)
-        if entry is not None and _identity(entry.path) == entry.identity:
-            return entry  # the common case: one stat, no thread hop
+        if entry is not None and _model_identity(self.root / name, entry.path) == entry.identity:
+            return entry  # the common case: two stats (model.json, the version's directory), no thread hop
         entry = await asyncio.to_thread(self._refresh, name)
         if entry is None:
             await asyncio.to_thread(self.scan)

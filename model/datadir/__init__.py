@@ -8,11 +8,12 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     jobs.py      job records (job.json), their states and named transitions, cancel requests, metrics
     lease.py     the flock lease that makes a job train exactly once, and its heartbeat
     datasets.py  uploaded datasets and their meta.json
-    publish.py   moving a finished model into DATA_DIR/models/<name>, with its provenance
+    versions.py  a model's versions (models/<name>/v<N>/), the promoted one (model.json), deletion
+    publish.py   a finished model in as the next version of DATA_DIR/models/<name>, with its provenance
     cards.py     a model's card.json: its source and measured scores
 """
 
-from model.datadir.datasets import DatasetExists, dataset_file, list_datasets, read_meta
+from model.datadir.datasets import DatasetExists, dataset_file, delete_dataset, list_datasets, read_meta
 from model.datadir.jobs import (
     JOB_KINDS,
     STATES,
@@ -23,6 +24,7 @@ from model.datadir.jobs import (
     JobNotFound,
     JobRecord,
     JobRecords,
+    JobUnfinished,
 )
 from model.datadir.layout import (
     JOB_ID_PATTERN,
@@ -36,6 +38,17 @@ from model.datadir.layout import (
 )
 from model.datadir.lease import Lease, lease_is_free, worker_identity
 from model.datadir.publish import PROVENANCE, publish_model, published_by
+from model.datadir.versions import (
+    ModelNotFound,
+    PromotedVersion,
+    Version,
+    VersionNotFound,
+    delete_model,
+    delete_version,
+    list_versions,
+    model_dir_for,
+    promote,
+)
 
 __all__ = [
     "DataDir",
@@ -47,18 +60,29 @@ __all__ = [
     "JobNotFound",
     "JobRecord",
     "JobRecords",
+    "JobUnfinished",
     "Lease",
+    "ModelNotFound",
     "NAME_PATTERN",
     "NAME_RULE",
     "PROVENANCE",
+    "PromotedVersion",
     "STATES",
     "TERMINAL",
     "TRANSITIONS",
+    "Version",
+    "VersionNotFound",
     "dataset_file",
+    "delete_dataset",
+    "delete_model",
+    "delete_version",
     "lease_is_free",
     "list_datasets",
+    "list_versions",
+    "model_dir_for",
     "new_job_id",
     "now_iso",
+    "promote",
     "publish_model",
     "published_by",
     "read_meta",

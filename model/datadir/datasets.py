@@ -13,7 +13,9 @@ hold at most LISTED_LABELS entries (the most frequent), so a listing of datasets
 `num_labels` counts every label (a dataset written before it existed lists them all: `labels`).
 
 A dataset is installed by renaming a complete temp directory into place, so it is there whole or
-not at all, and a name is never reused: a dataset a job was trained on stays what it was.
+not at all, and a name is never replaced: a dataset a job was trained on stays what it was. Deleting
+one (`delete_dataset`; the app refuses while a queued or running job uses it) renames it to a hidden
+temp name before removing it, so a reader never finds half of it; the name may then be used again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from model.datadir.layout import DataDir, valid_name
-from model.files import TMP_PREFIX, fsync_dir, fsync_tree
+from model.files import TMP_PREFIX, fsync_dir, fsync_tree, remove_tree, tree_bytes
 
 META = "meta.json"
 DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")
@@ -64,6 +66,18 @@ def list_datasets(data_dir: str | os.PathLike) -> list[dict[str, Any]]:
         return []
     metas = (read_meta(data_dir, child.name) for child in sorted(root.iterdir()))
     return [m for m in metas if m is not None]
+
+
+def delete_dataset(data_dir: str | os.PathLike, name: str) -> int:
+    """Remove a dataset (its file, meta.json and token caches); the bytes freed. FileNotFoundError."""
+    if read_meta(data_dir, name) is None:
+        raise FileNotFoundError(f"dataset '{name}' not found in {DataDir(data_dir).datasets}")
+    return remove_tree(DataDir(data_dir).dataset(name))
+
+
+def dataset_bytes(data_dir: str | os.PathLike, name: str) -> int:
+    """Bytes a dataset holds on disk (its file, meta.json and token caches)."""
+    return tree_bytes(DataDir(data_dir).dataset(name))
 
 
 def dataset_file(data_dir: str | os.PathLike, name: str) -> tuple[Path, dict[str, Any]]:

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from model.datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
-from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir, fsync_tree, read_jsonl, rewrite_jsonl
+from model.files import (
+    METRICS_FILE,
+    TMP_PREFIX,
+    atomic_write_bytes,
+    fsync_dir,
+    fsync_tree,
+    read_jsonl,
+    rewrite_jsonl,
+    tree_bytes,
+)
 
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
@@ -98,6 +107,14 @@ class JobFinished(IllegalTransition):
 
     def __str__(self) -> str:
         return f"job {self.job_id} is {self.state}"
+
+
+class JobUnfinished(Exception):
+    """What was asked of a job (deleting it) needs it finished, and it is `state`."""
+
+    def __init__(self, job_id: str, state: str):
+        super().__init__(f"job {job_id} is {state}")
+        self.job_id, self.state = job_id, state
 
 
 class JobRecords:
@@ -180,6 +197,29 @@ class JobRecords:
     def unfinished_job_for_model(self, name: str) -> JobRecord | None:
         """The queued or running job that will publish model `name`, if there is one."""
         return next((r for r in self.list() if r.get("model_name") == name and r["state"] not in TERMINAL), None)
+
+    def delete(self, job_id: str) -> int:
+        """Remove a finished job's directory (record, metrics, checkpoints); the bytes freed.
+
+        The state is checked and the directory renamed away under the record lock, so no transition
+        lands in between; JobUnfinished for a queued or running job, JobNotFound when there is none."""
+        job_dir = self.job_dir(job_id)
+        if not (job_dir / RECORD).is_file():
+            raise JobNotFound(job_id)
+        doomed = self.root / f"{TMP_PREFIX}deleted-{job_id}-{secrets.token_hex(4)}"
+        with _flocked(job_dir / RECORD_LOCK):
+            state = self.read(job_id)["state"]
+            if state not in TERMINAL:
+                raise JobUnfinished(job_id, state)
+            os.rename(job_dir, doomed)
+        fsync_dir(self.root)
+        freed = tree_bytes(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return freed
+
+    def disk_bytes(self, job_id: str) -> int:
+        """Bytes a job's directory holds (its checkpoints, mostly)."""
+        return tree_bytes(self.job_dir(job_id))
 
     def update(self, job_id: str, change: Callable[[JobRecord], Any]) -> JobRecord:
         """Read-modify-write job.json under its lock; `change` edits the record in place."""

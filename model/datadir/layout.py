@@ -1,6 +1,7 @@
 """Where things live below DATA_DIR, and the one rule for the names that become directories there.
 
-    DATA_DIR/models/<name>/      a model in Hugging Face's layout (served by the app, made by jobs)
+    DATA_DIR/models/<name>/      a model: model.json (the promoted version) + v<N>/, each version a
+                                 directory in Hugging Face's layout (versions.py; made by jobs, imports)
     DATA_DIR/datasets/<name>/    an uploaded dataset: data.<ext> + meta.json (datasets.py)
     DATA_DIR/jobs/<id>/          a training job: job.json, metrics.jsonl, checkpoints/ (jobs.py)
     DATA_DIR/broker/             the filesystem:// broker's folders (worker/queue.py), when that transport is used

@@ -77,7 +77,6 @@ BAD_JOBS = [
     (pretrain_request("x", dataset="reviews"), "dataset: 'reviews' is a labelled dataset; this job needs a corpus one"),
     ({**finetune_request("x"), "base_model": "ghost"}, "base_model: model 'ghost' not found in DATA_DIR/models"),
     ({k: v for k, v in finetune_request("x").items() if k != "base_model"}, "finetune.base_model: Field required"),
-    (finetune_request(BASE_MODEL), f"model_name: model '{BASE_MODEL}' already exists; choose another name"),
     # Path tricks: every name is a single plain path component, checked before any disk access.
     (finetune_request("../x"), f"finetune.model_name: {NAME_RULE}"),
     (finetune_request("/etc/passwd"), f"finetune.model_name: {NAME_RULE}"),
@@ -421,8 +420,9 @@ BAD_UPLOADS = [
     (
         ("a.csv", labelled_csv()),
         {"name": "reviews"},
-        422,
-        "name: dataset 'reviews' already exists (datasets are never replaced; upload under another name)",
+        409,
+        "name: dataset 'reviews' already exists (datasets are never replaced; "
+        "upload under another name, or delete it first)",
     ),
     (
         ("a.csv", labelled_csv()),
@@ -463,7 +463,7 @@ def test_bad_uploads_are_refused_and_leave_nothing(env, file, fields, status, me
     r = upload(client, *file, **fields)
     assert (r.status_code, r.json()) == (
         status,
-        {"error": message, "error_type": "validation" if status == 422 else "too_large"},
+        {"error": message, "error_type": {422: "validation", 409: "conflict", 413: "too_large"}[status]},
     )
     assert tree(outer) == before  # the streamed temp directory is gone too
 
@@ -621,9 +621,10 @@ def test_get_datasets_follows_every_change_to_the_datasets(tmp_path):
         second = upload(client, "two.csv", labelled_csv()).json()
         assert client.get("/datasets").json() == {"datasets": [first, second]}
         meta = data_dir / "datasets" / "one" / "meta.json"  # meta.json is replaced whole, as the store does
-        changed = {**first, "original_filename": "renamed.csv"}
+        changed = {k: v for k, v in first.items() if k != "disk_bytes"} | {"original_filename": "renamed.csv"}
         (data_dir / "datasets" / "one" / "meta.new").write_text(json.dumps(changed))
         os.replace(data_dir / "datasets" / "one" / "meta.new", meta)
+        changed["disk_bytes"] = sum(f.stat().st_size for f in (data_dir / "datasets" / "one").iterdir())
         assert client.get("/datasets").json() == {"datasets": [changed, second]}
         shutil.rmtree(data_dir / "datasets" / "two")
         assert client.get("/datasets").json() == {"datasets": [changed]}

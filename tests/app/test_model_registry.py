@@ -30,7 +30,12 @@ async def test_models_listing(client, reference):
         assert m["default"] is (name == "tiny-pt") and m["loaded"] is True and m["error"] is None
     assert listed["tiny-pt"]["heads"] == ["mlm", "nsp"] and listed["tiny-enc"]["heads"] == []
     assert listed["tiny-cls"]["labels"] == ["negative", "positive"]
-    assert (await client.get("/models/tiny-cls")).json() == listed["tiny-cls"]
+    detail = (await client.get("/models/tiny-cls")).json()
+    versions = detail.pop("versions")
+    assert detail == listed["tiny-cls"]  # a flat directory: one version, 1, promoted
+    assert (listed["tiny-cls"]["version"], listed["tiny-cls"]["num_versions"]) == (1, 1)
+    assert [(v["version"], v["promoted"], v["made_by"], v["card"]) for v in versions] == [(1, True, None, {})]
+    assert versions[0]["disk_bytes"] == listed["tiny-cls"]["disk_bytes"] > 0
 
 
 async def test_models_added_and_replaced_while_running(tmp_path):

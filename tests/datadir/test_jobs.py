@@ -1,21 +1,19 @@
 """model/datadir: the record on disk, locked updates across processes, the flock lease, the name rule,
-publishing."""
+publishing (test_versions.py)."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 
 import pytest
 
 from model.datadir import (
-    PROVENANCE,
     JobFinished,
     JobNotFound,
     JobRecords,
+    JobUnfinished,
     Lease,
     lease_is_free,
-    publish_model,
     valid_job_id,
     valid_name,
 )
@@ -140,18 +138,16 @@ def test_metrics_survive_a_torn_last_line(store):
     assert path.read_text() == '{"type": "train", "step": 1}\n{"type": "train", "step": 2}\n'
 
 
-def test_publishing_is_one_rename_idempotent_and_never_clobbers(store, tmp_path):
+def test_only_a_finished_job_is_deleted_and_then_it_is_gone(store):
     job_id = store.create(finetune_spec("a"))["id"]
-    source = store.job_dir(job_id) / "model"
-    source.mkdir()
-    (source / "config.json").write_text("{}")
-    target = publish_model(store.data_dir, job_id, source, "a")
-    assert target == store.data_dir / "models" / "a" and not source.exists()
-    assert json.loads((target / PROVENANCE).read_text())["job_id"] == job_id
-    # A retried publish (the worker died before recording success) recognises its own model.
-    source.mkdir()
-    assert publish_model(store.data_dir, job_id, source, "a") == target and not source.exists()
-    other = store.create(finetune_spec("b"))["id"]
-    (store.job_dir(other) / "model").mkdir()
-    with pytest.raises(FileExistsError, match="model 'a' already exists"):
-        publish_model(store.data_dir, other, store.job_dir(other) / "model", "a")
+    (store.job_dir(job_id) / "checkpoints" / "step-1").mkdir(parents=True)
+    (store.job_dir(job_id) / "checkpoints" / "step-1" / "model.safetensors").write_bytes(b"w" * 1000)
+    with pytest.raises(JobUnfinished, match=f"job {job_id} is queued"):
+        store.delete(job_id)
+    store.update(job_id, lambda r: r.update(state="failed"))
+    size = store.disk_bytes(job_id)
+    assert size > 1000
+    assert store.delete(job_id) == size
+    assert not store.exists(job_id) and store.list() == [] and not list(store.root.iterdir())
+    with pytest.raises(JobNotFound):
+        store.delete(job_id)

@@ -104,7 +104,7 @@ def test_a_two_device_job_hands_back_survives_sigkill_and_finishes(tmp_path):
         assert "training processes lost" in events and events.count("resumed") == 3
         assert train_steps(s.data_dir, job_id) == list(range(1, 241))
         assert all(r["world_size"] == 2 for r in read_metrics(s.data_dir, job_id) if r["type"] == "train")
-        assert (s.data_dir / "models" / "wide" / "config.json").is_file()
+        assert (s.data_dir / "models" / "wide" / "v1" / "config.json").is_file()
 
 
 def test_a_running_two_device_job_is_cancelled_at_a_checkpoint(tmp_path):

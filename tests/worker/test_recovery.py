@@ -117,7 +117,7 @@ def test_worker_deaths_neither_lose_nor_repeat_steps(tmp_path):
         assert train_steps(s.data_dir, job_id) == list(range(1, 241))  # redone steps replace, not repeat
         assert all(is_complete(d) for d in step_dirs(s.data_dir, job_id))
         assert not list((job_dir / "checkpoints").glob(".tmp-*"))
-        assert (s.data_dir / "models" / "survivor" / "config.json").is_file()
+        assert (s.data_dir / "models" / "survivor" / "v1" / "config.json").is_file()
 
 
 def test_a_pool_process_killed_like_the_oom_killer_does_shows_why(tmp_path):

@@ -34,8 +34,8 @@ def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, set
     assert run_job(job_id, settings) == {"job": job_id, "outcome": "succeeded"}
     record = store.read(job_id)
     assert (record["state"], record["attempts"], record["progress"]["step"]) == ("succeeded", 1, 10)
-    assert record["result"]["model_dir"] == "models/clf" and record["latest_checkpoint"] == "checkpoints/step-10"
-    assert (data_dir / "models" / "clf" / "model.safetensors").is_file()
+    assert record["result"]["model_dir"] == "models/clf/v1" and record["latest_checkpoint"] == "checkpoints/step-10"
+    assert (data_dir / "models" / "clf" / "v1" / "model.safetensors").is_file()
     assert run_job(job_id, settings) == {"job": job_id, "outcome": "already succeeded"}
 
 

@@ -1,4 +1,5 @@
-"""Training data: POST /datasets (multipart upload) and GET /uploads. Behind BERT_ADMIN_KEY."""
+"""Training data: POST /datasets (multipart upload), GET /datasets, GET and DELETE /datasets/{name}.
+Behind BERT_ADMIN_KEY."""
 
 import asyncio
 from typing import Annotated, Any
@@ -8,10 +9,13 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from app.api.deps import JobServiceDep, require_admin_key
 from app.errors import ServiceError, responses
 from app.jobs import uploads
-from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
+from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse, DeletedResponse
 from model.datadir import NAME_PATTERN, read_meta
+from model.datadir.datasets import dataset_bytes
 
 router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
+
+DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
 
 
 @router.post(
@@ -19,11 +23,12 @@ router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
     status_code=201,
     response_model=DatasetInfo,
     openapi_extra=DATASET_UPLOAD_BODY,
-    responses=responses("validation", "unauthorized", "too_large", "insufficient_storage"),
+    responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
 )
 async def upload_dataset(request: Request, jobs: JobServiceDep) -> Any:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
-    return await uploads.receive_upload(request, jobs.data_dir, jobs.settings)
+    meta = await uploads.receive_upload(request, jobs.data_dir, jobs.settings)
+    return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, jobs.data_dir, meta["name"])}
 
 
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))
@@ -35,9 +40,20 @@ async def list_datasets(jobs: JobServiceDep):
 @router.get(
     "/datasets/{name}", response_model=DatasetInfo, responses=responses("validation", "unauthorized", "not_found")
 )
-async def get_dataset(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], jobs: JobServiceDep):
+async def get_dataset(name: DatasetName, jobs: JobServiceDep):
     """One dataset's description."""
     meta = await asyncio.to_thread(read_meta, jobs.data_dir, name)
     if meta is None:
         raise ServiceError("not_found", f"dataset '{name}' not found")
-    return meta
+    return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, jobs.data_dir, name)}
+
+
+@router.delete(
+    "/datasets/{name}",
+    response_model=DeletedResponse,
+    responses=responses("validation", "unauthorized", "not_found", "conflict"),
+)
+async def delete_dataset(name: DatasetName, jobs: JobServiceDep):
+    """Delete a dataset and its token caches (409 while a queued or running job uses it)."""
+    freed = await jobs.delete_dataset(name)
+    return DeletedResponse(deleted="dataset", name=name, freed_bytes=freed)

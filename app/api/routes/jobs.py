@@ -1,5 +1,5 @@
 """Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
-GET /jobs/{id}/events (Server-Sent Events, app/jobs/events.py), POST /jobs/{id}/cancel. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
+GET /jobs/{id}/events (Server-Sent Events, app/jobs/events.py), POST /jobs/{id}/cancel, DELETE /jobs/{id}. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
 GET never blocks on a worker, it reads the record the worker keeps current.
 """
 
@@ -13,10 +13,12 @@ from starlette.background import BackgroundTask
 from app.api.deps import JobServiceDep, require_admin_key
 from app.errors import responses
 from app.jobs.events import job_events
+from app.jobs.job_service import JobService
 from app.schemas import (
     CREATE_EXAMPLE,
     CreateJobRequest,
     CreateJobResponse,
+    DeletedResponse,
     JobMetricsResponse,
     JobsResponse,
     JobState,
@@ -33,7 +35,7 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="
     "/jobs",
     status_code=202,
     response_model=CreateJobResponse,
-    responses=responses("validation", "unauthorized", "unavailable"),
+    responses=responses("validation", "unauthorized", "conflict", "unavailable"),
 )
 async def create_job(
     req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
@@ -52,13 +54,19 @@ async def list_jobs(
 ):
     """Every job, newest first; `?state=running` (queued, running, succeeded, failed, cancelled) filters."""
     records = await asyncio.to_thread(jobs.store.list, state)
-    return JobsResponse(jobs=[JobStatus.from_record(r) for r in records])
+    sizes = await asyncio.to_thread(lambda: [_disk_bytes(jobs, r["id"]) for r in records])
+    return JobsResponse(jobs=[JobStatus.from_record(r, size) for r, size in zip(records, sizes, strict=True)])
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=responses("validation", "unauthorized", "not_found"))
 async def get_job(job_id: JobId, jobs: JobServiceDep):
     """A job's state, progress (step, loss, lr, tokens/s, ETA), latest checkpoint, attempts and error."""
-    return JobStatus.from_record(await asyncio.to_thread(jobs.find, job_id))
+    record = await asyncio.to_thread(jobs.find, job_id)
+    return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id))
+
+
+def _disk_bytes(jobs: JobService, job_id: str) -> int:
+    return jobs.store.disk_bytes(job_id)
 
 
 @router.get(
@@ -140,3 +148,14 @@ async def stream_job_events(
 async def cancel_job(job_id: JobId, jobs: JobServiceDep):
     """Cancel: a queued job at once; a running one stops at its next step with a checkpoint; a finished one is 409."""
     return JobStatus.from_record(await asyncio.to_thread(jobs.cancel, job_id))
+
+
+@router.delete(
+    "/jobs/{job_id}",
+    response_model=DeletedResponse,
+    responses=responses("validation", "unauthorized", "not_found", "conflict"),
+)
+async def delete_job(job_id: JobId, jobs: JobServiceDep):
+    """Delete a finished job with its checkpoints and metrics (409 while it is queued or running)."""
+    freed = await asyncio.to_thread(jobs.delete_job, job_id)
+    return DeletedResponse(deleted="job", name=job_id, freed_bytes=freed)

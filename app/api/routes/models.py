@@ -1,21 +1,37 @@
-"""GET /models and GET /models/{name}: what the store holds (rescanned on every listing)."""
+"""GET /models and GET /models/{name}: what the store holds (rescanned on every listing), each model's
+promoted version and its versions. POST /models/{name}/promote, DELETE /models/{name} and
+DELETE /models/{name}/versions/{version} manage them (behind BERT_ADMIN_KEY, as /jobs and /datasets)."""
 
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path
 
-from app.api.deps import ServiceDep
+from app.api.deps import JobServiceDep, ServiceDep, require_admin_key
 from app.errors import responses
-from app.schemas import MemoryInfo, ModelInfo, ModelsResponse
+from app.schemas import (
+    DeletedResponse,
+    MemoryInfo,
+    ModelDetail,
+    ModelInfo,
+    ModelsResponse,
+    ModelVersion,
+    PromoteRequest,
+)
 from app.serving.model_registry import ModelRegistry, StoredModel
 from model import kernels
-from model.datadir import NAME_PATTERN
+from model.datadir import NAME_PATTERN, list_versions
+from model.datadir.cards import read_card
+from model.datadir.versions import disk_bytes
 
 router = APIRouter(tags=["models"])
+admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin_key)])
+
+ModelName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
+VersionNumber = Annotated[int, Path(ge=1, le=999_999_999, description="As GET /models/{name} lists it.")]
 
 
-def model_info(entry: StoredModel, store: ModelRegistry, device) -> ModelInfo:
+def model_info(entry: StoredModel, store: ModelRegistry, device, bytes_on_disk: int = 0) -> ModelInfo:
     config = entry.config
     default, precision = store.default(), store.precision_of(entry.name)
     labels = None
@@ -35,23 +51,80 @@ def model_info(entry: StoredModel, store: ModelRegistry, device) -> ModelInfo:
         error=entry.error,
         pinned=store.is_pinned(entry.name),
         estimated_bytes=store.estimate(entry)[0] or None,
+        version=entry.version,
+        num_versions=len(entry.versions),
+        disk_bytes=bytes_on_disk,
         **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
     )
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
 async def list_models(service: ServiceDep):
-    """Every model in DATA_DIR/models/, with its heads, size, whether it is loaded, pinned or the default, and the memory budget."""
-    entries = await asyncio.to_thread(service.store.scan)
+    """Every model in DATA_DIR/models/: its promoted version's heads and size, its versions and disk use,
+    whether it is loaded, pinned or the default, and the memory budget."""
     store = service.store
-    models = [model_info(e, store, service.device) for e in entries]
+    entries = await asyncio.to_thread(store.scan)
+    sizes = await asyncio.to_thread(lambda: [disk_bytes(service.settings.data_dir, e.name) for e in entries])
+    models = [model_info(e, store, service.device, size) for e, size in zip(entries, sizes, strict=True)]
     loaded, working = store.memory_in_use()
     memory = MemoryInfo(budget_bytes=store.memory_budget, loaded_bytes=loaded, working_set_bytes=working)
     return ModelsResponse(models=models, default=store.default(), memory=memory)
 
 
-@router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found", "validation"))
-async def get_model(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], service: ServiceDep):
-    """One model's description."""
+@router.get(
+    "/models/{name}", response_model=ModelDetail, responses=responses("unauthorized", "not_found", "validation")
+)
+async def get_model(name: ModelName, service: ServiceDep):
+    """One model's description, with every version: when and by what it was made, its disk use and card."""
+    return await _detail(service, name)
+
+
+@admin.post(
+    "/models/{name}/promote",
+    response_model=ModelDetail,
+    responses=responses("unauthorized", "not_found", "validation"),
+)
+async def promote_model(name: ModelName, req: PromoteRequest, service: ServiceDep, jobs: JobServiceDep):
+    """Serve another version of a model (a rollback: an older one); requests in flight finish on the old one."""
+    await jobs.promote(name, req.version)
+    return await _detail(service, name)
+
+
+@admin.delete(
+    "/models/{name}",
+    response_model=DeletedResponse,
+    responses=responses("unauthorized", "not_found", "validation", "conflict"),
+)
+async def delete_model(name: ModelName, jobs: JobServiceDep):
+    """Delete a model with every version (409 while it is a default model or a queued or running job's base model)."""
+    freed = await jobs.delete_model(name)
+    return DeletedResponse(deleted="model", name=name, freed_bytes=freed)
+
+
+@admin.delete(
+    "/models/{name}/versions/{version}",
+    response_model=DeletedResponse,
+    responses=responses("unauthorized", "not_found", "validation", "conflict"),
+)
+async def delete_model_version(name: ModelName, version: VersionNumber, jobs: JobServiceDep):
+    """Delete one version (409 for the promoted one while others exist; the last one deletes the model)."""
+    freed = await jobs.delete_model(name, version)
+    return DeletedResponse(deleted="version", name=name, version=version, freed_bytes=freed)
+
+
+async def _detail(service, name: str) -> ModelDetail:
     entry = await service.store.lookup(name)
-    return model_info(entry, service.store, service.device)
+    versions = await asyncio.to_thread(list_versions, service.settings.data_dir, name)
+    listed = [
+        ModelVersion(
+            version=v.version,
+            promoted=v.version == entry.version,
+            created_at=v.created_at,
+            disk_bytes=v.disk_bytes,
+            made_by=v.made_by,
+            card=await asyncio.to_thread(read_card, v.path),
+        )
+        for v in versions
+    ]
+    info = model_info(entry, service.store, service.device, sum(v.disk_bytes for v in listed))
+    return ModelDetail(**{**info.model_dump(), "num_versions": len(listed)}, versions=listed)
