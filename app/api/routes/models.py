@@ -122,6 +122,6 @@ async def _detail(service, name: str) -> ModelDetail:
         service.store.default(),
         service.store.precision_of(entry.name),
         service.device,
-        sum(v.disk_bytes for v in listed),
+        await asyncio.to_thread(disk_bytes, service.settings.data_dir, name),
     )
     return ModelDetail(**{**info.model_dump(), "num_versions": len(listed)}, versions=listed)
