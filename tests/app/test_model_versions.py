@@ -14,7 +14,7 @@ import torch
 from model.datadir import JobRecords, publish_model
 from model.datadir.cards import update_card
 from model.modeling import BertModel
-from tests.app.conftest import save_tiny, settings_for
+from tests.app.conftest import save_tiny
 from tests.app.test_inference import embed_reference
 from tests.app.test_jobs_api import NO_BROKER, make_client, post_job, upload
 from tests.app.test_server import free_port, start_server
@@ -94,7 +94,10 @@ def test_promote_switches_versions_and_names_the_ones_there_are(data, tokenizer)
         r = client.post("/models/ghost/promote", json={"version": 1}, headers=ADMIN)
         assert (r.status_code, r.json()) == (404, err("not_found", "model 'ghost' not found"))
         r = client.post("/models/enc/promote", json={"version": 0}, headers=ADMIN)
-        assert (r.status_code, r.json()) == (422, err("validation", "version: Input should be greater than or equal to 1"))
+        assert (r.status_code, r.json()) == (
+            422,
+            err("validation", "version: Input should be greater than or equal to 1"),
+        )
         r = client.post("/models/enc/promote", json={"version": 2}, headers={"Authorization": "Bearer wrong"})
         assert (r.status_code, r.json()) == (
             401,
@@ -106,7 +109,9 @@ def test_management_takes_the_admin_key_and_reading_the_api_key(data):
     with client_for(data, api_key=API_KEY) as client:
         assert client.get("/models/enc", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
         assert client.get("/models/enc", headers=ADMIN).status_code == 401
-        assert client.delete("/models/enc/versions/1", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
+        assert (
+            client.delete("/models/enc/versions/1", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
+        )
         assert client.delete("/models/enc/versions/1", headers=ADMIN).status_code == 200
 
 
@@ -130,7 +135,10 @@ def test_model_deletion_rules(data):
         assert (r.status_code, r.json()) == (404, err("not_found", "model 'enc' has no version 3 (versions: 1, 2)"))
         freed = _tree_bytes(data / "models" / "enc" / "v1")
         r = client.delete("/models/enc/versions/1", headers=ADMIN)
-        assert (r.status_code, r.json()) == (200, {"deleted": "version", "name": "enc", "version": 1, "freed_bytes": freed})
+        assert (r.status_code, r.json()) == (
+            200,
+            {"deleted": "version", "name": "enc", "version": 1, "freed_bytes": freed},
+        )
         assert [v["version"] for v in client.get("/models/enc").json()["versions"]] == [2]
 
         job = JobRecords(data).create({**finetune_spec("clf"), "base_model": "enc"})
@@ -146,7 +154,10 @@ def test_model_deletion_rules(data):
         JobRecords(data).update(job["id"], lambda rec: rec.update(state="cancelled"))
         freed = _tree_bytes(data / "models" / "enc")
         r = client.delete("/models/enc/versions/2", headers=ADMIN)
-        assert (r.status_code, r.json()) == (200, {"deleted": "version", "name": "enc", "version": 2, "freed_bytes": freed})
+        assert (r.status_code, r.json()) == (
+            200,
+            {"deleted": "version", "name": "enc", "version": 2, "freed_bytes": freed},
+        )
         assert client.get("/models/enc").status_code == 404
         assert not (data / "models" / "enc").exists()
         r = client.delete("/models/enc", headers=ADMIN)
@@ -158,7 +169,10 @@ def test_deleting_a_whole_model(data):
         assert client.post("/embeddings", json={"inputs": "x", "model": "enc"}).status_code == 200  # loaded
         freed = _tree_bytes(data / "models" / "enc")
         r = client.delete("/models/enc", headers=ADMIN)
-        assert (r.status_code, r.json()) == (200, {"deleted": "model", "name": "enc", "version": None, "freed_bytes": freed})
+        assert (r.status_code, r.json()) == (
+            200,
+            {"deleted": "model", "name": "enc", "version": None, "freed_bytes": freed},
+        )
         r = client.post("/embeddings", json={"inputs": "x", "model": "enc"})
         assert (r.status_code, r.json()) == (404, err("not_found", "model 'enc' not found (available: tiny)"))
         assert [m["name"] for m in client.get("/models").json()["models"]] == ["tiny"]
@@ -199,12 +213,18 @@ def test_dataset_and_job_deletion(data):
         JobRecords(data).update(job["id"], lambda rec: rec.update(state="succeeded"))
         freed = _tree_bytes(data / "jobs" / job["id"])
         r = client.delete(f"/jobs/{job['id']}", headers=ADMIN)
-        assert (r.status_code, r.json()) == (200, {"deleted": "job", "name": job["id"], "version": None, "freed_bytes": freed})
+        assert (r.status_code, r.json()) == (
+            200,
+            {"deleted": "job", "name": job["id"], "version": None, "freed_bytes": freed},
+        )
         r = client.get(f"/jobs/{job['id']}", headers=ADMIN)
         assert (r.status_code, r.json()) == (404, err("not_found", f"job '{job['id']}' not found"))
         freed = _tree_bytes(data / "datasets" / "reviews")
         r = client.delete("/datasets/reviews", headers=ADMIN)
-        assert (r.status_code, r.json()) == (200, {"deleted": "dataset", "name": "reviews", "version": None, "freed_bytes": freed})
+        assert (r.status_code, r.json()) == (
+            200,
+            {"deleted": "dataset", "name": "reviews", "version": None, "freed_bytes": freed},
+        )
         r = client.delete("/datasets/reviews", headers=ADMIN)
         assert (r.status_code, r.json()) == (404, err("not_found", "dataset 'reviews' not found"))
         assert upload(client, "reviews.csv", labelled_csv(), name="reviews").status_code == 201  # the name is free
