@@ -113,6 +113,9 @@ def test_management_takes_the_admin_key_and_reading_the_api_key(data):
             client.delete("/models/enc/versions/1", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
         )
         assert client.delete("/models/enc/versions/1", headers=ADMIN).status_code == 200
+        # GET and DELETE /models/{name} share a path: the key check before the body goes by method too
+        assert client.delete("/models/enc", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
+        assert client.delete("/models/enc", headers=ADMIN).status_code == 200
 
 
 def test_model_deletion_rules(data):
