@@ -173,7 +173,8 @@ class _Stream:
         ]
         if record["updated_at"] != self.updated:
             self.updated = record["updated_at"]
-            chunk.append(sse("progress", JobStatus.from_record(record).model_dump(mode="json")))
+            status = JobStatus.from_record(record, self.store.disk_bytes(self.job_id))  # as GET /jobs/{id}
+            chunk.append(sse("progress", status.model_dump(mode="json")))
         if record["state"] != self.state:
             chunk.append(sse("state", {"state": record["state"], "previous": self.state}))
             self.state = record["state"]

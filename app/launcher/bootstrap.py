@@ -32,7 +32,7 @@ from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from app.schemas import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
-from model.datadir import DataDir, JobRecord, JobRecords, model_dir_for, publish_model, read_meta
+from model.datadir import DataDir, JobRecord, JobRecords, model_dir_for, read_meta
 from model.files import TMP_PREFIX
 
 ENCODER = "minilm"
@@ -86,9 +86,8 @@ def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
     """The MiniLM encoder and the Wikipedia corpus in DATA_DIR, once."""
     if model_dir_for(data_dir, ENCODER) is None:
         log(f"importing all-MiniLM-L6-v2 as model '{ENCODER}' ...")
-        DataDir(data_dir).models.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=DataDir(data_dir).models, prefix=TMP_PREFIX) as staging:
-            publish_model(data_dir, f"import-{ENCODER}", ensure_minilm(Path(staging) / ENCODER), ENCODER)
+        # a flat directory (one version, 1), so data/models/minilm is a model directory the CLI takes
+        ensure_minilm(DataDir(data_dir).model(ENCODER))
     if read_meta(data_dir, CORPUS) is None:
         log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=TMP_PREFIX) as staging:

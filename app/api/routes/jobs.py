@@ -147,7 +147,8 @@ async def stream_job_events(
 )
 async def cancel_job(job_id: JobId, jobs: JobServiceDep):
     """Cancel: a queued job at once; a running one stops at its next step with a checkpoint; a finished one is 409."""
-    return JobStatus.from_record(await asyncio.to_thread(jobs.cancel, job_id))
+    record = await asyncio.to_thread(jobs.cancel, job_id)
+    return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id))
 
 
 @router.delete(

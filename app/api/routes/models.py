@@ -126,5 +126,7 @@ async def _detail(service, name: str) -> ModelDetail:
         )
         for v in versions
     ]
-    info = model_info(entry, service.store, service.device, sum(v.disk_bytes for v in listed))
+    info = model_info(
+        entry, service.store, service.device, await asyncio.to_thread(disk_bytes, service.settings.data_dir, name)
+    )
     return ModelDetail(**{**info.model_dump(), "num_versions": len(listed)}, versions=listed)
