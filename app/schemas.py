@@ -408,6 +408,13 @@ class ModelInfo(BaseModel):
         '"cpu AVX2, no native bf16, no VNNI", and what is emulated.',
     )
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
+    card: dict[str, Any] | None = Field(
+        None,
+        description="The model's card.json, if it has one: `source` (where it came from), `evaluation` (scores "
+        "on the held-out Wikipedia set wiki-heldout-v1: sequences, tokens, masked_tokens, mlm_top1, mlm_top5, "
+        "content_top1, content_top5, nsp_accuracy; `skipped` without MLM and NSP heads, `error` if it failed) "
+        "and `job_eval` (a training job's own evaluation).",
+    )
 
 
 class ModelsResponse(BaseModel):

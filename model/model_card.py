@@ -9,9 +9,9 @@ corpus (app/launcher/demo_data.py), so a model pretrained here never saw them.
 
 Sequence i pairs lead i's first sentence (A) with its second (B follows, NSP label 0) or with a sentence
 of another lead (label 1): exactly half of each, by a seeded shuffle. The pair is cut to MAX_TOKENS as
-the tokenizer cuts a pair; then 15% of its non-special tokens (at least one), drawn by a generator seeded
-by (seed, i), are all replaced by [MASK] (BERT's 80/10/10 is a training device; here every chosen token
-is masked). Scores: the MLM head's top-1 and top-5 accuracy over the masked tokens, the same over the
+the tokenizer cuts a pair; then 15% of its tokens other than [CLS], [SEP] and [UNK] (at least one), drawn
+by a generator seeded by (seed, i), are all replaced by [MASK] (BERT's 80/10/10 is a training device;
+here every chosen token is masked). Scores: the MLM head's top-1 and top-5 accuracy over the masked tokens, the same over the
 content words among them (a token that is a whole word, alphabetic and not in STOPWORDS), and the NSP
 head's accuracy. Every draw is seeded, so a model scores the same on every run. The cost is bounded:
 MAX_SEQUENCES sequences of at most MAX_TOKENS tokens, one forward pass each.
@@ -104,7 +104,8 @@ def _masked(tokenizer: BertTokenizer, pair: dict[str, list[int]], rng: random.Ra
     ids = pair["input_ids"]
     special = set(tokenizer.all_special_ids)
     candidates = [p for p, t in enumerate(ids) if t not in special]
-    positions = sorted(rng.sample(candidates, max(1, round(MASK_FRACTION * len(candidates)))))
+    count = max(1, round(MASK_FRACTION * len(candidates))) if candidates else 0  # [UNK]s only: nothing to ask
+    positions = sorted(rng.sample(candidates, count))
     tokens = tokenizer.convert_ids_to_tokens(ids)
     masked = list(ids)
     for p in positions:
@@ -167,8 +168,8 @@ def evaluate_card(
         "tokens": sum(len(s["input_ids"]) for s in sequences),
         "masked_tokens": masked,
         "content_tokens": content,
-        "mlm_top1": counts["top1"] / masked,
-        "mlm_top5": counts["top5"] / masked,
+        "mlm_top1": counts["top1"] / masked if masked else None,
+        "mlm_top5": counts["top5"] / masked if masked else None,
         "content_top1": counts["content_top1"] / content if content else None,
         "content_top5": counts["content_top5"] / content if content else None,
         "nsp_accuracy": counts["nsp"] / len(sequences) if has_nsp else None,

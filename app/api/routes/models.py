@@ -1,4 +1,4 @@
-"""GET /models and GET /models/{name}: what the store holds (rescanned on every listing)."""
+"""GET /models and GET /models/{name}: what the store holds (rescanned on every listing), each with its card."""
 
 import asyncio
 from typing import Annotated
@@ -11,11 +11,13 @@ from app.schemas import ModelInfo, ModelsResponse
 from app.serving.model_registry import StoredModel
 from model import kernels
 from model.datadir import NAME_PATTERN
+from model.datadir.cards import read_card
 
 router = APIRouter(tags=["models"])
 
 
 def model_info(entry: StoredModel, default: str | None, precision: str, device) -> ModelInfo:
+    """(Reads the model's card.json: call it off the event loop.)"""
     config = entry.config
     labels = None
     if config is not None and config.id2label and {"classifier", "token_classifier"} & set(entry.heads):
@@ -32,6 +34,7 @@ def model_info(entry: StoredModel, default: str | None, precision: str, device) 
         loaded=entry.loaded is not None,
         precision=precision,
         error=entry.error,
+        card=read_card(entry.path) or None,
         **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
     )
 
@@ -41,12 +44,15 @@ async def list_models(service: ServiceDep):
     """Every model in DATA_DIR/models/, with its heads, size, and whether it is loaded or the default."""
     entries = await asyncio.to_thread(service.store.scan)
     default = service.store.default()
-    models = [model_info(e, default, service.store.precision_of(e.name), service.device) for e in entries]
+    models = await asyncio.to_thread(
+        lambda: [model_info(e, default, service.store.precision_of(e.name), service.device) for e in entries]
+    )
     return ModelsResponse(models=models, default=default)
 
 
 @router.get("/models/{name}", response_model=ModelInfo, responses=responses("unauthorized", "not_found", "validation"))
 async def get_model(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)], service: ServiceDep):
-    """One model's description."""
+    """One model's description, with its card (where it came from, its held-out scores)."""
     entry = await service.store.lookup(name)
-    return model_info(entry, service.store.default(), service.store.precision_of(entry.name), service.device)
+    precision = service.store.precision_of(entry.name)
+    return await asyncio.to_thread(model_info, entry, service.store.default(), precision, service.device)
