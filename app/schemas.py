@@ -422,6 +422,18 @@ class ModelsResponse(BaseModel):
     default: str | None
 
 
+class OpenAIModel(BaseModel):
+    id: str = Field(description="The model's name, as requests name it.")
+    object: Literal["model"] = "model"
+    created: int = Field(description="When its directory was last written (unix seconds).")
+    owned_by: str
+
+
+class OpenAIModelsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
 class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
 
