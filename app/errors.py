@@ -178,9 +178,7 @@ async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     loc = [p for p in (exc.errors()[0].get("loc", ()) if exc.errors() else ()) if p != "body"]
     param = str(loc[0]) if loc else None  # OpenAI's `param`: the request field at fault
-    return error_response(
-        "validation", _describe_validation(exc), path=request.url.path, openai={"param": param}
-    )
+    return error_response("validation", _describe_validation(exc), path=request.url.path, openai={"param": param})
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -138,20 +138,21 @@ def evaluate_card(
     max_sequences: int = MAX_SEQUENCES,
     max_tokens: int = MAX_TOKENS,
 ) -> dict[str, Any]:
-    """The card's "evaluation": scores of a model (or model directory) on the held-out set, on the CPU.
+    """The card's "evaluation": scores of a model (on its device) or model directory (on the CPU) on the
+    held-out set.
 
     Keys: set, seed, sequences, tokens, masked_tokens, content_tokens, mlm_top1, mlm_top5, content_top1,
-    content_top5 (None without an MLM head), nsp_accuracy (None without an NSP head); a model with neither
-    head gets {"set", "skipped": why}.
+    content_top5 (None when no token of that kind is masked), nsp_accuracy (None without an NSP head); a
+    model without an MLM head gets {"set", "skipped": why}.
     """
     if not isinstance(model, torch.nn.Module):
         tokenizer = tokenizer or BertTokenizer.from_pretrained(model)
-        model = load_model(model, "cpu")
+        model = load_model(Path(model), "cpu")
     if tokenizer is None:
         raise ValueError("evaluate_card needs the tokenizer when it is given a model object")
-    has_mlm, has_nsp = isinstance(model, (BertForPreTraining, BertForMaskedLM)), isinstance(model, BertForPreTraining)
-    if not has_mlm:
+    if not isinstance(model, (BertForPreTraining, BertForMaskedLM)):
         return {"set": SET_NAME, "skipped": f"{type(model).__name__} has no masked-LM or next-sentence head"}
+    has_nsp = isinstance(model, BertForPreTraining)
     max_tokens = min(max_tokens, model.config.max_position_embeddings)
     sequences = build_sequences(tokenizer, seed, max_sequences, max_tokens)
     was_training = model.training

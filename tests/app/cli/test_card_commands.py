@@ -38,4 +38,6 @@ def test_evaluate_card_then_info(tmp_path, capsys):
 
 def test_evaluate_card_refuses_what_is_not_a_model(tmp_path, capsys):
     assert main(["evaluate-card", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"bert evaluate-card: error: {tmp_path} has no config.json: not a model directory\n"
+    assert (
+        capsys.readouterr().err == f"bert evaluate-card: error: {tmp_path} has no config.json: not a model directory\n"
+    )
