@@ -1,7 +1,10 @@
 """One error type for the whole service, mapped to HTTP status codes in one place.
 
 Every failure answers `{"error": message, "error_type": error_type}`: ServiceError raised anywhere,
-FastAPI's request validation (422), routing misses (404/405) and unexpected exceptions (500).
+FastAPI's request validation (422), routing misses (404/405) and unexpected exceptions (500). On
+/v1/* paths (OpenAI's API) the same failure, with the same status, answers in OpenAI's shape instead,
+`{"error": {"message", "type", "param", "code"}}`, so OpenAI's client libraries raise their own errors
+(openai.NotFoundError, ...) with our message; `type` is invalid_request_error (4xx) or server_error (5xx).
 429 and 503 say when to come back (Retry-After); 405 lists every method the path has (Allow), and
 OPTIONS on a path that exists answers 204 with that list. Bodies carry our own words only: an
 unexpected exception's text stays in the log.
@@ -17,7 +20,7 @@ from typing import Any, Literal, get_args
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
@@ -75,6 +78,30 @@ class ErrorResponse(BaseModel):
     job: JobProgress | None = None  # only on 503s for a model that a job is still training
 
 
+OPENAI_PREFIX = "/v1/"  # paths that answer errors in OpenAI's shape
+# OpenAI's `code` for our error types (the others keep our name): on /v1/* a route's not_found is always an
+# unknown model; a routing miss is unknown_url, as OpenAI's own API answers.
+OPENAI_CODES: dict[str, str | None] = {
+    "not_found": "model_not_found",
+    "unauthorized": "invalid_api_key",
+    "overloaded": "rate_limit_exceeded",
+    "validation": None,  # OpenAI names the field at fault in `param` instead
+}
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: Literal["invalid_request_error", "server_error"]
+    param: str | None = Field(None, description="The request field at fault, when one is.")
+    code: str | None = Field(description="model_not_found, unknown_url, invalid_api_key, rate_limit_exceeded, or ours.")
+
+
+class OpenAIErrorResponse(BaseModel):
+    """The body of every error answer on /v1/* (OpenAI's API shape)."""
+
+    error: OpenAIError
+
+
 class ServiceError(Exception):
     def __init__(self, error_type: str, message: str, **details: Any) -> None:
         assert error_type in STATUS, error_type
@@ -92,21 +119,43 @@ def error_body(error_type: str, message: str, **details: Any) -> dict:
     return {"error": message, "error_type": error_type, **details}
 
 
+def openai_error_body(
+    error_type: str, message: str, status: int, param: str | None = None, code: str | None = None
+) -> dict:
+    """OpenAI's error body: `code` by default from OPENAI_CODES (else our error type)."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    code = code if code is not None else OPENAI_CODES.get(error_type, error_type)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def error_response(
-    error_type: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None, **details: Any
+    error_type: str,
+    message: str,
+    status: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    path: str = "",
+    openai: Mapping[str, str | None] | None = None,
+    **details: Any,
 ) -> JSONResponse:
+    """The answer to a failure on `path`: our body, or OpenAI's on /v1/* (`openai` may set its param and code)."""
     status = status or STATUS[error_type]
     headers = dict(headers or {})
     if error_type == "unauthorized":
         headers["WWW-Authenticate"] = "Bearer"
     if status in RETRY_AFTER_S:
         headers.setdefault("Retry-After", str(RETRY_AFTER_S[status]))
-    return JSONResponse(error_body(error_type, message, **details), status_code=status, headers=headers)
+    if path.startswith(OPENAI_PREFIX):
+        body = openai_error_body(error_type, message, status, **(openai or {}))
+    else:
+        body = error_body(error_type, message, **details)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-def responses(*error_types: str) -> dict:
-    """OpenAPI `responses=` entries for the error types a route can answer."""
-    return {STATUS[k]: {"model": ErrorResponse, "description": k.replace("_", " ")} for k in error_types}
+def responses(*error_types: str, openai: bool = False) -> dict:
+    """OpenAPI `responses=` entries for the error types a route can answer (openai: a /v1/* route's)."""
+    model = OpenAIErrorResponse if openai else ErrorResponse
+    return {STATUS[k]: {"model": model, "description": k.replace("_", " ")} for k in error_types}
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -125,11 +174,13 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.error_type, exc.message, **exc.details)
+    return error_response(exc.error_type, exc.message, path=request.url.path, **exc.details)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response("validation", _describe_validation(exc))
+    loc = [p for p in (exc.errors()[0].get("loc", ()) if exc.errors() else ()) if p != "body"]
+    param = str(loc[0]) if loc else None  # OpenAI's `param`: the request field at fault
+    return error_response("validation", _describe_validation(exc), path=request.url.path, openai={"param": param})
 
 
 def allowed_methods(request: Request) -> list[str]:
@@ -152,24 +203,24 @@ def _unparsable_body(exc: StarletteHTTPException) -> str:
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """Errors raised by routing and by the framework itself (404, 405, unparsable bodies)."""
-    code = exc.status_code
+    code, path = exc.status_code, request.url.path
     if code == 404:
-        return error_response("not_found", f"no route {request.url.path}")
+        return error_response("not_found", f"no route {path}", path=path, openai={"code": "unknown_url"})
     if code == 405:
         allow = {"Allow": ", ".join(allowed_methods(request))}
         if request.method == "OPTIONS":  # what this path answers to (RFC 9110 section 9.3.7)
             return Response(status_code=204, headers=allow)
-        message = f"method {request.method} is not allowed on {request.url.path}"
-        return error_response("method_not_allowed", message, headers=allow)
+        message = f"method {request.method} is not allowed on {path}"
+        return error_response("method_not_allowed", message, headers=allow, path=path)
     if code == 400:  # FastAPI's answer to a body it cannot decode: a validation error
-        return error_response("validation", _unparsable_body(exc))
+        return error_response("validation", _unparsable_body(exc), path=path)
     error_type = next((k for k, s in STATUS.items() if s == code), "validation" if code < 500 else "internal")
-    return error_response(error_type, str(exc.detail), status=code, headers=exc.headers)
+    return error_response(error_type, str(exc.detail), status=code, headers=exc.headers, path=path)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response("internal", "internal server error")
+    return error_response("internal", "internal server error", path=request.url.path)
 
 
 def install_handlers(app: FastAPI) -> None:

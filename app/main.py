@@ -17,7 +17,20 @@ from fastapi import Depends, FastAPI
 
 from app.api.deps import require_api_key
 from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
-from app.api.routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei, token_tasks
+from app.api.routes import (
+    classify,
+    console,
+    datasets,
+    embeddings,
+    fill_mask,
+    jobs,
+    models,
+    nsp,
+    openai_models,
+    ops,
+    tei,
+    token_tasks,
+)
 from app.api.routes.ops import version
 from app.errors import install_handlers
 from app.prometheus import Metrics, MetricsMiddleware
@@ -29,8 +42,9 @@ DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction
 answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`; /embed,
 /predict, /rerank, /similarity and /tokenize answer as text-embeddings-inference does.
 
-Every error answers `{"error": message, "error_type": kind}`. When the service has an API key,
-send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
+Every error answers `{"error": message, "error_type": kind}`, except on /v1/* (OpenAI's API:
+/v1/embeddings, /v1/models), where it answers OpenAI's `{"error": {"message", "type", "param",
+"code"}}`. When the service has an API key, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
 files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 """
 
@@ -85,7 +99,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         (ops.router, []),
         (ops.metrics_router, [] if settings.metrics_public else keyed),
         (ops.protected, []),
-        *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models)),
+        *(
+            (module.router, keyed)
+            for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models, openai_models)
+        ),
         # their routers depend on require_admin_key (app/api/deps.py)
         *((module.router, []) for module in (jobs, datasets)),
         (models.admin, []),

@@ -418,6 +418,14 @@ class ModelInfo(BaseModel):
     num_versions: int = Field(1, description="Versions on disk (POST /models/{name}/promote switches).")
     disk_bytes: int = Field(0, description="Bytes on disk, every version together.")
 
+    card: dict[str, Any] | None = Field(
+        None,
+        description="The model's card.json, if it has one: `source` (where it came from), `evaluation` (scores "
+        "on the held-out Wikipedia set wiki-heldout-v1: sequences, tokens, masked_tokens, mlm_top1, mlm_top5, "
+        "content_top1, content_top5, nsp_accuracy; `skipped` without MLM and NSP heads, `error` if it failed) "
+        "and `job_eval` (a training job's own evaluation).",
+    )
+
 
 class MemoryInfo(BaseModel):
     """The model memory budget and what counts against it now (estimates)."""
@@ -460,6 +468,18 @@ class DeletedResponse(BaseModel):
     name: str = Field(description="The model's or dataset's name, or the job's id.")
     version: int | None = Field(None, description="The version deleted (DELETE /models/{name}/versions/{version}).")
     freed_bytes: int
+
+
+class OpenAIModel(BaseModel):
+    id: str = Field(description="The model's name, as requests name it.")
+    object: Literal["model"] = "model"
+    created: int = Field(description="When its directory was last written (unix seconds).")
+    owned_by: str
+
+
+class OpenAIModelsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
 
 
 class HealthResponse(BaseModel):

@@ -226,6 +226,7 @@ def test_models_and_a_fill_mask_in_the_playground(browser):
     rows = {r.text.split()[0]: r.text for r in css(b, "main tbody tr")}
     assert "BertForPreTraining" in rows["tiny"] and "mlm, nsp" in rows["tiny"] and "★ default" in rows["tiny"]
     assert "BertForSequenceClassification" in rows["curl-clf"] and "negative, positive" in rows["curl-clf"]
+    assert "no evaluation" in rows["tiny"] and "no MLM or NSP head" in rows["curl-clf"]  # their cards
     assert css(b, "main tbody a[href^='#/jobs/']")  # the job that produced curl-clf
     shot(b, "models")
     open_page(b, "#/playground/tiny")

@@ -118,6 +118,16 @@ def test_finetune_then_classify_and_pretrain_then_fill_mask(stack):
     assert r.status_code == 200, r.text
     assert all(set(x["scores"]) == {"negative", "positive"} for x in r.json())
     assert models["wiki-scratch"]["architecture"] == "BertForMaskedLM"  # nsp off; its own vocabulary
+    # Each with its card, measured before it was published: held-out scores for what has an MLM head.
+    clf_card = models["reviews-clf"]["card"]
+    assert clf_card["source"] == {"kind": "job", "job_id": created["reviews-clf"]}
+    assert clf_card["job_eval"] == c.get(f"/jobs/{created['reviews-clf']}").json()["eval"]
+    assert clf_card["evaluation"]["skipped"] == "BertForSequenceClassification has no masked-LM or next-sentence head"
+    for name, nsp in (("wiki-mlm", True), ("wiki-scratch", False)):
+        evaluation = models[name]["card"]["evaluation"]
+        assert (evaluation["set"], evaluation["sequences"]) == ("wiki-heldout-v1", 128)
+        assert 0 <= evaluation["mlm_top1"] <= evaluation["mlm_top5"] <= 1
+        assert (evaluation["nsp_accuracy"] is not None) is nsp
     for name in ("wiki-mlm", "wiki-scratch"):
         r = c.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat .", "model": name, "top_k": 3})
         assert r.status_code == 200, r.text

@@ -9,7 +9,8 @@
                    (worker/recipes.py): it continues from the latest complete checkpoint; callbacks write
                    progress and runtime into job.json and stop the loop on a cancel request, the job's
                    max_runtime or the worker's soft time limit (the trainer checkpoints first)
-      4. finish    completed -> the final model is renamed into DATA_DIR/models/<name> -> succeeded;
+      4. finish    completed -> the final model's card is measured (model/model_card.py), the model is
+                   renamed into DATA_DIR/models/<name> -> succeeded;
                    stopped -> cancelled (or failed: time limit); exception -> failed with the error;
                    the worker is shutting down (SIGTERM) -> handed back: state queued again, the
                    attempt not counted, and, once the lease is released, the job is sent again
@@ -48,6 +49,7 @@ from model.datadir import TERMINAL, IllegalTransition, JobRecords, Lease, jobs, 
 from model.datadir.jobs import CANCEL, JobRecord
 from model.distributed import is_peer_failure, launched, torchrun_command
 from model.errors import UserError
+from model.model_card import write_card
 from model.trainer import FINAL_MODEL
 from worker import recipes
 from worker.settings import WorkerSettings
@@ -262,6 +264,7 @@ def train(store: JobRecords, record: JobRecord, settings: WorkerSettings, shutti
         return _fail(store, job_id, e, reporter.runtime())
     if result.stopped:
         return _stopped(store, job_id, reporter, result)
+    _write_card(job_dir / FINAL_MODEL, job_id, result.eval_metrics)
     try:
         published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
@@ -284,6 +287,17 @@ def train(store: JobRecords, record: JobRecord, settings: WorkerSettings, shutti
 
     store.update(job_id, succeeded)
     return "succeeded"
+
+
+def _write_card(model_dir: Path, job_id: str, job_eval: dict | None) -> None:
+    """The final model's card (held-out scores, the job's own evaluation), before it is published, so the
+    model appears with it. Nothing here fails the job: a retried publish finds the model already moved."""
+    if not model_dir.is_dir():
+        return
+    try:
+        write_card(model_dir, job_eval=job_eval, source={"kind": "job", "job_id": job_id})
+    except Exception:
+        log.exception("job %s: the model card could not be written", job_id)
 
 
 def train_ranks(

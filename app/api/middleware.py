@@ -43,7 +43,7 @@ class KeyMiddleware:
             try:
                 check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
             except ServiceError as e:
-                await error_response(e.error_type, e.message)(scope, receive, send)
+                await error_response(e.error_type, e.message, path=scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -82,8 +82,10 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
         self.exempt = exempt  # paths that enforce a limit of their own while streaming
 
-    def _too_large(self):
-        return error_response("too_large", f"request body is larger than the limit of {self.max_bytes} bytes")
+    def _too_large(self, path: str):
+        return error_response(
+            "too_large", f"request body is larger than the limit of {self.max_bytes} bytes", path=path
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.exempt:
@@ -91,7 +93,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large()(scope, receive, send)
+            await self._too_large(scope["path"])(scope, receive, send)
             return
         received, exceeded, started = 0, False, False
 
@@ -121,7 +123,7 @@ class BodyLimitMiddleware:
             if not exceeded:
                 raise
         if exceeded and not started:
-            await self._too_large()(scope, receive, send)
+            await self._too_large(scope["path"])(scope, receive, send)
 
 
 class DeadlineMiddleware:
@@ -190,4 +192,5 @@ class DeadlineMiddleware:
             await error_response(
                 "unavailable",
                 f"the request took longer than BERT_REQUEST_TIMEOUT ({self.seconds:g} s); its work was dropped",
+                path=scope["path"],
             )(scope, receive, send)

@@ -1,9 +1,9 @@
 """The `bert` command (argparse): model commands, training commands and the service's commands.
 
-    bert vocab | import | info              app/cli/model_commands.py  (model/ directories)
-    bert pretrain | finetune | evaluate     app/cli/train_commands.py  (model/runs.py, with a progress bar)
-    bert serve | up | worker                app/cli/service_commands.py
-    bert corpus build                       app/cli/corpus_commands.py  (model/data/corpus_build.py)
+    bert vocab | import | info | evaluate-card  app/cli/model_commands.py  (model/ directories)
+    bert pretrain | finetune | evaluate        app/cli/train_commands.py  (model/runs.py, with a progress bar)
+    bert serve | up | worker                   app/cli/service_commands.py
+    bert corpus build                          app/cli/corpus_commands.py  (model/data/corpus_build.py)
 
 Every command is a function `cmd_<name>(args) -> int`; a model.errors.UserError prints one line and
 exits with status 2, never a traceback. Parsing imports no torch (the commands import what they run),

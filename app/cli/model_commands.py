@@ -1,4 +1,5 @@
-"""`bert vocab`, `bert import` and `bert info`: a WordPiece vocabulary, and model directories."""
+"""`bert vocab`, `bert import`, `bert info` and `bert evaluate-card`: a WordPiece vocabulary, and model
+directories (their card: the held-out scores model/model_card.py measures)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from model.datadir.cards import CARD, read_card
 from model.errors import UserError
 from model.options import PRECISIONS
 
@@ -48,11 +50,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     info["kernels"] = _kernels_here(args.device)
+    info["card"] = read_card(path) or None
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         _print_summary(info)
+        _print_card(info["card"] or {})
         _print_kernels(info["kernels"])
+    return 0
+
+
+def cmd_evaluate_card(args: argparse.Namespace) -> int:
+    from model.model_card import write_card
+
+    path = Path(args.dir)
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} has no config.json: not a model directory")
+    card = write_card(path)
+    if "error" in card["evaluation"]:
+        raise UserError(f"the evaluation failed: {card['evaluation']['error']}")
+    print(f"wrote {path / CARD}")
+    _print_card(card)
     return 0
 
 
@@ -92,6 +110,33 @@ def _print_kernels(plan: dict) -> None:
             name = f"{precision} (auto)" if precision == plan["auto"] else precision
             why = plan[precision]["why"].partition(": ")[2] if ": " in plan[precision]["why"] else ""
             print(f"    {name + ':':12} {plan[precision]['kernels']}{f': {why}' if why else ''}")
+
+
+def _print_card(card: dict) -> None:
+    """The card's evaluation lines (nothing when the directory has no card)."""
+    ev = card.get("evaluation")
+    if ev is None:
+        return
+    if "skipped" in ev or "error" in ev:
+        print(f"  evaluation:   {ev.get('set')}: {ev.get('skipped') or 'failed: ' + str(ev.get('error'))}")
+    else:
+        print(
+            f"  evaluation:   {ev['set']}, {ev['sequences']} sequences ({ev['tokens']:,} tokens), "
+            f"{ev['masked_tokens']} masked"
+        )
+        print(f"    masked LM:  top-1 {_pct(ev['mlm_top1'])}, top-5 {_pct(ev['mlm_top5'])}")
+        print(
+            f"    content words ({ev['content_tokens']}): "
+            f"top-1 {_pct(ev['content_top1'])}, top-5 {_pct(ev['content_top5'])}"
+        )
+        print(f"    next sentence: {_pct(ev['nsp_accuracy'])}")
+    if card.get("job_eval"):
+        scores = ", ".join(f"{k} {v:.4g}" for k, v in card["job_eval"].items() if isinstance(v, (int, float)))
+        print(f"  job's evaluation: {scores}")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def _print_summary(info: dict) -> None:
@@ -134,3 +179,11 @@ def add_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", help="where the kernels would run: auto, cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser(
+        "evaluate-card",
+        help="measure a model directory on the held-out Wikipedia set (masked-token and next-sentence "
+        "accuracy) and write the scores into its card.json",
+    )
+    p.add_argument("dir", help="a model directory")
+    p.set_defaults(func=cmd_evaluate_card)

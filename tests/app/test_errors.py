@@ -95,7 +95,6 @@ async def test_bad_requests_are_422(client, body, message):
         ("/fill-mask", {"inputs": "the [MASK]", "top_k": 5.0}, "top_k: Input should be a valid integer"),
         ("/embeddings", {"inputs": "the cat", "normalize": 1}, "normalize: Input should be a valid boolean"),
         ("/embeddings", {"inputs": "the cat", "truncate": "true"}, "truncate: Input should be a valid boolean"),
-        ("/v1/embeddings", {"input": "the cat", "dimensions": "32"}, "dimensions: Input should be a valid integer"),
         (
             "/nsp",
             {"inputs": {"text_a": "a", "text_b": "b", "label": 0}},
@@ -109,6 +108,53 @@ async def test_json_types_must_match_exactly(client, path, body, message):
     r = await client.post(path, json=body)
     assert r.status_code == 422
     assert r.json() == err("validation", message)
+
+
+def openai_err(message: str, code: str | None, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+async def test_v1_errors_answer_in_openais_shape_with_the_same_status(client):
+    """/v1/* is OpenAI's API: its failures answer as OpenAI's do, so its clients raise their own errors."""
+    for body, status, expected in [
+        (
+            {"input": "the cat", "model": "nope"},
+            404,
+            openai_err("model 'nope' not found (available: tiny-cls, tiny-enc, tiny-mlm, tiny-pt)", "model_not_found"),
+        ),
+        (
+            {"input": "the cat", "dimensions": "32"},
+            422,
+            openai_err("dimensions: Input should be a valid integer", None, "dimensions"),
+        ),
+        (
+            {"input": []},
+            422,
+            openai_err(
+                "input.str: Input should be a valid string; input.list[str]: List should have at least 1 item after validation, not 0",
+                None,
+                "input",
+            ),
+        ),
+        (
+            {"input": "the cat", "model": "tiny-enc", "dimensions": 7},
+            422,
+            openai_err("model 'tiny-enc' makes 32-dimensional embeddings, not 7", None),
+        ),
+    ]:
+        r = await client.post("/v1/embeddings", json=body)
+        assert (r.status_code, r.json()) == (status, expected), body
+    r = await client.get("/v1/nope")
+    assert (r.status_code, r.json()) == (404, openai_err("no route /v1/nope", "unknown_url"))
+    r = await client.get("/v1/embeddings")
+    assert r.status_code == 405 and r.headers["allow"] == "OPTIONS, POST"
+    assert r.json() == openai_err("method GET is not allowed on /v1/embeddings", "method_not_allowed")
+    r = await client.get("/v1/models/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    # Everywhere else: our own shape.
+    r = await client.post("/embeddings", json={"inputs": "the cat", "model": "nope"})
+    assert r.json() == err("not_found", "model 'nope' not found (available: tiny-cls, tiny-enc, tiny-mlm, tiny-pt)")
+    assert (await client.get("/v1")).json() == err("not_found", "no route /v1")
 
 
 async def test_openai_embeddings_ignore_unknown_fields_only(client):

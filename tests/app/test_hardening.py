@@ -31,7 +31,11 @@ ADMIN_REFUSAL = {
 }
 
 
-def err(kind: str, message: str) -> dict:
+def err(kind: str, message: str, path: str = "") -> dict:
+    """Our error body; on /v1/* OpenAI's (app/errors.py)."""
+    if path.startswith("/v1/"):
+        code = {"validation": None, "unauthorized": "invalid_api_key"}[kind]
+        return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
     return {"error": message, "error_type": kind}
 
 
@@ -89,7 +93,7 @@ async def test_a_lone_surrogate_is_422_on_every_text_route(keyed, path, body, me
     """It was a 500 (the Rust tokenizer's TypeError) on every one of them. The body is valid JSON
     (JSON may escape a lone surrogate); its text is not valid Unicode."""
     r = await keyed.post(path, content=body.encode(), headers={**API, **JSON})
-    assert (r.status_code, r.json()) == (422, err("validation", message))
+    assert (r.status_code, r.json()) == (422, err("validation", message, path))
 
 
 async def test_a_surrogate_pair_is_text(keyed):
@@ -111,7 +115,7 @@ async def _unread_body(sent: list):
     [
         ("/fill-mask", API, API_REFUSAL),
         ("/embeddings", API, API_REFUSAL),
-        ("/v1/embeddings", API, API_REFUSAL),
+        ("/v1/embeddings", API, err("unauthorized", API_REFUSAL["error"], "/v1/embeddings")),
         ("/nsp", API, API_REFUSAL),
         ("/classify", API, API_REFUSAL),
         ("/jobs", ADMIN, ADMIN_REFUSAL),

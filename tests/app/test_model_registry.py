@@ -7,6 +7,8 @@ import shutil
 import anyio
 import pytest
 
+from model.datadir.cards import read_card
+from model.model_card import write_card
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
 from tests.app.conftest import MODELS, VOCAB, save_tiny, serve_app, settings_for, tiny_config
 
@@ -117,3 +119,16 @@ async def test_a_tokenizer_larger_than_the_embeddings_is_refused_at_load(tmp_pat
             )
         listed = {m["name"]: m for m in (await c.get("/models")).json()["models"]}
         assert listed["short"]["error"] == reason and listed["good"]["error"] is None
+
+
+async def test_a_model_shows_its_card(tmp_path):
+    save_tiny(tmp_path / "models" / "measured", BertForPreTraining)
+    save_tiny(tmp_path / "models" / "plain", BertModel)
+    card = write_card(tmp_path / "models" / "measured", source={"kind": "directory"})
+    assert card["evaluation"]["sequences"] == 128 and card["evaluation"]["nsp_accuracy"] is not None
+    async with serve_app(settings_for(tmp_path, default_model="plain")) as c:
+        r = await c.get("/models/measured")
+        assert r.status_code == 200 and r.json()["card"] == card == read_card(tmp_path / "models" / "measured")
+        assert (await c.get("/models/plain")).json()["card"] is None
+        listed = {m["name"]: m["card"] for m in (await c.get("/models")).json()["models"]}
+        assert listed == {"measured": card, "plain": None}

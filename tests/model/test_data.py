@@ -16,7 +16,13 @@ import pytest
 import torch
 
 import model.data.corpus as corpus_mod
-from app.launcher.demo_data import AssetMissingError, find_asset, prepare_rotten_tomatoes, prepare_wiki
+from app.launcher.demo_data import (
+    AssetMissingError,
+    find_asset,
+    prepare_rotten_tomatoes,
+    prepare_wiki,
+    write_heldout_leads,
+)
 from model.data.corpus import detect_format, load_corpus, split_sentences
 from model.data.finetune import ClassificationBatches, build_label_map, load_classification_data, split_holdout
 from model.data.pretraining import (
@@ -27,6 +33,7 @@ from model.data.pretraining import (
     mask_tokens,
     truncate_seq_pair,
 )
+from model.model_card import HELDOUT_FILE, heldout_leads
 from model.tokenizer import BertTokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
@@ -463,13 +470,17 @@ def test_find_asset_missing_tells_how_to_install(monkeypatch):
         find_asset("wiki")
 
 
-def test_prepare_wiki_google_format(tmp_path):
+def test_prepare_wiki_google_format_without_the_heldout_leads(tmp_path):
     out = tmp_path / "wiki.txt"
     stats = prepare_wiki(out)
-    assert stats["articles"] == 10033 and stats["sentences"] > 2 * stats["articles"]
+    assert stats["articles"] == 10033 - 156 and stats["sentences"] > 2 * stats["articles"]
     blocks = out.read_text(encoding="utf-8").split("\n\n")
     assert len(blocks) == stats["articles"]
+    # The held-out leads model cards are measured on are the shipped file's, and none is in the corpus.
+    assert write_heldout_leads(tmp_path / "heldout.jsonl") == 156
+    assert (tmp_path / "heldout.jsonl").read_bytes() == HELDOUT_FILE.read_bytes()
     lines = [line for b in blocks for line in b.strip("\n").split("\n")]
+    assert not {sentences[0] for _, sentences in heldout_leads()} & set(lines)
     assert len(lines) == stats["sentences"] and all(line.strip() == line and line for line in lines)
     assert lines[0].startswith("20th-century classical music is Western art music")
     assert detect_format(out) == "google"

@@ -6,10 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from app.schemas import PretrainParams
 from model.checkpoint import is_complete, load_checkpoint
 from model.datadir import JobRecords
+from model.datadir.cards import read_card
+from model.model_card import evaluate_card
 from model.modeling import BertForSequenceClassification, load_model
-from tests.helpers import REDIS_URL, LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
+from tests.helpers import (
+    REDIS_URL,
+    LeaseHolder,
+    corpus_txt,
+    finetune_spec,
+    labelled_csv,
+    make_data_dir,
+    write_dataset,
+)
 from worker.celery_app import make_celery
 from worker.recovery import lost_reason, note_lost_attempt, sweep
 from worker.settings import WorkerSettings
@@ -37,6 +48,29 @@ def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, set
     assert record["result"]["model_dir"] == "models/clf/v1" and record["latest_checkpoint"] == "checkpoints/step-10"
     assert (data_dir / "models" / "clf" / "v1" / "model.safetensors").is_file()
     assert run_job(job_id, settings) == {"job": job_id, "outcome": "already succeeded"}
+    assert read_card(data_dir / "models" / "clf") == {  # a classifier: the job's own evaluation only
+        "source": {"kind": "job", "job_id": job_id},
+        "evaluation": {
+            "set": "wiki-heldout-v1",
+            "skipped": "BertForSequenceClassification has no masked-LM or next-sentence head",
+        },
+        "job_eval": record["result"]["eval"],
+    }
+
+
+def test_a_pretrained_model_is_published_with_its_heldout_scores(data_dir, settings):
+    write_dataset(data_dir, "wiki", corpus_txt(), "wiki.txt")
+    store = JobRecords(data_dir)
+    params = PretrainParams(max_steps=4, batch_size=8, max_seq_len=32, save_every=4, log_every=1).to_record()
+    job_id = store.create(
+        {"kind": "pretrain", "model_name": "mlm", "base_model": "tiny", "dataset": "wiki", "params": params}
+    )["id"]
+    assert run_job(job_id, settings)["outcome"] == "succeeded"
+    evaluation = read_card(data_dir / "models" / "mlm")["evaluation"]
+    assert evaluation == evaluate_card(data_dir / "models" / "mlm")
+    assert (evaluation["sequences"], evaluation["set"]) == (128, "wiki-heldout-v1") and 0 <= evaluation[
+        "nsp_accuracy"
+    ] <= 1
 
 
 def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings):

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body
 
 from app.api.deps import ServiceDep
 from app.api.routes.fill_mask import INFERENCE_ERRORS
+from app.errors import responses
 from app.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -19,6 +20,10 @@ router = APIRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]
 OpenAIEmbeddingsBody = Annotated[OpenAIEmbeddingsRequest, Body(openapi_examples=body_examples(OpenAIEmbeddingsRequest))]
 
+# As INFERENCE_ERRORS, in OpenAI's error shape (app/errors.py)
+OPENAI_ERRORS = responses(
+    "validation", "unauthorized", "not_found", "too_large", "overloaded", "unavailable", openai=True
+)
 OPENAI_EXAMPLE = {
     "object": "list",
     "model": "bert-tiny",
@@ -40,7 +45,7 @@ async def embeddings(req: EmbeddingsBody, service: ServiceDep):
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingsResponse,
-    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": OPENAI_EXAMPLE}}}},
+    responses={**OPENAI_ERRORS, 200: {"content": {"application/json": {"example": OPENAI_EXAMPLE}}}},
 )
 async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep):
     """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""

@@ -1,6 +1,7 @@
 """GET /models and GET /models/{name}: what the store holds (rescanned on every listing), each model's
 promoted version and its versions. POST /models/{name}/promote, DELETE /models/{name} and
-DELETE /models/{name}/versions/{version} manage them (behind BERT_ADMIN_KEY, as /jobs and /datasets)."""
+DELETE /models/{name}/versions/{version} manage them (behind BERT_ADMIN_KEY, as /jobs and /datasets).
+Each model shows its card (where it came from, its held-out scores)."""
 
 import asyncio
 from typing import Annotated
@@ -32,6 +33,7 @@ VersionNumber = Annotated[int, Path(ge=1, le=999_999_999, description="As GET /m
 
 
 def model_info(entry: StoredModel, store: ModelRegistry, device, bytes_on_disk: int = 0) -> ModelInfo:
+    """(Reads the model's card.json: call it off the event loop.)"""
     config = entry.config
     default, precision = store.default(), store.precision_of(entry.name)
     labels = None
@@ -54,6 +56,7 @@ def model_info(entry: StoredModel, store: ModelRegistry, device, bytes_on_disk: 
         version=entry.version,
         num_versions=len(entry.versions),
         disk_bytes=bytes_on_disk,
+        card=read_card(entry.path) or None,
         **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
     )
 
@@ -65,7 +68,9 @@ async def list_models(service: ServiceDep):
     store = service.store
     entries = await asyncio.to_thread(store.scan)
     sizes = await asyncio.to_thread(lambda: [disk_bytes(service.settings.data_dir, e.name) for e in entries])
-    models = [model_info(e, store, service.device, size) for e, size in zip(entries, sizes, strict=True)]
+    models = await asyncio.to_thread(
+        lambda: [model_info(e, store, service.device, size) for e, size in zip(entries, sizes, strict=True)]
+    )
     loaded, working = store.memory_in_use()
     memory = MemoryInfo(budget_bytes=store.memory_budget, loaded_bytes=loaded, working_set_bytes=working)
     return ModelsResponse(models=models, default=store.default(), memory=memory)
@@ -126,7 +131,6 @@ async def _detail(service, name: str) -> ModelDetail:
         )
         for v in versions
     ]
-    info = model_info(
-        entry, service.store, service.device, await asyncio.to_thread(disk_bytes, service.settings.data_dir, name)
-    )
+    size = await asyncio.to_thread(disk_bytes, service.settings.data_dir, name)
+    info = await asyncio.to_thread(model_info, entry, service.store, service.device, size)
     return ModelDetail(**{**info.model_dump(), "num_versions": len(listed)}, versions=listed)
