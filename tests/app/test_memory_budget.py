@@ -196,7 +196,8 @@ async def test_listing_and_507_over_http(four_models):
             (False, False, weights),
             (False, False, weights),
         ]
-        assert (await c.get("/models/m1")).json() == listed["m1"]
+        detail = (await c.get("/models/m1")).json()  # the listing's fields, and the versions
+        assert {k: detail[k] for k in listed["m1"]} == listed["m1"] and len(detail["versions"]) == 1
 
     small = settings.model_copy(update={"model_memory_gb": 4096 / 2**30})
     async with serve_app(small, wait_ready=False) as c:

@@ -48,7 +48,7 @@ def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, set
     assert record["result"]["model_dir"] == "models/clf/v1" and record["latest_checkpoint"] == "checkpoints/step-10"
     assert (data_dir / "models" / "clf" / "v1" / "model.safetensors").is_file()
     assert run_job(job_id, settings) == {"job": job_id, "outcome": "already succeeded"}
-    assert read_card(data_dir / "models" / "clf") == {  # a classifier: the job's own evaluation only
+    assert read_card(data_dir / "models" / "clf" / "v1") == {  # a classifier: the job's own evaluation only
         "source": {"kind": "job", "job_id": job_id},
         "evaluation": {
             "set": "wiki-heldout-v1",
@@ -66,8 +66,8 @@ def test_a_pretrained_model_is_published_with_its_heldout_scores(data_dir, setti
         {"kind": "pretrain", "model_name": "mlm", "base_model": "tiny", "dataset": "wiki", "params": params}
     )["id"]
     assert run_job(job_id, settings)["outcome"] == "succeeded"
-    evaluation = read_card(data_dir / "models" / "mlm")["evaluation"]
-    assert evaluation == evaluate_card(data_dir / "models" / "mlm")
+    evaluation = read_card(data_dir / "models" / "mlm" / "v1")["evaluation"]
+    assert evaluation == evaluate_card(data_dir / "models" / "mlm" / "v1")
     assert (evaluation["sequences"], evaluation["set"]) == (128, "wiki-heldout-v1") and 0 <= evaluation[
         "nsp_accuracy"
     ] <= 1
