@@ -8,6 +8,7 @@ import argparse
 import time
 from pathlib import Path
 
+from app.cli.model_commands import model_dir_arg
 from model.data.corpus import READ_FORMATS
 from model.data.corpus_build import DEFAULT_SHARD_TOKENS, DEFAULT_UNIT_BYTES, BuildOptions, build_store
 from model.errors import UserError
@@ -67,6 +68,7 @@ def add_commands(sub) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="file, folder (every file below) or glob")
     p.add_argument(
         "--tokenizer",
+        type=model_dir_arg,
         required=True,
         metavar="MODEL_OR_VOCAB_DIR",
         help="directory with tokenizer.json or vocab.txt (a model directory works)",

@@ -8,8 +8,16 @@ import json
 from pathlib import Path
 
 from model.datadir.cards import CARD, read_card
+from model.datadir.versions import served_dir
 from model.errors import UserError
 from model.options import PRECISIONS
+
+
+def model_dir_arg(value: str) -> str:
+    """A model directory argument: a model with versions (DATA_DIR/models/<name>) reads as its promoted
+    version, as requests get it; any other path is kept as given."""
+    return str(served_dir(value))
+
 
 # The model's modules (torch) load inside the commands, so `bert info --help` answers without them.
 
@@ -175,7 +183,7 @@ def add_commands(sub) -> None:
         help="architecture, parameters, heads and vocabulary of a model directory, "
         "and the kernels this machine would run it with at each precision",
     )
-    p.add_argument("dir", help="a model directory")
+    p.add_argument("dir", type=model_dir_arg, help="a model directory (a model with versions: its promoted one)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", help="where the kernels would run: auto, cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_info)
@@ -185,5 +193,5 @@ def add_commands(sub) -> None:
         help="measure a model directory on the held-out Wikipedia set (masked-token and next-sentence "
         "accuracy) and write the scores into its card.json",
     )
-    p.add_argument("dir", help="a model directory")
+    p.add_argument("dir", type=model_dir_arg, help="a model directory (a model with versions: its promoted one)")
     p.set_defaults(func=cmd_evaluate_card)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.launch import add_launch_options, relaunch, wants_launcher
+from app.cli.model_commands import model_dir_arg
 from model.errors import UserError
 from model.options import BY_NAME, KINDS, Option, format_default, options_for
 
@@ -278,6 +279,7 @@ def _add_pretrain(sub) -> None:
     p.add_argument(
         "--from",
         dest="from_model",
+        type=model_dir_arg,
         metavar="MODEL_DIR",
         help="warm start from a model directory (default: from scratch, with --config)",
     )
@@ -309,6 +311,7 @@ def _add_finetune(sub) -> None:
     p.add_argument(
         "--from",
         dest="from_model",
+        type=model_dir_arg,
         required=True,
         metavar="MODEL_DIR",
         help="the model directory to start from, with its tokenizer",
@@ -320,7 +323,7 @@ def _add_finetune(sub) -> None:
 
 def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="MLM/NSP, classification, NER or QA metrics of a model on a data file")
-    p.add_argument("--model", required=True, metavar="DIR", help="model directory or run directory")
+    p.add_argument("--model", required=True, type=model_dir_arg, metavar="DIR", help="model directory or run directory")
     p.add_argument(
         "--data",
         required=True,

@@ -115,6 +115,16 @@ def resolve(model_root: Path) -> tuple[int, Path] | None:
     return version, version_dir(model_root, version)
 
 
+def served_dir(path: str | os.PathLike) -> Path:
+    """`path` itself, unless it is a model with versions (DATA_DIR/models/<name>): then its promoted
+    version's directory, so a command given a model's folder reads what requests get."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    found = resolve(path) if path.is_dir() else None
+    return found[1] if found else path
+
+
 def model_dir_for(data_dir: str | os.PathLike, name: str) -> Path | None:
     """The directory of `name`'s promoted version, or None when there is no such model."""
     found = resolve(DataDir(data_dir).model(name))

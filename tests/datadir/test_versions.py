@@ -23,6 +23,7 @@ from model.datadir import (
     publish_model,
 )
 from model.datadir import publish as publish_module
+from model.datadir.versions import served_dir
 
 
 def _model(path, weights: bytes = b"w" * 100):
@@ -166,3 +167,17 @@ def test_deleting_a_dataset_frees_its_directory(tmp_path):
     assert delete_dataset(data, "d") == expected and not ds.exists()
     with pytest.raises(FileNotFoundError, match="dataset 'd' not found"):
         delete_dataset(data, "d")
+
+
+def test_a_command_given_a_models_folder_reads_its_promoted_version(tmp_path):
+    from app.cli.model_commands import model_dir_arg
+
+    data = tmp_path / "data"
+    first = publish_model(data, "job-1", _model(tmp_path / "out1"), "m")
+    publish_model(data, "job-2", _model(tmp_path / "out2"), "m")
+    promote(data, "m", 1)
+    assert served_dir(data / "models" / "m") == first
+    assert model_dir_arg(str(data / "models" / "m")) == str(first)
+    flat = _model(tmp_path / "flat")  # a plain directory, a run directory, a missing path: as given
+    assert served_dir(flat) == flat and served_dir(tmp_path / "none") == tmp_path / "none"
+    assert served_dir(tmp_path) == tmp_path
