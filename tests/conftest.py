@@ -107,3 +107,32 @@ def minilm_dir() -> Path:
     if not MINILM_DIR.is_dir():
         pytest.fail(f"{MINILM_DIR} is missing: run `make demo-data`")
     return MINILM_DIR
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """A fake Hugging Face Hub on loopback (tests/hub_server.py) serving tiny repos; stopped at the end."""
+    from tests.hub_server import tiny_hub
+
+    server = tiny_hub(tmp_path_factory.mktemp("hub"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub_env(hub, tmp_path, monkeypatch):
+    """This process's huggingface_hub pointed at `hub`, with its cache in tmp_path (the constants it read
+    at import are patched; a subprocess gets the same through HF_ENDPOINT and HF_HOME). Returns the env."""
+    from huggingface_hub import constants
+
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    return env
