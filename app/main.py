@@ -11,6 +11,7 @@ redirects: `/info/` is a 404, not a redirect built from the client's Host header
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from fastapi import Depends, FastAPI
@@ -20,6 +21,7 @@ from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddl
 from app.api.routes import classify, console, datasets, embeddings, fill_mask, jobs, models, nsp, ops, tei, token_tasks
 from app.api.routes.ops import version
 from app.errors import install_handlers
+from app.jobs.imports import Imports
 from app.prometheus import Metrics, MetricsMiddleware
 from app.serving.service import Service
 from app.settings import Settings
@@ -59,9 +61,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     service = Service(settings, metrics)
 
+    imports = Imports(settings.data_dir)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
+        await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
         try:
             yield
         finally:
@@ -79,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.service = service
+    app.state.imports = imports
     install_handlers(app)
     keyed = [Depends(require_api_key)]
     routers = [
@@ -88,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         *((module.router, keyed) for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models)),
         # their routers depend on require_admin_key (app/api/deps.py)
         *((module.router, []) for module in (jobs, datasets)),
+        (models.admin, []),
         (console.router, []),
     ]  # open: static files that carry no data
     for router, dependencies in routers:
@@ -96,7 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=INFERENCE_PATHS)
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets",))
+    # POST /models streams an archive under BERT_MAX_MODEL_UPLOAD_BYTES (and reads JSON up to its own limit).
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models"))
     app.add_middleware(KeyMiddleware, settings=settings, guards=key_guards(routers))
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
     return app

@@ -229,6 +229,14 @@ class Settings(BaseSettings):
             "Largest dataset upload, in bytes. The upload is streamed to disk and stops with a 413 at the limit."
         ),
     )
+    max_model_upload_bytes: int = Field(
+        4 * 1024**3,
+        ge=1,
+        description=(
+            "Largest model archive `POST /models` accepts, in bytes. The upload is streamed to disk and stops with a "
+            "413 at the limit."
+        ),
+    )
     dataset_check_seconds: float = Field(
         300.0,
         gt=0,

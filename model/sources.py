@@ -97,12 +97,14 @@ def import_source(
     kind: str | None = None,
     import_id: str | None = None,
     progress: Progress | None = None,
+    card_source: dict[str, Any] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Import `source` (of `kind`, else `source_kind(source)`) as the next version of model `name`.
 
     Returns the published version's directory and its summary (model.model_dir.summarize). Nothing
     is published unless the whole model converted; temp files live in DATA_DIR under TMP_PREFIX and
-    are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports).
+    are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports);
+    `card_source` adds to (or replaces) the card's source fields (an upload's own file name).
     """
     from model.datadir.layout import DataDir, new_job_id
     from model.model_dir import import_model
@@ -123,7 +125,7 @@ def import_source(
             if (fetched.path / rel).is_file():
                 (staged / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(fetched.path / rel, staged / rel)
-        update_card(staged, source=fetched.source)
+        update_card(staged, source={**fetched.source, **(card_source or {})})
         try:
             version = publish_model(root, import_id or new_job_id(), staged, name)
         except FileExistsError:

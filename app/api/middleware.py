@@ -30,16 +30,17 @@ from app.settings import Settings
 
 log = logging.getLogger("bertserve")
 KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/api/deps.py's api_key or admin_key
+Guard = tuple[re.Pattern, frozenset[str], KeyOf | None]  # a route's path regex, its methods, the key it needs
 
 
 class KeyMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings, guards: list[tuple[re.Pattern, KeyOf | None]]):
+    def __init__(self, app: ASGIApp, settings: Settings, guards: list[Guard]):
         self.app = app
         self.settings = settings
-        self.guards = guards  # (a route's path regex, the key it needs; None: open), from key_guards()
+        self.guards = guards  # (a route's path regex, its methods, the key it needs; None: open), from key_guards()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (key_of := self.key_for(scope["path"])) is not None:
+        if scope["type"] == "http" and (key_of := self.key_for(scope["path"], scope["method"])) is not None:
             try:
                 check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
             except ServiceError as e:
@@ -47,22 +48,27 @@ class KeyMiddleware:
                 return
         await self.app(scope, receive, send)
 
-    def key_for(self, path: str) -> KeyOf | None:
-        """The key a path's routes need (every method of a path is in one router); BERT_API_KEY for a
-        path no route has."""
-        return next((key_of for regex, key_of in self.guards if regex.match(path)), api_key)
+    def key_for(self, path: str, method: str = "GET") -> KeyOf | None:
+        """The key the route of a path and method needs (a path's first route for a method none has: its
+        405 answers after the same check); BERT_API_KEY for a path no route has."""
+        routes = [(methods, key_of) for regex, methods, key_of in self.guards if regex.match(path)]
+        method = "GET" if method == "HEAD" else method
+        return next((key_of for methods, key_of in routes if method in methods), routes[0][1] if routes else api_key)
 
 
-def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, KeyOf | None]]:
+def key_guards(routers: list[tuple[APIRouter, list]]) -> list[Guard]:
     """(path regex, key) of every route of these routers, each with the extra dependencies it is
     included with, as the key dependencies of app/api/deps.py declare it."""
-    guards: list[tuple[re.Pattern, KeyOf | None]] = []
+    guards: list[Guard] = []
     for router, dependencies in routers:
         key_of = next(
             (KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies] if d.dependency in KEY_OF), None
         )
         # (starlette's BaseRoute does not declare path_regex; every route an APIRouter holds has one)
-        guards += [(route.path_regex, key_of) for route in router.routes]  # type: ignore[attr-defined]
+        guards += [
+            (route.path_regex, frozenset(getattr(route, "methods", None) or ()), key_of)  # type: ignore[attr-defined]
+            for route in router.routes
+        ]
     return guards
 
 

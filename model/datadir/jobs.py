@@ -35,7 +35,7 @@ from model.files import METRICS_FILE, TMP_PREFIX, atomic_write_bytes, fsync_dir,
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
-JOB_KINDS = ("pretrain", "finetune")
+JOB_KINDS = ("pretrain", "finetune", "import")  # import: a model import the API runs (app/jobs/imports.py)
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 FORMAT_VERSION = 1
