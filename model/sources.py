@@ -18,6 +18,7 @@ Reference: https://huggingface.co/docs/huggingface_hub/guides/download
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 import stat
@@ -120,7 +121,13 @@ def import_source(
     with tempfile.TemporaryDirectory(dir=root, prefix=TMP_PREFIX + "import-") as work:
         fetched = fetch(source, kind, Path(work) / "source", revision=revision, progress=progress)
         staged = Path(work) / "model"
-        summary = import_model(fetched.path, staged)
+        try:
+            summary = import_model(fetched.path, staged)
+        except pickle.UnpicklingError:  # torch.load(weights_only=True) met more than tensors
+            raise UserError(
+                f"{source}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+                "(convert it to model.safetensors)"
+            ) from None
         for rel in KEPT_FILES:
             if (fetched.path / rel).is_file():
                 (staged / rel).parent.mkdir(parents=True, exist_ok=True)

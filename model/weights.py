@@ -16,7 +16,6 @@ Head names: "pooler" (bert.pooler), "mlm" (cls.predictions), "nsp" (cls.seq_rela
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -50,14 +49,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if (path / "model.safetensors").is_file():
         return load_file(path / "model.safetensors")
     if (path / "pytorch_model.bin").is_file():
-        try:
-            return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise ValueError(
-                f"refused {path / 'pytorch_model.bin'}: reading it would unpickle more than tensors ({reason[:200]}); "
-                "convert it to model.safetensors where you trust it"
-            ) from None
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path}")
 
 

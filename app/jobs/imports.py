@@ -16,6 +16,7 @@ cache makes a restart cheap. An uploaded archive is kept in the job's directory 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -206,9 +207,14 @@ async def receive_request(request: Request, data_dir: Path, settings: Settings) 
             if len(body) > MAX_JSON_BYTES:
                 raise ServiceError("too_large", f"request body is larger than the limit of {MAX_JSON_BYTES} bytes")
         try:
-            req = ImportModelRequest.model_validate_json(body)
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            where = f" (character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
+            raise ServiceError("validation", f"the body is not valid JSON{where}") from None
+        try:
+            req = ImportModelRequest.model_validate(data)
         except ValidationError as e:
-            raise RequestValidationError(e.errors(include_url=False)) from None
+            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]) from None
         return req.name, {"kind": "hub", "repo": req.source, "revision": req.revision}, None
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
         raise ServiceError(
