@@ -26,8 +26,8 @@ from app.settings import Settings
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import steps_of
-from model.sources import HUB_ID_PATTERN
 from model.options import TASKS, Option, format_default, options_for
+from model.sources import HUB_ID_PATTERN
 from model.tokenizer import lone_surrogate_at
 
 # The rule above, for every request type (response types are ours: no need).
@@ -423,6 +423,9 @@ class HealthResponse(BaseModel):
 class ReadyResponse(BaseModel):
     status: Literal["ready"] = "ready"
     model: str
+    mlm_model: str | None = Field(
+        None, description="The model /fill-mask and /nsp use when a request names none (null: `model`)."
+    )
 
 
 class InfoResponse(BaseModel):
@@ -768,7 +771,10 @@ class ImportModelRequest(BaseModel):
         description="A Hugging Face Hub repo id, e.g. google-bert/bert-base-uncased (never a path on the server).",
     )
     revision: str | None = Field(
-        None, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$", description="A branch, tag or commit; default main."
+        None,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$",
+        description="A branch, tag or commit; default main.",
     )
 
 

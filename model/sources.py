@@ -72,7 +72,7 @@ class Fetched:
 
 
 def source_kind(source: str) -> str:
-    """"directory", "archive" or "hub" for what the user typed; a UserError when it is none of them."""
+    """ "directory", "archive" or "hub" for what the user typed; a UserError when it is none of them."""
     path = Path(source)
     if path.is_dir():
         return "directory"
@@ -285,7 +285,9 @@ def _check_files(repo: str, files: list[str]) -> None:
     if any(w in files for w in WEIGHTS):
         return
     if any(s in files for s in SHARDED):
-        raise UserError(f"{repo} has its weights in shards ({', '.join(s for s in SHARDED if s in files)}): not supported")
+        raise UserError(
+            f"{repo} has its weights in shards ({', '.join(s for s in SHARDED if s in files)}): not supported"
+        )
     raise UserError(f"{repo} has no weights file ({' or '.join(WEIGHTS)}); it has: {', '.join(sorted(files)[:20])}")
 
 
@@ -338,9 +340,36 @@ def _hub_error(e: Exception, repo: str, revision: str | None) -> Exception:
             f"no model repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with access)"
         )
     if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
-        return UserError(f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE})")
+        return UserError(
+            f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+        )
     if isinstance(e, errors.HfHubHTTPError):
         return UserError(f"the Hub refused {repo}{at}: {str(e).splitlines()[0]}")
     if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore") or isinstance(e, OSError):
         return UserError(f"cannot reach the Hub at {constants.ENDPOINT} for {repo}: {type(e).__name__}: {e}")
     return e
+
+
+def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
+    """Why `repo` cannot be imported from the Hub now (offline, no answer within `timeout` seconds, no
+    such repo), or None when the Hub answered for it."""
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    if not is_hub_id(repo):
+        return f"{repo!r} is not a Hub repo id"
+    try:
+        HfApi().model_info(repo, timeout=timeout)
+    except Exception as e:
+        error = _hub_error(e, repo, None)
+        return str(error) if isinstance(error, UserError) else f"{type(e).__name__}: {e}"
+    return None
+
+
+def hub_model_name(repo: str) -> str:
+    """The model name a Hub repo gets in DATA_DIR/models by default: its name without the owner."""
+    from model.datadir.layout import valid_name
+
+    name = repo.rsplit("/", 1)[-1]
+    return name if valid_name(name) else "hub-" + re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]

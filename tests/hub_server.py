@@ -48,7 +48,13 @@ class HubServer:
         self.requests: list[tuple[str, str]] = []
         self._httpd: ThreadingHTTPServer | None = None
 
-    def add(self, repo_id: str, revisions: dict[str, dict[str, bytes]], gated: bool = False, license: str | None = "apache-2.0") -> Repo:
+    def add(
+        self,
+        repo_id: str,
+        revisions: dict[str, dict[str, bytes]],
+        gated: bool = False,
+        license: str | None = "apache-2.0",
+    ) -> Repo:
         """Repo `repo_id` with one commit per branch name in `revisions` ({branch: {path: bytes}})."""
         repo = self.repos.setdefault(repo_id, Repo(gated=gated, license=license))
         for branch, files in revisions.items():
@@ -62,7 +68,10 @@ class HubServer:
         """Repo whose branches hold the files of local directories."""
         return self.add(
             repo_id,
-            {b: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()} for b, d in revisions.items()},
+            {
+                b: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+                for b, d in revisions.items()
+            },
             **kwargs,
         )
 
@@ -197,7 +206,6 @@ def _sibling(name: str, content: bytes) -> dict:
     return entry
 
 
-
 # -- the tiny repos the tests import --------------------------------------------------------------
 
 TINY_REPO = "google-bert/bert-tiny"  # main and branch "v2" (other weights)
@@ -242,7 +250,9 @@ def tiny_hub(root: Path) -> HubServer:
     hub.add(PICKLED_REPO, {"main": {**text, "pytorch_model.bin": pickled.read_bytes()}})
     hub.add_dir(GATED_REPO, {"main": main}, gated=True)
     gpt = json.dumps({"model_type": "gpt2", "n_layer": 2}).encode()
-    hub.add(NOT_BERT_REPO, {"main": {"config.json": gpt, "model.safetensors": (main / "model.safetensors").read_bytes()}})
+    hub.add(
+        NOT_BERT_REPO, {"main": {"config.json": gpt, "model.safetensors": (main / "model.safetensors").read_bytes()}}
+    )
     hub.add(NO_WEIGHTS_REPO, {"main": text})
     hub.add(SHARDED_REPO, {"main": {**text, "model.safetensors.index.json": b'{"weight_map": {}}'}})
     return hub.start()

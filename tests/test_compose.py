@@ -64,6 +64,7 @@ class Stack:
             "BERT_PORT": str(self.port),
             "BERT_IMAGE": IMAGE,
             "FLOWER_PASSWORD": "unused",
+            "HF_HUB_OFFLINE": "1",  # never the real Hub: the first start runs the bootstrap job
             "TORCH_INDEX": os.environ.get("TORCH_INDEX", ""),
             **env,
         }

@@ -65,19 +65,24 @@ class Imports:
     def unfinished(self, name: str) -> JobRecord | None:
         """The queued or running import of model `name`, if there is one."""
         return next(
-            (r for r in self.store.list() if r.get("kind") == KIND and r.get("model_name") == name and r["state"] not in TERMINAL),
+            (
+                r
+                for r in self.store.list()
+                if r.get("kind") == KIND and r.get("model_name") == name and r["state"] not in TERMINAL
+            ),
             None,
         )
 
-    def submit(self, name: str, source: dict[str, Any], upload: Path | None = None) -> JobRecord:
-        """Write the record (with `upload` moved into its directory) and start its thread; 409 while
-        another import of `name` is unfinished."""
+    def submit(self, name: str, source: dict[str, Any], upload: Path | None = None, start: bool = True) -> JobRecord:
+        """Write the record (with `upload` moved into its directory) and start its thread (unless not
+        `start`: the API runs it when it starts); 409 while another import of `name` is unfinished."""
         with self._lock:
             running = self.unfinished(name)
             if running is not None:
                 raise ServiceError("conflict", f"model '{name}' is being imported by job {running['id']}")
             record = self._create(name, source, upload)
-        self.start(record["id"])
+        if start:
+            self.start(record["id"])
         return record
 
     def _create(self, name: str, source: dict[str, Any], upload: Path | None) -> JobRecord:
@@ -197,7 +202,9 @@ class Imports:
 MAX_JSON_BYTES = 16 * 1024
 
 
-async def receive_request(request: Request, data_dir: Path, settings: Settings) -> tuple[str, dict[str, Any], Path | None]:
+async def receive_request(
+    request: Request, data_dir: Path, settings: Settings
+) -> tuple[str, dict[str, Any], Path | None]:
     """(name, source, uploaded archive or None) from POST /models's body, the archive streamed to disk."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type == b"application/json":
@@ -214,7 +221,9 @@ async def receive_request(request: Request, data_dir: Path, settings: Settings) 
         try:
             req = ImportModelRequest.model_validate(data)
         except ValidationError as e:
-            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]) from None
+            raise RequestValidationError(
+                [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+            ) from None
         return req.name, {"kind": "hub", "repo": req.source, "revision": req.revision}, None
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
         raise ServiceError(
@@ -238,7 +247,9 @@ async def receive_request(request: Request, data_dir: Path, settings: Settings) 
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in uploads.DISK_FULL:
-            raise ServiceError("insufficient_storage", f"not enough disk space to store the archive ({os.strerror(e.errno)})") from None
+            raise ServiceError(
+                "insufficient_storage", f"not enough disk space to store the archive ({os.strerror(e.errno)})"
+            ) from None
         raise
 
 
@@ -252,7 +263,9 @@ class _ArchiveUpload(uploads._Upload):
         filename = self.filename or ""
         suffix = next((s for s in ARCHIVE_SUFFIXES if filename.lower().endswith(s)), None)
         if suffix is None:
-            raise ServiceError("validation", f"file {filename[:80]!r}: expected a {', '.join(ARCHIVE_SUFFIXES)} archive")
+            raise ServiceError(
+                "validation", f"file {filename[:80]!r}: expected a {', '.join(ARCHIVE_SUFFIXES)} archive"
+            )
         self._file = open(self.tmp_dir / f"model{suffix}", "wb")  # noqa: SIM115  (open across the parser's callbacks)
 
     def check_fields(self) -> None:

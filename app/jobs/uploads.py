@@ -152,7 +152,9 @@ class _Upload:
         elif name in self.FIELDS:
             self._part = name
         else:
-            raise ServiceError("validation", f"unknown form field {name[:40]!r}; expected {', '.join(('file', *self.FIELDS))}")
+            raise ServiceError(
+                "validation", f"unknown form field {name[:40]!r}; expected {', '.join(('file', *self.FIELDS))}"
+            )
 
     def _check_filename(self) -> None:
         filename = self.filename or ""

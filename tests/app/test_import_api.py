@@ -48,7 +48,11 @@ async def test_import_from_the_hub(hub, hub_env, tmp_path):
         sha = hub.repos[H.TINY_REPO].refs["v2"]
         assert done["result"]["model"] == "tiny" and done["result"]["version"] == 1
         assert done["result"]["source"] == {
-            "kind": "hub", "repo": H.TINY_REPO, "revision": "v2", "sha": sha, "license": "apache-2.0"
+            "kind": "hub",
+            "repo": H.TINY_REPO,
+            "revision": "v2",
+            "sha": sha,
+            "license": "apache-2.0",
         }
         assert [e["event"] for e in done["events"]] == ["created", "started", "succeeded"]
         assert (await client.get("/models/tiny")).json()["architecture"] == "BertForPreTraining"

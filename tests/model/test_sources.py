@@ -64,7 +64,11 @@ def test_bin_only_repo_reads_weights_only(hub, hub_env, tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     "repo, revision, message",
     [
-        (H.PICKLED_REPO, None, f"{H.PICKLED_REPO}: pytorch_model.bin is not plain weights: loading it would unpickle code"),
+        (
+            H.PICKLED_REPO,
+            None,
+            f"{H.PICKLED_REPO}: pytorch_model.bin is not plain weights: loading it would unpickle code",
+        ),
         (H.GATED_REPO, None, f"{H.GATED_REPO} is a gated repo: accept its terms on the Hub, then set HF_TOKEN"),
         ("acme/missing", None, "no model repo acme/missing on http://127.0.0.1:"),
         (H.TINY_REPO, "v9", f"{H.TINY_REPO} has no revision 'v9' on http://127.0.0.1:"),
