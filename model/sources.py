@@ -311,7 +311,7 @@ def _progress_class(total: int, progress: Progress | None) -> Any:
 
     done = 0
 
-    class Bar(tqdm):  # type: ignore[misc,valid-type]
+    class Bar(tqdm):
         def update(self, n: float | None = 1) -> bool | None:
             nonlocal done
             done += int(n or 0)

@@ -95,7 +95,7 @@ MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or
 class _Upload:
     """Callbacks for python-multipart's streaming parser: fields kept small, the file part on disk."""
 
-    FIELDS = ("name", "kind")  # the form's fields besides the file
+    FIELDS: tuple[str, ...] = ("name", "kind")  # the form's fields besides the file
     LIMIT = "dataset is larger than the limit of {} bytes (BERT_MAX_DATASET_BYTES)"
 
     def __init__(self, tmp_dir: Path, max_bytes: int, data_dir: Path):

@@ -78,10 +78,9 @@ def initialize(
             record = bootstrap_job(settings, steps)
             set_default(settings.data_dir, "mlm", BOOTSTRAP_MODEL)
     if record is not None:
+        job = "import job" if record["kind"] == "import" else "bootstrap job"
         what = f"imports '{record['model_name']}'" if record["kind"] == "import" else f"trains '{BOOTSTRAP_MODEL}'"
-        log(
-            f"{record['kind']} job {record['id']} ({record['state']}) {what}; GET /jobs/{record['id']} shows its progress"
-        )
+        log(f"{job} {record['id']} ({record['state']}) {what}; GET /jobs/{record['id']} shows its progress")
     return record
 
 

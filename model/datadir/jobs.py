@@ -49,10 +49,11 @@ class JobRecord(TypedDict, total=False):
 
     format_version: int
     id: str
-    kind: str  # "pretrain" | "finetune": the one place a job's kind is kept (the worker reads it here)
+    kind: str  # "pretrain" | "finetune" | "import": the one place a job's kind is kept (the worker reads it here)
     model_name: str
     base_model: str | None
-    dataset: str
+    dataset: str | None  # None for an import
+    source: dict[str, Any]  # an import's source: {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"}
     params: dict[str, Any]
     estimate: dict[str, Any]
     state: str
