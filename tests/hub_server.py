@@ -256,3 +256,57 @@ def tiny_hub(root: Path) -> HubServer:
     hub.add(NO_WEIGHTS_REPO, {"main": text})
     hub.add(SHARDED_REPO, {"main": {**text, "model.safetensors.index.json": b'{"weight_map": {}}'}})
     return hub.start()
+
+
+# -- the repos the documentation imports, as tiny models with the real ones' heads, labels and casing --
+
+NER_LABELS = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+NLI_LABELS = ["entailment", "neutral", "contradiction"]
+
+
+def docs_hub(root: Path) -> HubServer:
+    """A started HubServer holding tiny stand-ins for the Hub models docs/models.md imports."""
+    import torch
+
+    from model.modeling import (
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from model.tokenizer import BertTokenizer
+    from tests.helpers import VOCAB, tiny_config
+
+    def save(repo: str, model, lowercase: bool) -> None:
+        path = root / repo.replace("/", "--")
+        model.save_pretrained(path, tokenizer=BertTokenizer.from_vocab(VOCAB, lowercase=lowercase))
+        hub.add_dir(repo, {"main": path})
+
+    def labelled(labels: list[str]) -> dict:
+        return {"id2label": dict(enumerate(labels))}
+
+    hub = HubServer()
+    torch.manual_seed(0)
+    save("google-bert/bert-base-cased", BertForPreTraining(tiny_config()), lowercase=False)
+    save("deepset/bert-base-cased-squad2", BertForQuestionAnswering(tiny_config()), lowercase=False)
+    ner = BertForTokenClassification(tiny_config(**labelled(NER_LABELS)))
+    with torch.no_grad():  # every token a B-PER: the example's entities, whatever the random encoder says
+        ner.classifier.bias[NER_LABELS.index("B-PER")] = 20.0
+    save("dslim/bert-base-NER", ner, lowercase=False)
+    ranker = BertForSequenceClassification(tiny_config(**labelled(["LABEL_0"])))
+    with torch.no_grad():  # one score for every pair: the rerank example's order is the ranking's tie order
+        ranker.classifier.weight.zero_()
+    save("cross-encoder/ms-marco-MiniLM-L-6-v2", ranker, lowercase=True)
+    nli = BertForSequenceClassification(tiny_config(**labelled(NLI_LABELS)))
+    save("ynie/bert-large-uncased-snli_mnli_fever_anli_R1_R2_R3-nli", nli, lowercase=True)
+    return hub.start()
+
+
+if __name__ == "__main__":  # a docs Hub to try the pages by hand: python -m tests.hub_server DIR
+    import sys
+    import time
+
+    server = docs_hub(Path(sys.argv[1]))
+    print(f"HF_ENDPOINT={server.url}", flush=True)
+    while True:
+        time.sleep(3600)
