@@ -4,7 +4,7 @@ Middleware, outermost first: metrics (times everything), keys (401 from the head
 body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
-/jobs and /datasets behind the admin key, which their routers demand themselves; /console (the web
+/jobs, /datasets and POST /models (an import) behind the admin key, which their routers demand themselves; /console (the web
 console's static files, app/api/routes/console.py) open, as it carries no data. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
