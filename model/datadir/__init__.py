@@ -10,6 +10,7 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     datasets.py  uploaded datasets and their meta.json
     publish.py   moving a finished model into DATA_DIR/models/<name>, with its provenance
     cards.py     a model's card.json: its source and measured scores
+    defaults.py  defaults.json: the model the first start chose for /fill-mask and /nsp
 """
 
 from model.datadir.datasets import DatasetExists, dataset_file, list_datasets, read_meta
