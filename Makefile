@@ -75,11 +75,11 @@ compose-test: $(STAMP)
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
 test: $(STAMP) $(DEMO_STAMP) lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site-check
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
 
 # Everything but the tests marked slow (servers, workers, real training): under a minute on 2 cores.
 test-fast: $(STAMP) $(DEMO_STAMP) lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docker"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docker"
 
 # The documentation site (mkdocs.yml, docs/), into site/; the configuration and error tables are
 # rendered from the code by docs/hooks.py.

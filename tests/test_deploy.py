@@ -91,7 +91,8 @@ def test_the_key_guard_is_kept_and_defaults_reach_the_containers(compose):
     api = env_of(compose["services"]["api"])
     assert api["BERT_PUBLISHED_HOST"] == "${BERT_BIND:-127.0.0.1}"
     assert api["BERT_DEFAULT_MODEL"] == "${BERT_DEFAULT_MODEL:-minilm}"
-    assert api["BERT_DEFAULT_MLM_MODEL"] == "${BERT_DEFAULT_MLM_MODEL:-wiki-mlm}"
+    assert api["BERT_DEFAULT_MLM_MODEL"] == "${BERT_DEFAULT_MLM_MODEL:-}"  # DATA_DIR/defaults.json decides
+    assert api["BERT_MLM_MODEL"] == "${BERT_MLM_MODEL-google-bert/bert-base-uncased}"
 
 
 def test_redis_is_private_persistent_and_password_protected(compose):

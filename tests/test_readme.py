@@ -5,7 +5,8 @@ way `make run` starts it.
 the bootstrap job shortened to a few steps). Every ```console block runs, command by command, in one
 bash process, in a scratch folder that holds the system's `data/` and links to the repository's
 `examples/` and `.venv` (so `.venv/bin/bert` and `data/models/minilm` mean what they mean after
-`make run`), with the port swapped for the test's. Each command must succeed and print what the page
+`make run`), with the port swapped for the test's. The Hugging Face Hub is tests/hub_server.py's, serving tiny
+models under the repo ids the pages import (with their heads, labels and casing). Each command must succeed and print what the page
 shows: the same JSON shape (keys, lengths, types) and the same values for the keys that do not vary
 from run to run; text output line by line, numbers aside, a `...` line standing for any lines.
 
@@ -31,6 +32,7 @@ import pytest
 import yaml
 
 from tests.helpers import free_port
+from tests.hub_server import docs_hub
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +74,7 @@ LOOSE_KEYS = {
     "loaded",
 }
 MORE = "__more__"
+HUB_ENV: dict[str, str] = {}  # huggingface_hub's settings for every command: the docs' fake Hub
 SKIP = re.compile(r"<!-- docs-test: skip ([\w-]+) -->\n *$")
 # The blocks that cannot run in a test, and what every command of such a block must be.
 SKIP_REASONS = {
@@ -190,7 +193,12 @@ def system(tmp_path_factory):
     (scratch / "examples").symlink_to(ROOT / "examples")
     (scratch / ".venv").symlink_to(VENV_BIN.parent)
     port = free_port()
+    hub = docs_hub(tmp_path_factory.mktemp("hub"))  # the Hub models the pages import, as tiny stand-ins
+    HUB_ENV.update(HF_ENDPOINT=hub.url, HF_HOME=str(scratch / "hf"), HF_HUB_DISABLE_PROGRESS_BARS="1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
+    env.update(HUB_ENV)
+    env.pop("HF_HUB_OFFLINE", None)
+    env["BERT_MLM_MODEL"] = ""  # the first start trains wiki-mlm, which the pages show
     log = open(scratch / "bert-up.log", "w")  # noqa: SIM115  (bert up's output for the whole module)
     proc = subprocess.Popen(
         [str(BERT), "up", "--data-dir", str(data_dir), "--port", str(port), "--bootstrap-steps", "3"],
@@ -213,6 +221,7 @@ def system(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        hub.stop()
 
 
 def bootstrap_state(url: str) -> str | None:
@@ -240,7 +249,8 @@ def run_block(pairs: list[tuple[str, str]], port: int, cwd: Path) -> list[tuple[
         command = strip_comment(command.replace("localhost:8000", f"localhost:{port}"))
         script += [f"echo '@@@START {i}'", command, f'echo; echo "@@@END {i} $?"']
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_") and k != "REDIS_URL"}
-    env.update(PATH=f"{VENV_BIN}:{env['PATH']}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.update(PATH=f"{VENV_BIN}:{env['PATH']}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **HUB_ENV)
+    env.pop("HF_HUB_OFFLINE", None)
     proc = subprocess.run(
         ["bash", "-c", "\n".join(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )

@@ -37,9 +37,11 @@ shutting_down = multiprocessing.Event()
 
 
 def sweep(store: JobRecords, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")) -> list[str]:
-    """Send again every job in `states` whose lease is free; returns their ids."""
+    """Send again every training job in `states` whose lease is free; returns their ids."""
     sent = []
     for record in store.list():
+        if record.get("kind") == "import":  # the API runs imports and resumes them itself (app/jobs/imports.py)
+            continue
         if record.get("state") not in states or not lease_is_free(store, record["id"]):
             continue
         send(record["id"])

@@ -14,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
 from app.errors import ServiceError
+from app.jobs.imports import Imports
 from app.jobs.job_service import JobService
 from app.serving.service import Service
 from app.settings import Settings
@@ -44,6 +45,14 @@ async def get_job_service(request: Request) -> JobService:
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
+
+
+async def get_imports(request: Request) -> Imports:
+    """The app's model imports (app/jobs/imports.py), made at start by create_app's lifespan."""
+    return request.app.state.imports
+
+
+ImportsDep = Annotated[Imports, Depends(get_imports)]
 
 
 def api_key(settings: Settings) -> tuple[str | None, str]:

@@ -30,13 +30,14 @@ from app.settings import Settings
 
 log = logging.getLogger("bertserve")
 KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/api/deps.py's api_key or admin_key
+Guard = tuple[re.Pattern, frozenset[str], KeyOf | None]  # a route's path regex, its methods, the key it needs
 
 
 class KeyMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings, guards: list[tuple[re.Pattern, frozenset[str], KeyOf | None]]):
+    def __init__(self, app: ASGIApp, settings: Settings, guards: list[Guard]):
         self.app = app
         self.settings = settings
-        self.guards = guards  # (a route's path regex, methods, the key it needs; None: open), from key_guards()
+        self.guards = guards  # (a route's path regex, its methods, the key it needs; None: open), from key_guards()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and (key_of := self.key_for(scope["path"], scope["method"])) is not None:
@@ -48,18 +49,17 @@ class KeyMiddleware:
         await self.app(scope, receive, send)
 
     def key_for(self, path: str, method: str = "GET") -> KeyOf | None:
-        """The key the route of a path and method needs (GET /models/{name} BERT_API_KEY, DELETE
-        BERT_ADMIN_KEY); a method the path lacks: its first route's; BERT_API_KEY for a path no route has."""
-        matching = [(methods, key_of) for regex, methods, key_of in self.guards if regex.match(path)]
-        return next(
-            (key_of for methods, key_of in matching if method in methods), matching[0][1] if matching else api_key
-        )
+        """The key the route of a path and method needs (a path's first route for a method none has: its
+        405 answers after the same check); BERT_API_KEY for a path no route has."""
+        routes = [(methods, key_of) for regex, methods, key_of in self.guards if regex.match(path)]
+        method = "GET" if method == "HEAD" else method
+        return next((key_of for methods, key_of in routes if method in methods), routes[0][1] if routes else api_key)
 
 
-def key_guards(routers: list[tuple[APIRouter, list]]) -> list[tuple[re.Pattern, frozenset[str], KeyOf | None]]:
-    """(path regex, methods, key) of every route of these routers, each with the extra dependencies it
-    is included with, as the key dependencies of app/api/deps.py declare it."""
-    guards: list[tuple[re.Pattern, frozenset[str], KeyOf | None]] = []
+def key_guards(routers: list[tuple[APIRouter, list]]) -> list[Guard]:
+    """(path regex, key) of every route of these routers, each with the extra dependencies it is
+    included with, as the key dependencies of app/api/deps.py declare it."""
+    guards: list[Guard] = []
     for router, dependencies in routers:
         key_of = next(
             (KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies] if d.dependency in KEY_OF), None

@@ -36,13 +36,33 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """`bert import SOURCE --name NAME`: a new version of a model in DATA_DIR; `bert import SRC DST`: a directory."""
+    if args.dst is not None:
+        return _import_to_directory(args)
+    if not args.name:
+        raise UserError("name the model: bert import SOURCE --name NAME (or give a destination directory: SRC DST)")
+    from app.settings import Settings
+    from model.sources import import_source
+
+    data_dir = Path(args.data_dir) if args.data_dir else Settings().data_dir
+    version, info = import_source(data_dir, args.source, args.name, revision=args.revision)
+    print(
+        f"imported {args.source}{f' at {args.revision}' if args.revision else ''} as model '{args.name}' -> {version}"
+    )
+    _print_summary(_servable(info))
+    return 0
+
+
+def _import_to_directory(args: argparse.Namespace) -> int:
     from model.model_dir import import_model
 
+    if args.name or args.revision:
+        raise UserError("--name and --revision import into DATA_DIR: give SOURCE alone, not a destination")
     dst = Path(args.dst)
     if dst.exists() and not args.force:
         raise UserError(f"{dst} exists; pass --force to replace it")
-    info = _servable(import_model(args.src, dst))
-    print(f"imported {args.src} -> {dst}")
+    info = _servable(import_model(args.source, dst))
+    print(f"imported {args.source} -> {dst}")
     _print_summary(info)
     return 0
 
@@ -172,10 +192,28 @@ def add_commands(sub) -> None:
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     p.set_defaults(func=cmd_vocab)
 
-    p = sub.add_parser("import", help="convert a Hugging Face BERT directory into the project's layout")
-    p.add_argument("src", help="HF model directory (config.json, weights, vocab.txt or tokenizer.json)")
-    p.add_argument("dst", help="destination, e.g. data/models/NAME")
-    p.add_argument("--force", action="store_true", help="replace an existing destination")
+    p = sub.add_parser(
+        "import",
+        help="import a BERT from a Hugging Face Hub repo, a directory or an archive as a model in DATA_DIR "
+        "(or convert a directory into another: SRC DST)",
+    )
+    p.add_argument(
+        "source",
+        help="a Hub repo id (google-bert/bert-base-uncased), a Hugging Face model directory, "
+        "or a .tar, .tar.gz, .tgz or .zip of one",
+    )
+    p.add_argument(
+        "dst",
+        nargs="?",
+        help="instead of --name: write the converted directory here (default: none, import into DATA_DIR)",
+    )
+    p.add_argument(
+        "--name",
+        help="the model's name in DATA_DIR/models, imported as its next version (no default: required without DST)",
+    )
+    p.add_argument("--revision", help="a Hub branch, tag or commit (default: the repo's main branch)")
+    p.add_argument("--data-dir", help="default BERT_DATA_DIR or ./data")
+    p.add_argument("--force", action="store_true", help="with DST: replace an existing destination")
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser(

@@ -95,6 +95,9 @@ MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or
 class _Upload:
     """Callbacks for python-multipart's streaming parser: fields kept small, the file part on disk."""
 
+    FIELDS: tuple[str, ...] = ("name", "kind")  # the form's fields besides the file
+    LIMIT = "dataset is larger than the limit of {} bytes (BERT_MAX_DATASET_BYTES)"
+
     def __init__(self, tmp_dir: Path, max_bytes: int, data_dir: Path):
         self.tmp_dir, self.max_bytes, self.data_dir = tmp_dir, max_bytes, data_dir
         self.fields: dict[str, str] = {}
@@ -146,10 +149,12 @@ class _Upload:
             self.filename = options[b"filename"].decode("utf-8", "replace")
             self._check_filename()
             self._part = "file"
-        elif name in ("name", "kind"):
+        elif name in self.FIELDS:
             self._part = name
         else:
-            raise ServiceError("validation", f"unknown form field {name[:40]!r}; expected file, name, kind")
+            raise ServiceError(
+                "validation", f"unknown form field {name[:40]!r}; expected {', '.join(('file', *self.FIELDS))}"
+            )
 
     def _check_filename(self) -> None:
         filename = self.filename or ""
@@ -163,9 +168,7 @@ class _Upload:
         if self._part == "file":
             self.file_bytes += len(chunk)
             if self.file_bytes > self.max_bytes:
-                raise ServiceError(
-                    "too_large", f"dataset is larger than the limit of {self.max_bytes} bytes (BERT_MAX_DATASET_BYTES)"
-                )
+                raise ServiceError("too_large", self.LIMIT.format(self.max_bytes))
             self.sha256.update(chunk)
             self.pending.append(chunk)
             self.pending_bytes += len(chunk)
@@ -175,9 +178,12 @@ class _Upload:
                 raise ServiceError("validation", f"form field {self._part!r} is longer than {MAX_FIELD_BYTES} bytes")
 
     def on_part_end(self) -> None:
-        if self._part in ("name", "kind"):
+        if self._part in self.FIELDS:
             self.fields[self._part] = self._value.decode("utf-8", "replace").strip()
-            check_fields(self.fields, self.data_dir)  # fail before the file is read, when sent first
+            self.check_fields()  # fail before the file is read, when sent first
+
+    def check_fields(self) -> None:
+        check_fields(self.fields, self.data_dir)
 
     def take_pending(self) -> bytes:
         data, self.pending, self.pending_bytes = b"".join(self.pending), [], 0
@@ -251,9 +257,11 @@ async def receive_upload(request: Request, data_dir: Path, settings: Settings) -
         raise
 
 
-async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, data_dir: Path) -> _Upload:
+async def _parse(
+    request: Request, boundary: bytes, tmp: Path, max_bytes: int, data_dir: Path, upload_class: type[_Upload] = _Upload
+) -> _Upload:
     """Stream the body through python-multipart into `upload`; its file part lands in `tmp`."""
-    upload = _Upload(tmp, max_bytes, data_dir)
+    upload = upload_class(tmp, max_bytes, data_dir)
     try:
         parser = MultipartParser(boundary, upload.callbacks())
         async for chunk in request.stream():
@@ -264,7 +272,7 @@ async def _parse(request: Request, boundary: bytes, tmp: Path, max_bytes: int, d
         await asyncio.to_thread(upload.write, upload.take_pending())
         await asyncio.to_thread(upload.close)
     except (FormParserError, UnicodeDecodeError) as e:  # the parser's own errors: the body is not multipart
-        log.info("malformed multipart body on POST /datasets: %s", e)  # the parser's words stay here
+        log.info("malformed multipart body on POST %s: %s", request.url.path, e)  # the parser's words stay here
         raise ServiceError(
             "validation",
             "malformed multipart body: it does not follow the multipart/form-data "

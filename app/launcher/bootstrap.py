@@ -6,8 +6,12 @@
 - imports the bundled all-MiniLM-L6-v2 encoder as model `minilm` (the default model: /embeddings
   works as soon as the server is up),
 - registers the Wikipedia demo corpus as dataset `wiki`, and
-- queues an ordinary pretraining job that warm-starts from `minilm` and publishes `wiki-mlm`, the
-  default model of /fill-mask and /nsp. Until it finishes those routes answer 503 naming the job.
+- makes a model for /fill-mask and /nsp: when the Hugging Face Hub answers, an import of BERT_MLM_MODEL
+  (google-bert/bert-base-uncased) queued as an import job the API runs (app/jobs/imports.py);
+  otherwise an ordinary pretraining job that warm-starts from `minilm` and publishes `wiki-mlm`. The
+  choice is recorded in DATA_DIR/defaults.json, which every API process reads; until the job
+  finishes those routes answer 503 naming it. A start that found the Hub unreachable leaves the next
+  start to try again.
 
 Each step happens once: a model, dataset or job that is already there is left alone, so running it
 again (every `docker compose up`, several at once) does nothing more. An exclusive flock on
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from app.jobs.imports import Imports
 from app.jobs.job_service import JobService
 from app.jobs.uploads import add_local_dataset
 from app.launcher.demo_data import ensure_minilm, prepare_wiki
@@ -33,7 +38,9 @@ from app.schemas import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
 from model.datadir import DataDir, JobRecord, JobRecords, model_dir_for, read_meta
+from model.datadir.defaults import set_default
 from model.files import TMP_PREFIX
+from model.sources import hub_model_name, hub_unreachable
 
 ENCODER = "minilm"
 CORPUS = "wiki"
@@ -66,13 +73,34 @@ def initialize(
         prepare(settings.data_dir, log)
         if not bootstrap:
             return None
-        record = bootstrap_job(settings, steps)
+        imported, record = mlm_import(settings, log)
+        if not imported:
+            record = bootstrap_job(settings, steps)
+            set_default(settings.data_dir, "mlm", BOOTSTRAP_MODEL)
     if record is not None:
-        log(
-            f"bootstrap job {record['id']} ({record['state']}) trains '{BOOTSTRAP_MODEL}'; "
-            f"GET /jobs/{record['id']} shows its progress"
-        )
+        job = "import job" if record["kind"] == "import" else "bootstrap job"
+        what = f"imports '{record['model_name']}'" if record["kind"] == "import" else f"trains '{BOOTSTRAP_MODEL}'"
+        log(f"{job} {record['id']} ({record['state']}) {what}; GET /jobs/{record['id']} shows its progress")
     return record
+
+
+def mlm_import(settings: Settings, log: Callable[[str], None] = print) -> tuple[bool, JobRecord | None]:
+    """The BERT_MLM_MODEL import: (True, its unfinished job or None when the model is there) once it is
+    chosen; (False, None) when it is disabled, or the Hub did not answer (the bootstrap job serves instead)."""
+    repo = settings.mlm_model.strip()
+    if not repo:
+        return False, None
+    name, data_dir = hub_model_name(repo), settings.data_dir
+    imports = Imports(data_dir)
+    record = imports.unfinished(name)
+    if record is None and not DataDir(data_dir).model(name).is_dir():
+        reason = hub_unreachable(repo)
+        if reason is not None:
+            log(f"not importing {repo} for /fill-mask and /nsp ({reason}); the next start tries again")
+            return False, None
+        record = imports.submit(name, {"kind": "hub", "repo": repo, "revision": None}, start=False)
+    set_default(data_dir, "mlm", name)
+    return True, record
 
 
 @contextlib.contextmanager

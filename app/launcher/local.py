@@ -4,7 +4,8 @@ It is the compose deployment with one difference, the broker URL: a Celery trans
 server (kombu's SQLAlchemy transport on a sqlite file in DATA_DIR). The same `bert worker` and
 `bert serve` run, as a child process and in this process, and the same first start as the compose
 stack's `init` service (app/launcher/bootstrap.py): MiniLM as model `minilm`, the Wikipedia corpus as dataset
-`wiki`, and the bootstrap job that trains `wiki-mlm` for /fill-mask and /nsp.
+`wiki`, and the model for /fill-mask and /nsp (BERT_MLM_MODEL from the Hub, or the bootstrap job that
+trains `wiki-mlm`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import ServiceError
-from app.launcher.bootstrap import BOOTSTRAP_MODEL, ENCODER, initialize
+from app.launcher.bootstrap import ENCODER, initialize
 from app.launcher.demo_data import AssetMissingError
 from app.launcher.server import exposure_refusal, serve
 from app.settings import Settings
@@ -30,13 +31,13 @@ def local_settings(data_dir: Path, host: str | None, port: int | None) -> tuple[
     env["BERT_DATA_DIR"] = str(data_dir)
     env.setdefault("BERT_BROKER_URL", f"sqla+sqlite:///{data_dir}/broker.sqlite")
     env.setdefault("BERT_DEFAULT_MODEL", ENCODER)
-    env.setdefault("BERT_DEFAULT_MLM_MODEL", BOOTSTRAP_MODEL)
     env.pop("REDIS_URL", None)  # the broker URL above wins; REDIS_URL is the compose spelling
     overrides: dict[str, Any] = {
         "data_dir": data_dir,
         "broker_url": env["BERT_BROKER_URL"],
         "default_model": env["BERT_DEFAULT_MODEL"],
-        "default_mlm_model": env["BERT_DEFAULT_MLM_MODEL"],
+        # unset: the model the first start chose for /fill-mask and /nsp (DATA_DIR/defaults.json)
+        "default_mlm_model": env.get("BERT_DEFAULT_MLM_MODEL") or None,
     }
     overrides.update({k: v for k, v in (("host", host), ("port", port)) if v is not None})
     return Settings(**overrides), env

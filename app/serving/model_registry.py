@@ -333,12 +333,16 @@ class ModelRegistry:
                 "total_steps": total,
                 "status_url": f"/jobs/{record['id']}",
             }
+            if record.get("kind") == "import":
+                progress = record.get("progress") or {}
+                done = f", {progress['downloaded_bytes']:,} of {progress['total_bytes']:,} bytes" if progress else ""
+                doing = f"being imported by job {job['id']} ({job['state']}{done})"
+            else:
+                doing = (
+                    f"still being trained by job {job['id']} ({job['state']}, step {job['step']}/{job['total_steps']})"
+                )
             raise ServiceError(
-                "unavailable",
-                f"model '{name}' is still being trained by job {job['id']} "
-                f"({job['state']}, step {job['step']}/{job['total_steps']}); "
-                "it is served as soon as the job finishes",
-                job=job,
+                "unavailable", f"model '{name}' is {doing}; it is served as soon as the job finishes", job=job
             )
 
     async def get(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:

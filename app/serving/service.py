@@ -21,6 +21,7 @@ from app.serving.forward import RUNNERS
 from app.serving.model_registry import LoadedModel, ModelRegistry
 from app.settings import Settings
 from model import kernels
+from model.datadir.defaults import read_defaults
 from model.device import memory_bytes, resolve_device
 from model.precision import recommended_precision
 
@@ -80,7 +81,8 @@ class Service:
             settings.default_model,
             self.device,
             warm_up=self.warm_up,
-            default_mlm_model=settings.default_mlm_model,
+            # the setting, else the choice of the first start (DATA_DIR/defaults.json), else the default model
+            default_mlm_model=settings.default_mlm_model or read_defaults(settings.data_dir).get("mlm"),
             precision=self.precision_for,
             pinned=settings.pinned_models,
             max_batch_tokens=settings.max_batch_tokens,
@@ -115,6 +117,7 @@ class Service:
             log.info("cpu: %s, %d cores: %s", info.name, info.cores, info.summary())
         self.pool = ThreadPoolExecutor(s.tokenizer_threads, thread_name_prefix="tokenize")
         await asyncio.to_thread(self.store.scan)
+        log.info("fill-mask and NSP model: %s", self.mlm_model_words())
         if self.settings.load == "startup":
             self._loader = asyncio.create_task(self._load_all())
 
@@ -234,6 +237,14 @@ class Service:
             )
 
     # -- readiness ------------------------------------------------------------------------------
+
+    def mlm_model_words(self) -> str:
+        """Which model /fill-mask and /nsp use when a request names none, and why, in words."""
+        if self.settings.default_mlm_model:
+            return f"'{self.settings.default_mlm_model}' (BERT_DEFAULT_MLM_MODEL)"
+        if self.store.default_mlm_name:
+            return f"'{self.store.default_mlm_name}' (chosen at first start: DATA_DIR/defaults.json)"
+        return f"the default model ('{self.store.default()}')" if self.store.default() else "none"
 
     async def not_ready_reason(self) -> str | None:
         """None when the default model is loaded and warmed up; else why not."""

@@ -44,7 +44,7 @@ from model.files import (
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
-JOB_KINDS = ("pretrain", "finetune")
+JOB_KINDS = ("pretrain", "finetune", "import")  # import: a model import the API runs (app/jobs/imports.py)
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 FORMAT_VERSION = 1
@@ -58,10 +58,11 @@ class JobRecord(TypedDict, total=False):
 
     format_version: int
     id: str
-    kind: str  # "pretrain" | "finetune": the one place a job's kind is kept (the worker reads it here)
+    kind: str  # "pretrain" | "finetune" | "import": the one place a job's kind is kept (the worker reads it here)
     model_name: str
     base_model: str | None
-    dataset: str
+    dataset: str | None  # None for an import
+    source: dict[str, Any]  # an import's source: {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"}
     params: dict[str, Any]
     estimate: dict[str, Any]
     state: str

@@ -6,6 +6,7 @@
     DATA_DIR/jobs/<id>/          a training job: job.json, metrics.jsonl, checkpoints/ (jobs.py)
     DATA_DIR/broker/             the filesystem:// broker's folders (worker/queue.py), when that transport is used
     DATA_DIR/.init.lock          held while a first start fills an empty DATA_DIR (`bert init`, `bert up`)
+    DATA_DIR/defaults.json       the model the first start chose for /fill-mask and /nsp (defaults.py)
 
 Models and datasets share one name rule: 1-64 letters, digits, '_', '-' or '.', starting with a
 letter or digit, and not starting with "tmp" (any case). A name is therefore always one safe path

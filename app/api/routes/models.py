@@ -1,17 +1,23 @@
 """GET /models and GET /models/{name}: what the store holds (rescanned on every listing), each model's
-promoted version and its versions. POST /models/{name}/promote, DELETE /models/{name} and
-DELETE /models/{name}/versions/{version} manage them (behind BERT_ADMIN_KEY, as /jobs and /datasets).
-Each model shows its card (where it came from, its held-out scores)."""
+promoted version and its versions, each with its card (where it came from, its held-out scores).
+Behind BERT_ADMIN_KEY, as /jobs and /datasets: POST /models imports a model from the Hugging Face Hub or
+an uploaded archive, as a job; POST /models/{name}/promote, DELETE /models/{name} and
+DELETE /models/{name}/versions/{version} manage its versions."""
 
 import asyncio
+import shutil
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Request, Response
 
-from app.api.deps import JobServiceDep, ServiceDep, require_admin_key
+from app.api.deps import ImportsDep, JobServiceDep, ServiceDep, require_admin_key
 from app.errors import responses
+from app.jobs.imports import receive_request
 from app.schemas import (
+    IMPORT_EXAMPLE,
     DeletedResponse,
+    ImportModelRequest,
+    JobStatus,
     MemoryInfo,
     ModelDetail,
     ModelInfo,
@@ -30,6 +36,51 @@ admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin_key)])
 
 ModelName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
 VersionNumber = Annotated[int, Path(ge=1, le=999_999_999, description="As GET /models/{name} lists it.")]
+
+IMPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": ImportModelRequest.model_json_schema(),
+                "examples": {"hub": {"value": IMPORT_EXAMPLE}},
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "name"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "A .tar, .tar.gz, .tgz or .zip of a Hugging Face model directory.",
+                        },
+                        "name": {"type": "string", "pattern": NAME_PATTERN},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+@admin.post(
+    "/models",
+    status_code=202,
+    response_model=JobStatus,
+    openapi_extra=IMPORT_BODY,
+    responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
+)
+async def import_model(request: Request, imports: ImportsDep, response: Response):
+    """Import a model from a Hub repo id (JSON) or an archive (multipart) as a job; GET /jobs/{id} follows it."""
+    name, source, upload = await receive_request(request, imports.data_dir, request.app.state.settings)
+    try:
+        record = await asyncio.to_thread(imports.submit, name, source, upload)
+    finally:
+        if upload is not None:
+            shutil.rmtree(upload.parent, ignore_errors=True)
+    response.headers["Location"] = f"/jobs/{record['id']}"
+    return JobStatus.from_record(record)
 
 
 def model_info(entry: StoredModel, store: ModelRegistry, device, bytes_on_disk: int = 0) -> ModelInfo:

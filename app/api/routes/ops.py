@@ -38,7 +38,7 @@ async def ready(service: ServiceDep):
     reason = await service.not_ready_reason()
     if reason is not None:
         raise ServiceError("unavailable", reason)
-    return ReadyResponse(model=service.store.default())
+    return ReadyResponse(model=service.store.default(), mlm_model=service.store.default_mlm_name)
 
 
 @metrics_router.get(

@@ -1,0 +1,274 @@
+"""Model imports the API runs itself: POST /models queues a job record of kind "import" and a thread of
+the API process runs it (a download does not wait behind training on the workers).
+
+The record lives in DATA_DIR/jobs/<id>/ like a training job's and moves through the same named
+transitions (model/datadir/jobs.py); GET /jobs/{id} shows it and POST /jobs/{id}/cancel stops it
+between downloaded chunks. The thread holds the job's lease (model/datadir/lease.py) as a worker
+does, so at API start every queued or running import whose lease is free is run again: the Hub
+cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran.
+
+    params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}
+    source   {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"} (upload: job dir file)
+    progress {"downloaded_bytes", "total_bytes"} (written at most PROGRESS_EVERY_S apart)
+    result   {"model", "version", "path", "source"} (the card's source, with the resolved commit)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from python_multipart.multipart import parse_options_header
+
+from app.errors import ServiceError
+from app.jobs import uploads
+from app.schemas import ImportModelRequest
+from app.settings import Settings
+from model.datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, Lease, valid_name, worker_identity
+from model.datadir import jobs as transitions
+from model.datadir.datasets import staging_dir
+from model.errors import UserError
+from model.sources import ARCHIVE_SUFFIXES, import_source
+
+log = logging.getLogger("bertserve")
+
+KIND = "import"
+UPLOAD = "upload"  # the archive's file name in the job directory: upload<suffix>
+PROGRESS_EVERY_S = 0.25
+HEARTBEAT_S = 10.0
+
+
+class ImportCancelled(Exception):
+    """Raised from the download's progress callback when the job's cancel was asked for."""
+
+
+class Imports:
+    """Queue, run (one thread per import) and resume the import jobs of one data directory."""
+
+    def __init__(self, data_dir: str | Path):
+        self.data_dir = Path(data_dir)
+        self.store = JobRecords(data_dir)
+        self.threads: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()  # one name's conflict check and record creation at a time
+
+    def unfinished(self, name: str) -> JobRecord | None:
+        """The queued or running import of model `name`, if there is one."""
+        return next(
+            (
+                r
+                for r in self.store.list()
+                if r.get("kind") == KIND and r.get("model_name") == name and r["state"] not in TERMINAL
+            ),
+            None,
+        )
+
+    def submit(self, name: str, source: dict[str, Any], upload: Path | None = None, start: bool = True) -> JobRecord:
+        """Write the record (with `upload` moved into its directory) and start its thread (unless not
+        `start`: the API runs it when it starts); 409 while another import of `name` is unfinished."""
+        with self._lock:
+            running = self.unfinished(name)
+            if running is not None:
+                raise ServiceError("conflict", f"model '{name}' is being imported by job {running['id']}")
+            record = self._create(name, source, upload)
+        if start:
+            self.start(record["id"])
+        return record
+
+    def _create(self, name: str, source: dict[str, Any], upload: Path | None) -> JobRecord:
+        label = source.get("repo") or source.get("file")
+        spec = {
+            "kind": KIND,
+            "model_name": name,
+            "base_model": None,
+            "dataset": None,
+            "params": {"source": label, "revision": source.get("revision")},
+            "source": source,
+        }
+        record = self.store.create(spec)
+        if upload is not None:
+            upload.rename(self.store.job_dir(record["id"]) / f"{UPLOAD}{''.join(upload.suffixes)}")
+        return record
+
+    def start(self, job_id: str) -> None:
+        thread = threading.Thread(target=self.run, args=(job_id,), daemon=True, name=f"import-{job_id}")
+        self.threads[job_id] = thread
+        thread.start()
+
+    def resume(self) -> list[str]:
+        """Start every unfinished import (each thread takes the lease, or leaves it to its holder)."""
+        ids = [r["id"] for r in self.store.list() if r.get("kind") == KIND and r["state"] not in TERMINAL]
+        for job_id in ids:
+            self.start(job_id)
+        if ids:
+            log.info("resuming %d model import(s): %s", len(ids), ", ".join(ids))
+        return ids
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Join the threads started so far (tests, and a clean shutdown)."""
+        for thread in list(self.threads.values()):
+            thread.join(timeout)
+
+    # -- one import ---------------------------------------------------------------------------------
+
+    def run(self, job_id: str) -> None:
+        lease = Lease(self.store, job_id)
+        if not lease.try_acquire():
+            return  # another process (an earlier start of the API) runs it
+        with lease:
+            record = self.store.read(job_id)
+            if record["state"] in TERMINAL:
+                return
+            if self.store.cancel_requested(job_id):
+                self.store.move(job_id, transitions.cancel_before_start)
+                return
+            if record["state"] == "running":
+                self.store.move(job_id, transitions.attempt_did_not_finish)
+            self.store.move(job_id, transitions.start, worker_identity())
+            lease.start_heartbeat(HEARTBEAT_S)
+            self._import(record)
+
+    def _import(self, record: JobRecord) -> None:
+        job_id, source = record["id"], record["source"]
+        try:
+            if source["kind"] == "archive":
+                uploads = list(self.store.job_dir(job_id).glob(f"{UPLOAD}.*"))
+                if not uploads:
+                    raise UserError("the uploaded archive is missing from the job's directory")
+                what, revision = str(uploads[0]), None
+            else:
+                what, revision = source["repo"], source.get("revision")
+            version, _ = import_source(
+                self.data_dir,
+                what,
+                record["model_name"],
+                revision=revision,
+                kind=source["kind"],
+                import_id=job_id,
+                progress=self._progress(job_id),
+                card_source={"file": source["file"]} if source["kind"] == "archive" else None,
+            )
+        except ImportCancelled:
+            self.store.move(job_id, transitions.cancel, "cancelled while downloading")
+            return
+        except UserError as e:
+            self.store.move(job_id, transitions.fail, str(e))
+            return
+        except Exception as e:  # a bug or a full disk: said in the record and logged whole
+            log.exception("import %s failed", job_id)
+            self.store.move(job_id, transitions.fail, f"{type(e).__name__}: {e}")
+            return
+        finally:
+            for upload in self.store.job_dir(job_id).glob(f"{UPLOAD}.*"):
+                upload.unlink(missing_ok=True)
+        self._succeed(job_id, record["model_name"], version)
+
+    def _succeed(self, job_id: str, name: str, version: Path) -> None:
+        from model.datadir.cards import read_card
+
+        number = int(version.name[1:]) if re.fullmatch(r"v[0-9]+", version.name) else 1  # a flat directory: 1
+        result = {"model": name, "version": number, "path": str(version), "source": read_card(version).get("source")}
+        self.store.move(job_id, transitions.succeed, result, f"published model '{name}' version {number}")
+
+    def _progress(self, job_id: str):
+        last = 0.0
+
+        def report(done: int, total: int) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if done < total and now - last < PROGRESS_EVERY_S:
+                return
+            last = now
+            if self.store.cancel_requested(job_id):
+                raise ImportCancelled
+            progress = {"downloaded_bytes": done, "total_bytes": total}
+            self.store.update(job_id, lambda record: record.__setitem__("progress", progress))
+
+        return report
+
+
+# -- POST /models's body: a Hub repo as JSON, or an archive as multipart ------------------------------
+
+MAX_JSON_BYTES = 16 * 1024
+
+
+async def receive_request(
+    request: Request, data_dir: Path, settings: Settings
+) -> tuple[str, dict[str, Any], Path | None]:
+    """(name, source, uploaded archive or None) from POST /models's body, the archive streamed to disk."""
+    content_type, options = parse_options_header(request.headers.get("content-type", ""))
+    if content_type == b"application/json":
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_JSON_BYTES:
+                raise ServiceError("too_large", f"request body is larger than the limit of {MAX_JSON_BYTES} bytes")
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            where = f" (character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
+            raise ServiceError("validation", f"the body is not valid JSON{where}") from None
+        try:
+            req = ImportModelRequest.model_validate(data)
+        except ValidationError as e:
+            raise RequestValidationError(
+                [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+            ) from None
+        return req.name, {"kind": "hub", "repo": req.source, "revision": req.revision}, None
+    if content_type != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ServiceError(
+            "validation",
+            'send JSON {"name": ..., "source": "<Hub repo id>"}, or an archive as multipart/form-data '
+            "(curl -F file=@model.tar.gz -F name=NAME)",
+        )
+    max_bytes = settings.max_model_upload_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
+        raise ServiceError("too_large", _ArchiveUpload.LIMIT.format(max_bytes))
+    tmp = await asyncio.to_thread(staging_dir, data_dir, "model-upload")
+    try:
+        upload = await uploads._parse(request, options[b"boundary"], tmp, max_bytes, data_dir, _ArchiveUpload)
+        name = upload.fields.get("name")
+        if not name:
+            raise ServiceError("validation", "name: send the model's name in the form field 'name'")
+        assert upload.filename is not None  # _parse refuses an upload without a file
+        path = next(tmp.iterdir())
+        return name, {"kind": "archive", "file": Path(upload.filename).name}, path
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in uploads.DISK_FULL:
+            raise ServiceError(
+                "insufficient_storage", f"not enough disk space to store the archive ({os.strerror(e.errno)})"
+            ) from None
+        raise
+
+
+class _ArchiveUpload(uploads._Upload):
+    """A model archive and its name, streamed to disk under BERT_MAX_MODEL_UPLOAD_BYTES."""
+
+    FIELDS = ("name",)
+    LIMIT = "archive is larger than the limit of {} bytes (BERT_MAX_MODEL_UPLOAD_BYTES)"
+
+    def _check_filename(self) -> None:
+        filename = self.filename or ""
+        suffix = next((s for s in ARCHIVE_SUFFIXES if filename.lower().endswith(s)), None)
+        if suffix is None:
+            raise ServiceError(
+                "validation", f"file {filename[:80]!r}: expected a {', '.join(ARCHIVE_SUFFIXES)} archive"
+            )
+        self._file = open(self.tmp_dir / f"model{suffix}", "wb")  # noqa: SIM115  (open across the parser's callbacks)
+
+    def check_fields(self) -> None:
+        name = self.fields.get("name")
+        if name is not None and not valid_name(name):
+            raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")

@@ -1,0 +1,375 @@
+"""Where an imported model comes from: a local directory, an archive of one, or a Hugging Face Hub repo.
+
+`import_source` turns any of the three into a published model version: the source's files are
+gathered into a directory (`fetch`), validated and converted by model.model_dir's `import_model`
+into a staged directory inside DATA_DIR, given a card whose `source` says where they came from, and
+published as the next version of the name (model.datadir.publish_model).
+
+    directory   a Hugging Face layout directory (config.json, weights, vocab.txt or tokenizer.json)
+    archive     a .tar, .tar.gz, .tgz or .zip of one, extracted safely: regular files and folders
+                only (no links, devices, absolute paths or '..'), at most MAX_EXTRACT_BYTES in all
+    hub         a repo id such as google-bert/bert-base-uncased, fetched with huggingface_hub (its
+                cache, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and progress bar), only the files needed:
+                config, tokenizer, sentence-transformers files and ONE weights file
+
+Reference: https://huggingface.co/docs/huggingface_hub/guides/download
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.datadir.cards import update_card
+from model.datadir.publish import publish_model
+from model.errors import UserError
+from model.files import TMP_PREFIX
+
+# (bytes done, bytes in all) after each downloaded chunk; raising from it stops the import (a cancel).
+Progress = Callable[[int, int], None]
+
+SOURCE_KINDS = ("directory", "archive", "hub")
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
+MAX_EXTRACT_BYTES = 8 << 30  # a BERT-large in fp32 is 1.3 GB; a bound, not a size anyone needs
+MAX_ARCHIVE_MEMBERS = 10_000
+# A repo id: "name" or "owner/name" (the Hub's rule: letters, digits, '-', '_', '.').
+HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$"
+# What an import reads from a Hub repo besides the weights; each is fetched when the repo has it.
+HUB_FILES = (
+    "config.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
+# Sentence-transformers' files describe the encoder's pooling; kept beside the converted model.
+KEPT_FILES = HUB_FILES[5:]
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in order of preference
+SHARDED = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+MODEL_TYPES = ("bert",)
+
+
+@dataclass
+class Fetched:
+    """A source gathered into a local directory: where, and the card's `source` entry for it."""
+
+    path: Path
+    source: dict[str, Any] = field(default_factory=dict)
+
+
+def source_kind(source: str) -> str:
+    """ "directory", "archive" or "hub" for what the user typed; a UserError when it is none of them."""
+    path = Path(source)
+    if path.is_dir():
+        return "directory"
+    if path.is_file():
+        if source.lower().endswith(ARCHIVE_SUFFIXES):
+            return "archive"
+        raise UserError(f"{source} is a file but not an archive ({', '.join(ARCHIVE_SUFFIXES)})")
+    if is_hub_id(source):
+        return "hub"
+    raise UserError(f"{source} is neither a directory, an archive nor a Hugging Face Hub repo id (owner/name)")
+
+
+def is_hub_id(source: str) -> bool:
+    return bool(re.fullmatch(HUB_ID_PATTERN, source)) and ".." not in source
+
+
+def import_source(
+    data_dir: str | os.PathLike,
+    source: str,
+    name: str,
+    *,
+    revision: str | None = None,
+    kind: str | None = None,
+    import_id: str | None = None,
+    progress: Progress | None = None,
+    card_source: dict[str, Any] | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Import `source` (of `kind`, else `source_kind(source)`) as the next version of model `name`.
+
+    Returns the published version's directory and its summary (model.model_dir.summarize). Nothing
+    is published unless the whole model converted; temp files live in DATA_DIR under TMP_PREFIX and
+    are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports);
+    `card_source` adds to (or replaces) the card's source fields (an upload's own file name).
+    """
+    from model.datadir.layout import DataDir, new_job_id
+    from model.model_dir import import_model
+
+    DataDir(data_dir).model(name)  # the name rule, before any download
+    kind = kind or source_kind(source)
+    if kind not in SOURCE_KINDS:
+        raise ValueError(f"kind must be one of {SOURCE_KINDS}, got {kind!r}")
+    if revision and kind != "hub":
+        raise UserError("--revision applies to a Hugging Face Hub repo only")
+    root = Path(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=TMP_PREFIX + "import-") as work:
+        fetched = fetch(source, kind, Path(work) / "source", revision=revision, progress=progress)
+        staged = Path(work) / "model"
+        try:
+            summary = import_model(fetched.path, staged)
+        except pickle.UnpicklingError:  # torch.load(weights_only=True) met more than tensors
+            raise UserError(
+                f"{source}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+                "(convert it to model.safetensors)"
+            ) from None
+        for rel in KEPT_FILES:
+            if (fetched.path / rel).is_file():
+                (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(fetched.path / rel, staged / rel)
+        update_card(staged, source={**fetched.source, **(card_source or {})})
+        try:
+            version = publish_model(root, import_id or new_job_id(), staged, name)
+        except FileExistsError:
+            raise UserError(f"model '{name}' already exists") from None
+    return version, {**summary, "path": str(version)}
+
+
+def fetch(
+    source: str, kind: str, dest: Path, *, revision: str | None = None, progress: Progress | None = None
+) -> Fetched:
+    """Gather the source's model files into a local directory (`dest` is used for archives and Hub links)."""
+    if kind == "directory":
+        path = Path(source).resolve()
+        return Fetched(path, {"kind": "directory", "path": str(path)})
+    if kind == "archive":
+        return Fetched(extract_archive(Path(source), dest), {"kind": "archive", "file": Path(source).name})
+    return fetch_hub(source, dest, revision=revision, progress=progress)
+
+
+# -- archives -------------------------------------------------------------------------------------
+
+
+def extract_archive(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES) -> Path:
+    """Extract a .tar/.tar.gz/.tgz/.zip into `dest` after checking every member; the model directory in it
+    (`dest` itself, or the one folder holding config.json)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        if zipfile.is_zipfile(archive):
+            _extract_zip(archive, dest, max_bytes)
+        elif tarfile.is_tarfile(archive):
+            _extract_tar(archive, dest, max_bytes)
+        else:
+            raise UserError(f"{archive.name} is not a tar or zip archive")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
+        raise UserError(f"{archive.name} is not a readable archive: {e}") from None
+    return _model_root(dest, archive.name)
+
+
+def _check_member(name: str, archive: str) -> None:
+    parts = Path(name).parts
+    if name.startswith(("/", "\\")) or (parts and re.match(r"^[A-Za-z]:", parts[0])) or ".." in parts:
+        raise UserError(f"{archive}: refused: member {name!r} would be written outside the model directory")
+
+
+def _check_total(total: int, count: int, max_bytes: int, archive: str) -> None:
+    if count > MAX_ARCHIVE_MEMBERS:
+        raise UserError(f"{archive}: refused: more than {MAX_ARCHIVE_MEMBERS} members")
+    if total > max_bytes:
+        raise UserError(f"{archive}: refused: it would extract to more than {max_bytes:,} bytes")
+
+
+def _extract_tar(archive: Path, dest: Path, max_bytes: int) -> None:
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for m in members:
+            _check_member(m.name, archive.name)
+            if not (m.isfile() or m.isdir()):
+                raise UserError(f"{archive.name}: refused: member {m.name!r} is a link or special file")
+        _check_total(sum(m.size for m in members if m.isfile()), len(members), max_bytes, archive.name)
+        tar.extractall(dest, members=members, filter="data")
+
+
+def _extract_zip(archive: Path, dest: Path, max_bytes: int) -> None:
+    with zipfile.ZipFile(archive) as zf:
+        infos = zf.infolist()
+        for info in infos:
+            _check_member(info.filename, archive.name)
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise UserError(f"{archive.name}: refused: member {info.filename!r} is a link")
+        _check_total(sum(i.file_size for i in infos), len(infos), max_bytes, archive.name)
+        written = 0
+        for info in infos:  # file_size is what the archive claims: count what is really written
+            target = dest / info.filename
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    written += len(chunk)
+                    _check_total(written, 0, max_bytes, archive.name)
+                    out.write(chunk)
+
+
+def _model_root(dest: Path, archive: str) -> Path:
+    if (dest / "config.json").is_file():
+        return dest
+    found = sorted(p.parent for p in dest.glob("*/config.json"))
+    if len(found) == 1:
+        return found[0]
+    raise UserError(f"{archive} holds no model directory (config.json at its top, or in one folder)")
+
+
+# -- the Hugging Face Hub -------------------------------------------------------------------------
+
+
+def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: Progress | None = None) -> Fetched:
+    """Download what an import needs from Hub repo `repo` at `revision` (default: its main branch)
+    through huggingface_hub's cache, and link it into `dest`; offline (HF_HUB_OFFLINE), the cache only."""
+    from huggingface_hub import constants
+
+    if not is_hub_id(repo):
+        raise UserError(f"{repo!r} is not a Hugging Face Hub repo id (owner/name)")
+    try:
+        if constants.is_offline_mode():
+            snapshot, info = _cached_snapshot(repo, revision), None
+        else:
+            snapshot, info = _download(repo, revision, progress)
+    except Exception as e:
+        raise _hub_error(e, repo, revision) from None
+    for path in snapshot.rglob("*"):
+        if path.is_file():
+            (dest / path.relative_to(snapshot)).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(path.resolve(), dest / path.relative_to(snapshot))
+    _check_files(repo, sorted(str(p.relative_to(dest)) for p in dest.rglob("*")))
+    license = _license(info.card_data) if info is not None else None
+    source = {"kind": "hub", "repo": repo, "revision": revision or "main", "sha": snapshot.name, "license": license}
+    return Fetched(dest, source)
+
+
+def _download(repo: str, revision: str | None, progress: Progress | None) -> tuple[Path, Any]:
+    """The repo's file list (one request), then only the files an import needs: the snapshot folder."""
+    import json
+
+    from huggingface_hub import HfApi, hf_hub_download
+
+    info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
+    names = [f for f in HUB_FILES if f in sizes]
+    _check_files(repo, list(sizes))
+    names.append(next(w for w in WEIGHTS if w in sizes))
+    bar = _progress_class(sum(sizes[n] for n in names), progress)
+    config = Path(hf_hub_download(repo, "config.json", revision=revision, tqdm_class=bar))
+    _check_model_type(json.loads(config.read_bytes()), repo)  # before the weights: a GPT is refused at once
+    for name in names[1:]:
+        hf_hub_download(repo, name, revision=revision, tqdm_class=bar)
+    return config.parent, info  # the snapshot folder of the commit `revision` resolved to
+
+
+def _cached_snapshot(repo: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+
+
+def _check_files(repo: str, files: list[str]) -> None:
+    """Refuse a file list without config.json or a single weights file, saying what it has."""
+    if "config.json" not in files:
+        raise UserError(f"{repo} has no config.json: not a Hugging Face model repo")
+    if any(w in files for w in WEIGHTS):
+        return
+    if any(s in files for s in SHARDED):
+        raise UserError(
+            f"{repo} has its weights in shards ({', '.join(s for s in SHARDED if s in files)}): not supported"
+        )
+    raise UserError(f"{repo} has no weights file ({' or '.join(WEIGHTS)}); it has: {', '.join(sorted(files)[:20])}")
+
+
+def _check_model_type(config: dict, repo: str) -> None:
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise UserError(f"{repo} is not a BERT model: its config.json says model_type {model_type!r}")
+
+
+def _license(card_data: Any) -> str | None:
+    if card_data is None:
+        return None
+    value = card_data.get("license") if hasattr(card_data, "get") else None
+    return value if isinstance(value, str) else None
+
+
+def _progress_class(total: int, progress: Progress | None) -> Any:
+    """huggingface_hub's tqdm (its bar, or none when HF_HUB_DISABLE_PROGRESS_BARS) that also reports
+    the bytes of all files together to `progress`."""
+    from huggingface_hub.utils import tqdm
+
+    done = 0
+
+    class Bar(tqdm):
+        def update(self, n: float | None = 1) -> bool | None:
+            nonlocal done
+            done += int(n or 0)
+            if progress is not None:
+                progress(done, total)
+            return super().update(n)
+
+    return Bar
+
+
+def _hub_error(e: Exception, repo: str, revision: str | None) -> Exception:
+    """A Hub failure as the one-line UserError a user can act on; anything unexpected unchanged."""
+    from huggingface_hub import constants, errors
+
+    at = f" at revision {revision!r}" if revision else ""
+    if isinstance(e, UserError):
+        return e
+    if isinstance(e, errors.GatedRepoError):
+        return UserError(
+            f"{repo} is a gated repo: accept its terms on the Hub, then set HF_TOKEN to a token with access"
+        )
+    if isinstance(e, errors.RevisionNotFoundError):
+        return UserError(f"{repo} has no revision {revision!r} on {constants.ENDPOINT}")
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return UserError(
+            f"no model repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with access)"
+        )
+    if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
+        return UserError(
+            f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+        )
+    if isinstance(e, errors.HfHubHTTPError):
+        return UserError(f"the Hub refused {repo}{at}: {str(e).splitlines()[0]}")
+    if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore") or isinstance(e, OSError):
+        return UserError(f"cannot reach the Hub at {constants.ENDPOINT} for {repo}: {type(e).__name__}: {e}")
+    return e
+
+
+def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
+    """Why `repo` cannot be imported from the Hub now (offline, no answer within `timeout` seconds, no
+    such repo), or None when the Hub answered for it."""
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    if not is_hub_id(repo):
+        return f"{repo!r} is not a Hub repo id"
+    try:
+        HfApi().model_info(repo, timeout=timeout)
+    except Exception as e:
+        error = _hub_error(e, repo, None)
+        return str(error) if isinstance(error, UserError) else f"{type(e).__name__}: {e}"
+    return None
+
+
+def hub_model_name(repo: str) -> str:
+    """The model name a Hub repo gets in DATA_DIR/models by default: its name without the owner."""
+    from model.datadir.layout import valid_name
+
+    name = repo.rsplit("/", 1)[-1]
+    return name if valid_name(name) else "hub-" + re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]

@@ -1,0 +1,189 @@
+"""POST /models: imports from the (fake) Hub and from uploaded archives, run by the API as job records of
+kind "import"; their lease, resume at start, cancel, 409, and the worker's sweep leaving them alone."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from app.jobs.imports import ImportCancelled, Imports
+from model.datadir import JobRecords
+from model.datadir import jobs as transitions
+from model.datadir.cards import read_card
+from tests import hub_server as H
+from tests.app.conftest import serve_app, settings_for
+
+pytestmark = pytest.mark.anyio
+
+
+def spec(name: str, repo: str = H.TINY_REPO) -> dict:
+    source = {"kind": "hub", "repo": repo, "revision": None}
+    return {"kind": "import", "model_name": name, "base_model": None, "dataset": None, "params": {}, "source": source}
+
+
+def settings(tmp_path, **overrides):
+    return settings_for(tmp_path / "data", default_model=None, load="lazy", **overrides)
+
+
+async def finished(client, job_id: str) -> dict:
+    client.app.state.imports.wait(timeout=60)
+    return (await client.get(f"/jobs/{job_id}")).json()
+
+
+async def test_import_from_the_hub(hub, hub_env, tmp_path):
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        r = await client.post("/models", json={"name": "tiny", "source": H.TINY_REPO, "revision": "v2"})
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert (job["kind"], job["model_name"], job["dataset"]) == ("import", "tiny", None)
+        assert job["params"] == {"source": H.TINY_REPO, "revision": "v2"}
+        assert r.headers["location"] == f"/jobs/{job['id']}"
+        done = await finished(client, job["id"])
+        assert done["state"] == "succeeded", done["error"]
+        assert done["downloaded_bytes"] == done["total_bytes"] > 0
+        sha = hub.repos[H.TINY_REPO].refs["v2"]
+        assert done["result"]["model"] == "tiny" and done["result"]["version"] == 1
+        assert done["result"]["source"] == {
+            "kind": "hub",
+            "repo": H.TINY_REPO,
+            "revision": "v2",
+            "sha": sha,
+            "license": "apache-2.0",
+        }
+        assert [e["event"] for e in done["events"]] == ["created", "started", "succeeded"]
+        assert (await client.get("/models/tiny")).json()["architecture"] == "BertForPreTraining"
+        assert (await client.post("/fill-mask", json={"model": "tiny", "inputs": "the [MASK] sat"})).status_code == 200
+
+
+async def test_failures_are_in_the_record(hub, hub_env, tmp_path):
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        job = (await client.post("/models", json={"name": "g", "source": H.GATED_REPO})).json()
+        done = await finished(client, job["id"])
+        assert done["state"] == "failed"
+        assert done["error"] == (
+            f"{H.GATED_REPO} is a gated repo: accept its terms on the Hub, then set HF_TOKEN to a token with access"
+        )
+        assert not (tmp_path / "data" / "models" / "g").exists()
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"name": "x", "source": "/etc/passwd"}, "source: String should match pattern"),
+        ({"name": "x", "source": "../models/x"}, "source: String should match pattern"),
+        ({"name": "tmp1", "source": H.TINY_REPO}, None),
+        ({"name": "x", "source": H.TINY_REPO, "path": "/data"}, "path: Extra inputs are not permitted"),
+    ],
+)
+async def test_bad_requests(hub_env, tmp_path, body, message):
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        r = await client.post("/models", json=body)
+        assert r.status_code == 422
+        assert r.json()["error_type"] == "validation"
+        if message:
+            assert message in r.json()["error"]
+        assert not (tmp_path / "data" / "jobs").exists() or not list((tmp_path / "data" / "jobs").iterdir())
+
+
+async def test_a_name_being_imported_is_a_conflict(hub_env, tmp_path):
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        record = JobRecords(tmp_path / "data").create(spec("busy"))  # queued, and no thread runs it
+        r = await client.post("/models", json={"name": "busy", "source": H.TINY_REPO})
+        assert r.status_code == 409
+        assert r.json() == {"error": f"model 'busy' is being imported by job {record['id']}", "error_type": "conflict"}
+
+
+async def test_unfinished_imports_resume_at_start(hub, hub_env, tmp_path):
+    store = JobRecords(tmp_path / "data")
+    queued = store.create(spec("later"))
+    running = store.create(spec("again", H.BIN_REPO))
+    store.move(running["id"], transitions.start, "a-dead-api:1")  # its process died: the lease is free
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        for job_id, name in ((queued["id"], "later"), (running["id"], "again")):
+            done = await finished(client, job_id)
+            assert done["state"] == "succeeded", done["error"]
+            assert done["result"]["model"] == name
+        assert done["attempts"] == 2
+        assert "attempt did not finish" in [e["event"] for e in done["events"]]
+
+
+def _archive(tmp_path) -> bytes:
+    model = H.tiny_model_dir(tmp_path, 0)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(model, arcname="tiny")
+    return buf.getvalue()
+
+
+async def test_archive_upload(hub_env, tmp_path):
+    body = _archive(tmp_path)
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        r = await client.post("/models", files={"file": ("my-bert.tar.gz", body)}, data={"name": "up"})
+        assert r.status_code == 202, r.text
+        done = await finished(client, r.json()["id"])
+        assert done["state"] == "succeeded", done["error"]
+        version = tmp_path / "data" / "models" / "up"
+        assert read_card(done["result"]["path"])["source"] == {"kind": "archive", "file": "my-bert.tar.gz"}
+        got = load_file(next(version.rglob("model.safetensors")))
+        want = load_file(tmp_path / "tiny-0" / "model.safetensors")
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        assert not list((tmp_path / "data" / "jobs" / done["id"]).glob("upload*"))  # removed once imported
+
+
+@pytest.mark.parametrize(
+    "filename, status, error",
+    [
+        ("model.tar.gz", 413, "archive is larger than the limit of 1000 bytes (BERT_MAX_MODEL_UPLOAD_BYTES)"),
+        ("model.rar", 422, "file 'model.rar': expected a .tar, .tar.gz, .tgz, .zip archive"),
+    ],
+)
+async def test_archive_refusals(hub_env, tmp_path, filename, status, error):
+    async with serve_app(settings(tmp_path, max_model_upload_bytes=1000), wait_ready=False) as client:
+        r = await client.post("/models", files={"file": (filename, b"x" * 5000)}, data={"name": "up"})
+        assert r.status_code == status
+        assert r.json()["error"] == error
+        assert not list((tmp_path / "data" / "datasets").glob(".tmp-*"))
+
+
+async def test_post_models_needs_the_admin_key(hub_env, tmp_path):
+    keys = {"api_key": "inference-key-0123456789", "admin_key": "admin-key-0123456789"}
+    async with serve_app(settings(tmp_path, **keys), wait_ready=False) as client:
+        inference = {"Authorization": "Bearer inference-key-0123456789"}
+        r = await client.post("/models", json={"name": "x", "source": H.TINY_REPO}, headers=inference)
+        assert r.status_code == 401
+        assert r.json()["error"] == "missing or wrong key: send 'Authorization: Bearer <BERT_ADMIN_KEY>'"
+        assert (await client.get("/models", headers=inference)).status_code == 200
+
+
+def test_cancel_stops_the_download(tmp_path):
+    imports = Imports(tmp_path)
+    record = imports.store.create(spec("c"))
+    imports.store.move(record["id"], transitions.start, "here:1")
+    report = imports._progress(record["id"])
+    report(10, 100)
+    assert imports.store.read(record["id"])["progress"] == {"downloaded_bytes": 10, "total_bytes": 100}
+    imports.store.request_cancel(record["id"])
+    with pytest.raises(ImportCancelled):
+        report(100, 100)
+
+
+def test_cancelled_before_it_ran(tmp_path):
+    imports = Imports(tmp_path)
+    record = imports.store.create(spec("c"))
+    imports.store.update(record["id"], lambda r: None)
+    (imports.store.job_dir(record["id"]) / "cancel").touch()
+    imports.run(record["id"])
+    assert imports.store.read(record["id"])["state"] == "cancelled"
+
+
+def test_the_workers_sweep_skips_imports(tmp_path):
+    from worker.recovery import sweep
+
+    store = JobRecords(tmp_path)
+    store.create(spec("i"))
+    sent: list[str] = []
+    assert sweep(store, sent.append) == [] and sent == []

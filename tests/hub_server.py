@@ -1,0 +1,312 @@
+"""A tiny Hugging Face Hub for tests: the HTTP endpoints the real huggingface_hub client calls to list a
+repo and download its files, served from memory by a threading http.server on loopback.
+
+    GET  /api/models/{repo}[/revision/{rev}]   model_info: sha, siblings (with sizes), cardData
+    HEAD /{repo}/resolve/{rev}/{file}          X-Repo-Commit, ETag, Content-Length; weights (LFS on
+                                               the Hub) answer 302 to a "CDN" on another host name
+                                               (localhost) with X-Linked-Etag and X-Linked-Size
+    GET  /{repo}/resolve/{rev}/{file}          the same, with the bytes
+    GET  /cdn/{sha256}                          an LFS file's bytes
+
+Failures answer as the Hub does: 401 + X-Error-Code RepoNotFound for a repo that does not exist, 404
+RevisionNotFound, 404 EntryNotFound, and 401 GatedRepo for a gated repo's files without the token.
+Point a process at it with HF_ENDPOINT=<url> (huggingface_hub reads it at import).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+TOKEN = "hf_test_token_with_access"
+LFS_SUFFIXES = (".safetensors", ".bin")
+
+
+@dataclass
+class Repo:
+    refs: dict[str, str] = field(default_factory=dict)  # branch -> commit sha
+    commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # sha -> {path: bytes}
+    gated: bool = False
+    license: str | None = "apache-2.0"
+
+    def resolve(self, rev: str) -> str | None:
+        return self.refs.get(rev) or (rev if rev in self.commits else None)
+
+
+class HubServer:
+    """The fake Hub: `add` repos, `start`, read `url`; `requests` logs (method, path) for assertions."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, Repo] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str]] = []
+        self._httpd: ThreadingHTTPServer | None = None
+
+    def add(
+        self,
+        repo_id: str,
+        revisions: dict[str, dict[str, bytes]],
+        gated: bool = False,
+        license: str | None = "apache-2.0",
+    ) -> Repo:
+        """Repo `repo_id` with one commit per branch name in `revisions` ({branch: {path: bytes}})."""
+        repo = self.repos.setdefault(repo_id, Repo(gated=gated, license=license))
+        for branch, files in revisions.items():
+            sha = hashlib.sha1(repr((repo_id, branch, sorted(files.items()))).encode()).hexdigest()
+            repo.refs[branch], repo.commits[sha] = sha, dict(files)
+            for content in files.values():
+                self.blobs[hashlib.sha256(content).hexdigest()] = content
+        return repo
+
+    def add_dir(self, repo_id: str, revisions: dict[str, Path], **kwargs) -> Repo:
+        """Repo whose branches hold the files of local directories."""
+        return self.add(
+            repo_id,
+            {
+                b: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+                for b, d in revisions.items()
+            },
+            **kwargs,
+        )
+
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> HubServer:
+        hub = self
+
+        class Handler(_Handler):
+            server_hub = hub
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True, name="test-hub").start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_hub: HubServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:  # quiet: tests read `requests` instead
+        pass
+
+    def do_HEAD(self) -> None:
+        self._route(body=False)
+
+    def do_GET(self) -> None:
+        self._route(body=True)
+
+    def _route(self, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        self.server_hub.requests.append((self.command, path))
+        if m := re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path):
+            return self._model_info(m[1], m[2] or "main", body)
+        if m := re.fullmatch(r"/cdn/([0-9a-f]{64})", path):
+            content = self.server_hub.blobs.get(m[1])
+            if content is None:
+                return self._error(404, "EntryNotFound", "no such blob", body)
+            return self._send(200, content, {"ETag": f'"{m[1]}"'}, body)
+        if m := re.fullmatch(r"/([^/]+(?:/[^/]+)?)/resolve/([^/]+)/(.+)", path):
+            return self._resolve(m[1], m[2], m[3], body)
+        self._error(404, None, "not found", body)
+
+    def _model_info(self, repo_id: str, rev: str, body: bool) -> None:
+        repo = self.server_hub.repos.get(repo_id)
+        if repo is None:
+            return self._error(401, "RepoNotFound", "Repository not found", body)
+        sha = repo.resolve(rev)
+        if sha is None:
+            return self._error(404, "RevisionNotFound", "Invalid rev id: " + rev, body)
+        siblings = [_sibling(name, content) for name, content in sorted(repo.commits[sha].items())]
+        info = {
+            "_id": sha[:24],
+            "id": repo_id,
+            "modelId": repo_id,
+            "sha": sha,
+            "private": False,
+            "gated": "auto" if repo.gated else False,
+            "disabled": False,
+            "tags": ["transformers", "bert"],
+            "pipeline_tag": None,
+            "library_name": "transformers",
+            "cardData": {"license": repo.license} if repo.license else {},
+            "siblings": siblings,
+        }
+        self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+
+    def _resolve(self, repo_id: str, rev: str, name: str, body: bool) -> None:
+        repo = self.server_hub.repos.get(repo_id)
+        if repo is None:
+            return self._error(401, "RepoNotFound", "Repository not found", body)
+        if repo.gated and self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self._error(401, "GatedRepo", "Access to model is restricted. You must be authenticated.", body)
+        sha = repo.resolve(rev)
+        if sha is None:
+            return self._error(404, "RevisionNotFound", "Invalid rev id: " + rev, body)
+        content = repo.commits[sha].get(name)
+        if content is None:
+            return self._error(404, "EntryNotFound", f"{name} does not exist on {rev}", body)
+        headers = {"X-Repo-Commit": sha}
+        if name.endswith(LFS_SUFFIXES):  # the Hub sends LFS files to its CDN, another host
+            digest = hashlib.sha256(content).hexdigest()
+            headers.update(
+                {
+                    "Location": f"http://localhost:{self.server_hub.port}/cdn/{digest}",
+                    "X-Linked-Etag": f'"{digest}"',
+                    "X-Linked-Size": str(len(content)),
+                    "ETag": f'"{_git_sha(content)}"',
+                }
+            )
+            return self._send(302, b"", headers, body)
+        headers["ETag"] = f'"{_git_sha(content)}"'
+        self._send(200, content, headers, body)
+
+    def _error(self, status: int, code: str | None, message: str, body: bool) -> None:
+        headers = {"X-Error-Message": message, "Content-Type": "application/json"}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send(status, json.dumps({"error": message}).encode(), headers, body)
+
+    def _send(self, status: int, content: bytes, headers: dict[str, str], body: bool) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        if body:
+            self.wfile.write(content)
+
+
+def _git_sha(content: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def _sibling(name: str, content: bytes) -> dict:
+    entry: dict = {"rfilename": name, "size": len(content), "blobId": _git_sha(content)}
+    if name.endswith(LFS_SUFFIXES):
+        entry["lfs"] = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest(), "pointerSize": 134}
+    return entry
+
+
+# -- the tiny repos the tests import --------------------------------------------------------------
+
+TINY_REPO = "google-bert/bert-tiny"  # main and branch "v2" (other weights)
+BIN_REPO = "acme/bert-tiny-bin"  # pytorch_model.bin only
+PICKLED_REPO = "acme/bert-pickled"  # a pytorch_model.bin that needs unpickling
+GATED_REPO = "acme/bert-gated"
+NOT_BERT_REPO = "acme/gpt-tiny"
+NO_WEIGHTS_REPO = "acme/bert-no-weights"
+SHARDED_REPO = "acme/bert-sharded"
+
+
+def tiny_model_dir(root: Path, seed: int) -> Path:
+    """A random tiny BertForPreTraining with its vocabulary, in HF's layout (safetensors)."""
+    import torch
+
+    from model.modeling import BertForPreTraining
+    from model.tokenizer import BertTokenizer
+    from tests.helpers import VOCAB, tiny_config
+
+    torch.manual_seed(seed)
+    path = root / f"tiny-{seed}"
+    BertForPreTraining(tiny_config()).save_pretrained(path, tokenizer=BertTokenizer.from_vocab(VOCAB))
+    return path
+
+
+def tiny_hub(root: Path) -> HubServer:
+    """A started HubServer holding the test repos above (built in `root`)."""
+    import argparse
+
+    import torch
+    from safetensors.torch import load_file
+
+    main, v2 = tiny_model_dir(root, 0), tiny_model_dir(root, 1)
+    text = {p.name: p.read_bytes() for p in main.iterdir() if p.name != "model.safetensors"}
+    buf = root / "weights.bin"
+    torch.save(load_file(main / "model.safetensors"), buf)
+    pickled = root / "pickled.bin"
+    torch.save({"args": argparse.Namespace(lr=1)}, pickled)
+    hub = HubServer()
+    hub.add_dir(TINY_REPO, {"main": main, "v2": v2})
+    hub.add(BIN_REPO, {"main": {**text, "pytorch_model.bin": buf.read_bytes()}}, license="mit")
+    hub.add(PICKLED_REPO, {"main": {**text, "pytorch_model.bin": pickled.read_bytes()}})
+    hub.add_dir(GATED_REPO, {"main": main}, gated=True)
+    gpt = json.dumps({"model_type": "gpt2", "n_layer": 2}).encode()
+    hub.add(
+        NOT_BERT_REPO, {"main": {"config.json": gpt, "model.safetensors": (main / "model.safetensors").read_bytes()}}
+    )
+    hub.add(NO_WEIGHTS_REPO, {"main": text})
+    hub.add(SHARDED_REPO, {"main": {**text, "model.safetensors.index.json": b'{"weight_map": {}}'}})
+    return hub.start()
+
+
+# -- the repos the documentation imports, as tiny models with the real ones' heads, labels and casing --
+
+NER_LABELS = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+NLI_LABELS = ["entailment", "neutral", "contradiction"]
+
+
+def docs_hub(root: Path) -> HubServer:
+    """A started HubServer holding tiny stand-ins for the Hub models docs/models.md imports."""
+    import torch
+
+    from model.modeling import (
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from model.tokenizer import BertTokenizer
+    from tests.helpers import VOCAB, tiny_config
+
+    def save(repo: str, model, lowercase: bool) -> None:
+        path = root / repo.replace("/", "--")
+        model.save_pretrained(path, tokenizer=BertTokenizer.from_vocab(VOCAB, lowercase=lowercase))
+        hub.add_dir(repo, {"main": path})
+
+    def labelled(labels: list[str]) -> dict:
+        return {"id2label": dict(enumerate(labels))}
+
+    hub = HubServer()
+    torch.manual_seed(0)
+    save("google-bert/bert-base-cased", BertForPreTraining(tiny_config()), lowercase=False)
+    save("deepset/bert-base-cased-squad2", BertForQuestionAnswering(tiny_config()), lowercase=False)
+    ner = BertForTokenClassification(tiny_config(**labelled(NER_LABELS)))
+    with torch.no_grad():  # every token a B-PER: the example's entities, whatever the random encoder says
+        ner.classifier.bias[NER_LABELS.index("B-PER")] = 20.0
+    save("dslim/bert-base-NER", ner, lowercase=False)
+    ranker = BertForSequenceClassification(tiny_config(**labelled(["LABEL_0"])))
+    with torch.no_grad():  # one score for every pair: the rerank example's order is the ranking's tie order
+        ranker.classifier.weight.zero_()
+    save("cross-encoder/ms-marco-MiniLM-L-6-v2", ranker, lowercase=True)
+    nli = BertForSequenceClassification(tiny_config(**labelled(NLI_LABELS)))
+    save("ynie/bert-large-uncased-snli_mnli_fever_anli_R1_R2_R3-nli", nli, lowercase=True)
+    return hub.start()
+
+
+if __name__ == "__main__":  # a docs Hub to try the pages by hand: python -m tests.hub_server DIR
+    import sys
+    import time
+
+    server = docs_hub(Path(sys.argv[1]))
+    print(f"HF_ENDPOINT={server.url}", flush=True)
+    while True:
+        time.sleep(3600)
