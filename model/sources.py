@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.datadir.cards import update_card
 from model.datadir.publish import publish_model
 from model.errors import UserError
 from model.files import TMP_PREFIX
@@ -108,6 +107,7 @@ def import_source(
     `card_source` adds to (or replaces) the card's source fields (an upload's own file name).
     """
     from model.datadir.layout import DataDir, new_job_id
+    from model.model_card import write_card
     from model.model_dir import import_model
 
     DataDir(data_dir).model(name)  # the name rule, before any download
@@ -132,11 +132,11 @@ def import_source(
             if (fetched.path / rel).is_file():
                 (staged / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(fetched.path / rel, staged / rel)
-        update_card(staged, source={**fetched.source, **(card_source or {})})
+        write_card(staged, source={**fetched.source, **(card_source or {})})  # measured before it is served
         try:
             version = publish_model(root, import_id or new_job_id(), staged, name)
-        except FileExistsError:
-            raise UserError(f"model '{name}' already exists") from None
+        except FileExistsError as e:  # models/<name> holds something that is not a model
+            raise UserError(str(e)) from None
     return version, {**summary, "path": str(version)}
 
 

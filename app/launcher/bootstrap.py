@@ -93,7 +93,7 @@ def mlm_import(settings: Settings, log: Callable[[str], None] = print) -> tuple[
     name, data_dir = hub_model_name(repo), settings.data_dir
     imports = Imports(data_dir)
     record = imports.unfinished(name)
-    if record is None and not DataDir(data_dir).model(name).is_dir():
+    if record is None and model_dir_for(data_dir, name) is None:
         reason = hub_unreachable(repo)
         if reason is not None:
             log(f"not importing {repo} for /fill-mask and /nsp ({reason}); the next start tries again")

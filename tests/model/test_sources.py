@@ -38,6 +38,11 @@ def test_hub_import_equals_directory_import(hub, hub_env, tmp_path, tiny_dir):
     sha = hub.repos[H.TINY_REPO].refs["main"]
     assert card == {"kind": "hub", "repo": H.TINY_REPO, "revision": "main", "sha": sha, "license": "apache-2.0"}
     assert read_card(local)["source"] == {"kind": "directory", "path": str(tiny_dir.resolve())}
+    # measured on the held-out set before it was published: the same weights, the same scores
+    from model.model_card import evaluate_card
+
+    assert read_card(version)["evaluation"] == read_card(local)["evaluation"] == evaluate_card(local)
+    assert read_card(version)["evaluation"]["set"] == "wiki-heldout-v1"
     assert seen and seen[-1][0] == seen[-1][1] > 0  # every byte of what was fetched, counted
     got = [p for m, p in hub.requests[start:] if m == "GET"]
     text = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
