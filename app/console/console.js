@@ -313,9 +313,20 @@ async function playgroundPage(name) {
 
 // -- jobs list -------------------------------------------------------------------------------------
 
+// A training job counts steps; an import counts the bytes it has downloaded.
+function progressOf(job) {
+  if (job.kind === "import") {
+    const done = job.downloaded_bytes || 0, total = job.total_bytes || 0;
+    return {value: done, max: total || 1, text: total ? `${fmt.bytes(done)} / ${fmt.bytes(total)}` : "–",
+            label: `${fmt.bytes(done)} of ${fmt.bytes(total)} downloaded`};
+  }
+  return {value: job.step, max: job.total_steps, text: `${job.step} / ${job.total_steps}`,
+          label: `${job.step} of ${job.total_steps} steps`};
+}
+
 function progressCell(job) {
-  return h("progress", {max: job.total_steps, value: job.step,
-                        "aria-label": `${job.step} of ${job.total_steps} steps`});
+  const p = progressOf(job);
+  return h("progress", {max: p.max, value: p.value, "aria-label": p.label});
 }
 
 async function jobsPage() {
@@ -336,7 +347,7 @@ async function jobsPage() {
         h("td", {text: j.model_name}),
         h("td", {}, stateBadge(j.state)),
         h("td", {}, progressCell(j)),
-        h("td", {class: "num", text: `${j.step} / ${j.total_steps}`}),
+        h("td", {class: "num", text: progressOf(j).text}),
         h("td", {class: "num", text: fmt.num(j.loss)}),
         h("td", {class: "num", text: fmt.rate(j.tokens_per_s)}),
         h("td", {class: "num", text: fmt.duration(j.eta_s)}),
@@ -487,13 +498,14 @@ async function jobPage(jobId) {
     facts.replaceChildren(
       fact("State", stateBadge(j.state)), fact("Kind", j.kind), fact("Model", j.model_name),
       fact("Base model", j.base_model || "from scratch"), fact("Dataset", j.dataset),
-      fact("Step", `${j.step} / ${j.total_steps}`), fact("Loss", fmt.num(j.loss)), fact("Learning rate", fmt.num(j.lr, 3)),
+      fact(j.kind === "import" ? "Downloaded" : "Step", progressOf(j).text), fact("Loss", fmt.num(j.loss)), fact("Learning rate", fmt.num(j.lr, 3)),
       fact("Throughput", fmt.rate(j.tokens_per_s)), fact("ETA", fmt.duration(j.eta_s)),
       fact("Attempts", String(j.attempts)), fact("Runtime", fmt.duration(j.runtime_s)),
       fact("Created", fmt.time(j.created_at)), fact("Finished", fmt.time(j.finished_at)));
-    progress.max = j.total_steps;
-    progress.value = j.step;
-    progress.setAttribute("aria-label", `${j.step} of ${j.total_steps} steps`);
+    const p = progressOf(j);
+    progress.max = p.max;
+    progress.value = p.value;
+    progress.setAttribute("aria-label", p.label);
     const finished = ["succeeded", "failed", "cancelled"].includes(j.state);
     cancel.disabled = finished || j.cancel_requested;
     cancel.textContent = j.cancel_requested && !finished ? "Cancel requested…" : "Cancel job";
