@@ -7,11 +7,10 @@
   default_prompt_name's prompt, if any; `prompt` is a literal one.
 - dimensions (OpenAI's `dimensions`, sentence-transformers' `truncate_dim`, Matryoshka embeddings):
   the first N components of the pooled vector, L2-normalised after the cut if the request normalises.
-- long inputs: "error" (422), "truncate" (cut at the model's window) or "chunk": the input's tokens
-  are cut into windows of max_length - 2 tokens between [CLS] and [SEP], each starting
-  CHUNK_STEP of a window after the one before (so windows overlap by a quarter: 127 tokens at 512),
-  the last one shorter; each window is a row of the same work item, so the engine batches them as any
-  rows, and the input's vector is the mean of its windows' pooled vectors weighted by each window's
+- long_inputs: "error" (422), "truncate" (cut at the model's window) or "chunk": the input's tokens
+  are cut into windows of max_length - 2 tokens between [CLS] and [SEP], each repeating the last
+  CHUNK_OVERLAP (a quarter) of the one before (127 tokens at max_length 512), the last one shorter;
+  each window is a row of the same work item, so the engine batches them as any rows, and the input's vector is the mean of its windows' pooled vectors weighted by each window's
   length in tokens ([CLS] and [SEP] included), normalised after. Every window's tokens count against
   BERT_MAX_REQUEST_TOKENS before the engine sees any.
 With dimensions or chunking the engine pools without normalising and `EmbedPlan.finish` (off the event
