@@ -10,8 +10,9 @@
 - long_inputs: "error" (422), "truncate" (cut at the model's window) or "chunk": the input's tokens
   are cut into windows of max_length - 2 tokens between [CLS] and [SEP], each repeating the last
   CHUNK_OVERLAP (a quarter) of the one before (127 tokens at max_length 512), the last one shorter;
-  each window is a row of the same work item, so the engine batches them as any rows, and the input's vector is the mean of its windows' pooled vectors weighted by each window's
-  length in tokens ([CLS] and [SEP] included), normalised after. Every window's tokens count against
+  each window is a row of the same work item, so the engine batches them as any rows, and the
+  input's vector is the mean of its windows' pooled vectors weighted by each window's length in
+  tokens ([CLS] and [SEP] included), normalised after. Every window's tokens count against
   BERT_MAX_REQUEST_TOKENS before the engine sees any.
 With dimensions or chunking the engine pools without normalising and `EmbedPlan.finish` (off the event
 loop) averages, cuts and normalises; otherwise the engine's vectors are the answer, as they always were.
