@@ -172,6 +172,36 @@ NspResponse = NspResult | list[NspResult]
 
 
 # -- embeddings --------------------------------------------------------------------------------
+# The embedding options of /embeddings, /v1/embeddings and TEI's /embed (app/serving/embeddings.py applies them).
+
+Dimensions = Annotated[
+    int | None,
+    Field(
+        description=(
+            "Keep the first N components of each embedding, then normalise if normalising (Matryoshka, as "
+            "sentence-transformers' truncate_dim); from 1 to the model's hidden size. Omitted: all of them."
+        )
+    ),
+]
+PromptName = Annotated[
+    str | None,
+    Field(
+        description=(
+            "A prompt of the model's config_sentence_transformers.json, put before each input; omitted: "
+            "its default_prompt_name's, if it has one (GET /models/{name} lists a model's prompts)."
+        )
+    ),
+]
+Prompt = Annotated[str | None, Field(description="A literal prompt put before each input, instead of prompt_name.")]
+LongInputs = Annotated[
+    Literal["error", "truncate", "chunk"] | None,
+    Field(
+        description=(
+            "An input longer than the model's window: error (422), truncate (cut it, as truncate: true), or "
+            "chunk (embed overlapping windows and average them, weighted by their tokens). Omitted: truncate's choice."
+        )
+    ),
+]
 
 
 class EmbeddingsRequest(Strict):
@@ -192,6 +222,10 @@ class EmbeddingsRequest(Strict):
     normalize: bool = Field(True, description="Scale each vector to unit L2 norm.")
     model: ModelName | None = None
     truncate: Truncate = False
+    dimensions: Dimensions = None
+    prompt_name: PromptName = None
+    prompt: Prompt = None
+    long_inputs: LongInputs = None
 
 
 EmbeddingsResponse = list[float] | list[list[float]]
@@ -209,10 +243,10 @@ class OpenAIEmbeddingsRequest(Strict):
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: little-endian float32 bytes, as OpenAI's clients ask for by default."
     )
-    dimensions: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Must equal the model's hidden size if given (no truncated embeddings)."
-    )
+    dimensions: Dimensions = None
     user: str | None = None
+    prompt_name: PromptName = None  # not OpenAI's: the client's extra_body={"prompt_name": ...}
+    long_inputs: LongInputs = None  # not OpenAI's; omitted: error
 
 
 class OpenAIEmbedding(BaseModel):
@@ -425,6 +459,13 @@ class ModelInfo(BaseModel):
         "on the held-out Wikipedia set wiki-heldout-v1: sequences, tokens, masked_tokens, mlm_top1, mlm_top5, "
         "content_top1, content_top5, nsp_accuracy; `skipped` without MLM and NSP heads, `error` if it failed) "
         "and `job_eval` (a training job's own evaluation).",
+    )
+    prompts: dict[str, str] | None = Field(
+        None,
+        description=(
+            "Its named prompts (config_sentence_transformers.json), for prompt_name on the embedding routes; "
+            "null without any."
+        ),
     )
 
 
@@ -971,10 +1012,6 @@ TeiTruncate = Annotated[
 TruncationDirection = Annotated[
     Literal["Left", "Right", "left", "right"], Field(description="Which end of an input truncation cuts.")
 ]
-PromptName = Annotated[
-    str | None,
-    Field(description="TEI's sentence-transformers prompt; no model here has prompts, so only null is accepted."),
-]
 
 
 class EmbedRequest(Strict):
@@ -993,6 +1030,9 @@ class EmbedRequest(Strict):
     prompt_name: PromptName = None
     normalize: bool = Field(True, description="Scale each vector to unit L2 norm (TEI's default: true).")
     model: ModelName | None = None
+    dimensions: Dimensions = None
+    prompt: Prompt = None
+    long_inputs: LongInputs = None
 
 
 EmbedResponse = list[list[float]]  # one vector per input, a list even for one input (as TEI)

@@ -39,6 +39,7 @@ from model.config import BertConfig
 from model.datadir import DataDir, JobRecords, valid_name
 from model.datadir.jobs import steps_of
 from model.datadir.versions import MODEL_JSON, resolve, version_numbers
+from model.model_dir import read_prompts
 from model.modeling import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -91,6 +92,8 @@ class LoadedModel:
     max_length: int  # tokens, [CLS] and [SEP] included
     precision: str = "fp32"  # as model.precision.apply_precision was given it
     warm: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
+    default_prompt_name: str | None = None  # the prompt an embedding request gets when it names none
 
     @property
     def config(self) -> BertConfig:
@@ -410,6 +413,11 @@ class ModelRegistry:
                 f"{model.config.vocab_size:,} rows (config.json's vocab_size)"
             )
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
+        try:
+            prompts, default_prompt = read_prompts(entry.path)
+        except ValueError as e:
+            entry.error = str(e)
+            raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
         max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
         plan = kernels.warn_if_emulated(precision, self.device)  # decides the paths off the event loop
         log.info(
@@ -420,7 +428,9 @@ class ModelRegistry:
             plan["kernels"],
             self.device,
         )
-        return LoadedModel(entry.name, model, tokenizer, max_length, precision)
+        return LoadedModel(
+            entry.name, model, tokenizer, max_length, precision, prompts=prompts, default_prompt_name=default_prompt
+        )
 
     def loaded_count(self) -> int:
         return sum(e.loaded is not None for e in self._entries.values())

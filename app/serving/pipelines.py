@@ -14,20 +14,15 @@ each candidate's `sequence` splices the candidate into the input decoded once pe
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from app.errors import ServiceError
 from app.schemas import (
     ClassifyRequest,
-    EmbeddingsRequest,
     FillMaskRequest,
     NspRequest,
-    OpenAIEmbeddingsRequest,
     TextPair,
 )
 from app.serving.engine import WorkItem
@@ -218,51 +213,6 @@ def _format_fill_mask(lm: LoadedModel, rows: list[Row], results: list) -> list:
 async def nsp(svc: Service, req: NspRequest) -> Any:
     outcome = await _infer(svc, "nsp", req.model, req.inputs, _tokenize, req.truncate)
     return outcome.answer([{"is_next": s >= 0.5, "score": s} for s in outcome.results])
-
-
-# -- embeddings --------------------------------------------------------------------------------
-
-
-async def embeddings(svc: Service, req: EmbeddingsRequest) -> Any:
-    outcome = await _infer(
-        svc,
-        "encode",
-        req.model,
-        req.inputs,
-        _tokenize,
-        req.truncate,
-        params={"pooling": req.pooling, "normalize": req.normalize},
-    )
-    return outcome.answer(outcome.results)
-
-
-async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
-    outcome = await _infer(
-        svc,
-        "encode",
-        req.model,
-        req.input,
-        _prepare_openai,
-        req.dimensions,
-        params={"pooling": "mean", "normalize": True},
-    )
-    vectors, tokens = outcome.results, sum(len(ids) for ids, _ in outcome.rows)
-    if req.encoding_format == "base64":
-        vectors = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
-    return {
-        "object": "list",
-        "model": outcome.lm.name,
-        "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
-
-
-def _prepare_openai(lm: LoadedModel, texts: list[str], dimensions: int | None) -> tuple[list[Row], dict]:
-    if dimensions is not None and dimensions != lm.config.hidden_size:
-        raise ServiceError(
-            "validation", f"model '{lm.name}' makes {lm.config.hidden_size}-dimensional embeddings, not {dimensions}"
-        )
-    return encode(lm, texts, truncate=False), {}
 
 
 # -- classify ----------------------------------------------------------------------------------

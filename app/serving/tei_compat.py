@@ -25,7 +25,9 @@ What is followed, from huggingface/text-embeddings-inference:
 What is ours: errors keep this service's body and status (422 for an input too long, where TEI
 answers 413), the request limits (BERT_MAX_INPUTS, BERT_MAX_REQUEST_TOKENS) and the API key apply
 as on every inference route, pooling is mean (TEI reads the model's sentence-transformers pooling;
-every encoder served here is pooled the /embeddings way), and prompt_name must be null (no prompts).
+every encoder served here is pooled the /embeddings way). /embed takes the embedding options of
+/embeddings (app/serving/embeddings.py: dimensions, prompt_name or prompt, long_inputs); /similarity
+and /tokenize take prompt_name.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from app.schemas import (
     TextPair,
     TokenizeRequest,
 )
+from app.serving import embeddings
+from app.serving.embeddings import EmbedPlan, prompt_text
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
 from app.serving.service import Service, check_dropped
@@ -71,39 +75,26 @@ def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str)
     return rows
 
 
-def _no_prompt(lm: LoadedModel, prompt_name: str | None) -> None:
-    if prompt_name is not None:
-        raise ServiceError(
-            "validation",
-            f"prompt_name '{prompt_name}' is not supported: model '{lm.name}' has no "
-            "prompts; put the prompt at the start of the text instead",
-        )
-
-
 # -- /embed ------------------------------------------------------------------------------------
 
 
 async def embed(svc: Service, req: EmbedRequest) -> list[list[float]]:
-    outcome = await _infer(
-        svc,
-        "encode",
-        req.model,
-        req.inputs,
-        _prepare_embed,
+    plan = EmbedPlan.of(
         req.truncate,
-        req.truncation_direction,
-        req.prompt_name,
-        params={"pooling": "mean", "normalize": req.normalize},
-        route="/embed",
+        req.long_inputs,
+        normalize=req.normalize,
+        dimensions=req.dimensions,
+        prompt_name=req.prompt_name,
+        prompt=req.prompt,
+        encode=_directed(req.truncation_direction),
     )
-    return outcome.results
+    vectors, _, _ = await embeddings.embed(svc, req.model, as_list(req.inputs)[0], plan, route="/embed")
+    return vectors
 
 
-def _prepare_embed(
-    lm: LoadedModel, texts: list[str], truncate: bool | None, direction: str, prompt_name: str | None
-) -> tuple[list[Row], dict]:
-    _no_prompt(lm, prompt_name)
-    return _encode(lm, texts, truncate, direction), {}
+def _directed(direction: str) -> Callable[[LoadedModel, list, bool], list[Row]]:
+    """encode(lm, texts, truncate) cutting the end TEI's truncation_direction says."""
+    return lambda lm, texts, truncate: _encode(lm, texts, truncate, direction)
 
 
 # -- /similarity -------------------------------------------------------------------------------
@@ -112,19 +103,14 @@ def _prepare_embed(
 async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
     params = req.parameters or SimilarityParameters()
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
-    outcome = await _infer(
-        svc,
-        "encode",
-        req.model,
-        texts,
-        _prepare_embed,
+    plan = EmbedPlan.of(
         params.truncate,
-        params.truncation_direction,
-        params.prompt_name,
-        params={"pooling": "mean", "normalize": True},
-        route="/similarity",
+        None,
+        normalize=True,
+        prompt_name=params.prompt_name,
+        encode=_directed(params.truncation_direction),
     )
-    source, *others = outcome.results
+    (source, *others), _, _ = await embeddings.embed(svc, req.model, texts, plan, route="/similarity")
     return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
 
 
@@ -282,11 +268,12 @@ async def tokenize(svc: Service, req: TokenizeRequest) -> list[list[dict]]:
 
 
 def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, prompt_name: str | None) -> list:
-    _no_prompt(lm, prompt_name)
+    prompt = prompt_text(lm, prompt_name, None)
     backend = lm.tokenizer.backend_tokenizer
     out = []
     for text in texts:
         check_dropped()
+        text = prompt + text  # offsets are the prompted text's, as TEI's
         enc = encode_one(backend, text, add_special_tokens=add_special_tokens)
         out.append(
             [

@@ -12,7 +12,7 @@ import threading
 import anyio
 import pytest
 
-from app.serving import pipelines
+from app.serving.embeddings import EmbedPlan
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_engine import metric
 
@@ -229,13 +229,13 @@ async def test_disconnected_clients_work_is_dropped_queued_or_between_passes(dat
     async with warm(data_dir, max_batch_tokens=8, tokenizer_threads=1) as c:
         service = c.app.state.service
         tokenised = []
-        original_tokenize = pipelines._tokenize
+        original_prepare = EmbedPlan.prepare
 
-        def counting_tokenize(lm, items, truncate):
+        def counting_prepare(plan, lm, items):
             tokenised.append(items)
-            return original_tokenize(lm, items, truncate)
+            return original_prepare(plan, lm, items)
 
-        monkeypatch.setattr(pipelines, "_tokenize", counting_tokenize)
+        monkeypatch.setattr(EmbedPlan, "prepare", counting_prepare)
         spy = Spy(service.engine, "encode", hold=True)
         pool_gate = threading.Event()
         try:

@@ -137,9 +137,11 @@ async def test_v1_errors_answer_in_openais_shape_with_the_same_status(client):
             ),
         ),
         (
-            {"input": "the cat", "model": "tiny-enc", "dimensions": 7},
+            {"input": "the cat", "model": "tiny-enc", "dimensions": 33},
             422,
-            openai_err("model 'tiny-enc' makes 32-dimensional embeddings, not 7", None),
+            openai_err(
+                "dimensions must be from 1 to 32 (model 'tiny-enc' makes 32-dimensional embeddings), got 33", None
+            ),
         ),
     ]:
         r = await client.post("/v1/embeddings", json=body)

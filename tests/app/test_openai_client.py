@@ -71,6 +71,18 @@ def test_embeddings_equal_ours_and_errors_are_openais(served):
     with pytest.raises(openai.AuthenticationError) as e:
         client(url, key="wrong").embeddings.create(model="tiny", input="x")
     assert (e.value.status_code, e.value.code, e.value.type) == (401, "invalid_api_key", "invalid_request_error")
+    raw = httpx.post(
+        f"{url}/embeddings",
+        json={"inputs": texts, "model": "tiny", "normalize": False},
+        headers={"Authorization": f"Bearer {KEY}"},
+    ).json()
+    cut = np.array(raw)[:, :7]
+    short = client(url).embeddings.create(model="tiny", input=texts, dimensions=7)  # Matryoshka: cut, normalised
+    assert np.array([d.embedding for d in short.data]) == pytest.approx(
+        cut / np.linalg.norm(cut, axis=1, keepdims=True), abs=1e-6
+    )
     with pytest.raises(openai.UnprocessableEntityError) as e:
-        client(url).embeddings.create(model="tiny", input="x", dimensions=7)
-    assert e.value.body["message"] == "model 'tiny' makes 32-dimensional embeddings, not 7"
+        client(url).embeddings.create(model="tiny", input="x", dimensions=33)
+    assert e.value.body["message"] == (
+        "dimensions must be from 1 to 32 (model 'tiny' makes 32-dimensional embeddings), got 33"
+    )

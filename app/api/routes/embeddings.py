@@ -14,7 +14,7 @@ from app.schemas import (
     OpenAIEmbeddingsResponse,
     body_examples,
 )
-from app.serving import pipelines
+from app.serving import embeddings as pipeline
 
 router = APIRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]
@@ -39,7 +39,7 @@ OPENAI_EXAMPLE = {
 )
 async def embeddings(req: EmbeddingsBody, service: ServiceDep):
     """Sentence embeddings: mean-pooled (or [CLS]) last hidden states, any model."""
-    return await pipelines.embeddings(service, req)
+    return await pipeline.embeddings(service, req)
 
 
 @router.post(
@@ -49,4 +49,4 @@ async def embeddings(req: EmbeddingsBody, service: ServiceDep):
 )
 async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep):
     """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""
-    return await pipelines.openai_embeddings(service, req)
+    return await pipeline.openai_embeddings(service, req)

@@ -1,5 +1,6 @@
 """GET /models and GET /models/{name}: what the store holds (rescanned on every listing), each model's
-promoted version and its versions, each with its card (where it came from, its held-out scores).
+promoted version and its versions, each with its card (where it came from, its held-out scores) and
+its named prompts.
 Behind BERT_ADMIN_KEY, as /jobs and /datasets: POST /models imports a model from the Hugging Face Hub or
 an uploaded archive, as a job; POST /models/{name}/promote, DELETE /models/{name} and
 DELETE /models/{name}/versions/{version} manage its versions."""
@@ -30,6 +31,7 @@ from model import kernels
 from model.datadir import NAME_PATTERN, list_versions
 from model.datadir.cards import read_card
 from model.datadir.versions import disk_bytes
+from model.model_dir import read_prompts
 
 router = APIRouter(tags=["models"])
 admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin_key)])
@@ -108,8 +110,19 @@ def model_info(entry: StoredModel, store: ModelRegistry, device, bytes_on_disk: 
         num_versions=len(entry.versions),
         disk_bytes=bytes_on_disk,
         card=read_card(entry.path) or None,
+        prompts=_prompts(entry),
         **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
     )
+
+
+def _prompts(entry: StoredModel) -> dict[str, str] | None:
+    """The model's prompts, as loaded, else as its directory has them (None when it cannot say)."""
+    if entry.loaded is not None:
+        return entry.loaded.prompts or None
+    try:
+        return read_prompts(entry.path)[0] or None
+    except ValueError:
+        return None
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
