@@ -187,3 +187,20 @@ def test_the_workers_sweep_skips_imports(tmp_path):
     store.create(spec("i"))
     sent: list[str] = []
     assert sweep(store, sent.append) == [] and sent == []
+
+
+async def test_a_hub_import_answers_as_the_same_weights_from_an_archive(hub, hub_env, tmp_path):
+    """The acceptance check, through the API: /embeddings of a model imported by Hub id equals that of
+    the same weights uploaded as an archive (the Hub's main revision is tiny-0, as _archive's)."""
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        by_id = await client.post("/models", json={"name": "from-hub", "source": H.TINY_REPO})
+        by_file = await client.post("/models", files={"file": ("tiny.tar.gz", _archive(tmp_path))}, data={"name": "up"})
+        for r in (by_id, by_file):
+            assert r.status_code == 202, r.text
+            assert (await finished(client, r.json()["id"]))["state"] == "succeeded"
+        texts = ["the cat sat on the mat", "a dog"]
+        answers = [
+            (await client.post("/embeddings", json={"model": name, "inputs": texts})).json()
+            for name in ("from-hub", "up")
+        ]
+        assert len(answers[0]) == 2 and answers[0] == answers[1]
