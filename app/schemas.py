@@ -172,7 +172,7 @@ NspResponse = NspResult | list[NspResult]
 
 
 # -- embeddings --------------------------------------------------------------------------------
-# The embedding options of /embeddings, /v1/embeddings and TEI's /embed (app/serving/embeddings.py applies them).
+# The embedding options of /embeddings, /v1/embeddings and TEI's /embed (app/serving/embed_pipeline.py applies them).
 
 Dimensions = Annotated[
     int | None,

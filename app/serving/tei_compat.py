@@ -26,7 +26,7 @@ What is ours: errors keep this service's body and status (422 for an input too l
 answers 413), the request limits (BERT_MAX_INPUTS, BERT_MAX_REQUEST_TOKENS) and the API key apply
 as on every inference route, pooling is mean (TEI reads the model's sentence-transformers pooling;
 every encoder served here is pooled the /embeddings way). /embed takes the embedding options of
-/embeddings (app/serving/embeddings.py: dimensions, prompt_name or prompt, long_inputs); /similarity
+/embeddings (app/serving/embed_pipeline.py: dimensions, prompt_name or prompt, long_inputs); /similarity
 and /tokenize take prompt_name.
 """
 
@@ -49,8 +49,8 @@ from app.schemas import (
     TextPair,
     TokenizeRequest,
 )
-from app.serving import embeddings
-from app.serving.embeddings import EmbedPlan, prompt_text
+from app.serving import embed_pipeline
+from app.serving.embed_pipeline import EmbedPlan, prompt_text
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
 from app.serving.service import Service, check_dropped
@@ -88,7 +88,7 @@ async def embed(svc: Service, req: EmbedRequest) -> list[list[float]]:
         prompt=req.prompt,
         encode=_directed(req.truncation_direction),
     )
-    vectors, _, _ = await embeddings.embed(svc, req.model, as_list(req.inputs)[0], plan, route="/embed")
+    vectors, _, _ = await embed_pipeline.embed(svc, req.model, as_list(req.inputs)[0], plan, route="/embed")
     return vectors
 
 
@@ -110,7 +110,7 @@ async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
         prompt_name=params.prompt_name,
         encode=_directed(params.truncation_direction),
     )
-    (source, *others), _, _ = await embeddings.embed(svc, req.model, texts, plan, route="/similarity")
+    (source, *others), _, _ = await embed_pipeline.embed(svc, req.model, texts, plan, route="/similarity")
     return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
 
 

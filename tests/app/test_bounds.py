@@ -12,7 +12,7 @@ import threading
 import anyio
 import pytest
 
-from app.serving.embeddings import EmbedPlan
+from app.serving.embed_pipeline import EmbedPlan
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_engine import metric
 

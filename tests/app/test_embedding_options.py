@@ -1,4 +1,4 @@
-"""The embedding options of /embeddings, /v1/embeddings and /embed (app/serving/embeddings.py), each equal
+"""The embedding options of /embeddings, /v1/embeddings and /embed (app/serving/embed_pipeline.py), each equal
 to a by-hand recomputation on the tiny models' own forward passes: dimensions (the first N of the
 un-normalised vector, then normalised, as sentence-transformers' truncate_dim), named prompts from
 config_sentence_transformers.json (= embedding the prompted text), and long_inputs "chunk" (the windows'

@@ -14,7 +14,7 @@ from app.schemas import (
     OpenAIEmbeddingsResponse,
     body_examples,
 )
-from app.serving import embeddings as pipeline
+from app.serving import embed_pipeline as pipeline
 
 router = APIRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]
