@@ -32,6 +32,15 @@ KEY = "tei-client-key-0123456789"
 TEXTS = ["the quick brown fox jumped over the lazy dog", "paris is the capital of france", "a red car"]
 
 
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    """The suite runs with HF_HUB_OFFLINE=1 (no test reaches the real Hub); InferenceClient obeys it
+    for every URL, and here it talks to our own server, not the Hub."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(url, data_dir): uvicorn over a data dir with `tiny` (an encoder, the default model), tiny-cls and
