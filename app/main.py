@@ -19,7 +19,6 @@ from fastapi import Depends, FastAPI
 from app.api.deps import require_api_key
 from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
 from app.api.routes import (
-    batches,
     classify,
     console,
     datasets,
@@ -28,6 +27,7 @@ from app.api.routes import (
     jobs,
     models,
     nsp,
+    openai_batches,
     openai_models,
     ops,
     tei,
@@ -37,7 +37,7 @@ from app.api.routes.ops import version
 from app.errors import install_handlers
 from app.jobs.imports import Imports
 from app.prometheus import Metrics, MetricsMiddleware
-from app.serving.batches import Batches
+from app.serving.batch_jobs import Batches
 from app.serving.service import Service
 from app.settings import Settings
 
@@ -117,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models, openai_models)
         ),
         # their routers depend on require_admin_key (app/api/deps.py)
-        *((module.router, []) for module in (jobs, datasets, batches)),
+        *((module.router, []) for module in (jobs, datasets, openai_batches)),
         (models.admin, []),
         (console.router, []),
     ]  # open: static files that carry no data

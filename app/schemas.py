@@ -1165,7 +1165,7 @@ class SimilarityRequest(Strict):
 SimilarityResponse = list[float]  # one cosine similarity per sentence, in their order
 
 
-# -- OpenAI-shaped batches: /v1/files and /v1/batches (app/serving/batches.py) ---------------------------
+# -- OpenAI-shaped batches: /v1/files and /v1/batches (app/serving/batch_jobs.py) ---------------------------
 
 # The routes a batch's lines may call; each line's body is validated by that route's request model.
 BATCH_ENDPOINTS = (

@@ -44,7 +44,7 @@ from model.files import (
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
-# import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs (app/serving/batches.py)
+# import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs (app/serving/batch_jobs.py)
 JOB_KINDS = ("pretrain", "finetune", "import", "batch")
 API_KINDS = frozenset({"import", "batch"})  # run and resumed by the API process, never sent to the workers
 PUBLISHING_KINDS = frozenset({"pretrain", "finetune", "import"})  # jobs whose model_name is a model they will publish

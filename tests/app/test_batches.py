@@ -216,7 +216,7 @@ def test_kill_9_twice_mid_batch_loses_and_repeats_nothing(tmp_path):
 
 
 def test_timestamps_are_unix_seconds():
-    from app.serving.batches import unix
+    from app.serving.batch_jobs import unix
 
     assert unix("2026-01-31T12:00:00.123Z") == 1769860800 and unix(None) is None
     assert time.time() > unix("2026-01-31T12:00:00.000Z")

@@ -60,7 +60,7 @@ from app.serving import embeddings, ner_pipeline, pipelines, qa_pipeline, tei_co
 from app.serving.service import Service
 from model.datadir import TERMINAL, JobRecord, JobRecords, Lease, now_iso, worker_identity
 from model.datadir import jobs as transitions
-from model.datadir.files import FileNotFound, Files
+from model.datadir.batch_files import FileNotFound, Files
 
 log = logging.getLogger("bertserve")
 

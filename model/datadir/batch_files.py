@@ -1,5 +1,5 @@
 """The files of the OpenAI-shaped /v1/files API: batch inputs users upload and the output and error
-files batches produce (app/serving/batches.py).
+files batches produce (app/serving/batch_jobs.py).
 
     DATA_DIR/files/<file id>/file.json   {"id", "object": "file", "bytes", "created_at", "filename", "purpose"}
     DATA_DIR/files/<file id>/content     the bytes, as uploaded or produced

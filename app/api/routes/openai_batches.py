@@ -1,4 +1,4 @@
-"""OpenAI's files and batch API: /v1/files (batch inputs and outputs) and /v1/batches (app/serving/batches.py).
+"""OpenAI's files and batch API: /v1/files (batch inputs and outputs) and /v1/batches (app/serving/batch_jobs.py).
 
 Behind the admin key, as /jobs and /datasets are (a batch is a job: GET /jobs shows it too); without
 BERT_ADMIN_KEY the API key opens them, so OpenAI's client works with the one key.
@@ -20,9 +20,9 @@ from app.api.deps import require_admin_key
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
-from app.serving.batches import Batches, batch_view
+from app.serving.batch_jobs import Batches, batch_view
 from model.datadir import JOB_ID_PATTERN, JobFinished
-from model.datadir.files import FILE_ID_PATTERN, FileNotFound, Files
+from model.datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files
 from model.files import TMP_PREFIX
 
 router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin_key)])
@@ -33,7 +33,7 @@ ERRORS = responses("validation", "unauthorized", "not_found", openai=True)
 
 
 async def get_batches(request: Request) -> Batches:
-    """The app's batches (app/serving/batches.py), made at start by create_app's lifespan."""
+    """The app's batches (app/serving/batch_jobs.py), made at start by create_app's lifespan."""
     return request.app.state.batches
 
 
