@@ -47,7 +47,7 @@ answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`
 /predict, /rerank, /similarity and /tokenize answer as text-embeddings-inference does.
 
 Every error answers `{"error": message, "error_type": kind}`, except on /v1/* (OpenAI's API:
-/v1/embeddings, /v1/models), where it answers OpenAI's `{"error": {"message", "type", "param",
+/v1/embeddings, /v1/models, /v1/files, /v1/batches), where it answers OpenAI's `{"error": {"message", "type", "param",
 "code"}}`. When the service has an API key, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
 files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 """

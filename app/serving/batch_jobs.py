@@ -10,7 +10,7 @@ chunks of BERT_BATCH_CHUNK_LINES, fsynced, and only then counted in the record (
 two files' lengths, written atomically); a new attempt first cuts both files back to those lengths,
 so a killed process leaves no missing or duplicated line.
 
-    params   {"endpoint", "input_file_id", "completion_window", "metadata", "total", "invalid"}
+    params   {"endpoint", "input_file_id", "completion_window", "metadata", "total", "invalid", "max_line_bytes"}
     progress {"step": lines done, "total_steps", "completed", "failed", "output_bytes", "error_bytes",
               "finalizing_at"}
     result   {"output_file_id", "error_file_id", "completed", "failed"}
@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,14 +113,18 @@ class Line:
     error: tuple[str, str] | None = None  # (code, message)
 
 
-def parse_lines(path: Path, endpoint: str, max_line_bytes: int) -> list[Line]:
-    """Every non-blank line of an input file, each checked as its route would check its body."""
+def parse_lines(path: Path, endpoint: str, max_line_bytes: int, max_lines: int | None = None) -> list[Line]:
+    """Every non-blank line of an input file, each checked as its route would check its body; a 413
+    as soon as there are more than `max_lines`."""
     seen: set[str] = set()
-    lines = []
+    lines: list[Line] = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
-            if raw.strip():
-                lines.append(_parse_line(number, raw, ENDPOINTS[endpoint], endpoint, seen, max_line_bytes))
+            if not raw.strip():
+                continue
+            if max_lines is not None and len(lines) == max_lines:
+                raise ServiceError("too_large", f"the file holds more than {max_lines} requests (BERT_BATCH_MAX_LINES)")
+            lines.append(_parse_line(number, raw, ENDPOINTS[endpoint], endpoint, seen, max_line_bytes))
     return lines
 
 
@@ -240,15 +245,9 @@ class Batches:
         if meta["purpose"] != "batch":
             raise ServiceError("validation", f"file '{req.input_file_id}' has purpose {meta['purpose']!r}, not 'batch'")
         source = self.files.content(req.input_file_id)
-        lines = parse_lines(source, req.endpoint, self.settings.max_body_bytes)
+        lines = parse_lines(source, req.endpoint, self.settings.max_body_bytes, self.settings.batch_max_lines)
         if not lines:
             raise ServiceError("validation", f"file '{req.input_file_id}' holds no requests")
-        if len(lines) > self.settings.batch_max_lines:
-            raise ServiceError(
-                "too_large",
-                f"file '{req.input_file_id}' holds {len(lines)} requests, more than BERT_BATCH_MAX_LINES "
-                f"({self.settings.batch_max_lines})",
-            )
         invalid = sum(line.error is not None for line in lines)
         spec = {
             "kind": KIND,
@@ -262,12 +261,21 @@ class Batches:
                 "metadata": req.metadata,
                 "total": len(lines),
                 "invalid": invalid,
+                "max_line_bytes": self.settings.max_body_bytes,  # the same checks on a resume
             },
         }
         record = self.store.create(spec)
         job_dir = self.store.job_dir(record["id"])
-        os.link(source, job_dir / INPUT)  # the batch's own reference: deleting the upload leaves it whole
-        return self.store.update(record["id"], lambda r: r.__setitem__("progress", _progress(0, len(lines))))
+        try:  # the batch's own reference to the input: deleting the upload leaves it whole
+            os.link(source, job_dir / INPUT)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(source, job_dir / INPUT)
+
+        def queue(r: JobRecord) -> None:  # the API runs it: queued now, as a sent training job would be
+            r["progress"] = _progress(0, len(lines))
+            transitions.enqueued(r)
+
+        return self.store.update(record["id"], queue)
 
     def batches(self) -> list[JobRecord]:
         return [r for r in self.store.list() if r.get("kind") == KIND]
@@ -289,7 +297,9 @@ class Batches:
     # -- running ----------------------------------------------------------------------------------
 
     def start(self, job_id: str) -> None:
-        self.tasks[job_id] = asyncio.get_running_loop().create_task(self.run(job_id), name=f"batch-{job_id}")
+        task = asyncio.get_running_loop().create_task(self.run(job_id), name=f"batch-{job_id}")
+        self.tasks[job_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(job_id, None))
 
     async def resume(self) -> list[str]:
         """Start every unfinished batch (each run takes the lease, or leaves it to its holder)."""
@@ -320,7 +330,8 @@ class Batches:
             raise
         except Exception as e:  # a bug or a full disk: said in the record and logged whole
             log.exception("batch %s failed", job_id)
-            await asyncio.to_thread(self.store.move, job_id, transitions.fail, f"{type(e).__name__}: {e}")
+            with contextlib.suppress(transitions.IllegalTransition):  # it failed before it started
+                await asyncio.to_thread(self.store.move, job_id, transitions.fail, f"{type(e).__name__}: {e}")
         finally:
             await asyncio.to_thread(lease.release)
 
@@ -329,13 +340,18 @@ class Batches:
         record = self.store.read(job_id)
         if record["state"] in TERMINAL:
             return False
-        if self.store.cancel_requested(job_id) and record["state"] == "queued":
+        started = bool((record.get("progress") or {}).get("step"))  # else a cancel publishes what it has
+        if self.store.cancel_requested(job_id) and record["state"] == "queued" and not started:
             self.store.move(job_id, transitions.cancel_before_start)
             return False
         if record["state"] == "running":
             self.store.move(job_id, transitions.attempt_did_not_finish)
+        if not record["progress"]:  # the API died between writing the record and its progress
+            record["progress"] = _progress(0, record["params"]["total"])
+        progress = record["progress"]
         self.store.move(job_id, transitions.start, worker_identity())
-        job_dir, progress = self.store.job_dir(job_id), record["progress"]
+        self.store.update(job_id, lambda r: r.__setitem__("progress", progress))
+        job_dir = self.store.job_dir(job_id)
         if not progress.get("finalizing_at"):  # else the files were published already (_finish)
             for name, key in ((OUTPUT, "output_bytes"), (ERRORS, "error_bytes")):
                 with open(job_dir / name, "ab") as f:  # created if missing
@@ -353,7 +369,7 @@ class Batches:
         params, done = record["params"], record["progress"]["step"]
         ep = ENDPOINTS[params["endpoint"]]
         path = self.store.job_dir(job_id) / INPUT
-        lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], self.settings.max_body_bytes)
+        lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
         chunk, gate = self.settings.batch_chunk_lines, asyncio.Semaphore(self.settings.batch_concurrency)
         tag = job_id.rsplit("-", 1)[-1]
         for start in range(done, len(lines), chunk):
@@ -376,6 +392,11 @@ class Batches:
             while True:
                 try:
                     value = await ep.run(self.service, line.request)
+                    body = ep.response.dump_python(
+                        ep.response.validate_python(value, from_attributes=True),
+                        mode="json",
+                        exclude_none=ep.exclude_none,
+                    )
                     break
                 except ServiceError as e:
                     if e.error_type == "overloaded":
@@ -386,9 +407,6 @@ class Batches:
                     log.exception("batch line %s failed", line.index)
                     message = f"{type(e).__name__}: {e}"
                     return False, {**entry, "response": None, "error": {"code": "internal", "message": message}}
-        body = ep.response.dump_python(
-            ep.response.validate_python(value, from_attributes=True), mode="json", exclude_none=ep.exclude_none
-        )
         return True, {**entry, "response": {"status_code": 200, "request_id": entry["id"], "body": body}, "error": None}
 
     def _commit(self, job_id: str, answers: list[tuple[bool, dict]]) -> None:
