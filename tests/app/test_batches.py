@@ -173,6 +173,12 @@ def test_file_routes_and_refusals(served):
         c.files.create(file=("big.jsonl", io.BytesIO(b"x" * 1_100_000)), purpose="batch")
     assert e.value.status_code == 413
     assert e.value.body["message"] == "file is larger than the limit of 1000000 bytes (BERT_BATCH_MAX_FILE_BYTES)"
+    with pytest.raises(openai.AuthenticationError):  # the admin key's rule; without one, the API key opens it
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).batches.list()
+    ids = [run_batch(c, [line("a", {"model": "tiny", "input": "x"})])[1].id for _ in range(2)]
+    first = c.batches.list(limit=1)
+    assert [b.id for b in first.data] == [max(ids)] and first.has_more
+    assert c.batches.list(limit=1, after=max(ids)).data[0].id == min(ids)
     r = httpx.post(
         f"{url}/v1/files",
         files={"file": ("a.jsonl", b"{}")},
