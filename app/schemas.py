@@ -1168,16 +1168,6 @@ SimilarityResponse = list[float]  # one cosine similarity per sentence, in their
 # -- OpenAI-shaped batches: /v1/files and /v1/batches (app/serving/batch_jobs.py) ---------------------------
 
 # The routes a batch's lines may call; each line's body is validated by that route's request model.
-BATCH_ENDPOINTS = (
-    "/v1/embeddings",
-    "/embeddings",
-    "/fill-mask",
-    "/nsp",
-    "/classify",
-    "/token-classification",
-    "/question-answering",
-    "/rerank",
-)
 BatchEndpoint = Literal[
     "/v1/embeddings",
     "/embeddings",
@@ -1188,7 +1178,7 @@ BatchEndpoint = Literal[
     "/question-answering",
     "/rerank",
 ]
-assert get_args(BatchEndpoint) == BATCH_ENDPOINTS
+BATCH_ENDPOINTS: tuple[str, ...] = get_args(BatchEndpoint)
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]

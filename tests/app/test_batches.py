@@ -176,9 +176,11 @@ def test_file_routes_and_refusals(served):
     with pytest.raises(openai.AuthenticationError):  # the admin key's rule; without one, the API key opens it
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).batches.list()
     ids = [run_batch(c, [line("a", {"model": "tiny", "input": "x"})])[1].id for _ in range(2)]
+    listed = [b.id for b in c.batches.list(limit=100).data]  # newest first: ids sort by creation time
+    assert listed == sorted(listed, reverse=True) and set(ids) <= set(listed)
     first = c.batches.list(limit=1)
-    assert [b.id for b in first.data] == [max(ids)] and first.has_more
-    assert c.batches.list(limit=1, after=max(ids)).data[0].id == min(ids)
+    assert [b.id for b in first.data] == listed[:1] and first.has_more
+    assert [b.id for b in c.batches.list(limit=1, after=listed[0]).data] == listed[1:2]
     r = httpx.post(
         f"{url}/v1/files",
         files={"file": ("a.jsonl", b"{}")},
