@@ -174,7 +174,9 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.error_type, exc.message, path=request.url.path, **exc.details)
+    details = dict(exc.details)
+    openai = details.pop("openai", None)  # OpenAI's param and code, for /v1/* (e.g. file_not_found)
+    return error_response(exc.error_type, exc.message, path=request.url.path, openai=openai, **details)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

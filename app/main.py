@@ -4,7 +4,7 @@ Middleware, outermost first: metrics (times everything), keys (401 from the head
 body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
-/jobs, /datasets and POST /models (an import) behind the admin key, which their routers demand themselves; /console (the web
+/jobs, /datasets, /v1/files, /v1/batches and POST /models (an import) behind the admin key, which their routers demand themselves; /console (the web
 console's static files, app/api/routes/console.py) open, as it carries no data. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
@@ -27,6 +27,7 @@ from app.api.routes import (
     jobs,
     models,
     nsp,
+    openai_batches,
     openai_models,
     ops,
     tei,
@@ -36,6 +37,7 @@ from app.api.routes.ops import version
 from app.errors import install_handlers
 from app.jobs.imports import Imports
 from app.prometheus import Metrics, MetricsMiddleware
+from app.serving.batch_jobs import Batches
 from app.serving.service import Service
 from app.settings import Settings
 
@@ -45,7 +47,7 @@ answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`
 /predict, /rerank, /similarity and /tokenize answer as text-embeddings-inference does.
 
 Every error answers `{"error": message, "error_type": kind}`, except on /v1/* (OpenAI's API:
-/v1/embeddings, /v1/models), where it answers OpenAI's `{"error": {"message", "type", "param",
+/v1/embeddings, /v1/models, /v1/files, /v1/batches), where it answers OpenAI's `{"error": {"message", "type", "param",
 "code"}}`. When the service has an API key, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
 files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
 """
@@ -76,14 +78,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     service = Service(settings, metrics)
 
     imports = Imports(settings.data_dir)
+    batch_jobs = Batches(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
         await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
+        await asyncio.to_thread(batch_jobs.expire_files)
+        await batch_jobs.resume()  # batches a stopped API left unfinished
         try:
             yield
         finally:
+            await batch_jobs.stop()  # before the engine: a line in flight is not answered "unavailable"
             await service.stop()
 
     app = FastAPI(
@@ -99,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.imports = imports
+    app.state.batches = batch_jobs
     install_handlers(app)
     keyed = [Depends(require_api_key)]
     routers = [
@@ -110,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models, openai_models)
         ),
         # their routers depend on require_admin_key (app/api/deps.py)
-        *((module.router, []) for module in (jobs, datasets)),
+        *((module.router, []) for module in (jobs, datasets, openai_batches)),
         (models.admin, []),
         (console.router, []),
     ]  # open: static files that carry no data
@@ -121,7 +128,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=INFERENCE_PATHS)
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
     # POST /models streams an archive under BERT_MAX_MODEL_UPLOAD_BYTES (and reads JSON up to its own limit).
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models"))
+    # POST /v1/files streams a batch input under BERT_BATCH_MAX_FILE_BYTES.
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models", "/v1/files")
+    )
     app.add_middleware(KeyMiddleware, settings=settings, guards=key_guards(routers))
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
     return app

@@ -332,6 +332,43 @@ class Settings(BaseSettings):
             "`Last-Event-ID` (the curve goes on from where it was)."
         ),
     )
+    batch_max_file_bytes: int = Field(
+        100 * 1024 * 1024,
+        ge=1,
+        description=(
+            "Largest `POST /v1/files` upload (a batch's input JSONL), in bytes: streamed to disk, a 413 at the "
+            "limit. Each line's body is held to `BERT_MAX_BODY_BYTES` and its tokens to `BERT_MAX_REQUEST_TOKENS`, "
+            "as the online route would; a line over them goes to the batch's error file."
+        ),
+    )
+    batch_max_lines: int = Field(
+        50_000,
+        ge=1,
+        description="Requests (lines) in one batch's input file; more is a 422 at `POST /v1/batches`.",
+    )
+    batch_chunk_lines: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description=(
+            "Lines a batch commits at once (appended to its output, fsynced, then counted in its record); a "
+            "restart goes on after the last committed chunk."
+        ),
+    )
+    batch_concurrency: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description=(
+            "Lines of one batch in flight at once, as concurrent requests to the batching engine (which packs "
+            "them into passes under `BERT_MAX_BATCH_TOKENS`)."
+        ),
+    )
+    batch_retention_days: float = Field(
+        30.0,
+        ge=0,
+        description="Days a `/v1/files` file (batch input, output or errors) is kept before it is deleted; 0: kept until deleted.",
+    )
 
     def admin_key_value(self) -> str | None:
         return _key(self.admin_key)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from model.datadir import IllegalTransition, JobNotFound, JobRecords, jobs, lease_is_free
+from model.datadir import API_KINDS, IllegalTransition, JobNotFound, JobRecords, jobs, lease_is_free
 from worker.queue import send_job
 from worker.settings import WorkerSettings
 
@@ -40,7 +40,7 @@ def sweep(store: JobRecords, send: Callable[[str], None], states: tuple[str, ...
     """Send again every training job in `states` whose lease is free; returns their ids."""
     sent = []
     for record in store.list():
-        if record.get("kind") == "import":  # the API runs imports and resumes them itself (app/jobs/imports.py)
+        if record.get("kind") in API_KINDS:  # the API runs imports and batches and resumes them itself
             continue
         if record.get("state") not in states or not lease_is_free(store, record["id"]):
             continue

@@ -313,15 +313,16 @@ async function playgroundPage(name) {
 
 // -- jobs list -------------------------------------------------------------------------------------
 
-// A training job counts steps; an import counts the bytes it has downloaded.
+// A training job counts steps, a batch lines; an import counts the bytes it has downloaded.
 function progressOf(job) {
   if (job.kind === "import") {
     const done = job.downloaded_bytes || 0, total = job.total_bytes || 0;
     return {value: done, max: total || 1, text: total ? `${fmt.bytes(done)} / ${fmt.bytes(total)}` : "–",
             label: `${fmt.bytes(done)} of ${fmt.bytes(total)} downloaded`};
   }
+  const unit = job.kind === "batch" ? "lines" : "steps";  // a batch's steps are its input lines
   return {value: job.step, max: job.total_steps, text: `${job.step} / ${job.total_steps}`,
-          label: `${job.step} of ${job.total_steps} steps`};
+          label: `${job.step} of ${job.total_steps} ${unit}`};
 }
 
 function progressCell(job) {
@@ -498,7 +499,7 @@ async function jobPage(jobId) {
     facts.replaceChildren(
       fact("State", stateBadge(j.state)), fact("Kind", j.kind), fact("Model", j.model_name),
       fact("Base model", j.base_model || "from scratch"), fact("Dataset", j.dataset),
-      fact(j.kind === "import" ? "Downloaded" : "Step", progressOf(j).text), fact("Loss", fmt.num(j.loss)), fact("Learning rate", fmt.num(j.lr, 3)),
+      fact(j.kind === "import" ? "Downloaded" : j.kind === "batch" ? "Lines" : "Step", progressOf(j).text), fact("Loss", fmt.num(j.loss)), fact("Learning rate", fmt.num(j.lr, 3)),
       fact("Throughput", fmt.rate(j.tokens_per_s)), fact("ETA", fmt.duration(j.eta_s)),
       fact("Attempts", String(j.attempts)), fact("Runtime", fmt.duration(j.runtime_s)),
       fact("Created", fmt.time(j.created_at)), fact("Finished", fmt.time(j.finished_at)));

@@ -11,11 +11,13 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     versions.py  a model's versions (models/<name>/v<N>/), the promoted one (model.json), deletion
     publish.py   a finished model in as the next version of DATA_DIR/models/<name>, with its provenance
     cards.py     a model's card.json: its source and measured scores
+    batch_files.py  uploaded and produced files of the OpenAI-shaped /v1/files API (batch input and output)
     defaults.py  defaults.json: the model the first start chose for /fill-mask and /nsp
 """
 
 from model.datadir.datasets import DatasetExists, dataset_file, delete_dataset, list_datasets, read_meta
 from model.datadir.jobs import (
+    API_KINDS,
     JOB_KINDS,
     STATES,
     TERMINAL,
@@ -52,6 +54,7 @@ from model.datadir.versions import (
 )
 
 __all__ = [
+    "API_KINDS",
     "DataDir",
     "DatasetExists",
     "IllegalTransition",

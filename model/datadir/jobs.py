@@ -44,7 +44,10 @@ from model.files import (
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
-JOB_KINDS = ("pretrain", "finetune", "import")  # import: a model import the API runs (app/jobs/imports.py)
+# import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs (app/serving/batch_jobs.py)
+JOB_KINDS = ("pretrain", "finetune", "import", "batch")
+API_KINDS = frozenset({"import", "batch"})  # run and resumed by the API process, never sent to the workers
+PUBLISHING_KINDS = frozenset({"pretrain", "finetune", "import"})  # jobs whose model_name is a model they will publish
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 FORMAT_VERSION = 1
@@ -58,7 +61,7 @@ class JobRecord(TypedDict, total=False):
 
     format_version: int
     id: str
-    kind: str  # "pretrain" | "finetune" | "import": the one place a job's kind is kept (the worker reads it here)
+    kind: str  # one of JOB_KINDS: the one place a job's kind is kept (the worker reads it here)
     model_name: str
     base_model: str | None
     dataset: str | None  # None for an import
@@ -197,7 +200,16 @@ class JobRecords:
 
     def unfinished_job_for_model(self, name: str) -> JobRecord | None:
         """The queued or running job that will publish model `name`, if there is one."""
-        return next((r for r in self.list() if r.get("model_name") == name and r["state"] not in TERMINAL), None)
+        return next(
+            (
+                r
+                for r in self.list()
+                if r.get("kind", "pretrain") in PUBLISHING_KINDS
+                and r.get("model_name") == name
+                and r["state"] not in TERMINAL
+            ),
+            None,
+        )
 
     def delete(self, job_id: str) -> int:
         """Remove a finished job's directory (record, metrics, checkpoints); the bytes freed.

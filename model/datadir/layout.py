@@ -4,6 +4,7 @@
                                  directory in Hugging Face's layout (versions.py; made by jobs, imports)
     DATA_DIR/datasets/<name>/    an uploaded dataset: data.<ext> + meta.json (datasets.py)
     DATA_DIR/jobs/<id>/          a training job: job.json, metrics.jsonl, checkpoints/ (jobs.py)
+    DATA_DIR/files/<file id>/    a /v1/files file: file.json + content (batch_files.py)
     DATA_DIR/broker/             the filesystem:// broker's folders (worker/queue.py), when that transport is used
     DATA_DIR/.init.lock          held while a first start fills an empty DATA_DIR (`bert init`, `bert up`)
     DATA_DIR/defaults.json       the model the first start chose for /fill-mask and /nsp (defaults.py)
@@ -22,7 +23,7 @@ import re
 import secrets
 from pathlib import Path
 
-MODELS, DATASETS, JOBS = "models", "datasets", "jobs"
+MODELS, DATASETS, JOBS, FILES = "models", "datasets", "jobs", "files"
 INIT_LOCK = ".init.lock"
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -74,6 +75,10 @@ class DataDir:
     @property
     def jobs(self) -> Path:
         return self.root / JOBS
+
+    @property
+    def files(self) -> Path:
+        return self.root / FILES
 
     @property
     def init_lock(self) -> Path:

@@ -1,0 +1,461 @@
+"""Batch inference, OpenAI's batch API: POST /v1/batches checks an uploaded JSONL of requests and queues
+a job of kind "batch"; the API process runs it, line by line, through the same pipelines and batching
+engine as the online routes (so a line's answer is the one its route gives), and writes OpenAI's output
+and error files (/v1/files, model/datadir/files.py).
+
+The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
+transitions, GET /jobs and cancel. The run holds the job's lease; at API start every unfinished batch
+whose lease is free runs again. Crash safety: answers are appended to output.jsonl / errors.jsonl in
+chunks of BERT_BATCH_CHUNK_LINES, fsynced, and only then counted in the record (lines done and the
+two files' lengths, written atomically); a new attempt first cuts both files back to those lengths,
+so a killed process leaves no missing or duplicated line.
+
+    params   {"endpoint", "input_file_id", "completion_window", "metadata", "total", "invalid", "max_line_bytes"}
+    progress {"step": lines done, "total_steps", "completed", "failed", "output_bytes", "error_bytes",
+              "finalizing_at"}
+    result   {"output_file_id", "error_file_id", "completed", "failed"}
+
+Input lines that are bad (not JSON, no or a duplicate custom_id, another url, a body the route refuses)
+are found when the batch is created; they are not a failed batch: each becomes an error-file line,
+in its place. Reference: https://platform.openai.com/docs/guides/batch
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from app.errors import ServiceError
+from app.schemas import (
+    BATCH_ENDPOINTS,
+    ClassifyRequest,
+    ClassifyResponse,
+    CreateBatchRequest,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    FillMaskRequest,
+    FillMaskResponse,
+    NspRequest,
+    NspResponse,
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+    QuestionAnsweringRequest,
+    QuestionAnsweringResponse,
+    RerankRequest,
+    RerankResponse,
+    TokenClassificationRequest,
+    TokenClassificationResponse,
+)
+from app.serving import embeddings, ner_pipeline, pipelines, qa_pipeline, tei_compat
+from app.serving.service import Service
+from model.datadir import TERMINAL, JobRecord, JobRecords, Lease, now_iso, worker_identity
+from model.datadir import jobs as transitions
+from model.datadir.batch_files import FileNotFound, Files
+
+log = logging.getLogger("bertserve")
+
+KIND = "batch"
+INPUT, OUTPUT, ERRORS = "input.jsonl", "output.jsonl", "errors.jsonl"
+HEARTBEAT_S = 10.0
+RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a line's body is checked with, what answers it, and how the route serialises the answer."""
+
+    request: type[BaseModel]
+    run: Callable[[Service, Any], Awaitable[Any]]
+    response: TypeAdapter
+    exclude_none: bool = False
+
+
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/embeddings": Endpoint(
+        OpenAIEmbeddingsRequest, embeddings.openai_embeddings, TypeAdapter(OpenAIEmbeddingsResponse)
+    ),
+    "/embeddings": Endpoint(EmbeddingsRequest, embeddings.embeddings, TypeAdapter(EmbeddingsResponse)),
+    "/fill-mask": Endpoint(FillMaskRequest, pipelines.fill_mask, TypeAdapter(FillMaskResponse)),
+    "/nsp": Endpoint(NspRequest, pipelines.nsp, TypeAdapter(NspResponse)),
+    "/classify": Endpoint(ClassifyRequest, pipelines.classify, TypeAdapter(ClassifyResponse)),
+    "/token-classification": Endpoint(
+        TokenClassificationRequest,
+        ner_pipeline.token_classification,
+        TypeAdapter(TokenClassificationResponse),
+        exclude_none=True,
+    ),
+    "/question-answering": Endpoint(
+        QuestionAnsweringRequest, qa_pipeline.question_answering, TypeAdapter(QuestionAnsweringResponse)
+    ),
+    "/rerank": Endpoint(RerankRequest, tei_compat.rerank, TypeAdapter(RerankResponse), exclude_none=True),
+}
+assert tuple(ENDPOINTS) == BATCH_ENDPOINTS
+
+
+@dataclass
+class Line:
+    """One input line: its request (checked), or why it cannot run."""
+
+    index: int
+    custom_id: str | None
+    request: BaseModel | None = None
+    error: tuple[str, str] | None = None  # (code, message)
+
+
+def parse_lines(path: Path, endpoint: str, max_line_bytes: int, max_lines: int | None = None) -> list[Line]:
+    """Every non-blank line of an input file, each checked as its route would check its body; a 413
+    as soon as there are more than `max_lines`."""
+    seen: set[str] = set()
+    lines: list[Line] = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            if max_lines is not None and len(lines) == max_lines:
+                raise ServiceError("too_large", f"the file holds more than {max_lines} requests (BERT_BATCH_MAX_LINES)")
+            lines.append(_parse_line(number, raw, ENDPOINTS[endpoint], endpoint, seen, max_line_bytes))
+    return lines
+
+
+def _parse_line(number: int, raw: bytes, ep: Endpoint, endpoint: str, seen: set[str], max_bytes: int) -> Line:
+    line = Line(number, None)
+    if len(raw) > max_bytes:
+        line.error = ("too_large", f"line {number} is {len(raw)} bytes, more than BERT_MAX_BODY_BYTES ({max_bytes})")
+        return line
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        line.error = ("invalid_json", f"line {number} is not valid JSON")
+        return line
+    if not isinstance(data, dict):
+        line.error = ("invalid_request", f"line {number} is not a JSON object")
+        return line
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        line.error = ("missing_custom_id", f"line {number} has no custom_id (a non-empty string)")
+        return line
+    line.custom_id = custom_id
+    if custom_id in seen:
+        line.error = ("duplicate_custom_id", f"line {number}: custom_id {custom_id[:80]!r} is used by an earlier line")
+        return line
+    seen.add(custom_id)
+    if data.get("method") != "POST":
+        line.error = ("invalid_method", f'line {number}: method must be "POST"')
+    elif data.get("url") != endpoint:
+        line.error = (
+            "mismatched_url",
+            f"line {number}: url {str(data.get('url'))[:80]!r} is not the batch's endpoint {endpoint}",
+        )
+    else:
+        try:
+            line.request = ep.request.model_validate(data.get("body"))
+        except ValidationError as e:
+            where = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors(include_url=False)
+            )
+            line.error = ("invalid_body", f"line {number}: body: {where}")
+    return line
+
+
+def unix(iso: str | None) -> int | None:
+    """An ISO timestamp of a record (model.datadir.layout.now_iso) as OpenAI's Unix seconds."""
+    if not iso:
+        return None
+    return int(dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
+
+
+def batch_view(record: JobRecord) -> dict[str, Any]:
+    """A batch job as OpenAI's batch object (app/schemas.py BatchObject)."""
+    params, progress, result = record["params"], record.get("progress") or {}, record.get("result") or {}
+    state, cancelling = record["state"], bool(record.get("cancel_requested"))
+    events = record.get("events") or []
+
+    def first(event: str) -> int | None:
+        return unix(next((e["at"] for e in events if e["event"] == event), None))
+
+    status = {
+        "queued": "validating",
+        "running": "cancelling" if cancelling else "finalizing" if progress.get("finalizing_at") else "in_progress",
+        "succeeded": "completed",
+        "failed": "failed",
+        "cancelled": "cancelled",
+    }[state]
+    created = unix(record["created_at"]) or 0
+    finished = unix(record.get("finished_at"))
+    return {
+        "id": record["id"],
+        "object": "batch",
+        "endpoint": params["endpoint"],
+        "errors": {"object": "list", "data": [{"code": "batch_failed", "message": record.get("error") or ""}]}
+        if state == "failed"
+        else None,
+        "input_file_id": params["input_file_id"],
+        "completion_window": params["completion_window"],
+        "status": status,
+        "output_file_id": result.get("output_file_id"),
+        "error_file_id": result.get("error_file_id"),
+        "created_at": created,
+        "in_progress_at": first("started"),
+        "expires_at": created + 24 * 3600,
+        "finalizing_at": unix(progress.get("finalizing_at")),
+        "completed_at": finished if state == "succeeded" else None,
+        "failed_at": finished if state == "failed" else None,
+        "cancelling_at": first("cancel requested") or (finished if state == "cancelled" else None),
+        "cancelled_at": finished if state == "cancelled" else None,
+        "request_counts": {
+            "total": params["total"],
+            "completed": progress.get("completed", 0),
+            "failed": progress.get("failed", 0),
+        },
+        "metadata": params.get("metadata"),
+    }
+
+
+class Batches:
+    """Create, run (one asyncio task per batch, on the API's event loop) and resume the batch jobs."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        self.settings = service.settings
+        self.store = JobRecords(self.settings.data_dir)
+        self.files = Files(self.settings.data_dir)
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    # -- records ----------------------------------------------------------------------------------
+
+    def create(self, req: CreateBatchRequest) -> JobRecord:
+        """Check the input file whole and write the job (queued); 404/422 for a file it cannot run."""
+        try:
+            meta = self.files.read(req.input_file_id)
+        except FileNotFound:
+            raise ServiceError(
+                "not_found", f"no file '{req.input_file_id}'", openai={"code": "file_not_found"}
+            ) from None
+        if meta["purpose"] != "batch":
+            raise ServiceError("validation", f"file '{req.input_file_id}' has purpose {meta['purpose']!r}, not 'batch'")
+        source = self.files.content(req.input_file_id)
+        lines = parse_lines(source, req.endpoint, self.settings.max_body_bytes, self.settings.batch_max_lines)
+        if not lines:
+            raise ServiceError("validation", f"file '{req.input_file_id}' holds no requests")
+        invalid = sum(line.error is not None for line in lines)
+        spec = {
+            "kind": KIND,
+            "model_name": "",  # a batch publishes no model
+            "base_model": None,
+            "dataset": None,
+            "params": {
+                "endpoint": req.endpoint,
+                "input_file_id": req.input_file_id,
+                "completion_window": req.completion_window,
+                "metadata": req.metadata,
+                "total": len(lines),
+                "invalid": invalid,
+                "max_line_bytes": self.settings.max_body_bytes,  # the same checks on a resume
+            },
+        }
+        record = self.store.create(spec)
+        job_dir = self.store.job_dir(record["id"])
+        try:  # the batch's own reference to the input: deleting the upload leaves it whole
+            os.link(source, job_dir / INPUT)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(source, job_dir / INPUT)
+
+        def queue(r: JobRecord) -> None:  # the API runs it: queued now, as a sent training job would be
+            r["progress"] = _progress(0, len(lines))
+            transitions.enqueued(r)
+
+        return self.store.update(record["id"], queue)
+
+    def batches(self) -> list[JobRecord]:
+        return [r for r in self.store.list() if r.get("kind") == KIND]
+
+    def read(self, batch_id: str) -> JobRecord:
+        try:
+            record = self.store.read(batch_id)
+        except transitions.JobNotFound:
+            record = None
+        if record is None or record.get("kind") != KIND:
+            raise ServiceError("not_found", f"no batch '{batch_id}'", openai={"code": "batch_not_found"})
+        return record
+
+    def expire_files(self) -> list[str]:
+        """Delete the files older than BERT_BATCH_RETENTION_DAYS (0: none)."""
+        days = self.settings.batch_retention_days
+        return self.files.expire(days * 86400) if days > 0 else []
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def start(self, job_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.run(job_id), name=f"batch-{job_id}")
+        self.tasks[job_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(job_id, None))
+
+    async def resume(self) -> list[str]:
+        """Start every unfinished batch (each run takes the lease, or leaves it to its holder)."""
+        ids = [r["id"] for r in await asyncio.to_thread(self.batches) if r["state"] not in TERMINAL]
+        for job_id in ids:
+            self.start(job_id)
+        if ids:
+            log.info("resuming %d batch(es): %s", len(ids), ", ".join(ids))
+        return ids
+
+    async def stop(self) -> None:
+        """Stop the runs (before the engine stops): each hands its job back, its unfinished chunk uncounted."""
+        tasks = [t for t in self.tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def run(self, job_id: str) -> None:
+        lease = Lease(self.store, job_id)
+        if not await asyncio.to_thread(lease.try_acquire):
+            return  # another process runs it
+        try:
+            if await asyncio.to_thread(self._begin, job_id):
+                lease.start_heartbeat(HEARTBEAT_S)
+                await self._run(job_id)
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.to_thread(self._hand_back, job_id))
+            raise
+        except Exception as e:  # a bug or a full disk: said in the record and logged whole
+            log.exception("batch %s failed", job_id)
+            with contextlib.suppress(transitions.IllegalTransition):  # it failed before it started
+                await asyncio.to_thread(self.store.move, job_id, transitions.fail, f"{type(e).__name__}: {e}")
+        finally:
+            await asyncio.to_thread(lease.release)
+
+    def _begin(self, job_id: str) -> bool:
+        """Move the job to running (False: nothing to run) and cut its files back to what was committed."""
+        record = self.store.read(job_id)
+        if record["state"] in TERMINAL:
+            return False
+        started = bool((record.get("progress") or {}).get("step"))  # else a cancel publishes what it has
+        if self.store.cancel_requested(job_id) and record["state"] == "queued" and not started:
+            self.store.move(job_id, transitions.cancel_before_start)
+            return False
+        if record["state"] == "running":
+            self.store.move(job_id, transitions.attempt_did_not_finish)
+        if not record["progress"]:  # the API died between writing the record and its progress
+            record["progress"] = _progress(0, record["params"]["total"])
+        progress = record["progress"]
+        self.store.move(job_id, transitions.start, worker_identity())
+        self.store.update(job_id, lambda r: r.__setitem__("progress", progress))
+        job_dir = self.store.job_dir(job_id)
+        if not progress.get("finalizing_at"):  # else the files were published already (_finish)
+            for name, key in ((OUTPUT, "output_bytes"), (ERRORS, "error_bytes")):
+                with open(job_dir / name, "ab") as f:  # created if missing
+                    if f.tell() > progress[key]:  # an uncommitted tail: the killed attempt's last chunk
+                        f.truncate(progress[key])
+                        os.fsync(f.fileno())
+        return True
+
+    def _hand_back(self, job_id: str) -> None:
+        with contextlib.suppress(transitions.IllegalTransition):  # finished meanwhile
+            self.store.move(job_id, transitions.hand_back, "the API is stopping")
+
+    async def _run(self, job_id: str) -> None:
+        record = await asyncio.to_thread(self.store.read, job_id)
+        params, done = record["params"], record["progress"]["step"]
+        ep = ENDPOINTS[params["endpoint"]]
+        path = self.store.job_dir(job_id) / INPUT
+        lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
+        chunk, gate = self.settings.batch_chunk_lines, asyncio.Semaphore(self.settings.batch_concurrency)
+        tag = job_id.rsplit("-", 1)[-1]
+        for start in range(done, len(lines), chunk):
+            if await asyncio.to_thread(self.store.cancel_requested, job_id):
+                await asyncio.to_thread(self._finish, job_id, cancelled=True)
+                return
+            answers = await asyncio.gather(
+                *(self._answer(ep, line, tag, gate) for line in lines[start : start + chunk])
+            )
+            await asyncio.to_thread(self._commit, job_id, answers)
+        await asyncio.to_thread(self._finish, job_id, cancelled=False)
+
+    async def _answer(self, ep: Endpoint, line: Line, tag: str, gate: asyncio.Semaphore) -> tuple[bool, dict]:
+        """(answered, the output or error-file line) for one input line."""
+        entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
+        if line.error is not None:
+            code, message = line.error
+            return False, {**entry, "response": None, "error": {"code": code, "message": message}}
+        async with gate:
+            while True:
+                try:
+                    value = await ep.run(self.service, line.request)
+                    body = ep.response.dump_python(
+                        ep.response.validate_python(value, from_attributes=True),
+                        mode="json",
+                        exclude_none=ep.exclude_none,
+                    )
+                    break
+                except ServiceError as e:
+                    if e.error_type == "overloaded":
+                        await asyncio.sleep(RETRY_S)
+                        continue
+                    return False, {**entry, "response": None, "error": {"code": e.error_type, "message": e.message}}
+                except Exception as e:  # a bug: this line's answer, in words, and the log has it whole
+                    log.exception("batch line %s failed", line.index)
+                    message = f"{type(e).__name__}: {e}"
+                    return False, {**entry, "response": None, "error": {"code": "internal", "message": message}}
+        return True, {**entry, "response": {"status_code": 200, "request_id": entry["id"], "body": body}, "error": None}
+
+    def _commit(self, job_id: str, answers: list[tuple[bool, dict]]) -> None:
+        """Append a chunk's answers, fsync both files, then count them in the record (atomically)."""
+        job_dir = self.store.job_dir(job_id)
+        sizes = {}
+        for name, ok in ((OUTPUT, True), (ERRORS, False)):
+            with open(job_dir / name, "ab") as f:
+                f.write(b"".join(json.dumps(entry).encode() + b"\n" for answered, entry in answers if answered == ok))
+                f.flush()
+                os.fsync(f.fileno())
+                sizes[name] = f.tell()
+        completed = sum(answered for answered, _ in answers)
+
+        def count(record: JobRecord) -> None:
+            p = record["progress"]
+            p["step"] += len(answers)
+            p["completed"] += completed
+            p["failed"] += len(answers) - completed
+            p["output_bytes"], p["error_bytes"] = sizes[OUTPUT], sizes[ERRORS]
+
+        self.store.update(job_id, count)
+
+    def _finish(self, job_id: str, cancelled: bool) -> None:
+        """Publish the output and error files (as /v1/files; idempotent by id) and close the job."""
+        self.store.update(job_id, lambda r: r["progress"].setdefault("finalizing_at", now_iso()))
+        record = self.store.read(job_id)
+        progress, job_dir = record["progress"], self.store.job_dir(job_id)
+        result: dict[str, Any] = {"completed": progress["completed"], "failed": progress["failed"]}
+        for name, key, count in ((OUTPUT, "output_file_id", "completed"), (ERRORS, "error_file_id", "failed")):
+            file_id = f"file-{job_id}-{name.split('.')[0]}"
+            result[key] = (
+                self.files.add(job_dir / name, f"{job_id}_{name}", "batch_output", file_id)["id"]
+                if progress[count]
+                else None
+            )
+        self.store.update(job_id, lambda r: r.__setitem__("result", result))
+        if cancelled:
+            self.store.move(
+                job_id, transitions.cancel, f"cancelled after {progress['step']} of {progress['total_steps']} lines"
+            )
+        else:
+            self.store.move(
+                job_id,
+                transitions.succeed,
+                result,
+                f"{progress['completed']} lines answered, {progress['failed']} failed",
+            )
+
+
+def _progress(done: int, total: int) -> dict[str, Any]:
+    return {"step": done, "total_steps": total, "completed": 0, "failed": 0, "output_bytes": 0, "error_bytes": 0}
