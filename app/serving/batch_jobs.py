@@ -57,7 +57,7 @@ from app.schemas import (
     TokenClassificationRequest,
     TokenClassificationResponse,
 )
-from app.serving import embeddings, ner_pipeline, pipelines, qa_pipeline, tei_compat
+from app.serving import embed_pipeline, ner_pipeline, pipelines, qa_pipeline, tei_compat
 from app.serving.service import Service
 from model.datadir import TERMINAL, JobRecord, JobRecords, Lease, now_iso, worker_identity
 from model.datadir import jobs as transitions
@@ -83,9 +83,9 @@ class Endpoint:
 
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/embeddings": Endpoint(
-        OpenAIEmbeddingsRequest, embeddings.openai_embeddings, TypeAdapter(OpenAIEmbeddingsResponse)
+        OpenAIEmbeddingsRequest, embed_pipeline.openai_embeddings, TypeAdapter(OpenAIEmbeddingsResponse)
     ),
-    "/embeddings": Endpoint(EmbeddingsRequest, embeddings.embeddings, TypeAdapter(EmbeddingsResponse)),
+    "/embeddings": Endpoint(EmbeddingsRequest, embed_pipeline.embeddings, TypeAdapter(EmbeddingsResponse)),
     "/fill-mask": Endpoint(FillMaskRequest, pipelines.fill_mask, TypeAdapter(FillMaskResponse)),
     "/nsp": Endpoint(NspRequest, pipelines.nsp, TypeAdapter(NspResponse)),
     "/classify": Endpoint(ClassifyRequest, pipelines.classify, TypeAdapter(ClassifyResponse)),
