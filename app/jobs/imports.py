@@ -126,17 +126,10 @@ class Imports:
         if not lease.try_acquire():
             return  # another process (an earlier start of the API) runs it
         with lease:
-            record = self.store.read(job_id)
-            if record["state"] in TERMINAL:
+            if self.store.begin_attempt(job_id, worker_identity()) != "run":
                 return
-            if self.store.cancel_requested(job_id):
-                self.store.move(job_id, transitions.cancel_before_start)
-                return
-            if record["state"] == "running":
-                self.store.move(job_id, transitions.attempt_did_not_finish)
-            self.store.move(job_id, transitions.start, worker_identity())
             lease.start_heartbeat(HEARTBEAT_S)
-            self._import(record)
+            self._import(self.store.read(job_id))
 
     def _import(self, record: JobRecord) -> None:
         job_id, source = record["id"], record["source"]

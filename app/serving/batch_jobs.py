@@ -337,19 +337,16 @@ class Batches:
 
     def _begin(self, job_id: str) -> bool:
         """Move the job to running (False: nothing to run) and cut its files back to what was committed."""
+
+        def unstarted(r: JobRecord) -> bool:  # a batch that has answered lines publishes them when cancelled
+            return r["state"] == "queued" and not (r.get("progress") or {}).get("step")
+
+        if self.store.begin_attempt(job_id, worker_identity(), may_cancel=unstarted) != "run":
+            return False
         record = self.store.read(job_id)
-        if record["state"] in TERMINAL:
-            return False
-        started = bool((record.get("progress") or {}).get("step"))  # else a cancel publishes what it has
-        if self.store.cancel_requested(job_id) and record["state"] == "queued" and not started:
-            self.store.move(job_id, transitions.cancel_before_start)
-            return False
-        if record["state"] == "running":
-            self.store.move(job_id, transitions.attempt_did_not_finish)
         if not record["progress"]:  # the API died between writing the record and its progress
             record["progress"] = _progress(0, record["params"]["total"])
         progress = record["progress"]
-        self.store.move(job_id, transitions.start, worker_identity())
         self.store.update(job_id, lambda r: r.__setitem__("progress", progress))
         job_dir = self.store.job_dir(job_id)
         if not progress.get("finalizing_at"):  # else the files were published already (_finish)

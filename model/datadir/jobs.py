@@ -246,6 +246,31 @@ class JobRecords:
             atomic_write_bytes(job_dir / RECORD, encode(record))
         return record
 
+    def begin_attempt(
+        self, job_id: str, owner: str, may_cancel: Callable[[JobRecord], bool] = lambda record: True
+    ) -> str:
+        """For a process that has just taken a job's lease (the API's imports and batches): decide, under the
+        record lock, "already <state>" for a finished job, "cancelled" when a cancel was asked for (and
+        `may_cancel` allows it), else "run": the job is started by `owner`, after a running record's earlier
+        attempt is closed (its lease was free, so its process is gone)."""
+        cancel_flag = self.cancel_requested(job_id)
+        outcome = "run"
+
+        def change(record: JobRecord) -> None:
+            nonlocal outcome
+            if record["state"] in TERMINAL:
+                outcome = f"already {record['state']}"
+            elif (cancel_flag or record.get("cancel_requested")) and may_cancel(record):
+                cancel_before_start(record)
+                outcome = "cancelled"
+            else:
+                if record["state"] == "running":
+                    attempt_did_not_finish(record)
+                start(record, owner)
+
+        self.update(job_id, change)
+        return outcome
+
     def move(self, job_id: str, transition: Callable[..., None], *args: Any) -> JobRecord:
         """One named transition (below), written under the record lock; IllegalTransition leaves
         job.json as it was."""
