@@ -12,12 +12,15 @@ so a killed process leaves no missing or duplicated line.
 
     params   {"endpoint", "input_file_id", "completion_window", "metadata", "total", "invalid", "max_line_bytes"}
     progress {"step": lines done, "total_steps", "completed", "failed", "output_bytes", "error_bytes",
-              "finalizing_at"}
+              "finalizing_at", "expired_at"}
     result   {"output_file_id", "error_file_id", "completed", "failed"}
 
 Input lines that are bad (not JSON, no or a duplicate custom_id, another url, a body the route refuses)
 are found when the batch is created; they are not a failed batch: each becomes an error-file line,
-in its place. Reference: https://platform.openai.com/docs/guides/batch
+in its place. A batch still running when its completion window ends (24 hours after it was created:
+`expires_at`) runs no more lines: each line not yet run becomes an error-file line `batch_expired`, the
+answers so far are published, and the batch is `expired` (a job failed on its time limit).
+Reference: https://platform.openai.com/docs/guides/batch
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +72,8 @@ log = logging.getLogger("bertserve")
 KIND = "batch"
 INPUT, OUTPUT, ERRORS = "input.jsonl", "output.jsonl", "errors.jsonl"
 HEARTBEAT_S = 10.0
+WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds from created_at to expires_at
+EXPIRED = "This request could not be executed before the completion window expired."  # OpenAI's words
 RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
 
 
@@ -188,7 +194,7 @@ def batch_view(record: JobRecord) -> dict[str, Any]:
         "queued": "validating",
         "running": "cancelling" if cancelling else "finalizing" if progress.get("finalizing_at") else "in_progress",
         "succeeded": "completed",
-        "failed": "failed",
+        "failed": "expired" if progress.get("expired_at") else "failed",
         "cancelled": "cancelled",
     }[state]
     created = unix(record["created_at"]) or 0
@@ -198,7 +204,7 @@ def batch_view(record: JobRecord) -> dict[str, Any]:
         "object": "batch",
         "endpoint": params["endpoint"],
         "errors": {"object": "list", "data": [{"code": "batch_failed", "message": record.get("error") or ""}]}
-        if state == "failed"
+        if status == "failed"
         else None,
         "input_file_id": params["input_file_id"],
         "completion_window": params["completion_window"],
@@ -207,10 +213,11 @@ def batch_view(record: JobRecord) -> dict[str, Any]:
         "error_file_id": result.get("error_file_id"),
         "created_at": created,
         "in_progress_at": first("started"),
-        "expires_at": created + 24 * 3600,
+        "expires_at": created + WINDOWS_S[params["completion_window"]],
         "finalizing_at": unix(progress.get("finalizing_at")),
         "completed_at": finished if state == "succeeded" else None,
-        "failed_at": finished if state == "failed" else None,
+        "failed_at": finished if status == "failed" else None,
+        "expired_at": finished if status == "expired" else None,
         "cancelling_at": first("cancel requested") or (finished if state == "cancelled" else None),
         "cancelled_at": finished if state == "cancelled" else None,
         "request_counts": {
@@ -368,14 +375,20 @@ class Batches:
         path = self.store.job_dir(job_id) / INPUT
         lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
         chunk, gate = self.settings.batch_chunk_lines, asyncio.Semaphore(self.settings.batch_concurrency)
-        tag = job_id.rsplit("-", 1)[-1]
+        tag, expires_at = job_id.rsplit("-", 1)[-1], batch_view(record)["expires_at"]
+        expired = bool(record["progress"].get("expired_at"))
         for start in range(done, len(lines), chunk):
             if await asyncio.to_thread(self.store.cancel_requested, job_id):
                 await asyncio.to_thread(self._finish, job_id, cancelled=True)
                 return
-            answers = await asyncio.gather(
-                *(self._answer(ep, line, tag, gate) for line in lines[start : start + chunk])
-            )
+            if not expired and time.time() >= expires_at:  # the rest of the lines are not run: each says so
+                await asyncio.to_thread(self.store.update, job_id, _mark_expired)
+                expired = True
+            part = lines[start : start + chunk]
+            if expired:
+                answers = [_failure(line, tag, "batch_expired", EXPIRED) for line in part]
+            else:
+                answers = await asyncio.gather(*(self._answer(ep, line, tag, gate) for line in part))
             await asyncio.to_thread(self._commit, job_id, answers)
         await asyncio.to_thread(self._finish, job_id, cancelled=False)
 
@@ -383,8 +396,7 @@ class Batches:
         """(answered, the output or error-file line) for one input line."""
         entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
         if line.error is not None:
-            code, message = line.error
-            return False, {**entry, "response": None, "error": {"code": code, "message": message}}
+            return _failure(line, tag, *line.error)
         async with gate:
             while True:
                 try:
@@ -399,11 +411,10 @@ class Batches:
                     if e.error_type == "overloaded":
                         await asyncio.sleep(RETRY_S)
                         continue
-                    return False, {**entry, "response": None, "error": {"code": e.error_type, "message": e.message}}
+                    return _failure(line, tag, e.error_type, e.message)
                 except Exception as e:  # a bug: this line's answer, in words, and the log has it whole
                     log.exception("batch line %s failed", line.index)
-                    message = f"{type(e).__name__}: {e}"
-                    return False, {**entry, "response": None, "error": {"code": "internal", "message": message}}
+                    return _failure(line, tag, "internal", f"{type(e).__name__}: {e}")
         return True, {**entry, "response": {"status_code": 200, "request_id": entry["id"], "body": body}, "error": None}
 
     def _commit(self, job_id: str, answers: list[tuple[bool, dict]]) -> None:
@@ -441,7 +452,16 @@ class Batches:
                 else None
             )
         self.store.update(job_id, lambda r: r.__setitem__("result", result))
-        if cancelled:
+        if progress.get("expired_at"):
+            window = record["params"]["completion_window"]
+            self.store.move(
+                job_id,
+                transitions.time_out,
+                f"the batch did not finish within its completion window ({window}): {progress['completed']} of "
+                f"{progress['total_steps']} lines answered; the lines not run are in the error file as batch_expired",
+                "completion window expired",
+            )
+        elif cancelled:
             self.store.move(
                 job_id, transitions.cancel, f"cancelled after {progress['step']} of {progress['total_steps']} lines"
             )
@@ -452,6 +472,16 @@ class Batches:
                 result,
                 f"{progress['completed']} lines answered, {progress['failed']} failed",
             )
+
+
+def _failure(line: Line, tag: str, code: str, message: str) -> tuple[bool, dict]:
+    """An error-file line, in OpenAI's shape."""
+    entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
+    return False, {**entry, "response": None, "error": {"code": code, "message": message}}
+
+
+def _mark_expired(record: JobRecord) -> None:
+    record["progress"].setdefault("expired_at", now_iso())
 
 
 def _progress(done: int, total: int) -> dict[str, Any]:

@@ -302,3 +302,47 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     record = batches.store.read(job_id)
     assert (record["state"], record["attempts"], record["progress"]["step"]) == ("running", 2, 1)
     assert [e["event"] for e in record["events"]][-2:] == ["attempt did not finish", "started"]
+
+
+def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_path):
+    """24 hours after it was created (here: its record back-dated, as after a day with the API down) a
+    batch runs no more lines: those answered stay in the output, every other line is in the error file
+    as batch_expired, each custom_id exactly once, and the batch is "expired"."""
+    import asyncio
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from app.schemas import CreateBatchRequest
+    from app.serving.batch_jobs import Batches, batch_view
+    from model.datadir import jobs as transitions
+    from tests.app.conftest import settings_for
+
+    batches = Batches(SimpleNamespace(settings=settings_for(tmp_path)))  # no engine: nothing may run
+    rows = [line(f"r{i}", {"input": "x"}) for i in range(5)] + [b"not json"]
+    (tmp_path / "in").write_bytes(jsonl(rows))
+    upload = batches.files.add(tmp_path / "in", "in.jsonl", "batch")
+    req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
+    job_id = batches.create(req)["id"]
+    batches.store.move(job_id, transitions.start, "an attempt that answered two lines, then the API went down")
+    batches._commit(job_id, [(True, {"custom_id": "r0"}), (True, {"custom_id": "r1"})])
+    batches.store.move(job_id, transitions.hand_back, "the API is stopping")
+    a_day_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=24, seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    batches.store.update(job_id, lambda r: r.__setitem__("created_at", a_day_ago))
+
+    asyncio.run(batches.run(job_id))
+
+    record = batches.store.read(job_id)
+    view = batch_view(record)
+    assert (view["status"], view["request_counts"]) == ("expired", {"total": 6, "completed": 2, "failed": 4})
+    assert view["expired_at"] is not None and view["failed_at"] is None and view["errors"] is None
+    assert view["expires_at"] == view["created_at"] + 24 * 3600
+    assert record["state"] == "failed" and "completion window (24h)" in record["error"]
+    out = [json.loads(x) for x in batches.files.content(view["output_file_id"]).read_text().splitlines()]
+    errors = [json.loads(x) for x in batches.files.content(view["error_file_id"]).read_text().splitlines()]
+    assert [o["custom_id"] for o in out] == ["r0", "r1"]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("r2", "batch_expired"),
+        ("r3", "batch_expired"),
+        ("r4", "batch_expired"),
+        (None, "batch_expired"),  # a bad line not yet reached says so too: the window ended first
+    ]
