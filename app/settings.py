@@ -356,12 +356,15 @@ class Settings(BaseSettings):
         ),
     )
     batch_concurrency: int = Field(
-        32,
+        1024,
         ge=1,
         le=4096,
         description=(
-            "Lines of one batch in flight at once, as concurrent requests to the batching engine (which packs "
-            "them into passes under `BERT_MAX_BATCH_TOKENS`)."
+            "Lines of one batch in flight at once. Their work reaches the batching engine as a few large work "
+            "items (the lines waiting with the same model and options, sorted by length there, packed into "
+            "passes under `BERT_MAX_BATCH_TOKENS`), given to it when its queue empties; their tokenising takes "
+            "at most a quarter of `BERT_MAX_TOKENIZER_QUEUE`, the rest stays for the online routes. 1: one "
+            "line at a time, each answer identical to the online route's."
         ),
     )
     batch_retention_days: float = Field(

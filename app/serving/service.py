@@ -5,7 +5,9 @@ stopped by the app's lifespan. Routes reach it as `request.app.state.service`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -33,6 +35,104 @@ DEFAULT_MEMORY_SHARE = {"cpu": 0.5, "cuda": 0.8}
 WARM_UP_TOKENS = 128
 # Set in an off_loop job's thread: its request is gone (deadline or disconnect), so the job should stop.
 _REQUEST_GONE: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("request_gone", default=None)
+
+
+class Lane:
+    """Many concurrent requests of one owner (a batch job's lines), given to the engine as a few large
+    work items instead of one small item each, and holding a bounded share of the tokeniser queue.
+
+    Set with `LANE.set(lane)` in a task: the requests its child tasks make go through the lane. Service.run
+    hands a work item to `submit`, which holds it until the items waiting with the same model, task and
+    options have `flush_tokens` tokens or `delay_s` has passed, then queues their rows as one work item and
+    gives each request its own rows' results. The engine packs that item as it packs a single large request
+    (rows shortest first, passes under BERT_MAX_BATCH_TOKENS), where a thousand one-row items would each be
+    scheduled on their own. Service.off_loop waits for one of the lane's `pool_slots` instead of answering
+    429 when the lane's share is taken, so the lane's requests never fill the queue that online requests use.
+    """
+
+    def __init__(self, service: Service, pool_slots: int, flush_tokens: int, delay_s: float = 0.002):
+        self.service = service
+        self.pool_gate = asyncio.Semaphore(pool_slots)
+        self.flush_tokens = flush_tokens
+        self.delay_s = delay_s
+        self._waiting: dict[tuple, list[tuple[WorkItem, asyncio.Future]]] = {}
+        self._tokens: dict[tuple, int] = {}  # tokens of the items waiting, by key
+        self._timer: asyncio.TimerHandle | None = None
+        self._runs: set[asyncio.Task] = set()  # the merged items under way (the loop keeps only weak references)
+
+    async def submit(self, item: WorkItem) -> list:
+        key = _merge_key(item)
+        if key is None:  # options that cannot be compared: on its own
+            return await self.service.run_item(item)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        group = self._waiting.setdefault(key, [])
+        group.append((item, future))
+        self._tokens[key] = self._tokens.get(key, 0) + sum(len(ids) for ids, _ in item.rows)
+        if self._tokens[key] >= self.flush_tokens:
+            self._flush(key)
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
+        return await future
+
+    def _tick(self) -> None:
+        """While the engine has work queued, the lane's items wait and grow (more rows to sort by length, so
+        less padding); they go as soon as its queue is empty, or reach flush_tokens."""
+        engine = self.service.engine
+        if engine is not None and engine.depth > 0:
+            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
+            return
+        self._timer = None
+        for key in list(self._waiting):
+            self._flush(key)
+
+    def _flush(self, key: tuple) -> None:
+        self._tokens.pop(key, None)
+        members = [(item, future) for item, future in self._waiting.pop(key, []) if not future.done()]
+        if members:
+            first = members[0][0]
+            merged = WorkItem(first.task, first.model, [row for item, _ in members for row in item.rows], first.params)
+            task = asyncio.get_running_loop().create_task(self._run(merged, members))
+            self._runs.add(task)
+            task.add_done_callback(self._runs.discard)
+
+    async def _run(self, merged: WorkItem, members: list[tuple[WorkItem, asyncio.Future]]) -> None:
+        left = len(members)
+
+        def gone(_: asyncio.Future) -> None:  # every request went away: so does the merged item's work
+            nonlocal left
+            left -= 1
+            if left == 0 and not merged.future.done():
+                merged.cancel()
+
+        for _, future in members:
+            future.add_done_callback(gone)
+        try:
+            results = await self.service.run_item(merged)
+        except BaseException as e:
+            for _, future in members:
+                if not future.done():
+                    future.set_exception(e if isinstance(e, Exception) else ServiceError("unavailable", "stopped"))
+            if not isinstance(e, Exception):
+                raise
+            return
+        start = 0
+        for item, future in members:
+            if not future.done():
+                future.set_result(results[start : start + len(item.rows)])
+            start += len(item.rows)
+
+
+def _merge_key(item: WorkItem) -> tuple | None:
+    """Work items with equal keys may share one: the same model, task and options."""
+    try:
+        options = json.dumps(item.params, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return (id(item.model), item.task, options)
+
+
+# The lane the current task's requests go through (None: each request on its own, as online).
+LANE: contextvars.ContextVar[Lane | None] = contextvars.ContextVar("lane", default=None)
 
 
 class WorkDropped(Exception):
@@ -169,7 +269,14 @@ class Service:
 
     async def run(self, item: WorkItem) -> list:
         """Queue a work item for the inference thread and wait for its per-row results. If the
-        request goes away meanwhile (this task is cancelled), so does the item's unrun work."""
+        request goes away meanwhile (this task is cancelled), so does the item's unrun work. In a
+        lane (LANE), the lane queues it with its companions."""
+        lane = LANE.get()
+        if lane is not None:
+            return await lane.submit(item)
+        return await self.run_item(item)
+
+    async def run_item(self, item: WorkItem) -> list:
         if self.engine is None:
             raise ServiceError("unavailable", "the service is not running")
         future = self.engine.submit(item)
@@ -185,6 +292,11 @@ class Service:
         request goes away (this task is cancelled: deadline or disconnect) before a thread takes it is
         dropped unrun (the executor's future is cancelled with this task); one already running stops at
         its next check_dropped(), between its inputs."""
+        lane = LANE.get()
+        async with lane.pool_gate if lane is not None else contextlib.nullcontext():
+            return await self._off_loop(fn, *args)
+
+    async def _off_loop(self, fn: Callable, *args) -> Any:
         if self.pool is None:
             raise ServiceError("unavailable", "the service is not running")
         limit = self.settings.max_tokenizer_queue

@@ -124,3 +124,72 @@ async def test_warm_up_runs_a_padded_and_an_unpadded_batch(data_dir):
         await service.warm_up(lm)
     n = min(128, lm.max_length)
     assert seen == [[2, n], [n, n]]
+
+
+async def test_a_lane_gives_the_engine_few_large_items_and_each_request_its_own_rows(data_dir):
+    """A batch's lines (app/serving/service.py Lane): 40 concurrent requests reach the engine as a handful
+    of work items; each gets the rows it asked for, equal to its answer alone; options that differ are
+    never merged."""
+    import asyncio
+
+    from app.serving.service import LANE, Lane
+
+    texts = [" ".join(WORDS[i % 5 : i % 5 + 1 + i % 11]) for i in range(40)]
+    async with serve_app(settings_for(data_dir, load="startup")) as c:
+        service = c.app.state.service
+        lm = await service.model(None)
+        rows = [(e["input_ids"], e["token_type_ids"]) for e in (lm.tokenizer.encode(t) for t in texts)]
+
+        def item(i: int) -> WorkItem:  # two rows each: its text and the next one
+            return WorkItem("encode", lm, [rows[i], rows[(i + 1) % 40]], {"pooling": "mean", "normalize": i % 2 == 0})
+
+        alone = [await service.run(item(i)) for i in range(40)]
+        submitted: list[WorkItem] = []
+        submit = service.engine.submit
+        service.engine.submit = lambda it: (submitted.append(it), submit(it))[1]
+
+        async def lane_run() -> list:
+            LANE.set(Lane(service, pool_slots=4, flush_tokens=100_000))
+            return await asyncio.gather(*(service.run(item(i)) for i in range(40)))
+
+        together = await asyncio.create_task(lane_run())
+        assert 2 <= len(submitted) < 10 and sum(len(it.rows) for it in submitted) == 80
+        assert {it.params["normalize"] for it in submitted} == {True, False}
+        for it in submitted:  # one item holds requests of one set of options only
+            assert {tuple(r[0]) for r in it.rows} <= {tuple(rows[i][0]) for i in range(40)}
+        for i in range(40):
+            assert len(together[i]) == 2
+            for got, want in zip(together[i], alone[i]):
+                got, want = torch.as_tensor(got).float(), torch.as_tensor(want).float()
+                assert F.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() >= 0.9999, i
+                assert torch.allclose(got.norm(), want.norm(), rtol=1e-4), i  # normalised or not, as asked
+        assert LANE.get() is None  # the lane was the child task's only
+
+
+async def test_a_lane_whose_requests_all_went_away_drops_its_merged_work(data_dir):
+    import asyncio
+
+    from app.serving.service import LANE, Lane
+
+    async with serve_app(settings_for(data_dir, load="startup")) as c:
+        service = c.app.state.service
+        lm = await service.model(None)
+        row = ([101] + [2000] * 30 + [102], [0] * 32)
+        submitted: list[WorkItem] = []
+        submit = service.engine.submit
+        service.engine.submit = lambda item: (submitted.append(item), submit(item))[1]
+
+        async def lane_run() -> None:
+            LANE.set(Lane(service, pool_slots=4, flush_tokens=1))  # every item goes at once
+            tasks = [
+                asyncio.create_task(service.run(WorkItem("encode", lm, [row] * 50, {"pooling": "mean"})))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0)  # submitted to the lane
+            await asyncio.sleep(0)  # the lane's merged items queued
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        await asyncio.create_task(lane_run())
+        assert submitted and all(item.cancelled for item in submitted)
