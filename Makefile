@@ -104,9 +104,16 @@ k8s-tools-lock:
 
 # One torch thread per process: the suite runs servers and workers beside pytest on 2 cores, and
 # tiny models gain nothing from more (oversubscribed, they run several times slower).
+# TEST_WORKERS pytest processes (pytest-xdist), each test file whole in one of them (each starts its own
+# Redis). The schemathesis file runs alone after them: its generated cases share one test id, which
+# xdist cannot tell apart.
+TEST_WORKERS ?= 2
+SCHEMA_TESTS := tests/app/test_schemathesis.py
 test: $(STAMP) $(DEMO_STAMP) $(TOOLS_STAMP) lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site-check
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker" -n $(TEST_WORKERS) --dist loadfile \
+	  --ignore=$(SCHEMA_TESTS)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docker" -p no:xdist $(SCHEMA_TESTS)
 
 # Everything but the tests marked slow (servers, workers, real training): under a minute on 2 cores.
 test-fast: $(STAMP) $(DEMO_STAMP) lint
