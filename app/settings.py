@@ -356,15 +356,15 @@ class Settings(BaseSettings):
         ),
     )
     batch_concurrency: int = Field(
-        1024,
+        4096,
         ge=1,
-        le=4096,
+        le=65_536,
         description=(
-            "Lines of one batch in flight at once. Their work reaches the batching engine as a few large work "
-            "items (the lines waiting with the same model and options, sorted by length there, packed into "
-            "passes under `BERT_MAX_BATCH_TOKENS`), given to it when its queue empties; their tokenising takes "
-            "at most a quarter of `BERT_MAX_TOKENIZER_QUEUE`, the rest stays for the online routes. 1: one "
-            "line at a time, each answer identical to the online route's."
+            "Lines of one batch in flight at once. The lines waiting for the same model with the same options "
+            "are sorted by length together and cut into forward passes under `BERT_MAX_BATCH_TOKENS`; the batch "
+            "keeps two passes in the batching engine (one running, one queued), so an online request waits for "
+            "at most those two. Their tokenising takes at most a quarter of `BERT_MAX_TOKENIZER_QUEUE`, the rest "
+            "stays for the online routes. 1: one line at a time, each answer identical to the online route's."
         ),
     )
     batch_retention_days: float = Field(

@@ -76,9 +76,6 @@ HEARTBEAT_S = 10.0
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds from created_at to expires_at
 EXPIRED = "This request could not be executed before the completion window expired."  # OpenAI's words
 RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
-# A batch lane hands the engine up to this many passes' worth of tokens at once (more rows sorted by length
-# together: less padding); 8 measured best on MiniLM (bench/batch_bench.py), and 1024 lines in flight fill it.
-LANE_PASSES = 8
 
 
 @dataclass(frozen=True)
@@ -382,7 +379,7 @@ class Batches:
         chunk, gate = settings.batch_chunk_lines, asyncio.Semaphore(settings.batch_concurrency)
         # This task's lines (the tasks below inherit the context) reach the engine through one lane: few large
         # work items, and a quarter of the tokeniser queue at most, the rest kept for the online routes.
-        LANE.set(Lane(self.service, max(1, settings.max_tokenizer_queue // 4), settings.max_batch_tokens * 32))
+        LANE.set(Lane(self.service, max(1, settings.max_tokenizer_queue // 4)))
         tag, expires_at = job_id.rsplit("-", 1)[-1], batch_view(record)["expires_at"]
         expired = bool(record["progress"].get("expired_at"))
         # Chunks run ahead of the one being committed (as many as the lines in flight can fill, and one), so

@@ -5,8 +5,10 @@ stopped by the app's lifespan. Routes reach it as `request.app.state.service`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import threading
@@ -38,88 +40,128 @@ _REQUEST_GONE: contextvars.ContextVar[threading.Event | None] = contextvars.Cont
 
 
 class Lane:
-    """Many concurrent requests of one owner (a batch job's lines), given to the engine as a few large
-    work items instead of one small item each, and holding a bounded share of the tokeniser queue.
+    """Many concurrent requests of one owner (a batch job's lines), given to the engine as work items of
+    one forward pass each, rows sorted by length across requests, and holding a bounded share of the
+    tokeniser queue.
 
     Set with `LANE.set(lane)` in a task: the requests its child tasks make go through the lane. Service.run
-    hands a work item to `submit`, which holds it until the items waiting with the same model, task and
-    options have `flush_tokens` tokens or `delay_s` has passed, then queues their rows as one work item and
-    gives each request its own rows' results. The engine packs that item as it packs a single large request
-    (rows shortest first, passes under BERT_MAX_BATCH_TOKENS), where a thousand one-row items would each be
-    scheduled on their own. Service.off_loop waits for one of the lane's `pool_slots` instead of answering
-    429 when the lane's share is taken, so the lane's requests never fill the queue that online requests use.
+    hands a work item to `submit`, which keeps its rows in the lane's pool. The lane keeps two passes of
+    its own in the engine, one running and the next queued (the first `delay_s` after a request arrives
+    to an idle lane): when one finishes, the next goes. The pool's rows, sorted by length across requests,
+    are cut into passes (rows x longest within BERT_MAX_BATCH_TOKENS, as the engine fills one), and each
+    request gets its own rows' results. So the engine runs what one large request of all those rows
+    would give it (little padding, a pass always ready), and an online request waits for at most the
+    pass under way and one of the lane's. Service.off_loop waits for one of the lane's `pool_slots`
+    instead of answering 429 when the lane's share is taken, so the lane never fills the tokeniser queue
+    that online requests use.
     """
 
-    def __init__(self, service: Service, pool_slots: int, flush_tokens: int, delay_s: float = 0.002):
+    AHEAD = 2
+
+    def __init__(self, service: Service, pool_slots: int, delay_s: float = 0.002):
         self.service = service
         self.pool_gate = asyncio.Semaphore(pool_slots)
-        self.flush_tokens = flush_tokens
         self.delay_s = delay_s
-        self._waiting: dict[tuple, list[tuple[WorkItem, asyncio.Future]]] = {}
-        self._tokens: dict[tuple, int] = {}  # tokens of the items waiting, by key
+        self._pool: dict[tuple, list[tuple[WorkItem, asyncio.Future]]] = {}  # by model, task and options
+        self._passes: collections.deque[tuple[_LaneRun, WorkItem, list[tuple[int, int]]]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
-        self._runs: set[asyncio.Task] = set()  # the merged items under way (the loop keeps only weak references)
+        self._runs: set[asyncio.Task] = set()  # the passes under way (the loop keeps only weak references)
+        self._in_flight = 0  # passes given to the engine and not finished
 
     async def submit(self, item: WorkItem) -> list:
         key = _merge_key(item)
         if key is None:  # options that cannot be compared: on its own
             return await self.service.run_item(item)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        group = self._waiting.setdefault(key, [])
-        group.append((item, future))
-        self._tokens[key] = self._tokens.get(key, 0) + sum(len(ids) for ids, _ in item.rows)
-        if self._tokens[key] >= self.flush_tokens:
-            self._flush(key)
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
+        self._pool.setdefault(key, []).append((item, future))
+        if self._in_flight < self.AHEAD and self._timer is None:  # company for delay_s, then a pass
+            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._fill)
         return await future
 
-    def _tick(self) -> None:
-        """While the engine has work queued, the lane's items wait and grow (more rows to sort by length, so
-        less padding); they go as soon as its queue is empty, or reach flush_tokens."""
-        engine = self.service.engine
-        if engine is not None and engine.depth > 0:
-            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
-            return
+    def _fill(self) -> None:
+        """Keep AHEAD passes in the engine: one running, the next queued behind it."""
         self._timer = None
-        for key in list(self._waiting):
-            self._flush(key)
-
-    def _flush(self, key: tuple) -> None:
-        self._tokens.pop(key, None)
-        members = [(item, future) for item, future in self._waiting.pop(key, []) if not future.done()]
-        if members:
-            first = members[0][0]
-            merged = WorkItem(first.task, first.model, [row for item, _ in members for row in item.rows], first.params)
-            task = asyncio.get_running_loop().create_task(self._run(merged, members))
+        while self._in_flight < self.AHEAD:
+            if not self._passes:
+                for key in list(self._pool):
+                    self._cut(key)
+            run, merged, part = self._passes.popleft() if self._passes else (None, None, None)
+            if run is None or merged is None or part is None:
+                return
+            if merged.cancelled:
+                continue
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(run.run(self.service, merged, part))
             self._runs.add(task)
-            task.add_done_callback(self._runs.discard)
+            task.add_done_callback(self._done)
 
-    async def _run(self, merged: WorkItem, members: list[tuple[WorkItem, asyncio.Future]]) -> None:
-        left = len(members)
+    def _done(self, task: asyncio.Task) -> None:
+        self._runs.discard(task)
+        self._in_flight -= 1
+        self._fill()
 
-        def gone(_: asyncio.Future) -> None:  # every request went away: so does the merged item's work
-            nonlocal left
-            left -= 1
-            if left == 0 and not merged.future.done():
+    def _cut(self, key: tuple) -> None:
+        """The pool's rows for `key`, sorted by length across requests, cut into passes."""
+        members = [(item, future) for item, future in self._pool.pop(key, []) if not future.done()]
+        if not members:
+            return
+        budget = self.service.settings.max_batch_tokens
+        rows = sorted(
+            ((len(row[0]), m, i) for m, (item, _) in enumerate(members) for i, row in enumerate(item.rows)),
+            key=lambda r: r[0],
+        )
+        parts: list[list[tuple[int, int]]] = [[]]
+        for n, m, i in rows:
+            if parts[-1] and (len(parts[-1]) + 1) * n > budget:
+                parts.append([])
+            parts[-1].append((m, i))
+        run = _LaneRun(members)
+        first = members[0][0]
+        for part in parts:
+            merged = WorkItem(first.task, first.model, [members[m][0].rows[i] for m, i in part], first.params)
+            run.watch(merged, part)
+            self._passes.append((run, merged, part))
+
+
+class _LaneRun:
+    """One flush's requests and the work items their rows went into: each request is answered when its
+    last row's result is in; an item whose requests have all gone away is cancelled."""
+
+    def __init__(self, members: list[tuple[WorkItem, asyncio.Future]]):
+        self.members = members
+        self.results: list[list] = [[None] * len(item.rows) for item, _ in members]
+        self.left = [len(item.rows) for item, _ in members]
+        self.items_of: dict[int, list[tuple[WorkItem, set[int]]]] = {}
+        for m, (_, future) in enumerate(members):
+            future.add_done_callback(functools.partial(self._gone, m))
+
+    def watch(self, merged: WorkItem, part: list[tuple[int, int]]) -> None:
+        owners = {m for m, _ in part}
+        for m in owners:
+            self.items_of.setdefault(m, []).append((merged, owners))
+
+    def _gone(self, m: int, _: asyncio.Future) -> None:
+        for merged, owners in self.items_of.get(m, []):
+            if not merged.future.done() and all(self.members[o][1].done() for o in owners):
                 merged.cancel()
 
-        for _, future in members:
-            future.add_done_callback(gone)
+    async def run(self, service: Service, merged: WorkItem, part: list[tuple[int, int]]) -> None:
         try:
-            results = await self.service.run_item(merged)
+            results = await service.run_item(merged)
         except BaseException as e:
-            for _, future in members:
+            for m in {m for m, _ in part}:
+                future = self.members[m][1]
                 if not future.done():
                     future.set_exception(e if isinstance(e, Exception) else ServiceError("unavailable", "stopped"))
             if not isinstance(e, Exception):
                 raise
             return
-        start = 0
-        for item, future in members:
-            if not future.done():
-                future.set_result(results[start : start + len(item.rows)])
-            start += len(item.rows)
+        for (m, i), result in zip(part, results):
+            self.results[m][i] = result
+            self.left[m] -= 1
+            future = self.members[m][1]
+            if self.left[m] == 0 and not future.done():
+                future.set_result(self.results[m])
 
 
 def _merge_key(item: WorkItem) -> tuple | None:

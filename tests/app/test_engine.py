@@ -146,10 +146,10 @@ async def test_a_lane_gives_the_engine_few_large_items_and_each_request_its_own_
         alone = [await service.run(item(i)) for i in range(40)]
         submitted: list[WorkItem] = []
         submit = service.engine.submit
-        service.engine.submit = lambda it: (submitted.append(it), submit(it))[1]
+        service.engine.submit = lambda it: (it.model is lm and submitted.append(it), submit(it))[1]
 
         async def lane_run() -> list:
-            LANE.set(Lane(service, pool_slots=4, flush_tokens=100_000))
+            LANE.set(Lane(service, pool_slots=4))
             return await asyncio.gather(*(service.run(item(i)) for i in range(40)))
 
         together = await asyncio.create_task(lane_run())
@@ -166,30 +166,42 @@ async def test_a_lane_gives_the_engine_few_large_items_and_each_request_its_own_
         assert LANE.get() is None  # the lane was the child task's only
 
 
-async def test_a_lane_whose_requests_all_went_away_drops_its_merged_work(data_dir):
+async def test_a_lane_whose_requests_all_went_away_drops_its_passes(data_dir):
+    """Requests cancelled while the lane holds their rows: the pass under way is cancelled, the passes not
+    yet queued never reach the engine."""
     import asyncio
 
     from app.serving.service import LANE, Lane
 
-    async with serve_app(settings_for(data_dir, load="startup")) as c:
+    async with serve_app(settings_for(data_dir, load="startup", max_batch_tokens=256)) as c:
         service = c.app.state.service
         lm = await service.model(None)
-        row = ([101] + [2000] * 30 + [102], [0] * 32)
-        submitted: list[WorkItem] = []
+        row = ([lm.tokenizer.cls_token_id] + [7] * 30 + [lm.tokenizer.sep_token_id], [0] * 32)  # 8 rows a pass:
+        # 750 passes, far more than run before the requests go away
+        submitted: list[WorkItem] = []  # this model's: others are still being warmed up
         submit = service.engine.submit
-        service.engine.submit = lambda item: (submitted.append(item), submit(item))[1]
+        service.engine.submit = lambda item: (item.model is lm and submitted.append(item), submit(item))[1]
 
         async def lane_run() -> None:
-            LANE.set(Lane(service, pool_slots=4, flush_tokens=1))  # every item goes at once
+            LANE.set(Lane(service, pool_slots=4))
             tasks = [
-                asyncio.create_task(service.run(WorkItem("encode", lm, [row] * 50, {"pooling": "mean"})))
+                asyncio.create_task(
+                    service.run(WorkItem("encode", lm, [row] * 2000, {"pooling": "mean", "normalize": True}))
+                )
                 for _ in range(3)
             ]
-            await asyncio.sleep(0)  # submitted to the lane
-            await asyncio.sleep(0)  # the lane's merged items queued
+            with anyio.fail_after(10):
+                while not submitted:
+                    await asyncio.sleep(0.001)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            queued.append(len(submitted))
+            await asyncio.sleep(0.1)  # the lane's ticks go on: nothing more is queued
 
+        queued: list[int] = []
         await asyncio.create_task(lane_run())
-        assert submitted and all(item.cancelled for item in submitted)
+        assert len(submitted) == queued[0], "passes were queued after their requests went away"
+        assert all(len(item.rows) <= 8 for item in submitted)  # one pass each
+        assert 1 <= sum(len(item.rows) for item in submitted) < 3000  # of 6000 rows
+        assert all(item.future.done() for item in submitted)
