@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import FileResponse
 from python_multipart.multipart import parse_options_header
 
-from app.api.deps import require_admin_key
+from app.api.deps import require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
@@ -25,7 +25,7 @@ from model.datadir import JOB_ID_PATTERN, JobFinished
 from model.datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files
 from model.files import TMP_PREFIX
 
-router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin_key)])
+router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin)])
 
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, max_length=90, description="As POST /v1/files returned it.")]
 BatchId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="As POST /v1/batches returned it.")]
