@@ -71,7 +71,7 @@ class KeyMiddleware:
                 await self._rate_limited(key, requests, wait, path)(scope, receive, send)
                 return
         scope[CALLER_KEY] = key
-        reset = CALLER.set(Caller(key, tokens, self._count_tokens))
+        reset = CALLER.set(Caller(key, tokens, self._count_tokens, self._count_refusal))
         try:
             await self.app(scope, receive, _adding_headers(send, headers))
         finally:
@@ -80,8 +80,11 @@ class KeyMiddleware:
     def _count_tokens(self, name: str, n: int) -> None:
         self.metrics.key_tokens.labels(name).inc(n)
 
+    def _count_refusal(self, name: str, limit: str) -> None:
+        self.metrics.key_rate_limited.labels(name, limit).inc()
+
     def _rate_limited(self, key: Key, bucket: TokenBucket, wait: float, path: str):
-        self.metrics.key_rate_limited.labels(key.name, "requests").inc()
+        self._count_refusal(key.name, "requests")
         retry = max(1, math.ceil(wait))
         message = (
             f"key '{key.name}' is over its request rate of {key.rps:g} per second (bursts of {bucket.capacity:g}); "

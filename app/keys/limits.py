@@ -55,12 +55,14 @@ class Caller:
     key: Key
     tokens: TokenBucket | None
     on_tokens: Callable[[str, int], None]  # counts a key's tokens for /metrics and /usage
+    on_refused: Callable[[str, str], None]  # counts a 429 of the key's (its name, the limit)
 
     def charge_tokens(self, n: int) -> None:
         """Count a tokenised request's tokens; a 429 when the key's token rate is spent."""
         if self.tokens is not None:
             wait = self.tokens.take(n, overdraw=True)
             if wait > 0:
+                self.on_refused(self.key.name, "tokens")
                 raise ServiceError(
                     "overloaded",
                     f"key '{self.key.name}' is over its token rate of {self.key.tokens_per_min} tokens per minute; "

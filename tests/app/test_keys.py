@@ -96,7 +96,10 @@ async def test_the_token_rate_counts_tokens_after_tokenising(data_dir, keys_file
         assert r.json()["error"].startswith("key 'thrifty' is over its token rate of 60 tokens per minute; retry in ")
         assert 20 <= int(r.headers["retry-after"]) <= 21  # 20 tokens of debt at one a second, plus this one's
         metrics = (await c.get("/usage", headers=auth("boss"))).json()["keys"]
-        assert metrics["thrifty"]["tokens"] == 80 and metrics["thrifty"]["requests"] == 2
+        assert metrics["thrifty"] == {"requests": 2, "tokens": 80, "rate_limited": 1, "job_seconds": 0.0}
+        text = (await c.get("/metrics", headers=auth("boss"))).text
+        assert 'bert_key_rate_limited_total{key="thrifty",limit="tokens"} 1.0' in text
+        assert 'bert_key_tokens_total{key="thrifty"} 80.0' in text
 
 
 async def test_the_request_rate_answers_429_with_its_headers(data_dir, keys_file):
