@@ -486,6 +486,9 @@ class ModelVersion(BaseModel):
     created_at: str | None = Field(description="When it was published (or imported).")
     disk_bytes: int
     made_by: str | None = Field(description="The id of the job (or import) that made it.")
+    owner: str | None = Field(
+        None, description="The name of the key that made that job (null where it was made another way)."
+    )
     card: dict[str, Any] = Field(description="Its card.json: source and measured scores ({} when it has none).")
 
 

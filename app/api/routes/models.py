@@ -200,6 +200,7 @@ async def _detail(service, name: str) -> ModelDetail:
             created_at=v.created_at,
             disk_bytes=v.disk_bytes,
             made_by=v.made_by,
+            owner=v.owner,
             card=await asyncio.to_thread(read_card, v.path),
         )
         for v in versions
