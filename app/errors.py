@@ -158,8 +158,12 @@ def error_response(
 
 
 def responses(*error_types: str, openai: bool = False) -> dict:
-    """OpenAPI `responses=` entries for the error types a route can answer (openai: a /v1/* route's)."""
+    """OpenAPI `responses=` entries for the error types a route can answer (openai: a /v1/* route's). A
+    route behind a key (unauthorized) also answers a key without its scope (forbidden) and a key over
+    its request rate (overloaded)."""
     model = OpenAIErrorResponse if openai else ErrorResponse
+    if "unauthorized" in error_types:
+        error_types = tuple(dict.fromkeys([*error_types, "forbidden", "overloaded"]))
     return {STATUS[k]: {"model": model, "description": k.replace("_", " ")} for k in error_types}
 
 

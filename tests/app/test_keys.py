@@ -185,3 +185,11 @@ def test_the_file_keeps_every_key_of_concurrent_changes(tmp_path):
     assert keys["k3"] == Key("k3", keys["k3"].hash, frozenset({"inference"}), rps=4.0)
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+async def test_the_api_schema_lists_the_403_and_the_429_of_keyed_routes(data_dir, keys_file):
+    async with serve_app(settings_for(data_dir, keys_file=keys_file), wait_ready=False) as c:
+        paths = (await c.get("/openapi.json", headers=auth("reader"))).json()["paths"]
+        for path, method in (("/jobs", "get"), ("/embeddings", "post"), ("/usage", "get"), ("/datasets", "post")):
+            assert {"401", "403", "429"} <= set(paths[path][method]["responses"]), path
+        assert "403" not in paths["/ready"]["get"]["responses"]
