@@ -51,8 +51,10 @@ answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`
 
 Every error answers `{"error": message, "error_type": kind}`, except on /v1/* (OpenAI's API:
 /v1/embeddings, /v1/models, /v1/files, /v1/batches), where it answers OpenAI's `{"error": {"message", "type", "param",
-"code"}}`. When the service has an API key, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
-files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
+"code"}}`. When the service has keys, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
+files, no data), and /metrics when BERT_METRICS_PUBLIC is true. A key without the scope a route needs
+(inference, jobs, admin, metrics) gets a 403 that names it; a key over its own rate gets a 429 with
+Retry-After.
 """
 
 # Routes whose work is a forward pass or tokenising: they get BERT_REQUEST_TIMEOUT and stop when the client goes.

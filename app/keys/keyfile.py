@@ -112,6 +112,9 @@ def _key_from_table(name: str, table: Any) -> Key:
         )
     except (KeyError, TypeError) as e:
         raise KeyFileError(f"key '{name}': {e} is missing or of the wrong type") from None
+    for field, value in (("scopes", table.get("scopes")), ("models", table.get("models", []))):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise KeyFileError(f"key '{name}': {field} must be a list of names, got {value!r}")
     for field in ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share"):
         value = getattr(key, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):

@@ -193,3 +193,21 @@ async def test_the_api_schema_lists_the_403_and_the_429_of_keyed_routes(data_dir
         for path, method in (("/jobs", "get"), ("/embeddings", "post"), ("/usage", "get"), ("/datasets", "post")):
             assert {"401", "403", "429"} <= set(paths[path][method]["responses"]), path
         assert "403" not in paths["/ready"]["get"]["responses"]
+
+
+@pytest.mark.parametrize(
+    "table, error",
+    [
+        ('scopes = "inference"', "key 'x': scopes must be a list of names, got 'inference'"),
+        ('scopes = ["inference"]\nmodels = "tiny"', "key 'x': models must be a list of names, got 'tiny'"),
+        ('scopes = ["inference"]\nrps = 0', "key 'x': rps must be > 0, got 0"),
+        ('scopes = ["inference"]\nrps = "fast"', "key 'x': rps must be a number, got 'fast'"),
+        ('scopes = ["inference"]\nsecret = "bsk_x"', "key 'x': unknown fields secret"),
+    ],
+)
+def test_a_key_that_cannot_be_read_is_named_with_its_fault(tmp_path, table, error):
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[keys.x]\nhash = "{hash_secret("s")}"\n{table}\n')
+    with pytest.raises(KeyFileError) as e:
+        read_keys(path)
+    assert str(e.value) == f"keys file {path}: {error}"
