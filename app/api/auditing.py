@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from app.errors import ServiceError
 from app.keys import audit
 from app.keys.keyring import ANONYMOUS
 
+log = logging.getLogger("bertserve")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -40,6 +42,7 @@ async def audited(request: Request, action: str, target: str) -> AsyncIterator[d
         key = request.scope.get(CALLER_KEY, ANONYMOUS).name
         data_dir = request.app.state.settings.data_dir
         rid = request_id(request)
+        log.info("%s of %s by key '%s': %s (request %s)", action, entry["target"], key, outcome, rid)
         await asyncio.to_thread(
             audit.append, data_dir, key, action, entry["target"], outcome, request_id=rid, source="api"
         )

@@ -7,6 +7,7 @@ test_keys_server.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from app.keys.keyring import RECHECK_S
 from app.launcher.server import exposure_refusal
 from app.main import create_app
 from tests.app.conftest import serve_app, settings_for
+from tests.helpers import labelled_csv, make_data_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +46,8 @@ def keys_file(tmp_path):
     return path
 
 
-async def test_unknown_keys_are_401_and_scopes_403_naming_scope_and_key(data_dir, keys_file):
+async def test_unknown_keys_are_401_and_scopes_403_naming_scope_and_key(data_dir, keys_file, caplog):
+    caplog.set_level("INFO", logger="bertserve")
     async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
         for headers in ({}, {"Authorization": "Bearer bsk_nothing"}, {"Authorization": f"Basic {SECRETS['reader']}"}):
             r = await c.post("/embeddings", json={"inputs": "the cat"}, headers=headers)
@@ -73,6 +76,9 @@ async def test_unknown_keys_are_401_and_scopes_403_naming_scope_and_key(data_dir
         assert (await c.get("/info", headers=auth("trainer"))).status_code == 200  # any key
         for path in ("/health", "/ready"):
             assert (await c.get(path)).status_code == 200
+    # the log names keys by their names, and never holds a secret
+    assert "GET /jobs: key 'reader' lacks the scope 'jobs'" in caplog.text
+    assert not any(secret in caplog.text for secret in SECRETS.values())
 
 
 async def test_a_key_uses_only_its_models_the_default_resolved(data_dir, keys_file):
@@ -211,3 +217,21 @@ def test_a_key_that_cannot_be_read_is_named_with_its_fault(tmp_path, table, erro
     with pytest.raises(KeyFileError) as e:
         read_keys(path)
     assert str(e.value) == f"keys file {path}: {error}"
+
+
+async def test_changes_are_audited_by_key_name_in_the_file_and_the_log(keys_file, tmp_path, caplog):
+    caplog.set_level("INFO", logger="bertserve")
+    data = make_data_dir(tmp_path / "data")
+    async with serve_app(settings_for(data, keys_file=keys_file, default_model="tiny"), wait_ready=False) as c:
+        files = {"file": ("reviews.csv", labelled_csv())}
+        r = await c.post("/datasets", files=files, data={"name": "reviews"}, headers=auth("boss"))
+        assert (r.status_code, r.json()["owner"]) == (201, "boss")
+        r = await c.delete("/datasets/nothing", headers={**auth("boss"), "X-Request-ID": "abc-1"})
+        assert r.status_code == 404
+    lines = [json.loads(line) for line in (data / "audit.jsonl").read_text().splitlines()]
+    assert [(e["key"], e["action"], e["target"], e["outcome"], e["source"]) for e in lines] == [
+        ("boss", "dataset.upload", "dataset reviews", "ok", "api"),
+        ("boss", "dataset.delete", "dataset nothing", "not_found", "api"),
+    ]
+    assert lines[1]["request_id"] == "abc-1" and len(lines[0]["request_id"]) == 32
+    assert "dataset.delete of dataset nothing by key 'boss': not_found (request abc-1)" in caplog.text
