@@ -228,10 +228,21 @@ async def test_changes_are_audited_by_key_name_in_the_file_and_the_log(keys_file
         assert (r.status_code, r.json()["owner"]) == (201, "boss")
         r = await c.delete("/datasets/nothing", headers={**auth("boss"), "X-Request-ID": "abc-1"})
         assert r.status_code == 404
+        line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "the cat"}}
+        upload = {"file": ("in.jsonl", json.dumps(line).encode() + b"\n")}
+        file_id = (await c.post("/v1/files", files=upload, data={"purpose": "batch"}, headers=auth("boss"))).json()[
+            "id"
+        ]
+        body = {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+        batch_id = (await c.post("/v1/batches", json=body, headers=auth("boss"))).json()["id"]
+        assert (await c.delete("/v1/files/file-nothing", headers=auth("boss"))).status_code == 404
     lines = [json.loads(line) for line in (data / "audit.jsonl").read_text().splitlines()]
     assert [(e["key"], e["action"], e["target"], e["outcome"], e["source"]) for e in lines] == [
         ("boss", "dataset.upload", "dataset reviews", "ok", "api"),
         ("boss", "dataset.delete", "dataset nothing", "not_found", "api"),
+        ("boss", "file.upload", f"file {file_id} (in.jsonl)", "ok", "api"),
+        ("boss", "batch.submit", f"batch {batch_id} (file {file_id})", "ok", "api"),
+        ("boss", "file.delete", "file file-nothing", "not_found", "api"),
     ]
     assert lines[1]["request_id"] == "abc-1" and len(lines[0]["request_id"]) == 32
     assert "dataset.delete of dataset nothing by key 'boss': not_found (request abc-1)" in caplog.text
