@@ -33,6 +33,7 @@ ErrorType = Literal[
     "conflict",
     "unavailable",
     "unauthorized",
+    "forbidden",
     "too_large",
     "insufficient_storage",
     "insufficient_memory",
@@ -47,6 +48,7 @@ STATUS: dict[str, int] = {
     "conflict": 409,  # the request needs a state the resource has left (cancelling a finished job)
     "unavailable": 503,
     "unauthorized": 401,
+    "forbidden": 403,  # a known key without the scope (or the model) the request needs
     "too_large": 413,
     "insufficient_storage": 507,  # the data directory's disk is full (a dataset upload)
     "insufficient_memory": 507,  # a model larger than the model memory budget (less the pinned models)
@@ -103,11 +105,14 @@ class OpenAIErrorResponse(BaseModel):
 
 
 class ServiceError(Exception):
-    def __init__(self, error_type: str, message: str, **details: Any) -> None:
+    def __init__(
+        self, error_type: str, message: str, *, headers: Mapping[str, str] | None = None, **details: Any
+    ) -> None:
         assert error_type in STATUS, error_type
         super().__init__(message)
         self.error_type = error_type
         self.message = message
+        self.headers = headers  # e.g. a rate limit's own Retry-After
         self.details = details  # extra fields of the body, declared in ErrorResponse
 
     @property
@@ -153,8 +158,12 @@ def error_response(
 
 
 def responses(*error_types: str, openai: bool = False) -> dict:
-    """OpenAPI `responses=` entries for the error types a route can answer (openai: a /v1/* route's)."""
+    """OpenAPI `responses=` entries for the error types a route can answer (openai: a /v1/* route's). A
+    route behind a key (unauthorized) also answers a key without its scope (forbidden) and a key over
+    its request rate (overloaded)."""
     model = OpenAIErrorResponse if openai else ErrorResponse
+    if "unauthorized" in error_types:
+        error_types = tuple(dict.fromkeys([*error_types, "forbidden", "overloaded"]))
     return {STATUS[k]: {"model": model, "description": k.replace("_", " ")} for k in error_types}
 
 
@@ -176,7 +185,9 @@ def _describe_validation(exc: RequestValidationError) -> str:
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
     details = dict(exc.details)
     openai = details.pop("openai", None)  # OpenAI's param and code, for /v1/* (e.g. file_not_found)
-    return error_response(exc.error_type, exc.message, path=request.url.path, openai=openai, **details)
+    return error_response(
+        exc.error_type, exc.message, headers=exc.headers, path=request.url.path, openai=openai, **details
+    )
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,10 +1,11 @@
 """The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
 
-Middleware, outermost first: metrics (times everything), keys (401 from the headers, before the
-body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
+Middleware, outermost first: metrics (times everything), keys (401 or 403 from the headers, and
+each key's request rate, before the body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
-/ready; /metrics too when BERT_METRICS_PUBLIC); inference, /models and /metrics behind the API key;
-/jobs, /datasets, /v1/files, /v1/batches and POST /models (an import) behind the admin key, which their routers demand themselves; /console (the web
+/ready; /metrics too when BERT_METRICS_PUBLIC); inference and /models need the scope inference, /metrics
+the scope metrics, /info any key; /jobs the scope jobs; /datasets, /v1/files, /v1/batches, /usage and
+the management of /models the scope admin, which their routers demand themselves (app/keys); /console (the web
 console's static files, app/api/routes/console.py) open, as it carries no data. No trailing-slash
 redirects: `/info/` is a 404, not a redirect built from the client's Host header.
 """
@@ -16,7 +17,7 @@ import contextlib
 
 from fastapi import Depends, FastAPI
 
-from app.api.deps import require_api_key
+from app.api.deps import require_inference, require_key, require_metrics
 from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
 from app.api.routes import (
     classify,
@@ -32,10 +33,12 @@ from app.api.routes import (
     ops,
     tei,
     token_tasks,
+    usage,
 )
 from app.api.routes.ops import version
 from app.errors import install_handlers
 from app.jobs.imports import Imports
+from app.keys.keyring import Keyring
 from app.prometheus import Metrics, MetricsMiddleware
 from app.serving.batch_jobs import Batches
 from app.serving.service import Service
@@ -48,8 +51,10 @@ answering (as transformers' pipelines answer), from models in `DATA_DIR/models/`
 
 Every error answers `{"error": message, "error_type": kind}`, except on /v1/* (OpenAI's API:
 /v1/embeddings, /v1/models, /v1/files, /v1/batches), where it answers OpenAI's `{"error": {"message", "type", "param",
-"code"}}`. When the service has an API key, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
-files, no data), and /metrics when BERT_METRICS_PUBLIC is true.
+"code"}}`. When the service has keys, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
+files, no data), and /metrics when BERT_METRICS_PUBLIC is true. A key without the scope a route needs
+(inference, jobs, admin, metrics) gets a 403 that names it; a key over its own rate gets a 429 with
+Retry-After.
 """
 
 # Routes whose work is a forward pass or tokenising: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
@@ -77,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     service = Service(settings, metrics)
 
+    keyring = Keyring(settings)  # a keys file that cannot be read: KeyFileError, the service does not start
     imports = Imports(settings.data_dir)
     batch_jobs = Batches(service)
 
@@ -105,19 +111,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.imports = imports
+    app.state.keyring = keyring
     app.state.batches = batch_jobs
     install_handlers(app)
-    keyed = [Depends(require_api_key)]
+    keyed = [Depends(require_inference)]
     routers = [
         (ops.router, []),
-        (ops.metrics_router, [] if settings.metrics_public else keyed),
-        (ops.protected, []),
+        (ops.metrics_router, [] if settings.metrics_public else [Depends(require_metrics)]),
+        (ops.protected, [Depends(require_key)]),
         *(
             (module.router, keyed)
             for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models, openai_models)
         ),
-        # their routers depend on require_admin_key (app/api/deps.py)
-        *((module.router, []) for module in (jobs, datasets, openai_batches)),
+        # their routers demand their scopes themselves (app/api/deps.py): jobs, admin
+        *((module.router, []) for module in (jobs, datasets, openai_batches, usage)),
         (models.admin, []),
         (console.router, []),
     ]  # open: static files that carry no data
@@ -132,7 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models", "/v1/files")
     )
-    app.add_middleware(KeyMiddleware, settings=settings, guards=key_guards(routers))
+    app.add_middleware(KeyMiddleware, keyring=keyring, guards=key_guards(routers), metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
     return app
 

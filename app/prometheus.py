@@ -2,7 +2,8 @@
 
 Requests and latency are counted per route template (not per raw path, which would let clients
 create unbounded label values) and status; the engine reports batch sizes, padded batch tokens,
-queue depth and tokens processed; the model registry, model loads, unloads, load time and the
+queue depth and tokens processed; each key's requests, tokens, rate-limit refusals and job-seconds;
+the model registry, model loads, unloads, load time and the
 memory it counts against its budget.
 """
 
@@ -92,11 +93,50 @@ class Metrics:
             "bert_model_memory_budget_bytes", "The model memory budget (BERT_MODEL_MEMORY_GB).", registry=r
         )
 
+        # per key, named by the key's name (app/keys): never a secret
+        self.key_requests = Counter(
+            "bert_key_requests_total", "Requests made with each key (refused ones included).", ["key"], registry=r
+        )
+        self.key_tokens = Counter(
+            "bert_key_tokens_total",
+            "Tokens of each key's inference requests, counted after tokenising.",
+            ["key"],
+            registry=r,
+        )
+        self.key_rate_limited = Counter(
+            "bert_key_rate_limited_total", "Requests refused (429) by a key's own limit.", ["key", "limit"], registry=r
+        )
+        self.key_job_seconds = Gauge(
+            "bert_key_job_seconds",
+            "Worker time of each key's jobs, in seconds (from the job records).",
+            ["key"],
+            registry=r,
+        )
+
     def observe_batch(self, model: str, task: str, batch: Batch) -> None:
         rows, longest = batch.input_ids.shape
         self.batch_size.labels(model, task).observe(rows)
         self.batch_tokens.labels(model, task).observe(rows * longest)
         self.tokens.labels(model, task).inc(batch.tokens)
+
+    def per_key(self) -> dict[str, dict[str, float]]:
+        """Each key's requests, tokens, rate-limit refusals and job-seconds, as the counters have them."""
+        usage: dict[str, dict[str, float]] = {}
+        fields = (
+            (self.key_requests, "bert_key_requests_total", "requests"),
+            (self.key_tokens, "bert_key_tokens_total", "tokens"),
+            (self.key_rate_limited, "bert_key_rate_limited_total", "rate_limited"),
+            (self.key_job_seconds, "bert_key_job_seconds", "job_seconds"),
+        )
+        for metric, sample_name, field in fields:
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.name == sample_name:
+                        entry = usage.setdefault(
+                            sample.labels["key"], {"requests": 0, "tokens": 0, "rate_limited": 0, "job_seconds": 0.0}
+                        )
+                        entry[field] += sample.value
+        return usage
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,7 +25,7 @@ from pydantic_core import PydanticCustomError
 from app.settings import Settings
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
-from model.datadir.jobs import steps_of
+from model.datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from model.options import TASKS, Option, format_default, options_for
 from model.sources import HUB_ID_PATTERN
 from model.tokenizer import lone_surrogate_at
@@ -486,6 +486,9 @@ class ModelVersion(BaseModel):
     created_at: str | None = Field(description="When it was published (or imported).")
     disk_bytes: int
     made_by: str | None = Field(description="The id of the job (or import) that made it.")
+    owner: str | None = Field(
+        None, description="The name of the key that made that job (null where it was made another way)."
+    )
     card: dict[str, Any] = Field(description="Its card.json: source and measured scores ({} when it has none).")
 
 
@@ -547,6 +550,10 @@ class InfoResponse(BaseModel):
     torch: str
     python: str
     settings: dict
+    keys: dict = Field(
+        description="The keys file, how many keys it holds, the built-in keys that are set, and the error of "
+        "its last change when that change could not be read (the keys read before stay in use)."
+    )
 
 
 # -- datasets ----------------------------------------------------------------------------------
@@ -602,6 +609,10 @@ class DatasetInfo(BaseModel):
     bytes: int
     sha256: str
     created_at: str
+    owner: str = Field(
+        LEGACY_OWNER,
+        description="The name of the key that uploaded it (`admin` for datasets from before keys had names).",
+    )
     documents: int | None = None
     sentences: int | None = None
     rows: int | None = None
@@ -930,6 +941,9 @@ class JobStatus(BaseModel):
     updated_at: str
     heartbeat_at: str | None = Field(description="Last sign of life of the training process (running jobs).")
     worker: str | None
+    owner: str = Field(
+        LEGACY_OWNER, description="The name of the key that made the job (`admin` for jobs from before keys had names)."
+    )
     events: list[dict[str, Any]]
     downloaded_bytes: int | None = Field(None, description="An import's bytes downloaded so far.")
     total_bytes: int | None = Field(None, description="An import's bytes to download in all.")
@@ -971,6 +985,7 @@ class JobStatus(BaseModel):
             },
             cancel_requested=bool(record.get("cancel_requested")),
             events=record.get("events") or [],
+            owner=owner_of(record),
             heartbeat_at=record.get("heartbeat_at") if running else None,
             step=step,
             total_steps=total_steps,
@@ -1267,3 +1282,16 @@ class BatchList(BaseModel):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+
+class KeyUsage(BaseModel):
+    requests: int = Field(description="Requests made with the key since the service started (refused ones included).")
+    tokens: int = Field(description="Tokens of its inference requests since the service started.")
+    rate_limited: int = Field(description="Its requests refused (429) by its own limits since the service started.")
+    job_seconds: float = Field(description="Worker time of its jobs, from the job records (all time).")
+
+
+class UsageResponse(BaseModel):
+    """Usage per key, by the key's name; the counters are this replica's, since it started."""
+
+    keys: dict[str, KeyUsage]

@@ -76,6 +76,15 @@ class Settings(BaseSettings):
             "characters (`bert serve` exits with code 2)."
         ),
     )
+    keys_file: Path | None = Field(
+        None,
+        description=(
+            "The keys file (TOML) that `bert keys` writes: named keys with scopes, allowed models and rate limits, "
+            "secrets stored only as their sha256. Read at start (a file that cannot be read stops the service) and "
+            "again within a second of any change. Unset: `DATA_DIR/keys.toml`. With at least one key in it, every "
+            "route but `/health`, `/ready` and the console's files needs a key."
+        ),
+    )
     metrics_public: bool = Field(
         False, description="Serve `/metrics` without the API key (a Prometheus scraper on a trusted network)."
     )
@@ -372,6 +381,9 @@ class Settings(BaseSettings):
         ge=0,
         description="Days a `/v1/files` file (batch input, output or errors) is kept before it is deleted; 0: kept until deleted.",
     )
+
+    def keys_path(self) -> Path:
+        return self.keys_file if self.keys_file is not None else self.data_dir / "keys.toml"
 
     def admin_key_value(self) -> str | None:
         return _key(self.admin_key)

@@ -1,27 +1,25 @@
-"""Typed dependencies shared by the routers: the running service, the job service, and the two key
-checks (BERT_API_KEY for inference and operations, BERT_ADMIN_KEY for /jobs and /datasets), which
-share one bearer-key comparison. app/api/middleware.py's KeyMiddleware runs the same checks before a
-request's body is read.
+"""Typed dependencies shared by the routers: the running service, the job service, the scope each
+router demands of the request's key (inference, jobs, admin, metrics, or any key) and the request's
+key itself. app/api/middleware.py's KeyMiddleware runs the same checks before a request's body is read;
+the keys are app/keys/keyring.py's.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
-from app.errors import ServiceError
 from app.jobs.imports import Imports
 from app.jobs.job_service import JobService
+from app.keys.keyfile import Key
+from app.keys.keyring import ANONYMOUS, ANY
 from app.serving.service import Service
-from app.settings import Settings
 
 Credentials = HTTPAuthorizationCredentials | None
-_api_bearer = HTTPBearer(auto_error=False, description="BERT_API_KEY, when the service has one.")
-_admin_bearer = HTTPBearer(auto_error=False, description="BERT_ADMIN_KEY (or BERT_API_KEY when no admin key is set).")
+CALLER_KEY = "bertserve.key"  # the ASGI scope's entry for the request's key (KeyMiddleware sets it)
 
 
 # The dependencies are `async def`: FastAPI runs a plain `def` one in its thread pool, a thread hop
@@ -55,27 +53,6 @@ async def get_imports(request: Request) -> Imports:
 ImportsDep = Annotated[Imports, Depends(get_imports)]
 
 
-def api_key(settings: Settings) -> tuple[str | None, str]:
-    """The key that opens inference and operations (None: open), and the refusal that names it."""
-    return settings.api_key_value(), "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'"
-
-
-def admin_key(settings: Settings) -> tuple[str | None, str]:
-    """BERT_ADMIN_KEY opens the training routes; without one, BERT_API_KEY does; without either, open."""
-    key, which = settings.admin_key_value(), "BERT_ADMIN_KEY"
-    if key is None:
-        key, which = settings.api_key_value(), "BERT_API_KEY"
-    return key, f"missing or wrong key: send 'Authorization: Bearer <{which}>'"
-
-
-def check_bearer_key(token: str | None, key: str | None, refusal: str) -> None:
-    """Pass when no key is set or the bearer token equals it (compared in constant time); else 401."""
-    if key is None:
-        return
-    if not hmac.compare_digest((token or "").encode(), key.encode()):
-        raise ServiceError("unauthorized", refusal)
-
-
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an `Authorization: Bearer <token>` header (as HTTPBearer reads it), else None."""
     scheme, token = get_authorization_scheme_param(authorization)
@@ -84,18 +61,43 @@ def bearer_token(authorization: str | None) -> str | None:
 
 # The key checks proper run in app/api/middleware.py's KeyMiddleware, from the headers alone, before the
 # body is read; these dependencies declare them (OpenAPI's security scheme, the middleware reads
-# which key a route needs off them) and check again where the route runs.
+# which scope a route needs off them) and check again where the route runs.
 
 
-async def require_api_key(service: ServiceDep, credentials: Annotated[Credentials, Depends(_api_bearer)]) -> None:
-    """When BERT_API_KEY is set, demand `Authorization: Bearer <key>`."""
-    check_bearer_key(credentials.credentials if credentials else None, *api_key(service.settings))
+def _requiring(scope: str, bearer: HTTPBearer):
+    # (a default rather than Annotated: the annotations are strings, and `bearer` is this closure's)
+    async def require(request: Request, credentials: Credentials = Depends(bearer)) -> None:  # noqa: B008
+        token = credentials.credentials if credentials else None
+        request.app.state.keyring.authorize(token, scope, f"{request.method} {request.url.path}")
+
+    require.__doc__ = f"Demand a key with the scope '{scope or 'any'}' (when the service has keys)."
+    return require
 
 
-async def require_admin_key(service: ServiceDep, credentials: Annotated[Credentials, Depends(_admin_bearer)]) -> None:
-    """BERT_ADMIN_KEY opens the training routes; without one, BERT_API_KEY does; without either, open."""
-    check_bearer_key(credentials.credentials if credentials else None, *admin_key(service.settings))
+def _bearer(scope: str) -> HTTPBearer:
+    what = f"a key with the scope '{scope}'" if scope else "any key"
+    return HTTPBearer(auto_error=False, scheme_name=f"key-{scope or 'any'}", description=f"{what.capitalize()}.")
 
 
-# Which key each dependency demands, for the middleware.
-KEY_OF = {require_api_key: api_key, require_admin_key: admin_key}
+require_inference = _requiring("inference", _bearer("inference"))
+require_jobs = _requiring("jobs", _bearer("jobs"))
+require_admin = _requiring("admin", _bearer("admin"))
+require_metrics = _requiring("metrics", _bearer("metrics"))
+require_key = _requiring(ANY, _bearer(ANY))
+
+# Which scope each dependency demands, for the middleware.
+SCOPE_OF = {
+    require_inference: "inference",
+    require_jobs: "jobs",
+    require_admin: "admin",
+    require_metrics: "metrics",
+    require_key: ANY,
+}
+
+
+async def get_caller(request: Request) -> Key:
+    """The key of the request (KeyMiddleware found it); `anonymous` where no key is needed."""
+    return request.scope.get(CALLER_KEY, ANONYMOUS)
+
+
+CallerDep = Annotated[Key, Depends(get_caller)]

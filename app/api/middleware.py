@@ -1,9 +1,13 @@
-"""Pure ASGI middleware: the key check before anything of the body is read, the body cap, and the
-deadline of inference requests.
+"""Pure ASGI middleware: the key check and the key's request rate before anything of the body is read,
+the body cap, and the deadline of inference requests.
 
 KeyMiddleware finds the route of a request's path and method (any route of the path, for a method
-none has) and the key its dependencies demand (app/api/deps.py), and answers 401 from the headers alone: an anonymous client never has its body read or parsed,
-whatever it sends. A path no route has needs BERT_API_KEY, so nothing about the routes leaks.
+none has) and the scope its dependencies demand (app/api/deps.py), and answers 401 (no key, or an
+unknown one) or 403 (a key without the scope) from the headers alone: an anonymous client never has
+its body read or parsed, whatever it sends. A path no route has needs a key, so nothing about the
+routes leaks. A key with a request rate takes one from its bucket (app/keys/limits.py) or gets a 429;
+its answers carry X-RateLimit-Limit and X-RateLimit-Remaining. The request's key then travels with
+it (CALLER), for its token rate, its models and its ownership of jobs.
 
 BodyLimitMiddleware caps request bodies (413) without reading them whole. A declared Content-Length over the limit is refused before a byte of the body is read. Otherwise
 (chunked or lying clients) the bytes are counted as the app receives them; the moment the count
@@ -16,57 +20,110 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
-from collections.abc import Callable
 
 from fastapi import APIRouter
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.deps import KEY_OF, api_key, bearer_token, check_bearer_key
+from app.api.deps import CALLER_KEY, SCOPE_OF, bearer_token
 from app.errors import ServiceError, error_response
-from app.prometheus import DISCONNECTED
-from app.settings import Settings
+from app.keys.keyfile import Key
+from app.keys.keyring import ANONYMOUS, ANY, Keyring
+from app.keys.limits import CALLER, Caller, TokenBucket
+from app.prometheus import DISCONNECTED, Metrics
 
 log = logging.getLogger("bertserve")
-KeyOf = Callable[[Settings], tuple[str | None, str]]  # app/api/deps.py's api_key or admin_key
-Guard = tuple[re.Pattern, frozenset[str], KeyOf | None]  # a route's path regex, its methods, the key it needs
+Guard = tuple[re.Pattern, frozenset[str], str | None]  # a route's path regex, its methods, the scope it needs
 
 
 class KeyMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings, guards: list[Guard]):
+    def __init__(self, app: ASGIApp, keyring: Keyring, guards: list[Guard], metrics: Metrics):
         self.app = app
-        self.settings = settings
-        self.guards = guards  # (a route's path regex, its methods, the key it needs; None: open), from key_guards()
+        self.keyring = keyring
+        self.guards = guards  # (a route's path regex, its methods, the scope it needs; None: open), from key_guards()
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (key_of := self.key_for(scope["path"], scope["method"])) is not None:
-            try:
-                check_bearer_key(bearer_token(Headers(scope=scope).get("authorization")), *key_of(self.settings))
-            except ServiceError as e:
-                await error_response(e.error_type, e.message, path=scope["path"])(scope, receive, send)
+        if scope["type"] != "http" or (needed := self.scope_for(scope["path"], scope["method"])) is None:
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        token = bearer_token(Headers(scope=scope).get("authorization"))
+        try:
+            key = self.keyring.authorize(token, needed, f"{scope['method']} {path}")
+        except ServiceError as e:
+            log.info("%s %s: %s", scope["method"], path, e.message)  # names a key, never a secret
+            await error_response(e.error_type, e.message, path=path)(scope, receive, send)
+            return
+        if key is ANONYMOUS:
+            await self.app(scope, receive, send)
+            return
+        self.metrics.key_requests.labels(key.name).inc()
+        requests, tokens = self.keyring.buckets(key)
+        headers = []
+        if requests is not None:
+            wait = requests.take()
+            limit = [(b"x-ratelimit-limit", f"{key.rps:g}".encode())]
+            headers = [*limit, (b"x-ratelimit-remaining", str(requests.remaining()).encode())]
+            if wait > 0:
+                await self._rate_limited(key, requests, wait, path)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        scope[CALLER_KEY] = key
+        reset = CALLER.set(Caller(key, tokens, self._count_tokens, self._count_refusal))
+        try:
+            await self.app(scope, receive, _adding_headers(send, headers))
+        finally:
+            CALLER.reset(reset)
 
-    def key_for(self, path: str, method: str = "GET") -> KeyOf | None:
-        """The key the route of a path and method needs (a path's first route for a method none has: its
-        405 answers after the same check); BERT_API_KEY for a path no route has."""
-        routes = [(methods, key_of) for regex, methods, key_of in self.guards if regex.match(path)]
+    def _count_tokens(self, name: str, n: int) -> None:
+        self.metrics.key_tokens.labels(name).inc(n)
+
+    def _count_refusal(self, name: str, limit: str) -> None:
+        self.metrics.key_rate_limited.labels(name, limit).inc()
+
+    def _rate_limited(self, key: Key, bucket: TokenBucket, wait: float, path: str):
+        self._count_refusal(key.name, "requests")
+        retry = max(1, math.ceil(wait))
+        message = (
+            f"key '{key.name}' is over its request rate of {key.rps:g} per second (bursts of {bucket.capacity:g}); "
+            f"retry in {retry} s"
+        )
+        headers = {"Retry-After": str(retry), "X-RateLimit-Limit": f"{key.rps:g}", "X-RateLimit-Remaining": "0"}
+        return error_response("overloaded", message, headers=headers, path=path)
+
+    def scope_for(self, path: str, method: str = "GET") -> str | None:
+        """The scope the route of a path and method needs (a path's first route for a method none has: its
+        405 answers after the same check); any key for a path no route has."""
+        routes = [(methods, needed) for regex, methods, needed in self.guards if regex.match(path)]
         method = "GET" if method == "HEAD" else method
-        return next((key_of for methods, key_of in routes if method in methods), routes[0][1] if routes else api_key)
+        return next((needed for methods, needed in routes if method in methods), routes[0][1] if routes else ANY)
+
+
+def _adding_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    if not headers:
+        return send
+
+    async def adding(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *headers]}
+        await send(message)
+
+    return adding
 
 
 def key_guards(routers: list[tuple[APIRouter, list]]) -> list[Guard]:
-    """(path regex, key) of every route of these routers, each with the extra dependencies it is
-    included with, as the key dependencies of app/api/deps.py declare it."""
+    """(path regex, methods, scope) of every route of these routers, each with the extra dependencies it is
+    included with, as the scope dependencies of app/api/deps.py declare it."""
     guards: list[Guard] = []
     for router, dependencies in routers:
-        key_of = next(
-            (KEY_OF[d.dependency] for d in [*router.dependencies, *dependencies] if d.dependency in KEY_OF), None
+        needed = next(
+            (SCOPE_OF[d.dependency] for d in [*router.dependencies, *dependencies] if d.dependency in SCOPE_OF), None
         )
         # (starlette's BaseRoute does not declare path_regex; every route an APIRouter holds has one)
         guards += [
-            (route.path_regex, frozenset(getattr(route, "methods", None) or ()), key_of)  # type: ignore[attr-defined]
+            (route.path_regex, frozenset(getattr(route, "methods", None) or ()), needed)  # type: ignore[attr-defined]
             for route in router.routes
         ]
     return guards

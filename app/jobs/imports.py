@@ -73,19 +73,21 @@ class Imports:
             None,
         )
 
-    def submit(self, name: str, source: dict[str, Any], upload: Path | None = None, start: bool = True) -> JobRecord:
+    def submit(
+        self, name: str, source: dict[str, Any], upload: Path | None = None, start: bool = True, owner: str = "admin"
+    ) -> JobRecord:
         """Write the record (with `upload` moved into its directory) and start its thread (unless not
         `start`: the API runs it when it starts); 409 while another import of `name` is unfinished."""
         with self._lock:
             running = self.unfinished(name)
             if running is not None:
                 raise ServiceError("conflict", f"model '{name}' is being imported by job {running['id']}")
-            record = self._create(name, source, upload)
+            record = self._create(name, source, upload, owner)
         if start:
             self.start(record["id"])
         return record
 
-    def _create(self, name: str, source: dict[str, Any], upload: Path | None) -> JobRecord:
+    def _create(self, name: str, source: dict[str, Any], upload: Path | None, owner: str) -> JobRecord:
         label = source.get("repo") or source.get("file")
         spec = {
             "kind": KIND,
@@ -94,6 +96,7 @@ class Imports:
             "dataset": None,
             "params": {"source": label, "revision": source.get("revision")},
             "source": source,
+            "owner": owner,  # the key that asked for it
         }
         record = self.store.create(spec)
         if upload is not None:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kombu.exceptions import OperationalError
 
 from app.errors import ServiceError
 from app.jobs.events import EventStreams
+from app.keys.keyfile import Key
+from app.keys.keyring import ANONYMOUS
 from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from model.config import BertConfig
@@ -67,11 +70,13 @@ class JobService:
         """Send the job's id to the training queue (blocking: call in a thread)."""
         send_job(self.celery, record["id"], retries=self.settings.publish_retries)
 
-    async def submit(self, request: JobRequest) -> JobRecord:
-        """Validate, write the record, send the message; the record as enqueued."""
+    async def submit(self, request: JobRequest, owner: Key = ANONYMOUS) -> JobRecord:
+        """Validate, write the record (owned by `owner`, the key's name), send the message; the record as
+        enqueued. 429 when the key has its `max_jobs` queued or running already."""
         async with self._submit_lock:
+            await asyncio.to_thread(self._check_job_limit, owner)
             spec = await self.validate(request)
-            record = await asyncio.to_thread(self.store.create, spec)
+            record = await asyncio.to_thread(self.store.create, {**spec, "owner": owner.name})
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:
@@ -89,8 +94,30 @@ class JobService:
             raise
         return await asyncio.to_thread(self.store.move, record["id"], jobs.enqueued)
 
-    def cancel(self, job_id: str) -> JobRecord:
+    def _check_job_limit(self, owner: Key) -> None:
+        if owner.max_jobs is None:
+            return
+        running = [r for r in self.store.list() if r["state"] not in TERMINAL and jobs.owner_of(r) == owner.name]
+        if len(running) >= owner.max_jobs:
+            raise ServiceError(
+                "overloaded",
+                f"key '{owner.name}' has {len(running)} jobs queued or running, its limit (max_jobs); "
+                "submit again when one has finished",
+            )
+
+    def visible(self, caller: Key) -> Callable[[Mapping], bool]:
+        """Which records `caller` sees: a key with the scope admin every job, any other its own."""
+        if "admin" in caller.scopes:
+            return lambda record: True
+        return lambda record: jobs.owner_of(record) == caller.name
+
+    def list_for(self, caller: Key, state: str | None = None) -> list[JobRecord]:
+        """The jobs `caller` sees, newest first (blocking: call in a thread)."""
+        return [r for r in self.store.list(state) if self.visible(caller)(r)]
+
+    def cancel(self, job_id: str, caller: Key = ANONYMOUS) -> JobRecord:
         """Ask a queued or running job to stop (blocking: call in a thread); 409 once it has finished."""
+        self.find(job_id, caller)  # another key's job is a 404, as if there were none
         try:
             return self.store.request_cancel(job_id)
         except JobNotFound:
@@ -100,12 +127,24 @@ class JobService:
                 "conflict", f"job '{job_id}' has already finished ({e.state}): there is nothing to cancel"
             ) from None
 
-    def find(self, job_id: str) -> JobRecord:
-        """A job's record; 404 when there is none (blocking: call in a thread)."""
+    def find(self, job_id: str, caller: Key = ANONYMOUS) -> JobRecord:
+        """A job's record; 404 when there is none, or when it is not `caller`'s to see (blocking: call in
+        a thread)."""
         try:
-            return self.store.read(job_id)
+            record = self.store.read(job_id)
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
+        if not self.visible(caller)(record):
+            raise ServiceError("not_found", f"job '{job_id}' not found")
+        return record
+
+    def job_seconds(self) -> dict[str, float]:
+        """Worker time of every key's jobs, in seconds, from the records (blocking: call in a thread)."""
+        seconds: dict[str, float] = {}
+        for record in self.store.list():
+            owner = jobs.owner_of(record)
+            seconds[owner] = seconds.get(owner, 0.0) + float(record.get("runtime_s") or 0.0)
+        return seconds
 
     # -- the data directory's models, datasets and jobs: promote and delete ------------------------
     # Each runs under the submission lock, so no job can be accepted on a model or dataset between
@@ -142,9 +181,10 @@ class JobService:
             except FileNotFoundError:
                 raise ServiceError("not_found", f"dataset '{name}' not found") from None
 
-    def delete_job(self, job_id: str) -> int:
+    def delete_job(self, job_id: str, caller: Key = ANONYMOUS) -> int:
         """Delete a finished job's directory, checkpoints included; the bytes freed (blocking: call in
-        a thread). 404 when there is none; 409 while it is queued or running."""
+        a thread). 404 when there is none (or it is another key's); 409 while it is queued or running."""
+        self.find(job_id, caller)
         try:
             return self.store.delete(job_id)
         except JobNotFound:

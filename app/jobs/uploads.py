@@ -226,8 +226,11 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
         raise ServiceError("validation", f"kind: {kind[:40]!r} is not one of {', '.join(DATASET_KINDS)}")
 
 
-async def receive_upload(request: Request, data_dir: Path, settings: Settings) -> dict[str, Any]:
-    """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json."""
+async def receive_upload(
+    request: Request, data_dir: Path, settings: Settings, owner: str | None = None
+) -> dict[str, Any]:
+    """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json (with its
+    `owner`, the uploading key's name)."""
     max_bytes = settings.max_dataset_bytes
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
@@ -244,7 +247,7 @@ async def receive_upload(request: Request, data_dir: Path, settings: Settings) -
     try:
         tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
-        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings)
+        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings, owner)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -287,16 +290,24 @@ async def _parse(
     return upload
 
 
-def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings) -> dict[str, Any]:
+def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings, owner: str | None) -> dict[str, Any]:
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
     assert upload.filename is not None  # _parse refuses an upload without a file
     fields = dict(upload.fields)
     fields.setdefault("name", Path(upload.filename).stem)
-    return _install(tmp, upload.filename, fields, upload.file_bytes, upload.sha256.hexdigest(), data_dir, settings)
+    digest = upload.sha256.hexdigest()
+    return _install(tmp, upload.filename, fields, upload.file_bytes, digest, data_dir, settings, owner)
 
 
 def _install(
-    tmp: Path, filename: str, fields: dict[str, str], size: int, sha256: str, data_dir: Path, settings: Settings
+    tmp: Path,
+    filename: str,
+    fields: dict[str, str],
+    size: int,
+    sha256: str,
+    data_dir: Path,
+    settings: Settings,
+    owner: str | None = None,
 ) -> dict:
     """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
     ext = Path(filename).suffix.lower()
@@ -316,6 +327,7 @@ def _install(
         "bytes": size,
         "sha256": sha256,
         "created_at": now_iso(),
+        **({"owner": owner} if owner is not None else {}),
     }
     meta.update(check_file(kind, path, settings))
     try:

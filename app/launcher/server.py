@@ -24,6 +24,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.errors import RETRY_AFTER_S, error_body
+from app.keys.keyfile import KeyFileError, read_keys
 from app.main import create_app
 from app.settings import Settings
 
@@ -61,13 +62,21 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
+def has_file_keys(settings: Settings) -> bool:
+    """Whether the keys file holds a key (one that cannot be read stops the service later, at start)."""
+    try:
+        return bool(read_keys(settings.keys_path()))
+    except KeyFileError:
+        return False
+
+
 def exposure_refusal(settings: Settings, host: str, allow_public: bool = False) -> str | None:
     """Why serving on `host` with these settings would be unsafe, or None. The address judged is
     where clients reach the service: BERT_PUBLISHED_HOST when set (in a container), else `host`."""
     exposed = settings.published_host or host
     if is_loopback(exposed):
         return None
-    if settings.api_key_value() is None and not (allow_public or settings.allow_public):
+    if settings.api_key_value() is None and not has_file_keys(settings) and not (allow_public or settings.allow_public):
         return (PUBLISHED_REFUSAL if settings.published_host else REFUSAL).format(host=exposed)
     for name, key in (("BERT_API_KEY", settings.api_key_value()), ("BERT_ADMIN_KEY", settings.admin_key_value())):
         if key is not None and len(key) < MIN_PUBLIC_KEY_LENGTH:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import datetime as dt
 import json
 import logging
@@ -42,6 +43,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.errors import ServiceError
+from app.keys.limits import CALLER
 from app.schemas import (
     BATCH_ENDPOINTS,
     ClassifyRequest,
@@ -305,7 +307,9 @@ class Batches:
     # -- running ----------------------------------------------------------------------------------
 
     def start(self, job_id: str) -> None:
-        task = asyncio.get_running_loop().create_task(self.run(job_id), name=f"batch-{job_id}")
+        context = contextvars.copy_context()
+        context.run(CALLER.set, None)  # its lines are not the submitting request's: no key's rates apply
+        task = asyncio.get_running_loop().create_task(self.run(job_id), name=f"batch-{job_id}", context=context)
         self.tasks[job_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(job_id, None))
 

@@ -26,6 +26,7 @@ import pickle
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -348,12 +349,17 @@ class ModelRegistry:
                 "unavailable", f"model '{name}' is {doing}; it is served as soon as the job finishes", job=job
             )
 
-    async def get(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
+    async def get(
+        self, name: str | None, head: str | None = None, route: str = "", check: Callable[[str], None] | None = None
+    ) -> LoadedModel:
         """The loaded model for a request, loading and warming it up on first use.
 
-        `head` names what the route needs; a model without it is a 422 that names both.
+        `head` names what the route needs; a model without it is a 422 that names both. `check` may
+        refuse the model by its name (a key's allowed models) before anything is loaded.
         """
         entry = await self.lookup(name, head)
+        if check is not None:
+            check(entry.name)
         if entry.error is not None:
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         if head is not None and head not in entry.heads:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from app.errors import ServiceError
+from app.keys.limits import CALLER
 from app.prometheus import Metrics
 from app.serving.engine import Engine, WorkItem
 from app.serving.forward import RUNNERS
@@ -301,7 +302,9 @@ class Service:
     # -- work -----------------------------------------------------------------------------------
 
     async def model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
-        return await self.store.get(name, head, route)
+        """The model a request names (None: the route's default), when the request's key may use it."""
+        caller = CALLER.get()
+        return await self.store.get(name, head, route, check=caller.check_model if caller is not None else None)
 
     def incoming(self):
         """`with service.incoming():` around a request's work before its work item is queued."""
@@ -389,6 +392,8 @@ class Service:
                 f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
                 "allows",
             )
+        if (caller := CALLER.get()) is not None:  # the request's key: its token rate, its usage
+            caller.charge_tokens(n)
 
     # -- readiness ------------------------------------------------------------------------------
 

@@ -86,6 +86,14 @@ class JobRecord(TypedDict, total=False):
     events: list[dict[str, str]]
     runtime_s: float
     lost_attempt: dict[str, Any]
+    owner: str  # the name of the API key that made the job; records from before keys had names lack it
+
+
+LEGACY_OWNER = "admin"  # the owner of a record without one: it was made with the admin key, or with none
+
+
+def owner_of(record: Mapping[str, Any]) -> str:
+    return record.get("owner") or LEGACY_OWNER
 
 
 class JobNotFound(KeyError):

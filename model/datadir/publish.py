@@ -1,5 +1,5 @@
 """Publishing a finished model: the next version of DATA_DIR/models/<name>, whole, once, with the job
-that made it, promoted (versions.py has the layout).
+that made it and the key that made the job (its owner), promoted (versions.py has the layout).
 
 A retried publish (the worker died between the rename and the record update) finds its own earlier
 version by the provenance file and returns it instead of making another. A legacy flat model is
@@ -16,7 +16,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from model.datadir.jobs import encode
+from model.datadir.jobs import JobNotFound, JobRecords, encode, owner_of
 from model.datadir.layout import DataDir, now_iso
 from model.datadir.versions import (
     PROVENANCE,
@@ -45,7 +45,8 @@ def publish_model(data_dir: str | os.PathLike, job_id: str, source: Path, name: 
             if not is_flat(root):
                 write_promoted(root, earlier)
             return root if is_flat(root) else version_dir(root, earlier)
-        atomic_write_bytes(source / PROVENANCE, encode({"job_id": job_id, "published_at": now_iso()}))
+        provenance = {"job_id": job_id, "published_at": now_iso(), **_owner(data_dir, job_id)}
+        atomic_write_bytes(source / PROVENANCE, encode(provenance))
         if not root.exists():
             return _publish_first(root, source)
         if is_flat(root):
@@ -61,6 +62,14 @@ def publish_model(data_dir: str | os.PathLike, job_id: str, source: Path, name: 
         fsync_dir(root)
         write_promoted(root, numbers[-1] + 1)
         return target
+
+
+def _owner(data_dir: str | os.PathLike, job_id: str) -> dict[str, str]:
+    """{"owner": the name of the key that made the job} (the version records it: the job may go)."""
+    try:
+        return {"owner": owner_of(JobRecords(data_dir).read(job_id))}
+    except JobNotFound:
+        return {}
 
 
 def published_by(model_dir: Path) -> str | None:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.datadir.jobs import LEGACY_OWNER
 from model.datadir.layout import DataDir
 from model.files import atomic_write_bytes, remove_tree, tree_bytes
 
@@ -69,6 +70,7 @@ class Version:
     created_at: str | None  # when it was published (its provenance), else its directory's mtime
     made_by: str | None  # the job id (or import id) its provenance names
     disk_bytes: int
+    owner: str | None = None  # the name of the key that made its job; None when no job made it
 
 
 def version_dir(model_root: Path, version: int) -> Path:
@@ -215,6 +217,14 @@ def read_provenance(model_dir: Path) -> dict:
     return provenance if isinstance(provenance, dict) else {}
 
 
+def _owner(provenance: dict, made_by: object) -> str | None:
+    """The key that made the version's job; a job from before keys had names: LEGACY_OWNER."""
+    owner = provenance.get("owner")
+    if isinstance(owner, str):
+        return owner
+    return LEGACY_OWNER if isinstance(made_by, str) else None
+
+
 def _describe(version: int, path: Path, promoted: bool) -> Version:
     provenance = read_provenance(path)
     created_at = provenance.get("published_at")
@@ -228,6 +238,7 @@ def _describe(version: int, path: Path, promoted: bool) -> Version:
         created_at=created_at,
         made_by=made_by if isinstance(made_by, str) else None,
         disk_bytes=tree_bytes(path),
+        owner=_owner(provenance, made_by),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 
 import pytest
 
@@ -181,3 +182,21 @@ def test_a_command_given_a_models_folder_reads_its_promoted_version(tmp_path):
     flat = _model(tmp_path / "flat")  # a plain directory, a run directory, a missing path: as given
     assert served_dir(flat) == flat and served_dir(tmp_path / "none") == tmp_path / "none"
     assert served_dir(tmp_path) == tmp_path
+
+
+def test_a_version_records_the_key_that_made_its_job(tmp_path):
+    from model.datadir import JobRecords
+
+    data = tmp_path / "data"
+    store = JobRecords(data)
+    owned = store.create({"kind": "finetune", "model_name": "m", "params": {}, "owner": "alice"})
+    older = store.create({"kind": "finetune", "model_name": "m", "params": {}})  # from before keys had names
+    first = publish_model(data, owned["id"], _model(tmp_path / "out1"), "m")
+    # the version keeps its owner when the job is gone:
+    shutil.rmtree(store.job_dir(owned["id"]))
+    publish_model(data, older["id"], _model(tmp_path / "out2"), "m")
+    publish_model(data, "no-such-job", _model(tmp_path / "out3"), "m")
+    assert json.loads((first / PROVENANCE).read_text())["owner"] == "alice"
+    assert [(v.version, v.owner) for v in list_versions(data, "m")] == [(1, "alice"), (2, "admin"), (3, "admin")]
+    (data / "models" / "m" / "v3" / PROVENANCE).unlink()  # made some other way
+    assert list_versions(data, "m")[2].owner is None

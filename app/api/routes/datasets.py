@@ -1,19 +1,20 @@
 """Training data: POST /datasets (multipart upload), GET /datasets, GET and DELETE /datasets/{name}.
-Behind BERT_ADMIN_KEY."""
+They need the scope admin; each dataset records the name of the key that uploaded it (`owner`)."""
 
 import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from app.api.deps import JobServiceDep, require_admin_key
+from app.api.auditing import audited
+from app.api.deps import CallerDep, JobServiceDep, require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse, DeletedResponse
 from model.datadir import NAME_PATTERN, read_meta
 from model.datadir.datasets import dataset_bytes
 
-router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin_key)])
+router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin)])
 
 DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
 
@@ -25,9 +26,11 @@ DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
     openapi_extra=DATASET_UPLOAD_BODY,
     responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
 )
-async def upload_dataset(request: Request, jobs: JobServiceDep) -> Any:
+async def upload_dataset(request: Request, jobs: JobServiceDep, caller: CallerDep) -> Any:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
-    meta = await uploads.receive_upload(request, jobs.data_dir, jobs.settings)
+    async with audited(request, "dataset.upload", "dataset") as entry:
+        meta = await uploads.receive_upload(request, jobs.data_dir, jobs.settings, caller.name)
+        entry["target"] = f"dataset {meta['name']}"
     return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, jobs.data_dir, meta["name"])}
 
 
@@ -53,7 +56,8 @@ async def get_dataset(name: DatasetName, jobs: JobServiceDep):
     response_model=DeletedResponse,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def delete_dataset(name: DatasetName, jobs: JobServiceDep):
+async def delete_dataset(name: DatasetName, jobs: JobServiceDep, request: Request):
     """Delete a dataset and its token caches (409 while a queued or running job uses it)."""
-    freed = await jobs.delete_dataset(name)
+    async with audited(request, "dataset.delete", f"dataset {name}"):
+        freed = await jobs.delete_dataset(name)
     return DeletedResponse(deleted="dataset", name=name, freed_bytes=freed)

@@ -1,5 +1,6 @@
 """Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
-GET /jobs/{id}/events (Server-Sent Events, app/jobs/events.py), POST /jobs/{id}/cancel, DELETE /jobs/{id}. Behind BERT_ADMIN_KEY. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
+GET /jobs/{id}/events (Server-Sent Events, app/jobs/events.py), POST /jobs/{id}/cancel, DELETE /jobs/{id}. They need
+the scope jobs; a key sees and cancels its own jobs only (another's is a 404), the scope admin every job. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
 GET never blocks on a worker, it reads the record the worker keeps current.
 """
 
@@ -10,7 +11,8 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from app.api.deps import JobServiceDep, require_admin_key
+from app.api.auditing import audited
+from app.api.deps import CallerDep, JobServiceDep, require_jobs
 from app.errors import responses
 from app.jobs.events import job_events
 from app.jobs.job_service import JobService
@@ -26,7 +28,7 @@ from app.schemas import (
 )
 from model.datadir import JOB_ID_PATTERN, JobNotFound
 
-router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin_key)])
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require_jobs)])
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="As POST /jobs returned it.")]
 
@@ -41,27 +43,34 @@ async def create_job(
     req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
     jobs: JobServiceDep,
     response: Response,
+    caller: CallerDep,
+    request: Request,
 ):
     """Queue a pretraining or fine-tuning job; everything is validated first (422), nothing half-queued."""
-    record = await jobs.submit(req)
+    async with audited(request, "job.submit", req.model_name) as entry:
+        record = await jobs.submit(req, caller)
+        entry["target"] = f"job {record['id']} ({req.kind} of model {req.model_name})"
     response.headers["Location"] = f"/jobs/{record['id']}"
     return CreateJobResponse(id=record["id"], state=record["state"], status_url=f"/jobs/{record['id']}")
 
 
 @router.get("/jobs", response_model=JobsResponse, responses=responses("validation", "unauthorized"))
 async def list_jobs(
-    jobs: JobServiceDep, state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None
+    jobs: JobServiceDep,
+    caller: CallerDep,
+    state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
 ):
-    """Every job, newest first; `?state=running` (queued, running, succeeded, failed, cancelled) filters."""
-    records = await asyncio.to_thread(jobs.store.list, state)
+    """The key's jobs (every job for the scope admin), newest first; `?state=running` (queued, running,
+    succeeded, failed, cancelled) filters."""
+    records = await asyncio.to_thread(jobs.list_for, caller, state)
     sizes = await asyncio.to_thread(lambda: [_disk_bytes(jobs, r["id"]) for r in records])
     return JobsResponse(jobs=[JobStatus.from_record(r, size) for r, size in zip(records, sizes, strict=True)])
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=responses("validation", "unauthorized", "not_found"))
-async def get_job(job_id: JobId, jobs: JobServiceDep):
+async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep):
     """A job's state, progress (step, loss, lr, tokens/s, ETA), latest checkpoint, attempts and error."""
-    record = await asyncio.to_thread(jobs.find, job_id)
+    record = await asyncio.to_thread(jobs.find, job_id, caller)
     return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id))
 
 
@@ -74,8 +83,9 @@ def _disk_bytes(jobs: JobService, job_id: str) -> int:
     response_model=JobMetricsResponse,
     responses=responses("validation", "unauthorized", "not_found"),
 )
-async def get_job_metrics(job_id: JobId, jobs: JobServiceDep):
+async def get_job_metrics(job_id: JobId, jobs: JobServiceDep, caller: CallerDep):
     """The whole training curve: every logged step, evaluation and resume, in order."""
+    await asyncio.to_thread(jobs.find, job_id, caller)  # another key's job: a 404
     try:
         records = await asyncio.to_thread(jobs.store.metrics, job_id)
     except JobNotFound:
@@ -99,6 +109,7 @@ async def stream_job_events(
     job_id: JobId,
     jobs: JobServiceDep,
     request: Request,
+    caller: CallerDep,
     since: Annotated[
         int | None, Query(ge=0, description="Metrics records from this step on (earlier ones are not sent).")
     ] = None,
@@ -111,7 +122,7 @@ async def stream_job_events(
     ] = None,
 ):
     """Server-Sent Events: the job's progress, state changes and metrics records as they come; ends with the job."""
-    await asyncio.to_thread(jobs.find, job_id)  # a 404 now, before the stream starts
+    await asyncio.to_thread(jobs.find, job_id, caller)  # a 404 now, before the stream starts
     if since is None and last_event_id is not None and last_event_id.strip().isdigit():
         since = int(last_event_id)
     release = jobs.event_streams.open(job_id)  # a 429 past the limits
@@ -145,9 +156,10 @@ async def stream_job_events(
     response_model=JobStatus,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def cancel_job(job_id: JobId, jobs: JobServiceDep):
+async def cancel_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, request: Request):
     """Cancel: a queued job at once; a running one stops at its next step with a checkpoint; a finished one is 409."""
-    record = await asyncio.to_thread(jobs.cancel, job_id)
+    async with audited(request, "job.cancel", f"job {job_id}"):
+        record = await asyncio.to_thread(jobs.cancel, job_id, caller)
     return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id))
 
 
@@ -156,7 +168,8 @@ async def cancel_job(job_id: JobId, jobs: JobServiceDep):
     response_model=DeletedResponse,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def delete_job(job_id: JobId, jobs: JobServiceDep):
+async def delete_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, request: Request):
     """Delete a finished job with its checkpoints and metrics (409 while it is queued or running)."""
-    freed = await asyncio.to_thread(jobs.delete_job, job_id)
+    async with audited(request, "job.delete", f"job {job_id}"):
+        freed = await asyncio.to_thread(jobs.delete_job, job_id, caller)
     return DeletedResponse(deleted="job", name=job_id, freed_bytes=freed)

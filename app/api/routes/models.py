@@ -11,7 +11,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from app.api.deps import ImportsDep, JobServiceDep, ServiceDep, require_admin_key
+from app.api.auditing import audited
+from app.api.deps import CallerDep, ImportsDep, JobServiceDep, ServiceDep, require_admin
 from app.errors import responses
 from app.jobs.imports import receive_request
 from app.schemas import (
@@ -34,7 +35,7 @@ from model.datadir.versions import disk_bytes
 from model.model_dir import read_prompts
 
 router = APIRouter(tags=["models"])
-admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin_key)])
+admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin)])
 
 ModelName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
 VersionNumber = Annotated[int, Path(ge=1, le=999_999_999, description="As GET /models/{name} lists it.")]
@@ -73,14 +74,17 @@ IMPORT_BODY = {
     openapi_extra=IMPORT_BODY,
     responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
 )
-async def import_model(request: Request, imports: ImportsDep, response: Response):
+async def import_model(request: Request, imports: ImportsDep, response: Response, caller: CallerDep):
     """Import a model from a Hub repo id (JSON) or an archive (multipart) as a job; GET /jobs/{id} follows it."""
-    name, source, upload = await receive_request(request, imports.data_dir, request.app.state.settings)
-    try:
-        record = await asyncio.to_thread(imports.submit, name, source, upload)
-    finally:
-        if upload is not None:
-            shutil.rmtree(upload.parent, ignore_errors=True)
+    async with audited(request, "model.import", "model") as entry:
+        name, source, upload = await receive_request(request, imports.data_dir, request.app.state.settings)
+        entry["target"] = f"model {name}"
+        try:
+            record = await asyncio.to_thread(imports.submit, name, source, upload, owner=caller.name)
+        finally:
+            if upload is not None:
+                shutil.rmtree(upload.parent, ignore_errors=True)
+        entry["target"] = f"model {name} (job {record['id']})"
     response.headers["Location"] = f"/jobs/{record['id']}"
     return JobStatus.from_record(record)
 
@@ -153,9 +157,12 @@ async def get_model(name: ModelName, service: ServiceDep):
     response_model=ModelDetail,
     responses=responses("unauthorized", "not_found", "validation"),
 )
-async def promote_model(name: ModelName, req: PromoteRequest, service: ServiceDep, jobs: JobServiceDep):
+async def promote_model(
+    name: ModelName, req: PromoteRequest, service: ServiceDep, jobs: JobServiceDep, request: Request
+):
     """Serve another version of a model (a rollback: an older one); requests in flight finish on the old one."""
-    await jobs.promote(name, req.version)
+    async with audited(request, "model.promote", f"model {name} version {req.version}"):
+        await jobs.promote(name, req.version)
     return await _detail(service, name)
 
 
@@ -164,9 +171,10 @@ async def promote_model(name: ModelName, req: PromoteRequest, service: ServiceDe
     response_model=DeletedResponse,
     responses=responses("unauthorized", "not_found", "validation", "conflict"),
 )
-async def delete_model(name: ModelName, jobs: JobServiceDep):
+async def delete_model(name: ModelName, jobs: JobServiceDep, request: Request):
     """Delete a model with every version (409 while it is a default model or a queued or running job's base model)."""
-    freed = await jobs.delete_model(name)
+    async with audited(request, "model.delete", f"model {name}"):
+        freed = await jobs.delete_model(name)
     return DeletedResponse(deleted="model", name=name, freed_bytes=freed)
 
 
@@ -175,9 +183,10 @@ async def delete_model(name: ModelName, jobs: JobServiceDep):
     response_model=DeletedResponse,
     responses=responses("unauthorized", "not_found", "validation", "conflict"),
 )
-async def delete_model_version(name: ModelName, version: VersionNumber, jobs: JobServiceDep):
+async def delete_model_version(name: ModelName, version: VersionNumber, jobs: JobServiceDep, request: Request):
     """Delete one version (409 for the promoted one while others exist; the last one deletes the model)."""
-    freed = await jobs.delete_model(name, version)
+    async with audited(request, "model.delete", f"model {name} version {version}"):
+        freed = await jobs.delete_model(name, version)
     return DeletedResponse(deleted="version", name=name, version=version, freed_bytes=freed)
 
 
@@ -191,6 +200,7 @@ async def _detail(service, name: str) -> ModelDetail:
             created_at=v.created_at,
             disk_bytes=v.disk_bytes,
             made_by=v.made_by,
+            owner=v.owner,
             card=await asyncio.to_thread(read_card, v.path),
         )
         for v in versions

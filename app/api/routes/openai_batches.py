@@ -16,7 +16,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import FileResponse
 from python_multipart.multipart import parse_options_header
 
-from app.api.deps import require_admin_key
+from app.api.auditing import audited
+from app.api.deps import require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
@@ -25,7 +26,7 @@ from model.datadir import JOB_ID_PATTERN, JobFinished
 from model.datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files
 from model.files import TMP_PREFIX
 
-router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin_key)])
+router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin)])
 
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, max_length=90, description="As POST /v1/files returned it.")]
 BatchId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="As POST /v1/batches returned it.")]
@@ -86,7 +87,10 @@ async def create_file(request: Request, batches: BatchesDep):
             raise ServiceError("validation", "purpose: send the form field purpose=batch")
         assert upload.filename is not None  # _parse refuses an upload without a file
         name = FsPath(upload.filename).name or "input.jsonl"
-        return await asyncio.to_thread(batches.files.add, tmp / "content", name, "batch")
+        async with audited(request, "file.upload", f"file {name}") as entry:
+            added = await asyncio.to_thread(batches.files.add, tmp / "content", name, "batch")
+            entry["target"] = f"file {added['id']} ({name})"
+        return added
     finally:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
 
@@ -123,19 +127,22 @@ async def file_content(file_id: FileId, batches: BatchesDep):
 
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=ERRORS)
-async def delete_file(file_id: FileId, batches: BatchesDep):
+async def delete_file(file_id: FileId, batches: BatchesDep, request: Request):
     """Delete a file (a batch that uses it as input keeps its own copy)."""
-    try:
-        await asyncio.to_thread(batches.files.delete, file_id)
-    except FileNotFound:
-        raise _not_found(file_id) from None
+    async with audited(request, "file.delete", f"file {file_id}"):
+        try:
+            await asyncio.to_thread(batches.files.delete, file_id)
+        except FileNotFound:
+            raise _not_found(file_id) from None
     return FileDeleted(id=file_id, deleted=True)
 
 
 @router.post("/v1/batches", response_model=BatchObject, responses=responses("too_large", openai=True) | ERRORS)
-async def create_batch(req: CreateBatchRequest, batches: BatchesDep):
+async def create_batch(req: CreateBatchRequest, batches: BatchesDep, request: Request):
     """Check an uploaded input whole (bad lines go to the error file) and queue the batch."""
-    record = await asyncio.to_thread(batches.create, req)
+    async with audited(request, "batch.submit", f"batch of file {req.input_file_id}") as entry:
+        record = await asyncio.to_thread(batches.create, req)
+        entry["target"] = f"batch {record['id']} (file {req.input_file_id})"
     batches.start(record["id"])
     return batch_view(record)
 
@@ -170,11 +177,12 @@ async def retrieve_batch(batch_id: BatchId, batches: BatchesDep):
     response_model=BatchObject,
     responses=responses("conflict", openai=True) | ERRORS,
 )
-async def cancel_batch(batch_id: BatchId, batches: BatchesDep):
+async def cancel_batch(batch_id: BatchId, batches: BatchesDep, request: Request):
     """Cancel a batch: a queued one now, a running one after its chunk in flight (its output so far is kept)."""
-    await asyncio.to_thread(batches.read, batch_id)
-    try:
-        record = await asyncio.to_thread(batches.store.request_cancel, batch_id)
-    except JobFinished as e:
-        raise ServiceError("conflict", f"batch {batch_id} is {e.state}: it cannot be cancelled") from None
+    async with audited(request, "batch.cancel", f"batch {batch_id}"):
+        await asyncio.to_thread(batches.read, batch_id)
+        try:
+            record = await asyncio.to_thread(batches.store.request_cancel, batch_id)
+        except JobFinished as e:
+            raise ServiceError("conflict", f"batch {batch_id} is {e.state}: it cannot be cancelled") from None
     return batch_view(record)

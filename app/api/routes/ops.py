@@ -5,17 +5,18 @@ import importlib.metadata
 import platform
 
 import torch
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.api.deps import ServiceDep, require_api_key
+from app.api.deps import JobServiceDep, ServiceDep
+from app.api.routes.usage import count_job_seconds
 from app.errors import ServiceError, responses
 from app.schemas import HealthResponse, InfoResponse, ReadyResponse
 from model import kernels
 
 router = APIRouter(tags=["operations"])
-protected = APIRouter(tags=["operations"], dependencies=[Depends(require_api_key)])
+protected = APIRouter(tags=["operations"])  # app/main.py adds the key (any scope)
 metrics_router = APIRouter(tags=["operations"])  # app/main.py adds the key unless BERT_METRICS_PUBLIC
 
 
@@ -46,13 +47,15 @@ async def ready(service: ServiceDep):
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **responses("unauthorized")},
 )
-async def metrics(service: ServiceDep):
-    """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens."""
+async def metrics(service: ServiceDep, jobs: JobServiceDep):
+    """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens,
+    and each key's requests, tokens, 429s and job-seconds."""
+    await count_job_seconds(jobs, service.metrics)
     return Response(service.metrics.render(), media_type=service.metrics.content_type)
 
 
 @protected.get("/info", response_model=InfoResponse, responses=responses("unauthorized"))
-async def info(service: ServiceDep):
+async def info(service: ServiceDep, request: Request):
     """Version, device and the settings that are safe to show."""
     return InfoResponse(
         name="bertserve",
@@ -62,6 +65,7 @@ async def info(service: ServiceDep):
         torch=torch.__version__,
         python=platform.python_version(),
         settings=service.settings.public_dict(),
+        keys=request.app.state.keyring.summary(),
     )
 
 

@@ -1,0 +1,48 @@
+"""`async with audited(request, action, target) as entry:` around a route's change: one line in the
+audit log (app/keys/audit.py) naming the request's key, whether the change went through or the error
+type it was refused with. The route may sharpen `entry["target"]` once it knows more (a new job's id)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from app.api.deps import CALLER_KEY
+from app.errors import ServiceError
+from app.keys import audit
+from app.keys.keyring import ANONYMOUS
+
+log = logging.getLogger("bertserve")
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def request_id(request: Request) -> str:
+    """The client's X-Request-ID when it is a plain one, else a new id."""
+    given = request.headers.get("x-request-id", "")
+    return given if REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+@contextlib.asynccontextmanager
+async def audited(request: Request, action: str, target: str) -> AsyncIterator[dict]:
+    entry = {"target": target}
+    outcome = "internal"
+    try:
+        yield entry
+        outcome = "ok"
+    except ServiceError as e:
+        outcome = e.error_type
+        raise
+    finally:
+        key = request.scope.get(CALLER_KEY, ANONYMOUS).name
+        data_dir = request.app.state.settings.data_dir
+        rid = request_id(request)
+        log.info("%s of %s by key '%s': %s (request %s)", action, entry["target"], key, outcome, rid)
+        await asyncio.to_thread(
+            audit.append, data_dir, key, action, entry["target"], outcome, request_id=rid, source="api"
+        )

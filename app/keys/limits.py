@@ -1,0 +1,97 @@
+"""Per-key rates: token buckets for requests per second and for tokens per minute, kept in this
+process (each replica limits on its own), and the caller of the request being served.
+
+A bucket holds up to `capacity` and refills at `rate` per second. A request takes one from its key's
+request bucket before its body is read (app/api/middleware.py). Its tokens are counted once it is
+tokenised (Service.check_tokens) and taken from the token bucket before it reaches the model; the
+bucket may go below zero for one large request, and the key waits until it is back above zero.
+Reference: https://en.wikipedia.org/wiki/Token_bucket
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from app.errors import ServiceError
+from app.keys.keyfile import Key
+
+
+class TokenBucket:
+    def __init__(self, rate: float, capacity: float):
+        self.rate, self.capacity = rate, capacity
+        self.level, self.stamp = capacity, time.monotonic()
+        self._lock = threading.Lock()  # token charges come from the tokeniser threads
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def take(self, amount: float = 1.0, overdraw: bool = False) -> float:
+        """Take `amount` and answer 0, or take nothing and answer the seconds until it could. With
+        `overdraw`, any level above zero admits the whole amount."""
+        with self._lock:
+            self._refill(time.monotonic())
+            needed = min(amount, 1e-9) if overdraw else amount
+            if self.level >= needed:
+                self.level -= amount
+                return 0.0
+            return (needed - self.level) / self.rate
+
+    def remaining(self) -> int:
+        with self._lock:
+            self._refill(time.monotonic())
+            return max(0, math.floor(self.level))
+
+
+@dataclasses.dataclass
+class Caller:
+    """Who makes the request being served: its key, and the key's token bucket."""
+
+    key: Key
+    tokens: TokenBucket | None
+    on_tokens: Callable[[str, int], None]  # counts a key's tokens for /metrics and /usage
+    on_refused: Callable[[str, str], None]  # counts a 429 of the key's (its name, the limit)
+
+    def charge_tokens(self, n: int) -> None:
+        """Count a tokenised request's tokens; a 429 when the key's token rate is spent."""
+        if self.tokens is not None:
+            wait = self.tokens.take(n, overdraw=True)
+            if wait > 0:
+                self.on_refused(self.key.name, "tokens")
+                raise ServiceError(
+                    "overloaded",
+                    f"key '{self.key.name}' is over its token rate of {self.key.tokens_per_min} tokens per minute; "
+                    f"retry in {math.ceil(wait)} s",
+                    headers={"Retry-After": str(math.ceil(wait))},
+                )
+        self.on_tokens(self.key.name, n)
+
+    def check_model(self, name: str) -> None:
+        """403 when the key may not use model `name` (its `models` list)."""
+        if self.key.models is not None and name not in self.key.models:
+            raise ServiceError(
+                "forbidden",
+                f"key '{self.key.name}' may not use model '{name}' (its models: {', '.join(self.key.models)})",
+            )
+
+
+# The caller of the request this task serves; the middleware sets it, and it travels with the
+# request's context into the tokeniser threads (Service.off_loop copies the context).
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("bertserve_caller", default=None)
+
+
+def request_bucket(key: Key) -> TokenBucket | None:
+    if key.rps is None:
+        return None
+    return TokenBucket(key.rps, key.burst if key.burst is not None else max(1.0, key.rps))
+
+
+def token_bucket(key: Key) -> TokenBucket | None:
+    if key.tokens_per_min is None:
+        return None
+    return TokenBucket(key.tokens_per_min / 60.0, key.tokens_per_min)
