@@ -2,7 +2,9 @@
 same task under its old names, `bert.pretrain` and `bert.finetune`).
 
 Thin, like a web view: the message carries only the id; the job's kind, spec, state and results live
-in DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. On a
+in DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. A
+delivery runs the queue's first job by priority (model/datadir/scheduling.py), which is usually the
+message's own. On a
 warm shutdown (SIGTERM) the running job stops at its next step and is sent again (`requeue`).
 """
 
@@ -18,7 +20,7 @@ from model.datadir import JobRecords
 from worker.celery_app import app, settings
 from worker.queue import OLD_TASK_NAMES, TASK_NAME
 from worker.recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
-from worker.training import run_job
+from worker.training import run_delivery
 
 log = logging.getLogger("bertserve.worker")
 
@@ -44,7 +46,7 @@ class JobTask(Task):
 
 def train(job_id: str) -> dict:
     """Pretrain or fine-tune a model as DATA_DIR/jobs/<job_id>/job.json describes (its `kind`)."""
-    return run_job(job_id, settings, shutting_down=shutting_down, requeue=celery_sender(app))
+    return run_delivery(job_id, settings, shutting_down=shutting_down, requeue=celery_sender(app))
 
 
 train_task = app.task(name=TASK_NAME, ignore_result=True, base=JobTask)(train)

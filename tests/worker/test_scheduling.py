@@ -1,0 +1,52 @@
+"""Which job a delivery runs (worker/training.py: run_delivery, in-process, no Celery): the queue's first by
+priority, then age, whichever job the message named; a job another process holds is passed over."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.datadir import JobRecords
+from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
+from worker.settings import WorkerSettings
+from worker.training import run_delivery
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = make_data_dir(tmp_path / "data")
+    write_dataset(root, "reviews", labelled_csv(), "reviews.csv")
+    return JobRecords(root)
+
+
+@pytest.fixture
+def settings(store):
+    return WorkerSettings(data_dir=store.data_dir, worker_device="cpu", job_progress_interval_s=0)
+
+
+def queue(store: JobRecords, *priorities: int) -> list[str]:
+    return [
+        store.create({**finetune_spec(f"m{i}", max_steps=2), "priority": p})["id"] for i, p in enumerate(priorities)
+    ]
+
+
+def states(store: JobRecords, ids: list[str]) -> list[str]:
+    return [store.read(job_id)["state"] for job_id in ids]
+
+
+def test_a_delivery_runs_the_highest_priority_then_the_oldest(store, settings):
+    low, first_high, second_high = queue(store, 0, 3, 3)
+    assert run_delivery(low, settings) == {"job": first_high, "outcome": "succeeded"}
+    assert states(store, [low, first_high, second_high]) == ["queued", "succeeded", "queued"]
+    assert run_delivery(first_high, settings) == {"job": second_high, "outcome": "succeeded"}  # a spent message
+    assert run_delivery(second_high, settings) == {"job": low, "outcome": "succeeded"}
+    assert run_delivery(low, settings) == {"job": low, "outcome": "already succeeded"}  # nothing waits
+
+
+def test_a_job_another_process_holds_is_passed_over(store, settings):
+    low, high = queue(store, -5, 5)
+    holder = LeaseHolder(store.data_dir, high)  # a worker taking it up this instant
+    try:
+        assert run_delivery(high, settings) == {"job": low, "outcome": "succeeded"}
+    finally:
+        holder.kill()
+    assert states(store, [low, high]) == ["succeeded", "queued"]
