@@ -1,14 +1,17 @@
 """Which job a delivery runs (worker/training.py: run_delivery, in-process, no Celery): the queue's first by
-priority, then age, whichever job the message named; a job another process holds is passed over."""
+priority, then age, whichever job the message named; a job another process holds is passed over. And a
+cancelled job queued again (JobRecords.restart) resumes from its checkpoint."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from model.datadir import JobRecords
-from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, write_dataset
+from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, wait_for, write_dataset
 from worker.settings import WorkerSettings
-from worker.training import run_delivery
+from worker.training import run_delivery, run_job
 
 
 @pytest.fixture
@@ -50,3 +53,22 @@ def test_a_job_another_process_holds_is_passed_over(store, settings):
     finally:
         holder.kill()
     assert states(store, [low, high]) == ["succeeded", "queued"]
+
+
+def test_a_cancelled_job_queued_again_resumes_from_its_checkpoint(store, settings):
+    job_id = store.create(finetune_spec("m", max_steps=300, save_every=1000, log_every=1))["id"]
+    training = threading.Thread(target=run_job, args=(job_id, settings))
+    training.start()
+    wait_for(lambda: store.read(job_id)["progress"].get("step", 0) >= 3, 60, "a few steps")
+    store.request_cancel(job_id)
+    training.join(timeout=60)
+    cancelled = store.read(job_id)
+    assert cancelled["state"] == "cancelled" and cancelled["progress"]["step"] < 300
+    stopped_at = cancelled["progress"]["step"]
+    assert cancelled["latest_checkpoint"] == f"checkpoints/step-{stopped_at}"
+
+    store.restart(job_id)  # what `bert init` does to a cancelled bootstrap job
+    assert run_job(job_id, settings) == {"job": job_id, "outcome": "succeeded"}
+    metrics = store.metrics(job_id)
+    assert [r["step"] for r in metrics if r["type"] == "resume"] == [stopped_at]
+    assert [r["step"] for r in metrics if r["type"] == "train"] == list(range(1, 301))
