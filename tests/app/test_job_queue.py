@@ -1,13 +1,17 @@
-"""A queued job's place in line through GET /jobs/{id} (records written through model.datadir's transitions,
-as the workers write them; the real app over ASGI), and the bounds of a job's priority."""
+"""A queued job's place in line through GET /jobs/{id} and its event stream (records written through
+model.datadir's transitions, as the workers write them; the real app over ASGI), and the bounds of a job's
+priority."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
+from app.jobs import events as job_events_module
 from model.datadir import JobRecords, jobs
+from tests.app.test_job_events import Reader
 from tests.app.test_jobs_api import make_client, post_job
 from tests.helpers import finetune_request, finetune_spec, labelled_csv, make_data_dir
 
@@ -76,3 +80,24 @@ def test_a_priority_out_of_bounds_is_422(env, priority, error):
         {"error": error, "error_type": "validation"},
     )
     assert store.list() == []
+
+
+def places(events: list[tuple[str, dict]]) -> list[tuple]:
+    return [(data["queue_position"], data["waiting_for"]) for name, data in events if name == "progress"]
+
+
+@pytest.mark.anyio
+async def test_the_event_stream_of_a_queued_job_follows_its_place(tmp_path, monkeypatch):
+    monkeypatch.setattr(job_events_module, "PLACE_S", 0.05)
+    store = JobRecords(make_data_dir(tmp_path / "data"))
+    waiting = queued(store, "waiting", 0)
+    reader = Reader(store, waiting)
+    try:
+        await reader.until(lambda events: places(events) == [(1, "a free worker")])
+        ahead = queued(store, "ahead", 1)  # the waiting job's own record does not change: its place does
+        await reader.until(lambda events: len(places(events)) == 2)
+        assert places(reader.events)[1] == (2, f"1 queued job ahead: job {ahead} (priority 1)")
+    finally:
+        reader.gone = True
+        store.request_cancel(waiting)
+        await asyncio.wait_for(reader.task, 5)
