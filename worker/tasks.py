@@ -19,7 +19,7 @@ from celery.worker.request import Request
 from model.datadir import JobRecords
 from worker.celery_app import app, settings
 from worker.queue import OLD_TASK_NAMES, TASK_NAME
-from worker.recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
+from worker.recovery import celery_sender, job_of_process, lost_reason, note_lost_attempt, shutting_down
 from worker.training import run_delivery
 
 log = logging.getLogger("bertserve.worker")
@@ -34,7 +34,8 @@ class JobRequest(Request):
         error = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback wraps it
         if isinstance(error, WorkerLostError) and self.args:
             try:
-                note_lost_attempt(JobRecords(settings.data_dir), self.args[0], lost_reason(error))
+                store = JobRecords(settings.data_dir)
+                note_lost_attempt(store, job_of_process(store, self.worker_pid, self.args[0]), lost_reason(error))
             except Exception:  # never stand in the way of the requeue
                 log.exception("job %s: could not record why its worker process was lost", self.args[0])
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)

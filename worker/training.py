@@ -101,12 +101,14 @@ def run_delivery(
 ) -> dict[str, Any]:
     """Handle a delivery of job `job_id`'s message: run the first job in the queue's order
     (model/datadir/scheduling.py), which is this one unless one of higher priority, or an older one of
-    the same, waits. A job another process holds is skipped for the next. The job passed over keeps
-    waiting: the message of the job that ran in its stead is still queued, and runs it later."""
+    the same, waits (a running job whose worker died among them). A job another process holds is
+    skipped for the next. The job passed over keeps waiting: the message of the job that ran in its
+    stead is still queued, and runs it later."""
     store = JobRecords(settings.data_dir)
-    delivered = store.read(job_id) if store.exists(job_id) else None
-    orphan = delivered if delivered is not None and delivered["state"] == "running" else None  # its worker died
-    order = scheduling.delivery_order(store.list(), orphan)
+    records = store.list()
+    # Running jobs whose lease is free lost their worker: they wait too, at their place in the order.
+    orphans = [r for r in records if r["state"] == "running" and lease_is_free(store, r["id"])]
+    order = scheduling.delivery_order(records, orphans)
     if job_id not in order:
         order.append(job_id)  # finished or unknown: run_job says so
     result: dict[str, Any] = {"job": job_id, "outcome": "nothing to run"}

@@ -56,12 +56,10 @@ def _negated(text: str) -> tuple[int, ...]:
     return tuple(-ord(c) for c in text)
 
 
-def delivery_order(records: Iterable[Record], delivered: Record | None) -> list[str]:
-    """The job ids a delivery tries, in order: the waiting jobs, and the job its message named (which
-    may be a running job whose worker died) at its own place in the order."""
-    candidates = {r["id"]: r for r in waiting(records)}
-    if delivered is not None:
-        candidates[delivered["id"]] = delivered
+def delivery_order(records: Iterable[Record], orphans: Iterable[Record] = ()) -> list[str]:
+    """The job ids a delivery tries, in order: the waiting jobs and the `orphans` (running jobs whose
+    worker died), each at its place in the order."""
+    candidates = {r["id"]: r for r in [*waiting(records), *orphans]}
     return [r["id"] for r in sorted(candidates.values(), key=order_key)]
 
 

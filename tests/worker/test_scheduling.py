@@ -4,12 +4,14 @@ cancelled job queued again (JobRecords.restart) resumes from its checkpoint."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
 
-from model.datadir import JobRecords
+from model.datadir import JobRecords, jobs
 from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, wait_for, write_dataset
+from worker.recovery import job_of_process
 from worker.settings import WorkerSettings
 from worker.training import run_delivery, run_job
 
@@ -72,3 +74,14 @@ def test_a_cancelled_job_queued_again_resumes_from_its_checkpoint(store, setting
     metrics = store.metrics(job_id)
     assert [r["step"] for r in metrics if r["type"] == "resume"] == [stopped_at]
     assert [r["step"] for r in metrics if r["type"] == "train"] == list(range(1, 301))
+
+
+def test_a_running_job_whose_worker_died_waits_at_its_place(store, settings):
+    (waiting,) = queue(store, 0)
+    (orphan,) = queue(store, 2)
+    store.move(orphan, jobs.start, f"{socket.gethostname()}:999999")  # its process is gone: the lease is free
+    assert job_of_process(store, 999999, waiting) == orphan  # what the worker notes a pool process's death on
+    assert job_of_process(store, 999998, waiting) == waiting
+    assert run_delivery(waiting, settings) == {"job": orphan, "outcome": "succeeded"}
+    assert [e["event"] for e in store.read(orphan)["events"]][-3:-1] == ["attempt did not finish", "started"]
+    assert states(store, [waiting, orphan]) == ["queued", "succeeded"]
