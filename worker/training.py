@@ -13,7 +13,12 @@
                    renamed into DATA_DIR/models/<name> -> succeeded;
                    stopped -> cancelled (or failed: time limit); exception -> failed with the error;
                    the worker is shutting down (SIGTERM) -> handed back: state queued again, the
-                   attempt not counted, and, once the lease is released, the job is sent again
+                   attempt not counted, and, once the lease is released, the job is sent again;
+                   a job of higher priority waits for this slot (model/datadir/scheduling.py) ->
+                   made way: handed back the same way, naming the job it made way for
+
+A delivery (run_delivery) runs the first waiting job in the queue's order, by priority and age,
+which need not be the job its message named.
 
 The job's kind is its record's; every change of its state goes through model.datadir.jobs' named
 transitions. Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
