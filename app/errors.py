@@ -63,7 +63,7 @@ RETRY_AFTER_S = {429: 1, 503: 5}
 
 
 class JobProgress(BaseModel):
-    """The training job a 503 is waiting on (a model that a job is still producing)."""
+    """The job a 503 names: one still producing the model, or the cancelled or failed one that was to."""
 
     id: str
     state: str
@@ -77,7 +77,7 @@ class ErrorResponse(BaseModel):
 
     error: str
     error_type: ErrorType
-    job: JobProgress | None = None  # only on 503s for a model that a job is still training
+    job: JobProgress | None = None  # only on 503s for a model a job is still making (or, cancelled or failed, did not)
 
 
 OPENAI_PREFIX = "/v1/"  # paths that answer errors in OpenAI's shape

@@ -26,6 +26,7 @@ from app.settings import Settings
 from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from model.datadir.jobs import LEGACY_OWNER, owner_of, steps_of
+from model.datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.options import TASKS, Option, format_default, options_for
 from model.sources import HUB_ID_PATTERN
 from model.tokenizer import lone_surrogate_at
@@ -840,12 +841,25 @@ PretrainParams = create_model(
 )
 
 
+PRIORITY_FIELD = Field(
+    DEFAULT_PRIORITY,
+    ge=PRIORITY_MIN,
+    le=PRIORITY_MAX,
+    description=(
+        "Higher runs first; equal priorities run in the order they came. A job of higher priority that finds every "
+        "worker busy makes the lowest-priority running job hand its worker back (it resumes later from its "
+        "checkpoint). At most BERT_JOB_MAX_PRIORITY."
+    ),
+)
+
+
 class PretrainJobRequest(Strict):
     kind: Literal["pretrain"]
     model_name: Name = Field(description="Name of the model to publish in DATA_DIR/models/.")
     base_model: Name | None = Field(None, description="Continue pretraining this model; omitted: from scratch.")
     dataset: Name = Field(description="A corpus uploaded with POST /datasets.")
     params: PretrainParams = Field(default_factory=PretrainParams)
+    priority: int = PRIORITY_FIELD
 
 
 class FinetuneJobRequest(Strict):
@@ -854,6 +868,7 @@ class FinetuneJobRequest(Strict):
     base_model: Name = Field(description="The model whose encoder is fine-tuned.")
     dataset: Name = Field(description="A labelled dataset uploaded with POST /datasets.")
     params: FinetuneParams = Field(default_factory=FinetuneParams)
+    priority: int = PRIORITY_FIELD
 
 
 CreateJobRequest = Annotated[PretrainJobRequest | FinetuneJobRequest, Field(discriminator="kind")]
@@ -950,10 +965,27 @@ class JobStatus(BaseModel):
     status_url: str
     metrics_url: str
     disk_bytes: int | None = Field(None, description="Bytes its directory holds (checkpoints, mostly).")
+    priority: int = Field(description="Higher runs first (training jobs); see POST /jobs.")
+    queue_position: int | None = Field(
+        None, description="A queued training job's place in the queue, 1 = next (GET /jobs/{id} only)."
+    )
+    waiting_for: str | None = Field(
+        None,
+        description="What a queued training job waits for: the queued jobs ahead and the running job(s) "
+        "(id, priority, step of total), or a free worker (GET /jobs/{id} only).",
+    )
+    start_estimate_s: float | None = Field(
+        None,
+        description="Seconds until a queued job starts, from the pace of the running job it waits for; null when "
+        "none can be had (GET /jobs/{id} only).",
+    )
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], disk_bytes: int | None = None) -> JobStatus:
-        """The answer for a job record (model.datadir's job.json)."""
+    def from_record(
+        cls, record: Mapping[str, Any], disk_bytes: int | None = None, place: Mapping[str, Any] | None = None
+    ) -> JobStatus:
+        """The answer for a job record (model.datadir's job.json); `place`: a queued job's position
+        (model.datadir.scheduling.queue_place)."""
         progress = record.get("progress") or {}
         running = record["state"] == "running"
         step, total_steps = steps_of(record)
@@ -1000,6 +1032,8 @@ class JobStatus(BaseModel):
             status_url=f"/jobs/{record['id']}",
             metrics_url=f"/jobs/{record['id']}/metrics",
             disk_bytes=disk_bytes,
+            priority=record.get("priority", DEFAULT_PRIORITY),
+            **(place or {}),
         )
 
 

@@ -14,6 +14,7 @@ from typing import Literal, get_args
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
 from model.device import DEVICE_PATTERN
 from model.options import PRECISIONS
 
@@ -316,6 +317,15 @@ class Settings(BaseSettings):
         description=(
             "Seconds: the most a job's `params.max_runtime` may be, and its default (3 days). Past it the job "
             'checkpoints and fails with "time limit".'
+        ),
+    )
+    job_max_priority: int = Field(
+        PRIORITY_MAX,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description=(
+            f"The highest `priority` a job may ask for ({PRIORITY_MIN} to {PRIORITY_MAX}; more is a 422). A queued "
+            "job of higher priority runs first, and makes the lowest-priority running job hand its worker back."
         ),
     )
     job_max_devices: int = Field(

@@ -72,6 +72,9 @@ LOOSE_KEYS = {
     "eta_s",
     "epoch",
     "loaded",
+    "queue_position",
+    "waiting_for",
+    "start_estimate_s",
 }
 MORE = "__more__"
 HUB_ENV: dict[str, str] = {}  # huggingface_hub's settings for every command: the docs' fake Hub

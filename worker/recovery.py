@@ -19,6 +19,7 @@ import contextlib
 import logging
 import multiprocessing
 import re
+import socket
 import threading
 from collections.abc import Callable
 
@@ -70,6 +71,13 @@ def lost_reason(error: BaseException | str) -> str:
     if code:
         return f"the worker process exited unexpectedly (exit code {code.group(1)})"
     return f"the worker process was lost: {text}"
+
+
+def job_of_process(store: JobRecords, pid: int | None, delivered: str) -> str:
+    """The job that pool process `pid` was training: a delivery runs the queue's first job, which may
+    not be the one its message named (worker/training.py: run_delivery); the record names its process."""
+    identity = f"{socket.gethostname()}:{pid}"
+    return next((r["id"] for r in store.list("running") if r.get("worker") == identity), delivered)
 
 
 def note_lost_attempt(store: JobRecords, job_id: str, reason: str) -> None:

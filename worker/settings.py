@@ -81,6 +81,20 @@ class WorkerSettings(BaseSettings):
         ge=0,
         description="Seconds between re-sends of running jobs whose worker died; 0 means only at start-up.",
     )
+    job_preempt_after_s: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "Seconds a queued job of higher priority waits for a free worker before the lowest-priority running job "
+            "hands itself back for it (at its next step, with a checkpoint). An idle worker takes a job well within "
+            "this, so a job still waiting after it means every worker is busy."
+        ),
+    )
+    job_preempt_check_s: float = Field(
+        1.0,
+        gt=0,
+        description="Seconds between a running job's looks at the queue for a job of higher priority.",
+    )
     worker_device: str = Field(
         "auto",
         pattern=DEVICE_PATTERN,

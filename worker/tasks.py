@@ -2,7 +2,9 @@
 same task under its old names, `bert.pretrain` and `bert.finetune`).
 
 Thin, like a web view: the message carries only the id; the job's kind, spec, state and results live
-in DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. On a
+in DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. A
+delivery runs the queue's first job by priority (model/datadir/scheduling.py), which is usually the
+message's own. On a
 warm shutdown (SIGTERM) the running job stops at its next step and is sent again (`requeue`).
 """
 
@@ -17,8 +19,8 @@ from celery.worker.request import Request
 from model.datadir import JobRecords
 from worker.celery_app import app, settings
 from worker.queue import OLD_TASK_NAMES, TASK_NAME
-from worker.recovery import celery_sender, lost_reason, note_lost_attempt, shutting_down
-from worker.training import run_job
+from worker.recovery import celery_sender, job_of_process, lost_reason, note_lost_attempt, shutting_down
+from worker.training import run_delivery
 
 log = logging.getLogger("bertserve.worker")
 
@@ -32,7 +34,8 @@ class JobRequest(Request):
         error = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback wraps it
         if isinstance(error, WorkerLostError) and self.args:
             try:
-                note_lost_attempt(JobRecords(settings.data_dir), self.args[0], lost_reason(error))
+                store = JobRecords(settings.data_dir)
+                note_lost_attempt(store, job_of_process(store, self.worker_pid, self.args[0]), lost_reason(error))
             except Exception:  # never stand in the way of the requeue
                 log.exception("job %s: could not record why its worker process was lost", self.args[0])
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
@@ -44,7 +47,7 @@ class JobTask(Task):
 
 def train(job_id: str) -> dict:
     """Pretrain or fine-tune a model as DATA_DIR/jobs/<job_id>/job.json describes (its `kind`)."""
-    return run_job(job_id, settings, shutting_down=shutting_down, requeue=celery_sender(app))
+    return run_delivery(job_id, settings, shutting_down=shutting_down, requeue=celery_sender(app))
 
 
 train_task = app.task(name=TASK_NAME, ignore_result=True, base=JobTask)(train)

@@ -13,7 +13,12 @@
                    renamed into DATA_DIR/models/<name> -> succeeded;
                    stopped -> cancelled (or failed: time limit); exception -> failed with the error;
                    the worker is shutting down (SIGTERM) -> handed back: state queued again, the
-                   attempt not counted, and, once the lease is released, the job is sent again
+                   attempt not counted, and, once the lease is released, the job is sent again;
+                   a job of higher priority waits for this slot (model/datadir/scheduling.py) ->
+                   made way: handed back the same way, naming the job it made way for
+
+A delivery (run_delivery) runs the first waiting job in the queue's order, by priority and age,
+which need not be the job its message named.
 
 The job's kind is its record's; every change of its state goes through model.datadir.jobs' named
 transitions. Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
@@ -39,13 +44,24 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from model import checkpoint as ckpt
 from model.callbacks import Callback
-from model.datadir import TERMINAL, IllegalTransition, JobRecords, Lease, jobs, now_iso, publish_model, worker_identity
+from model.datadir import (
+    TERMINAL,
+    IllegalTransition,
+    JobRecords,
+    Lease,
+    jobs,
+    lease_is_free,
+    now_iso,
+    publish_model,
+    scheduling,
+    worker_identity,
+)
 from model.datadir.jobs import CANCEL, JobRecord
 from model.distributed import is_peer_failure, launched, torchrun_command
 from model.errors import UserError
@@ -79,6 +95,33 @@ PROGRESS_KEYS = (
 
 class Flag(Protocol):
     def is_set(self) -> bool: ...
+
+
+def run_delivery(
+    job_id: str,
+    settings: WorkerSettings,
+    *,
+    shutting_down: Flag | None = None,
+    requeue: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Handle a delivery of job `job_id`'s message: run the first job in the queue's order
+    (model/datadir/scheduling.py), which is this one unless one of higher priority, or an older one of
+    the same, waits (a running job whose worker died among them). A job another process holds is
+    skipped for the next. The job passed over keeps waiting: the message of the job that ran in its
+    stead is still queued, and runs it later."""
+    store = JobRecords(settings.data_dir)
+    records = store.list()
+    # Running jobs whose lease is free lost their worker: they wait too, at their place in the order.
+    orphans = [r for r in records if r["state"] == "running" and lease_is_free(store, r["id"])]
+    order = scheduling.delivery_order(records, orphans)
+    if job_id not in order:
+        order.append(job_id)  # finished or unknown: run_job says so
+    result: dict[str, Any] = {"job": job_id, "outcome": "nothing to run"}
+    for candidate in order:
+        result = run_job(candidate, settings, shutting_down=shutting_down, requeue=requeue)
+        if result["outcome"] != "running elsewhere":
+            break
+    return result
 
 
 def run_job(
@@ -204,8 +247,10 @@ class JobReporter(Callback):
         left = self.max_runtime - self.runtime_before if self.max_runtime else float("inf")
         self.limit = "max_runtime" if left <= settings.job_soft_time_limit else "BERT_JOB_SOFT_TIME_LIMIT"
         self.deadline = self.started + min(left, settings.job_soft_time_limit)
+        self.preempt_after, self.preempt_check = settings.job_preempt_after_s, settings.job_preempt_check_s
         self.stop_reason: str | None = None
-        self._last_write = self._last_runtime_write = 0.0
+        self.making_way_for: Mapping[str, Any] | None = None  # the job of higher priority this one stops for
+        self._last_write = self._last_runtime_write = self._last_queue_look = 0.0
 
     def runtime(self) -> float:
         """Seconds of training of this job so far, every attempt included."""
@@ -238,7 +283,20 @@ class JobReporter(Callback):
             self.stop_reason = "shutdown"
         elif now > self.deadline:
             self.stop_reason = "time limit"
+        elif self._higher_priority_waits(now):
+            self.stop_reason = "preempted"
         return self.stop_reason is not None
+
+    def _higher_priority_waits(self, now: float) -> bool:
+        """At most once per BERT_JOB_PREEMPT_CHECK_S: whether a job of higher priority waits for this one's slot."""
+        if now - self._last_queue_look < self.preempt_check:
+            return False
+        self._last_queue_look = now
+        records = self.store.list()
+        self.making_way_for = scheduling.make_way_for(
+            records, self.job_id, self.preempt_after, lambda job_id: lease_is_free(self.store, job_id)
+        )
+        return self.making_way_for is not None
 
     def time_limit_error(self, step: int, checkpoint: str | None, runtime: float) -> str:
         if self.limit == "max_runtime":
@@ -419,13 +477,17 @@ def _stopped(store: JobRecords, job_id: str, reporter: JobReporter, result) -> s
         r["progress"] = {**(r.get("progress") or {}), "step": result.step, "eta_s": None}  # progress is throttled
         if reason == "shutdown":  # a clean hand-over, not a failed attempt
             jobs.hand_back(r, f"the worker is shutting down; {where}")
+        elif reason == "preempted" and reporter.making_way_for is not None:
+            ahead = reporter.making_way_for
+            why = f"for job {ahead['id']} (priority {scheduling.priority_of(ahead)}); {where}"
+            jobs.make_way(r, ahead["id"], why)
         elif reason == "cancelled":
             jobs.cancel(r, where)
         else:
             jobs.time_out(r, reporter.time_limit_error(result.step, checkpoint, runtime), where)
 
     record = store.update(job_id, change)
-    return HANDED_BACK if reason == "shutdown" else record["state"]
+    return HANDED_BACK if reason in ("shutdown", "preempted") else record["state"]
 
 
 def _fail(store: JobRecords, job_id: str, error: BaseException, runtime: float) -> str:

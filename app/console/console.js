@@ -502,7 +502,10 @@ async function jobPage(jobId) {
       fact(j.kind === "import" ? "Downloaded" : j.kind === "batch" ? "Lines" : "Step", progressOf(j).text), fact("Loss", fmt.num(j.loss)), fact("Learning rate", fmt.num(j.lr, 3)),
       fact("Throughput", fmt.rate(j.tokens_per_s)), fact("ETA", fmt.duration(j.eta_s)),
       fact("Attempts", String(j.attempts)), fact("Runtime", fmt.duration(j.runtime_s)),
-      fact("Created", fmt.time(j.created_at)), fact("Finished", fmt.time(j.finished_at)));
+      fact("Created", fmt.time(j.created_at)), fact("Finished", fmt.time(j.finished_at)),
+      fact("Priority", String(j.priority)),
+      ...(j.queue_position ? [fact("In line", `#${j.queue_position}, waiting for ${j.waiting_for}` +
+        (j.start_estimate_s == null ? "" : ` (starts in about ${fmt.duration(j.start_estimate_s)})`))] : []));
     const p = progressOf(j);
     progress.max = p.max;
     progress.value = p.value;

@@ -2,7 +2,8 @@
 `text/event-stream`), read from its record and metrics.jsonl in DATA_DIR (model.datadir), which
 the worker keeps current. Events, each `event: <name>` and one `data:` line of JSON:
 
-    progress  the job as GET /jobs/{id} answers it; first, then each time job.json changes
+    progress  the job as GET /jobs/{id} answers it; first, then each time job.json changes (and, while
+              it is queued, each time its place in line changes: looked at every PLACE_S)
     state     {"state", "previous"}: first (previous null), then on every change of state
     metrics   one metrics.jsonl record ({"type": "train"|"eval"|"resume", "step", ...}), in file order,
               with `id: <step>`; `?since=STEP` (or the Last-Event-ID header a reconnecting client
@@ -34,10 +35,11 @@ from typing import Any
 
 from app.errors import ServiceError
 from app.schemas import JobStatus
-from model.datadir import JobNotFound, JobRecords
+from model.datadir import JobNotFound, JobRecord, JobRecords, scheduling
 from model.datadir.jobs import METRICS, TERMINAL
 
 POLL_S = 0.25  # the worker logs a step every log_every steps; a quarter second keeps a curve live
+PLACE_S = 2.0  # a queued job's place depends on every job's record: read them all at most this often
 KEEPALIVE_S = 15.0
 MAX_READ = 1 << 18  # metrics bytes read per poll: a long curve arrives over many polls, not at once
 MAX_LINE = 1 << 16  # a metrics record is ~200 bytes; a longer line than this is skipped, never buffered
@@ -154,6 +156,8 @@ class _Stream:
         self.updated: str | None = None
         self.state: str | None = None
         self.read_all = False  # the last poll read the metrics file to its end
+        self.place: dict[str, Any] | None = None  # a queued job's place in line, as last sent
+        self.place_at = 0.0
 
     def poll(self) -> tuple[str, bool]:
         # The record first: when it says the job has ended, every line written before that is read next.
@@ -171,9 +175,10 @@ class _Stream:
             for r, line in lines
             if self._wanted(r)
         ]
-        if record["updated_at"] != self.updated:
+        place_moved = self._place_moved(record)
+        if record["updated_at"] != self.updated or place_moved:
             self.updated = record["updated_at"]
-            status = JobStatus.from_record(record, self.store.disk_bytes(self.job_id))  # as GET /jobs/{id}
+            status = JobStatus.from_record(record, self.store.disk_bytes(self.job_id), self.place)  # as GET /jobs/{id}
             chunk.append(sse("progress", status.model_dump(mode="json")))
         if record["state"] != self.state:
             chunk.append(sse("state", {"state": record["state"], "previous": self.state}))
@@ -181,6 +186,19 @@ class _Stream:
         if self.state in TERMINAL and self.read_all:  # ended, and the curve is read to its end
             return "".join(chunk) + sse("end", {"state": self.state}), True
         return "".join(chunk), False
+
+    def _place_moved(self, record: JobRecord) -> bool:
+        """Whether a queued job's place in line changed since it was last sent (read at most every PLACE_S)."""
+        if record["state"] != "queued":
+            self.place = None
+            return False
+        now = time.monotonic()
+        if now - self.place_at < PLACE_S and record["updated_at"] == self.updated:
+            return False
+        self.place_at = now
+        place = scheduling.queue_place(self.store.list(), self.job_id)
+        moved, self.place = place != self.place, place
+        return moved
 
     def _wanted(self, record: dict) -> bool:
         step = record.get("step")

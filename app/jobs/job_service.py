@@ -39,6 +39,7 @@ from model.datadir import (
     delete_dataset,
     jobs,
     read_meta,
+    scheduling,
     versions,
 )
 from model.datadir.datasets import KIND_OF_TASK, num_labels
@@ -76,6 +77,7 @@ class JobService:
         async with self._submit_lock:
             await asyncio.to_thread(self._check_job_limit, owner)
             spec = await self.validate(request)
+            self._check_priority(request.priority, self.max_priority(owner), owner)
             record = await asyncio.to_thread(self.store.create, {**spec, "owner": owner.name})
         try:
             await asyncio.to_thread(self.publish, record)
@@ -126,6 +128,23 @@ class JobService:
             raise ServiceError(
                 "conflict", f"job '{job_id}' has already finished ({e.state}): there is nothing to cancel"
             ) from None
+
+    def queue_place(self, record: JobRecord) -> dict | None:
+        """A queued training job's position, what it waits for and an estimate (blocking: call in a thread)."""
+        if record["state"] != "queued":
+            return None
+        return scheduling.queue_place(self.store.list(), record["id"])
+
+    def restart(self, job_id: str) -> JobRecord:
+        """Queue a cancelled or failed job again, to resume from its latest checkpoint (blocking)."""
+        record = self.store.restart(job_id)
+        try:
+            self.publish(record)
+        except BROKER_ERRORS as e:  # the record stays queued: a worker's start-up sweep sends it
+            raise ServiceError(
+                "unavailable", f"job {job_id} is queued again, but the broker cannot be reached: {e}"
+            ) from None
+        return self.store.move(job_id, jobs.enqueued)
 
     def find(self, job_id: str, caller: Key = ANONYMOUS) -> JobRecord:
         """A job's record; 404 when there is none, or when it is not `caller`'s to see (blocking: call in
@@ -238,6 +257,7 @@ class JobService:
                 _check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
         self._check_devices(params["devices"])
+        self._check_priority(req.priority, self.max_priority(None))
         size = _training_size(req, base.config if req.base_model is not None else None, dataset)
         self._check_size(size)
         return {
@@ -247,6 +267,7 @@ class JobService:
             "dataset": req.dataset,
             "params": params,
             "estimate": size.to_dict(),
+            "priority": req.priority,
         }
 
     def _check_label_count(self, dataset: dict) -> None:
@@ -257,6 +278,23 @@ class JobService:
                 f"dataset: '{dataset['name']}' has {have} labels, more than the {limit} "
                 "this service trains (BERT_MAX_LABELS)",
             )
+
+    def max_priority(self, caller: Key | None) -> int:
+        """The highest priority `caller` may give a job: BERT_JOB_MAX_PRIORITY, or its key's `max_priority`
+        when that is lower."""
+        limit = self.settings.job_max_priority
+        if caller is not None and caller.max_priority is not None:
+            limit = min(limit, caller.max_priority)
+        return limit
+
+    def _check_priority(self, asked: int, limit: int, caller: Key | None = None) -> None:
+        if asked > limit:
+            whose = (
+                f"key '{caller.name}' may give ({limit}, its max_priority)"
+                if caller is not None and caller.max_priority is not None and limit == caller.max_priority
+                else f"this service allows ({limit}, BERT_JOB_MAX_PRIORITY)"
+            )
+            raise ServiceError("validation", f"priority: {asked} is more than {whose}")
 
     def _check_devices(self, asked: int) -> None:
         limit = self.settings.job_max_devices

@@ -52,7 +52,7 @@ class Key:
     burst: int | None = None  # requests at once above the rate; None: max(1, rps)
     tokens_per_min: int | None = None  # tokens of inference requests per minute, counted after tokenising
     max_jobs: int | None = None  # its jobs queued or running at once
-    max_priority: int | None = None  # the highest job priority it may ask for (the scheduler enforces it)
+    max_priority: int | None = None  # the highest job priority it may ask for (POST /jobs refuses more)
     worker_share: float | None = None  # its share of worker time, 0-1 (the scheduler enforces it)
     created_at: str | None = None
 

@@ -8,13 +8,15 @@
 - registers the Wikipedia demo corpus as dataset `wiki`, and
 - makes a model for /fill-mask and /nsp: when the Hugging Face Hub answers, an import of BERT_MLM_MODEL
   (google-bert/bert-base-uncased) queued as an import job the API runs (app/jobs/imports.py);
-  otherwise an ordinary pretraining job that warm-starts from `minilm` and publishes `wiki-mlm`. The
+  otherwise an ordinary pretraining job that warm-starts from `minilm` and publishes `wiki-mlm`, at
+  the lowest priority (model/datadir/scheduling.py), so any job a person submits goes first. The
   choice is recorded in DATA_DIR/defaults.json, which every API process reads; until the job
   finishes those routes answer 503 naming it. A start that found the Hub unreachable leaves the next
   start to try again.
 
 Each step happens once: a model, dataset or job that is already there is left alone, so running it
-again (every `docker compose up`, several at once) does nothing more. An exclusive flock on
+again (every `docker compose up`, several at once) does nothing more. A bootstrap job that was
+cancelled or failed is queued again, and resumes from its latest checkpoint. An exclusive flock on
 DATA_DIR/.init.lock serialises concurrent runs. Nothing here is special-cased elsewhere: the job
 shows in GET /jobs and its model is a model.
 """
@@ -37,8 +39,9 @@ from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from app.schemas import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
-from model.datadir import DataDir, JobRecord, JobRecords, model_dir_for, read_meta
+from model.datadir import DataDir, JobRecord, model_dir_for, read_meta
 from model.datadir.defaults import set_default
+from model.datadir.scheduling import BOOTSTRAP_PRIORITY
 from model.files import TMP_PREFIX
 from model.sources import hub_model_name, hub_unreachable
 
@@ -80,6 +83,8 @@ def initialize(
     if record is not None:
         job = "import job" if record["kind"] == "import" else "bootstrap job"
         what = f"imports '{record['model_name']}'" if record["kind"] == "import" else f"trains '{BOOTSTRAP_MODEL}'"
+        if record["kind"] != "import" and record["state"] == "queued" and record.get("latest_checkpoint"):
+            what = f"resumes training '{BOOTSTRAP_MODEL}' from {record['latest_checkpoint']}"
         log(f"{job} {record['id']} ({record['state']}) {what}; GET /jobs/{record['id']} shows its progress")
     return record
 
@@ -125,21 +130,26 @@ def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
 
 
 def bootstrap_job(settings: Settings, steps: int | None = None) -> JobRecord | None:
-    """Queue the bootstrap job unless it ran, runs, or its model exists; the record, or None."""
+    """Queue the bootstrap job unless its model exists; one that was cancelled or failed is queued again
+    (it resumes from its latest checkpoint), one that is queued or running is left to the workers. The
+    record, or None."""
     data_dir = settings.data_dir
     if model_dir_for(data_dir, BOOTSTRAP_MODEL) is not None:
         return None
-    for record in JobRecords(data_dir).list():
-        if record.get("model_name") == BOOTSTRAP_MODEL and record["state"] != "cancelled":
-            return record  # queued/running: the worker's recovery sweep picks it up; failed: say so
+    jobs = JobService(settings, data_dir, ModelRegistry(data_dir, ENCODER, torch.device("cpu")))
+    record = next((r for r in jobs.store.list() if r.get("model_name") == BOOTSTRAP_MODEL), None)  # newest first
+    if record is not None and record["state"] in ("cancelled", "failed"):
+        return jobs.restart(record["id"])
+    if record is not None:
+        return record  # queued/running: the worker's recovery sweep picks it up
     request = PretrainJobRequest(
         kind="pretrain",
         model_name=BOOTSTRAP_MODEL,
         base_model=ENCODER,
         dataset=CORPUS,
         params=PretrainParams(**bootstrap_params(steps)),
+        priority=BOOTSTRAP_PRIORITY,
     )
-    jobs = JobService(settings, data_dir, ModelRegistry(data_dir, ENCODER, torch.device("cpu")))
     return asyncio.run(jobs.submit(request))
 
 

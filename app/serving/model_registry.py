@@ -300,7 +300,8 @@ class ModelRegistry:
     async def lookup(self, name: str | None, head: str | None = None) -> StoredModel:
         """The stored model a request names (or the default); 404 when there is none, 503 while a
         training job is still producing it."""
-        if name is None and head in ("mlm", "nsp") and self.default_mlm_name:
+        defaulted = name is None and head in ("mlm", "nsp") and bool(self.default_mlm_name)
+        if defaulted:
             name = self.default_mlm_name
         if name is None:
             if self.default() is None:
@@ -321,6 +322,8 @@ class ModelRegistry:
             entry = self._entries.get(name)
         if entry is None:
             await asyncio.to_thread(self._raise_if_training, name)
+            if defaulted:
+                await asyncio.to_thread(self._raise_if_job_ended, name)
             known = ", ".join(sorted(self._entries)) or "none"
             raise ServiceError("not_found", f"model '{name}' not found (available: {known})")
         return entry
@@ -348,6 +351,30 @@ class ModelRegistry:
             raise ServiceError(
                 "unavailable", f"model '{name}' is {doing}; it is served as soon as the job finishes", job=job
             )
+
+    def _raise_if_job_ended(self, name: str) -> None:
+        """503 naming the job, and how to start it again, when the default MLM model `name` is missing
+        because the job that was to make it (the bootstrap job, or its import) was cancelled or failed."""
+        record = next((r for r in self.jobs.list() if r.get("model_name") == name), None)  # newest first
+        if record is None or record["state"] not in ("cancelled", "failed"):
+            return
+        step, total = steps_of(record)
+        how = "`bert init`, or by starting `bert up` (`make run`) again"
+        if record.get("kind") != "import" and record.get("latest_checkpoint"):
+            how += f", which resumes it from {record['latest_checkpoint']}"
+        why = f": {record['error']}" if record["state"] == "failed" and record.get("error") else ""
+        raise ServiceError(
+            "unavailable",
+            f"model '{name}', the default for /fill-mask and /nsp, is missing: job {record['id']} that makes it was "
+            f"{record['state']} at step {step} of {total}{why}; start it again with {how}",
+            job={
+                "id": record["id"],
+                "state": record["state"],
+                "step": step,
+                "total_steps": total,
+                "status_url": f"/jobs/{record['id']}",
+            },
+        )
 
     async def get(
         self, name: str | None, head: str | None = None, route: str = "", check: Callable[[str], None] | None = None

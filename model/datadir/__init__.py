@@ -13,8 +13,10 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     cards.py     a model's card.json: its source and measured scores
     batch_files.py  uploaded and produced files of the OpenAI-shaped /v1/files API (batch input and output)
     defaults.py  defaults.json: the model the first start chose for /fill-mask and /nsp
+    scheduling.py  the order queued jobs run in (priority, then age), preemption, queue positions
 """
 
+from model.datadir import scheduling
 from model.datadir.datasets import DatasetExists, dataset_file, delete_dataset, list_datasets, read_meta
 from model.datadir.jobs import (
     API_KINDS,
@@ -87,6 +89,7 @@ __all__ = [
     "new_job_id",
     "now_iso",
     "promote",
+    "scheduling",
     "publish_model",
     "published_by",
     "read_meta",

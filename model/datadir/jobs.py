@@ -87,6 +87,8 @@ class JobRecord(TypedDict, total=False):
     runtime_s: float
     lost_attempt: dict[str, Any]
     owner: str  # the name of the API key that made the job; records from before keys had names lack it
+    priority: int  # the queue's order (model/datadir/scheduling.py); absent in older records: 0
+    preempted_for: str | None  # the job this one last handed itself back for, while it waits again
 
 
 LEGACY_OWNER = "admin"  # the owner of a record without one: it was made with the admin key, or with none
@@ -319,6 +321,16 @@ class JobRecords:
 
         return self.update(job_id, change)
 
+    def restart(self, job_id: str) -> JobRecord:
+        """Queue a cancelled or failed job again (IllegalTransition otherwise); its cancel request goes."""
+        job_dir = self.job_dir(job_id)
+
+        def change(record: JobRecord) -> None:
+            restart(record)  # raises before anything is written
+            (job_dir / CANCEL).unlink(missing_ok=True)
+
+        return self.update(job_id, change)
+
     def cancel_requested(self, job_id: str) -> bool:
         return (self.job_dir(job_id) / CANCEL).exists()
 
@@ -374,6 +386,9 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     ("running", "resumed"): "running",  # from the latest checkpoint
     ("running", "cancel requested"): "running",  # the loop stops at its next step
     ("running", "handed back"): "queued",  # the worker shuts down: not a failed attempt
+    ("running", "made way"): "queued",  # for a job of higher priority (scheduling.py): not a failed attempt
+    ("cancelled", "restarted"): "queued",  # started again (the bootstrap job): resumes its checkpoint
+    ("failed", "restarted"): "queued",
     ("running", "succeeded"): "succeeded",
     ("running", "failed"): "failed",
     ("queued", "time limit"): "failed",  # earlier attempts used up max_runtime
@@ -427,6 +442,7 @@ def start(record: JobRecord, worker: str) -> None:
         worker=worker,
         heartbeat_at=now_iso(),
         started_at=record.get("started_at") or now_iso(),
+        preempted_for=None,
     )
 
 
@@ -469,6 +485,34 @@ def ask_to_cancel(record: JobRecord) -> None:
 def hand_back(record: JobRecord, detail: str) -> None:
     """The worker is shutting down: the job is queued again, and the attempt is not counted."""
     _move(record, "handed back", detail, worker=None, heartbeat_at=None, attempts=max(0, record["attempts"] - 1))
+
+
+def make_way(record: JobRecord, for_job: str, detail: str) -> None:
+    """The job handed itself back for job `for_job`, of higher priority: queued again, the attempt not counted."""
+    _move(
+        record,
+        "made way",
+        detail,
+        worker=None,
+        heartbeat_at=None,
+        attempts=max(0, record["attempts"] - 1),
+        preempted_for=for_job,
+    )
+
+
+def restart(record: JobRecord) -> None:
+    """A cancelled or failed job queued again, with fresh attempts; it resumes from its latest checkpoint."""
+    _move(
+        record,
+        "restarted",
+        f"was {record['state']}" + (f": {record['error']}" if record.get("error") else ""),
+        attempts=0,
+        error=None,
+        result=None,
+        finished_at=None,
+        cancel_requested=False,
+        lost_attempt={},
+    )
 
 
 def succeed(record: JobRecord, result: dict, detail: str) -> None:

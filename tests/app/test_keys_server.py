@@ -38,7 +38,7 @@ KEYS = {
     "steady": Key("steady", hash_secret(SECRETS["steady"]), INFERENCE, rps=5.0, burst=5),
     "free": Key("free", hash_secret(SECRETS["free"]), INFERENCE),
     "alice": Key("alice", hash_secret(SECRETS["alice"]), frozenset({"jobs"}), max_jobs=2),
-    "bob": Key("bob", hash_secret(SECRETS["bob"]), frozenset({"jobs"})),
+    "bob": Key("bob", hash_secret(SECRETS["bob"]), frozenset({"jobs"}), max_priority=1),
     "boss": Key("boss", hash_secret(SECRETS["boss"]), frozenset({"inference", "jobs", "admin", "metrics"})),
 }
 
@@ -200,6 +200,11 @@ def test_jobs_keys_see_their_own_jobs_and_the_admin_all(system):
         },
     )
     b1 = submit("bob", "b1").json()["id"]
+    r = client.post("/jobs", json={**finetune_request("b2"), "priority": 2}, headers=auth("bob"))
+    assert (r.status_code, r.json()["error"]) == (
+        422,
+        "priority: 2 is more than key 'bob' may give (1, its max_priority)",
+    )
 
     def listed(key: str) -> set[str]:
         return {j["id"] for j in client.get("/jobs", headers=auth(key)).json()["jobs"]}
@@ -221,7 +226,7 @@ def test_jobs_keys_see_their_own_jobs_and_the_admin_all(system):
     assert usage["alice"]["requests"] >= 6 and usage["alice"]["job_seconds"] == 0.0
     metrics = client.get("/metrics", headers=auth("boss")).text
     assert 'bert_key_job_seconds{key="admin"} 12.5' in metrics
-    assert 'bert_key_requests_total{key="bob"} 3.0' in metrics
+    assert 'bert_key_requests_total{key="bob"} 4.0' in metrics
 
     lines = [json.loads(line) for line in (data_dir / "audit.jsonl").read_text().splitlines()]
     api = [(e["key"], e["action"], e["target"], e["outcome"]) for e in lines if e["source"] == "api"]
@@ -230,6 +235,7 @@ def test_jobs_keys_see_their_own_jobs_and_the_admin_all(system):
     assert ("alice", "job.submit", "a3", "overloaded") in api
     assert ("alice", "job.cancel", f"job {b1}", "not_found") in api
     assert ("bob", "job.cancel", f"job {b1}", "ok") in api
+    assert ("bob", "job.submit", "b2", "validation") in api
     assert ("boss", "job.cancel", f"job {a2}", "ok") in api
     assert next(e for e in lines if e["target"] == f"job {a1} (finetune of model a1)")["request_id"] == "req-a1"
     text = (data_dir / "audit.jsonl").read_text()

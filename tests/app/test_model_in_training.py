@@ -1,5 +1,6 @@
 """A model that a training job is still producing answers 503 naming the job, then is served as soon
-as the job publishes it; /fill-mask and /nsp may default to another model than /embeddings."""
+as the job publishes it; /fill-mask and /nsp may default to another model than /embeddings, and when
+the job that was to make their default ended without it, they name the job and how to start it again."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import shutil
 
 import pytest
 
-from model.datadir import JobRecords
+from model.datadir import JobRecords, jobs
+from model.datadir.defaults import set_default
 from model.modeling import BertForPreTraining
 from tests.app.conftest import save_tiny, serve_app, settings_for
 
@@ -75,3 +77,49 @@ async def test_a_failed_job_leaves_a_plain_404(own_data_dir):
         r = await client.post("/fill-mask", json={"inputs": "a [MASK]", "model": "gone"})
         assert r.status_code == 404
         assert r.json() == {"error": "model 'gone' not found (available: tiny-enc)", "error_type": "not_found"}
+
+
+@pytest.mark.parametrize("ended", ["cancelled", "failed"])
+async def test_a_default_mlm_model_whose_job_ended_names_the_job_and_how_to_start_it_again(own_data_dir, ended):
+    store = JobRecords(own_data_dir)
+    record = store.create(
+        {
+            "kind": "pretrain",
+            "model_name": "wiki-mlm",
+            "base_model": "tiny-enc",
+            "dataset": "wiki",
+            "params": {"max_steps": 200},
+        }
+    )
+    store.move(record["id"], jobs.start, "host:1")
+    store.update(record["id"], lambda r: r.update(progress={"step": 22, "total_steps": 200}))
+    if ended == "cancelled":
+        store.request_cancel(record["id"])
+        store.move(record["id"], jobs.cancel, "at step 22, checkpoint checkpoints/step-22")
+    else:
+        store.move(record["id"], jobs.fail, "ValueError: boom")
+    store.update(record["id"], lambda r: r.update(latest_checkpoint="checkpoints/step-22"))
+    set_default(own_data_dir, "mlm", "wiki-mlm")  # as the first start chose it
+    why = ": ValueError: boom" if ended == "failed" else ""
+    async with serve_app(settings_for(own_data_dir, default_model="tiny-enc")) as client:
+        for route, body in (
+            ("/fill-mask", {"inputs": "a [MASK]"}),
+            ("/nsp", {"inputs": {"text_a": "a", "text_b": "b"}}),
+        ):
+            r = await client.post(route, json=body)
+            assert (r.status_code, r.json()) == (
+                503,
+                {
+                    "error": f"model 'wiki-mlm', the default for /fill-mask and /nsp, is missing: job {record['id']} "
+                    f"that makes it was {ended} at step 22 of 200{why}; start it again with `bert init`, or by "
+                    "starting `bert up` (`make run`) again, which resumes it from checkpoints/step-22",
+                    "error_type": "unavailable",
+                    "job": {
+                        "id": record["id"],
+                        "state": ended,
+                        "step": 22,
+                        "total_steps": 200,
+                        "status_url": f"/jobs/{record['id']}",
+                    },
+                },
+            )

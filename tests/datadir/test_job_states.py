@@ -24,6 +24,8 @@ NAMED = {
     jobs.resumed: (("checkpoints/step-5",), "resumed"),
     jobs.ask_to_cancel: ((), lambda state: "cancelled" if state == "queued" else "cancel requested"),
     jobs.hand_back: (("the worker is shutting down",), "handed back"),
+    jobs.make_way: (("20261204T120000-0a0b0c0d", "for a job of higher priority"), "made way"),
+    jobs.restart: ((), "restarted"),
     jobs.succeed: (({"model": "m"}, "model 'm' published"), "succeeded"),
     jobs.fail: (("ValueError: boom",), "failed"),
     jobs.time_out: (("time limit: used up", "at step 5"), "time limit"),
@@ -143,3 +145,31 @@ def test_a_cancel_of_a_finished_job_is_refused_with_its_state(store):
         store.request_cancel(job_id)
     assert (finished.value.state, str(finished.value)) == ("succeeded", f"job {job_id} is succeeded")
     assert not store.cancel_requested(job_id)
+
+
+def test_making_way_and_restarting_write_what_the_next_attempt_needs(store):
+    job_id = store.create(finetune_spec("m"))["id"]
+    store.move(job_id, jobs.start, "host:1")
+    record = store.move(job_id, jobs.make_way, "20261204T120000-0a0b0c0d", "for job 20261204T120000-0a0b0c0d")
+    assert (record["state"], record["attempts"], record["worker"], record["preempted_for"]) == (
+        "queued",
+        0,
+        None,
+        "20261204T120000-0a0b0c0d",
+    )
+    assert store.move(job_id, jobs.start, "host:2")["preempted_for"] is None  # it runs again: nobody waits on it
+
+    store.request_cancel(job_id)
+    store.move(job_id, jobs.cancel, "at step 5")
+    assert store.cancel_requested(job_id)
+    record = store.restart(job_id)
+    assert (record["state"], record["attempts"], record["cancel_requested"], record["finished_at"]) == (
+        "queued",
+        0,
+        False,
+        None,
+    )
+    assert record["events"][-1] == {"at": record["events"][-1]["at"], "event": "restarted", "detail": "was cancelled"}
+    assert not store.cancel_requested(job_id)  # the cancel file is gone: the next attempt trains
+    with pytest.raises(IllegalTransition):
+        store.restart(job_id)  # a queued job cannot be restarted

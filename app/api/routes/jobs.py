@@ -69,9 +69,10 @@ async def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=responses("validation", "unauthorized", "not_found"))
 async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep):
-    """A job's state, progress (step, loss, lr, tokens/s, ETA), latest checkpoint, attempts and error."""
+    """A job's state, progress (step, loss, lr, tokens/s, ETA), checkpoint, attempts, error; queued: its place in line."""
     record = await asyncio.to_thread(jobs.find, job_id, caller)
-    return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id))
+    place = await asyncio.to_thread(jobs.queue_place, record)
+    return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id), place)
 
 
 def _disk_bytes(jobs: JobService, job_id: str) -> int:

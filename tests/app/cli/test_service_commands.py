@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from model.datadir import JobRecords
 from tests.helpers import REDIS_URL, ROOT, child_env, flush_redis
@@ -33,6 +34,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once(tmp_path):
+    """... and queues the bootstrap job again once it was cancelled."""
     flush_redis()
     data_dir = tmp_path / "data"
     results = [finish(p) for p in [bert(data_dir, "init", "--bootstrap-steps", "3") for _ in range(2)]]
@@ -46,6 +48,19 @@ def test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once(tmp_path)
     code, out, _ = finish(bert(data_dir, "init"))
     assert code == 0 and f"bootstrap job {jobs[0]['id']} (queued)" in out
     assert len(JobRecords(data_dir).list()) == 1
+    assert jobs[0]["priority"] == -10  # the lowest: any job a person submits goes first
+
+    # Cancelled, it is queued again by the next start: the same job (it resumes its checkpoint), not a new one.
+    store = JobRecords(data_dir)
+    store.request_cancel(jobs[0]["id"])
+    flush_redis()
+    code, out, err = finish(bert(data_dir, "init"))
+    assert code == 0, err
+    assert f"bootstrap job {jobs[0]['id']} (queued) trains 'wiki-mlm'" in out
+    [again] = store.list()
+    assert (again["id"], again["state"], again["cancel_requested"]) == (jobs[0]["id"], "queued", False)
+    assert [e["event"] for e in again["events"]][-2:] == ["restarted", "enqueued"]
+    assert redis.Redis.from_url(REDIS_URL).llen("training") == 1  # its message was sent
 
 
 def test_init_without_the_bootstrap_job_from_the_environment(tmp_path):

@@ -1,0 +1,125 @@
+"""The order training jobs run in, read from their records: both the worker (which job a delivery
+runs, whether a running job makes way) and the service (a queued job's position) use this module.
+
+- A job's `priority` (PRIORITY_MIN..PRIORITY_MAX, default 0) orders the queue: the highest first,
+  then the oldest (created_at), so equal priorities are first come, first served.
+- A delivery runs the first waiting job in that order, whichever job its message named: the broker
+  only says that a slot is free, the records say what to run in it.
+- Preemption: when a job of higher priority has waited for a worker longer than the grace (an idle
+  slot would have taken it by then), the lowest-priority running job (the newest among equals) hands
+  itself back at its next step, exactly as on a warm shutdown; its record names the job it made way
+  for (`preempted_for`), so no second running job makes way for the same one.
+
+The bootstrap job runs at PRIORITY_MIN, so any job a person submits goes ahead of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from model.datadir.jobs import API_KINDS, steps_of
+
+PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = -10, 10, 0
+BOOTSTRAP_PRIORITY = PRIORITY_MIN  # a user's job never waits behind the first start's bootstrap
+
+Record = Mapping[str, Any]
+
+
+def priority_of(record: Record) -> int:
+    return int(record.get("priority", DEFAULT_PRIORITY))
+
+
+def order_key(record: Record) -> tuple[int, str, str]:
+    """The queue's order: the highest priority first, then the oldest."""
+    return -priority_of(record), record.get("created_at") or "", record["id"]
+
+
+def _scheduled(record: Record) -> bool:
+    return record.get("kind") not in API_KINDS  # imports and batches run in the API process
+
+
+def waiting(records: Iterable[Record]) -> list[Record]:
+    """The queued training jobs, in the order they will run."""
+    queued = [r for r in records if _scheduled(r) and r.get("state") == "queued" and not r.get("cancel_requested")]
+    return sorted(queued, key=order_key)
+
+
+def running(records: Iterable[Record]) -> list[Record]:
+    """The running training jobs, the first to make way first: the lowest priority, then the newest."""
+    active = [r for r in records if _scheduled(r) and r.get("state") == "running"]
+    return sorted(active, key=lambda r: (priority_of(r), _negated(r.get("created_at") or "")))
+
+
+def _negated(text: str) -> tuple[int, ...]:
+    return tuple(-ord(c) for c in text)
+
+
+def delivery_order(records: Iterable[Record], orphans: Iterable[Record] = ()) -> list[str]:
+    """The job ids a delivery tries, in order: the waiting jobs and the `orphans` (running jobs whose
+    worker died), each at its place in the order."""
+    candidates = {r["id"]: r for r in [*waiting(records), *orphans]}
+    return [r["id"] for r in sorted(candidates.values(), key=order_key)]
+
+
+def seconds_since(timestamp: str | None, now: dt.datetime | None = None) -> float:
+    if not timestamp:
+        return 0.0
+    then = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return ((now or dt.datetime.now(dt.UTC)) - then).total_seconds()
+
+
+def make_way_for(
+    records: Sequence[Record], job_id: str, grace_s: float, lease_is_free: Callable[[str], bool]
+) -> Record | None:
+    """The waiting job that running job `job_id` should hand itself back for, or None.
+
+    The waiting jobs of higher priority that nobody made way for yet, and that waited past `grace_s`
+    (an idle slot would have taken them), are paired with the running jobs lowest first; `job_id` makes
+    way when its pair outranks it. `lease_is_free` skips a job a worker is taking up right now."""
+    claimed = {r.get("preempted_for") for r in records if r.get("state") == "queued"}
+    queue = [
+        r
+        for r in waiting(records)
+        if r["id"] not in claimed and seconds_since(r.get("enqueued_at") or r.get("created_at")) >= grace_s
+    ]
+    for ahead, victim in zip(queue, running(records), strict=False):
+        if priority_of(ahead) <= priority_of(victim):
+            return None
+        if victim["id"] == job_id:
+            return ahead if lease_is_free(ahead["id"]) else None
+    return None
+
+
+def describe(record: Record) -> str:
+    """A running job in a few words: 'job <id> (priority 0, step 140 of 200)'."""
+    step, total = steps_of(record)
+    return f"job {record['id']} (priority {priority_of(record)}, step {step} of {total})"
+
+
+def queue_place(records: Sequence[Record], job_id: str) -> dict[str, Any] | None:
+    """A queued job's place: its position (1 = next), what it waits for in words, and an estimate of
+    the seconds until it starts when one can be had; None for a job that is not waiting."""
+    queue = waiting(records)
+    index = next((i for i, r in enumerate(queue) if r["id"] == job_id), None)
+    if index is None:
+        return None
+    me, busy = queue[index], running(records)
+    lower = [r for r in busy if priority_of(r) < priority_of(me)]
+    ahead = [r for r in busy if priority_of(r) >= priority_of(me)]
+    parts = []
+    if index:
+        names = ", ".join(f"job {r['id']} (priority {priority_of(r)})" for r in queue[:index])
+        parts.append(f"{index} queued job{'s' if index > 1 else ''} ahead: {names}")
+    if index == 0 and lower:
+        parts.append(f"{describe(lower[0])} to hand back at its next step")
+    elif ahead:
+        parts.append("; ".join(describe(r) for r in ahead))
+    elif not parts:
+        parts.append("a free worker")
+    estimate = None
+    if index == 0 and not lower and ahead:
+        etas = [(r.get("progress") or {}).get("eta_s") for r in ahead]
+        estimate = min((e for e in etas if e is not None), default=None)
+    return {"queue_position": index + 1, "waiting_for": "; ".join(parts), "start_estimate_s": estimate}

@@ -1,0 +1,103 @@
+"""A queued job's place in line through GET /jobs/{id} and its event stream (records written through
+model.datadir's transitions, as the workers write them; the real app over ASGI), and the bounds of a job's
+priority."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.jobs import events as job_events_module
+from model.datadir import JobRecords, jobs
+from tests.app.test_job_events import Reader
+from tests.app.test_jobs_api import make_client, post_job
+from tests.helpers import finetune_request, finetune_spec, labelled_csv, make_data_dir
+
+
+@pytest.fixture
+def env(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    with make_client(data_dir, job_max_priority=5) as client:
+        r = client.post("/datasets", files={"file": ("reviews.csv", labelled_csv())}, data={"name": "reviews"})
+        assert r.status_code == 201, r.text
+        yield client, JobRecords(data_dir)
+
+
+def queued(store: JobRecords, name: str, priority: int) -> str:
+    time.sleep(0.002)  # created_at has milliseconds: equal priorities are first come, first served
+    return store.create({**finetune_spec(name), "priority": priority})["id"]
+
+
+def place(client, job_id: str) -> tuple:
+    job = client.get(f"/jobs/{job_id}").json()
+    return job["priority"], job["queue_position"], job["waiting_for"], job["start_estimate_s"]
+
+
+def test_three_queued_jobs_know_their_place_and_what_they_wait_for(env):
+    client, store = env
+    running = queued(store, "running", 5)
+    store.move(running, jobs.start, "host:1")
+    store.update(running, lambda r: r.update(progress={"step": 140, "total_steps": 200, "eta_s": 31.5}))
+    first, urgent, last = queued(store, "first", 0), queued(store, "urgent", 3), queued(store, "last", 0)
+
+    ahead = f"job {running} (priority 5, step 140 of 200)"
+    assert place(client, urgent) == (3, 1, ahead, 31.5)
+    assert place(client, first) == (0, 2, f"1 queued job ahead: job {urgent} (priority 3); {ahead}", None)
+    assert place(client, last) == (
+        0,
+        3,
+        f"2 queued jobs ahead: job {urgent} (priority 3), job {first} (priority 0); {ahead}",
+        None,
+    )
+    assert place(client, running) == (5, None, None, None)  # running: no place in line
+
+    # One that outranks the running job goes first, and says that job makes way for it.
+    top = queued(store, "top", 7)
+    assert place(client, top) == (7, 1, f"{ahead} to hand back at its next step", None)
+    assert place(client, urgent)[1:3] == (2, f"1 queued job ahead: job {top} (priority 7); {ahead}")
+
+    # Nothing running: the first waits for a free worker.
+    store.move(running, jobs.succeed, {}, "done")
+    assert place(client, top) == (7, 1, "a free worker", None)
+
+
+@pytest.mark.parametrize(
+    ("priority", "error"),
+    [
+        (11, "finetune.priority: Input should be less than or equal to 10"),
+        (-11, "finetune.priority: Input should be greater than or equal to -10"),
+        ("high", "finetune.priority: Input should be a valid integer"),
+        (2.5, "finetune.priority: Input should be a valid integer"),
+        (6, "priority: 6 is more than this service allows (5, BERT_JOB_MAX_PRIORITY)"),
+    ],
+)
+def test_a_priority_out_of_bounds_is_422(env, priority, error):
+    client, store = env
+    assert post_job(client, {**finetune_request("x"), "priority": priority}) == (
+        422,
+        {"error": error, "error_type": "validation"},
+    )
+    assert store.list() == []
+
+
+def places(events: list[tuple[str, dict]]) -> list[tuple]:
+    return [(data["queue_position"], data["waiting_for"]) for name, data in events if name == "progress"]
+
+
+@pytest.mark.anyio
+async def test_the_event_stream_of_a_queued_job_follows_its_place(tmp_path, monkeypatch):
+    monkeypatch.setattr(job_events_module, "PLACE_S", 0.05)
+    store = JobRecords(make_data_dir(tmp_path / "data"))
+    waiting = queued(store, "waiting", 0)
+    reader = Reader(store, waiting)
+    try:
+        await reader.until(lambda events: places(events) == [(1, "a free worker")])
+        ahead = queued(store, "ahead", 1)  # the waiting job's own record does not change: its place does
+        await reader.until(lambda events: len(places(events)) == 2)
+        assert places(reader.events)[1] == (2, f"1 queued job ahead: job {ahead} (priority 1)")
+    finally:
+        reader.gone = True
+        store.request_cancel(waiting)
+        await asyncio.wait_for(reader.task, 5)
