@@ -78,7 +78,9 @@ class JobService:
             await asyncio.to_thread(self._check_job_limit, owner)
             spec = await self.validate(request)
             self._check_priority(request.priority, self.max_priority(owner), owner)
-            record = await asyncio.to_thread(self.store.create, {**spec, "owner": owner.name})
+            record = await asyncio.to_thread(
+                self.store.create, {**spec, "owner": owner.name, "worker_share": owner.worker_share}
+            )
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:

@@ -53,7 +53,7 @@ class Key:
     tokens_per_min: int | None = None  # tokens of inference requests per minute, counted after tokenising
     max_jobs: int | None = None  # its jobs queued or running at once
     max_priority: int | None = None  # the highest job priority it may ask for (POST /jobs refuses more)
-    worker_share: float | None = None  # its share of worker time, 0-1 (the scheduler enforces it)
+    worker_share: float | None = None  # its share of worker time, (0, 1]: the queue orders by it (scheduling.py)
     created_at: str | None = None
 
     def limits(self) -> dict[str, Any]:

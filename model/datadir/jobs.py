@@ -88,6 +88,7 @@ class JobRecord(TypedDict, total=False):
     lost_attempt: dict[str, Any]
     owner: str  # the name of the API key that made the job; records from before keys had names lack it
     priority: int  # the queue's order (model/datadir/scheduling.py); absent in older records: 0
+    worker_share: float | None  # the owner's key's share of worker time when it submitted the job
     preempted_for: str | None  # the job this one last handed itself back for, while it waits again
 
 

@@ -2,7 +2,11 @@
 runs, whether a running job makes way) and the service (a queued job's position) use this module.
 
 - A job's `priority` (PRIORITY_MIN..PRIORITY_MAX, default 0) orders the queue: the highest first,
-  then the oldest (created_at), so equal priorities are first come, first served.
+  then the oldest (created_at), so equal priorities are first come, first served, except that the
+  jobs of an owner (an API key) over its `worker_share` go after the others of their priority: an
+  owner is over its share when its jobs took more than that fraction of the worker time all jobs took
+  in the last SHARE_WINDOW_S (runtime_s of the jobs running or finished in it). The share is the one
+  the owner's key had when it submitted its newest job (the record's `worker_share`).
 - A delivery runs the first waiting job in that order, whichever job its message named: the broker
   only says that a slot is free, the records say what to run in it.
 - Preemption: when a job of higher priority has waited for a worker longer than the grace (an idle
@@ -19,10 +23,11 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from model.datadir.jobs import API_KINDS, steps_of
+from model.datadir.jobs import API_KINDS, owner_of, steps_of
 
 PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = -10, 10, 0
 BOOTSTRAP_PRIORITY = PRIORITY_MIN  # a user's job never waits behind the first start's bootstrap
+SHARE_WINDOW_S = 24 * 3600  # the worker time an owner's share is measured against
 
 Record = Mapping[str, Any]
 
@@ -31,9 +36,27 @@ def priority_of(record: Record) -> int:
     return int(record.get("priority", DEFAULT_PRIORITY))
 
 
-def order_key(record: Record) -> tuple[int, str, str]:
-    """The queue's order: the highest priority first, then the oldest."""
-    return -priority_of(record), record.get("created_at") or "", record["id"]
+def over_share(records: Iterable[Record], now: dt.datetime | None = None) -> set[str]:
+    """The owners whose jobs took more than their `worker_share` of the worker time used in the window."""
+    used: dict[str, float] = {}
+    share: dict[str, tuple[str, float]] = {}  # owner -> (created_at of its newest job with a share, share)
+    for r in records:
+        if not _scheduled(r):
+            continue
+        owner = owner_of(r)
+        if r.get("worker_share") is not None and (r.get("created_at") or "") >= share.get(owner, ("", 0.0))[0]:
+            share[owner] = (r.get("created_at") or "", float(r["worker_share"]))
+        ended = r.get("finished_at")
+        if r.get("state") == "running" or (ended and seconds_since(ended, now) <= SHARE_WINDOW_S):
+            used[owner] = used.get(owner, 0.0) + float(r.get("runtime_s") or 0.0)
+    total = sum(used.values())
+    return {o for o, (_, fraction) in share.items() if total > 0 and used.get(o, 0.0) / total > fraction}
+
+
+def order_key(records: Iterable[Record] = ()) -> Callable[[Record], tuple]:
+    """The queue's order: the highest priority first, then the owners within their share, then the oldest."""
+    over = over_share(records)
+    return lambda r: (-priority_of(r), owner_of(r) in over, r.get("created_at") or "", r["id"])
 
 
 def _scheduled(record: Record) -> bool:
@@ -42,8 +65,9 @@ def _scheduled(record: Record) -> bool:
 
 def waiting(records: Iterable[Record]) -> list[Record]:
     """The queued training jobs, in the order they will run."""
+    records = list(records)
     queued = [r for r in records if _scheduled(r) and r.get("state") == "queued" and not r.get("cancel_requested")]
-    return sorted(queued, key=order_key)
+    return sorted(queued, key=order_key(records))
 
 
 def running(records: Iterable[Record]) -> list[Record]:
@@ -59,8 +83,9 @@ def _negated(text: str) -> tuple[int, ...]:
 def delivery_order(records: Iterable[Record], orphans: Iterable[Record] = ()) -> list[str]:
     """The job ids a delivery tries, in order: the waiting jobs and the `orphans` (running jobs whose
     worker died), each at its place in the order."""
+    records = list(records)
     candidates = {r["id"]: r for r in [*waiting(records), *orphans]}
-    return [r["id"] for r in sorted(candidates.values(), key=order_key)]
+    return [r["id"] for r in sorted(candidates.values(), key=order_key(records))]
 
 
 def seconds_since(timestamp: str | None, now: dt.datetime | None = None) -> float:
