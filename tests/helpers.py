@@ -365,6 +365,13 @@ def read_metrics(data_dir: Path, job_id: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def train_steps(data_dir: Path, job_id: str) -> list[int]:
+    """The training steps a job's metrics.jsonl holds, in order (none before its first step)."""
+    if not (data_dir / "jobs" / job_id / "metrics.jsonl").exists():
+        return []
+    return [r["step"] for r in read_metrics(data_dir, job_id) if r["type"] == "train"]
+
+
 def wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: float = 60.0) -> dict:
     def reached():
         body = client.get(f"/jobs/{job_id}").json()

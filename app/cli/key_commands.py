@@ -19,9 +19,16 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
     return (Path(args.file) if args.file else settings.keys_path()), settings.data_dir
 
 
-def _audit(data_dir: Path, action: str, name: str) -> None:
+def _change(path: Path, data_dir: Path, action: str, name: str, edit) -> None:
+    """Apply `edit` to the keys file (keyfile.change: locked, atomic), then record it in the audit log;
+    a refusal is the command's error."""
     from app.keys import audit
+    from app.keys.keyfile import KeyFileError, change
 
+    try:
+        change(path, edit)
+    except KeyFileError as e:
+        raise UserError(str(e)) from None
     audit.append(data_dir, "cli", action, f"key {name}", user=getpass.getuser(), source="cli")
 
 
@@ -34,7 +41,7 @@ def _describe(key) -> str:
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
-    from app.keys.keyfile import Key, KeyFileError, change, check_key, check_name, hash_secret, new_secret, now_iso
+    from app.keys.keyfile import Key, KeyFileError, check_key, check_name, hash_secret, new_secret, now_iso
 
     path, data_dir = _paths(args)
     secret = new_secret()
@@ -54,16 +61,15 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
                 created_at=now_iso(),
             )
         )
-
-        def add(keys: dict) -> None:
-            if key.name in keys:
-                raise KeyFileError(f"key '{key.name}' exists: `bert keys rotate {key.name}` gives it a new secret")
-            keys[key.name] = key
-
-        change(path, add)
     except KeyFileError as e:
         raise UserError(str(e)) from None
-    _audit(data_dir, "key.add", key.name)
+
+    def add(keys: dict) -> None:
+        if key.name in keys:
+            raise KeyFileError(f"key '{key.name}' exists: `bert keys rotate {key.name}` gives it a new secret")
+        keys[key.name] = key
+
+    _change(path, data_dir, "key.add", key.name, add)
     print(f"added key '{key.name}' to {path}: {_describe(key)}")
     print("its secret, shown only this once (send it as 'Authorization: Bearer <secret>'):")
     print(secret)
@@ -88,7 +94,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    from app.keys.keyfile import KeyFileError, change
+    from app.keys.keyfile import KeyFileError
 
     path, data_dir = _paths(args)
 
@@ -96,11 +102,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
         if keys.pop(args.name, None) is None:
             raise KeyFileError(f"no key '{args.name}' in {path}")
 
-    try:
-        change(path, revoke)
-    except KeyFileError as e:
-        raise UserError(str(e)) from None
-    _audit(data_dir, "key.revoke", args.name)
+    _change(path, data_dir, "key.revoke", args.name, revoke)
     print(f"revoked key '{args.name}': the service refuses it within a second")
     return 0
 
@@ -108,7 +110,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from app.keys.keyfile import KeyFileError, change, hash_secret, new_secret
+    from app.keys.keyfile import KeyFileError, hash_secret, new_secret
 
     path, data_dir = _paths(args)
     secret = new_secret()
@@ -118,11 +120,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
             raise KeyFileError(f"no key '{args.name}' in {path}")
         keys[args.name] = dataclasses.replace(keys[args.name], hash=hash_secret(secret))
 
-    try:
-        change(path, rotate)
-    except KeyFileError as e:
-        raise UserError(str(e)) from None
-    _audit(data_dir, "key.rotate", args.name)
+    _change(path, data_dir, "key.rotate", args.name, rotate)
     print(f"rotated key '{args.name}': the old secret stops working within a second")
     print("its new secret, shown only this once:")
     print(secret)

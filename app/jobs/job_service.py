@@ -259,7 +259,6 @@ class JobService:
                 _check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
         self._check_devices(params["devices"])
-        self._check_priority(req.priority, self.max_priority(None))
         size = _training_size(req, base.config if req.base_model is not None else None, dataset)
         self._check_size(size)
         return {
@@ -281,19 +280,19 @@ class JobService:
                 "this service trains (BERT_MAX_LABELS)",
             )
 
-    def max_priority(self, caller: Key | None) -> int:
+    def max_priority(self, caller: Key) -> int:
         """The highest priority `caller` may give a job: BERT_JOB_MAX_PRIORITY, or its key's `max_priority`
         when that is lower."""
         limit = self.settings.job_max_priority
-        if caller is not None and caller.max_priority is not None:
+        if caller.max_priority is not None:
             limit = min(limit, caller.max_priority)
         return limit
 
-    def _check_priority(self, asked: int, limit: int, caller: Key | None = None) -> None:
+    def _check_priority(self, asked: int, limit: int, caller: Key) -> None:
         if asked > limit:
             whose = (
                 f"key '{caller.name}' may give ({limit}, its max_priority)"
-                if caller is not None and caller.max_priority is not None and limit == caller.max_priority
+                if caller.max_priority is not None and limit == caller.max_priority
                 else f"this service allows ({limit}, BERT_JOB_MAX_PRIORITY)"
             )
             raise ServiceError("validation", f"priority: {asked} is more than {whose}")

@@ -23,17 +23,15 @@ def own_data_dir(tmp_path, data_dir):
     return root
 
 
+def wiki_mlm_job(store: JobRecords, max_steps: int) -> dict:
+    """The job that makes the default MLM model 'wiki-mlm' (as the bootstrap job does), queued."""
+    spec = {"kind": "pretrain", "model_name": "wiki-mlm", "base_model": "tiny-enc", "dataset": "wiki"}
+    return store.create({**spec, "params": {"max_steps": max_steps}})
+
+
 async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
     store = JobRecords(own_data_dir)
-    record = store.create(
-        {
-            "kind": "pretrain",
-            "model_name": "wiki-mlm",
-            "base_model": "tiny-enc",
-            "dataset": "wiki",
-            "params": {"max_steps": 300},
-        }
-    )
+    record = wiki_mlm_job(store, 300)
     settings = settings_for(own_data_dir, default_model="tiny-enc", default_mlm_model="wiki-mlm")
     async with serve_app(settings) as client:
         r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
@@ -82,15 +80,7 @@ async def test_a_failed_job_leaves_a_plain_404(own_data_dir):
 @pytest.mark.parametrize("ended", ["cancelled", "failed"])
 async def test_a_default_mlm_model_whose_job_ended_names_the_job_and_how_to_start_it_again(own_data_dir, ended):
     store = JobRecords(own_data_dir)
-    record = store.create(
-        {
-            "kind": "pretrain",
-            "model_name": "wiki-mlm",
-            "base_model": "tiny-enc",
-            "dataset": "wiki",
-            "params": {"max_steps": 200},
-        }
-    )
+    record = wiki_mlm_job(store, 200)
     store.move(record["id"], jobs.start, "host:1")
     store.update(record["id"], lambda r: r.update(progress={"step": 22, "total_steps": 200}))
     if ended == "cancelled":

@@ -19,10 +19,11 @@ from tests.helpers import (
     read_metrics,
     read_record,
     start_worker,
+    train_steps,
     wait_for,
     wait_state,
 )
-from tests.worker.test_recovery import stack, submit, train_steps
+from tests.worker.test_recovery import stack, submit
 
 pytestmark = pytest.mark.slow
 

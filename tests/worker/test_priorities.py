@@ -20,6 +20,7 @@ from tests.helpers import (
     start_server,
     start_worker,
     tiny_config,
+    train_steps,
     wait_for,
     wait_state,
 )
@@ -27,12 +28,6 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 
 DONE = {"succeeded", "failed", "cancelled"}
-
-
-def train_steps(data_dir, job_id) -> list[int]:
-    if not (data_dir / "jobs" / job_id / "metrics.jsonl").exists():
-        return []
-    return [r["step"] for r in read_metrics(data_dir, job_id) if r["type"] == "train"]
 
 
 def weights(data_dir, name: str) -> dict[str, torch.Tensor]:

@@ -28,6 +28,7 @@ from tests.helpers import (
     read_record,
     start_server,
     start_worker,
+    train_steps,
     wait_for,
     wait_state,
 )
@@ -61,10 +62,6 @@ def submit(s, request: dict) -> str:
 
 def step_dirs(data_dir, job_id):
     return sorted((data_dir / "jobs" / job_id / "checkpoints").glob("step-*"))
-
-
-def train_steps(data_dir, job_id) -> list[int]:
-    return [r["step"] for r in read_metrics(data_dir, job_id) if r["type"] == "train"]
 
 
 def test_worker_deaths_neither_lose_nor_repeat_steps(tmp_path):
