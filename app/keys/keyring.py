@@ -5,8 +5,10 @@ The file is checked at most every RECHECK_S seconds, on the requests that need a
 size or modification time changed it is read again, so a revoked key is refused within a second. A file
 that cannot be read at start stops the service (KeyFileError); one that breaks later keeps the last
 keys that were read, logs the error and shows it on /info (`keys.error`) until it is fixed.
-Without any key (no file keys, neither built-in one) the service is open, as it always was: inference,
-/metrics and /info open without BERT_API_KEY, jobs and management without either built-in key.
+Without any key (no keys file, neither built-in one) the service is open, as it always was: inference,
+/metrics and /info open without BERT_API_KEY, jobs and management without either built-in key. Once the
+keys file exists or has held a key, the service stays keyed (`keyed`) until it restarts: revoking the
+last key, or deleting the file, refuses every request rather than opening the service.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Keyring:
         self.error: str | None = None  # why the file's last change was not taken, if it was not
         self._lock = threading.Lock()
         self._built_in = built_in_keys(settings)
+        self.keyed = False  # the file exists or held a key since the start: never open again (fail closed)
         self._signature = _signature(self.path)
         self._set(read_keys(self.path))  # KeyFileError: the service does not start
         self._checked = time.monotonic()
@@ -66,6 +69,7 @@ class Keyring:
 
     def _set(self, file_keys: dict[str, Key]) -> None:
         self.file_keys = file_keys
+        self.keyed = self.keyed or bool(file_keys) or self._signature is not None
         self.by_hash = {k.hash: k for k in [*self._built_in, *file_keys.values()]}
 
     def refresh(self, force: bool = False) -> None:
@@ -94,14 +98,14 @@ class Keyring:
 
     def is_open(self, scope: str) -> bool:
         """Whether a request needing `scope` goes through without a key."""
-        if self.file_keys:
+        if self.keyed:
             return False
         if scope in ("inference", "metrics", ANY):
             return self.settings.api_key_value() is None
         return self.settings.api_key_value() is None and self.settings.admin_key_value() is None
 
     def refusal(self, scope: str) -> str:
-        if self.file_keys:
+        if self.keyed:
             return KEYS_REFUSAL
         if scope in ("inference", "metrics", ANY):
             return API_REFUSAL

@@ -144,6 +144,25 @@ async def test_a_broken_file_keeps_the_last_keys_and_says_why(data_dir, keys_fil
         assert info == {"file": str(keys_file), "keys": 1, "built_in": [], "error": None}
 
 
+async def test_revoking_the_last_key_or_deleting_the_file_never_opens_the_service(data_dir, keys_file):
+    async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
+        assert (await c.post("/embeddings", json={"inputs": "hi"}, headers=auth("reader"))).status_code == 200
+        change(keys_file, lambda keys: keys.clear())  # every key revoked
+        time.sleep(RECHECK_S)
+        for headers in ({}, auth("reader")):
+            r = await c.post("/embeddings", json={"inputs": "hi"}, headers=headers)
+            assert (r.status_code, r.json()) == (401, REFUSAL)
+        keys_file.unlink()
+        time.sleep(RECHECK_S)
+        r = await c.post("/embeddings", json={"inputs": "hi"})
+        assert (r.status_code, r.json()) == (401, REFUSAL)
+
+
+async def test_without_a_keys_file_the_service_is_open_as_before(data_dir, tmp_path):
+    async with serve_app(settings_for(data_dir, keys_file=tmp_path / "none.toml")) as c:
+        assert (await c.post("/embeddings", json={"inputs": "hi"})).status_code == 200
+
+
 def test_a_broken_file_at_start_is_a_startup_error(data_dir, tmp_path):
     path = tmp_path / "keys.toml"
     path.write_text('[keys.x]\nhash = "sha256:00"\nscopes = ["inference"]\n')
