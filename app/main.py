@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from fastapi import Depends, FastAPI
 
@@ -57,6 +58,11 @@ files, no data), and /metrics when BERT_METRICS_PUBLIC is true. A key without th
 Retry-After.
 """
 
+log = logging.getLogger("bertserve")
+
+# How often a replica looks for imports and batches left unfinished by a process that died.
+RESUME_EVERY_S = 10.0
+
 # Routes whose work is a forward pass or tokenising: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
 INFERENCE_PATHS = frozenset(
     {
@@ -86,15 +92,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     imports = Imports(settings.data_dir)
     batch_jobs = Batches(service)
 
+    async def keep_resuming() -> None:
+        """Every RESUME_EVERY_S: the imports and batches whose process died (another replica, killed)
+        go on here; a lease held elsewhere leaves them to their holder."""
+        while True:
+            await asyncio.sleep(RESUME_EVERY_S)
+            if service.draining:
+                return
+            try:
+                await asyncio.to_thread(imports.resume, True)
+                await batch_jobs.resume(quiet=True)
+            except Exception:  # a full disk, a torn record: logged whole, the next round tries again
+                log.exception("resuming unfinished imports and batches failed")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
         await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
         await asyncio.to_thread(batch_jobs.expire_files)
         await batch_jobs.resume()  # batches a stopped API left unfinished
+        sweep = asyncio.create_task(keep_resuming(), name="resume-imports-and-batches")
         try:
             yield
         finally:
+            sweep.cancel()
+            await asyncio.gather(sweep, return_exceptions=True)
             await batch_jobs.stop()  # before the engine: a line in flight is not answered "unavailable"
             await service.stop()
 

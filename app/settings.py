@@ -222,8 +222,20 @@ class Settings(BaseSettings):
             "loopback serves without a key, anything else needs one."
         ),
     )
+    drain_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=300,
+        description=(
+            "Seconds a replica keeps serving after SIGTERM while /ready answers 503 and each answer closes its "
+            "connection, so a load balancer stops sending it requests before it stops accepting them; then "
+            "`BERT_GRACEFUL_TIMEOUT` applies. Ctrl-C (SIGINT) does not wait."
+        ),
+    )
     graceful_timeout: float = Field(
-        30.0, ge=0, description="Seconds that in-flight requests get to finish after SIGTERM."
+        30.0,
+        ge=0,
+        description="Seconds that in-flight requests get to finish once the server stops accepting (after the drain).",
     )
     header_timeout: float = Field(
         10.0,

@@ -190,6 +190,7 @@ def child_env(data_dir: Path, broker_url: str, **extra: str) -> dict[str, str]:
         BERT_WORKER_DEVICE="cpu",
         BERT_JOB_PROGRESS_INTERVAL_S="0.1",
         BERT_JOB_HEARTBEAT_S="1",
+        BERT_DRAIN_SECONDS="0",  # no balancer in front: a server stops at SIGTERM at once
     )
     env.update(extra)
     return env

@@ -94,7 +94,8 @@ def test_the_api_is_probed_on_health_and_ready_and_drains_before_it_is_killed():
     assert api["livenessProbe"]["httpGet"]["path"] == "/health"
     assert api["ports"] == [{"name": "http", "containerPort": Settings().port}]
     pre_stop = int(api["lifecycle"]["preStop"]["exec"]["command"][-1])
-    assert spec["terminationGracePeriodSeconds"] >= pre_stop + Settings().graceful_timeout + 5
+    settings = Settings()  # (config.env sets neither: the defaults apply)
+    assert spec["terminationGracePeriodSeconds"] >= pre_stop + settings.drain_seconds + settings.graceful_timeout
 
 
 def test_the_worker_runs_and_is_checked_as_compose_runs_it(compose):

@@ -19,7 +19,8 @@ stream sleeps on the event loop. A long curve is paced: MAX_READ bytes a poll, o
 read at a time, REPLAY_PAUSE_S between two pieces. A metrics line longer than MAX_LINE is skipped
 (its bytes are not kept). Streams are bounded (EventStreams): BERT_MAX_EVENT_STREAMS open at once,
 BERT_MAX_EVENT_STREAMS_PER_JOB per job (one more is a 429 with Retry-After), and each lasts at most
-BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID).
+BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID), as it
+does when the server stops (after SIGTERM's drain).
 """
 
 from __future__ import annotations
@@ -213,9 +214,11 @@ async def job_events(
     since: int | None = None,
     max_seconds: float | None = None,
     replay: asyncio.Lock | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[str]:
-    """The events of one job until it ends, the client goes (`disconnected`) or `max_seconds` pass;
-    metrics from step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
+    """The events of one job until it ends, the client goes (`disconnected`), `max_seconds` pass or the
+    server is `stopping` (the client reconnects, through a balancer to another replica); metrics from
+    step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
     stream = _Stream(store, job_id, since)
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     replay = replay or asyncio.Lock()
@@ -235,6 +238,9 @@ async def job_events(
         if text:
             yield text
         if await disconnected():
+            return
+        if stopping():
+            yield ": this server is stopping; reconnect\n\n"
             return
         if deadline is not None and time.monotonic() >= deadline:
             yield ": the stream has reached its lifetime (BERT_EVENT_STREAM_MAX_SECONDS); reconnect\n\n"

@@ -78,7 +78,7 @@ class Imports:
     ) -> JobRecord:
         """Write the record (with `upload` moved into its directory) and start its thread (unless not
         `start`: the API runs it when it starts); 409 while another import of `name` is unfinished."""
-        with self._lock:
+        with self._lock, self.store.submitting():  # this process's threads, then every replica's
             running = self.unfinished(name)
             if running is not None:
                 raise ServiceError("conflict", f"model '{name}' is being imported by job {running['id']}")
@@ -108,14 +108,24 @@ class Imports:
         self.threads[job_id] = thread
         thread.start()
 
-    def resume(self) -> list[str]:
-        """Start every unfinished import (each thread takes the lease, or leaves it to its holder)."""
-        ids = [r["id"] for r in self.store.list() if r.get("kind") == KIND and r["state"] not in TERMINAL]
+    def resume(self, quiet: bool = False) -> list[str]:
+        """Start every unfinished import not running in this process (each thread takes the lease, or
+        leaves it to its holder: another replica). At start, and every RESUME_EVERY_S while serving
+        (`quiet`), so the imports of a replica that died go on in another."""
+        ids = [
+            r["id"]
+            for r in self.store.list()
+            if r.get("kind") == KIND and r["state"] not in TERMINAL and not self._running_here(r["id"])
+        ]
         for job_id in ids:
             self.start(job_id)
-        if ids:
+        if ids and not quiet:
             log.info("resuming %d model import(s): %s", len(ids), ", ".join(ids))
         return ids
+
+    def _running_here(self, job_id: str) -> bool:
+        thread = self.threads.get(job_id)
+        return thread is not None and thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> None:
         """Join the threads started so far (tests, and a clean shutdown)."""
@@ -131,6 +141,8 @@ class Imports:
         with lease:
             if self.store.begin_attempt(job_id, worker_identity()) != "run":
                 return
+            if self.store.read(job_id)["attempts"] > 1:
+                log.info("import %s: resuming (the process that ran it stopped)", job_id)
             lease.start_heartbeat(HEARTBEAT_S)
             self._import(self.store.read(job_id))
 

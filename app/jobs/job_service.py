@@ -15,6 +15,7 @@ accepted job (202) always has both a record and a message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -74,13 +75,16 @@ class JobService:
     async def submit(self, request: JobRequest, owner: Key = ANONYMOUS) -> JobRecord:
         """Validate, write the record (owned by `owner`, the key's name), send the message; the record as
         enqueued. 429 when the key has its `max_jobs` queued or running already."""
-        async with self._submit_lock:
-            await asyncio.to_thread(self._check_job_limit, owner)
-            spec = await self.validate(request)
-            self._check_priority(request.priority, self.max_priority(owner), owner)
-            record = await asyncio.to_thread(
-                self.store.create, {**spec, "owner": owner.name, "worker_share": owner.worker_share}
-            )
+        async with self._submit_lock:  # this process's submissions queue here, not on the flock
+            held = contextlib.ExitStack()  # the data directory's lock: other replicas' submissions too
+            await asyncio.to_thread(held.enter_context, self.store.submitting())
+            with held:
+                await asyncio.to_thread(self._check_job_limit, owner)
+                spec = await self.validate(request)
+                self._check_priority(request.priority, self.max_priority(owner), owner)
+                record = await asyncio.to_thread(
+                    self.store.create, {**spec, "owner": owner.name, "worker_share": owner.worker_share}
+                )
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:

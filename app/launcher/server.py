@@ -5,8 +5,11 @@ Listening beyond loopback (127.0.0.0/8, ::1, localhost) without BERT_API_KEY is 
 a container the address judged is the one its port is published on (BERT_PUBLISHED_HOST), not the
 0.0.0.0 it must listen on. uvicorn runs with the client limits it lacks itself (GuardedHttpProtocol):
 a deadline for a request's headers, an idle timeout while its body arrives, and a cap on open
-connections. On SIGTERM uvicorn stops accepting connections, lets in-flight requests finish (up to
-BERT_GRACEFUL_TIMEOUT seconds), then runs the lifespan shutdown, which drains the engine's queue.
+connections. On SIGTERM the replica first drains for BERT_DRAIN_SECONDS (DrainingServer): it serves on,
+but /ready answers 503 and every answer closes its connection, so a load balancer takes it out of
+rotation and clients move on; then uvicorn stops accepting connections, lets in-flight requests finish
+(up to BERT_GRACEFUL_TIMEOUT seconds), ends event streams (their clients reconnect elsewhere) and runs
+the lifespan shutdown, which drains the engine's queue. Ctrl-C (SIGINT) skips the drain.
 `python -m app.launcher.server` runs the same thing (for tests and the benchmark).
 """
 
@@ -17,8 +20,11 @@ import asyncio
 import ipaddress
 import json
 import logging
+import signal
 import socket
 import sys
+import time
+from types import FrameType
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -26,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.errors import RETRY_AFTER_S, error_body
 from app.keys.keyfile import KeyFileError, read_keys
 from app.main import create_app
+from app.serving.service import Service
 from app.settings import Settings
 
 log = logging.getLogger("bertserve")
@@ -93,16 +100,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     sees the client disconnect. A request answered before its body was read (a 401, a 413) has the
     rest of its body discarded for a moment and its connection closed, as nginx's lingering close
     does, so a client cannot keep it open by trickling the body it declared. `serving(settings)`
-    makes the subclass with the settings' values."""
+    makes the subclass with the settings' values. While the service drains (SIGTERM), each answer
+    closes its connection, so a balancer's next request opens a new one, to a replica still in rotation."""
 
     header_timeout = 10.0
     body_timeout = 30.0
     max_connections = 1000
+    service: Service | None = None
     _timer: asyncio.TimerHandle | None = None
     _reading_body = False
 
     @classmethod
-    def serving(cls, settings: Settings) -> type[GuardedHttpProtocol]:
+    def serving(cls, settings: Settings, service: Service | None = None) -> type[GuardedHttpProtocol]:
         return type(
             cls.__name__,
             (cls,),
@@ -110,6 +119,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 "header_timeout": settings.header_timeout,
                 "body_timeout": settings.body_timeout,
                 "max_connections": settings.max_connections,
+                "service": service,
             },
         )
 
@@ -144,6 +154,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        if self.service is not None and self.service.draining:
+            self.cycle.keep_alive = False  # uvicorn answers with `connection: close` and closes
         self._reading_body = True
         self._arm(self.body_timeout)
 
@@ -189,6 +201,44 @@ def _connection_limit_answer(limit: int) -> bytes:
     return head.encode() + body
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain before its graceful shutdown. The first SIGTERM marks the service
+    draining (/ready: 503; answers close their connections) for `drain_s` seconds while it serves on;
+    then uvicorn's shutdown runs as on any signal. SIGINT (Ctrl-C), a second SIGTERM or `drain_s` 0:
+    the shutdown at once."""
+
+    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float):
+        super().__init__(config)
+        self.service, self.drain_s = service, drain_s
+        self.leave_at: float | None = None
+        self.marked = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_s > 0 and self.leave_at is None and not self.should_exit:
+            self.leave_at = time.monotonic() + self.drain_s  # (a signal handler: no logging here)
+            self.service.draining = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.leave_at is not None and not self.marked:
+            self.marked = True  # the requests that were in flight at SIGTERM close their connections too
+            for connection in list(self.server_state.connections):
+                cycle = getattr(connection, "cycle", None)
+                if cycle is not None and not cycle.response_complete:
+                    cycle.keep_alive = False
+        if self.leave_at is not None and not self.service.leaving:
+            if counter % 10 == 0 and time.monotonic() < self.leave_at:
+                log.info("SIGTERM: draining, %.0f s left (/ready answers 503)", self.leave_at - time.monotonic())
+            if time.monotonic() >= self.leave_at:
+                log.info("drained: no longer accepting connections; finishing the requests in flight")
+                self.service.leaving = True
+                self.should_exit = True
+        if self.should_exit:
+            self.service.leaving = True  # event streams end: their clients reconnect to another replica
+        return await super().on_tick(counter)
+
+
 def serve(
     host: str | None = None, port: int | None = None, allow_public: bool = False, settings: Settings | None = None
 ) -> int:
@@ -214,9 +264,9 @@ def serve(
         # (uvicorn types it int; it is awaited as a float of seconds)
         timeout_graceful_shutdown=settings.graceful_timeout,  # type: ignore[arg-type]
         access_log=False,
-        http=GuardedHttpProtocol.serving(settings),
+        http=GuardedHttpProtocol.serving(settings, app.state.service),
     )
-    uvicorn.Server(config).run()
+    DrainingServer(config, app.state.service, settings.drain_seconds).run()
     return 0
 
 

@@ -313,12 +313,18 @@ class Batches:
         self.tasks[job_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(job_id, None))
 
-    async def resume(self) -> list[str]:
-        """Start every unfinished batch (each run takes the lease, or leaves it to its holder)."""
-        ids = [r["id"] for r in await asyncio.to_thread(self.batches) if r["state"] not in TERMINAL]
+    async def resume(self, quiet: bool = False) -> list[str]:
+        """Start every unfinished batch not running in this process (each run takes the lease, or leaves
+        it to its holder: another replica). At start, and every RESUME_EVERY_S while serving (`quiet`),
+        so the batches of a replica that died go on in another."""
+        ids = [
+            r["id"]
+            for r in await asyncio.to_thread(self.batches)
+            if r["state"] not in TERMINAL and r["id"] not in self.tasks
+        ]
         for job_id in ids:
             self.start(job_id)
-        if ids:
+        if ids and not quiet:
             log.info("resuming %d batch(es): %s", len(ids), ", ".join(ids))
         return ids
 

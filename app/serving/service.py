@@ -236,6 +236,11 @@ class Service:
         self.pool: ThreadPoolExecutor | None = None
         self._pool_jobs = 0  # jobs given to the pool and not yet answered (app/serving/service.py off_loop)
         self._loader: asyncio.Task | None = None
+        # SIGTERM (app/launcher/server.py): `draining` while the replica still serves but /ready answers
+        # 503, so a balancer sends it nothing new; `leaving` once the drain is over and uvicorn stops
+        # accepting, when long streams end so that their clients reconnect to another replica.
+        self.draining = False
+        self.leaving = False
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -407,6 +412,8 @@ class Service:
 
     async def not_ready_reason(self) -> str | None:
         """None when the default model is loaded and warmed up; else why not."""
+        if self.draining:
+            return "stopping: this replica received SIGTERM and finishes what it holds; send requests elsewhere"
         name = self.store.default()
         entry = self.store.peek(name) if name else None
         if entry is None:  # perhaps saved since the last scan

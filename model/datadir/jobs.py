@@ -7,6 +7,7 @@ carries its id), so a job outlives Redis.
     DATA_DIR/jobs/<id>/cancel          present once a cancel was asked for (the training loop polls it)
     DATA_DIR/jobs/<id>/.lease          flock'ed by the one process training the job (lease.py)
     DATA_DIR/jobs/<id>/.record.lock    flock'ed around every read-modify-write of job.json
+    DATA_DIR/jobs/.submit.lock         flock'ed while a new job is checked and created (any process)
 
 job.json is only ever replaced by rename (temp file, fsync, rename), so readers never see half of it
 and need no lock; writers serialise on `.record.lock` so two updates never lose each other.
@@ -41,6 +42,7 @@ from model.files import (
     tree_bytes,
 )
 
+SUBMIT_LOCK = ".submit.lock"
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
@@ -143,6 +145,15 @@ class JobRecords:
         if not valid_job_id(job_id):
             raise JobNotFound(job_id)
         return self.root / job_id
+
+    @contextlib.contextmanager
+    def submitting(self) -> Iterator[None]:
+        """Hold DATA_DIR/jobs/.submit.lock (flock) around the checks a new record depends on (a name in
+        use, a key's count of jobs) and its creation: one submission at a time across every process of
+        the data directory, API replicas included."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _flocked(self.root / SUBMIT_LOCK):
+            yield
 
     # -- records ----------------------------------------------------------------------------------
 

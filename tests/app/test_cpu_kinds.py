@@ -113,6 +113,7 @@ def start_serve(data_dir: Path, port: int, tmp_path: Path, **env: str) -> subpro
         "BERT_DEVICE": "cpu",
         "BERT_LOAD": "startup",
         "BERT_API_KEY": "",
+        "BERT_DRAIN_SECONDS": "0",
         "OMP_NUM_THREADS": "1",
         **env,
     }

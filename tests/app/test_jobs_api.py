@@ -19,6 +19,7 @@ from app.jobs.uploads import _Upload
 from app.main import create_app
 from app.settings import Settings
 from model.datadir import JobRecords, now_iso
+from model.datadir.jobs import SUBMIT_LOCK
 from model.modeling import BertForSequenceClassification
 from tests.helpers import (
     BASE_MODEL,
@@ -45,7 +46,9 @@ def make_client(data_dir, raise_server_exceptions: bool = True, **settings) -> T
 
 
 def tree(root) -> set[str]:
-    return {os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files}
+    """Every file below root but the submissions' lock (created empty by the first submission, and kept)."""
+    files = {os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files}
+    return {f for f in files if os.path.basename(f) != SUBMIT_LOCK}
 
 
 @pytest.fixture(scope="module")

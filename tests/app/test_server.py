@@ -36,6 +36,7 @@ def start_server(data_dir: Path, port: int, **env_overrides: str) -> subprocess.
         "BERT_DEVICE": "cpu",
         "BERT_LOAD": "startup",
         "BERT_API_KEY": "",
+        "BERT_DRAIN_SECONDS": "0",  # no balancer in front: SIGTERM stops at once
         "PYTHONUNBUFFERED": "1",
         **env_overrides,
     }
@@ -64,33 +65,62 @@ def start_server(data_dir: Path, port: int, **env_overrides: str) -> subprocess.
 
 @pytest.mark.slow
 def test_real_uvicorn_serves_and_drains_on_sigterm(data_dir, reference, tokenizer):
+    """SIGTERM: for BERT_DRAIN_SECONDS the replica serves on with /ready at 503 and every answer closing
+    its connection (a balancer takes it out of rotation); a request in flight finishes; then it stops
+    accepting and exits."""
     port = free_port()
-    proc = start_server(data_dir, port, BERT_GRACEFUL_TIMEOUT="20")
+    proc = start_server(data_dir, port, BERT_GRACEFUL_TIMEOUT="20", BERT_DRAIN_SECONDS="3")
+    url = f"http://127.0.0.1:{port}"
+    expected = embed_reference(reference["tiny-enc"], tokenizer, "the cat sat")
     try:
-        # An in-flight request: its body is half sent when SIGTERM arrives, the rest after.
-        body = json.dumps({"inputs": "the cat sat"}).encode()
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-            conn.sendall(
-                b"POST /embeddings HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(body) + body[:10]
-            )
-            time.sleep(0.3)
-            proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
-            conn.sendall(body[10:])
-            response = b""
-            while chunk := conn.recv(65536):
-                response += chunk
-        head, _, payload = response.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), response
-        expected = embed_reference(reference["tiny-enc"], tokenizer, "the cat sat")
-        assert json.loads(payload) == pytest.approx(expected.tolist(), abs=1e-5)
-        assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        with httpx.Client(base_url=url, timeout=30) as client:
+            r = client.post("/embeddings", json={"inputs": "the cat sat"})
+            assert r.status_code == 200 and "connection" not in r.headers  # kept alive while serving
+            # An in-flight request: its body is half sent when SIGTERM arrives, the rest after.
+            body = json.dumps({"inputs": "the cat sat"}).encode()
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+                conn.sendall(
+                    b"POST /embeddings HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body) + body[:10]
+                )
+                time.sleep(0.3)
+                proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                time.sleep(0.5)
+                # Draining: not ready, yet it answers, closing each connection after its answer.
+                ready = client.get("/ready")
+                assert ready.status_code == 503 and ready.json()["error"].startswith("stopping"), ready.text
+                r = client.post("/embeddings", json={"inputs": "the cat sat"})
+                assert r.status_code == 200 and r.headers["connection"] == "close", r.headers
+                assert r.json() == pytest.approx(expected.tolist(), abs=1e-5)
+                conn.sendall(body[10:])
+                response = b""
+                while chunk := conn.recv(65536):
+                    response += chunk
+            head, _, payload = response.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), response
+            assert b"connection: close" in head.lower()
+            assert json.loads(payload) == pytest.approx(expected.tolist(), abs=1e-5)
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+        assert time.monotonic() - signalled >= 3, "it stopped before its drain was over"
     finally:
         if proc.poll() is None:
             proc.kill()
         output = proc.stdout.read()
-    assert "Application shutdown complete" in output, output
+    assert "SIGTERM: draining" in output and "Application shutdown complete" in output, output
+
+
+def test_ctrl_c_stops_without_a_drain(data_dir):
+    port = free_port()
+    proc = start_server(data_dir, port, BERT_DRAIN_SECONDS="30")
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.stdout.read()
+    assert "draining" not in output, output
 
 
 def test_refuses_public_bind_without_a_key(capsys):

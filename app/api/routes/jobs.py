@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from app.api.auditing import audited
-from app.api.deps import CallerDep, JobServiceDep, require_jobs
+from app.api.deps import CallerDep, JobServiceDep, ServiceDep, require_jobs
 from app.errors import responses
 from app.jobs.events import job_events
 from app.jobs.job_service import JobService
@@ -111,6 +111,7 @@ async def stream_job_events(
     jobs: JobServiceDep,
     request: Request,
     caller: CallerDep,
+    service: ServiceDep,
     since: Annotated[
         int | None, Query(ge=0, description="Metrics records from this step on (earlier ones are not sent).")
     ] = None,
@@ -138,6 +139,7 @@ async def stream_job_events(
                 since=since,
                 max_seconds=settings.event_stream_max_seconds,
                 replay=jobs.event_streams.replay,
+                stopping=lambda: service.leaving,
             ):
                 yield chunk
         finally:
