@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app.main import INFERENCE_PATHS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -110,10 +112,37 @@ def test_no_secret_is_interpolated_into_a_command_line(compose):
         assert "${" not in command, f"{name}: {command}"
 
 
-def test_api_port_is_published_on_loopback_by_default(compose):
-    api = compose["services"]["api"]
-    (port,) = api["ports"]
-    assert port.startswith("${BERT_BIND:-127.0.0.1}:")
+def test_the_balancer_is_the_only_published_port_on_loopback_by_default(compose):
+    published = {name: s["ports"] for name, s in compose["services"].items() if "ports" in s and name != "flower"}
+    assert list(published) == ["lb"], "api replicas share no host port: clients reach them through lb"
+    (port,) = published["lb"]
+    assert port == "${BERT_BIND:-127.0.0.1}:${BERT_PORT:-8000}:8000"
+    assert compose["services"]["flower"]["ports"] == ["127.0.0.1:5555:5555"]
+    assert env_of(compose["services"]["api"])["BERT_PUBLISHED_HOST"] == "${BERT_BIND:-127.0.0.1}"
+
+
+def test_the_balancer_finds_ready_replicas_through_docker_dns(compose):
+    lb = compose["services"]["lb"]
+    assert lb["image"] == "haproxy:2.6" and lb["stop_signal"] == "SIGUSR1"
+    assert lb["volumes"] == ["./deploy/compose:/usr/local/etc/haproxy:ro"]
+    config = (ROOT / "deploy" / "compose" / "haproxy.cfg").read_text()
+    lines = [line.split("#")[0].strip() for line in config.splitlines()]
+    assert "nameserver dns 127.0.0.11:53" in lines  # Docker's embedded DNS: `api` is every replica
+    assert "server-template api 1-32 api:8000" in lines
+    assert "option httpchk GET /ready" in lines and "http-check expect status 200" in lines
+    assert "bind :8000" in lines
+    # Only what is safe to repeat is repeated on another replica.
+    assert "http-request disable-l7-retry unless inference or reading" in lines
+    routes = next(line for line in lines if line.startswith("acl inference path")).split()[3:]
+    assert set(routes) == INFERENCE_PATHS
+    for code in (502, 503, 504):
+        assert f"errorfile {code} /usr/local/etc/haproxy/errors/{code}.http" in lines
+        raw = (ROOT / "deploy" / "compose" / "errors" / f"{code}.http").read_bytes()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {code} ".encode())
+        assert f"content-length: {len(body)}".encode() in head.split(b"\r\n")
+        assert json.loads(body)["error_type"] == "unavailable"
+    assert compose["services"]["api"]["stop_grace_period"] == "40s"
 
 
 def test_secrets_come_from_env_with_required_markers(compose):

@@ -396,28 +396,30 @@ class ModelRegistry:
                 f"model '{entry.name}' has no {HEAD_TITLES[head]} head, which "
                 f"{route} needs (it is a {entry.architecture}; heads: {has})",
             )
-        return await self.ensure_loaded(entry)
+        return await self.ensure_loaded(entry, warm_up=False)
 
-    async def ensure_loaded(self, entry: StoredModel) -> LoadedModel:
+    async def ensure_loaded(self, entry: StoredModel, warm_up: bool = True) -> LoadedModel:
         """The entry's model, loaded (within the memory budget) and warmed up on first use. The value
-        returned stays usable even if the model is unloaded while the caller still runs it."""
+        returned stays usable even if the model is unloaded while the caller still runs it. A request
+        that loads a model (`warm_up` False) is its first use: warm-up passes would only queue
+        before it, behind the engine's other work, and lengthen its wait."""
         loaded = entry.loaded
         if loaded is None:
             async with entry.lock:  # concurrent first requests load it once
                 loaded = entry.loaded
                 if loaded is None:
-                    loaded = await self._load_within_budget(entry)
+                    loaded = await self._load_within_budget(entry, warm_up)
         entry.last_used = next(self._uses)
         return loaded
 
-    async def _load_within_budget(self, entry: StoredModel) -> LoadedModel:
+    async def _load_within_budget(self, entry: StoredModel, warm_up: bool = True) -> LoadedModel:
         await self._reserve(entry)
         start = time.perf_counter()
         try:
             loaded = await asyncio.to_thread(self._load, entry)
-            if self.warm_up is not None:
+            if self.warm_up is not None and warm_up:
                 await self.warm_up(loaded)
-            loaded.warm = True
+                loaded.warm = True
         except BaseException as e:  # cancelled too: the reservation goes with the load
             entry.reserved_bytes = 0
             self._changed()
