@@ -1,7 +1,8 @@
 """Batch inference, OpenAI's batch API: POST /v1/batches checks an uploaded JSONL of requests and queues
 a job of kind "batch"; the API process runs it, line by line, through the same pipelines and batching
-engine as the online routes (so a line's answer is the one its route gives), and writes OpenAI's output
-and error files (/v1/files, model/datadir/files.py).
+engine as the online routes (so a line's answer is the one its route gives: its body the very bytes the
+route sends, its response model's JSON as FastAPI writes it), and writes OpenAI's output and error files
+(/v1/files, model/datadir/files.py).
 
 The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
 transitions, GET /jobs and cancel. The run holds the job's lease; at API start every unfinished batch
@@ -417,19 +418,17 @@ class Batches:
             await asyncio.gather(*ahead, return_exceptions=True)
         await asyncio.to_thread(self._finish, job_id, cancelled=False)
 
-    async def _answer(self, ep: Endpoint, line: Line, tag: str, gate: asyncio.Semaphore) -> tuple[bool, dict]:
+    async def _answer(self, ep: Endpoint, line: Line, tag: str, gate: asyncio.Semaphore) -> tuple[bool, bytes]:
         """(answered, the output or error-file line) for one input line."""
-        entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
         if line.error is not None:
             return _failure(line, tag, *line.error)
         async with gate:
             while True:
                 try:
                     value = await ep.run(self.service, line.request)
-                    body = ep.response.dump_python(
-                        ep.response.validate_python(value, from_attributes=True),
-                        mode="json",
-                        exclude_none=ep.exclude_none,
+                    # As the route answers (FastAPI's dump_json of its response model): the same bytes.
+                    body = ep.response.dump_json(
+                        ep.response.validate_python(value, from_attributes=True), exclude_none=ep.exclude_none
                     )
                     break
                 except ServiceError as e:
@@ -440,15 +439,15 @@ class Batches:
                 except Exception as e:  # a bug: this line's answer, in words, and the log has it whole
                     log.exception("batch line %s failed", line.index)
                     return _failure(line, tag, "internal", f"{type(e).__name__}: {e}")
-        return True, {**entry, "response": {"status_code": 200, "request_id": entry["id"], "body": body}, "error": None}
+        return True, _output_line(line, tag, body)
 
-    def _commit(self, job_id: str, answers: list[tuple[bool, dict]]) -> None:
+    def _commit(self, job_id: str, answers: list[tuple[bool, bytes]]) -> None:
         """Append a chunk's answers, fsync both files, then count them in the record (atomically)."""
         job_dir = self.store.job_dir(job_id)
         sizes = {}
         for name, ok in ((OUTPUT, True), (ERRORS, False)):
             with open(job_dir / name, "ab") as f:
-                f.write(b"".join(json.dumps(entry).encode() + b"\n" for answered, entry in answers if answered == ok))
+                f.write(b"".join(entry for answered, entry in answers if answered == ok))
                 f.flush()
                 os.fsync(f.fileno())
                 sizes[name] = f.tell()
@@ -499,10 +498,18 @@ class Batches:
             )
 
 
-def _failure(line: Line, tag: str, code: str, message: str) -> tuple[bool, dict]:
+def _output_line(line: Line, tag: str, body: bytes) -> bytes:
+    """An output-file line, in OpenAI's shape, around the body's JSON as the route wrote it."""
+    request_id = f"batch_req_{tag}_{line.index}"
+    head = json.dumps({"id": request_id, "custom_id": line.custom_id})[:-1]  # open: the response follows
+    response = f'"response": {{"status_code": 200, "request_id": "{request_id}", "body": '
+    return f"{head}, {response}".encode() + body + b'}, "error": null}\n'
+
+
+def _failure(line: Line, tag: str, code: str, message: str) -> tuple[bool, bytes]:
     """An error-file line, in OpenAI's shape."""
     entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
-    return False, {**entry, "response": None, "error": {"code": code, "message": message}}
+    return False, json.dumps({**entry, "response": None, "error": {"code": code, "message": message}}).encode() + b"\n"
 
 
 def _mark_expired(record: JobRecord) -> None:

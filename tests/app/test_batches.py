@@ -82,11 +82,13 @@ def test_batch_answers_equal_the_online_routes(served):
     assert batch.error_file_id is None and batch.completed_at >= batch.in_progress_at >= batch.created_at
     out = content(c, batch.output_file_id)
     online = [
-        httpx.post(f"{url}/v1/embeddings", json=r["body"], headers={"Authorization": f"Bearer {KEY}"}).json()
+        httpx.post(f"{url}/v1/embeddings", json=r["body"], headers={"Authorization": f"Bearer {KEY}"}).content
         for r in rows
     ]
     assert [o["custom_id"] for o in out] == [r["custom_id"] for r in rows]
-    assert [o["response"]["body"] for o in out] == online  # exact: the same floats, as JSON
+    assert [o["response"]["body"] for o in out] == [json.loads(body) for body in online]  # the same floats
+    raw = c.files.content(batch.output_file_id).content.splitlines()
+    assert all(b'"body": ' + body + b"}" in line for body, line in zip(online, raw))  # the route's very bytes
     assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in out)
     # our own route, through the same pipeline: /fill-mask on the pretraining model
     masked = [
@@ -290,7 +292,7 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     job_id = batches.create(req)["id"]
     job_dir = batches.store.job_dir(job_id)
     batches.store.move(job_id, transitions.start, "a killed process")
-    batches._commit(job_id, [(True, {"custom_id": "a"})])
+    batches._commit(job_id, [(True, b'{"custom_id": "a"}\n')])
     committed = (job_dir / OUTPUT).read_bytes()
     with open(job_dir / OUTPUT, "ab") as f:
         f.write(b'{"custom_id": "b"}\n{"custom_id": "c", "to')  # the next chunk, written but never counted
@@ -324,7 +326,7 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
     req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
     job_id = batches.create(req)["id"]
     batches.store.move(job_id, transitions.start, "an attempt that answered two lines, then the API went down")
-    batches._commit(job_id, [(True, {"custom_id": "r0"}), (True, {"custom_id": "r1"})])
+    batches._commit(job_id, [(True, b'{"custom_id": "r0"}\n'), (True, b'{"custom_id": "r1"}\n')])
     batches.store.move(job_id, transitions.hand_back, "the API is stopping")
     a_day_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=24, seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     batches.store.update(job_id, lambda r: r.__setitem__("created_at", a_day_ago))
