@@ -1,7 +1,9 @@
 """Batch inference, OpenAI's batch API: POST /v1/batches checks an uploaded JSONL of requests and queues
-a job of kind "batch"; the API process runs it, line by line, through the same pipelines and batching
-engine as the online routes (so a line's answer is the one its route gives), and writes OpenAI's output
-and error files (/v1/files, model/datadir/files.py).
+a job of kind "batch"; the API process runs its lines through the same pipelines and batching engine as
+the online routes (so a line's answer is the one its route gives, its body the route's response model's
+JSON as FastAPI writes it), and writes OpenAI's output and error files (/v1/files, model/datadir/files.py).
+The embedding endpoints take a chunk's lines in one pipeline call (pipelines._infer_many), each line still
+checked, answered or failed on its own; the other endpoints take one call per line.
 
 The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
 transitions, GET /jobs and cancel. The run holds the job's lease; at API start every unfinished batch
@@ -88,13 +90,24 @@ class Endpoint:
     run: Callable[[Service, Any], Awaitable[Any]]
     response: TypeAdapter
     exclude_none: bool = False
+    # The route's function for many requests at once (per request its answer or its error, in order): a
+    # chunk's lines then cost one pipeline call, not one each. The route's `run` is it, for one request.
+    run_many: Callable[[Service, list], Awaitable[list]] | None = None
 
 
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/embeddings": Endpoint(
-        OpenAIEmbeddingsRequest, embed_pipeline.openai_embeddings, TypeAdapter(OpenAIEmbeddingsResponse)
+        OpenAIEmbeddingsRequest,
+        embed_pipeline.openai_embeddings,
+        TypeAdapter(OpenAIEmbeddingsResponse),
+        run_many=embed_pipeline.openai_embeddings_many,
     ),
-    "/embeddings": Endpoint(EmbeddingsRequest, embed_pipeline.embeddings, TypeAdapter(EmbeddingsResponse)),
+    "/embeddings": Endpoint(
+        EmbeddingsRequest,
+        embed_pipeline.embeddings,
+        TypeAdapter(EmbeddingsResponse),
+        run_many=embed_pipeline.embeddings_many,
+    ),
     "/fill-mask": Endpoint(FillMaskRequest, pipelines.fill_mask, TypeAdapter(FillMaskResponse)),
     "/nsp": Endpoint(NspRequest, pipelines.nsp, TypeAdapter(NspResponse)),
     "/classify": Endpoint(ClassifyRequest, pipelines.classify, TypeAdapter(ClassifyResponse)),
@@ -386,7 +399,10 @@ class Batches:
         path = self.store.job_dir(job_id) / INPUT
         lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
         settings = self.settings
-        chunk, gate = settings.batch_chunk_lines, asyncio.Semaphore(settings.batch_concurrency)
+        # Lines go to the pipeline together (an endpoint with run_many) in groups of at most the lines in flight.
+        chunk, concurrency = settings.batch_chunk_lines, settings.batch_concurrency
+        group = min(chunk, concurrency) if ep.run_many is not None else 1
+        gate = asyncio.Semaphore(max(1, concurrency // group))  # groups in flight
         # This task's lines (the tasks below inherit the context) reach the engine through one lane: few large
         # work items, and a quarter of the tokeniser queue at most, the rest kept for the online routes.
         LANE.set(Lane(self.service, max(1, settings.max_tokenizer_queue // 4)))
@@ -408,7 +424,7 @@ class Batches:
                         answered: asyncio.Future = asyncio.get_running_loop().create_future()
                         answered.set_result([_failure(line, tag, "batch_expired", EXPIRED) for line in part])
                     else:
-                        answered = asyncio.gather(*(self._answer(ep, line, tag, gate) for line in part))
+                        answered = asyncio.ensure_future(self._answer_part(ep, part, group, tag, gate))
                     ahead.append(answered)
                 if not ahead:
                     break
@@ -423,38 +439,65 @@ class Batches:
             await asyncio.gather(*ahead, return_exceptions=True)
         await asyncio.to_thread(self._finish, job_id, cancelled=False)
 
-    async def _answer(self, ep: Endpoint, line: Line, tag: str, gate: asyncio.Semaphore) -> tuple[bool, dict]:
-        """(answered, the output or error-file line) for one input line."""
-        entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
-        if line.error is not None:
-            return _failure(line, tag, *line.error)
-        async with gate:
-            while True:
-                try:
-                    value = await ep.run(self.service, line.request)
-                    body = ep.response.dump_python(
-                        ep.response.validate_python(value, from_attributes=True),
-                        mode="json",
-                        exclude_none=ep.exclude_none,
-                    )
-                    break
-                except ServiceError as e:
-                    if e.error_type == "overloaded":
-                        await asyncio.sleep(RETRY_S)
-                        continue
-                    return _failure(line, tag, e.error_type, e.message)
-                except Exception as e:  # a bug: this line's answer, in words, and the log has it whole
-                    log.exception("batch line %s failed", line.index)
-                    return _failure(line, tag, "internal", f"{type(e).__name__}: {e}")
-        return True, {**entry, "response": {"status_code": 200, "request_id": entry["id"], "body": body}, "error": None}
+    async def _answer_part(
+        self, ep: Endpoint, part: list[Line], group: int, tag: str, gate: asyncio.Semaphore
+    ) -> list[tuple[bool, bytes]]:
+        """(answered, the output or error-file line) for each line of a chunk, its lines run in groups."""
+        answers = await asyncio.gather(
+            *(self._answer(ep, part[i : i + group], tag, gate) for i in range(0, len(part), group))
+        )
+        return [answer for answered in answers for answer in answered]
 
-    def _commit(self, job_id: str, answers: list[tuple[bool, dict]]) -> None:
+    async def _answer(
+        self, ep: Endpoint, lines: list[Line], tag: str, gate: asyncio.Semaphore
+    ) -> list[tuple[bool, bytes]]:
+        """(answered, the output or error-file line) for each of `lines`, run by one pipeline call."""
+        answers = {line.index: _failure(line, tag, *line.error) for line in lines if line.error is not None}
+        todo = [line for line in lines if line.error is None]
+        async with gate:
+            while todo:
+                retry = []
+                for line, value in zip(todo, await self._run_lines(ep, [line.request for line in todo])):
+                    if isinstance(value, ServiceError) and value.error_type == "overloaded":
+                        retry.append(line)  # a full engine or tokeniser queue: the line waits its turn
+                    else:
+                        answers[line.index] = self._settle(ep, line, tag, value)
+                if todo := retry:
+                    await asyncio.sleep(RETRY_S)
+        return [answers[line.index] for line in lines]
+
+    async def _run_lines(self, ep: Endpoint, requests: list) -> list:
+        """Per request its answer or its error: one call of the route's function for them all."""
+        try:
+            if ep.run_many is not None:
+                return await ep.run_many(self.service, requests)
+            return [await ep.run(self.service, request) for request in requests]
+        except Exception as e:
+            return [e] * len(requests)
+
+    def _settle(self, ep: Endpoint, line: Line, tag: str, value: Any) -> tuple[bool, bytes]:
+        """A line's answer, or its error, as its output or error-file line."""
+        if isinstance(value, ServiceError):
+            return _failure(line, tag, value.error_type, value.message)
+        if not isinstance(value, Exception):
+            try:  # as the route answers (FastAPI's dump_json of its response model): the same bytes
+                body = ep.response.dump_json(
+                    ep.response.validate_python(value, from_attributes=True), exclude_none=ep.exclude_none
+                )
+                return True, _output_line(line, tag, body)
+            except Exception as e:
+                value = e
+        # a bug: this line's answer, in words, and the log has it whole
+        log.error("batch line %s failed", line.index, exc_info=value)
+        return _failure(line, tag, "internal", f"{type(value).__name__}: {value}")
+
+    def _commit(self, job_id: str, answers: list[tuple[bool, bytes]]) -> None:
         """Append a chunk's answers, fsync both files, then count them in the record (atomically)."""
         job_dir = self.store.job_dir(job_id)
         sizes = {}
         for name, ok in ((OUTPUT, True), (ERRORS, False)):
             with open(job_dir / name, "ab") as f:
-                f.write(b"".join(json.dumps(entry).encode() + b"\n" for answered, entry in answers if answered == ok))
+                f.write(b"".join(entry for answered, entry in answers if answered == ok))
                 f.flush()
                 os.fsync(f.fileno())
                 sizes[name] = f.tell()
@@ -505,10 +548,18 @@ class Batches:
             )
 
 
-def _failure(line: Line, tag: str, code: str, message: str) -> tuple[bool, dict]:
+def _output_line(line: Line, tag: str, body: bytes) -> bytes:
+    """An output-file line, in OpenAI's shape, around the body's JSON as the route wrote it."""
+    request_id = f"batch_req_{tag}_{line.index}"
+    head = json.dumps({"id": request_id, "custom_id": line.custom_id})[:-1]  # open: the response follows
+    response = f'"response": {{"status_code": 200, "request_id": "{request_id}", "body": '
+    return f"{head}, {response}".encode() + body + b'}, "error": null}\n'
+
+
+def _failure(line: Line, tag: str, code: str, message: str) -> tuple[bool, bytes]:
     """An error-file line, in OpenAI's shape."""
     entry = {"id": f"batch_req_{tag}_{line.index}", "custom_id": line.custom_id}
-    return False, {**entry, "response": None, "error": {"code": code, "message": message}}
+    return False, json.dumps({**entry, "response": None, "error": {"code": code, "message": message}}).encode() + b"\n"
 
 
 def _mark_expired(record: JobRecord) -> None:

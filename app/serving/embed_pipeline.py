@@ -20,6 +20,7 @@ loop) averages, cuts and normalises; otherwise the engine's vectors are the answ
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import numpy as np
 from app.errors import ServiceError
 from app.schemas import EmbeddingsRequest, OpenAIEmbeddingsRequest
 from app.serving.model_registry import LoadedModel
-from app.serving.pipelines import Row, _infer, encode
+from app.serving.pipelines import Outcome, Row, _infer_many, encode
 from app.serving.service import Service, check_dropped
 from model.tokenizer import window_count
 
@@ -155,36 +156,118 @@ async def embed(
     svc: Service, model: str | None, inputs, plan: EmbedPlan, pooling: str = "mean", route: str | None = None
 ) -> tuple[Any, int, LoadedModel]:
     """(one vector per input, or the vector of a single input; the tokens run; the model)."""
-    plan.check_tokens = svc.check_tokens
-    outcome = await _infer(
+    (answer,) = await embed_many(svc, model, [(inputs, plan)], pooling, route)
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+async def embed_many(
+    svc: Service,
+    model: str | None,
+    requests: list[tuple[Any, EmbedPlan]],
+    pooling: str = "mean",
+    route: str | None = None,
+) -> list[tuple[Any, int, LoadedModel] | Exception]:
+    """`embed` for several requests of one model whose plans ask the engine the same (engine_params), as
+    one work item (pipelines._infer_many): per request its answer, or its error in its place."""
+    for _, plan in requests:
+        plan.check_tokens = svc.check_tokens
+    outcomes = await _infer_many(
         svc,
         "encode",
         model,
-        inputs,
-        plan.prepare,
-        params={"pooling": pooling, **plan.engine_params},
+        [(inputs, plan.prepare) for inputs, plan in requests],
+        params={"pooling": pooling, **requests[0][1].engine_params},
         route=route,
     )
-    vectors = await svc.off_loop(plan.finish, outcome.results) if plan.finishes else outcome.results
-    return outcome.answer(vectors), sum(len(ids) for ids, _ in outcome.rows), outcome.lm
+    finishing = [
+        (i, plan, o.results)
+        for i, ((_, plan), o) in enumerate(zip(requests, outcomes))
+        if isinstance(o, Outcome) and plan.finishes
+    ]
+    finished = (
+        await svc.off_loop(_finish_each, [(plan, results) for _, plan, results in finishing]) if finishing else []
+    )
+    vectors: dict[int, list] = {i: v for (i, _, _), v in zip(finishing, finished)}
+    return [
+        o
+        if isinstance(o, Exception)
+        else (o.answer(vectors.get(i, o.results)), sum(len(ids) for ids, _ in o.rows), o.lm)
+        for i, o in enumerate(outcomes)
+    ]
+
+
+def _finish_each(finishing: list[tuple[EmbedPlan, list]]) -> list[list[list[float]]]:
+    return [plan.finish(results) for plan, results in finishing]
+
+
+async def _embed_each(
+    svc: Service, requests: list[tuple[str | None, Any, EmbedPlan | ServiceError, str]]
+) -> list[tuple[Any, int, LoadedModel] | Exception]:
+    """Requests (model, inputs, plan or its error, pooling), those the engine may run together as one
+    work item each (embed_many): per request its answer or its error, in order."""
+    groups: dict[tuple, list[tuple[int, Any, EmbedPlan]]] = {}
+    for i, (model, inputs, plan, pooling) in enumerate(requests):
+        if isinstance(plan, EmbedPlan):
+            key = (model, pooling, *sorted(plan.engine_params.items()))
+            groups.setdefault(key, []).append((i, inputs, plan))
+    answers: list = [plan for _, _, plan, _ in requests]
+
+    async def run(model: str | None, pooling: str, members: list[tuple[int, Any, EmbedPlan]]) -> None:
+        try:
+            outs = await embed_many(svc, model, [(inputs, plan) for _, inputs, plan in members], pooling)
+        except Exception as e:  # the group's (its model, a full queue, the engine): each of its requests'
+            outs = [e] * len(members)
+        for (i, _, _), out in zip(members, outs):
+            answers[i] = out
+
+    await asyncio.gather(*(run(key[0], key[1], members) for key, members in groups.items()))
+    return answers
+
+
+def _plan(truncate: bool | None, long_inputs: str | None, **options) -> EmbedPlan | ServiceError:
+    try:
+        return EmbedPlan.of(truncate, long_inputs, **options)
+    except ServiceError as e:
+        return e
 
 
 async def embeddings(svc: Service, req: EmbeddingsRequest) -> Any:
-    plan = EmbedPlan.of(
-        req.truncate,
-        req.long_inputs,
-        normalize=req.normalize,
-        dimensions=req.dimensions,
-        prompt_name=req.prompt_name,
-        prompt=req.prompt,
-    )
-    vectors, _, _ = await embed(svc, req.model, req.inputs, plan, req.pooling)
-    return vectors
+    return await _one(embeddings_many, svc, req)
+
+
+async def embeddings_many(svc: Service, reqs: list[EmbeddingsRequest]) -> list:
+    """/embeddings for several requests at once (a batch's lines): per request its answer or its error."""
+    plans = [
+        _plan(
+            r.truncate,
+            r.long_inputs,
+            normalize=r.normalize,
+            dimensions=r.dimensions,
+            prompt_name=r.prompt_name,
+            prompt=r.prompt,
+        )
+        for r in reqs
+    ]
+    answers = await _embed_each(svc, [(r.model, r.inputs, plan, r.pooling) for r, plan in zip(reqs, plans)])
+    return [a if isinstance(a, Exception) else a[0] for a in answers]
 
 
 async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
-    plan = EmbedPlan.of(None, req.long_inputs, normalize=True, dimensions=req.dimensions, prompt_name=req.prompt_name)
-    vectors, tokens, lm = await embed(svc, req.model, req.input, plan)
+    return await _one(openai_embeddings_many, svc, req)
+
+
+async def openai_embeddings_many(svc: Service, reqs: list[OpenAIEmbeddingsRequest]) -> list:
+    """/v1/embeddings for several requests at once (a batch's lines): per request its answer or its error."""
+    plans = [
+        _plan(None, r.long_inputs, normalize=True, dimensions=r.dimensions, prompt_name=r.prompt_name) for r in reqs
+    ]
+    answers = await _embed_each(svc, [(r.model, r.input, plan, "mean") for r, plan in zip(reqs, plans)])
+    return [a if isinstance(a, Exception) else _openai_answer(r, *a) for r, a in zip(reqs, answers)]
+
+
+def _openai_answer(req: OpenAIEmbeddingsRequest, vectors: Any, tokens: int, lm: LoadedModel) -> dict:
     vectors = vectors if isinstance(req.input, list) else [vectors]
     if req.encoding_format == "base64":
         vectors = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
@@ -194,3 +277,11 @@ async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
         "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def _one(many: Callable, svc: Service, req: Any) -> Any:
+    """A route's one request through its `many` function: its answer, or its error raised."""
+    (answer,) = await many(svc, [req])
+    if isinstance(answer, Exception):
+        raise answer
+    return answer

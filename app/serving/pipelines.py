@@ -2,8 +2,9 @@
 
 Every route goes through `_infer`: the model (with the head its task needs), the inputs as a list,
 the count limit, preparing the rows off the event loop, then one work item on the engine's
-inference thread. Each route's function adds only what differs: its checks and options while
-preparing, and the shape of its answer. Tokenising and decoding run in the service's thread pool;
+inference thread (`_infer_many`: several requests' inputs as one work item, each request with its
+own checks, errors and results, as the embedding routes run a batch's lines). Each route's function
+adds only what differs: its checks and options while preparing, and the shape of its answer. Tokenising and decoding run in the service's thread pool;
 the forward pass in the engine's inference thread; only awaiting happens on the event loop.
 fill-mask answers in the shape of transformers' FillMaskPipeline (postprocess: scores from a
 full-vocabulary softmax, `sequence` decoded with special tokens skipped only when the input has a
@@ -27,7 +28,7 @@ from app.schemas import (
 )
 from app.serving.engine import WorkItem
 from app.serving.model_registry import LoadedModel
-from app.serving.service import Service, check_dropped
+from app.serving.service import Service, WorkDropped, check_dropped
 from app.settings import Settings
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)
@@ -107,16 +108,75 @@ async def _infer(
     """Run one request's inputs as a work item. `prepare(lm, items, *args)` runs in the thread pool
     and returns (rows, options to add to `params`). `route` names the route in errors when it is
     not the task's own."""
+    (outcome,) = await _infer_many(
+        svc, task, model, [(inputs, lambda lm, items: prepare(lm, items, *args))], params=params, route=route
+    )
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+async def _infer_many(
+    svc: Service,
+    task: str,
+    model: str | None,
+    requests: list[tuple[Any, Callable]],
+    params: dict | None = None,
+    route: str | None = None,
+) -> list[Outcome | Exception]:
+    """Run several requests of one model and task as one work item: each request is (inputs,
+    prepare(lm, items)), checked and prepared on its own (a request's error is its own, in its place),
+    all prepared in one thread-pool job; their rows run together and each gets its own results. So a
+    batch's lines (app/serving/batch_jobs.py) cost one pipeline call, not one each. An error of them
+    all (the model, a full queue, the engine) is raised. Preparing gives every request the same options."""
     head, task_route = TASKS[task]
     route = route or task_route
     with svc.incoming():
         lm = await svc.model(model, head, route)
-        items, single = as_list(inputs)
-        svc.check_count(len(items))
-        rows, options = await svc.off_loop(prepare, lm, items, *args)
-        svc.check_tokens(sum(len(ids) for ids, _ in rows))
-    results = await svc.run(WorkItem(task, lm, rows, {**(params or {}), **options}))
-    return Outcome(lm, rows, results, single)
+        asked = [as_list(inputs) for inputs, _ in requests]
+        errors: list[Exception | None] = [_checked(svc.check_count, len(items)) for items, _ in asked]
+        todo = [i for i, error in enumerate(errors) if error is None]
+        jobs = [(asked[i][0], requests[i][1]) for i in todo]
+        prepared = dict(zip(todo, await svc.off_loop(_prepare_each, lm, jobs) if jobs else []))
+        for i, p in prepared.items():
+            errors[i] = p if isinstance(p, Exception) else _checked(svc.check_tokens, sum(len(ids) for ids, _ in p[0]))
+    ready = {i: prepared[i] for i, error in enumerate(errors) if error is None}
+    rows = [row for request_rows, _ in ready.values() for row in request_rows]
+    options = next(iter(ready.values()))[1] if ready else {}
+    assert all(o == options for _, o in ready.values()), "requests run together are prepared with the same options"
+    results = await svc.run(WorkItem(task, lm, rows, {**(params or {}), **options})) if rows else []
+    outcomes: list[Outcome | Exception] = []
+    start = 0
+    for i, (_, single) in enumerate(asked):
+        if (error := errors[i]) is not None:
+            outcomes.append(error)
+            continue
+        request_rows = ready[i][0]
+        outcomes.append(Outcome(lm, request_rows, results[start : start + len(request_rows)], single))
+        start += len(request_rows)
+    return outcomes
+
+
+def _checked(check: Callable, n: int) -> ServiceError | None:
+    """A request's check (its count, its tokens): its error, or None."""
+    try:
+        check(n)
+    except ServiceError as e:
+        return e
+    return None
+
+
+def _prepare_each(lm: LoadedModel, requests: list[tuple[list, Callable]]) -> list:
+    """In the thread pool: per request, its (rows, options), or its error."""
+    out: list = []
+    for items, prepare in requests:
+        try:
+            out.append(prepare(lm, items))
+        except WorkDropped:
+            raise
+        except Exception as e:  # this request's: the others run
+            out.append(e)
+    return out
 
 
 # -- fill-mask ---------------------------------------------------------------------------------

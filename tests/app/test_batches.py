@@ -4,11 +4,13 @@ file; cancel; and a server killed (-9) twice mid-batch still yields every line e
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from model.modeling import BertForPreTraining, BertModel
@@ -82,11 +84,13 @@ def test_batch_answers_equal_the_online_routes(served):
     assert batch.error_file_id is None and batch.completed_at >= batch.in_progress_at >= batch.created_at
     out = content(c, batch.output_file_id)
     online = [
-        httpx.post(f"{url}/v1/embeddings", json=r["body"], headers={"Authorization": f"Bearer {KEY}"}).json()
+        httpx.post(f"{url}/v1/embeddings", json=r["body"], headers={"Authorization": f"Bearer {KEY}"}).content
         for r in rows
     ]
     assert [o["custom_id"] for o in out] == [r["custom_id"] for r in rows]
-    assert [o["response"]["body"] for o in out] == online  # exact: the same floats, as JSON
+    assert [o["response"]["body"] for o in out] == [json.loads(body) for body in online]  # the same floats
+    raw = c.files.content(batch.output_file_id).content.splitlines()
+    assert all(b'"body": ' + body + b"}" in line for body, line in zip(online, raw))  # the route's very bytes
     assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in out)
     # our own route, through the same pipeline: /fill-mask on the pretraining model
     masked = [
@@ -290,7 +294,7 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     job_id = batches.create(req)["id"]
     job_dir = batches.store.job_dir(job_id)
     batches.store.move(job_id, transitions.start, "a killed process")
-    batches._commit(job_id, [(True, {"custom_id": "a"})])
+    batches._commit(job_id, [(True, b'{"custom_id": "a"}\n')])
     committed = (job_dir / OUTPUT).read_bytes()
     with open(job_dir / OUTPUT, "ab") as f:
         f.write(b'{"custom_id": "b"}\n{"custom_id": "c", "to')  # the next chunk, written but never counted
@@ -324,7 +328,7 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
     req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
     job_id = batches.create(req)["id"]
     batches.store.move(job_id, transitions.start, "an attempt that answered two lines, then the API went down")
-    batches._commit(job_id, [(True, {"custom_id": "r0"}), (True, {"custom_id": "r1"})])
+    batches._commit(job_id, [(True, b'{"custom_id": "r0"}\n'), (True, b'{"custom_id": "r1"}\n')])
     batches.store.move(job_id, transitions.hand_back, "the API is stopping")
     a_day_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=24, seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     batches.store.update(job_id, lambda r: r.__setitem__("created_at", a_day_ago))
@@ -346,3 +350,66 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
         ("r4", "batch_expired"),
         (None, "batch_expired"),  # a bad line not yet reached says so too: the window ended first
     ]
+
+
+@pytest.mark.anyio
+async def test_lines_run_together_answer_each_as_its_route(tmp_path):
+    """A chunk's lines run by one pipeline call (BERT_BATCH_CONCURRENCY >= BERT_BATCH_CHUNK_LINES), models
+    and options mixed: each answer is its route's (usage exact; the vectors to float32 rounding, as their
+    rows share forward passes with other lines', as concurrent online requests do), and each failing line
+    fails alone, in its place, with its route's message."""
+    import anyio
+
+    from tests.app.conftest import serve_app, settings_for
+
+    save_tiny(tmp_path / "models" / "tiny", BertModel, seed=1)
+    save_tiny(tmp_path / "models" / "tiny-pt", BertForPreTraining, seed=2)
+    long = " ".join(["cat"] * 40)  # 42 tokens: the tiny models take 32
+    bodies = [
+        {"model": "tiny", "input": "the cat"},
+        {"model": "tiny-pt", "input": ["a dog", "the quick brown fox"]},
+        {"model": "tiny", "input": long},
+        {"model": "tiny", "input": "red car", "dimensions": 8},
+        {"model": "nope", "input": "x"},
+        {"model": "tiny", "input": long, "long_inputs": "chunk"},
+        {"model": "tiny", "input": ["sky", "big sky"], "encoding_format": "base64"},
+        {"model": "tiny", "input": "sky", "dimensions": 999},
+        {"input": "the dog ran"},
+        {"model": "tiny", "input": long, "long_inputs": "truncate"},
+        {"model": "tiny-pt", "input": "the cat"},
+    ]
+    rows = [line(f"r{i}", body) for i, body in enumerate(bodies)]
+    settings = settings_for(tmp_path, default_model="tiny", batch_chunk_lines=8, batch_concurrency=64)
+    async with serve_app(settings) as c:
+        online = [await c.post("/v1/embeddings", json=body) for body in bodies]
+        upload = await c.post("/v1/files", files={"file": ("in.jsonl", jsonl(rows))}, data={"purpose": "batch"})
+        body = {"input_file_id": upload.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+        batch = (await c.post("/v1/batches", json=body)).json()
+        with anyio.fail_after(30):
+            while (batch := (await c.get(f"/v1/batches/{batch['id']}")).json())["status"] != "completed":
+                await anyio.sleep(0.05)
+        out = [
+            json.loads(x) for x in (await c.get(f"/v1/files/{batch['output_file_id']}/content")).content.splitlines()
+        ]
+        errors = [
+            json.loads(x) for x in (await c.get(f"/v1/files/{batch['error_file_id']}/content")).content.splitlines()
+        ]
+    assert [r.status_code for r in online] == [200, 200, 422, 200, 404, 200, 200, 422, 200, 200, 200]
+    answered = [(f"r{i}", r.json()) for i, r in enumerate(online) if r.status_code == 200]
+    assert [o["custom_id"] for o in out] == [custom_id for custom_id, _ in answered]
+    for (_, expected), got in zip(answered, [o["response"]["body"] for o in out]):
+        for g, e in zip(got["data"], expected["data"]):
+            assert np.allclose(vector(g["embedding"]), vector(e["embedding"]), rtol=0, atol=1e-6)
+        for d in got["data"] + expected["data"]:
+            del d["embedding"]
+        assert got == expected  # usage, model, indices
+    failed = [(f"r{i}", r.json()["error"]["message"]) for i, r in enumerate(online) if r.status_code != 200]
+    assert [(e["custom_id"], e["error"]["message"]) for e in errors] == failed
+    assert [e["error"]["code"] for e in errors] == ["validation", "not_found", "validation"]
+
+
+def vector(embedding: list[float] | str) -> list[float]:
+    """An embedding as floats, from OpenAI's base64 (little-endian float32) too."""
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding), dtype="<f4").tolist()
+    return embedding
