@@ -139,12 +139,13 @@ class Imports:
         if not lease.try_acquire():
             return  # another process (an earlier start of the API) runs it
         with lease:
-            if self.store.begin_attempt(job_id, worker_identity()) != "run":
+            outcome, record = self.store.begin_attempt(job_id, worker_identity())
+            if outcome != "run":
                 return
-            if self.store.read(job_id)["attempts"] > 1:
+            if record["attempts"] > 1:
                 log.info("import %s: resuming (the process that ran it stopped)", job_id)
             lease.start_heartbeat(HEARTBEAT_S)
-            self._import(self.store.read(job_id))
+            self._import(record)
 
     def _import(self, record: JobRecord) -> None:
         job_id, source = record["id"], record["source"]

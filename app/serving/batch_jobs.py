@@ -372,9 +372,9 @@ class Batches:
         def unstarted(r: JobRecord) -> bool:  # a batch that has answered lines publishes them when cancelled
             return r["state"] == "queued" and not (r.get("progress") or {}).get("step")
 
-        if self.store.begin_attempt(job_id, worker_identity(), may_cancel=unstarted) != "run":
+        outcome, record = self.store.begin_attempt(job_id, worker_identity(), may_cancel=unstarted)
+        if outcome != "run":
             return False
-        record = self.store.read(job_id)
         if not record["progress"]:  # the API died between writing the record and its progress
             record["progress"] = _progress(0, record["params"]["total"])
         progress = record["progress"]

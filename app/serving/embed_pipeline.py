@@ -54,13 +54,21 @@ class EmbedPlan:
     windows: list[list[int]] = field(default_factory=list)  # per input: its rows' lengths (set by prepare)
 
     @classmethod
-    def of(cls, truncate: bool | None, long_inputs: str | None, **options) -> EmbedPlan:
-        """`long_inputs`, or truncate's choice when it is omitted; truncate: true with another is a 422."""
+    def of(cls, req: Any, **options) -> EmbedPlan:
+        """The plan of a request's embedding options: those of its fields it has (`truncate`, `long_inputs`,
+        `normalize`, `dimensions`, `prompt_name`, `prompt`), and `options` for the rest. `long_inputs`, or
+        truncate's choice when it is omitted; truncate: true with another is a 422."""
+        truncate, long_inputs = getattr(req, "truncate", None), getattr(req, "long_inputs", None)
         if truncate and long_inputs not in (None, "truncate"):
             raise ServiceError(
                 "validation", f'"truncate": true and "long_inputs": "{long_inputs}" disagree; send one of them'
             )
-        return cls(long_inputs=long_inputs or ("truncate" if truncate else "error"), **options)
+        fields = {
+            name: getattr(req, name)
+            for name in ("normalize", "dimensions", "prompt_name", "prompt")
+            if hasattr(req, name)
+        }
+        return cls(long_inputs=long_inputs or ("truncate" if truncate else "error"), **{**fields, **options})
 
     @property
     def engine_params(self) -> dict:
@@ -226,9 +234,10 @@ async def _embed_each(
     return answers
 
 
-def _plan(truncate: bool | None, long_inputs: str | None, **options) -> EmbedPlan | ServiceError:
+def _plan(req: Any, **options) -> EmbedPlan | ServiceError:
+    """A request's plan (EmbedPlan.of), or its error in its place."""
     try:
-        return EmbedPlan.of(truncate, long_inputs, **options)
+        return EmbedPlan.of(req, **options)
     except ServiceError as e:
         return e
 
@@ -239,17 +248,7 @@ async def embeddings(svc: Service, req: EmbeddingsRequest) -> Any:
 
 async def embeddings_many(svc: Service, reqs: list[EmbeddingsRequest]) -> list:
     """/embeddings for several requests at once (a batch's lines): per request its answer or its error."""
-    plans = [
-        _plan(
-            r.truncate,
-            r.long_inputs,
-            normalize=r.normalize,
-            dimensions=r.dimensions,
-            prompt_name=r.prompt_name,
-            prompt=r.prompt,
-        )
-        for r in reqs
-    ]
+    plans = [_plan(r) for r in reqs]
     answers = await _embed_each(svc, [(r.model, r.inputs, plan, r.pooling) for r, plan in zip(reqs, plans)])
     return [a if isinstance(a, Exception) else a[0] for a in answers]
 
@@ -260,9 +259,7 @@ async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
 
 async def openai_embeddings_many(svc: Service, reqs: list[OpenAIEmbeddingsRequest]) -> list:
     """/v1/embeddings for several requests at once (a batch's lines): per request its answer or its error."""
-    plans = [
-        _plan(None, r.long_inputs, normalize=True, dimensions=r.dimensions, prompt_name=r.prompt_name) for r in reqs
-    ]
+    plans = [_plan(r, normalize=True) for r in reqs]  # OpenAI's vectors are always unit length
     answers = await _embed_each(svc, [(r.model, r.input, plan, "mean") for r, plan in zip(reqs, plans)])
     return [a if isinstance(a, Exception) else _openai_answer(r, *a) for r, a in zip(reqs, answers)]
 

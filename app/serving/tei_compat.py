@@ -79,15 +79,7 @@ def _encode(lm: LoadedModel, items: list, truncate: bool | None, direction: str)
 
 
 async def embed(svc: Service, req: EmbedRequest) -> list[list[float]]:
-    plan = EmbedPlan.of(
-        req.truncate,
-        req.long_inputs,
-        normalize=req.normalize,
-        dimensions=req.dimensions,
-        prompt_name=req.prompt_name,
-        prompt=req.prompt,
-        encode=_directed(req.truncation_direction),
-    )
+    plan = EmbedPlan.of(req, encode=_directed(req.truncation_direction))
     vectors, _, _ = await embed_pipeline.embed(svc, req.model, as_list(req.inputs)[0], plan, route="/embed")
     return vectors
 
@@ -103,13 +95,7 @@ def _directed(direction: str) -> Callable[[LoadedModel, list, bool], list[Row]]:
 async def similarity(svc: Service, req: SimilarityRequest) -> list[float]:
     params = req.parameters or SimilarityParameters()
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
-    plan = EmbedPlan.of(
-        params.truncate,
-        None,
-        normalize=True,
-        prompt_name=params.prompt_name,
-        encode=_directed(params.truncation_direction),
-    )
+    plan = EmbedPlan.of(params, normalize=True, encode=_directed(params.truncation_direction))
     (source, *others), _, _ = await embed_pipeline.embed(svc, req.model, texts, plan, route="/similarity")
     return [sum(a * b for a, b in zip(source, other)) for other in others]  # unit vectors: dot = cosine
 

@@ -270,11 +270,11 @@ class JobRecords:
 
     def begin_attempt(
         self, job_id: str, owner: str, may_cancel: Callable[[JobRecord], bool] = lambda record: True
-    ) -> str:
+    ) -> tuple[str, JobRecord]:
         """For a process that has just taken a job's lease (the API's imports and batches): decide, under the
         record lock, "already <state>" for a finished job, "cancelled" when a cancel was asked for (and
         `may_cancel` allows it), else "run": the job is started by `owner`, after a running record's earlier
-        attempt is closed (its lease was free, so its process is gone)."""
+        attempt is closed (its lease was free, so its process is gone). With the record as it was written."""
         cancel_flag = self.cancel_requested(job_id)
         outcome = "run"
 
@@ -290,8 +290,8 @@ class JobRecords:
                     attempt_did_not_finish(record)
                 start(record, owner)
 
-        self.update(job_id, change)
-        return outcome
+        record = self.update(job_id, change)
+        return outcome, record
 
     def move(self, job_id: str, transition: Callable[..., None], *args: Any) -> JobRecord:
         """One named transition (below), written under the record lock; IllegalTransition leaves
