@@ -164,6 +164,31 @@ def built(tmp_path_factory) -> float:
     return time.monotonic() - start
 
 
+def _bootstrap_served_then_reviews(client: httpx.Client, admin: dict) -> None:
+    """Wait until the bootstrap job's model answers /fill-mask, then upload the `reviews` dataset."""
+    wait_for(
+        lambda: client.post("/fill-mask", json={"inputs": "paris is the [MASK] of france ."}).status_code == 200,
+        300,
+        "the bootstrap model to be served",
+        interval=2,
+    )
+    r = client.post(
+        "/datasets", headers=admin, files={"file": ("reviews.csv", labelled_csv(80))}, data={"name": "reviews"}
+    )
+    assert r.status_code == 201, r.text
+
+
+def _reviews_finetune(**params) -> dict:
+    """A small fine-tune of minilm on `reviews` as the job `reviews-clf`, with `params` added."""
+    return {
+        "kind": "finetune",
+        "model_name": "reviews-clf",
+        "base_model": "minilm",
+        "dataset": "reviews",
+        "params": {"batch_size": 8, "max_seq_len": 32, "log_every": 1, "lr": 5e-5, **params},
+    }
+
+
 def test_a_fresh_stack_serves_at_once_trains_on_the_worker_and_resumes_after_a_restart(built, tmp_path):
     stack = Stack(tmp_path, BERT_BOOTSTRAP_STEPS="6")
     try:
@@ -190,33 +215,10 @@ def test_a_fresh_stack_serves_at_once_trains_on_the_worker_and_resumes_after_a_r
         assert r.status_code in (200, 503), r.text
         if r.status_code == 503:
             assert r.json()["job"]["id"] == job["id"]
-        wait_for(
-            lambda: client.post("/fill-mask", json={"inputs": "paris is the [MASK] of france ."}).status_code == 200,
-            300,
-            "the bootstrap model to be served",
-            interval=2,
-        )
+        _bootstrap_served_then_reviews(client, admin)
 
         # A fine-tune job on the worker container, restarted mid-job: it resumes from its checkpoint.
-        r = client.post(
-            "/datasets", headers=admin, files={"file": ("reviews.csv", labelled_csv(80))}, data={"name": "reviews"}
-        )
-        assert r.status_code == 201, r.text
-        body = {
-            "kind": "finetune",
-            "model_name": "reviews-clf",
-            "base_model": "minilm",
-            "dataset": "reviews",
-            "params": {
-                "max_steps": 40,
-                "batch_size": 8,
-                "max_seq_len": 32,
-                "save_every": 4,
-                "log_every": 1,
-                "lr": 5e-5,
-            },
-        }
-        r = client.post("/jobs", headers=admin, json=body)
+        r = client.post("/jobs", headers=admin, json=_reviews_finetune(max_steps=40, save_every=4))
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
         wait_for(
@@ -424,29 +426,13 @@ def test_three_replicas_behind_the_balancer_agree_and_survive_a_kill_and_a_stop(
         assert [j["model_name"] for j in jobs] == ["wiki-mlm"], jobs
         assert [m["name"] for m in client.get("/models").json()["models"]].count("minilm") == 1
         assert [v["version"] for v in client.get("/models/minilm").json()["versions"]] == [1]
-        wait_for(
-            lambda: client.post("/fill-mask", json={"inputs": "paris is the [MASK] of france ."}).status_code == 200,
-            300,
-            "the bootstrap model to be served",
-            interval=2,
-        )
-        r = client.post(
-            "/datasets", headers=admin, files={"file": ("reviews.csv", labelled_csv(80))}, data={"name": "reviews"}
-        )
-        assert r.status_code == 201, r.text
+        _bootstrap_served_then_reviews(client, admin)
 
         load = Load(stack.url, admin, LOAD_SECONDS)
         started = time.time()
         loader = threading.Thread(target=load.run)
         loader.start()
-        job = {
-            "kind": "finetune",
-            "model_name": "reviews-clf",
-            "base_model": "minilm",
-            "dataset": "reviews",
-            "params": {"max_steps": STEPS, "batch_size": 8, "max_seq_len": 32, "log_every": 1, "lr": 5e-5},
-        }
-        r = client.post("/jobs", headers=admin, json=job)
+        r = client.post("/jobs", headers=admin, json=_reviews_finetune(max_steps=STEPS))
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
         events = Events(stack.url, admin, job_id)
