@@ -391,11 +391,12 @@ class Settings(BaseSettings):
         ge=1,
         le=65_536,
         description=(
-            "Lines of one batch in flight at once. The lines waiting for the same model with the same options "
-            "are sorted by length together and cut into forward passes under `BERT_MAX_BATCH_TOKENS`; the batch "
-            "keeps two passes in the batching engine (one running, one queued), so an online request waits for "
-            "at most those two. Their tokenising takes at most a quarter of `BERT_MAX_TOKENIZER_QUEUE`, the rest "
-            "stays for the online routes. 1: one line at a time, each answer identical to the online route's."
+            "Lines of one batch sorted by length together (those for the same model with the same options) and "
+            "cut into forward passes under `BERT_MAX_BATCH_TOKENS`; while their passes run, as many more lines "
+            "are read and tokenised, so the next cut is ready (twice this many lines in flight). The batch keeps "
+            "two passes in the batching engine (one running, one queued), so an online request waits for at most "
+            "those two. Their tokenising takes at most a quarter of `BERT_MAX_TOKENIZER_QUEUE`, the rest stays "
+            "for the online routes. 1: one line at a time, each answer identical to the online route's."
         ),
     )
     batch_retention_days: float = Field(

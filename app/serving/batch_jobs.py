@@ -8,7 +8,7 @@ checked, answered or failed on its own; the other endpoints take one call per li
 The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
 transitions, GET /jobs and cancel. The run holds the job's lease; at API start every unfinished batch
 whose lease is free runs again. Crash safety: answers are appended to output.jsonl / errors.jsonl in
-chunks of BERT_BATCH_CHUNK_LINES, fsynced, and only then counted in the record (lines done and the
+chunks of BERT_BATCH_CHUNK_LINES (those answered by then in one commit), fsynced, and only then counted in the record (lines done and the
 two files' lengths, written atomically); a new attempt first cuts both files back to those lengths,
 so a killed process leaves no missing or duplicated line.
 
@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ INPUT, OUTPUT, ERRORS = "input.jsonl", "output.jsonl", "errors.jsonl"
 HEARTBEAT_S = 10.0
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds from created_at to expires_at
 EXPIRED = "This request could not be executed before the completion window expired."  # OpenAI's words
+PARSED_KEPT = 4  # batches whose checked lines are kept from create() for their run
 RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
 
 
@@ -254,6 +256,9 @@ class Batches:
         self.store = JobRecords(self.settings.data_dir)
         self.files = Files(self.settings.data_dir)
         self.tasks: dict[str, asyncio.Task] = {}
+        # The lines create() checked, for the run that follows here (not parsed twice); a few batches' at most.
+        self.parsed: collections.OrderedDict[str, list[Line]] = collections.OrderedDict()
+        self.parsed_lock = threading.Lock()  # create() runs in a thread, the run on the event loop
 
     # -- records ----------------------------------------------------------------------------------
 
@@ -288,6 +293,10 @@ class Batches:
             },
         }
         record = self.store.create(spec)
+        with self.parsed_lock:
+            self.parsed[record["id"]] = lines
+            while len(self.parsed) > PARSED_KEPT:  # batches another replica runs: their lines are not kept
+                self.parsed.popitem(last=False)
         job_dir = self.store.job_dir(record["id"])
         try:  # the batch's own reference to the input: deleting the upload leaves it whole
             os.link(source, job_dir / INPUT)
@@ -397,41 +406,57 @@ class Batches:
         params, done = record["params"], record["progress"]["step"]
         ep = ENDPOINTS[params["endpoint"]]
         path = self.store.job_dir(job_id) / INPUT
-        lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
+        with self.parsed_lock:
+            kept = self.parsed.pop(job_id, None)
+        if (lines := kept) is None:  # created by another process (or an earlier start of this one)
+            lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
         settings = self.settings
         # Lines go to the pipeline together (an endpoint with run_many) in groups of at most the lines in flight.
         chunk, concurrency = settings.batch_chunk_lines, settings.batch_concurrency
         group = min(chunk, concurrency) if ep.run_many is not None else 1
-        gate = asyncio.Semaphore(max(1, concurrency // group))  # groups in flight
+        # Twice `concurrency` lines in flight: the lane sorts and cuts `concurrency` lines' rows at a time while
+        # the next ones are tokenised, so when a cut's passes have run the next cut is ready and as large.
+        in_flight = 2 * concurrency
+        gate = asyncio.Semaphore(max(1, in_flight // group))  # groups in flight
         # This task's lines (the tasks below inherit the context) reach the engine through one lane: few large
         # work items, and a quarter of the tokeniser queue at most, the rest kept for the online routes.
-        LANE.set(Lane(self.service, max(1, settings.max_tokenizer_queue // 4)))
+        LANE.set(Lane(self.service, max(1, settings.max_tokenizer_queue // 4), cut_rows=concurrency))
         tag, expires_at = job_id.rsplit("-", 1)[-1], batch_view(record)["expires_at"]
         expired = bool(record["progress"].get("expired_at"))
         # Chunks run ahead of the one being committed (as many as the lines in flight can fill, and one), so
         # the engine has work while a chunk is written and fsynced; commits stay in line order.
         ahead: collections.deque[asyncio.Future] = collections.deque()
-        window = -(-settings.batch_concurrency // chunk) + 1
+        window = -(-in_flight // chunk) + 1
         starts = iter(range(done, len(lines), chunk))
+
+        async def refill() -> None:
+            nonlocal expired
+            while len(ahead) < window and (start := next(starts, None)) is not None:
+                if not expired and time.time() >= expires_at:  # the lines not started are not run: each says so
+                    await asyncio.to_thread(self.store.update, job_id, _mark_expired)
+                    expired = True
+                part = lines[start : start + chunk]
+                if expired:
+                    answered: asyncio.Future = asyncio.get_running_loop().create_future()
+                    answered.set_result([_failure(line, tag, "batch_expired", EXPIRED) for line in part])
+                else:
+                    answered = asyncio.ensure_future(self._answer_part(ep, part, group, tag, gate))
+                ahead.append(answered)
+
         try:
             while True:
-                while len(ahead) < window and (start := next(starts, None)) is not None:
-                    if not expired and time.time() >= expires_at:  # the lines not started are not run: each says so
-                        await asyncio.to_thread(self.store.update, job_id, _mark_expired)
-                        expired = True
-                    part = lines[start : start + chunk]
-                    if expired:
-                        answered: asyncio.Future = asyncio.get_running_loop().create_future()
-                        answered.set_result([_failure(line, tag, "batch_expired", EXPIRED) for line in part])
-                    else:
-                        answered = asyncio.ensure_future(self._answer_part(ep, part, group, tag, gate))
-                    ahead.append(answered)
+                await refill()
                 if not ahead:
                     break
                 if await asyncio.to_thread(self.store.cancel_requested, job_id):
                     await asyncio.to_thread(self._finish, job_id, cancelled=True)
                     return
                 answers = await ahead.popleft()
+                # The chunks answered meanwhile go in the same commit (one fsync), and as many new ones start at
+                # once: the lines in flight stay as many while the commit is written.
+                while ahead and ahead[0].done() and not ahead[0].cancelled() and ahead[0].exception() is None:
+                    answers += ahead.popleft().result()
+                await refill()
                 await asyncio.to_thread(self._commit, job_id, answers)
         finally:
             for answered in ahead:  # stopped or cancelled: the lines under way are dropped, uncounted

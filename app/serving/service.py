@@ -50,7 +50,10 @@ class Lane:
     its own in the engine, one running and the next queued (the first `delay_s` after a request arrives
     to an idle lane): when one finishes, the next goes. The pool's rows, sorted by length across requests,
     are cut into passes (rows x longest within BERT_MAX_BATCH_TOKENS, as the engine fills one), and each
-    request gets its own rows' results. So the engine runs what one large request of all those rows
+    request gets its own rows' results. While one of its passes runs, the lane cuts its pool only once it
+    holds MIN_CUT passes' worth of tokens, or else when that pass ends: rows that arrive a few at a time
+    (the first requests of a batch's next lines) wait to be sorted with the rest instead of filling
+    passes of mixed lengths, mostly padding. So the engine runs what one large request of all those rows
     would give it (little padding, a pass always ready), and an online request waits for at most the
     pass under way and one of the lane's. Service.off_loop waits for one of the lane's `pool_slots`
     instead of answering 429 when the lane's share is taken, so the lane never fills the tokeniser queue
@@ -58,9 +61,11 @@ class Lane:
     """
 
     AHEAD = 2
+    MIN_CUT = 8  # passes' worth of tokens in the pool that are cut while one of the lane's passes runs
 
-    def __init__(self, service: Service, pool_slots: int, delay_s: float = 0.002):
+    def __init__(self, service: Service, pool_slots: int, delay_s: float = 0.002, cut_rows: int | None = None):
         self.service = service
+        self.cut_rows = cut_rows  # the most rows one cut takes, oldest requests first (None: the whole pool)
         self.pool_gate = asyncio.Semaphore(pool_slots)
         self.delay_s = delay_s
         self._pool: dict[tuple, list[tuple[WorkItem, asyncio.Future]]] = {}  # by model, task and options
@@ -68,6 +73,7 @@ class Lane:
         self._timer: asyncio.TimerHandle | None = None
         self._runs: set[asyncio.Task] = set()  # the passes under way (the loop keeps only weak references)
         self._in_flight = 0  # passes given to the engine and not finished
+        self._pool_tokens = 0  # the pool's tokens, since it was last cut
 
     async def submit(self, item: WorkItem) -> list:
         key = _merge_key(item)
@@ -75,6 +81,7 @@ class Lane:
             return await self.service.run_item(item)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pool.setdefault(key, []).append((item, future))
+        self._pool_tokens += sum(len(ids) for ids, _ in item.rows)
         if self._in_flight < self.AHEAD and self._timer is None:  # company for delay_s, then a pass
             self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._fill)
         return await future
@@ -84,8 +91,13 @@ class Lane:
         self._timer = None
         while self._in_flight < self.AHEAD:
             if not self._passes:
+                if self._in_flight and self._pool_tokens < self.MIN_CUT * self.service.settings.max_batch_tokens:
+                    return  # the engine is busy with one of ours: let the pool grow until it ends
                 for key in list(self._pool):
                     self._cut(key)
+                self._pool_tokens = sum(
+                    len(ids) for members in self._pool.values() for it, _ in members for ids, _ in it.rows
+                )
             run, merged, part = self._passes.popleft() if self._passes else (None, None, None)
             if run is None or merged is None or part is None:
                 return
@@ -102,10 +114,19 @@ class Lane:
         self._fill()
 
     def _cut(self, key: tuple) -> None:
-        """The pool's rows for `key`, sorted by length across requests, cut into passes."""
+        """The pool's rows for `key` (the oldest requests' up to cut_rows), sorted by length across requests,
+        cut into passes."""
         members = [(item, future) for item, future in self._pool.pop(key, []) if not future.done()]
         if not members:
             return
+        if self.cut_rows is not None:
+            taken, rows_taken = 0, 0
+            while taken < len(members) and (taken == 0 or rows_taken + len(members[taken][0].rows) <= self.cut_rows):
+                rows_taken += len(members[taken][0].rows)
+                taken += 1
+            if members[taken:]:
+                self._pool[key] = members[taken:]
+            members = members[:taken]
         budget = self.service.settings.max_batch_tokens
         rows = sorted(
             ((len(row[0]), m, i) for m, (item, _) in enumerate(members) for i, row in enumerate(item.rows)),

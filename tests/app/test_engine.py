@@ -167,6 +167,58 @@ async def test_a_lane_gives_the_engine_few_large_items_and_each_request_its_own_
         assert LANE.get() is None  # the lane was the child task's only
 
 
+async def test_a_lane_cuts_its_oldest_requests_first_and_lets_a_trickle_wait_for_company(data_dir):
+    """cut_rows: a cut sorts and cuts the rows of the oldest requests only, up to that many rows, and the
+    rest wait for the next cut. While one of the lane's passes runs, rows that come a few at a time are not
+    cut into passes of their own: they wait for that pass to end (or for MIN_CUT passes' worth)."""
+    import asyncio
+
+    from app.serving.service import LANE, Lane
+
+    texts = [" ".join(WORDS[i % 7 : i % 7 + 2 + i % 13]) for i in range(40)]
+    async with serve_app(settings_for(data_dir, load="startup")) as c:
+        service = c.app.state.service
+        lm = await service.model(None)
+        rows = [(e["input_ids"], e["token_type_ids"]) for e in (lm.tokenizer.encode(t) for t in texts)]
+        owner = {tuple(row[0]): i for i, row in enumerate(rows)}
+        assert len(owner) == 40
+        submitted: list[WorkItem] = []
+        submit = service.engine.submit
+        service.engine.submit = lambda it: (it.model is lm and submitted.append(it), submit(it))[1]
+
+        def item(i: int) -> WorkItem:
+            return WorkItem("encode", lm, [rows[i]], {"pooling": "mean", "normalize": True})
+
+        async def cut_in_tens() -> list:
+            LANE.set(Lane(service, pool_slots=4, cut_rows=10))
+            return await asyncio.gather(*(service.run(item(i)) for i in range(40)))
+
+        together = await asyncio.create_task(cut_in_tens())
+        assert [len(r) for r in together] == [1] * 40
+        blocks = [{owner[tuple(row[0])] // 10 for row in it.rows} for it in submitted]
+        assert all(len(b) == 1 for b in blocks), blocks  # a pass holds rows of one cut: ten requests in order
+        assert [min(b) for b in blocks] == sorted(min(b) for b in blocks)  # the oldest requests' cut first
+
+        submitted.clear()
+
+        async def trickle() -> list:
+            lane = Lane(service, pool_slots=4)
+            LANE.set(lane)
+            lane._in_flight = 1  # one of the lane's passes is running
+            later = []
+            for i in range(40):  # one request at a time, each past the lane's delay_s
+                later.append(asyncio.ensure_future(service.run(item(i))))
+                await asyncio.sleep(0.005)
+            assert not submitted, "a trickle under MIN_CUT passes' worth was cut while the lane's pass ran"
+            lane._in_flight = 0  # that pass ends
+            lane._fill()
+            return await asyncio.gather(*later)
+
+        alone = await asyncio.create_task(trickle())
+        assert [len(r) for r in alone] == [1] * 40
+        assert len(submitted) == 1 and len(submitted[0].rows) == 40  # cut together: one pass, sorted by length
+
+
 async def test_a_lane_whose_requests_all_went_away_drops_its_passes(data_dir):
     """Requests cancelled while the lane holds their rows: the pass under way is cancelled, the passes not
     yet queued never reach the engine."""
