@@ -36,6 +36,7 @@ from app.serving.service import Service, check_dropped
 from model.tokenizer import window_count
 
 CHUNK_OVERLAP = 0.25  # of a window's content tokens, repeated at the start of the next window
+_OPTIONS = ("normalize", "dimensions", "prompt_name", "prompt")  # EmbedPlan fields a request may set by name
 CHUNKED = "every window of every input, [CLS] and [SEP] included"  # what the token bound counts
 
 
@@ -58,16 +59,14 @@ class EmbedPlan:
         """The plan of a request's embedding options: those of its fields it has (`truncate`, `long_inputs`,
         `normalize`, `dimensions`, `prompt_name`, `prompt`), and `options` for the rest. `long_inputs`, or
         truncate's choice when it is omitted; truncate: true with another is a 422."""
-        truncate, long_inputs = getattr(req, "truncate", None), getattr(req, "long_inputs", None)
+        declared = type(req).model_fields
+        truncate = req.truncate if "truncate" in declared else None
+        long_inputs = req.long_inputs if "long_inputs" in declared else None
         if truncate and long_inputs not in (None, "truncate"):
             raise ServiceError(
                 "validation", f'"truncate": true and "long_inputs": "{long_inputs}" disagree; send one of them'
             )
-        fields = {
-            name: getattr(req, name)
-            for name in ("normalize", "dimensions", "prompt_name", "prompt")
-            if hasattr(req, name)
-        }
+        fields = {name: getattr(req, name) for name in _OPTIONS if name in declared}
         return cls(long_inputs=long_inputs or ("truncate" if truncate else "error"), **{**fields, **options})
 
     @property
