@@ -8,9 +8,9 @@ checked, answered or failed on its own; the other endpoints take one call per li
 The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
 transitions, GET /jobs and cancel. The run holds the job's lease; at API start every unfinished batch
 whose lease is free runs again. Crash safety: answers are appended to output.jsonl / errors.jsonl in
-chunks of BERT_BATCH_CHUNK_LINES (those answered by then in one commit), fsynced, and only then counted in the record (lines done and the
-two files' lengths, written atomically); a new attempt first cuts both files back to those lengths,
-so a killed process leaves no missing or duplicated line.
+chunks of BERT_BATCH_CHUNK_LINES (those answered by then in one commit), fsynced, and only then counted
+in the record (lines done and the two files' lengths, written atomically); a new attempt first cuts
+both files back to those lengths, so a killed process leaves no missing or duplicated line.
 
     params   {"endpoint", "input_file_id", "completion_window", "metadata", "total", "invalid", "max_line_bytes"}
     progress {"step": lines done, "total_steps", "completed", "failed", "output_bytes", "error_bytes",
@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -80,7 +79,6 @@ INPUT, OUTPUT, ERRORS = "input.jsonl", "output.jsonl", "errors.jsonl"
 HEARTBEAT_S = 10.0
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds from created_at to expires_at
 EXPIRED = "This request could not be executed before the completion window expired."  # OpenAI's words
-PARSED_KEPT = 4  # batches whose checked lines are kept from create() for their run
 RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
 
 
@@ -256,14 +254,12 @@ class Batches:
         self.store = JobRecords(self.settings.data_dir)
         self.files = Files(self.settings.data_dir)
         self.tasks: dict[str, asyncio.Task] = {}
-        # The lines create() checked, for the run that follows here (not parsed twice); a few batches' at most.
-        self.parsed: collections.OrderedDict[str, list[Line]] = collections.OrderedDict()
-        self.parsed_lock = threading.Lock()  # create() runs in a thread, the run on the event loop
 
     # -- records ----------------------------------------------------------------------------------
 
-    def create(self, req: CreateBatchRequest) -> JobRecord:
-        """Check the input file whole and write the job (queued); 404/422 for a file it cannot run."""
+    def create(self, req: CreateBatchRequest) -> tuple[JobRecord, list[Line]]:
+        """Check the input file whole and write the job (queued); 404/422 for a file it cannot run. With
+        the checked lines, for the run that follows (start), so it does not parse them again."""
         try:
             meta = self.files.read(req.input_file_id)
         except FileNotFound:
@@ -293,10 +289,6 @@ class Batches:
             },
         }
         record = self.store.create(spec)
-        with self.parsed_lock:
-            self.parsed[record["id"]] = lines
-            while len(self.parsed) > PARSED_KEPT:  # batches another replica runs: their lines are not kept
-                self.parsed.popitem(last=False)
         job_dir = self.store.job_dir(record["id"])
         try:  # the batch's own reference to the input: deleting the upload leaves it whole
             os.link(source, job_dir / INPUT)
@@ -307,7 +299,7 @@ class Batches:
             r["progress"] = _progress(0, len(lines))
             transitions.enqueued(r)
 
-        return self.store.update(record["id"], queue)
+        return self.store.update(record["id"], queue), lines
 
     def batches(self) -> list[JobRecord]:
         return [r for r in self.store.list() if r.get("kind") == KIND]
@@ -328,10 +320,11 @@ class Batches:
 
     # -- running ----------------------------------------------------------------------------------
 
-    def start(self, job_id: str) -> None:
+    def start(self, job_id: str, lines: list[Line] | None = None) -> None:
+        """Run a batch in this process; `lines`: its input as create() checked it (None: read it again)."""
         context = contextvars.copy_context()
         context.run(CALLER.set, None)  # its lines are not the submitting request's: no key's rates apply
-        task = asyncio.get_running_loop().create_task(self.run(job_id), name=f"batch-{job_id}", context=context)
+        task = asyncio.get_running_loop().create_task(self.run(job_id, lines), name=f"batch-{job_id}", context=context)
         self.tasks[job_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(job_id, None))
 
@@ -357,14 +350,14 @@ class Batches:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def run(self, job_id: str) -> None:
+    async def run(self, job_id: str, lines: list[Line] | None = None) -> None:
         lease = Lease(self.store, job_id)
         if not await asyncio.to_thread(lease.try_acquire):
             return  # another process runs it
         try:
             if await asyncio.to_thread(self._begin, job_id):
                 lease.start_heartbeat(HEARTBEAT_S)
-                await self._run(job_id)
+                await self._run(job_id, lines)
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(self._hand_back, job_id))
             raise
@@ -401,14 +394,12 @@ class Batches:
         with contextlib.suppress(transitions.IllegalTransition):  # finished meanwhile
             self.store.move(job_id, transitions.hand_back, "the API is stopping")
 
-    async def _run(self, job_id: str) -> None:
+    async def _run(self, job_id: str, lines: list[Line] | None) -> None:
         record = await asyncio.to_thread(self.store.read, job_id)
         params, done = record["params"], record["progress"]["step"]
         ep = ENDPOINTS[params["endpoint"]]
         path = self.store.job_dir(job_id) / INPUT
-        with self.parsed_lock:
-            kept = self.parsed.pop(job_id, None)
-        if (lines := kept) is None:  # created by another process (or an earlier start of this one)
+        if lines is None:  # resumed, or created by another process
             lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
         settings = self.settings
         # Lines go to the pipeline together (an endpoint with run_many) in groups of at most the lines in flight.

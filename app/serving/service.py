@@ -9,6 +9,7 @@ import collections
 import contextlib
 import contextvars
 import functools
+import itertools
 import json
 import logging
 import threading
@@ -73,7 +74,6 @@ class Lane:
         self._timer: asyncio.TimerHandle | None = None
         self._runs: set[asyncio.Task] = set()  # the passes under way (the loop keeps only weak references)
         self._in_flight = 0  # passes given to the engine and not finished
-        self._pool_tokens = 0  # the pool's tokens, since it was last cut
 
     async def submit(self, item: WorkItem) -> list:
         key = _merge_key(item)
@@ -81,7 +81,6 @@ class Lane:
             return await self.service.run_item(item)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pool.setdefault(key, []).append((item, future))
-        self._pool_tokens += sum(len(ids) for ids, _ in item.rows)
         if self._in_flight < self.AHEAD and self._timer is None:  # company for delay_s, then a pass
             self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._fill)
         return await future
@@ -91,13 +90,11 @@ class Lane:
         self._timer = None
         while self._in_flight < self.AHEAD:
             if not self._passes:
-                if self._in_flight and self._pool_tokens < self.MIN_CUT * self.service.settings.max_batch_tokens:
+                pooled = sum(item.tokens_left for members in self._pool.values() for item, _ in members)
+                if self._in_flight and pooled < self.MIN_CUT * self.service.settings.max_batch_tokens:
                     return  # the engine is busy with one of ours: let the pool grow until it ends
                 for key in list(self._pool):
                     self._cut(key)
-                self._pool_tokens = sum(
-                    len(ids) for members in self._pool.values() for it, _ in members for ids, _ in it.rows
-                )
             run, merged, part = self._passes.popleft() if self._passes else (None, None, None)
             if run is None or merged is None or part is None:
                 return
@@ -119,11 +116,9 @@ class Lane:
         members = [(item, future) for item, future in self._pool.pop(key, []) if not future.done()]
         if not members:
             return
-        if self.cut_rows is not None:
-            taken, rows_taken = 0, 0
-            while taken < len(members) and (taken == 0 or rows_taken + len(members[taken][0].rows) <= self.cut_rows):
-                rows_taken += len(members[taken][0].rows)
-                taken += 1
+        if self.cut_rows is not None:  # the oldest requests whose rows fit, at least one
+            totals = itertools.accumulate(len(item.rows) for item, _ in members)
+            taken = max(1, sum(1 for total in totals if total <= self.cut_rows))
             if members[taken:]:
                 self._pool[key] = members[taken:]
             members = members[:taken]

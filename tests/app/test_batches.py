@@ -291,7 +291,7 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     (tmp_path / "in").write_bytes(jsonl([line("a", {"input": "x"}), line("b", {"input": "y"})]))
     upload = batches.files.add(tmp_path / "in", "in.jsonl", "batch")
     req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
-    job_id = batches.create(req)["id"]
+    job_id = batches.create(req)[0]["id"]  # (record, checked lines)
     job_dir = batches.store.job_dir(job_id)
     batches.store.move(job_id, transitions.start, "a killed process")
     batches._commit(job_id, [(True, b'{"custom_id": "a"}\n')])
@@ -326,7 +326,7 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
     (tmp_path / "in").write_bytes(jsonl(rows))
     upload = batches.files.add(tmp_path / "in", "in.jsonl", "batch")
     req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
-    job_id = batches.create(req)["id"]
+    job_id = batches.create(req)[0]["id"]  # (record, checked lines)
     batches.store.move(job_id, transitions.start, "an attempt that answered two lines, then the API went down")
     batches._commit(job_id, [(True, b'{"custom_id": "r0"}\n'), (True, b'{"custom_id": "r1"}\n')])
     batches.store.move(job_id, transitions.hand_back, "the API is stopping")

@@ -141,9 +141,9 @@ async def delete_file(file_id: FileId, batches: BatchesDep, request: Request):
 async def create_batch(req: CreateBatchRequest, batches: BatchesDep, request: Request):
     """Check an uploaded input whole (bad lines go to the error file) and queue the batch."""
     async with audited(request, "batch.submit", f"batch of file {req.input_file_id}") as entry:
-        record = await asyncio.to_thread(batches.create, req)
+        record, lines = await asyncio.to_thread(batches.create, req)
         entry["target"] = f"batch {record['id']} (file {req.input_file_id})"
-    batches.start(record["id"])
+    batches.start(record["id"], lines)
     return batch_view(record)
 
 
