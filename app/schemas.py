@@ -23,10 +23,10 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from app.settings import Settings
-from model.datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
-from model.datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
-from model.datadir.jobs import LEGACY_OWNER, owner_of, steps_of
-from model.datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
+from datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
+from datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
+from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
+from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.options import TASKS, Option, format_default, options_for
 from model.sources import HUB_ID_PATTERN
 from model.tokenizer import lone_surrogate_at
@@ -646,7 +646,7 @@ def _check_name(value: str) -> str:
     return value
 
 
-# A model, dataset or base-model name in a job: one plain path component (model.datadir's rule).
+# A model, dataset or base-model name in a job: one plain path component (datadir's rule).
 Name = Annotated[str, Field(min_length=1, max_length=64, examples=["reviews"]), AfterValidator(_check_name)]
 
 
@@ -984,8 +984,8 @@ class JobStatus(BaseModel):
     def from_record(
         cls, record: Mapping[str, Any], disk_bytes: int | None = None, place: Mapping[str, Any] | None = None
     ) -> JobStatus:
-        """The answer for a job record (model.datadir's job.json); `place`: a queued job's position
-        (model.datadir.scheduling.queue_place)."""
+        """The answer for a job record (datadir's job.json); `place`: a queued job's position
+        (datadir.scheduling.queue_place)."""
         progress = record.get("progress") or {}
         running = record["state"] == "running"
         step, total_steps = steps_of(record)

@@ -14,11 +14,13 @@ from typing import Literal, get_args
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model.datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
-from model.device import DEVICE_PATTERN
+from datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
+from model.compute.device import DEVICE_PATTERN
 from model.options import PRECISIONS
 
-Precision = Literal["auto", "fp32", "bf16", "int8"]  # auto: recommended_precision of the device (model/precision.py)
+Precision = Literal[
+    "auto", "fp32", "bf16", "int8"
+]  # auto: recommended_precision of the device (model/compute/precision.py)
 assert get_args(Precision) == ("auto", *PRECISIONS)
 
 

@@ -217,7 +217,7 @@ def save_many_label_classifier(data_dir: Path, tokenizer, labels: int) -> None:
 
 def write_long_curve(data_dir: Path, lines: int) -> str:
     sys.path.insert(0, str(ROOT))
-    from model.datadir import JobRecords
+    from datadir import JobRecords
 
     store = JobRecords(data_dir)
     spec = {

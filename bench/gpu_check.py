@@ -3,7 +3,7 @@
 Checks (each isolated: an exception is a FAIL row naming it, and the others still run):
   parity      BertModel, BertForPreTraining, BertForMaskedLM against transformers on the same random
               weights and a padded batch: fp32 max |diff| <= 1e-4 (TF32 off); our bf16 path
-              (model.precision.apply_precision) against fp32 transformers, cosine >= 0.999 (the mean
+              (model.compute.precision.apply_precision) against fp32 transformers, cosine >= 0.999 (the mean
               over rows; the worst row is printed beside it);
   inference   BertModel tokens/s, ours against transformers (attn_implementation="sdpa", same weights)
               at B1/L16, B32/L128, B64/L512; bf16 weights on CUDA, fp32 on the CPU; medians of turns;
@@ -14,7 +14,7 @@ Checks (each isolated: an exception is a FAIL row naming it, and the others stil
   service     a live `bert serve` on the device: /embeddings and /fill-mask at 32 clients (128-token
               inputs), plus a model whose tokenizer is larger than its embeddings (refused at load,
               docs/gpu-review item 2) followed by a valid request that must still answer 200;
-  pretrain    a MiniLM-warm-started pretraining run (model.runs.run_pretraining) on the Wikipedia
+  pretrain    a MiniLM-warm-started pretraining run (model.training.runs.run_pretraining) on the Wikipedia
               leads, its held-out MLM and NSP accuracy, and the host syncs per step of the trainer;
   review      cheap items of the GPU review: head_dim 25 and 512 models in padded bf16 eval (no crash,
               cosine to fp32), the peak GPU memory of an encode at max_batch_tokens (16384), and the
@@ -59,10 +59,10 @@ import torch.nn.functional as F
 import transformers
 
 from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
-from model import kernels
+from model.compute import kernels
+from model.compute.precision import apply_precision, autocast
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
-from model.precision import apply_precision, autocast
 
 H100_CLASS_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 / H200 SXM (NVIDIA's data sheets)
 INFERENCE_SHAPES = [(1, 16), (32, 128), (64, 512)]
@@ -373,8 +373,8 @@ PRETRAIN_SIZES = {
 def check_pretrain(ctx: Context) -> list[Row]:
     """A short warm-started pretraining run on the Wikipedia leads; held-out MLM and NSP accuracy."""
     from app.launcher.demo_data import find_asset, prepare_wiki
-    from model.runs import PretrainSpec, run_pretraining
-    from model.trainer import TrainConfig
+    from model.training.runs import PretrainSpec, run_pretraining
+    from model.training.trainer import TrainConfig
 
     corpus = ctx.work / "wiki.txt"
     prepare_wiki(corpus, limit=1500 if ctx.quick else None)
@@ -509,7 +509,7 @@ def packed_sync_row(ctx: Context) -> Row:
 
 
 def kernel_rows(ctx: Context) -> list[Row]:
-    """model.kernels' choices here: each path asked and probed (flash-varlen on a GPU; on the host the
+    """model.compute.kernels' choices here: each path asked and probed (flash-varlen on a GPU; on the host the
     CPU paths, which int8 and a CPU-only run take), and what a bf16 model runs through."""
     rows = []
     for name in ("flash-varlen",) if ctx.cuda else ("onednn-fp32", "onednn-bf16", "int8-vnni"):

@@ -33,7 +33,7 @@ if __package__ in (None, ""):
 from app.launcher.demo_data import ensure_minilm  # noqa: E402
 from bench.common import machine_line, markdown_table, setup  # noqa: E402
 from bench.synthetic import conll_text, ner_split, qa_split, write_ner, write_qa  # noqa: E402
-from model.files import atomic_write_bytes  # noqa: E402
+from datadir.files import atomic_write_bytes  # noqa: E402
 
 TARGET_F1 = 0.9
 DEV_SEED_OFFSET = 1000  # dev sets: the train split's pools, another seed

@@ -34,9 +34,9 @@ import torch
 import transformers
 
 from bench.common import CONFIGS, gemm_flops, interleaved, machine_line, markdown_table, setup, si
+from model.compute.onednn import use_onednn
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertModel, compile_model
-from model.onednn import use_onednn
 
 MASK_ID = 103  # [MASK] in BERT's uncased vocabulary; any id works for random weights
 DEFAULT_SHAPES = {

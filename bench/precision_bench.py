@@ -1,4 +1,4 @@
-"""Reduced precision (model/precision.py): speed against our fp32, and what it costs in accuracy.
+"""Reduced precision (model/compute/precision.py): speed against our fp32, and what it costs in accuracy.
 
 Speed: the encoder at the base config (random weights), batch 1 and 8 at seq 128, ours fp32 vs
 apply_precision "bf16" and "int8", plus torch.ao's quantize_dynamic (the textbook int8, per-tensor
@@ -48,11 +48,11 @@ from bench.common import (
     markdown_table,
     setup,
 )
-from model import kernels
+from model.compute import kernels
+from model.compute.precision import apply_precision, autocast, bf16_native
 from model.config import BertConfig
 from model.data.corpus import split_sentences
 from model.modeling import BertForMaskedLM, BertModel
-from model.precision import apply_precision, autocast, bf16_native
 from model.tokenizer import BertTokenizer
 
 PRECISIONS = ("bf16", "int8", "int8 torch.ao")

@@ -2,7 +2,7 @@
 
 Each case trains BertForPreTraining (MLM + NSP, 15% of positions masked, no padding: the worst case),
 or a classifier with many labels (whose logits the estimate counts per row and label), for a few
-AdamW steps with model.trainer.Trainer, in a fresh subprocess, and measures:
+AdamW steps with model.training.trainer.Trainer, in a fresh subprocess, and measures:
   * CPU: the peak resident memory (ru_maxrss) minus the resident memory just before the model was
     built (torch imported, the batches made): what training added;
   * CUDA: torch.cuda.max_memory_allocated() (the caching allocator's reserve and the context excluded).
@@ -128,7 +128,7 @@ def measure(name: str, device: str, precision: str, threads: int) -> dict:
 
     from model.config import BertConfig
     from model.modeling import MODEL_CLASSES
-    from model.trainer import TrainConfig, Trainer
+    from model.training.trainer import TrainConfig, Trainer
 
     torch.set_num_threads(threads)
     config, batch_size, seq_len, architecture, labels = case(name)

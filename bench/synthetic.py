@@ -33,7 +33,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.files import atomic_write_bytes
+from datadir.files import atomic_write_bytes
 
 SPLITS = ("train", "test")
 

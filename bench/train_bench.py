@@ -4,7 +4,7 @@ One step = zero_grad, forward (MLM + NSP loss), backward, AdamW step; small conf
 seq 128, 15% of positions masked. Contenders, timed in turns (bench/common.py):
   hf          transformers BertForPreTraining (attn_implementation="sdpa"), fp32;
   ours        our BertForPreTraining, fp32 (the MLM head runs on the masked positions only);
-  ours bf16   the same under bf16 autocast (model.precision.autocast), fp32 weights and optimizer.
+  ours bf16   the same under bf16 autocast (model.compute.precision.autocast), fp32 weights and optimizer.
 Checks, printed with the table:
   * the loss on the same batch matches transformers' (dropout off), before and after 2 AdamW
     steps (so the gradients agree too), within 1e-4;
@@ -40,9 +40,9 @@ import transformers
 
 from app.launcher.demo_data import prepare_wiki
 from bench.common import CONFIGS, MINILM_DIR, WIKI_JSON, interleaved, machine_line, markdown_table, setup
+from model.compute.precision import autocast
 from model.config import BertConfig
 from model.modeling import BertForPreTraining
-from model.precision import autocast
 from model.tokenizer import BertTokenizer
 
 IGNORE = -100

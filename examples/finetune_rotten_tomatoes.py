@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from app.launcher.demo_data import ensure_minilm, prepare_rotten_tomatoes
-from model.callbacks import LogProgress
-from model.runs import FinetuneSpec, default_train_config, merge_train_config, run_finetuning
+from model.training.callbacks import LogProgress
+from model.training.runs import FinetuneSpec, default_train_config, merge_train_config, run_finetuning
 
 
 def main() -> None:

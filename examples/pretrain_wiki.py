@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from app.launcher.demo_data import ensure_minilm, prepare_wiki
-from model.callbacks import LogProgress
-from model.files import METRICS_FILE
-from model.runs import PretrainSpec, default_train_config, merge_train_config, run_pretraining
+from datadir.files import METRICS_FILE
+from model.training.callbacks import LogProgress
+from model.training.runs import PretrainSpec, default_train_config, merge_train_config, run_pretraining
 
 DEFAULTS = {"warm": {"lr": 1e-4, "max_steps": 200}, "scratch": {"lr": 1e-3, "max_steps": 1500}}
 

@@ -1,8 +1,15 @@
-"""bertserve's model package: BERT (Devlin et al., 2018) from scratch in PyTorch, its tokenizer, data
-pipeline, trainer and checkpoints, and the data-directory contract (model.datadir) that the service
-and the workers share. Importable on its own: it never imports app/ or worker/.
+"""bertserve's model package: BERT (Devlin et al., 2018) from scratch in PyTorch, and how it runs and trains.
+Importable on its own: it never imports app/ or worker/, nor a web, queue or CLI framework.
 
-Import from the module that defines a name (`from model.modeling import BertModel`,
-`from model.tokenizer import BertTokenizer`, `from model.config import BertConfig`): this package
-imports nothing itself, so `import model.datadir` (standard library only) does not pull in torch.
+    modeling.py, config.py, tokenizer.py, weights.py   the BERT, its hyper-parameters, WordPiece, HF weight files
+    model_dir.py, model_card.py, sources.py            a model directory, its measured card, where an import comes from
+    options.py, sizing.py, qa_spans.py, scores.py      training options, sizes from a config, QA answers, task scores
+    errors.py                                          errors a user can fix
+    compute/    which device, kernels and precision run it (oneDNN dense layers, int8 and bf16)
+    training/   the trainer, its callbacks and checkpoints, runs as functions, evaluation, data-parallel ranks
+    data/       pretraining corpora and token stores, fine-tuning tables
+
+Where things are kept on disk (job records, versions, datasets) is the top-level `datadir` package.
+Import from the module that defines a name (`from model.modeling import BertModel`): this package
+imports nothing itself, so `import model.config` does not pull in torch's kernels.
 """

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from model.datadir.cards import update_card
+from datadir.cards import update_card
 from model.modeling import BertForMaskedLM, BertForPreTraining, load_model
 from model.tokenizer import BertTokenizer
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from datadir.files import atomic_write_bytes
 from model.config import BertConfig
 from model.errors import UserError
-from model.files import atomic_write_bytes
 from model.modeling import class_for_heads
 from model.tokenizer import BertTokenizer
 from model.weights import LEGACY_KEYS, heads_of_keys, load_state_dict, normalize_state_dict

@@ -16,7 +16,7 @@ Ordered from parts to whole:
                        BertForQuestionAnswering, BertForMultipleChoice
     helpers            MODEL_CLASSES, class_for_heads, class_for_dir, compile_model, load_model
 
-The dense layers go through model.onednn's `dense` (and its `linear` for the tied decoder): oneDNN's
+The dense layers go through model.compute.onednn's `dense` (and its `linear` for the tied decoder): oneDNN's
 fused GEMMs on CPU where they pay, F.linear elsewhere.
 
 Parameter names are Hugging Face's (`bert.embeddings.word_embeddings.weight`,
@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from model import kernels
+from datadir.files import atomic_dir
+from model.compute import kernels
+from model.compute.onednn import dense, linear
 from model.config import BertConfig
-from model.files import atomic_dir
-from model.onednn import dense, linear
 from model.weights import (
     HEAD_NAMES,
     HEAD_PREFIXES,
@@ -340,7 +340,7 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = config.hidden_act  # fused into the GEMM where it can be (see model.onednn)
+        self.act = config.hidden_act  # fused into the GEMM where it can be (see model.compute.onednn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense(self.dense, x, self.act)

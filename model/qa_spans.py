@@ -2,7 +2,7 @@
 best answer of an example over all its windows.
 
 Both the /question-answering route (app/serving/qa_pipeline.py) and SQuAD evaluation
-(model/evaluation.py) pick spans with `window_spans`, which is transformers 4.x's
+(model/training/evaluation.py) pick spans with `window_spans`, which is transformers 4.x's
 QuestionAnsweringPipeline `select_starts_ends` + `decode_spans`:
 - every token outside the context ([CLS] excepted) gets logit -10000 before a softmax of the start
   and of the end logits; P(start=[CLS]) x P(end=[CLS]) is the empty answer's score (kept as the

@@ -56,7 +56,7 @@ and the one inference thread holds the activations of one forward pass at a time
 runs it. N parameters, W = L (4h^2 + 2hI) of them the encoder's Linear weights, R = L (5h + I) those
 weights' output rows:
 
-    weights      fp32  4 N                               model.precision.apply_precision's result
+    weights      fp32  4 N                               model.compute.precision.apply_precision's result
                  bf16  2 N
                  int8  4 N - 3 W + 4 R                   the encoder's Linear weights in int8 with an
                                                          fp32 scale per output row; the rest stays fp32
@@ -255,7 +255,7 @@ def format_count(n: float) -> str:
 
 # -- serving ---------------------------------------------------------------------------------------
 
-# Bytes per weight at each serving precision (model/precision.py); int8 is the encoder's Linear weights only.
+# Bytes per weight at each serving precision (model/compute/precision.py); int8 is the encoder's Linear weights only.
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
 SERVING_ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "int8": 4}  # int8's Int8Linear computes in fp32
 

@@ -3,7 +3,7 @@
 `import_source` turns any of the three into a published model version: the source's files are
 gathered into a directory (`fetch`), validated and converted by model.model_dir's `import_model`
 into a staged directory inside DATA_DIR, given a card whose `source` says where they came from, and
-published as the next version of the name (model.datadir.publish_model).
+published as the next version of the name (datadir.publish_model).
 
     directory   a Hugging Face layout directory (config.json, weights, vocab.txt or tokenizer.json)
     archive     a .tar, .tar.gz, .tgz or .zip of one, extracted safely: regular files and folders
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.datadir.publish import publish_model
+from datadir.files import TMP_PREFIX
+from datadir.publish import publish_model
 from model.errors import UserError
-from model.files import TMP_PREFIX
 
 # (bytes done, bytes in all) after each downloaded chunk; raising from it stops the import (a cancel).
 Progress = Callable[[int, int], None]
@@ -106,7 +106,7 @@ def import_source(
     are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports);
     `card_source` adds to (or replaces) the card's source fields (an upload's own file name).
     """
-    from model.datadir.layout import DataDir, new_job_id
+    from datadir.layout import DataDir, new_job_id
     from model.model_card import write_card
     from model.model_dir import import_model
 
@@ -369,7 +369,7 @@ def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
 
 def hub_model_name(repo: str) -> str:
     """The model name a Hub repo gets in DATA_DIR/models by default: its name without the owner."""
-    from model.datadir.layout import valid_name
+    from datadir.layout import valid_name
 
     name = repo.rsplit("/", 1)[-1]
     return name if valid_name(name) else "hub-" + re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]

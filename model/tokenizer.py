@@ -41,7 +41,7 @@ from tokenizers import (
     trainers,
 )
 
-from model.files import atomic_write_bytes
+from datadir.files import atomic_write_bytes
 
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
@@ -198,7 +198,7 @@ class BertTokenizer:
         """Write vocab.txt, tokenizer.json and tokenizer_config.json into the existing directory `path`.
 
         Each file is written to a temp name and renamed, so a reader never sees half a file;
-        the directory as a whole is not atomic (use model.files.atomic_dir around it for that).
+        the directory as a whole is not atomic (use datadir.files.atomic_dir around it for that).
         """
         path = Path(path)
         if not path.is_dir():

@@ -78,8 +78,8 @@ def one_torch_thread():
 
 @pytest.fixture
 def kernel_paths():
-    """model.kernels' paths as a test leaves them are put back as they were (forced, failed, decided)."""
-    from model import kernels
+    """model.compute.kernels' paths as a test leaves them are put back as they were (forced, failed, decided)."""
+    from model.compute import kernels
 
     fields = ("decided", "why", "machine", "forced")
     saved = {name: {f: getattr(p, f) for f in fields} for name, p in kernels.PATHS.items()}

@@ -18,7 +18,9 @@ AVX2_BF16_ERROR = (
 
 # Put on PYTHONPATH (with the repository) as sitecustomize.py: a `bert serve` that believes it is on AVX2,
 # and runs oneDNN for every matmul, however small (tiny test models normally fall under its threshold).
-SITECUSTOMIZE = "import model.onednn, tests.cpu_kinds\nmodel.onednn._MIN_MACS = 0\ntests.cpu_kinds.pretend_avx2()\n"
+SITECUSTOMIZE = (
+    "import model.compute.onednn, tests.cpu_kinds\nmodel.onednn._MIN_MACS = 0\ntests.cpu_kinds.pretend_avx2()\n"
+)
 
 
 class RaisingOnBf16:
@@ -36,9 +38,9 @@ class RaisingOnBf16:
 
 
 def pretend_avx2(setattr=setattr) -> None:
-    """torch reports AVX2 without bf16 or VNNI, oneDNN's bf16 ops raise, and model.kernels decides
+    """torch reports AVX2 without bf16 or VNNI, oneDNN's bf16 ops raise, and model.compute.kernels decides
     every path afresh."""
-    from model import kernels
+    from model.compute import kernels
 
     for name in ("_linear_pointwise", "_reorder_linear_weight"):
         setattr(torch.ops.mkldnn, name, RaisingOnBf16(getattr(torch.ops.mkldnn, name)))

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("model", "app", "worker")
+PACKAGES = ("datadir", "model", "app", "worker")
 
 
 def lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
@@ -94,12 +94,12 @@ def test_no_project_module_is_in_an_import_cycle():
 # A small tree with the same three packages that breaks each contract once.
 BROKEN_TREE = {
     "model/__init__.py": "",
-    "model/files.py": "",
+    "model/training/__init__.py": "",
     "model/modeling.py": "import torch\n",
-    "model/trainer.py": "import argparse\nfrom . import runs\n",  # a CLI framework in model/, and a cycle
-    "model/runs.py": "def run():\n    from . import trainer  # a function-level import closes the cycle\n",
-    "model/datadir/__init__.py": "",
-    "model/datadir/jobs.py": "from .. import modeling\n",  # the contract module reaches torch
+    "model/training/trainer.py": "import argparse\nfrom . import runs\n",  # a CLI framework in model/, and a cycle
+    "model/training/runs.py": "def run():\n    from . import trainer  # a function-level import closes the cycle\n",
+    "datadir/__init__.py": "",
+    "datadir/jobs.py": "from model import modeling\n",  # the ground floor reaches up into model/ (and torch)
     "app/__init__.py": "",
     "app/jobs/__init__.py": "",
     "app/jobs/job_service.py": "import worker.queue\n",  # the one allowed crossing
@@ -135,7 +135,7 @@ def test_the_cycle_check_sees_function_level_imports(broken_tree, monkeypatch):
     monkeypatch.syspath_prepend(str(broken_tree))
     for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
         monkeypatch.delitem(sys.modules, name)
-    assert import_cycles(*PACKAGES) == [["model.runs", "model.trainer"]]
+    assert import_cycles(*PACKAGES) == [["model.training.runs", "model.training.trainer"]]
 
 
 def test_the_app_reaches_into_worker_only_through_a_leaf_queue_module():
@@ -153,7 +153,7 @@ def test_the_app_reaches_into_worker_only_through_a_leaf_queue_module():
 def test_the_data_directory_contract_loads_no_framework_and_no_torch():
     """import-linter sees direct imports; this runs the import (package __init__ files included)."""
     code = (
-        "import sys, model.datadir; heavy = {'torch', 'numpy', 'fastapi', 'celery', 'kombu', 'pydantic'}; "
+        "import sys, datadir; heavy = {'torch', 'numpy', 'fastapi', 'celery', 'kombu', 'pydantic'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -162,18 +162,18 @@ def test_the_data_directory_contract_loads_no_framework_and_no_torch():
 
 
 # File names that two modules share because they mean the same thing: each process's settings, each
-# package's error type, and a resource's HTTP routes beside its on-disk contract in model.datadir.
+# package's error type, and a resource's HTTP routes beside its on-disk contract in datadir.
 SAME_MEANING = {
     "settings.py": {"app/settings.py", "worker/settings.py"},
     "errors.py": {"app/errors.py", "model/errors.py"},
-    "jobs.py": {"app/api/routes/jobs.py", "model/datadir/jobs.py"},
-    "datasets.py": {"app/api/routes/datasets.py", "model/datadir/datasets.py"},
+    "jobs.py": {"app/api/routes/jobs.py", "datadir/jobs.py"},
+    "datasets.py": {"app/api/routes/datasets.py", "datadir/datasets.py"},
 }
 
 
 def test_no_two_modules_share_a_file_name_unless_they_mean_the_same_thing():
     by_name: dict[str, set[str]] = {}
-    for package in ("app", "model", "worker", "bench"):
+    for package in ("app", "datadir", "model", "worker", "bench"):
         for path in (ROOT / package).rglob("*.py"):
             if path.name not in ("__init__.py", "__main__.py"):
                 by_name.setdefault(path.name, set()).add(path.relative_to(ROOT).as_posix())
@@ -184,7 +184,7 @@ def test_no_two_modules_share_a_file_name_unless_they_mean_the_same_thing():
 def test_ignore_index_is_defined_once():
     defining = [
         path.relative_to(ROOT).as_posix()
-        for package in ("app", "model", "worker")
+        for package in ("app", "datadir", "model", "worker")
         for path in (ROOT / package).rglob("*.py")
         if re.search(r"^\s*IGNORE_INDEX\s*[:=]", path.read_text(), re.M)
     ]
@@ -194,7 +194,7 @@ def test_ignore_index_is_defined_once():
 # -- one owner of a job's state --------------------------------------------------------------------
 
 RECORD_KEYS = ("state", "events")  # a job's state and lifecycle events: written only by its transitions
-STATE_OWNER = "model/datadir/jobs.py"
+STATE_OWNER = "datadir/jobs.py"
 
 
 def _key(node: ast.AST) -> str | None:
@@ -266,7 +266,7 @@ def record_key_writers(root: Path) -> dict[str, list[int]]:
 
 
 def test_one_module_writes_a_jobs_state_and_events():
-    """Every other module moves a job through model/datadir/jobs.py's named transitions."""
+    """Every other module moves a job through datadir/jobs.py's named transitions."""
     writers = record_key_writers(ROOT)
     assert list(writers) == [STATE_OWNER], f"only {STATE_OWNER} may write a job's state or events: {writers}"
 

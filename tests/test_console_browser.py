@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from model.datadir import NAME_RULE
+from datadir import NAME_RULE
 from tests.helpers import (
     REDIS_URL,
     finetune_request,

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from model.checkpoint import is_complete
 from model.modeling import BertForSequenceClassification
+from model.training.checkpoint import is_complete
 from tests.helpers import (
     REDIS_URL,
     corpus_txt,

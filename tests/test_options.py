@@ -103,7 +103,7 @@ def surfaces(tmp_path_factory):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_help_openapi_form_and_the_run_spec_agree_on_every_fine_tune_default(surfaces, task):
-    from model.runs import FinetuneSpec
+    from model.training.runs import FinetuneSpec
 
     cli, openapi, form = surfaces
     form = {f["name"]: f for f in form["finetune"]}

@@ -3,7 +3,7 @@
 worker/training.py (train_ranks) starts torchrun with N of these, in the job's lease holder's stead;
 the settings come from the environment it passes on. Rank 0 runs the job exactly as a single-process
 worker does (worker/training.py: train: JobReporter into job.json, publish, cancel, hand-back); the
-other ranks only train (model/runs.py under DDP, model/trainer.py), with a SIGTERM stop request as
+other ranks only train (model/training/runs.py under DDP, model/training/trainer.py), with a SIGTERM stop request as
 their one callback. A SIGTERM (the worker's warm shutdown, sent to the whole process group) asks every
 rank to stop after the current step; rank 0 then checkpoints and records the hand-back.
 """
@@ -15,9 +15,9 @@ import signal
 import sys
 import threading
 
-from model.callbacks import Callback
-from model.datadir import JobRecords
-from model.distributed import die_with_parent, env_dist
+from datadir import JobRecords
+from model.training.callbacks import Callback
+from model.training.distributed import die_with_parent, env_dist
 from worker import recipes
 from worker.settings import WorkerSettings
 from worker.training import train

@@ -3,7 +3,7 @@ sending a job. The one module of worker/ that the app imports (it publishes jobs
 the worker's Celery app or its training code).
 
 A message is one task, `bert.train`, with one argument, the job id: everything else, the job's kind
-included, is in DATA_DIR/jobs/<id>/ (model.datadir). JSON only, so a message can never make anyone
+included, is in DATA_DIR/jobs/<id>/ (datadir). JSON only, so a message can never make anyone
 unpickle anything.
 """
 

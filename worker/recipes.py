@@ -1,6 +1,6 @@
-"""From a job record to a run spec of model/runs.py, and the run itself.
+"""From a job record to a run spec of model/training/runs.py, and the run itself.
 
-The worker runs the same code as `bert pretrain` / `bert finetune` (model/runs.py); only the
+The worker runs the same code as `bert pretrain` / `bert finetune` (model/training/runs.py); only the
 callbacks differ. This module translates the record the API validated into a PretrainSpec or
 FinetuneSpec whose run directory is the job directory, so checkpoints land in
 DATA_DIR/jobs/<id>/checkpoints/ and a second attempt resumes from the latest complete one.
@@ -17,14 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from model.callbacks import Callback
+from datadir import DataDir, dataset_file, model_dir_for
+from datadir.files import atomic_dir, atomic_write_bytes
 from model.data.corpus import read_documents
-from model.datadir import DataDir, dataset_file, model_dir_for
-from model.files import atomic_dir, atomic_write_bytes
 from model.options import job_keys
-from model.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
 from model.tokenizer import BertTokenizer
-from model.trainer import TrainResult
+from model.training.callbacks import Callback
+from model.training.runs import FinetuneSpec, PretrainSpec, run_finetuning, run_pretraining
+from model.training.trainer import TrainResult
 
 TOKENIZER_DIR = "tokenizer"  # DATA_DIR/jobs/<id>/tokenizer: a from-scratch run's vocabulary
 SCRATCH_CONFIG = "scratch_config.json"
@@ -84,7 +84,7 @@ def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
 
 
 def base_model_dir(data_dir: Path, name: str) -> Path:
-    """The directory of the base model's promoted version (model.datadir.versions)."""
+    """The directory of the base model's promoted version (datadir.versions)."""
     found = model_dir_for(data_dir, name)
     if found is None:
         raise FileNotFoundError(f"base model '{name}' not found in {DataDir(data_dir).models}")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from model.datadir import API_KINDS, IllegalTransition, JobNotFound, JobRecords, jobs, lease_is_free
+from datadir import API_KINDS, IllegalTransition, JobNotFound, JobRecords, jobs, lease_is_free
 from worker.queue import send_job
 from worker.settings import WorkerSettings
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model.device import DEVICE_PATTERN
+from model.compute.device import DEVICE_PATTERN
 
 DAY = 24 * 3600
 

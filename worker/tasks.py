@@ -2,8 +2,8 @@
 same task under its old names, `bert.pretrain` and `bert.finetune`).
 
 Thin, like a web view: the message carries only the id; the job's kind, spec, state and results live
-in DATA_DIR/jobs/<id>/ (model/datadir), and the work happens in worker/training.py and model/. A
-delivery runs the queue's first job by priority (model/datadir/scheduling.py), which is usually the
+in DATA_DIR/jobs/<id>/ (datadir), and the work happens in worker/training.py and model/. A
+delivery runs the queue's first job by priority (datadir/scheduling.py), which is usually the
 message's own. On a
 warm shutdown (SIGTERM) the running job stops at its next step and is sent again (`requeue`).
 """
@@ -16,7 +16,7 @@ from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.worker.request import Request
 
-from model.datadir import JobRecords
+from datadir import JobRecords
 from worker.celery_app import app, settings
 from worker.queue import OLD_TASK_NAMES, TASK_NAME
 from worker.recovery import celery_sender, job_of_process, lost_reason, note_lost_attempt, shutting_down

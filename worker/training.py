@@ -5,7 +5,7 @@
       2. begin     under the record lock: finished/cancelled -> nothing; a previous attempt that died
                    is noted, with the reason the worker saw (worker/recovery.py), as the job's error;
                    too many attempts, or max_runtime used up -> failed; else attempts += 1, running
-      3. train     model.runs' run_pretraining/run_finetuning, the job directory as run directory
+      3. train     model.training.runs' run_pretraining/run_finetuning, the job directory as run directory
                    (worker/recipes.py): it continues from the latest complete checkpoint; callbacks write
                    progress and runtime into job.json and stop the loop on a cancel request, the job's
                    max_runtime or the worker's soft time limit (the trainer checkpoints first)
@@ -14,18 +14,18 @@
                    stopped -> cancelled (or failed: time limit); exception -> failed with the error;
                    the worker is shutting down (SIGTERM) -> handed back: state queued again, the
                    attempt not counted, and, once the lease is released, the job is sent again;
-                   a job of higher priority waits for this slot (model/datadir/scheduling.py) ->
+                   a job of higher priority waits for this slot (datadir/scheduling.py) ->
                    made way: handed back the same way, naming the job it made way for
 
 A delivery (run_delivery) runs the first waiting job in the queue's order, by priority and age,
 which need not be the job its message named.
 
-The job's kind is its record's; every change of its state goes through model.datadir.jobs' named
+The job's kind is its record's; every change of its state goes through datadir.jobs' named
 transitions. Only a process death skips step 4; the next delivery (redelivery, or the recovery sweep in
 worker/recovery.py) then finds the lease free and the state "running", and resumes.
 This module does not import celery: tests drive it directly.
 
-A job with params.devices = N > 1 trains data-parallel: step 3 runs torchrun (model.torchrun) with N
+A job with params.devices = N > 1 trains data-parallel: step 3 runs torchrun (model.training.torchrun) with N
 ranks of worker/ddp_job.py as a child process in its own session, and rank 0 does steps 3 and 4 as
 above (the same `train`, its JobReporter writing job.json; the lease stays here). This process waits:
 on a warm shutdown it sends SIGTERM to the ranks' process group (they stop at the same step, rank 0
@@ -48,9 +48,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from model import checkpoint as ckpt
-from model.callbacks import Callback
-from model.datadir import (
+from datadir import (
     TERMINAL,
     IllegalTransition,
     JobRecords,
@@ -62,11 +60,13 @@ from model.datadir import (
     scheduling,
     worker_identity,
 )
-from model.datadir.jobs import CANCEL, JobRecord
-from model.distributed import is_peer_failure, launched, torchrun_command
+from datadir.jobs import CANCEL, JobRecord
 from model.errors import UserError
 from model.model_card import write_card
-from model.trainer import FINAL_MODEL
+from model.training import checkpoint as ckpt
+from model.training.callbacks import Callback
+from model.training.distributed import is_peer_failure, launched, torchrun_command
+from model.training.trainer import FINAL_MODEL
 from worker import recipes
 from worker.settings import WorkerSettings
 
@@ -105,7 +105,7 @@ def run_delivery(
     requeue: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Handle a delivery of job `job_id`'s message: run the first job in the queue's order
-    (model/datadir/scheduling.py), which is this one unless one of higher priority, or an older one of
+    (datadir/scheduling.py), which is this one unless one of higher priority, or an older one of
     the same, waits (a running job whose worker died among them). A job another process holds is
     skipped for the next. The job passed over keeps waiting: the message of the job that ran in its
     stead is still queued, and runs it later."""
@@ -402,7 +402,7 @@ def check_devices(devices: int, settings: WorkerSettings) -> None:
     """UserError when this worker has fewer devices than the job asks (BERT_WORKER_DEVICES)."""
     import torch
 
-    from model.device import resolve_device
+    from model.compute.device import resolve_device
 
     on_cuda = resolve_device(settings.worker_device).type == "cuda"
     have = settings.worker_devices or (torch.cuda.device_count() if on_cuda else os.cpu_count() or 1)

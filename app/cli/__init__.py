@@ -1,7 +1,7 @@
 """The `bert` command (argparse): model commands, training commands and the service's commands.
 
     bert vocab | import | info | evaluate-card  app/cli/model_commands.py  (model/ directories)
-    bert pretrain | finetune | evaluate        app/cli/train_commands.py  (model/runs.py, with a progress bar)
+    bert pretrain | finetune | evaluate        app/cli/train_commands.py  (model/training/runs.py, with a progress bar)
     bert serve | up | worker                   app/cli/service_commands.py
     bert corpus build                          app/cli/corpus_commands.py  (model/data/corpus_build.py)
     bert keys add | list | revoke | rotate     app/cli/key_commands.py  (app/keys/keyfile.py)

@@ -1,9 +1,9 @@
 """`bert pretrain|finetune --nproc-per-node N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT --rdzv-id ID
 --trusted-network]`: the same command again, under torchrun.
 
-The command re-runs itself as `python -m model.torchrun ... -m app.cli pretrain ...` (torch.distributed.run,
-model/distributed.py: torchrun_command) with the same arguments minus these; each rank then finds
-RANK/WORLD_SIZE in its environment and the trainer goes data-parallel (model/trainer.py). This process
+The command re-runs itself as `python -m model.training.torchrun ... -m app.cli pretrain ...` (torch.distributed.run,
+model/training/distributed.py: torchrun_command) with the same arguments minus these; each rank then finds
+RANK/WORLD_SIZE in its environment and the trainer goes data-parallel (model/training/trainer.py). This process
 only waits: Ctrl-C reaches the ranks from the terminal (they stop after the step, with a checkpoint), a
 SIGTERM sent to it alone is passed on to torchrun, and a rank that dies ends the run with one line saying
 how to resume. Several nodes meet on loopback unless --trusted-network says the network between them
@@ -20,7 +20,7 @@ import sys
 
 from model.errors import UserError
 
-# model.distributed and model.checkpoint (torch) load when a command runs, not when `bert` parses its options.
+# model.training.distributed and model.training.checkpoint (torch) load when a command runs, not when `bert` parses its options.
 
 LAUNCH_OPTIONS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id")  # with a value
 LAUNCH_FLAGS = ("--trusted-network",)
@@ -68,7 +68,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 
 def wants_launcher(args: argparse.Namespace) -> bool:
     """True when the options ask for several processes and this process is not already one of them."""
-    from model.distributed import check_launch, launched
+    from model.training.distributed import check_launch, launched
 
     try:
         check_launch(
@@ -102,8 +102,8 @@ def strip_launch_options(argv: list[str]) -> list[str]:
 
 def relaunch(args: argparse.Namespace, argv: list[str]) -> int:
     """Run this command on `--nproc-per-node` ranks through torchrun; its exit status, or 130 if stopped."""
-    from model import checkpoint as ckpt
-    from model.distributed import endpoint_host, is_loopback, new_run_id, torchrun_command
+    from model.training import checkpoint as ckpt
+    from model.training.distributed import endpoint_host, is_loopback, new_run_id, torchrun_command
 
     run_id = args.rdzv_id
     if args.nnodes > 1 and run_id is None:  # node 0 (check_launch refuses the others without one)

@@ -7,8 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from model.datadir.cards import CARD, read_card
-from model.datadir.versions import served_dir
+from datadir.cards import CARD, read_card
+from datadir.versions import served_dir
 from model.errors import UserError
 from model.options import PRECISIONS
 
@@ -112,10 +112,10 @@ def _servable(info: dict) -> dict:
 
 
 def _kernels_here(device_setting: str) -> dict:
-    """What this machine would run the model with at each precision (model.kernels), and what auto is."""
-    from model import kernels
-    from model.device import resolve_device
-    from model.precision import recommended_precision
+    """What this machine would run the model with at each precision (model.compute.kernels), and what auto is."""
+    from model.compute import kernels
+    from model.compute.device import resolve_device
+    from model.compute.precision import recommended_precision
 
     try:
         device = resolve_device(device_setting)

@@ -1,5 +1,5 @@
 """What the training commands show and how they stop: a tqdm progress bar and Ctrl-C/SIGTERM handling,
-both trainer callbacks (model.callbacks.Callback), so model/ never learns about terminals or signals."""
+both trainer callbacks (model.training.callbacks.Callback), so model/ never learns about terminals or signals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import sys
 from typing import Any
 
-from model.callbacks import Callback, format_metrics
+from model.training.callbacks import Callback, format_metrics
 
 
 class ProgressBar(Callback):

@@ -1,8 +1,8 @@
-"""`bert pretrain`, `bert finetune` and `bert evaluate`: options in, a spec to model.runs, a progress bar out.
+"""`bert pretrain`, `bert finetune` and `bert evaluate`: options in, a spec to model.training.runs, a progress bar out.
 
 Each command only turns its options into a PretrainSpec/FinetuneSpec (or evaluate_model's arguments)
 and runs it with the progress bar and the Ctrl-C handler as callbacks; the training itself is
-model/runs.py, the same code the worker runs.
+model/training/runs.py, the same code the worker runs.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from app.cli.model_commands import model_dir_arg
 from model.errors import UserError
 from model.options import BY_NAME, KINDS, Option, format_default, options_for
 
-# torch and model.runs load inside the commands, so `bert finetune --help` answers without them.
+# torch and model.training.runs load inside the commands, so `bert finetune --help` answers without them.
 
 
 def _run_with_progress(run, spec) -> int:
     """Run a spec with a progress bar and Ctrl-C handling. Under torchrun, rank 0 alone draws and prints."""
     from app.cli.progress import ProgressBar, SignalStop
-    from model import checkpoint as ckpt
-    from model.callbacks import format_metrics
-    from model.distributed import env_dist, launched
+    from model.training import checkpoint as ckpt
+    from model.training.callbacks import format_metrics
+    from model.training.distributed import env_dist, launched
 
     main_rank = env_dist().is_main
     # The run functions and the data pipeline log what they do (tokenising, warm start) at INFO.
@@ -69,7 +69,7 @@ def _set_threads(args: argparse.Namespace) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> int:
     if wants_launcher(args):
         return relaunch(args, args.argv)
-    from model.runs import PretrainSpec, default_train_config, run_pretraining
+    from model.training.runs import PretrainSpec, default_train_config, run_pretraining
 
     _set_threads(args)
     if args.from_model and args.config:
@@ -96,7 +96,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_finetune(args: argparse.Namespace) -> int:
     if wants_launcher(args):
         return relaunch(args, args.argv)
-    from model.runs import FinetuneSpec, run_finetuning, task_train_config
+    from model.training.runs import FinetuneSpec, run_finetuning, task_train_config
 
     _set_threads(args)
     task = args.task or BY_NAME["task"].default_for("finetune")
@@ -115,7 +115,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from model.runs import evaluate_model
+    from model.training.runs import evaluate_model
 
     _set_threads(args)
     metrics = evaluate_model(
@@ -166,7 +166,7 @@ def _given(args: argparse.Namespace, kind: str, *, trainer: bool) -> dict[str, A
 
 
 def _train_config(args: argparse.Namespace, kind: str, default):
-    from model.runs import merge_train_config
+    from model.training.runs import merge_train_config
 
     overrides = _given(args, kind, trainer=True)
     if args.warmup is not None:

@@ -567,7 +567,7 @@ async function jobPage(jobId) {
 // -- new job ---------------------------------------------------------------------------------------
 
 let jobForm = null;  // GET /console/job-form.json: the parameters per kind, as the API declares them
-// The dataset kind each fine-tuning task trains on (model/datadir/datasets.py KIND_OF_TASK).
+// The dataset kind each fine-tuning task trains on (datadir/datasets.py KIND_OF_TASK).
 const TASK_DATASET_KIND = {"sequence-classification": "labelled", "token-classification": "token-labelled",
                            "question-answering": "qa"};
 

@@ -1,5 +1,5 @@
 """GET /jobs/{id}/events: one job as a stream of Server-Sent Events (the WHATWG HTML standard's
-`text/event-stream`), read from its record and metrics.jsonl in DATA_DIR (model.datadir), which
+`text/event-stream`), read from its record and metrics.jsonl in DATA_DIR (datadir), which
 the worker keeps current. Events, each `event: <name>` and one `data:` line of JSON:
 
     progress  the job as GET /jobs/{id} answers it; first, then each time job.json changes (and, while
@@ -36,8 +36,8 @@ from typing import Any
 
 from app.errors import ServiceError
 from app.schemas import JobStatus
-from model.datadir import JobNotFound, JobRecord, JobRecords, scheduling
-from model.datadir.jobs import METRICS, TERMINAL
+from datadir import JobNotFound, JobRecord, JobRecords, scheduling
+from datadir.jobs import METRICS, TERMINAL
 
 POLL_S = 0.25  # the worker logs a step every log_every steps; a quarter second keeps a curve live
 PLACE_S = 2.0  # a queued job's place depends on every job's record: read them all at most this often

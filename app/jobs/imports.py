@@ -2,8 +2,8 @@
 the API process runs it (a download does not wait behind training on the workers).
 
 The record lives in DATA_DIR/jobs/<id>/ like a training job's and moves through the same named
-transitions (model/datadir/jobs.py); GET /jobs/{id} shows it and POST /jobs/{id}/cancel stops it
-between downloaded chunks. The thread holds the job's lease (model/datadir/lease.py) as a worker
+transitions (datadir/jobs.py); GET /jobs/{id} shows it and POST /jobs/{id}/cancel stops it
+between downloaded chunks. The thread holds the job's lease (datadir/lease.py) as a worker
 does, so at API start every queued or running import whose lease is free is run again: the Hub
 cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran.
 
@@ -35,9 +35,9 @@ from app.errors import ServiceError
 from app.jobs import uploads
 from app.schemas import ImportModelRequest
 from app.settings import Settings
-from model.datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, Lease, valid_name, worker_identity
-from model.datadir import jobs as transitions
-from model.datadir.datasets import staging_dir
+from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, Lease, valid_name, worker_identity
+from datadir import jobs as transitions
+from datadir.datasets import staging_dir
 from model.errors import UserError
 from model.sources import ARCHIVE_SUFFIXES, import_source
 
@@ -183,7 +183,7 @@ class Imports:
         self._succeed(job_id, record["model_name"], version)
 
     def _succeed(self, job_id: str, name: str, version: Path) -> None:
-        from model.datadir.cards import read_card
+        from datadir.cards import read_card
 
         number = int(version.name[1:]) if re.fullmatch(r"v[0-9]+", version.name) else 1  # a flat directory: 1
         result = {"model": name, "version": number, "path": str(version), "source": read_card(version).get("source")}

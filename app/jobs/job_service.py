@@ -1,6 +1,6 @@
 """Training jobs, app side: the JobService that the /jobs and /datasets routes share.
 
-The app writes the job record (model.datadir) and sends the job's id to the training queue through
+The app writes the job record (datadir) and sends the job's id to the training queue through
 worker.queue, the one module of worker/ it imports (task names, queue, transport options).
 
 POST /jobs validates everything before anything is queued: the kind, names (plain identifiers, so no
@@ -28,8 +28,7 @@ from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
 from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
-from model.config import BertConfig
-from model.datadir import (
+from datadir import (
     TERMINAL,
     DataDir,
     JobFinished,
@@ -43,7 +42,8 @@ from model.datadir import (
     scheduling,
     versions,
 )
-from model.datadir.datasets import KIND_OF_TASK, num_labels
+from datadir.datasets import KIND_OF_TASK, num_labels
+from model.config import BertConfig
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
@@ -368,7 +368,7 @@ class JobService:
 
 
 def _data_call(call, *args):
-    """A model.datadir.versions call, its refusals as the service's errors (404, 409)."""
+    """A datadir.versions call, its refusals as the service's errors (404, 409)."""
     try:
         return call(*args)
     except (versions.ModelNotFound, versions.VersionNotFound) as e:
@@ -441,7 +441,7 @@ def _gb(n: int) -> str:
     return f"{n / GB:,.1f}"
 
 
-# The model class a fine-tuning task trains (model/runs.py), for sizing and base-model checks.
+# The model class a fine-tuning task trains (model/training/runs.py), for sizing and base-model checks.
 FINETUNE_ARCHITECTURES = {
     "sequence-classification": "BertForSequenceClassification",
     "token-classification": "BertForTokenClassification",

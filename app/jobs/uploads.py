@@ -1,5 +1,5 @@
 """Dataset uploads: a streamed, size-capped, format-checked upload into DATA_DIR/datasets/<name>/
-(the layout and meta.json are model.datadir.datasets').
+(the layout and meta.json are datadir.datasets').
 
 Four kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
 "text" field), "labelled" (sequence classification: .csv/.tsv/.jsonl with "text" and "label" columns,
@@ -56,13 +56,13 @@ from starlette.requests import ClientDisconnect
 from app.errors import ServiceError
 from app.schemas import DatasetsResponse
 from app.settings import Settings
+from datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
+from datadir import list_datasets as list_dataset_metas
+from datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, dataset_bytes, install, staging_dir
 from model.data.corpus import detect_format, read_documents
 from model.data.finetune import load_classification_data
 from model.data.question_answering import read_squad
 from model.data.token_classification import read_tagged
-from model.datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
-from model.datadir import list_datasets as list_dataset_metas
-from model.datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, dataset_bytes, install, staging_dir
 from model.scores import entities
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@
 - makes a model for /fill-mask and /nsp: when the Hugging Face Hub answers, an import of BERT_MLM_MODEL
   (google-bert/bert-base-uncased) queued as an import job the API runs (app/jobs/imports.py);
   otherwise an ordinary pretraining job that warm-starts from `minilm` and publishes `wiki-mlm`, at
-  the lowest priority (model/datadir/scheduling.py), so any job a person submits goes first. The
+  the lowest priority (datadir/scheduling.py), so any job a person submits goes first. The
   choice is recorded in DATA_DIR/defaults.json, which every API process reads; until the job
   finishes those routes answer 503 naming it. A start that found the Hub unreachable leaves the next
   start to try again.
@@ -39,10 +39,10 @@ from app.launcher.demo_data import ensure_minilm, prepare_wiki
 from app.schemas import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
-from model.datadir import DataDir, JobRecord, model_dir_for, read_meta
-from model.datadir.defaults import set_default
-from model.datadir.scheduling import BOOTSTRAP_PRIORITY
-from model.files import TMP_PREFIX
+from datadir import DataDir, JobRecord, model_dir_for, read_meta
+from datadir.defaults import set_default
+from datadir.files import TMP_PREFIX
+from datadir.scheduling import BOOTSTRAP_PRIORITY
 from model.sources import hub_model_name, hub_unreachable
 
 ENCODER = "minilm"

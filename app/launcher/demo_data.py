@@ -17,9 +17,9 @@ import os
 import sysconfig
 from pathlib import Path
 
+from datadir.files import atomic_write_bytes
 from model.data.corpus import split_sentences
 from model.data.finetune import split_holdout
-from model.files import atomic_write_bytes
 from model.model_card import HELDOUT_FILE, heldout_titles, is_heldout
 from model.model_dir import import_model
 

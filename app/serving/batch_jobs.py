@@ -1,7 +1,7 @@
 """Batch inference, OpenAI's batch API: POST /v1/batches checks an uploaded JSONL of requests and queues
 a job of kind "batch"; the API process runs its lines through the same pipelines and batching engine as
 the online routes (so a line's answer is the one its route gives, its body the route's response model's
-JSON as FastAPI writes it), and writes OpenAI's output and error files (/v1/files, model/datadir/files.py).
+JSON as FastAPI writes it), and writes OpenAI's output and error files (/v1/files, datadir/files.py).
 The embedding endpoints take a chunk's lines in one pipeline call (pipelines._infer_many), each line still
 checked, answered or failed on its own; the other endpoints take one call per line.
 
@@ -68,9 +68,9 @@ from app.schemas import (
 )
 from app.serving import embed_pipeline, ner_pipeline, pipelines, qa_pipeline, tei_compat
 from app.serving.service import LANE, Lane, Service
-from model.datadir import TERMINAL, JobRecord, JobRecords, Lease, now_iso, worker_identity
-from model.datadir import jobs as transitions
-from model.datadir.batch_files import FileNotFound, Files
+from datadir import TERMINAL, JobRecord, JobRecords, Lease, now_iso, worker_identity
+from datadir import jobs as transitions
+from datadir.batch_files import FileNotFound, Files
 
 log = logging.getLogger("bertserve")
 
@@ -191,7 +191,7 @@ def _parse_line(number: int, raw: bytes, ep: Endpoint, endpoint: str, seen: set[
 
 
 def unix(iso: str | None) -> int | None:
-    """An ISO timestamp of a record (model.datadir.layout.now_iso) as OpenAI's Unix seconds."""
+    """An ISO timestamp of a record (datadir.layout.now_iso) as OpenAI's Unix seconds."""
     if not iso:
         return None
     return int(dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())

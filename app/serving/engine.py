@@ -14,7 +14,7 @@ alone. Large requests progress in a small one's pass too.
 An item leaves the queue when its last row is in a pass. The pass runs the task's forward pass
 under torch.inference_mode, in the precision
 the model's weights were converted to when it was loaded (app/serving/model_registry.py,
-model.precision.apply_precision): the engine casts nothing itself. Results go back through
+model.compute.precision.apply_precision): the engine casts nothing itself. Results go back through
 concurrent futures that the event loop awaits with asyncio.wrap_future; no forward pass ever runs
 on the event loop.
 

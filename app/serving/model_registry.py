@@ -2,8 +2,8 @@
 
 The store scans the directory (at start-up, on GET /models and when a request names a model it
 does not know), so a model saved while the service runs is served without a restart. Hidden and
-temporary directories ("." or "tmp" prefix, as model.files.atomic_dir writes) are skipped. An entry
-is a model's promoted version (model.datadir.versions: model.json names it; a legacy flat directory
+temporary directories ("." or "tmp" prefix, as datadir.files.atomic_dir writes) are skipped. An entry
+is a model's promoted version (datadir.versions: model.json names it; a legacy flat directory
 is its own version 1). Its identity is that of model.json and of the version's directory together,
 so a promote (model.json rewritten) or a replaced directory (a new inode or mtime) makes the next
 request read it again and load the new version; a request that already has the old LoadedModel
@@ -35,11 +35,12 @@ import torch
 import model as model_package
 from app.errors import ServiceError
 from app.prometheus import Metrics
-from model import kernels
+from datadir import DataDir, JobRecords, valid_name
+from datadir.jobs import steps_of
+from datadir.versions import MODEL_JSON, resolve, version_numbers
+from model.compute import kernels
+from model.compute.precision import apply_precision
 from model.config import BertConfig
-from model.datadir import DataDir, JobRecords, valid_name
-from model.datadir.jobs import steps_of
-from model.datadir.versions import MODEL_JSON, resolve, version_numbers
 from model.model_dir import read_prompts
 from model.modeling import (
     BertForMaskedLM,
@@ -52,7 +53,6 @@ from model.modeling import (
     class_for_heads,
     load_model,
 )
-from model.precision import apply_precision
 from model.sizing import engine_working_bytes, format_bytes, inference_weight_bytes
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
@@ -91,7 +91,7 @@ class LoadedModel:
     model: BertPreTrainedModel
     tokenizer: BertTokenizer
     max_length: int  # tokens, [CLS] and [SEP] included
-    precision: str = "fp32"  # as model.precision.apply_precision was given it
+    precision: str = "fp32"  # as model.compute.precision.apply_precision was given it
     warm: bool = False
     prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
     default_prompt_name: str | None = None  # the prompt an embedding request gets when it names none

@@ -26,10 +26,10 @@ from app.serving.engine import Engine, WorkItem
 from app.serving.forward import RUNNERS
 from app.serving.model_registry import LoadedModel, ModelRegistry
 from app.settings import Settings
-from model import kernels
-from model.datadir.defaults import read_defaults
-from model.device import memory_bytes, resolve_device
-from model.precision import recommended_precision
+from datadir.defaults import read_defaults
+from model.compute import kernels
+from model.compute.device import memory_bytes, resolve_device
+from model.compute.precision import recommended_precision
 
 log = logging.getLogger("bertserve")
 # BERT_MODEL_MEMORY_GB unset: the share of the device's memory the models may take. A CPU's RAM also holds
@@ -207,7 +207,7 @@ def check_dropped() -> None:
 
 
 def check_precisions(settings: Settings, device: torch.device) -> None:
-    """int8 (model/precision.py's Int8Linear) runs on the CPU only: asked for on a GPU, every model
+    """int8 (model/compute/precision.py's Int8Linear) runs on the CPU only: asked for on a GPU, every model
     would fail to load while /health says ok. Refused at start, naming the setting."""
     if device.type != "cuda":
         return
@@ -223,7 +223,7 @@ def check_precisions(settings: Settings, device: torch.device) -> None:
 
 def memory_budget(settings: Settings, device: torch.device) -> int:
     """Bytes the loaded models may take together: BERT_MODEL_MEMORY_GB, else DEFAULT_MEMORY_SHARE of the
-    device's memory (model.device.memory_bytes: RAM or the container's limit, or the GPU's memory)."""
+    device's memory (model.compute.device.memory_bytes: RAM or the container's limit, or the GPU's memory)."""
     if settings.model_memory_gb is not None:
         return int(settings.model_memory_gb * 1024**3)
     return int(DEFAULT_MEMORY_SHARE.get(device.type, 0.5) * memory_bytes(device))
@@ -315,7 +315,7 @@ class Service:
 
     def precision_for(self, name: str) -> str:
         """The precision model `name` is served in: BERT_MODEL_PRECISION's entry, else BERT_PRECISION;
-        "auto" is model.precision's recommendation for this device (bf16 on a CUDA GPU with native
+        "auto" is model.compute.precision's recommendation for this device (bf16 on a CUDA GPU with native
         bf16, fp32 otherwise)."""
         precision = self.settings.model_precision.get(name, self.settings.precision)
         return recommended_precision(self.device) if precision == "auto" else precision

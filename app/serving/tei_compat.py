@@ -54,7 +54,7 @@ from app.serving.embed_pipeline import EmbedPlan, prompt_text
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
 from app.serving.service import Service, check_dropped
-from model.datadir import valid_name
+from datadir import valid_name
 from model.modeling import BertForSequenceClassification
 from model.tokenizer import encode_one, truncating
 

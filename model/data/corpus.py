@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.files import atomic_write_bytes, fsync_path, iter_jsonl_objects
+from datadir.files import atomic_write_bytes, fsync_path, iter_jsonl_objects
 
 log = logging.getLogger(__name__)
 

@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from datadir.files import atomic_write_bytes, fsync_dir
 from model.data.corpus import (
     READ_FORMATS,
     _ArrayWriter,
@@ -71,7 +72,6 @@ from model.data.corpus import (
     tokenizer_fingerprint,
 )
 from model.data.store import MANIFEST, STORE_FORMAT, STORE_VERSION
-from model.files import atomic_write_bytes, fsync_dir
 
 BUILD_DIR = ".build"  # work files of an unfinished build (unit parts, done-records); removed at the end
 DEFAULT_SHARD_TOKENS = 64 * 2**20

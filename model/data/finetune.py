@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from datadir.files import iter_jsonl_objects
 from model.data.batches import RowBatches
-from model.files import iter_jsonl_objects
 
 DEFAULT_TEXT_COLUMN, DEFAULT_PAIR_COLUMN, DEFAULT_LABEL_COLUMN = "text", "text_pair", "label"
 

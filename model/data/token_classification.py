@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
+from datadir.files import iter_jsonl_objects
 from model.data.batches import RowBatches, pad, padded_inputs
 from model.data.finetune import _open_text, split_holdout
 from model.data.pretraining import IGNORE_INDEX
-from model.files import iter_jsonl_objects
 from model.scores import tagging_scores
 
 DOCSTART = "-DOCSTART-"

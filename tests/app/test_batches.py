@@ -284,7 +284,7 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
 
     from app.schemas import CreateBatchRequest
     from app.serving.batch_jobs import ERRORS, OUTPUT, Batches
-    from model.datadir import jobs as transitions
+    from datadir import jobs as transitions
     from tests.app.conftest import settings_for
 
     batches = Batches(SimpleNamespace(settings=settings_for(tmp_path)))
@@ -318,7 +318,7 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
 
     from app.schemas import CreateBatchRequest
     from app.serving.batch_jobs import Batches, batch_view
-    from model.datadir import jobs as transitions
+    from datadir import jobs as transitions
     from tests.app.conftest import settings_for
 
     batches = Batches(SimpleNamespace(settings=settings_for(tmp_path)))  # no engine: nothing may run

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import kernels, onednn
+from model.compute import kernels, onednn
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_server import free_port
 from tests.cpu_kinds import AVX2_BF16_ERROR, SITECUSTOMIZE, RaisingOnBf16, pretend_avx2

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from app.jobs.imports import ImportCancelled, Imports
-from model.datadir import JobRecords
-from model.datadir import jobs as transitions
-from model.datadir.cards import read_card
+from datadir import JobRecords
+from datadir import jobs as transitions
+from datadir.cards import read_card
 from tests import hub_server as H
 from tests.app.conftest import serve_app, settings_for
 

@@ -15,8 +15,8 @@ import pytest
 
 from app.jobs import events as job_events_module
 from app.jobs.events import MAX_LINE, MetricsTail, job_events
-from model.datadir import JobRecords
-from model.files import rewrite_jsonl
+from datadir import JobRecords
+from datadir.files import rewrite_jsonl
 from tests.app.test_jobs_api import NO_BROKER, make_client
 from tests.helpers import finetune_spec, make_data_dir, start_server
 

@@ -1,5 +1,5 @@
 """A queued job's place in line through GET /jobs/{id} and its event stream (records written through
-model.datadir's transitions, as the workers write them; the real app over ASGI), and the bounds of a job's
+datadir's transitions, as the workers write them; the real app over ASGI), and the bounds of a job's
 priority."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from app.jobs import events as job_events_module
-from model.datadir import JobRecords, jobs
+from datadir import JobRecords, jobs
 from tests.app.test_job_events import Reader
 from tests.app.test_jobs_api import make_client, post_job
 from tests.helpers import finetune_request, finetune_spec, labelled_csv, make_data_dir

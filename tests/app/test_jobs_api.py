@@ -18,8 +18,8 @@ from app.jobs.job_service import JobService
 from app.jobs.uploads import _Upload
 from app.main import create_app
 from app.settings import Settings
-from model.datadir import JobRecords, now_iso
-from model.datadir.jobs import SUBMIT_LOCK
+from datadir import JobRecords, now_iso
+from datadir.jobs import SUBMIT_LOCK
 from model.modeling import BertForSequenceClassification
 from tests.helpers import (
     BASE_MODEL,

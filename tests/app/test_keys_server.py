@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from app.keys.keyfile import Key, hash_secret, new_secret, read_keys, write_keys
-from model.datadir import JobRecords
+from datadir import JobRecords
 from tests.helpers import (
     REDIS_URL,
     ROOT,

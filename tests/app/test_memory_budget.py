@@ -18,7 +18,7 @@ from app.prometheus import Metrics
 from app.serving.model_registry import ModelRegistry
 from app.serving.service import memory_budget
 from app.settings import Settings
-from model import device as device_module
+from model.compute import device as device_module
 from model.modeling import BertModel
 from model.sizing import format_bytes
 from tests.app.conftest import save_tiny, serve_app, settings_for

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from app.launcher.bootstrap import mlm_import
-from model.datadir import JobRecords
-from model.datadir.defaults import read_defaults
+from datadir import JobRecords
+from datadir.defaults import read_defaults
 from tests import hub_server as H
 from tests.app.conftest import serve_app, settings_for
 from tests.helpers import free_port

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from model.datadir import JobRecords, jobs
-from model.datadir.defaults import set_default
+from datadir import JobRecords, jobs
+from datadir.defaults import set_default
 from model.modeling import BertForPreTraining
 from tests.app.conftest import save_tiny, serve_app, settings_for
 

@@ -7,7 +7,7 @@ import shutil
 import anyio
 import pytest
 
-from model.datadir.cards import read_card
+from datadir.cards import read_card
 from model.model_card import write_card
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
 from tests.app.conftest import MODELS, VOCAB, save_tiny, serve_app, settings_for, tiny_config

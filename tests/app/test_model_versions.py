@@ -11,8 +11,8 @@ import httpx
 import pytest
 import torch
 
-from model.datadir import JobRecords, publish_model
-from model.datadir.cards import update_card
+from datadir import JobRecords, publish_model
+from datadir.cards import update_card
 from model.modeling import BertModel
 from tests.app.conftest import save_tiny
 from tests.app.test_inference import embed_reference

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.main import RESUME_EVERY_S
-from model.datadir import JobRecords, publish_model
+from datadir import JobRecords, publish_model
 from model.modeling import BertModel
 from tests.app.conftest import WORDS, save_tiny
 from tests.helpers import (

@@ -1,4 +1,4 @@
-"""The /v1/files store (model/datadir/batch_files.py): a file appears whole, is listed newest first,
+"""The /v1/files store (datadir/batch_files.py): a file appears whole, is listed newest first,
 is added once per chosen id, and goes on delete or past its age."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from model.datadir.batch_files import CONTENT, RECORD, FileNotFound, Files, valid_file_id
+from datadir.batch_files import CONTENT, RECORD, FileNotFound, Files, valid_file_id
 
 
 def test_add_read_list_delete(tmp_path):

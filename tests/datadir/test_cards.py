@@ -1,6 +1,6 @@
 import json
 
-from model.datadir.cards import CARD, read_card, update_card
+from datadir.cards import CARD, read_card, update_card
 
 
 def test_update_card_merges_keys_and_rewrites_whole(tmp_path):

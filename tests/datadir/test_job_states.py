@@ -1,4 +1,4 @@
-"""model/datadir/jobs.py's lifecycle: every named transition from every state. A move the table declares
+"""datadir/jobs.py's lifecycle: every named transition from every state. A move the table declares
 takes the job to the declared state and appends its event; any other raises (JobFinished from a finished
 state) and leaves job.json on disk byte for byte as it was."""
 
@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from model.datadir import STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobRecords, jobs
+from datadir import STATES, TERMINAL, TRANSITIONS, IllegalTransition, JobFinished, JobRecords, jobs
 from tests.helpers import finetune_spec
 
 # Each named transition, the arguments it takes, and the event it appends (by the job's state for

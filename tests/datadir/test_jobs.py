@@ -1,4 +1,4 @@
-"""model/datadir: the record on disk, locked updates across processes, the flock lease, the name rule,
+"""datadir: the record on disk, locked updates across processes, the flock lease, the name rule,
 publishing (test_versions.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import multiprocessing
 
 import pytest
 
-from model.datadir import (
+from datadir import (
     JobFinished,
     JobNotFound,
     JobRecords,

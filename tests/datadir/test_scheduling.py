@@ -1,12 +1,12 @@
-"""model/datadir/scheduling.py's preemption rule on records moved through the named transitions: the
+"""datadir/scheduling.py's preemption rule on records moved through the named transitions: the
 lowest-priority running job makes way for a higher one that waited past the grace, and only one does."""
 
 from __future__ import annotations
 
 import time
 
-from model.datadir import JobRecords, jobs
-from model.datadir.scheduling import make_way_for
+from datadir import JobRecords, jobs
+from datadir.scheduling import make_way_for
 from tests.helpers import finetune_spec
 
 
@@ -45,7 +45,7 @@ def test_equal_priorities_go_first_come_first_served_unless_an_owner_is_over_its
     """Two keys' jobs of equal priority: in arrival order while each is within its worker_share; once
     'busy' has taken more than its share (0.5) of the day's worker time, its queued jobs go after the
     others of their priority, and never ahead of a higher priority."""
-    from model.datadir.scheduling import delivery_order, over_share, waiting
+    from datadir.scheduling import delivery_order, over_share, waiting
 
     store = JobRecords(tmp_path / "data")
 

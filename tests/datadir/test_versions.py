@@ -1,4 +1,4 @@
-"""model/datadir/versions.py and publish.py: versions of a model, the promoted one, a flat model's
+"""datadir/versions.py and publish.py: versions of a model, the promoted one, a flat model's
 migration into v1/, idempotent and concurrent publishing, deletion."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from model.datadir import (
+from datadir import (
     PROVENANCE,
     ModelNotFound,
     PromotedVersion,
@@ -23,8 +23,8 @@ from model.datadir import (
     promote,
     publish_model,
 )
-from model.datadir import publish as publish_module
-from model.datadir.versions import served_dir
+from datadir import publish as publish_module
+from datadir.versions import served_dir
 
 
 def _model(path, weights: bytes = b"w" * 100):
@@ -185,7 +185,7 @@ def test_a_command_given_a_models_folder_reads_its_promoted_version(tmp_path):
 
 
 def test_a_version_records_the_key_that_made_its_job(tmp_path):
-    from model.datadir import JobRecords
+    from datadir import JobRecords
 
     data = tmp_path / "data"
     store = JobRecords(data)

@@ -78,7 +78,7 @@ def run(launches: list[list[str]], ranks: int, tmp: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    from model.distributed import new_run_id, torchrun_command
+    from model.training.distributed import new_run_id, torchrun_command
 
     mode, tmp = argv[0], Path(tempfile.mkdtemp())
     target = ["-m", "tests.model.listen_probe", "rank", str(tmp)]
@@ -106,7 +106,7 @@ def rank(directory: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from model.distributed import destroy, init
+    from model.training.distributed import destroy, init
 
     d = init(torch.device("cpu"))
     dist.all_reduce(torch.ones(1))

@@ -1,4 +1,4 @@
-"""Checkpoints (model/checkpoint.py): layout, round trip, no pickle, and crashes mid-write — an
+"""Checkpoints (model/training/checkpoint.py): layout, round trip, no pickle, and crashes mid-write — an
 exception inside the atomic write and a process SIGKILLed while writing — never cost the previous one."""
 
 from __future__ import annotations
@@ -16,12 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-import model.checkpoint as ckpt
-from model.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+import model.training.checkpoint as ckpt
 from model.config import BertConfig
 from model.modeling import BertForPreTraining, load_model
 from model.tokenizer import BertTokenizer
-from model.trainer import TrainConfig, Trainer, configure_optimizer
+from model.training.checkpoint import (
+    checkpoint_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from model.training.trainer import TrainConfig, Trainer, configure_optimizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict
 
 
@@ -128,7 +134,7 @@ def test_latest_ignores_temp_dirs_missing_markers_and_truncated_files(tmp_path):
 _KILLED_WRITER = textwrap.dedent("""
     import os, sys, time, torch
     sys.path.insert(0, sys.argv[2])
-    import model.checkpoint as ckpt
+    import model.training.checkpoint as ckpt
     from tests.model.test_checkpoint import trained_objects, save
     run = sys.argv[1]
     model, optimizer, _ = trained_objects()

@@ -1,4 +1,4 @@
-"""model/distributed.py without processes: the rows a rank takes and the weights its losses get make the
+"""model/training/distributed.py without processes: the rows a rank takes and the weights its losses get make the
 mean of the ranks' gradients (what DDP computes) equal to the global batch's gradient, for a pretraining
 model (MLM over masked tokens + NSP over pairs: two different counts) and for a classifier (rows).
 Real ranks (torchrun, gloo) are tested in tests/app/cli/test_data_parallel.py."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from model.config import BertConfig
-from model.distributed import Dist, label_counts, loss_weights, rank_rows, rank_seed
 from model.modeling import BertForSequenceClassification
+from model.training.distributed import Dist, label_counts, loss_weights, rank_rows, rank_seed
 from tests.conftest import tiny_config_dict
 from tests.model.conftest import tiny_model
 from tests.model.test_trainer import fixed_pretraining_batch
@@ -75,7 +75,7 @@ def test_dropout_seeds_differ_by_rank_and_step_and_repeat():
 def test_a_lost_peer_is_told_apart_from_a_ranks_own_error():
     from torch.distributed import DistBackendError
 
-    from model.distributed import is_peer_failure
+    from model.training.distributed import is_peer_failure
 
     gloo = RuntimeError(
         "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:15794: Connection reset by peer."
@@ -86,6 +86,6 @@ def test_a_lost_peer_is_told_apart_from_a_ranks_own_error():
 
 
 def test_one_process_always_agrees_with_itself():
-    from model.distributed import same_on_all_ranks
+    from model.training.distributed import same_on_all_ranks
 
     assert same_on_all_ranks(40, Dist())

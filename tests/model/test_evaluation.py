@@ -1,4 +1,4 @@
-"""Evaluation metrics (model/evaluation.py): MLM/NSP against a direct computation, classification
+"""Evaluation metrics (model/training/evaluation.py): MLM/NSP against a direct computation, classification
 accuracy and macro-F1, regression MSE, and the metrics the trainer reports through evaluate_fn."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from model.config import BertConfig
-from model.evaluation import evaluate
 from model.modeling import BertForSequenceClassification, SequenceClassifierOutput
-from model.trainer import EvaluationStopped
+from model.training.evaluation import evaluate
+from model.training.trainer import EvaluationStopped
 from tests.conftest import tiny_config_dict
 from tests.model.conftest import FixedBatches, pretraining_data, tiny_model
 

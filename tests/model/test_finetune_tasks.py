@@ -1,4 +1,4 @@
-"""Fine-tuning for token classification and extractive QA through model/runs.py: a tiny model overfits a
+"""Fine-tuning for token classification and extractive QA through model/training/runs.py: a tiny model overfits a
 handful of tagged sentences / SQuAD questions (F1 -> 1.0), a stopped run resumes to the same weights as
 an uninterrupted one, the published model loads as its class with its tag map, evaluate_model scores it,
 and the best checkpoint is chosen by f1."""
@@ -10,8 +10,6 @@ import json
 import pytest
 import torch
 
-from model.callbacks import Callback
-from model.checkpoint import list_checkpoints
 from model.config import BertConfig
 from model.errors import UserError
 from model.modeling import (
@@ -21,8 +19,10 @@ from model.modeling import (
     class_for_dir,
     load_model,
 )
-from model.runs import FinetuneSpec, evaluate_model, run_finetuning
 from model.tokenizer import BertTokenizer
+from model.training.callbacks import Callback
+from model.training.checkpoint import list_checkpoints
+from model.training.runs import FinetuneSpec, evaluate_model, run_finetuning
 from tests.conftest import TINY_VOCAB, tiny_config_dict
 
 NER = [

@@ -1,4 +1,4 @@
-"""model/kernels.py: each fast path is chosen from what torch reports, confirmed by a probe, switched off
+"""model/compute/kernels.py: each fast path is chosen from what torch reports, confirmed by a probe, switched off
 (with one warning) when it raises or disagrees, and the plain path then gives the same answers. Every
 kind of CPU is covered on this one: the probes and ops are made to fail as they do elsewhere
 (tests/cpu_kinds.py), and child processes run with ATen and oneDNN held to lesser instruction sets."""
@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import kernels, onednn
+from model.compute import kernels, onednn
+from model.compute.kernels import CpuInfo
+from model.compute.precision import apply_precision
 from model.config import BertConfig
-from model.kernels import CpuInfo
 from model.modeling import BertForMaskedLM, BertModel
-from model.precision import apply_precision
 from tests.conftest import tiny_config_dict
 from tests.cpu_kinds import AVX2_BF16_ERROR, RaisingOnBf16, pretend_avx2
 
@@ -221,10 +221,10 @@ def test_int8_is_the_same_with_and_without_int8_dot_products(kernel_paths, monke
 
 _CHILD = textwrap.dedent("""
     import json, torch
-    from model import kernels, onednn
+    from model.compute import kernels, onednn
     from model.config import BertConfig
     from model.modeling import BertModel
-    from model.precision import apply_precision
+    from model.compute.precision import apply_precision
     onednn._MIN_MACS = 0  # oneDNN for the small model too, wherever it runs
     torch.manual_seed(0)
     config = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
+from datadir.cards import read_card
 from model.config import BertConfig
-from model.datadir.cards import read_card
 from model.model_card import (
     SET_NAME,
     build_sequences,

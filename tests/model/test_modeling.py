@@ -15,7 +15,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from model import kernels, modeling
+from model import modeling
+from model.compute import kernels
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel, load_model
 from model.weights import heads_in_dir
@@ -340,7 +341,7 @@ def test_save_replaces_atomically_and_a_killed_writer_leaves_the_old_model(tmp_p
     # A writer killed while writing into its temp dir: the old directory must stay whole.
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from model.files import atomic_dir
+        from datadir.files import atomic_dir
         with atomic_dir({str(dst)!r}) as tmp:
             (tmp / "config.json").write_text("{{}}")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -352,7 +353,7 @@ def test_save_replaces_atomically_and_a_killed_writer_leaves_the_old_model(tmp_p
     assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
     # An exception inside the write removes the temp dir and keeps the old model.
     with pytest.raises(RuntimeError):
-        from model.files import atomic_dir
+        from datadir.files import atomic_dir
 
         with atomic_dir(dst) as tmp:
             (tmp / "x").write_text("partial")

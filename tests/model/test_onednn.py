@@ -1,4 +1,4 @@
-"""model/onednn.py: the oneDNN probe waits for the first dense call that could use it (never at
+"""model/compute/onednn.py: the oneDNN probe waits for the first dense call that could use it (never at
 import) and leaves the global RNG alone, and use_onednn switches between oneDNN and F.linear with the same results. The whole-model
 checks of the fast path (every activation, gradients, packed weights) are in test_precision.py."""
 
@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import onednn
+from model.compute import onednn
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="torch without oneDNN")
 
 _FIRST_CALL = textwrap.dedent("""
     import json, torch
-    import model, model.modeling, model.onednn as onednn, model.kernels as kernels  # as a service imports them
+    import model, model.modeling, model.compute.onednn as onednn, model.compute.kernels as kernels  # as a service imports them
     def probe_state():
         return {"enabled": kernels.PATHS["onednn-fp32"].decided}
     at_import = probe_state()

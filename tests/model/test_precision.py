@@ -1,4 +1,4 @@
-"""Reduced precision (model/precision.py) and the fast fp32 paths (oneDNN, packed batches) on tiny models.
+"""Reduced precision (model/compute/precision.py) and the fast fp32 paths (oneDNN, packed batches) on tiny models.
 
 Correctness only, never timing: every fast or low-precision path is checked against plain fp32.
 """
@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import modeling, onednn
+from model import modeling
+from model.compute import onednn
+from model.compute.precision import Int8Linear, apply_precision, autocast, precision_of, recommended_precision
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForSequenceClassification, BertModel
-from model.precision import Int8Linear, apply_precision, autocast, precision_of, recommended_precision
 from tests.conftest import tiny_config_dict
 
 torch.set_num_threads(1)

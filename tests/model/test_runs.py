@@ -1,4 +1,4 @@
-"""model/runs.py as the worker and the examples call it: held-out documents, warm starts, frozen encoders."""
+"""model/training/runs.py as the worker and the examples call it: held-out documents, warm starts, frozen encoders."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 
 from model.data.corpus import load_corpus
 from model.modeling import BertForPreTraining, load_model
-from model.runs import PretrainSpec, _pretraining_model, holdout_documents, run_pretraining
 from model.tokenizer import BertTokenizer
-from model.trainer import TrainConfig
+from model.training.runs import PretrainSpec, _pretraining_model, holdout_documents, run_pretraining
+from model.training.trainer import TrainConfig
 from model.weights import load_state_dict, normalize_state_dict
 from tests.conftest import TINY_VOCAB, make_training_files
 

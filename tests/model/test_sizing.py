@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from model.compute.precision import apply_precision
 from model.config import BertConfig
 from model.modeling import MODEL_CLASSES, BertModel
-from model.precision import apply_precision
-from model.runs import freeze_encoder
 from model.sizing import (
     ARCHITECTURES,
     RUNTIME_OVERHEAD_BYTES,
@@ -22,6 +21,7 @@ from model.sizing import (
     inference_weight_bytes,
     layer_activation_bytes,
 )
+from model.training.runs import freeze_encoder
 
 CONFIGS = [
     dict(

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model.datadir.cards import read_card
+from datadir.cards import read_card
 from model.errors import UserError
 from model.sources import extract_archive, import_source, source_kind
 from tests import hub_server as H

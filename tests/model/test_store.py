@@ -13,13 +13,13 @@ import torch
 
 import model.data.pretraining as pretraining
 from bench.plan_bench import sequential_plan
-from model.callbacks import Callback
 from model.data.corpus import load_corpus, tokenizer_fingerprint
 from model.data.pretraining import InstancePlan, PretrainingData, _chunk_starts, plan_instances
 from model.data.store import TokenStore, is_store, open_store
-from model.runs import PretrainSpec, evaluate_model, holdout_documents, run_pretraining
 from model.tokenizer import BertTokenizer
-from model.trainer import TrainConfig
+from model.training.callbacks import Callback
+from model.training.runs import PretrainSpec, evaluate_model, holdout_documents, run_pretraining
+from model.training.trainer import TrainConfig
 from model.weights import load_state_dict
 from tests.conftest import make_training_files
 from tests.model.store_helpers import write_store

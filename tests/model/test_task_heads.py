@@ -245,8 +245,8 @@ def test_tiny_task_model_overfits_a_padded_batch(name):
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 @pytest.mark.parametrize("name", OURS)
 def test_reduced_precision_keeps_task_outputs_fp32_and_close(name, precision):
-    """The serving precisions (model.precision) apply to the task heads' classes as to the others."""
-    from model.precision import apply_precision, precision_of
+    """The serving precisions (model.compute.precision) apply to the task heads' classes as to the others."""
+    from model.compute.precision import apply_precision, precision_of
 
     torch.manual_seed(0)
     model = OURS[name](BertConfig(**tiny_config_dict(id2label=dict(enumerate(LABELS))))).eval()

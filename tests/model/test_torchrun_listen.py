@@ -1,4 +1,4 @@
-"""Where a real torchrun run listens (model/distributed.py: torchrun_command, listen_where_named), seen from
+"""Where a real torchrun run listens (model/training/distributed.py: torchrun_command, listen_where_named), seen from
 another address: torch's rendezvous store unpickles what it reads, so reaching its port is running code in
 the launcher. Each run is in a network namespace of its own with a second address on its loopback
 interface (tests/model/listen_probe.py), so no other machine is involved. Needs root, `unshare` and `ip`.

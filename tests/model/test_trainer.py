@@ -1,4 +1,4 @@
-"""The training loop (model/trainer.py): overfitting, optimizer groups, schedule, exact resume, stop,
+"""The training loop (model/training/trainer.py): overfitting, optimizer groups, schedule, exact resume, stop,
 checkpoint rotation, the default callbacks (metrics.jsonl, training.svg), a model that is not BERT.
 Tiny configs (hidden 32, 2 layers) on a handful of sentences."""
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 
-from model.callbacks import Callback
-from model.checkpoint import list_checkpoints
-from model.evaluation import evaluate
-from model.trainer import (
+from model.training.callbacks import Callback
+from model.training.checkpoint import list_checkpoints
+from model.training.evaluation import evaluate
+from model.training.trainer import (
     EvaluationStopped,
     TrainConfig,
     Trainer,
@@ -169,7 +169,7 @@ def test_a_stop_request_during_an_evaluation_stops_the_run_without_recording_it(
 
     def stoppable_eval(model, data, *, should_stop, **kw):
         rec.stop_at = 0  # a cancel (or the time limit) arrives while the evaluation runs
-        if should_stop():  # as model.evaluation.evaluate asks between its batches
+        if should_stop():  # as model.training.evaluation.evaluate asks between its batches
             raise EvaluationStopped("the evaluation was stopped after 1 batches")
         return {"loss": 1.0}
 
@@ -243,7 +243,7 @@ def test_eval_data_without_an_evaluate_fn_is_a_value_error(corpus, tiny_tokenize
     data = pretraining_data(corpus, tiny_tokenizer)
     with pytest.raises(ValueError) as e:
         Trainer(tiny_model(), data, TrainConfig(max_steps=1), eval_data=data)
-    assert str(e.value) == "eval_data needs an evaluate_fn (for BERT models: model.evaluation.evaluate)"
+    assert str(e.value) == "eval_data needs an evaluate_fn (for BERT models: model.training.evaluation.evaluate)"
 
 
 @dataclass

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from celery import Celery
 
-from model.checkpoint import checkpoint_step, is_complete, latest_checkpoint
-from model.datadir.jobs import SUBMIT_LOCK
-from model.files import read_jsonl
+from datadir.files import read_jsonl
+from datadir.jobs import SUBMIT_LOCK
+from model.training.checkpoint import checkpoint_step, is_complete, latest_checkpoint
 from tests.helpers import (
     REDIS_URL,
     RedisServer,

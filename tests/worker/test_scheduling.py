@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from model.datadir import JobRecords, jobs
+from datadir import JobRecords, jobs
 from tests.helpers import LeaseHolder, finetune_spec, labelled_csv, make_data_dir, wait_for, write_dataset
 from worker.recovery import job_of_process
 from worker.settings import WorkerSettings

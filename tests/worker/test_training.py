@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from app.schemas import PretrainParams
-from model.checkpoint import is_complete, load_checkpoint
-from model.datadir import JobRecords
-from model.datadir.cards import read_card
+from datadir import JobRecords
+from datadir.cards import read_card
 from model.model_card import evaluate_card
 from model.modeling import BertForSequenceClassification, load_model
+from model.training.checkpoint import is_complete, load_checkpoint
 from tests.helpers import (
     REDIS_URL,
     LeaseHolder,

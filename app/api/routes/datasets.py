@@ -11,8 +11,8 @@ from app.api.deps import CallerDep, JobServiceDep, require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse, DeletedResponse
-from model.datadir import NAME_PATTERN, read_meta
-from model.datadir.datasets import dataset_bytes
+from datadir import NAME_PATTERN, read_meta
+from datadir.datasets import dataset_bytes
 
 router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin)])
 

@@ -1,6 +1,6 @@
 """Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
 GET /jobs/{id}/events (Server-Sent Events, app/jobs/events.py), POST /jobs/{id}/cancel, DELETE /jobs/{id}. They need
-the scope jobs; a key sees and cancels its own jobs only (another's is a 404), the scope admin every job. State lives in DATA_DIR/jobs/<id>/ (model.datadir);
+the scope jobs; a key sees and cancels its own jobs only (another's is a 404), the scope admin every job. State lives in DATA_DIR/jobs/<id>/ (datadir);
 GET never blocks on a worker, it reads the record the worker keeps current.
 """
 
@@ -26,7 +26,7 @@ from app.schemas import (
     JobState,
     JobStatus,
 )
-from model.datadir import JOB_ID_PATTERN, JobNotFound
+from datadir import JOB_ID_PATTERN, JobNotFound
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_jobs)])
 

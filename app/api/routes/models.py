@@ -28,10 +28,10 @@ from app.schemas import (
     PromoteRequest,
 )
 from app.serving.model_registry import ModelRegistry, StoredModel
-from model import kernels
-from model.datadir import NAME_PATTERN, list_versions
-from model.datadir.cards import read_card
-from model.datadir.versions import disk_bytes
+from datadir import NAME_PATTERN, list_versions
+from datadir.cards import read_card
+from datadir.versions import disk_bytes
+from model.compute import kernels
 from model.model_dir import read_prompts
 
 router = APIRouter(tags=["models"])

@@ -22,9 +22,9 @@ from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
 from app.serving.batch_jobs import Batches, batch_view
-from model.datadir import JOB_ID_PATTERN, JobFinished
-from model.datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files
-from model.files import TMP_PREFIX
+from datadir import JOB_ID_PATTERN, JobFinished
+from datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files
+from datadir.files import TMP_PREFIX
 
 router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin)])
 

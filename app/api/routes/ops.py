@@ -13,7 +13,7 @@ from app.api.deps import JobServiceDep, ServiceDep
 from app.api.routes.usage import count_job_seconds
 from app.errors import ServiceError, responses
 from app.schemas import HealthResponse, InfoResponse, ReadyResponse
-from model import kernels
+from model.compute import kernels
 
 router = APIRouter(tags=["operations"])
 protected = APIRouter(tags=["operations"])  # app/main.py adds the key (any scope)

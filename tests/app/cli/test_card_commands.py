@@ -7,8 +7,8 @@ import json
 import torch
 
 from app.cli import main
+from datadir.cards import read_card, update_card
 from model.config import BertConfig
-from model.datadir.cards import read_card, update_card
 from model.modeling import BertForPreTraining
 from model.tokenizer import BertTokenizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict

@@ -1,4 +1,4 @@
-"""`bert pretrain|finetune --nproc-per-node N` (app/cli/launch.py over model/distributed.py and the trainer's
+"""`bert pretrain|finetune --nproc-per-node N` (app/cli/launch.py over model/training/distributed.py and the trainer's
 DDP): two gloo ranks on the CPU train as one process at the same global batch, two single-rank launchers
 meet over loopback, a rank killed with SIGKILL ends the run and the same command resumes it to the same
 weights, and bad launcher options are one-line errors: a rendezvous beyond loopback needs --trusted-network
@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from app.cli import main
 from app.cli.launch import strip_launch_options
-from model.distributed import torchrun_command
+from model.training.distributed import torchrun_command
 from tests.conftest import make_training_files
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -266,7 +266,7 @@ def test_the_ranks_run_the_same_command_without_the_launcher_options():
     assert torchrun_command(["-m", "app.cli", "pretrain"], 2, python="py") == [
         "py",
         "-m",
-        "model.torchrun",
+        "model.training.torchrun",
         "--nproc-per-node=2",
         "--max-restarts=0",
         "--standalone",

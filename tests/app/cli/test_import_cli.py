@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model.datadir.cards import read_card
+from datadir.cards import read_card
 from tests import hub_server as H
 from tests.helpers import ROOT
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from model.datadir import JobRecords
+from datadir import JobRecords
 from tests.helpers import REDIS_URL, ROOT, child_env, flush_redis
 
 pytestmark = pytest.mark.slow

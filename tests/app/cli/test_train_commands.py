@@ -1,4 +1,4 @@
-"""`bert pretrain`, `bert finetune`, `bert evaluate` (app/cli/train_commands.py over model/runs.py) end to
+"""`bert pretrain`, `bert finetune`, `bert evaluate` (app/cli/train_commands.py over model/training/runs.py) end to
 end on tiny files: run directories, metrics.jsonl, the SVG plot, resuming, and one-line user errors."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from app.cli import main
-from model.checkpoint import list_checkpoints
 from model.data.corpus import load_corpus
 from model.modeling import BertForPreTraining, BertForSequenceClassification, load_model
 from model.tokenizer import BertTokenizer
+from model.training.checkpoint import list_checkpoints
 from tests.conftest import TINY_VOCAB, make_training_files
 from tests.model.store_helpers import write_store
 

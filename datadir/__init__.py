@@ -1,9 +1,10 @@
-"""The data directory: the contract between the service (app/) and the workers (worker/).
+"""The data directory: the ground floor that model/, worker/ and app/ all stand on.
 
-Both import this package and nothing of each other; it needs only the standard library and
-model.files, never a web or queue framework. Everything the two sides share lives on disk below
-DATA_DIR, written crash-safely (temp, fsync, rename):
+The service (app/) and the workers (worker/) import this package and nothing of each other; it needs
+only the standard library, never torch, a web or a queue framework. Everything the two sides share
+lives on disk below DATA_DIR, written crash-safely (temp, fsync, rename):
 
+    files.py     crash-safe files: atomic directories and files, fsync, the JSON-lines readers
     layout.py    where things live, the name rule, job ids, timestamps
     jobs.py      job records (job.json), their states and named transitions, cancel requests, metrics
     lease.py     the flock lease that makes a job train exactly once, and its heartbeat
@@ -16,9 +17,9 @@ DATA_DIR, written crash-safely (temp, fsync, rename):
     scheduling.py  the order queued jobs run in (priority, then age), preemption, queue positions
 """
 
-from model.datadir import scheduling
-from model.datadir.datasets import DatasetExists, dataset_file, delete_dataset, list_datasets, read_meta
-from model.datadir.jobs import (
+from datadir import scheduling
+from datadir.datasets import DatasetExists, dataset_file, delete_dataset, list_datasets, read_meta
+from datadir.jobs import (
     API_KINDS,
     JOB_KINDS,
     STATES,
@@ -31,7 +32,7 @@ from model.datadir.jobs import (
     JobRecords,
     JobUnfinished,
 )
-from model.datadir.layout import (
+from datadir.layout import (
     JOB_ID_PATTERN,
     NAME_PATTERN,
     NAME_RULE,
@@ -41,9 +42,9 @@ from model.datadir.layout import (
     valid_job_id,
     valid_name,
 )
-from model.datadir.lease import Lease, lease_is_free, worker_identity
-from model.datadir.publish import PROVENANCE, publish_model, published_by
-from model.datadir.versions import (
+from datadir.lease import Lease, lease_is_free, worker_identity
+from datadir.publish import PROVENANCE, publish_model, published_by
+from datadir.versions import (
     ModelNotFound,
     PromotedVersion,
     Version,

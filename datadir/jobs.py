@@ -2,8 +2,8 @@
 carries its id), so a job outlives Redis.
 
     DATA_DIR/jobs/<id>/job.json        the record: spec, state, attempts, progress, timestamps, error
-    DATA_DIR/jobs/<id>/metrics.jsonl   the trainer's curve (model.callbacks), plus resume marks
-    DATA_DIR/jobs/<id>/checkpoints/    step-N directories (model.checkpoint), written atomically
+    DATA_DIR/jobs/<id>/metrics.jsonl   the trainer's curve (model.training.callbacks), plus resume marks
+    DATA_DIR/jobs/<id>/checkpoints/    step-N directories (model.training.checkpoint), written atomically
     DATA_DIR/jobs/<id>/cancel          present once a cancel was asked for (the training loop polls it)
     DATA_DIR/jobs/<id>/.lease          flock'ed by the one process training the job (lease.py)
     DATA_DIR/jobs/<id>/.record.lock    flock'ed around every read-modify-write of job.json
@@ -30,8 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from model.datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
-from model.files import (
+from datadir.files import (
     METRICS_FILE,
     TMP_PREFIX,
     atomic_write_bytes,
@@ -41,6 +40,7 @@ from model.files import (
     rewrite_jsonl,
     tree_bytes,
 )
+from datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
 
 SUBMIT_LOCK = ".submit.lock"
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
@@ -89,7 +89,7 @@ class JobRecord(TypedDict, total=False):
     runtime_s: float
     lost_attempt: dict[str, Any]
     owner: str  # the name of the API key that made the job; records from before keys had names lack it
-    priority: int  # the queue's order (model/datadir/scheduling.py); absent in older records: 0
+    priority: int  # the queue's order (datadir/scheduling.py); absent in older records: 0
     worker_share: float | None  # the owner's key's share of worker time when it submitted the job
     preempted_for: str | None  # the job this one last handed itself back for, while it waits again
 

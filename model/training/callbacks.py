@@ -1,6 +1,6 @@
 """The trainer's callbacks: the `Callback` interface and the callbacks model/ itself offers.
 
-The training loop (model/trainer.py) reports only through callbacks. With a run directory it installs
+The training loop (model/training/trainer.py) reports only through callbacks. With a run directory it installs
 two of its own: MetricsLogger first (RUN_DIR/metrics.jsonl, so later callbacks can read the line just
 written) and TrainingPlot last (RUN_DIR/training.svg). LogProgress reports through `logging`, for
 scripts and services that have no terminal to draw a bar on; the `bert` command's tqdm bar and the
@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from model.files import rewrite_jsonl
-from model.plot import write_training_plot
+from datadir.files import rewrite_jsonl
+from model.training.plot import write_training_plot
 
 log = logging.getLogger("model.train")
 
@@ -44,7 +44,7 @@ class Callback:
 
     def on_fit_end(self, result: Any) -> None:
         """Once the loop has ended, completed or stopped, and the final model is saved (not after an
-        exception): `result` is the model.trainer.TrainResult that `fit` returns."""
+        exception): `result` is the model.training.trainer.TrainResult that `fit` returns."""
 
 
 class MetricsLogger(Callback):
@@ -76,7 +76,7 @@ class MetricsLogger(Callback):
 
 
 class TrainingPlot(Callback):
-    """RUN_DIR/training.svg (model/plot.py) of a MetricsLogger's records, after each evaluation and at the end."""
+    """RUN_DIR/training.svg (model/training/plot.py) of a MetricsLogger's records, after each evaluation and at the end."""
 
     def __init__(self, path: str | Path, metrics: MetricsLogger):
         self.path, self.metrics = Path(path), metrics

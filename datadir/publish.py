@@ -16,9 +16,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from model.datadir.jobs import JobNotFound, JobRecords, encode, owner_of
-from model.datadir.layout import DataDir, now_iso
-from model.datadir.versions import (
+from datadir.files import TMP_PREFIX, _exchange, atomic_write_bytes, fsync_dir, fsync_tree
+from datadir.jobs import JobNotFound, JobRecords, encode, owner_of
+from datadir.layout import DataDir, now_iso
+from datadir.versions import (
     PROVENANCE,
     is_flat,
     locked,
@@ -27,7 +28,6 @@ from model.datadir.versions import (
     version_numbers,
     write_promoted,
 )
-from model.files import TMP_PREFIX, _exchange, atomic_write_bytes, fsync_dir, fsync_tree
 
 __all__ = ["PROVENANCE", "publish_model", "published_by"]
 

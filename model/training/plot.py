@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from model.files import atomic_write_bytes
+from datadir.files import atomic_write_bytes
 
 WIDTH, HEIGHT = 960, 380
 PANEL_W, PANEL_H = 380, 260

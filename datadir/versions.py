@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.datadir.jobs import LEGACY_OWNER
-from model.datadir.layout import DataDir
-from model.files import atomic_write_bytes, remove_tree, tree_bytes
+from datadir.files import atomic_write_bytes, remove_tree, tree_bytes
+from datadir.jobs import LEGACY_OWNER
+from datadir.layout import DataDir
 
 MODEL_JSON = "model.json"
 PROVENANCE = "bertserve_job.json"  # written into a published version: which job (or import) made it

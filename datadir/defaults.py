@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from model.files import atomic_write_bytes
+from datadir.files import atomic_write_bytes
 
 DEFAULTS = "defaults.json"
 ROLES = ("mlm",)

@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from model.compute.precision import autocast
 from model.modeling import (
     IGNORE_INDEX,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from model.precision import autocast
-from model.trainer import EvaluationStopped
+from model.training.trainer import EvaluationStopped
 
 if TYPE_CHECKING:
-    from model.trainer import BatchSource
+    from model.training.trainer import BatchSource
 
 
 @torch.no_grad()

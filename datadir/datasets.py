@@ -27,13 +27,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from model.datadir.layout import DataDir, valid_name
-from model.files import TMP_PREFIX, fsync_dir, fsync_tree, remove_tree, tree_bytes
+from datadir.files import TMP_PREFIX, fsync_dir, fsync_tree, remove_tree, tree_bytes
+from datadir.layout import DataDir, valid_name
 
 META = "meta.json"
 DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")
 LISTED_LABELS = 100
-# The fine-tuning task (model.runs.TASKS) each kind of dataset trains.
+# The fine-tuning task (model.training.runs.TASKS) each kind of dataset trains.
 KIND_OF_TASK = {
     "sequence-classification": "labelled",
     "token-classification": "token-labelled",

@@ -28,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from model import checkpoint as ckpt
-from model import distributed, options
-from model.callbacks import Callback
+from model import options
+from model.compute.device import resolve_device
+from model.compute.precision import resolve_precision
 from model.config import BertConfig
-from model.device import resolve_device
 from model.errors import UserError
-from model.evaluation import evaluate
 from model.modeling import (
     MODEL_CLASSES,
     BertForMaskedLM,
@@ -44,9 +42,12 @@ from model.modeling import (
     BertForTokenClassification,
     load_model,
 )
-from model.precision import resolve_precision
 from model.tokenizer import BertTokenizer
-from model.trainer import TrainConfig, Trainer, TrainResult, seed_everything
+from model.training import checkpoint as ckpt
+from model.training import distributed
+from model.training.callbacks import Callback
+from model.training.evaluation import evaluate
+from model.training.trainer import TrainConfig, Trainer, TrainResult, seed_everything
 from model.weights import HEAD_NAMES, heads_in_dir
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
 
 
 def _trainer(config: TrainConfig, out: Path, model, tokenizer, train_data, eval_data, callbacks) -> Trainer:
-    """The trainer both run functions use: the run directory, evaluation by model/evaluation.py, callbacks."""
+    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py, callbacks."""
     return Trainer(
         model,
         train_data,

@@ -4,10 +4,10 @@ confirmed by a tiny forward the first time it could be used.
 A *path* is a kernel choice that depends on the processor or on how torch was built:
 
     onednn-fp32   oneDNN's fp32 GEMMs: weights packed once, bias, activation and residual fused
-                  (model/onednn.py). Else F.linear, torch's BLAS (MKL on x86).
+                  (model/compute/onednn.py). Else F.linear, torch's BLAS (MKL on x86).
     onednn-bf16   the same in bf16, for bf16 models. Else bf16 is emulated: bf16 weights and
                   activations, each GEMM computed in fp32 (correct, slower than fp32).
-    int8-vnni     torch._int_mm's int8 GEMM for model.precision's Int8Linear. Else int8 is emulated:
+    int8-vnni     torch._int_mm's int8 GEMM for model.compute.precision's Int8Linear. Else int8 is emulated:
                   the same int8 values multiplied in fp32 (correct, slower than fp32).
     flash-varlen  flash attention's variable-length kernel for packed batches on CUDA
                   (model/modeling.py). Else one SDPA call per sequence.
@@ -231,7 +231,7 @@ def _agree(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: 
         raise AssertionError(f"{name} disagrees with plain torch (max |diff| {diff})")
 
 
-# The fused post-ops model.onednn uses (its _POSTOPS), with what each computes.
+# The fused post-ops model.compute.onednn uses (its _POSTOPS), with what each computes.
 _POSTOPS = (
     ("gelu", "none", F.gelu),
     ("gelu", "tanh", lambda y: F.gelu(y, approximate="tanh")),
@@ -243,7 +243,7 @@ _POSTOPS = (
 
 def _probe_onednn(dtype: torch.dtype) -> None:
     """Packed and unpacked weights, every fused post-op we use, the fused residual add; fp32 also the
-    two GEMMs of model.onednn's backward (as a training step runs them)."""
+    two GEMMs of model.compute.onednn's backward (as a training step runs them)."""
     op, tol = torch.ops.mkldnn._linear_pointwise, (1e-5 if dtype == torch.float32 else 2e-2)
     x, w, b, add = _inputs((6, 32), (24, 32), (24,), (6, 24), dtype=dtype)
     ref = F.linear(x.float(), w.float(), b.float())
@@ -253,7 +253,7 @@ def _probe_onednn(dtype: torch.dtype) -> None:
     for attr, algorithm, act in _POSTOPS:
         _agree(f"fused {attr} {algorithm}".strip(), op(x, packed, b, attr, [], algorithm), act(ref), tol, tol)
     _agree("fused add", op.binary(x, add, packed, b, "add"), ref + add.float(), tol, tol)
-    if dtype == torch.float32:  # the GEMMs of model.onednn's backward, on transposed (strided) operands
+    if dtype == torch.float32:  # the GEMMs of model.compute.onednn's backward, on transposed (strided) operands
         grad = _inputs((6, 24))[0]
         _agree("gradient of x", op(grad, w.t(), None, "none", [], ""), grad @ w, 1e-4, 1e-4)
         _agree("gradient of W", op(grad.t(), x.t(), None, "none", [], ""), grad.t() @ x, 1e-4, 1e-4)

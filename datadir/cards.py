@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from model.files import atomic_write_bytes
+from datadir.files import atomic_write_bytes
 
 CARD = "card.json"
 

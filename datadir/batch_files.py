@@ -5,7 +5,7 @@ files batches produce (app/serving/batch_jobs.py).
     DATA_DIR/files/<file id>/content     the bytes, as uploaded or produced
 
 A file appears whole or not at all: its directory is filled under a temp name, fsynced and renamed
-(model.files). A file is never changed; it stays until deleted or older than the retention the API sets.
+(datadir.files). A file is never changed; it stays until deleted or older than the retention the API sets.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-from model.datadir.layout import DataDir
-from model.files import TMP_PREFIX, fsync_dir, fsync_tree
+from datadir.files import TMP_PREFIX, fsync_dir, fsync_tree
+from datadir.layout import DataDir
 
 RECORD, CONTENT = "file.json", "content"
 FILE_ID_PATTERN = r"^file-[A-Za-z0-9-]{1,80}$"

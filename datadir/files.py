@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 TMP_PREFIX = ".tmp-"
-# A training run's curve, one JSON object a line: written by model.callbacks, read by model.datadir.
+# A training run's curve, one JSON object a line: written by model.training.callbacks, read by datadir.
 METRICS_FILE = "metrics.jsonl"
 
 

@@ -18,8 +18,8 @@ import socket
 import threading
 import time
 
-from model.datadir.jobs import LEASE, JobRecord, JobRecords
-from model.datadir.layout import now_iso
+from datadir.jobs import LEASE, JobRecord, JobRecords
+from datadir.layout import now_iso
 
 log = logging.getLogger(__name__)
 

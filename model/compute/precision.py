@@ -1,16 +1,16 @@
 """Reduced precision for inference, chosen per model: "fp32", "bf16" or "int8";
 `recommended_precision(device)` picks one for a device (what a serving "auto" setting means).
 
-    from model.precision import apply_precision
+    from model.compute.precision import apply_precision
     model = apply_precision(BertModel.from_pretrained(path), "bf16")
 
-fp32  Full precision. On CPU the dense layers already run through oneDNN (model/onednn.py).
+fp32  Full precision. On CPU the dense layers already run through oneDNN (model/compute/onednn.py).
 bf16  Every weight and activation in bfloat16 (model.to(torch.bfloat16)); LayerNorm, softmax and
       the losses still accumulate in fp32 inside their kernels. Outputs are cast back to fp32, so
       callers see the same dtypes as ever. Fast where the hardware does bf16 natively: CPUs with
       avx512_bf16, AMX or avx_ne_convert (see `bf16_native`), and CUDA GPUs from Ampere on.
       Elsewhere it still runs, emulated: the GEMMs are computed in fp32 on the bf16 numbers
-      (model.onednn), correct but slower than fp32; the service warns once.
+      (model.compute.onednn), correct but slower than fp32; the service warns once.
 int8  Dynamic W8A8 quantisation of the encoder's Linear layers (Int8Linear below): int8 weights
       with one scale per output channel, activations quantised on the fly with one scale per
       token, an exact int8 x int8 -> int32 GEMM (torch._int_mm where the CPU has VNNI or AMX;
@@ -23,7 +23,7 @@ int8  Dynamic W8A8 quantisation of the encoder's Linear layers (Int8Linear below
       the cosine above 0.995; and torch.ao.quantization is deprecated in favour of torchao. It is
       faster, though (fused kernels): bench/precision_bench.py times both.
 
-Which kernels run at each precision on this machine is model.kernels' choice (`describe`).
+Which kernels run at each precision on this machine is model.compute.kernels' choice (`describe`).
 
 Measured costs against fp32 (bench/precision_bench.py prints them for this machine): the sentence
 embedding cosine, fill-mask top-1 agreement and classification agreement on the same inputs.
@@ -42,8 +42,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from model import kernels
-from model.onednn import linear
+from model.compute import kernels
+from model.compute.onednn import linear
 from model.options import PRECISIONS
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else bias.float().clone()
 
     def _gemm(self, q: torch.Tensor) -> torch.Tensor:
-        """(M, K) int8 @ W^T -> (M, N) fp32: torch._int_mm where the CPU has int8 dot products (model.kernels'
+        """(M, K) int8 @ W^T -> (M, N) fp32: torch._int_mm where the CPU has int8 dot products (model.compute.kernels'
         "int8-vnni"), on W^T as stored ((K, N) contiguous: a transposed copy cost _int_mm 10-25% more);
         else the same values multiplied in fp32 (exact while a sum stays under 2^24, within fp32's
         rounding past it), which ran 20x faster than _int_mm without VNNI."""

@@ -3,8 +3,8 @@
 The loop knows only that `model(**batch)` returns an object whose `loss` is a scalar to minimise;
 it also reports every other scalar field named "*loss" (BERT pretraining's mlm_loss and nsp_loss).
 Everything else enters through arguments: evaluation is the caller's `evaluate_fn` (for BERT,
-model.evaluation.evaluate), and progress, a tqdm bar, a Celery update, a stop request, go through
-`Callback` objects (model/callbacks.py), so model/ never learns about the CLI or the worker:
+model.training.evaluation.evaluate), and progress, a tqdm bar, a Celery update, a stop request, go through
+`Callback` objects (model/training/callbacks.py), so model/ never learns about the CLI or the worker:
 
     trainer = Trainer(model, train_data, TrainConfig(lr=1e-4, max_steps=1000), run_dir="runs/x",
                       eval_data=eval_data, evaluate_fn=evaluate, tokenizer=tok, callbacks=[my_callback])
@@ -12,7 +12,7 @@ model.evaluation.evaluate), and progress, a tqdm bar, a Celery update, a stop re
 
 With a run directory the trainer adds its own callbacks around the caller's: RUN_DIR/metrics.jsonl
 (MetricsLogger) and RUN_DIR/training.svg (TrainingPlot). It writes checkpoints there
-(model/checkpoint.py: every `save_every` steps, at the end and on a stop request, keeping the last
+(model/training/checkpoint.py: every `save_every` steps, at the end and on a stop request, keeping the last
 `keep_last` plus the best) and, when the run completes, the final model in RUN_DIR/model. Both are
 model directories, so with a run directory the model also needs a `config` (model.config.BertConfig)
 and `save_pretrained`, as every model of model/modeling.py has.
@@ -32,7 +32,7 @@ the host for a BERT model (which reads them there), and CUDA batches go through 
 non-blocking copies, built ahead by a thread (`prefetch_batches`); losses and the norm are read once per log line (and before a checkpoint,
 which is refused when the loss went non-finite). Data-parallel runs add one all-reduce per step.
 
-Under torchrun (model/distributed.py) the same loop is data-parallel: the model is wrapped in DDP, each
+Under torchrun (model/training/distributed.py) the same loop is data-parallel: the model is wrapped in DDP, each
 rank trains on its rows of every global micro-batch with its losses weighted so the averaged gradient is
 the global batch's (equal to one process at the same batch size), accumulation micro-batches skip DDP's
 all-reduce (`no_sync`) until the last, losses and token counts are summed over ranks each step, a stop
@@ -61,14 +61,14 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import checkpoint as ckpt
-from model import distributed
-from model.callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
-from model.device import resolve_device
-from model.files import METRICS_FILE
+from datadir.files import METRICS_FILE
+from model.compute.device import resolve_device
+from model.compute.precision import autocast, resolve_precision
 from model.modeling import IGNORE_INDEX
 from model.options import TRAIN_PRECISIONS, defaults
-from model.precision import autocast, resolve_precision
+from model.training import checkpoint as ckpt
+from model.training import distributed
+from model.training.callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ _DEFAULT = defaults("pretrain", trainer=True)  # model/options.py: a field's def
 
 
 # evaluate_fn(model, eval_data, *, device, precision, max_batches, should_stop) -> metrics
-# (model.evaluation.evaluate); it may raise model.evaluation.EvaluationStopped when should_stop() says so.
+# (model.training.evaluation.evaluate); it may raise model.training.evaluation.EvaluationStopped when should_stop() says so.
 EvaluateFn = Callable[..., dict[str, Any]]
 
 
@@ -89,7 +89,7 @@ class EvaluationStopped(Exception):
 @dataclass
 class TrainConfig:
     """A run's optimisation and bookkeeping. Fields that are options (model/options.py) take their
-    defaults from there (pretraining's column); the run specs of model/runs.py set fine-tuning's."""
+    defaults from there (pretraining's column); the run specs of model/training/runs.py set fine-tuning's."""
 
     lr: float = _DEFAULT["lr"]  # peak learning rate, reached at the end of warmup
     weight_decay: float = _DEFAULT["weight_decay"]  # AdamW decoupled decay, on weight matrices only
@@ -243,7 +243,7 @@ class Trainer:
         evaluate_fn: EvaluateFn | None = None,
     ):
         if eval_data is not None and evaluate_fn is None:
-            raise ValueError("eval_data needs an evaluate_fn (for BERT models: model.evaluation.evaluate)")
+            raise ValueError("eval_data needs an evaluate_fn (for BERT models: model.training.evaluation.evaluate)")
         self.config = config
         self.device = resolve_device(config.device)
         self.dist = distributed.init(self.device)
@@ -438,7 +438,7 @@ class Trainer:
         return {k: v if k in host else v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _weighted_losses(self, out, batch, local, factor: float) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The loss to backpropagate and this rank's share of each reported loss (see model/distributed.py).
+        """The loss to backpropagate and this rank's share of each reported loss (see model/training/distributed.py).
 
         One process: `out.loss` and the losses as they are, left on the device (detached) so that a step
         never waits for the GPU; they are read once per log line. Ranks: each part of the loss (mlm_loss

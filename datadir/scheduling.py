@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from model.datadir.jobs import API_KINDS, owner_of, steps_of
+from datadir.jobs import API_KINDS, owner_of, steps_of
 
 PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = -10, 10, 0
 BOOTSTRAP_PRIORITY = PRIORITY_MIN  # a user's job never waits behind the first start's bootstrap

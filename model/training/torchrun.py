@@ -1,10 +1,10 @@
-"""`python -m model.torchrun ARGS`: torchrun (torch.distributed.run, unchanged) in a process that dies with
-its parent, whose stores listen only on the address they are named by (model/distributed.py:
+"""`python -m model.training.torchrun ARGS`: torchrun (torch.distributed.run, unchanged) in a process that dies with
+its parent, whose stores listen only on the address they are named by (model/training/distributed.py:
 listen_where_named; torch's own listen on every interface and unpickle what they read).
 
 Linux's PR_SET_PDEATHSIG makes the kernel send SIGKILL to this launcher when the process that started it
 (the `bert` command, or the worker process holding the job's lease) exits, however it exits; each rank
-does the same for this launcher (model/distributed.py: init), so no rank trains on alone after a
+does the same for this launcher (model/training/distributed.py: init), so no rank trains on alone after a
 `kill -9`. Reference: prctl(2); https://pytorch.org/docs/stable/elastic/run.html
 """
 
@@ -14,7 +14,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import main
 
-from model.distributed import die_with_parent, listen_where_named
+from model.training.distributed import die_with_parent, listen_where_named
 
 if __name__ == "__main__":
     die_with_parent(signal.SIGKILL)

@@ -11,7 +11,7 @@ A checkpoint is `<run_dir>/checkpoints/step-<N>/`, itself a normal model directo
     COMPLETE                           manifest (every file and its size), written last
 
 Nothing is pickled: tensors go through safetensors, the rest is JSON. The directory is written with
-`model.files.atomic_dir` (temp dir, fsync, rename) and COMPLETE is the last file in the temp dir, so a
+`datadir.files.atomic_dir` (temp dir, fsync, rename) and COMPLETE is the last file in the temp dir, so a
 crash at any point leaves either a complete checkpoint or a hidden `.tmp-*` directory that
 `latest_checkpoint` never returns. Pruned checkpoints (`CheckpointRotation` keeps the newest few and
 the best) are renamed to a `.tmp-` name before deletion for the same reason.
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from datadir.files import TMP_PREFIX, atomic_dir
 from model.config import BertConfig
-from model.files import TMP_PREFIX, atomic_dir
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"

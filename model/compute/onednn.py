@@ -6,11 +6,11 @@ add into the GEMM, and is still plain fp32 arithmetic. For inference the weights
 into oneDNN's layout and kept (bf16 weights too). Everything else (GPU, autocast, int8 modules,
 torch.compile, a torch without oneDNN) goes through torch's own F.linear.
 
-    dense(layer, x, act="gelu")             a module: nn.Linear (or model.precision's Int8Linear)
+    dense(layer, x, act="gelu")             a module: nn.Linear (or model.compute.precision's Int8Linear)
     linear(owner, x, weight, bias)          a raw weight (the MLM decoder tied to the word embeddings)
     use_onednn(False)                       F.linear everywhere, as transformers runs (benchmarks)
 
-Whether oneDNN runs, per dtype, is model.kernels' decision ("onednn-fp32", "onednn-bf16"): asked of
+Whether oneDNN runs, per dtype, is model.compute.kernels' decision ("onednn-fp32", "onednn-bf16"): asked of
 the machine and confirmed by a probe at the first dense call that could use it (on CPU, big enough,
 outside autocast and torch.compile), never at import. Where bf16 has no oneDNN GEMM (CPUs without
 bf16 support), bf16 layers compute each GEMM in fp32 instead: the same numbers, slower than fp32.
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import kernels
+from model.compute import kernels
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -58,14 +58,14 @@ _MIN_MACS = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------
-# The switch: model.kernels decides, per dtype, whether oneDNN runs here
+# The switch: model.compute.kernels decides, per dtype, whether oneDNN runs here
 # ---------------------------------------------------------------------------------------------
 
-_PATHS = {torch.float32: "onednn-fp32", torch.bfloat16: "onednn-bf16"}  # model.kernels' path names
+_PATHS = {torch.float32: "onednn-fp32", torch.bfloat16: "onednn-bf16"}  # model.compute.kernels' path names
 
 
 def available() -> bool:
-    """Whether the oneDNN fp32 path runs in this process (model.kernels: the machine has it, its probe
+    """Whether the oneDNN fp32 path runs in this process (model.compute.kernels: the machine has it, its probe
     agreed, nothing switched it off)."""
     return kernels.enabled("onednn-fp32")
 
@@ -74,7 +74,7 @@ def use_onednn(enabled: bool) -> bool:
     """Turn the oneDNN paths (fp32 and bf16) off for every model in the process, or back to the
     machine's choice; returns whether the fp32 path was on.
 
-    On by default wherever it works and pays (model.kernels). Off means F.linear (MKL), as
+    On by default wherever it works and pays (model.compute.kernels). Off means F.linear (MKL), as
     transformers runs: benchmarks use it to show what the GEMM library contributes.
     """
     old = kernels.override("onednn-fp32", None if enabled else False)
@@ -199,7 +199,7 @@ def linear(
 
     bf16 where oneDNN has no bf16 GEMM is computed in fp32 on the same bf16 numbers and rounded back:
     products of bf16 values are exact in fp32, so this is a bf16 GEMM with fp32 accumulation, as a
-    native one. A oneDNN call that raises switches its path off (model.kernels.fail) and is answered
+    native one. A oneDNN call that raises switches its path off (model.compute.kernels.fail) and is answered
     by F.linear.
     """
     if _emulate_bf16(x):
@@ -244,7 +244,7 @@ def dense(layer: nn.Module, x: torch.Tensor, act: str | None = None, add: torch.
     """ACT2FN[act](layer(x)) + add for a Linear `layer`, by oneDNN where it fits (see the module docstring).
 
     A plain nn.Linear is not called as a module (no per-call module overhead), so forward hooks
-    on it do not fire; any other module (model.precision's Int8Linear) is called as it is.
+    on it do not fire; any other module (model.compute.precision's Int8Linear) is called as it is.
     """
     if type(layer) is nn.Linear:
         return linear(layer, x, layer.weight, layer.bias, act, add)

@@ -5,7 +5,7 @@ the trainer needs.
 LOCAL_RANK and MASTER_ADDR/PORT in its environment; `init()` reads them and joins the group (gloo on CPU,
 NCCL on CUDA). Without them everything here is the single-process case: rank 0 of 1, no collectives.
 
-How a global micro-batch is shared (model/trainer.py): every rank reads the same global micro-batch (a
+How a global micro-batch is shared (model/training/trainer.py): every rank reads the same global micro-batch (a
 pure function of (seed, epoch, batch index)) and keeps its own rows, `rank::world`. A loss is a mean over
 its own labels (masked tokens for MLM, rows for NSP and classification), which differ in number between
 ranks, so each rank's mean is weighted by `world * local_count / global_count` (`loss_weights`): DDP then
@@ -233,14 +233,14 @@ def torchrun_command(
     python: str = sys.executable,
 ) -> list[str]:
     """The command that runs `target` (e.g. ["-m", "app.cli", "pretrain", ...]) on `nproc_per_node` ranks
-    here, through torchrun (model/torchrun.py: torch.distributed.run, dying with its parent, its stores
+    here, through torchrun (model/training/torchrun.py: torch.distributed.run, dying with its parent, its stores
     listening where `listen_where_named` says). One node: --standalone (a local rendezvous on a free port,
     a random run id), this node's address 127.0.0.1, so every store is on loopback. Several: the c10d
     rendezvous at `rdzv_endpoint` under `rdzv_id` (the same on every node; see check_launch).
     --max-restarts 0: a rank that dies ends the run (the others are stopped), to be resumed from its latest
     checkpoint."""
     check_launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, trusted_network)
-    cmd = [python, "-m", "model.torchrun", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0"]
+    cmd = [python, "-m", "model.training.torchrun", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0"]
     if nnodes == 1:
         cmd += ["--standalone", "--local-addr=127.0.0.1"]
     else:

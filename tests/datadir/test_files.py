@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from model.files import atomic_dir
+from datadir.files import atomic_dir
 from model.weights import state_dict_keys
 
 
