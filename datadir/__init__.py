@@ -8,6 +8,7 @@ lives on disk below DATA_DIR, written crash-safely (temp, fsync, rename):
     layout.py    where things live, the name rule, job ids, timestamps
     jobs.py      job records (job.json), their states and named transitions, cancel requests, metrics
     lease.py     the flock lease that makes a job train exactly once, and its heartbeat
+    runner.py    one attempt at a job under its lease (every kind, every process), and the resume rule
     datasets.py  uploaded datasets and their meta.json
     versions.py  a model's versions (models/<name>/v<N>/), the promoted one (model.json), deletion
     publish.py   a finished model in as the next version of DATA_DIR/models/<name>, with its provenance
@@ -17,13 +18,14 @@ lives on disk below DATA_DIR, written crash-safely (temp, fsync, rename):
     scheduling.py  the order queued jobs run in (priority, then age), preemption, queue positions
 """
 
-from datadir import scheduling
+from datadir import runner, scheduling
 from datadir.datasets import DatasetExists, dataset_file, delete_dataset, list_datasets, read_meta
 from datadir.jobs import (
     API_KINDS,
     JOB_KINDS,
     STATES,
     TERMINAL,
+    TRAINING_KINDS,
     TRANSITIONS,
     IllegalTransition,
     JobFinished,
@@ -76,6 +78,7 @@ __all__ = [
     "PromotedVersion",
     "STATES",
     "TERMINAL",
+    "TRAINING_KINDS",
     "TRANSITIONS",
     "Version",
     "VersionNotFound",
@@ -90,6 +93,7 @@ __all__ = [
     "new_job_id",
     "now_iso",
     "promote",
+    "runner",
     "scheduling",
     "publish_model",
     "published_by",

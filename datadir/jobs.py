@@ -49,6 +49,7 @@ METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run di
 # import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs (app/serving/batch_jobs.py)
 JOB_KINDS = ("pretrain", "finetune", "import", "batch")
 API_KINDS = frozenset({"import", "batch"})  # run and resumed by the API process, never sent to the workers
+TRAINING_KINDS = frozenset(JOB_KINDS) - API_KINDS  # run and resumed by the workers
 PUBLISHING_KINDS = frozenset({"pretrain", "finetune", "import"})  # jobs whose model_name is a model they will publish
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -267,31 +268,6 @@ class JobRecords:
             record["updated_at"] = now_iso()
             atomic_write_bytes(job_dir / RECORD, encode(record))
         return record
-
-    def begin_attempt(
-        self, job_id: str, owner: str, may_cancel: Callable[[JobRecord], bool] = lambda record: True
-    ) -> tuple[str, JobRecord]:
-        """For a process that has just taken a job's lease (the API's imports and batches): decide, under the
-        record lock, "already <state>" for a finished job, "cancelled" when a cancel was asked for (and
-        `may_cancel` allows it), else "run": the job is started by `owner`, after a running record's earlier
-        attempt is closed (its lease was free, so its process is gone). With the record as it was written."""
-        cancel_flag = self.cancel_requested(job_id)
-        outcome = "run"
-
-        def change(record: JobRecord) -> None:
-            nonlocal outcome
-            if record["state"] in TERMINAL:
-                outcome = f"already {record['state']}"
-            elif (cancel_flag or record.get("cancel_requested")) and may_cancel(record):
-                cancel_before_start(record)
-                outcome = "cancelled"
-            else:
-                if record["state"] == "running":
-                    attempt_did_not_finish(record)
-                start(record, owner)
-
-        record = self.update(job_id, change)
-        return outcome, record
 
     def move(self, job_id: str, transition: Callable[..., None], *args: Any) -> JobRecord:
         """One named transition (below), written under the record lock; IllegalTransition leaves

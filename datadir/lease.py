@@ -32,9 +32,9 @@ class Lease:
     """The right to train one job, held until release (or until the process dies). A heartbeat
     thread stamps job.json so a reader can tell a live run from a stale record at a glance."""
 
-    def __init__(self, store: JobRecords, job_id: str):
-        self.store, self.job_id = store, job_id
-        self.path = store.job_dir(job_id) / LEASE
+    def __init__(self, records: JobRecords, job_id: str):
+        self.records, self.job_id = records, job_id
+        self.path = records.job_dir(job_id) / LEASE
         self._fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,7 +75,7 @@ class Lease:
     def _beat(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
             try:
-                self.store.update(self.job_id, _stamp_heartbeat)
+                self.records.update(self.job_id, _stamp_heartbeat)
             except Exception as e:  # a full disk, a torn record: the run goes on, the next beat retries
                 log.warning("job %s: heartbeat not written: %s: %s", self.job_id, type(e).__name__, e)
 
@@ -100,10 +100,10 @@ def _stamp_heartbeat(record: JobRecord) -> None:
         record["heartbeat_at"] = now_iso()
 
 
-def lease_is_free(store: JobRecords, job_id: str) -> bool:
+def lease_is_free(records: JobRecords, job_id: str) -> bool:
     """True when no process holds the job's lease. Probing takes the lock for an instant, so only the
     worker side may call this (a delivery racing the probe skips, and the prober then re-enqueues)."""
-    lease = Lease(store, job_id)
+    lease = Lease(records, job_id)
     if lease.try_acquire():
         lease.release()
         return True

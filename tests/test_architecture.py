@@ -294,3 +294,32 @@ def test_the_owner_check_sees_every_way_of_writing_the_state(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert record_key_writers(tmp_path) == {name: [2] for name in WRITERS}
+
+
+# -- one runner for leased work --------------------------------------------------------------------
+
+LEASED_WORK = re.compile(r"\bLease\(|\.try_acquire\(|\.start_heartbeat\(|\b(?:jobs|transitions)\.start\b")
+RUNNER = {"datadir/runner.py", "datadir/lease.py"}  # the runner, and the flock it holds (lease_is_free probes)
+
+
+def modules_holding_leases(root: Path) -> set[str]:
+    return {
+        path.relative_to(root).as_posix()
+        for package in PACKAGES
+        for path in (root / package).rglob("*.py")
+        if LEASED_WORK.search(path.read_text())
+    }
+
+
+def test_only_the_runner_holds_a_lease_or_starts_an_attempt():
+    """Training jobs, imports and batches take their lease, begin and heartbeat through datadir/runner.py."""
+    assert modules_holding_leases(ROOT) <= RUNNER
+    assert "runner" in (ROOT / "worker" / "training.py").read_text()
+
+
+def test_the_lease_check_sees_a_second_runner(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "imports.py").write_text("lease = Lease(store, job_id)\nlease.try_acquire()\n")
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "worker" / "t.py").write_text("store.move(job_id, jobs.start, 'host:1')\n")
+    assert modules_holding_leases(tmp_path) == {"app/imports.py", "worker/t.py"}

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from datadir import JobRecords
+from datadir import JobRecords, runner
 from model.training.callbacks import Callback
 from model.training.distributed import die_with_parent, env_dist
 from worker import recipes
@@ -44,19 +44,19 @@ def main(argv: list[str]) -> int:
     die_with_parent()  # before anything: no rank outlives the launcher (worker/training.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(rank)s %(message)s")
     job_id, settings, flag = argv[0], WorkerSettings(), SignalFlag()
-    store, d = JobRecords(settings.data_dir), env_dist()
+    records, d = JobRecords(settings.data_dir), env_dist()
 
     def tag_rank(record: logging.LogRecord) -> bool:
         record.rank = d.rank
         return True
 
     logging.getLogger().handlers[0].addFilter(tag_rank)
-    record = store.read(job_id)
-    if d.is_main:
-        outcome = train(store, record, settings, shutting_down=flag)
+    record = records.read(job_id)
+    if d.is_main:  # the attempt the launching worker began, and holds the lease of
+        outcome = train(runner.Attempt.joined(records, record), settings, shutting_down=flag)
         log.info("job %s: %s", job_id, outcome)
     else:
-        recipes.run(record, settings.data_dir, store.job_dir(job_id), settings.worker_device, [flag])
+        recipes.run(record, settings.data_dir, records.job_dir(job_id), settings.worker_device, [flag])
     return 0
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from datadir import API_KINDS, IllegalTransition, JobNotFound, JobRecords, jobs, lease_is_free
+from datadir import TRAINING_KINDS, IllegalTransition, JobNotFound, JobRecords, jobs, runner
 from worker.queue import send_job
 from worker.settings import WorkerSettings
 
@@ -37,18 +37,17 @@ _timer_stop = threading.Event()
 shutting_down = multiprocessing.Event()
 
 
-def sweep(store: JobRecords, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")) -> list[str]:
-    """Send again every training job in `states` whose lease is free; returns their ids."""
+def sweep(
+    records: JobRecords, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")
+) -> list[str]:
+    """Send again every training job in `states` whose lease is free (runner.resumable; the API runs imports
+    and batches and resumes them itself); returns their ids."""
     sent = []
-    for record in store.list():
-        if record.get("kind") in API_KINDS:  # the API runs imports and batches and resumes them itself
-            continue
-        if record.get("state") not in states or not lease_is_free(store, record["id"]):
-            continue
+    for record in runner.resumable(records, TRAINING_KINDS, states):
         send(record["id"])
         detail = f"recovery sweep (state was {record['state']}, lease free)"
         try:
-            store.move(record["id"], jobs.requeued, detail)
+            records.move(record["id"], jobs.requeued, detail)
         except (JobNotFound, IllegalTransition):  # removed, or finished by its delivery, since the listing
             continue
         sent.append(record["id"])
@@ -73,19 +72,19 @@ def lost_reason(error: BaseException | str) -> str:
     return f"the worker process was lost: {text}"
 
 
-def job_of_process(store: JobRecords, pid: int | None, delivered: str) -> str:
+def job_of_process(records: JobRecords, pid: int | None, delivered: str) -> str:
     """The job that pool process `pid` was training: a delivery runs the queue's first job, which may
     not be the one its message named (worker/training.py: run_delivery); the record names its process."""
     identity = f"{socket.gethostname()}:{pid}"
-    return next((r["id"] for r in store.list("running") if r.get("worker") == identity), delivered)
+    return next((r["id"] for r in records.list("running") if r.get("worker") == identity), delivered)
 
 
-def note_lost_attempt(store: JobRecords, job_id: str, reason: str) -> None:
+def note_lost_attempt(records: JobRecords, job_id: str, reason: str) -> None:
     """Record on a running job why its attempt's process died, for the next delivery's begin() to
     report (worker/training.py); called by the worker's main process, which saw the death."""
 
     with contextlib.suppress(JobNotFound, IllegalTransition):  # gone, or no longer running: nothing to say
-        store.move(job_id, jobs.worker_process_lost, reason)
+        records.move(job_id, jobs.worker_process_lost, reason)
 
 
 def celery_sender(app) -> Callable[[str], None]:
@@ -95,10 +94,10 @@ def celery_sender(app) -> Callable[[str], None]:
     return send
 
 
-def _periodic(app, store: JobRecords, interval: float) -> None:
+def _periodic(app, records: JobRecords, interval: float) -> None:
     while not _timer_stop.wait(interval):
         try:
-            sweep(store, celery_sender(app), states=("running",))
+            sweep(records, celery_sender(app), states=("running",))
         except Exception:  # the broker may be down for a while; the next round tries again
             log.exception("periodic recovery sweep failed")
 
@@ -108,15 +107,15 @@ def install(settings: WorkerSettings) -> None:
 
     def on_worker_ready(sender, **kwargs) -> None:
         app = sender.app
-        store = JobRecords(settings.data_dir)
+        records = JobRecords(settings.data_dir)
         try:
-            sweep(store, celery_sender(app))
+            sweep(records, celery_sender(app))
         except Exception:  # the broker may be down: the periodic sweep and redelivery still recover jobs
             log.exception("start-up recovery sweep failed")
         if settings.worker_sweep_interval_s > 0:
             threading.Thread(
                 target=_periodic,
-                args=(app, store, settings.worker_sweep_interval_s),
+                args=(app, records, settings.worker_sweep_interval_s),
                 daemon=True,
                 name="bert-recovery-sweep",
             ).start()

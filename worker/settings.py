@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from datadir.runner import HEARTBEAT_S
 from model.compute.device import DEVICE_PATTERN
 
 DAY = 24 * 3600
@@ -67,7 +68,7 @@ class WorkerSettings(BaseSettings):
         ),
     )
     job_heartbeat_s: float = Field(
-        10.0, gt=0, description="Seconds between lease heartbeats in `job.json` (`heartbeat_at`)."
+        HEARTBEAT_S, gt=0, description="Seconds between lease heartbeats in `job.json` (`heartbeat_at`)."
     )
     job_progress_interval_s: float = Field(
         1.0,

@@ -34,8 +34,8 @@ class JobRequest(Request):
         error = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback wraps it
         if isinstance(error, WorkerLostError) and self.args:
             try:
-                store = JobRecords(settings.data_dir)
-                note_lost_attempt(store, job_of_process(store, self.worker_pid, self.args[0]), lost_reason(error))
+                records = JobRecords(settings.data_dir)
+                note_lost_attempt(records, job_of_process(records, self.worker_pid, self.args[0]), lost_reason(error))
             except Exception:  # never stand in the way of the requeue
                 log.exception("job %s: could not record why its worker process was lost", self.args[0])
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)

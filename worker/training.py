@@ -1,9 +1,10 @@
-"""One delivery of a training job: take the lease, decide, train with reporting callbacks, publish.
+"""One delivery of a training job: an attempt through the runner (datadir/runner.py), training with
+reporting callbacks, publishing.
 
     run_job(job_id, settings)
-      1. lease     flock DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: do nothing
-      2. begin     under the record lock: finished/cancelled -> nothing; a previous attempt that died
-                   is noted, with the reason the worker saw (worker/recovery.py), as the job's error;
+      1. lease     the runner takes DATA_DIR/jobs/<id>/.lease; held elsewhere -> a duplicate delivery: noted
+      2. begin     the runner decides under the record lock: finished/cancelled -> nothing; a previous attempt
+                   that died is noted, with the reason the worker saw (worker/recovery.py), as the job's error;
                    too many attempts, or max_runtime used up -> failed; else attempts += 1, running
       3. train     model.training.runs' run_pretraining/run_finetuning, the job directory as run directory
                    (worker/recipes.py): it continues from the latest complete checkpoint; callbacks write
@@ -27,7 +28,7 @@ This module does not import celery: tests drive it directly.
 
 A job with params.devices = N > 1 trains data-parallel: step 3 runs torchrun (model.training.torchrun) with N
 ranks of worker/ddp_job.py as a child process in its own session, and rank 0 does steps 3 and 4 as
-above (the same `train`, its JobReporter writing job.json; the lease stays here). This process waits:
+above (the same `train`, on the attempt this process began: runner.Attempt.joined; the lease stays here). This process waits:
 on a warm shutdown it sends SIGTERM to the ranks' process group (they stop at the same step, rank 0
 checkpoints and records the hand-back); if the ranks end without rank 0 recording an outcome (one
 died), the attempt is noted as lost and the job sent again, to resume from its latest checkpoint. The
@@ -43,7 +44,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,13 +52,12 @@ from datadir import (
     TERMINAL,
     IllegalTransition,
     JobRecords,
-    Lease,
     jobs,
     lease_is_free,
     now_iso,
     publish_model,
+    runner,
     scheduling,
-    worker_identity,
 )
 from datadir.jobs import CANCEL, JobRecord
 from model.errors import UserError
@@ -72,7 +71,6 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger("bertserve.worker")
 
-ERROR_LOG = "error.log"
 HANDED_BACK = "handed back"
 RANKS_LOST = "training processes lost"  # a data-parallel attempt ended without an outcome: sent again
 RANKS_LOG = "ranks.log"  # a data-parallel job's torchrun output
@@ -109,17 +107,15 @@ def run_delivery(
     the same, waits (a running job whose worker died among them). A job another process holds is
     skipped for the next. The job passed over keeps waiting: the message of the job that ran in its
     stead is still queued, and runs it later."""
-    store = JobRecords(settings.data_dir)
-    records = store.list()
+    listed = JobRecords(settings.data_dir).list()
     # Running jobs whose lease is free lost their worker: they wait too, at their place in the order.
-    orphans = [r for r in records if r["state"] == "running" and lease_is_free(store, r["id"])]
-    order = scheduling.delivery_order(records, orphans)
+    order = scheduling.delivery_order(listed, runner.orphans(JobRecords(settings.data_dir), listed))
     if job_id not in order:
         order.append(job_id)  # finished or unknown: run_job says so
     result: dict[str, Any] = {"job": job_id, "outcome": "nothing to run"}
     for candidate in order:
         result = run_job(candidate, settings, shutting_down=shutting_down, requeue=requeue)
-        if result["outcome"] != "running elsewhere":
+        if result["outcome"] != runner.RUNNING_ELSEWHERE:
             break
     return result
 
@@ -131,37 +127,43 @@ def run_job(
     shutting_down: Flag | None = None,
     requeue: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Handle one delivery of job `job_id`; returns what happened (the task's result, for logs).
+    """Handle one delivery of job `job_id` through the runner (datadir/runner.py); returns what happened
+    (the task's result, for logs).
 
     `shutting_down` (set by the worker on SIGTERM) stops the loop at the next step; the job is then
-    handed back and `requeue(job_id)` sends it again for another worker.
+    handed back and, once the lease is released, `requeue(job_id)` sends it again for another worker.
     """
-    store = JobRecords(settings.data_dir)
-    if not store.exists(job_id):
-        log.warning("job %s: no record in %s; dropping the message", job_id, store.root)
+    records = JobRecords(settings.data_dir)
+    if not records.exists(job_id):
+        log.warning("job %s: no record in %s; dropping the message", job_id, records.root)
         return {"job": job_id, "outcome": "unknown job"}
-    lease = Lease(store, job_id)
-    # A short wait: a recovery sweep's probe holds the lock for an instant.
-    if not lease.try_acquire(wait_s=1.0):
-        store.move(job_id, jobs.duplicate_ignored, "running elsewhere")
-        log.info("job %s is running elsewhere; this delivery does nothing", job_id)
-        return {"job": job_id, "outcome": "running elsewhere"}
-    with lease:
-        record, outcome = begin(store, job_id, settings.job_max_attempts)
-        if outcome != "run":
-            log.info("job %s: %s", job_id, outcome)
-            return {"job": job_id, "outcome": outcome}
-        lease.start_heartbeat(settings.job_heartbeat_s)
+
+    def body(attempt: runner.Attempt) -> str:
         try:
-            outcome = train(store, record, settings, shutting_down)
+            return train(attempt, settings, shutting_down)
         finally:
             _free_accelerator_memory()
-    if (
-        outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None
-    ):  # only now: the next delivery must find the lease free
-        requeue(job_id)
-        with contextlib.suppress(IllegalTransition):  # another worker took the job and finished it meanwhile
-            store.move(job_id, jobs.requeued, "after the hand-back")
+
+    def after_release(outcome: str) -> None:  # only now: the next delivery must find the lease free
+        if outcome in (HANDED_BACK, RANKS_LOST) and requeue is not None:
+            requeue(job_id)
+            with contextlib.suppress(IllegalTransition):  # another worker took the job and finished it meanwhile
+                records.move(job_id, jobs.requeued, "after the hand-back")
+
+    outcome = runner.run(
+        records,
+        job_id,
+        body,
+        heartbeat_s=settings.job_heartbeat_s,
+        wait_s=1.0,  # a short wait: a recovery sweep's probe holds the lease for an instant
+        max_attempts=settings.job_max_attempts,
+        after_release=after_release,
+    )
+    if outcome == runner.RUNNING_ELSEWHERE:
+        records.move(job_id, jobs.duplicate_ignored, outcome)
+        log.info("job %s is running elsewhere; this delivery does nothing", job_id)
+    elif outcome.startswith("already") or outcome == "cancelled":
+        log.info("job %s: %s", job_id, outcome)
     return {"job": job_id, "outcome": outcome}
 
 
@@ -174,51 +176,6 @@ def _free_accelerator_memory() -> None:
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-
-
-def begin(store: JobRecords, job_id: str, max_attempts: int) -> tuple[JobRecord, str]:
-    """Decide under the record lock what this delivery does; "run" means the job is now ours."""
-    cancel_flag = store.cancel_requested(job_id)
-    outcome = "run"
-
-    def change(r: JobRecord) -> None:
-        nonlocal outcome
-        if r["state"] in TERMINAL:
-            outcome = f"already {r['state']}"
-        elif cancel_flag or r.get("cancel_requested"):
-            jobs.cancel_before_start(r)
-            outcome = "cancelled"
-        else:
-            if r["state"] == "running":  # the lease was free, so that attempt's process is gone
-                jobs.attempt_did_not_finish(r)
-            outcome = _start_attempt(r, max_attempts)
-
-    record = store.update(job_id, change)
-    return record, outcome
-
-
-def _start_attempt(r: JobRecord, max_attempts: int) -> str:
-    if r["attempts"] >= max_attempts:
-        last = r.get("error") or "the worker died during the attempt"
-        jobs.give_up(r, f"gave up after {r['attempts']} attempts (BERT_JOB_MAX_ATTEMPTS); last: {last}")
-        return "failed"
-    error = _used_up(r)
-    if error:
-        jobs.time_out(r, error, error)
-        return "failed"
-    jobs.start(r, worker_identity())
-    return "run"
-
-
-def _used_up(r: JobRecord) -> str | None:
-    """The error when earlier attempts have used the job's whole max_runtime (one was killed past it)."""
-    limit = r["params"].get("max_runtime")
-    if not limit or (r.get("runtime_s") or 0) < limit:
-        return None
-    return (
-        f"time limit: the job's max_runtime ({limit} s) was used up by its earlier attempts "
-        f"({r['runtime_s']:.0f} s); latest checkpoint {r.get('latest_checkpoint')}"
-    )
 
 
 # ---------------------------------------------------------------------------- training
@@ -235,10 +192,10 @@ class JobReporter(Callback):
     """
 
     def __init__(
-        self, store: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None
+        self, records: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None
     ):
-        self.store, self.job_id, self.shutting_down = store, record["id"], shutting_down
-        self.cancel_path = store.job_dir(self.job_id) / CANCEL
+        self.records, self.job_id, self.shutting_down = records, record["id"], shutting_down
+        self.cancel_path = records.job_dir(self.job_id) / CANCEL
         self.interval = settings.job_progress_interval_s
         self.runtime_interval = settings.job_heartbeat_s
         self.started = time.monotonic()
@@ -262,21 +219,21 @@ class JobReporter(Callback):
             return
         self._last_write = self._last_runtime_write = now
         progress, runtime = {k: state.get(k) for k in PROGRESS_KEYS}, round(self.runtime(), 3)
-        self.store.update(self.job_id, lambda r: r.update({"progress": progress, "runtime_s": runtime}))
+        self.records.update(self.job_id, lambda r: r.update({"progress": progress, "runtime_s": runtime}))
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
-        self.store.update(self.job_id, lambda r: r.__setitem__("eval", metrics))
+        self.records.update(self.job_id, lambda r: r.__setitem__("eval", metrics))
 
     def on_checkpoint(self, path: Path) -> None:
-        relative = Path(path).relative_to(self.store.job_dir(self.job_id)).as_posix()
-        self.store.update(self.job_id, lambda r: r.__setitem__("latest_checkpoint", relative))
+        relative = Path(path).relative_to(self.records.job_dir(self.job_id)).as_posix()
+        self.records.update(self.job_id, lambda r: r.__setitem__("latest_checkpoint", relative))
 
     def should_stop(self) -> bool:
         now = time.monotonic()
         if now - self._last_runtime_write >= self.runtime_interval:
             self._last_runtime_write = now
             runtime = round(self.runtime(), 3)
-            self.store.update(self.job_id, lambda r: r.__setitem__("runtime_s", runtime))
+            self.records.update(self.job_id, lambda r: r.__setitem__("runtime_s", runtime))
         if self.cancel_path.exists():
             self.stop_reason = "cancelled"
         elif self.shutting_down is not None and self.shutting_down.is_set():
@@ -292,9 +249,8 @@ class JobReporter(Callback):
         if now - self._last_queue_look < self.preempt_check:
             return False
         self._last_queue_look = now
-        records = self.store.list()
         self.making_way_for = scheduling.make_way_for(
-            records, self.job_id, self.preempt_after, lambda job_id: lease_is_free(self.store, job_id)
+            self.records.list(), self.job_id, self.preempt_after, lambda job_id: lease_is_free(self.records, job_id)
         )
         return self.making_way_for is not None
 
@@ -307,26 +263,28 @@ class JobReporter(Callback):
         return f"stopped by the soft time limit (BERT_JOB_SOFT_TIME_LIMIT) at step {step}; checkpoint {checkpoint}"
 
 
-def train(store: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
-    """Run (or resume) the training of a job this process holds the lease of; returns the outcome."""
+def train(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
+    """Run (or resume) the training of a job whose attempt has begun, and end it; returns the outcome."""
+    records, record = attempt.records, attempt.record
+    assert record is not None
     if record["params"].get("devices", 1) > 1 and not launched():
-        return train_ranks(store, record, settings, shutting_down)
-    job_id, job_dir = record["id"], store.job_dir(record["id"])
-    reporter = JobReporter(store, record, settings, shutting_down)
+        return train_ranks(attempt, settings, shutting_down)
+    job_id, job_dir = record["id"], records.job_dir(record["id"])
+    reporter = JobReporter(records, record, settings, shutting_down)
     try:
-        _mark_resume(store, record)
+        _mark_resume(records, record)
         result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
     except Exception as e:
         if launched() and is_peer_failure(e):  # another rank died: this attempt is lost (train_ranks), not failed
             raise
-        return _fail(store, job_id, e, reporter.runtime())
+        return _fail(attempt, e, reporter.runtime())
     if result.stopped:
-        return _stopped(store, job_id, reporter, result)
+        return _stopped(attempt, reporter, result)
     _write_card(job_dir / FINAL_MODEL, job_id, result.eval_metrics)
     try:
         published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
-        return _fail(store, job_id, e, reporter.runtime())
+        return _fail(attempt, e, reporter.runtime())
     summary = {
         "model": record["model_name"],
         "model_dir": published.relative_to(settings.data_dir).as_posix(),
@@ -335,16 +293,9 @@ def train(store: JobRecords, record: JobRecord, settings: WorkerSettings, shutti
         "eval": result.eval_metrics,
         "best_checkpoint": _relative(job_dir, result.best_checkpoint),
     }
-
-    runtime = round(reporter.runtime(), 3)
-
-    def succeeded(r: JobRecord) -> None:
-        r["runtime_s"] = runtime
-        r["latest_checkpoint"] = _relative(job_dir, result.checkpoint) or r.get("latest_checkpoint")
-        jobs.succeed(r, summary, f"model '{record['model_name']}' published")
-
-    store.update(job_id, succeeded)
-    return "succeeded"
+    checkpoint = _relative(job_dir, result.checkpoint)
+    fields = {"runtime_s": round(reporter.runtime(), 3), **({"latest_checkpoint": checkpoint} if checkpoint else {})}
+    return attempt.succeed(summary, f"model '{record['model_name']}' published", **fields)
 
 
 def _write_card(model_dir: Path, job_id: str, job_eval: dict | None) -> None:
@@ -358,16 +309,16 @@ def _write_card(model_dir: Path, job_id: str, job_eval: dict | None) -> None:
         log.exception("job %s: the model card could not be written", job_id)
 
 
-def train_ranks(
-    store: JobRecords, record: JobRecord, settings: WorkerSettings, shutting_down: Flag | None = None
-) -> str:
+def train_ranks(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
     """A data-parallel job: torchrun with params.devices ranks of worker/ddp_job.py; see the module docstring."""
-    job_id, job_dir, devices = record["id"], store.job_dir(record["id"]), record["params"]["devices"]
+    records, record = attempt.records, attempt.record
+    assert record is not None
+    job_id, job_dir, devices = record["id"], records.job_dir(record["id"]), record["params"]["devices"]
     try:
         check_devices(devices, settings)
         recipes.prepare(record, settings.data_dir, job_dir)
     except Exception as e:
-        return _fail(store, job_id, e, float(record.get("runtime_s") or 0.0))
+        return _fail(attempt, e, float(record.get("runtime_s") or 0.0))
     cmd = torchrun_command(["-m", "worker.ddp_job", job_id], devices)
     with open(job_dir / RANKS_LOG, "ab") as log_file:
         proc = subprocess.Popen(
@@ -383,7 +334,7 @@ def train_ranks(
     finally:
         if proc.poll() is None:  # leaving on an exception: the ranks must not train on without the lease
             _end_group(proc)
-    return _ranks_outcome(store, job_id, proc.returncode)
+    return _ranks_outcome(attempt, proc.returncode)
 
 
 def _end_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
@@ -427,9 +378,9 @@ def _rank_env(settings: WorkerSettings) -> dict[str, str]:
     return env
 
 
-def _ranks_outcome(store: JobRecords, job_id: str, code: int) -> str:
+def _ranks_outcome(attempt: runner.Attempt, code: int) -> str:
     """What rank 0 recorded; when it recorded nothing (a rank died, the launcher failed), a lost attempt."""
-    record = store.read(job_id)
+    record = attempt.records.read(attempt.job_id)
     if record["state"] == "queued":
         return HANDED_BACK
     if record["state"] in TERMINAL:
@@ -438,21 +389,20 @@ def _ranks_outcome(store: JobRecords, job_id: str, code: int) -> str:
         f"a training process of the data-parallel run ended it (torchrun exit status {code}; "
         f"see {RANKS_LOG} in the job directory)"
     )
-
-    store.move(job_id, jobs.ranks_lost, reason)  # read by the next delivery's begin()
+    attempt.end(jobs.ranks_lost, reason)  # read by the next delivery's begin
     return RANKS_LOST
 
 
-def _mark_resume(store: JobRecords, record: JobRecord) -> None:
+def _mark_resume(records: JobRecords, record: JobRecord) -> None:
     """Before a resumed fit: drop a torn metrics line, and mark in the curve where this attempt picks up."""
-    job_dir = store.job_dir(record["id"])
-    store.repair_metrics(record["id"])
+    job_dir = records.job_dir(record["id"])
+    records.repair_metrics(record["id"])
     latest = ckpt.latest_checkpoint(job_dir)
     if latest is None:
         return
     step = ckpt.checkpoint_step(latest)
     # The trainer keeps metrics records with step <= the checkpoint's; this one (step == it) survives.
-    store.append_metric(
+    records.append_metric(
         record["id"],
         {
             "type": "resume",
@@ -462,16 +412,16 @@ def _mark_resume(store: JobRecords, record: JobRecord) -> None:
             "at": now_iso(),
         },
     )
-    store.move(record["id"], jobs.resumed, _relative(job_dir, latest))
+    records.move(record["id"], jobs.resumed, _relative(job_dir, latest))
 
 
-def _stopped(store: JobRecords, job_id: str, reporter: JobReporter, result) -> str:
-    job_dir, reason = store.job_dir(job_id), reporter.stop_reason or "stopped"
+def _stopped(attempt: runner.Attempt, reporter: JobReporter, result) -> str:
+    job_dir, reason = attempt.records.job_dir(attempt.job_id), reporter.stop_reason or "stopped"
     checkpoint = _relative(job_dir, result.checkpoint)
     where = f"at step {result.step}, checkpoint {checkpoint}"
     runtime = round(reporter.runtime(), 3)
 
-    def change(r: JobRecord) -> None:
+    def stop(r: JobRecord) -> None:
         r["latest_checkpoint"] = checkpoint or r.get("latest_checkpoint")
         r["runtime_s"] = runtime
         r["progress"] = {**(r.get("progress") or {}), "step": result.step, "eta_s": None}  # progress is throttled
@@ -486,22 +436,14 @@ def _stopped(store: JobRecords, job_id: str, reporter: JobReporter, result) -> s
         else:
             jobs.time_out(r, reporter.time_limit_error(result.step, checkpoint, runtime), where)
 
-    record = store.update(job_id, change)
+    record = attempt.end(stop)
     return HANDED_BACK if reason in ("shutdown", "preempted") else record["state"]
 
 
-def _fail(store: JobRecords, job_id: str, error: BaseException, runtime: float) -> str:
-    log.exception("job %s failed", job_id)
-    message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
-    with contextlib.suppress(OSError):
-        (store.job_dir(job_id) / ERROR_LOG).write_text("".join(traceback.format_exception(error)))
-
-    def change(r: JobRecord) -> None:
-        r["runtime_s"] = round(runtime, 3)
-        jobs.fail(r, message)
-
-    store.update(job_id, change)
-    return "failed"
+def _fail(attempt: runner.Attempt, error: BaseException, runtime: float) -> str:
+    log.exception("job %s failed", attempt.job_id)
+    message = str(error) if isinstance(error, UserError) else None
+    return attempt.fail(error, message, runtime_s=round(runtime, 3))
 
 
 def _relative(job_dir: Path, path: str | Path | None) -> str | None:

@@ -3,8 +3,8 @@ the API process runs it (a download does not wait behind training on the workers
 
 The record lives in DATA_DIR/jobs/<id>/ like a training job's and moves through the same named
 transitions (datadir/jobs.py); GET /jobs/{id} shows it and POST /jobs/{id}/cancel stops it
-between downloaded chunks. The thread holds the job's lease (datadir/lease.py) as a worker
-does, so at API start every queued or running import whose lease is free is run again: the Hub
+between downloaded chunks. The thread runs it through datadir/runner.py, holding the job's lease as a
+worker does, so at API start every queued or running import whose lease is free is run again: the Hub
 cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran.
 
     params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}
@@ -35,8 +35,7 @@ from app.errors import ServiceError
 from app.jobs import uploads
 from app.schemas import ImportModelRequest
 from app.settings import Settings
-from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, Lease, valid_name, worker_identity
-from datadir import jobs as transitions
+from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, runner, valid_name
 from datadir.datasets import staging_dir
 from model.errors import UserError
 from model.sources import ARCHIVE_SUFFIXES, import_source
@@ -46,7 +45,6 @@ log = logging.getLogger("bertserve")
 KIND = "import"
 UPLOAD = "upload"  # the archive's file name in the job directory: upload<suffix>
 PROGRESS_EVERY_S = 0.25
-HEARTBEAT_S = 10.0
 
 
 class ImportCancelled(Exception):
@@ -58,7 +56,7 @@ class Imports:
 
     def __init__(self, data_dir: str | Path):
         self.data_dir = Path(data_dir)
-        self.store = JobRecords(data_dir)
+        self.records = JobRecords(data_dir)
         self.threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()  # one name's conflict check and record creation at a time
 
@@ -67,7 +65,7 @@ class Imports:
         return next(
             (
                 r
-                for r in self.store.list()
+                for r in self.records.list()
                 if r.get("kind") == KIND and r.get("model_name") == name and r["state"] not in TERMINAL
             ),
             None,
@@ -78,7 +76,7 @@ class Imports:
     ) -> JobRecord:
         """Write the record (with `upload` moved into its directory) and start its thread (unless not
         `start`: the API runs it when it starts); 409 while another import of `name` is unfinished."""
-        with self._lock, self.store.submitting():  # this process's threads, then every replica's
+        with self._lock, self.records.submitting():  # this process's threads, then every replica's
             running = self.unfinished(name)
             if running is not None:
                 raise ServiceError("conflict", f"model '{name}' is being imported by job {running['id']}")
@@ -98,9 +96,9 @@ class Imports:
             "source": source,
             "owner": owner,  # the key that asked for it
         }
-        record = self.store.create(spec)
+        record = self.records.create(spec)
         if upload is not None:
-            upload.rename(self.store.job_dir(record["id"]) / f"{UPLOAD}{''.join(upload.suffixes)}")
+            upload.rename(self.records.job_dir(record["id"]) / f"{UPLOAD}{''.join(upload.suffixes)}")
         return record
 
     def start(self, job_id: str) -> None:
@@ -109,14 +107,9 @@ class Imports:
         thread.start()
 
     def resume(self, quiet: bool = False) -> list[str]:
-        """Start every unfinished import not running in this process (each thread takes the lease, or
-        leaves it to its holder: another replica). At start, and every RESUME_EVERY_S while serving
-        (`quiet`), so the imports of a replica that died go on in another."""
-        ids = [
-            r["id"]
-            for r in self.store.list()
-            if r.get("kind") == KIND and r["state"] not in TERMINAL and not self._running_here(r["id"])
-        ]
+        """Start every unfinished import no process runs (runner.resumable: not here, its lease free). At start,
+        and every RESUME_EVERY_S while serving (`quiet`), so the imports of a replica that died go on in another."""
+        ids = [r["id"] for r in runner.resumable(self.records, {KIND}, here=self._running_here)]
         for job_id in ids:
             self.start(job_id)
         if ids and not quiet:
@@ -134,24 +127,19 @@ class Imports:
 
     # -- one import ---------------------------------------------------------------------------------
 
-    def run(self, job_id: str) -> None:
-        lease = Lease(self.store, job_id)
-        if not lease.try_acquire():
-            return  # another process (an earlier start of the API) runs it
-        with lease:
-            outcome, record = self.store.begin_attempt(job_id, worker_identity())
-            if outcome != "run":
-                return
-            if record["attempts"] > 1:
-                log.info("import %s: resuming (the process that ran it stopped)", job_id)
-            lease.start_heartbeat(HEARTBEAT_S)
-            self._import(record)
+    def run(self, job_id: str) -> str:
+        """One attempt at the import, through the runner (lease, begin, heartbeat, end); its outcome."""
+        return runner.run(self.records, job_id, self._import, wait_s=1.0)
 
-    def _import(self, record: JobRecord) -> None:
+    def _import(self, attempt: runner.Attempt) -> str:
+        record = attempt.record
+        assert record is not None
         job_id, source = record["id"], record["source"]
+        if record["attempts"] > 1:
+            log.info("import %s: resuming (the process that ran it stopped)", job_id)
         try:
             if source["kind"] == "archive":
-                uploads = list(self.store.job_dir(job_id).glob(f"{UPLOAD}.*"))
+                uploads = list(self.records.job_dir(job_id).glob(f"{UPLOAD}.*"))
                 if not uploads:
                     raise UserError("the uploaded archive is missing from the job's directory")
                 what, revision = str(uploads[0]), None
@@ -168,26 +156,20 @@ class Imports:
                 card_source={"file": source["file"]} if source["kind"] == "archive" else None,
             )
         except ImportCancelled:
-            self.store.move(job_id, transitions.cancel, "cancelled while downloading")
-            return
+            return attempt.cancel("cancelled while downloading")
         except UserError as e:
-            self.store.move(job_id, transitions.fail, str(e))
-            return
-        except Exception as e:  # a bug or a full disk: said in the record and logged whole
-            log.exception("import %s failed", job_id)
-            self.store.move(job_id, transitions.fail, f"{type(e).__name__}: {e}")
-            return
+            return attempt.fail(str(e))
         finally:
-            for upload in self.store.job_dir(job_id).glob(f"{UPLOAD}.*"):
+            for upload in self.records.job_dir(job_id).glob(f"{UPLOAD}.*"):
                 upload.unlink(missing_ok=True)
-        self._succeed(job_id, record["model_name"], version)
+        return self._succeed(attempt, record["model_name"], version)
 
-    def _succeed(self, job_id: str, name: str, version: Path) -> None:
+    def _succeed(self, attempt: runner.Attempt, name: str, version: Path) -> str:
         from datadir.cards import read_card
 
         number = int(version.name[1:]) if re.fullmatch(r"v[0-9]+", version.name) else 1  # a flat directory: 1
         result = {"model": name, "version": number, "path": str(version), "source": read_card(version).get("source")}
-        self.store.move(job_id, transitions.succeed, result, f"published model '{name}' version {number}")
+        return attempt.succeed(result, f"published model '{name}' version {number}")
 
     def _progress(self, job_id: str):
         last = 0.0
@@ -198,10 +180,10 @@ class Imports:
             if done < total and now - last < PROGRESS_EVERY_S:
                 return
             last = now
-            if self.store.cancel_requested(job_id):
+            if self.records.cancel_requested(job_id):
                 raise ImportCancelled
             progress = {"downloaded_bytes": done, "total_bytes": total}
-            self.store.update(job_id, lambda record: record.__setitem__("progress", progress))
+            self.records.update(job_id, lambda record: record.__setitem__("progress", progress))
 
         return report
 

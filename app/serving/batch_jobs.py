@@ -6,8 +6,8 @@ The embedding endpoints take a chunk's lines in one pipeline call (pipelines._in
 checked, answered or failed on its own; the other endpoints take one call per line.
 
 The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
-transitions, GET /jobs and cancel. The run holds the job's lease; at API start every unfinished batch
-whose lease is free runs again. Crash safety: answers are appended to output.jsonl / errors.jsonl in
+transitions, GET /jobs and cancel. The run goes through datadir/runner.py, holding the job's lease; at API
+start every unfinished batch whose lease is free runs again. Crash safety: answers are appended to output.jsonl / errors.jsonl in
 chunks of BERT_BATCH_CHUNK_LINES (those answered by then in one commit), fsynced, and only then counted
 in the record (lines done and the two files' lengths, written atomically); a new attempt first cuts
 both files back to those lengths, so a killed process leaves no missing or duplicated line.
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import datetime as dt
 import json
@@ -68,7 +67,7 @@ from app.schemas import (
 )
 from app.serving import embed_pipeline, ner_pipeline, pipelines, qa_pipeline, tei_compat
 from app.serving.service import LANE, Lane, Service
-from datadir import TERMINAL, JobRecord, JobRecords, Lease, now_iso, worker_identity
+from datadir import JobRecord, JobRecords, now_iso, runner
 from datadir import jobs as transitions
 from datadir.batch_files import FileNotFound, Files
 
@@ -76,7 +75,6 @@ log = logging.getLogger("bertserve")
 
 KIND = "batch"
 INPUT, OUTPUT, ERRORS = "input.jsonl", "output.jsonl", "errors.jsonl"
-HEARTBEAT_S = 10.0
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds from created_at to expires_at
 EXPIRED = "This request could not be executed before the completion window expired."  # OpenAI's words
 RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
@@ -251,7 +249,7 @@ class Batches:
     def __init__(self, service: Service):
         self.service = service
         self.settings = service.settings
-        self.store = JobRecords(self.settings.data_dir)
+        self.records = JobRecords(self.settings.data_dir)
         self.files = Files(self.settings.data_dir)
         self.tasks: dict[str, asyncio.Task] = {}
 
@@ -288,8 +286,8 @@ class Batches:
                 "max_line_bytes": self.settings.max_body_bytes,  # the same checks on a resume
             },
         }
-        record = self.store.create(spec)
-        job_dir = self.store.job_dir(record["id"])
+        record = self.records.create(spec)
+        job_dir = self.records.job_dir(record["id"])
         try:  # the batch's own reference to the input: deleting the upload leaves it whole
             os.link(source, job_dir / INPUT)
         except OSError:  # a file system without hard links
@@ -299,14 +297,14 @@ class Batches:
             r["progress"] = _progress(0, len(lines))
             transitions.enqueued(r)
 
-        return self.store.update(record["id"], queue), lines
+        return self.records.update(record["id"], queue), lines
 
     def batches(self) -> list[JobRecord]:
-        return [r for r in self.store.list() if r.get("kind") == KIND]
+        return [r for r in self.records.list() if r.get("kind") == KIND]
 
     def read(self, batch_id: str) -> JobRecord:
         try:
-            record = self.store.read(batch_id)
+            record = self.records.read(batch_id)
         except transitions.JobNotFound:
             record = None
         if record is None or record.get("kind") != KIND:
@@ -329,14 +327,10 @@ class Batches:
         task.add_done_callback(lambda _: self.tasks.pop(job_id, None))
 
     async def resume(self, quiet: bool = False) -> list[str]:
-        """Start every unfinished batch not running in this process (each run takes the lease, or leaves
-        it to its holder: another replica). At start, and every RESUME_EVERY_S while serving (`quiet`),
-        so the batches of a replica that died go on in another."""
-        ids = [
-            r["id"]
-            for r in await asyncio.to_thread(self.batches)
-            if r["state"] not in TERMINAL and r["id"] not in self.tasks
-        ]
+        """Start every unfinished batch no process runs (runner.resumable: not here, its lease free). At start,
+        and every RESUME_EVERY_S while serving (`quiet`), so the batches of a replica that died go on in another."""
+        found = await asyncio.to_thread(runner.resumable, self.records, {KIND}, here=self.tasks.__contains__)
+        ids = [r["id"] for r in found if r["id"] not in self.tasks]  # started here while the lease was probed
         for job_id in ids:
             self.start(job_id)
         if ids and not quiet:
@@ -350,55 +344,38 @@ class Batches:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def run(self, job_id: str, lines: list[Line] | None = None) -> None:
-        lease = Lease(self.store, job_id)
-        if not await asyncio.to_thread(lease.try_acquire):
-            return  # another process runs it
-        try:
-            if await asyncio.to_thread(self._begin, job_id):
-                lease.start_heartbeat(HEARTBEAT_S)
-                await self._run(job_id, lines)
-        except asyncio.CancelledError:
-            await asyncio.shield(asyncio.to_thread(self._hand_back, job_id))
-            raise
-        except Exception as e:  # a bug or a full disk: said in the record and logged whole
-            log.exception("batch %s failed", job_id)
-            with contextlib.suppress(transitions.IllegalTransition):  # it failed before it started
-                await asyncio.to_thread(self.store.move, job_id, transitions.fail, f"{type(e).__name__}: {e}")
-        finally:
-            await asyncio.to_thread(lease.release)
+    async def run(self, job_id: str, lines: list[Line] | None = None) -> str:
+        """One attempt at the batch, through the runner (lease, begin, heartbeat, end); cancelling the task
+        hands the job back, its unfinished chunk uncounted."""
 
-    def _begin(self, job_id: str) -> bool:
-        """Move the job to running (False: nothing to run) and cut its files back to what was committed."""
+        async def body(attempt: runner.Attempt) -> str:
+            await asyncio.to_thread(self._prepare, attempt)
+            return await self._run(attempt, lines)
 
-        def unstarted(r: JobRecord) -> bool:  # a batch that has answered lines publishes them when cancelled
-            return r["state"] == "queued" and not (r.get("progress") or {}).get("step")
+        return await runner.run_async(self.records, job_id, body, wait_s=1.0, may_cancel=_unstarted)
 
-        outcome, record = self.store.begin_attempt(job_id, worker_identity(), may_cancel=unstarted)
-        if outcome != "run":
-            return False
+    def _prepare(self, attempt: runner.Attempt) -> None:
+        """Cut the output files of a job that has begun back to what was committed."""
+        record, job_id = attempt.record, attempt.job_id
+        assert record is not None
         if not record["progress"]:  # the API died between writing the record and its progress
             record["progress"] = _progress(0, record["params"]["total"])
         progress = record["progress"]
-        self.store.update(job_id, lambda r: r.__setitem__("progress", progress))
-        job_dir = self.store.job_dir(job_id)
+        self.records.update(job_id, lambda r: r.__setitem__("progress", progress))
+        job_dir = self.records.job_dir(job_id)
         if not progress.get("finalizing_at"):  # else the files were published already (_finish)
             for name, key in ((OUTPUT, "output_bytes"), (ERRORS, "error_bytes")):
                 with open(job_dir / name, "ab") as f:  # created if missing
                     if f.tell() > progress[key]:  # an uncommitted tail: the killed attempt's last chunk
                         f.truncate(progress[key])
                         os.fsync(f.fileno())
-        return True
 
-    def _hand_back(self, job_id: str) -> None:
-        with contextlib.suppress(transitions.IllegalTransition):  # finished meanwhile
-            self.store.move(job_id, transitions.hand_back, "the API is stopping")
-
-    async def _run(self, job_id: str, lines: list[Line] | None) -> None:
-        record = await asyncio.to_thread(self.store.read, job_id)
+    async def _run(self, attempt: runner.Attempt, lines: list[Line] | None) -> str:
+        job_id = attempt.job_id
+        record = await asyncio.to_thread(self.records.read, job_id)
         params, done = record["params"], record["progress"]["step"]
         ep = ENDPOINTS[params["endpoint"]]
-        path = self.store.job_dir(job_id) / INPUT
+        path = self.records.job_dir(job_id) / INPUT
         if lines is None:  # resumed, or created by another process
             lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
         settings = self.settings
@@ -424,7 +401,7 @@ class Batches:
             nonlocal expired
             while len(ahead) < window and (start := next(starts, None)) is not None:
                 if not expired and time.time() >= expires_at:  # the lines not started are not run: each says so
-                    await asyncio.to_thread(self.store.update, job_id, _mark_expired)
+                    await asyncio.to_thread(self.records.update, job_id, _mark_expired)
                     expired = True
                 part = lines[start : start + chunk]
                 if expired:
@@ -439,9 +416,8 @@ class Batches:
                 await refill()
                 if not ahead:
                     break
-                if await asyncio.to_thread(self.store.cancel_requested, job_id):
-                    await asyncio.to_thread(self._finish, job_id, cancelled=True)
-                    return
+                if await asyncio.to_thread(self.records.cancel_requested, job_id):
+                    return await asyncio.to_thread(self._finish, attempt, cancelled=True)
                 answers = await ahead.popleft()
                 # The chunks answered meanwhile go in the same commit (one fsync), and as many new ones start at
                 # once: the lines in flight stay as many while the commit is written.
@@ -453,7 +429,7 @@ class Batches:
             for answered in ahead:  # stopped or cancelled: the lines under way are dropped, uncounted
                 answered.cancel()
             await asyncio.gather(*ahead, return_exceptions=True)
-        await asyncio.to_thread(self._finish, job_id, cancelled=False)
+        return await asyncio.to_thread(self._finish, attempt, cancelled=False)
 
     async def _answer_part(
         self, ep: Endpoint, part: list[Line], group: int, tag: str, gate: asyncio.Semaphore
@@ -509,7 +485,7 @@ class Batches:
 
     def _commit(self, job_id: str, answers: list[tuple[bool, bytes]]) -> None:
         """Append a chunk's answers, fsync both files, then count them in the record (atomically)."""
-        job_dir = self.store.job_dir(job_id)
+        job_dir = self.records.job_dir(job_id)
         sizes = {}
         for name, ok in ((OUTPUT, True), (ERRORS, False)):
             with open(job_dir / name, "ab") as f:
@@ -526,13 +502,14 @@ class Batches:
             p["failed"] += len(answers) - completed
             p["output_bytes"], p["error_bytes"] = sizes[OUTPUT], sizes[ERRORS]
 
-        self.store.update(job_id, count)
+        self.records.update(job_id, count)
 
-    def _finish(self, job_id: str, cancelled: bool) -> None:
-        """Publish the output and error files (as /v1/files; idempotent by id) and close the job."""
-        self.store.update(job_id, lambda r: r["progress"].setdefault("finalizing_at", now_iso()))
-        record = self.store.read(job_id)
-        progress, job_dir = record["progress"], self.store.job_dir(job_id)
+    def _finish(self, attempt: runner.Attempt, cancelled: bool) -> str:
+        """Publish the output and error files (as /v1/files; idempotent by id) and end the attempt."""
+        job_id = attempt.job_id
+        self.records.update(job_id, lambda r: r["progress"].setdefault("finalizing_at", now_iso()))
+        record = self.records.read(job_id)
+        progress, job_dir = record["progress"], self.records.job_dir(job_id)
         result: dict[str, Any] = {"completed": progress["completed"], "failed": progress["failed"]}
         for name, key, count in ((OUTPUT, "output_file_id", "completed"), (ERRORS, "error_file_id", "failed")):
             file_id = f"file-{job_id}-{name.split('.')[0]}"
@@ -541,27 +518,23 @@ class Batches:
                 if progress[count]
                 else None
             )
-        self.store.update(job_id, lambda r: r.__setitem__("result", result))
         if progress.get("expired_at"):
             window = record["params"]["completion_window"]
-            self.store.move(
-                job_id,
-                transitions.time_out,
+            error = (
                 f"the batch did not finish within its completion window ({window}): {progress['completed']} of "
-                f"{progress['total_steps']} lines answered; the lines not run are in the error file as batch_expired",
-                "completion window expired",
+                f"{progress['total_steps']} lines answered; the lines not run are in the error file as batch_expired"
             )
-        elif cancelled:
-            self.store.move(
-                job_id, transitions.cancel, f"cancelled after {progress['step']} of {progress['total_steps']} lines"
+            return attempt.end(transitions.time_out, error, "completion window expired", result=result)["state"]
+        if cancelled:
+            return attempt.cancel(
+                f"cancelled after {progress['step']} of {progress['total_steps']} lines", result=result
             )
-        else:
-            self.store.move(
-                job_id,
-                transitions.succeed,
-                result,
-                f"{progress['completed']} lines answered, {progress['failed']} failed",
-            )
+        return attempt.succeed(result, f"{progress['completed']} lines answered, {progress['failed']} failed")
+
+
+def _unstarted(record: JobRecord) -> bool:
+    """A cancel asked for before the batch began is taken at once; one that has answered lines publishes them."""
+    return record["state"] == "queued" and not (record.get("progress") or {}).get("step")
 
 
 def _output_line(line: Line, tag: str, body: bytes) -> bytes:

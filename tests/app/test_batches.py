@@ -285,6 +285,7 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     from app.schemas import CreateBatchRequest
     from app.serving.batch_jobs import ERRORS, OUTPUT, Batches
     from datadir import jobs as transitions
+    from datadir import runner
     from tests.app.conftest import settings_for
 
     batches = Batches(SimpleNamespace(settings=settings_for(tmp_path)))
@@ -292,18 +293,21 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     upload = batches.files.add(tmp_path / "in", "in.jsonl", "batch")
     req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
     job_id = batches.create(req)[0]["id"]  # (record, checked lines)
-    job_dir = batches.store.job_dir(job_id)
-    batches.store.move(job_id, transitions.start, "a killed process")
+    job_dir = batches.records.job_dir(job_id)
+    batches.records.move(job_id, transitions.start, "a killed process")
     batches._commit(job_id, [(True, b'{"custom_id": "a"}\n')])
     committed = (job_dir / OUTPUT).read_bytes()
     with open(job_dir / OUTPUT, "ab") as f:
         f.write(b'{"custom_id": "b"}\n{"custom_id": "c", "to')  # the next chunk, written but never counted
     with open(job_dir / ERRORS, "ab") as f:
         f.write(b'{"custom_id": "d"}\n')
-    assert batches._begin(job_id) is True
+    attempt = runner.Attempt(batches.records, job_id)
+    assert attempt.take() and attempt.begin() == "run"
+    batches._prepare(attempt)
+    attempt.release()
     assert (job_dir / OUTPUT).read_bytes() == committed == b'{"custom_id": "a"}\n'
     assert (job_dir / ERRORS).read_bytes() == b""
-    record = batches.store.read(job_id)
+    record = batches.records.read(job_id)
     assert (record["state"], record["attempts"], record["progress"]["step"]) == ("running", 2, 1)
     assert [e["event"] for e in record["events"]][-2:] == ["attempt did not finish", "started"]
 
@@ -327,15 +331,15 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
     upload = batches.files.add(tmp_path / "in", "in.jsonl", "batch")
     req = CreateBatchRequest(input_file_id=upload["id"], endpoint="/v1/embeddings", completion_window="24h")
     job_id = batches.create(req)[0]["id"]  # (record, checked lines)
-    batches.store.move(job_id, transitions.start, "an attempt that answered two lines, then the API went down")
+    batches.records.move(job_id, transitions.start, "an attempt that answered two lines, then the API went down")
     batches._commit(job_id, [(True, b'{"custom_id": "r0"}\n'), (True, b'{"custom_id": "r1"}\n')])
-    batches.store.move(job_id, transitions.hand_back, "the API is stopping")
+    batches.records.move(job_id, transitions.hand_back, "the API is stopping")
     a_day_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=24, seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    batches.store.update(job_id, lambda r: r.__setitem__("created_at", a_day_ago))
+    batches.records.update(job_id, lambda r: r.__setitem__("created_at", a_day_ago))
 
     asyncio.run(batches.run(job_id))
 
-    record = batches.store.read(job_id)
+    record = batches.records.read(job_id)
     view = batch_view(record)
     assert (view["status"], view["request_counts"]) == ("expired", {"total": 6, "completed": 2, "failed": 4})
     assert view["expired_at"] is not None and view["failed_at"] is None and view["errors"] is None

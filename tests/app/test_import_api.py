@@ -161,23 +161,23 @@ async def test_post_models_needs_the_admin_key(hub_env, tmp_path):
 
 def test_cancel_stops_the_download(tmp_path):
     imports = Imports(tmp_path)
-    record = imports.store.create(spec("c"))
-    imports.store.move(record["id"], transitions.start, "here:1")
+    record = imports.records.create(spec("c"))
+    imports.records.move(record["id"], transitions.start, "here:1")
     report = imports._progress(record["id"])
     report(10, 100)
-    assert imports.store.read(record["id"])["progress"] == {"downloaded_bytes": 10, "total_bytes": 100}
-    imports.store.request_cancel(record["id"])
+    assert imports.records.read(record["id"])["progress"] == {"downloaded_bytes": 10, "total_bytes": 100}
+    imports.records.request_cancel(record["id"])
     with pytest.raises(ImportCancelled):
         report(100, 100)
 
 
 def test_cancelled_before_it_ran(tmp_path):
     imports = Imports(tmp_path)
-    record = imports.store.create(spec("c"))
-    imports.store.update(record["id"], lambda r: None)
-    (imports.store.job_dir(record["id"]) / "cancel").touch()
+    record = imports.records.create(spec("c"))
+    imports.records.update(record["id"], lambda r: None)
+    (imports.records.job_dir(record["id"]) / "cancel").touch()
     imports.run(record["id"])
-    assert imports.store.read(record["id"])["state"] == "cancelled"
+    assert imports.records.read(record["id"])["state"] == "cancelled"
 
 
 def test_the_workers_sweep_skips_imports(tmp_path):

@@ -182,7 +182,7 @@ async def cancel_batch(batch_id: BatchId, batches: BatchesDep, request: Request)
     async with audited(request, "batch.cancel", f"batch {batch_id}"):
         await asyncio.to_thread(batches.read, batch_id)
         try:
-            record = await asyncio.to_thread(batches.store.request_cancel, batch_id)
+            record = await asyncio.to_thread(batches.records.request_cancel, batch_id)
         except JobFinished as e:
             raise ServiceError("conflict", f"batch {batch_id} is {e.state}: it cannot be cancelled") from None
     return batch_view(record)
