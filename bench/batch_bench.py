@@ -75,7 +75,7 @@ async def batch_job(client: httpx.AsyncClient, texts: list[str]) -> float:
 
 
 async def bare_engine(service, texts: list[str]) -> float:
-    lm = await service.model("minilm")
+    lm = await service.loaded_model("minilm")
     rows = [(enc["input_ids"], enc["token_type_ids"]) for enc in (lm.tokenizer.encode(t) for t in texts)]
     start = time.perf_counter()
     await service.run(WorkItem("encode", lm, rows, {"pooling": "mean", "normalize": True}))

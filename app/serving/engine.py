@@ -52,7 +52,7 @@ class WorkItem:
     """One request's work: `rows` are (input_ids, token_type_ids) pairs, `params` task options."""
 
     task: str  # a key of the engine's runners: "encode", "mlm", "nsp", "classify", "token_classify", "qa"
-    model: Any  # app.serving.model_registry.LoadedModel
+    lm: Any  # the app.serving.model_registry.LoadedModel it runs on (not imported: the engine knows no registry)
     rows: list[tuple[list[int], list[int]]]
     params: dict = field(default_factory=dict)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -76,7 +76,7 @@ class WorkItem:
 
     @property
     def key(self) -> tuple:
-        return (id(self.model), self.task)
+        return (id(self.lm), self.task)
 
     def claim(self) -> bool:
         """Mark the future running as the item joins its first pass; False if the request went away."""
@@ -310,7 +310,7 @@ class Engine:
                 _settle(item.future, result=item.results)
 
     def _pad(self, planned: list[tuple[WorkItem, int, int]]) -> Batch:
-        pad_id = planned[0][0].model.pad_token_id
+        pad_id = planned[0][0].lm.pad_token_id
         longest = max(n for _, _, n in planned)
         ids = torch.full((len(planned), longest), pad_id, dtype=torch.long)
         types = torch.zeros((len(planned), longest), dtype=torch.long)
@@ -324,7 +324,7 @@ class Engine:
 
     def _forward(self, first: WorkItem, batch: Batch) -> list:
         if self.metrics is not None:
-            self.metrics.observe_batch(first.model.name, first.task, batch)
+            self.metrics.observe_batch(first.lm.name, first.task, batch)
         if (
             self.device.type == "cuda"
         ):  # a copy from pageable memory is not asynchronous: pin (torch caches pinned blocks)
@@ -337,9 +337,9 @@ class Engine:
         batch.attention_mask = batch.attention_mask.to(self.device, non_blocking=True)
         start = time.perf_counter()
         with torch.inference_mode():
-            results = self.runners[first.task](first.model, batch)
+            results = self.runners[first.task](first.lm, batch)
         if self.metrics is not None:
-            self.metrics.forward_seconds.labels(first.model.name, first.task).observe(time.perf_counter() - start)
+            self.metrics.forward_seconds.labels(first.lm.name, first.task).observe(time.perf_counter() - start)
         return results
 
 

@@ -98,18 +98,18 @@ def _tokenize(lm: LoadedModel, items: list, truncate: bool) -> tuple[list[Row], 
 async def _infer(
     svc: Service,
     task: str,
-    model: str | None,
+    name: str | None,
     inputs,
     prepare: Callable,
     *args,
     params: dict | None = None,
     route: str | None = None,
 ) -> Outcome:
-    """Run one request's inputs as a work item. `prepare(lm, items, *args)` runs in the thread pool
+    """Run one request's inputs as a work item on model `name` (None: the route's default). `prepare(lm, items, *args)` runs in the thread pool
     and returns (rows, options to add to `params`). `route` names the route in errors when it is
     not the task's own."""
     (outcome,) = await _infer_many(
-        svc, task, model, [(inputs, lambda lm, items: prepare(lm, items, *args))], params=params, route=route
+        svc, task, name, [(inputs, lambda lm, items: prepare(lm, items, *args))], params=params, route=route
     )
     if isinstance(outcome, Exception):
         raise outcome
@@ -119,7 +119,7 @@ async def _infer(
 async def _infer_many(
     svc: Service,
     task: str,
-    model: str | None,
+    name: str | None,
     requests: list[tuple[Any, Callable]],
     params: dict | None = None,
     route: str | None = None,
@@ -132,7 +132,7 @@ async def _infer_many(
     head, task_route = TASKS[task]
     route = route or task_route
     with svc.incoming():
-        lm = await svc.model(model, head, route)
+        lm = await svc.loaded_model(name, head, route)
         asked = [as_list(inputs) for inputs, _ in requests]
         errors: list[Exception | None] = [_checked(svc.check_count, len(items)) for items, _ in asked]
         todo = [i for i, error in enumerate(errors) if error is None]

@@ -135,7 +135,7 @@ class Lane:
         run = _LaneRun(members)
         first = members[0][0]
         for part in parts:
-            merged = WorkItem(first.task, first.model, [members[m][0].rows[i] for m, i in part], first.params)
+            merged = WorkItem(first.task, first.lm, [members[m][0].rows[i] for m, i in part], first.params)
             run.watch(merged, part)
             self._passes.append((run, merged, part))
 
@@ -187,7 +187,7 @@ def _merge_key(item: WorkItem) -> tuple | None:
         options = json.dumps(item.params, sort_keys=True)
     except (TypeError, ValueError):
         return None
-    return (id(item.model), item.task, options)
+    return (id(item.lm), item.task, options)
 
 
 # The lane the current task's requests go through (None: each request on its own, as online).
@@ -322,7 +322,7 @@ class Service:
 
     # -- work -----------------------------------------------------------------------------------
 
-    async def model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
+    async def loaded_model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
         """The model a request names (None: the route's default), when the request's key may use it."""
         caller = CALLER.get()
         return await self.store.get(name, head, route, check=caller.check_model if caller is not None else None)

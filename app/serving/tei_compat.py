@@ -115,7 +115,7 @@ def root_route(lm: LoadedModel, body: dict) -> str:
 async def root(svc: Service, body: dict) -> list:
     """POST /: the body read as the request of root_route, for the model it names or the default one."""
     name = body.get("model")  # not a valid name: the default model's request type reports it
-    lm = await svc.model(name if isinstance(name, str) and valid_name(name) else None, None, "/")
+    lm = await svc.loaded_model(name if isinstance(name, str) and valid_name(name) else None, None, "/")
     route = root_route(lm, body)
     request_type, run = ROOT_ROUTES[route]
     try:
@@ -245,7 +245,7 @@ def _prepare_rerank(
 
 
 async def tokenize(svc: Service, req: TokenizeRequest) -> list[list[dict]]:
-    lm = await svc.model(req.model, None, "/tokenize")
+    lm = await svc.loaded_model(req.model, None, "/tokenize")
     texts, _ = as_list(req.inputs)
     svc.check_count(len(texts))
     tokens = await svc.off_loop(_tokenize, lm, texts, req.add_special_tokens, req.prompt_name)

@@ -309,7 +309,7 @@ def hold_tokenizer(lm, path: str, monkeypatch) -> HeldTokenizer:
 async def test_a_running_tokeniser_job_stops_between_inputs_when_its_client_leaves(data_dir, monkeypatch, path):
     async with warm(data_dir, tokenizer_threads=1) as c:
         service = c.app.state.service
-        held = hold_tokenizer(await service.model("tiny-enc"), path, monkeypatch)
+        held = hold_tokenizer(await service.loaded_model("tiny-enc"), path, monkeypatch)
         request = RawRequest(c.app, path, {"inputs": ["one", "two", "three"]})
         try:
             async with anyio.create_task_group() as tg:
@@ -328,7 +328,7 @@ async def test_a_running_tokeniser_job_stops_between_inputs_when_its_client_leav
 async def test_tokenize_has_the_deadline_of_the_other_routes(data_dir, monkeypatch):
     async with warm(data_dir, request_timeout=0.5, tokenizer_threads=1) as c:
         service = c.app.state.service
-        held = hold_tokenizer(await service.model("tiny-enc"), "/tokenize", monkeypatch)
+        held = hold_tokenizer(await service.loaded_model("tiny-enc"), "/tokenize", monkeypatch)
         try:
             r = await c.post("/tokenize", json={"inputs": ["one", "two"]})
         finally:

@@ -19,7 +19,7 @@ WORDS = "the quick brown fox jumped over a lazy dog and ran to the river with fi
 
 
 def test_plan_batch_takes_shortest_rows_first_within_the_padded_budget():
-    item = WorkItem("encode", model=None, rows=[([0] * n, [0] * n) for n in (9, 3, 30, 5, 8, 4, 70)])
+    item = WorkItem("encode", lm=None, rows=[([0] * n, [0] * n) for n in (9, 3, 30, 5, 8, 4, 70)])
     passes = []
     while item.todo:
         passes.append(plan_batch([item], max_tokens=32))
@@ -29,8 +29,8 @@ def test_plan_batch_takes_shortest_rows_first_within_the_padded_budget():
 
 
 def test_plan_batch_fills_a_pass_from_later_items_in_order():
-    big = WorkItem("encode", model=None, rows=[([0] * 10, [0] * 10)] * 5)
-    small = WorkItem("encode", model=None, rows=[([0] * 3, [0] * 3)])
+    big = WorkItem("encode", lm=None, rows=[([0] * 10, [0] * 10)] * 5)
+    small = WorkItem("encode", lm=None, rows=[([0] * 3, [0] * 3)])
     planned = plan_batch([small, big], max_tokens=32)
     assert [(it is small, n) for it, _, n in planned] == [(True, 3), (False, 10), (False, 10)]  # 3 x 10 <= 32
     assert small.todo == [] and len(big.todo) == 3
@@ -138,7 +138,7 @@ async def test_a_lane_gives_the_engine_few_large_items_and_each_request_its_own_
     texts = [" ".join(WORDS[i % 5 : i % 5 + 1 + i % 11]) for i in range(40)]
     async with serve_app(settings_for(data_dir, load="startup")) as c:
         service = c.app.state.service
-        lm = await service.model(None)
+        lm = await service.loaded_model(None)
         rows = [(e["input_ids"], e["token_type_ids"]) for e in (lm.tokenizer.encode(t) for t in texts)]
 
         def item(i: int) -> WorkItem:  # two rows each: its text and the next one
@@ -147,7 +147,7 @@ async def test_a_lane_gives_the_engine_few_large_items_and_each_request_its_own_
         alone = [await service.run(item(i)) for i in range(40)]
         submitted: list[WorkItem] = []
         submit = service.engine.submit
-        service.engine.submit = lambda it: (it.model is lm and submitted.append(it), submit(it))[1]
+        service.engine.submit = lambda it: (it.lm is lm and submitted.append(it), submit(it))[1]
 
         async def lane_run() -> list:
             LANE.set(Lane(service, pool_slots=4))
@@ -178,13 +178,13 @@ async def test_a_lane_cuts_its_oldest_requests_first_and_lets_a_trickle_wait_for
     texts = [" ".join(WORDS[i % 7 : i % 7 + 2 + i % 13]) for i in range(40)]
     async with serve_app(settings_for(data_dir, load="startup")) as c:
         service = c.app.state.service
-        lm = await service.model(None)
+        lm = await service.loaded_model(None)
         rows = [(e["input_ids"], e["token_type_ids"]) for e in (lm.tokenizer.encode(t) for t in texts)]
         owner = {tuple(row[0]): i for i, row in enumerate(rows)}
         assert len(owner) == 40
         submitted: list[WorkItem] = []
         submit = service.engine.submit
-        service.engine.submit = lambda it: (it.model is lm and submitted.append(it), submit(it))[1]
+        service.engine.submit = lambda it: (it.lm is lm and submitted.append(it), submit(it))[1]
 
         def item(i: int) -> WorkItem:
             return WorkItem("encode", lm, [rows[i]], {"pooling": "mean", "normalize": True})
@@ -228,12 +228,12 @@ async def test_a_lane_whose_requests_all_went_away_drops_its_passes(data_dir):
 
     async with serve_app(settings_for(data_dir, load="startup", max_batch_tokens=256)) as c:
         service = c.app.state.service
-        lm = await service.model(None)
+        lm = await service.loaded_model(None)
         row = ([lm.tokenizer.cls_token_id] + [7] * 30 + [lm.tokenizer.sep_token_id], [0] * 32)  # 8 rows a pass:
         # 750 passes, far more than run before the requests go away
         submitted: list[WorkItem] = []  # this model's: others are still being warmed up
         submit = service.engine.submit
-        service.engine.submit = lambda item: (item.model is lm and submitted.append(item), submit(item))[1]
+        service.engine.submit = lambda item: (item.lm is lm and submitted.append(item), submit(item))[1]
 
         async def lane_run() -> None:
             LANE.set(Lane(service, pool_slots=4))

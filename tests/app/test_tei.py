@@ -198,7 +198,7 @@ async def test_rerank_counts_the_untruncated_query_once_and_refuses_a_huge_one(t
 
 
 async def test_rerank_tokenizes_the_query_once(tei, monkeypatch):
-    lm = await tei.app.state.service.model("tiny-rerank")
+    lm = await tei.app.state.service.loaded_model("tiny-rerank")
     seen = []
     for name in ("encode", "token_ids"):  # per pair; per text
         original = getattr(lm.tokenizer, name)
@@ -216,7 +216,7 @@ async def test_rerank_work_stops_between_texts_when_the_client_leaves(tei_dir, m
     settings = settings_for(tei_dir, rerank_model="tiny-rerank", tokenizer_threads=1)
     async with serve_app(settings) as c:
         service = c.app.state.service
-        lm = await service.model("tiny-rerank")
+        lm = await service.loaded_model("tiny-rerank")
         held = HeldTokenizer(lm.tokenizer.token_ids)
         monkeypatch.setattr(lm.tokenizer, "token_ids", held)
         request = RawRequest(c.app, "/rerank", {"query": QUERY, "texts": TEXTS, "truncate": True})
