@@ -54,7 +54,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from app.errors import ServiceError
-from app.schemas import DatasetsResponse
+from app.schemas.datasets import DatasetsResponse
 from app.settings import Settings
 from datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
 from datadir import list_datasets as list_dataset_metas

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Body
 
 from app.api.deps import ServiceDep
 from app.api.routes.fill_mask import INFERENCE_ERRORS
-from app.schemas import ClassifyRequest, ClassifyResponse, body_examples
+from app.schemas.classify import ClassifyRequest, ClassifyResponse
+from app.schemas.shared import body_examples
 from app.serving import pipelines
 
 router = APIRouter(tags=["inference"])

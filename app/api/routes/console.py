@@ -1,6 +1,6 @@
 """GET /console: the web console, static files from app/console/ (HTML, CSS, JavaScript and the
 vendored uPlot; no build step), and GET /console/job-form.json, the training parameters the
-new-job form offers, read off the request types of app/schemas.py (built from model/options.py) so
+new-job form offers, read off the request types of app/schemas/jobs.py (built from model/options.py) so
 its defaults and bounds are the API's and the `bert` command's.
 
 Open without a key: none of this carries data. The page asks for the keys and sends them itself,
@@ -18,7 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.errors import ServiceError, responses
-from app.schemas import FinetuneParams, PretrainParams
+from app.schemas.jobs import FinetuneParams, PretrainParams
 
 router = APIRouter(tags=["console"])
 

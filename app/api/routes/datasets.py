@@ -10,7 +10,8 @@ from app.api.auditing import audited
 from app.api.deps import CallerDep, JobServiceDep, require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
-from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse, DeletedResponse
+from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
+from app.schemas.shared import DeletedResponse
 from datadir import NAME_PATTERN, read_meta
 from datadir.datasets import dataset_bytes
 

@@ -7,13 +7,13 @@ from fastapi import APIRouter, Body
 from app.api.deps import ServiceDep
 from app.api.routes.fill_mask import INFERENCE_ERRORS
 from app.errors import responses
-from app.schemas import (
+from app.schemas.embeddings import (
     EmbeddingsRequest,
     EmbeddingsResponse,
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
-    body_examples,
 )
+from app.schemas.shared import body_examples
 from app.serving import embed_pipeline as pipeline
 
 router = APIRouter(tags=["inference"])

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Body
 
 from app.api.deps import ServiceDep
 from app.errors import responses
-from app.schemas import FILL_MASK_EXAMPLE, FillMaskRequest, FillMaskResponse, body_examples
+from app.schemas.fill_mask import FILL_MASK_EXAMPLE, FillMaskRequest, FillMaskResponse
+from app.schemas.shared import body_examples
 from app.serving import pipelines
 
 router = APIRouter(tags=["inference"])

@@ -16,16 +16,16 @@ from app.api.deps import CallerDep, JobServiceDep, ServiceDep, require_jobs
 from app.errors import responses
 from app.jobs.events import job_events
 from app.jobs.job_service import JobService
-from app.schemas import (
+from app.schemas.jobs import (
     CREATE_EXAMPLE,
     CreateJobRequest,
     CreateJobResponse,
-    DeletedResponse,
     JobMetricsResponse,
     JobsResponse,
     JobState,
     JobStatus,
 )
+from app.schemas.shared import DeletedResponse
 from datadir import JOB_ID_PATTERN, JobNotFound
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_jobs)])

@@ -15,11 +15,10 @@ from app.api.auditing import audited
 from app.api.deps import CallerDep, ImportsDep, JobServiceDep, ServiceDep, require_admin
 from app.errors import responses
 from app.jobs.imports import receive_request
-from app.schemas import (
+from app.schemas.jobs import JobStatus
+from app.schemas.models import (
     IMPORT_EXAMPLE,
-    DeletedResponse,
     ImportModelRequest,
-    JobStatus,
     MemoryInfo,
     ModelDetail,
     ModelInfo,
@@ -27,6 +26,7 @@ from app.schemas import (
     ModelVersion,
     PromoteRequest,
 )
+from app.schemas.shared import DeletedResponse
 from app.serving.model_registry import ModelRegistry, StoredModel
 from datadir import NAME_PATTERN, list_versions
 from datadir.cards import read_card

@@ -20,7 +20,7 @@ from app.api.auditing import audited
 from app.api.deps import require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
-from app.schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
+from app.schemas.openai_batches import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
 from app.serving.batch_jobs import Batches, batch_view
 from datadir import JOB_ID_PATTERN, JobFinished
 from datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files

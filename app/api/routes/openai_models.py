@@ -10,7 +10,7 @@ from fastapi import APIRouter
 
 from app.api.deps import ServiceDep
 from app.errors import ServiceError, responses
-from app.schemas import OpenAIModel, OpenAIModelsResponse
+from app.schemas.openai_models import OpenAIModel, OpenAIModelsResponse
 from app.serving.model_registry import StoredModel
 
 router = APIRouter(tags=["models"])

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from app.api.deps import JobServiceDep, ServiceDep
 from app.api.routes.usage import count_job_seconds
 from app.errors import ServiceError, responses
-from app.schemas import HealthResponse, InfoResponse, ReadyResponse
+from app.schemas.ops import HealthResponse, InfoResponse, ReadyResponse
 from model.compute import kernels
 
 router = APIRouter(tags=["operations"])

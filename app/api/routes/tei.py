@@ -7,7 +7,8 @@ from fastapi import APIRouter, Body
 
 from app.api.deps import ServiceDep
 from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
-from app.schemas import (
+from app.schemas.shared import body_examples
+from app.schemas.tei import (
     EmbedRequest,
     EmbedResponse,
     PredictRequest,
@@ -18,7 +19,6 @@ from app.schemas import (
     SimilarityResponse,
     TokenizeRequest,
     TokenizeResponse,
-    body_examples,
 )
 from app.serving import tei_compat
 

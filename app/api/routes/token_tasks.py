@@ -8,12 +8,12 @@ from fastapi import APIRouter, Body
 
 from app.api.deps import ServiceDep
 from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
-from app.schemas import (
+from app.schemas.shared import body_examples
+from app.schemas.token_tasks import (
     QuestionAnsweringRequest,
     QuestionAnsweringResponse,
     TokenClassificationRequest,
     TokenClassificationResponse,
-    body_examples,
 )
 from app.serving import ner_pipeline, qa_pipeline
 

@@ -9,7 +9,7 @@ from app.api.deps import JobServiceDep, ServiceDep, require_admin
 from app.errors import responses
 from app.jobs.job_service import JobService
 from app.prometheus import Metrics
-from app.schemas import KeyUsage, UsageResponse
+from app.schemas.usage import KeyUsage, UsageResponse
 
 router = APIRouter(tags=["keys"], dependencies=[Depends(require_admin)])
 
