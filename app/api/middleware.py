@@ -24,10 +24,12 @@ import math
 import re
 
 from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import CALLER_KEY, SCOPE_OF, bearer_token
+from app.api.inference import InferenceRouter
 from app.errors import ServiceError, error_response
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS, ANY, Keyring
@@ -127,6 +129,17 @@ def key_guards(routers: list[tuple[APIRouter, list]]) -> list[Guard]:
             for route in router.routes
         ]
     return guards
+
+
+def deadline_paths(routers: list[tuple[APIRouter, list]]) -> frozenset[str]:
+    """The paths of the inference routers' routes (app/api/inference.py): the ones DeadlineMiddleware covers."""
+    return frozenset(
+        route.path
+        for router, _ in routers
+        if isinstance(router, InferenceRouter)
+        for route in router.routes
+        if isinstance(route, APIRoute)
+    )
 
 
 class BodyTooLarge(Exception):

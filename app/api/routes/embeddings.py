@@ -2,10 +2,10 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
 from app.errors import responses
 from app.schemas.embeddings import (
     EmbeddingsRequest,
@@ -16,7 +16,7 @@ from app.schemas.embeddings import (
 from app.schemas.shared import body_examples
 from app.serving import embed_pipeline as pipeline
 
-router = APIRouter(tags=["inference"])
+router = InferenceRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]
 OpenAIEmbeddingsBody = Annotated[OpenAIEmbeddingsRequest, Body(openapi_examples=body_examples(OpenAIEmbeddingsRequest))]
 
@@ -35,7 +35,7 @@ OPENAI_EXAMPLE = {
 @router.post(
     "/embeddings",
     response_model=EmbeddingsResponse,
-    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": [0.0123, -0.0456, 0.0789]}}}},
+    responses={**INFERENCE_ERRORS, **ok([0.0123, -0.0456, 0.0789])},
 )
 async def embeddings(req: EmbeddingsBody, service: ServiceDep):
     """Sentence embeddings: mean-pooled (or [CLS]) last hidden states, any model."""
@@ -45,7 +45,7 @@ async def embeddings(req: EmbeddingsBody, service: ServiceDep):
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingsResponse,
-    responses={**OPENAI_ERRORS, 200: {"content": {"application/json": {"example": OPENAI_EXAMPLE}}}},
+    responses={**OPENAI_ERRORS, **ok(OPENAI_EXAMPLE)},
 )
 async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep):
     """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""

@@ -2,25 +2,22 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
 from app.schemas.nsp import NspRequest, NspResponse
 from app.schemas.shared import body_examples
 from app.serving import pipelines
 
-router = APIRouter(tags=["inference"])
+router = InferenceRouter(tags=["inference"])
 NspBody = Annotated[NspRequest, Body(openapi_examples=body_examples(NspRequest))]
 
 
 @router.post(
     "/nsp",
     response_model=NspResponse,
-    responses={
-        **INFERENCE_ERRORS,
-        200: {"content": {"application/json": {"example": {"is_next": True, "score": 0.9987}}}},
-    },
+    responses={**INFERENCE_ERRORS, **ok({"is_next": True, "score": 0.9987})},
 )
 async def nsp(req: NspBody, service: ServiceDep):
     """Probability that text_b follows text_a, per pair (needs an NSP head, BertForPreTraining)."""

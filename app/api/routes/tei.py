@@ -3,10 +3,10 @@ TEI's shapes (app/serving/tei_compat.py says what is followed), for TEI's client
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
 from app.schemas.shared import body_examples
 from app.schemas.tei import (
     EmbedRequest,
@@ -22,7 +22,7 @@ from app.schemas.tei import (
 )
 from app.serving import tei_compat
 
-router = APIRouter(tags=["text-embeddings-inference"])
+router = InferenceRouter(tags=["text-embeddings-inference"])
 EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]
 PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
 RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]

@@ -4,10 +4,10 @@ app/serving/qa_pipeline.py say what is followed)."""
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
 from app.schemas.shared import body_examples
 from app.schemas.token_tasks import (
     QuestionAnsweringRequest,
@@ -17,7 +17,7 @@ from app.schemas.token_tasks import (
 )
 from app.serving import ner_pipeline, qa_pipeline
 
-router = APIRouter(tags=["inference"])
+router = InferenceRouter(tags=["inference"])
 TokenClassificationBody = Annotated[
     TokenClassificationRequest, Body(openapi_examples=body_examples(TokenClassificationRequest))
 ]
