@@ -24,6 +24,7 @@ import math
 import re
 
 from fastapi import APIRouter
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -85,7 +86,7 @@ class KeyMiddleware:
     def _count_refusal(self, name: str, limit: str) -> None:
         self.metrics.key_rate_limited.labels(name, limit).inc()
 
-    def _rate_limited(self, key: Key, bucket: TokenBucket, wait: float, path: str):
+    def _rate_limited(self, key: Key, bucket: TokenBucket, wait: float, path: str) -> JSONResponse:
         self._count_refusal(key.name, "requests")
         retry = max(1, math.ceil(wait))
         message = (
@@ -152,7 +153,7 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
         self.exempt = exempt  # paths that enforce a limit of their own while streaming
 
-    def _too_large(self, path: str):
+    def _too_large(self, path: str) -> JSONResponse:
         return error_response(
             "too_large", f"request body is larger than the limit of {self.max_bytes} bytes", path=path
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, get_args
 
 from pydantic import AfterValidator, BaseModel, Field, create_model, model_validator
 from pydantic.json_schema import JsonDict
@@ -114,7 +114,7 @@ class _TrainParams(Strict):
         def __getattr__(self, name: str) -> Any: ...
 
     @model_validator(mode="after")
-    def _consistent(self):
+    def _consistent(self) -> Self:
         if self.warmup_steps is not None and self.max_steps is not None and self.warmup_steps > self.max_steps:
             raise invalid(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
         if self.eval_every and not self.eval_fraction:
@@ -146,7 +146,7 @@ SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 class _FinetuneParams(TrainParams):
     @model_validator(mode="after")
-    def _task_options(self):
+    def _task_options(self) -> Self:
         if self.regression and self.task != "sequence-classification":
             raise invalid(f"regression is for task sequence-classification, not {self.task}")
         if self.task != "question-answering":
@@ -187,7 +187,7 @@ class ModelSize(Strict):
     max_position_embeddings: int = Field(512, ge=16, le=4096)
 
     @model_validator(mode="after")
-    def _heads_divide(self):
+    def _heads_divide(self) -> Self:
         if self.hidden_size % self.num_attention_heads:
             raise invalid(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "

@@ -6,7 +6,7 @@ app/serving/ner_pipeline.py and app/serving/qa_pipeline.py say what is followed.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -88,7 +88,7 @@ class QuestionAnsweringRequest(Strict):
     align_to_words: bool = Field(True, description="Widen the answer to whole words.")
 
     @model_validator(mode="after")
-    def _same_shape(self):
+    def _same_shape(self) -> Self:
         if isinstance(self.question, str) != isinstance(self.context, str) or (
             not isinstance(self.question, str) and len(self.question) != len(self.context)
         ):

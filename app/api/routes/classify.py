@@ -1,6 +1,6 @@
 """POST /classify: fine-tuned sequence classifiers (labels from the model's config.id2label)."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Body
 
@@ -21,6 +21,6 @@ EXAMPLE = {"label": "positive", "score": 0.94, "scores": {"negative": 0.06, "pos
     response_model=ClassifyResponse,
     responses={**INFERENCE_ERRORS, **ok(EXAMPLE)},
 )
-async def classify(req: ClassifyBody, service: ServiceDep):
+async def classify(req: ClassifyBody, service: ServiceDep) -> Any:
     """Label and per-label scores for each text or text pair (needs a classifier head)."""
     return await pipelines.classify(service, req)

@@ -1,6 +1,6 @@
 """POST /embeddings (one vector per input) and POST /v1/embeddings (OpenAI's format)."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Body
 
@@ -37,7 +37,7 @@ OPENAI_EXAMPLE = {
     response_model=EmbeddingsResponse,
     responses={**INFERENCE_ERRORS, **ok([0.0123, -0.0456, 0.0789])},
 )
-async def embeddings(req: EmbeddingsBody, service: ServiceDep):
+async def embeddings(req: EmbeddingsBody, service: ServiceDep) -> Any:
     """Sentence embeddings: mean-pooled (or [CLS]) last hidden states, any model."""
     return await pipeline.embeddings(service, req)
 
@@ -47,6 +47,6 @@ async def embeddings(req: EmbeddingsBody, service: ServiceDep):
     response_model=OpenAIEmbeddingsResponse,
     responses={**OPENAI_ERRORS, **ok(OPENAI_EXAMPLE)},
 )
-async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep):
+async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep) -> dict[str, Any]:
     """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""
     return await pipeline.openai_embeddings(service, req)

@@ -1,6 +1,6 @@
 """POST /fill-mask: the most likely tokens for each [MASK], as transformers' fill-mask pipeline."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Body
 
@@ -19,6 +19,6 @@ FillMaskBody = Annotated[FillMaskRequest, Body(openapi_examples=body_examples(Fi
     response_model=FillMaskResponse,
     responses={**INFERENCE_ERRORS, **ok(FILL_MASK_EXAMPLE)},
 )
-async def fill_mask(req: FillMaskBody, service: ServiceDep):
+async def fill_mask(req: FillMaskBody, service: ServiceDep) -> Any:
     """Top-k tokens for each [MASK]: one list per mask, one entry per input (needs an MLM head)."""
     return await pipelines.fill_mask(service, req)

@@ -1,6 +1,6 @@
 """POST /nsp: next-sentence prediction with BERT's pre-training NSP head."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Body
 
@@ -19,6 +19,6 @@ NspBody = Annotated[NspRequest, Body(openapi_examples=body_examples(NspRequest))
     response_model=NspResponse,
     responses={**INFERENCE_ERRORS, **ok({"is_next": True, "score": 0.9987})},
 )
-async def nsp(req: NspBody, service: ServiceDep):
+async def nsp(req: NspBody, service: ServiceDep) -> Any:
     """Probability that text_b follows text_a, per pair (needs an NSP head, BertForPreTraining)."""
     return await pipelines.nsp(service, req)

@@ -2,7 +2,7 @@
 token-classification and (4.x) question-answering pipelines (app/serving/ner_pipeline.py and
 app/serving/qa_pipeline.py say what is followed)."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Body
 
@@ -38,7 +38,7 @@ ANSWER = {"score": 0.97, "start": 15, "end": 21, "answer": "london"}
     response_model_exclude_none=True,
     responses={**INFERENCE_ERRORS, **ok(ENTITIES)},
 )
-async def token_classification_route(req: TokenClassificationBody, service: ServiceDep):
+async def token_classification_route(req: TokenClassificationBody, service: ServiceDep) -> Any:
     """Entities (or every token's label) in each text, with character offsets (needs a token classifier)."""
     return await ner_pipeline.token_classification(service, req)
 
@@ -46,6 +46,6 @@ async def token_classification_route(req: TokenClassificationBody, service: Serv
 @router.post(
     "/question-answering", response_model=QuestionAnsweringResponse, responses={**INFERENCE_ERRORS, **ok(ANSWER)}
 )
-async def question_answering_route(req: QuestionAnsweringBody, service: ServiceDep):
+async def question_answering_route(req: QuestionAnsweringBody, service: ServiceDep) -> Any:
     """The span of each context that answers its question, with character offsets (needs a QA head)."""
     return await qa_pipeline.question_answering(service, req)
