@@ -19,7 +19,7 @@ import logging
 from fastapi import Depends, FastAPI
 
 from app.api.deps import require_inference, require_key, require_metrics
-from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, key_guards
+from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, deadline_paths, key_guards
 from app.api.routes import (
     classify,
     console,
@@ -62,25 +62,6 @@ log = logging.getLogger("bertserve")
 
 # How often a replica looks for imports and batches left unfinished by a process that died.
 RESUME_EVERY_S = 10.0
-
-# Routes whose work is a forward pass or tokenising: they get BERT_REQUEST_TIMEOUT and stop when the client goes.
-INFERENCE_PATHS = frozenset(
-    {
-        "/fill-mask",
-        "/nsp",
-        "/embeddings",
-        "/v1/embeddings",
-        "/classify",
-        "/token-classification",
-        "/question-answering",
-        "/embed",
-        "/predict",
-        "/rerank",
-        "/similarity",
-        "/tokenize",
-        "/",
-    }
-)  # TEI's
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -154,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router, dependencies=dependencies)
     app.state.routes = [route for router, _ in routers for route in router.routes]  # for 405's Allow (errors.py)
 
-    app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=INFERENCE_PATHS)
+    app.add_middleware(DeadlineMiddleware, seconds=settings.request_timeout, paths=deadline_paths(routers))
     # POST /datasets streams to disk under its own, larger limit (BERT_MAX_DATASET_BYTES).
     # POST /models streams an archive under BERT_MAX_MODEL_UPLOAD_BYTES (and reads JSON up to its own limit).
     # POST /v1/files streams a batch input under BERT_BATCH_MAX_FILE_BYTES.

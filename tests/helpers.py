@@ -395,7 +395,7 @@ def write_dataset(data_dir: Path, name: str, body: bytes, filename: str) -> Path
 
 def finetune_spec(model_name: str, dataset: str = "reviews", **params) -> dict:
     """A job spec as POST /jobs stores it: the parameters set, and devices and max_runtime."""
-    from app.schemas import FinetuneParams
+    from app.schemas.jobs import FinetuneParams
 
     values = dict(max_steps=10, batch_size=8, max_seq_len=32, save_every=5, log_every=1, lr=1e-3)
     return {

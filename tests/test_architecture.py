@@ -169,6 +169,8 @@ SAME_MEANING = {
     "jobs.py": {"app/api/routes/jobs.py", "datadir/jobs.py"},
     "datasets.py": {"app/api/routes/datasets.py", "datadir/datasets.py"},
 }
+# And a route module's request and response types, in app/schemas/ under its name.
+SCHEMAS, ROUTES = "app/schemas/", "app/api/routes/"
 
 
 def test_no_two_modules_share_a_file_name_unless_they_mean_the_same_thing():
@@ -177,8 +179,23 @@ def test_no_two_modules_share_a_file_name_unless_they_mean_the_same_thing():
         for path in (ROOT / package).rglob("*.py"):
             if path.name not in ("__init__.py", "__main__.py"):
                 by_name.setdefault(path.name, set()).add(path.relative_to(ROOT).as_posix())
+    by_name = {name: _types_beside_their_routes(paths) for name, paths in by_name.items()}
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert shared == {name: paths for name, paths in SAME_MEANING.items() if name in shared}, shared
+
+
+def _types_beside_their_routes(paths: set[str]) -> set[str]:
+    """The paths less app/schemas/X.py where app/api/routes/X.py is there: a route module's request and
+    response types, under its name, mean the same resource."""
+    return {p for p in paths if not (p.startswith(SCHEMAS) and p.replace(SCHEMAS, ROUTES, 1) in paths)}
+
+
+def test_each_module_of_types_sits_beside_its_routes():
+    """app/schemas/X.py holds the types of app/api/routes/X.py; shared.py what several of them share."""
+    names = {path.name for path in (ROOT / SCHEMAS).glob("*.py")} - {"__init__.py", "shared.py"}
+    assert names and names <= {path.name for path in (ROOT / ROUTES).glob("*.py")}
+    (docstring,) = ast.parse((ROOT / SCHEMAS / "__init__.py").read_text()).body  # no re-exports: one home per type
+    assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)
 
 
 def test_ignore_index_is_defined_once():

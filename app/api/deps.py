@@ -6,6 +6,7 @@ the keys are app/keys/keyring.py's.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -64,7 +65,7 @@ def bearer_token(authorization: str | None) -> str | None:
 # which scope a route needs off them) and check again where the route runs.
 
 
-def _requiring(scope: str, bearer: HTTPBearer):
+def _requiring(scope: str, bearer: HTTPBearer) -> Callable[[Request, Credentials], Awaitable[None]]:
     # (a default rather than Annotated: the annotations are strings, and `bearer` is this closure's)
     async def require(request: Request, credentials: Credentials = Depends(bearer)) -> None:  # noqa: B008
         token = credentials.credentials if credentials else None

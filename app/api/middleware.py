@@ -24,10 +24,13 @@ import math
 import re
 
 from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import CALLER_KEY, SCOPE_OF, bearer_token
+from app.api.inference import InferenceRouter
 from app.errors import ServiceError, error_response
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS, ANY, Keyring
@@ -83,7 +86,7 @@ class KeyMiddleware:
     def _count_refusal(self, name: str, limit: str) -> None:
         self.metrics.key_rate_limited.labels(name, limit).inc()
 
-    def _rate_limited(self, key: Key, bucket: TokenBucket, wait: float, path: str):
+    def _rate_limited(self, key: Key, bucket: TokenBucket, wait: float, path: str) -> JSONResponse:
         self._count_refusal(key.name, "requests")
         retry = max(1, math.ceil(wait))
         message = (
@@ -129,6 +132,17 @@ def key_guards(routers: list[tuple[APIRouter, list]]) -> list[Guard]:
     return guards
 
 
+def deadline_paths(routers: list[tuple[APIRouter, list]]) -> frozenset[str]:
+    """The paths of the inference routers' routes (app/api/inference.py): the ones DeadlineMiddleware covers."""
+    return frozenset(
+        route.path
+        for router, _ in routers
+        if isinstance(router, InferenceRouter)
+        for route in router.routes
+        if isinstance(route, APIRoute)
+    )
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -139,7 +153,7 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
         self.exempt = exempt  # paths that enforce a limit of their own while streaming
 
-    def _too_large(self, path: str):
+    def _too_large(self, path: str) -> JSONResponse:
         return error_response(
             "too_large", f"request body is larger than the limit of {self.max_bytes} bytes", path=path
         )

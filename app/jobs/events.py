@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import ServiceError
-from app.schemas import JobStatus
+from app.schemas.jobs import JobStatus
 from datadir import JobNotFound, JobRecord, JobRecords, scheduling
 from datadir.jobs import METRICS, TERMINAL
 

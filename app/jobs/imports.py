@@ -33,7 +33,7 @@ from python_multipart.multipart import parse_options_header
 
 from app.errors import ServiceError
 from app.jobs import uploads
-from app.schemas import ImportModelRequest
+from app.schemas.models import ImportModelRequest
 from app.settings import Settings
 from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, runner, valid_name
 from datadir.datasets import staging_dir

@@ -4,7 +4,7 @@ The app writes the job record (datadir) and sends the job's id to the training q
 worker.queue, the one module of worker/ it imports (task names, queue, transport options).
 
 POST /jobs validates everything before anything is queued: the kind, names (plain identifiers, so no
-path can be smuggled in) and every parameter against its bounds (app/schemas.py), then here, against
+path can be smuggled in) and every parameter against its bounds (app/schemas/jobs.py), then here, against
 the data directory: that the dataset exists and suits the kind and that the base model exists and
 fits (sequence length, label count). Then the record is written (state "queued") and the message
 sent. If the broker cannot be reached the record is removed again and the answer is 503; if sending
@@ -26,7 +26,7 @@ from app.errors import ServiceError
 from app.jobs.events import EventStreams
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
-from app.schemas import FinetuneJobRequest, ModelSize, PretrainJobRequest
+from app.schemas.jobs import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
     TERMINAL,

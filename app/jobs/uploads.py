@@ -12,17 +12,8 @@ the limit stops at the limit (413) and nothing is buffered in memory or in /tmp.
 renamed into place only after the format check passes: a dataset is there whole or not at all.
 Names are never reused: a dataset a job was trained on stays what it was.
 
-The format check reads the whole file, in a child process whose CPU time (and wall-clock time)
-BERT_DATASET_CHECK_SECONDS bounds, so a hostile file costs the API process nothing but a wait: not
-even its GIL, which a check in a thread would hold while the event loop waits for it. The children
-fork from a forkserver that has this module imported (started at the first check, about a second
-once), so a check costs a few milliseconds more than it would in a thread.
-
-What one upload may hold is bounded too: at most BERT_MAX_LABELS distinct labels (tags), each at
-most MAX_LABEL_CHARS long, and at most MAX_EXAMPLE_CHARS of text in one example (a row, a tagged
-sentence, a QA context); a corpus's lines and paragraphs are cut by model/data/corpus.py's readers.
-meta.json lists at most LISTED_LABELS labels (the most frequent), so GET /datasets stays small;
-`num_labels` counts them all.
+The format check, and the bounds on what one upload may hold, are app/jobs/dataset_checks.py's: it
+reads the whole file in a child process with a CPU and time bound.
 
 Failures say what happened: a body the multipart parser cannot read is a 422, a full disk (or
 quota) while storing the upload a 507, and anything else a logged 500; the partial upload is
@@ -34,17 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import hashlib
 import json
 import logging
-import math
-import multiprocessing
 import os
-import resource
 import shutil
-import sys
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -54,16 +39,12 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from app.errors import ServiceError
-from app.schemas import DatasetsResponse
+from app.jobs.dataset_checks import MAX_EXAMPLE_CHARS, check_file
+from app.schemas.datasets import DatasetsResponse
 from app.settings import Settings
 from datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
 from datadir import list_datasets as list_dataset_metas
-from datadir.datasets import DATASET_KINDS, LISTED_LABELS, META, dataset_bytes, install, staging_dir
-from model.data.corpus import detect_format, read_documents
-from model.data.finetune import load_classification_data
-from model.data.question_answering import read_squad
-from model.data.token_classification import read_tagged
-from model.scores import entities
+from datadir.datasets import DATASET_KINDS, META, dataset_bytes, install, staging_dir
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
@@ -86,8 +67,6 @@ MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-MAX_LABEL_CHARS = 200
-MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or QA context
 
 # ---------------------------------------------------------------------------- the upload
 
@@ -410,213 +389,3 @@ def _sniff_jsonl_kind(path: Path) -> str:
     if "tokens" in record and "tags" in record:
         return "token-labelled"
     return "labelled" if "label" in record else "corpus"
-
-
-# ---------------------------------------------------------------------------- the format checks
-
-
-def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
-    """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked in a
-    child process with a CPU and time bound. Blocks: call it in a thread."""
-    request = {"kind": kind, "path": str(path), "limits": {"max_labels": settings.max_labels}}
-    seconds = settings.dataset_check_seconds
-    too_slow = ServiceError(
-        "validation",
-        f"file: checking the dataset took longer than {seconds:g} s "
-        "(BERT_DATASET_CHECK_SECONDS); upload a smaller file",
-    )
-    ctx = _check_context()
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(
-        target=_check_child, args=(sender, request, seconds), name="bertserve-dataset-check", daemon=True
-    )
-    try:
-        try:
-            child.start()
-        finally:
-            sender.close()
-        try:
-            # The first check waits for the forkserver to import this module; the clock starts once
-            # the child says it runs.
-            if not receiver.poll(CHILD_START_SECONDS) or receiver.recv() != "started":
-                raise RuntimeError("the dataset check process did not start")
-            if not receiver.poll(seconds):
-                raise too_slow
-            answer = receiver.recv()
-        except EOFError:  # it died without answering: past its CPU limit (SIGXCPU, then SIGKILL), or a crash
-            child.join(5)
-            if child.exitcode in (-9, -24):
-                raise too_slow from None
-            log.error("the dataset check process failed (exit status %s)", child.exitcode)
-            raise RuntimeError("the dataset check process failed") from None
-    finally:
-        receiver.close()
-        if child.pid is not None:
-            if child.is_alive():
-                child.kill()
-            child.join()
-    if "error" in answer:
-        raise ServiceError("validation", answer["error"])
-    return answer["meta"]
-
-
-CHILD_START_SECONDS = 120
-
-
-@functools.cache
-def _check_context():
-    """The forkserver context the checks fork from, with this module preloaded in the server, and the
-    main module too (`bert serve`'s script, or `python -m app.launcher.server`'s module), whose code every child
-    would otherwise run again."""
-    context = multiprocessing.get_context("forkserver")
-    # A package's __main__ runs its program when imported; multiprocessing never runs it again.
-    main = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
-    context.set_forkserver_preload(["__main__", *([main] if main and not main.endswith("__main__") else []), __name__])
-    return context
-
-
-def _check_child(conn, request: dict, seconds: float) -> None:
-    """A check's child process: "started", then {"meta"} or {"error"} on `conn`."""
-    cpu = max(1, math.ceil(seconds))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at `cpu` s, SIGKILL 5 s later
-    conn.send("started")
-    try:
-        answer: dict[str, Any] = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
-    except ServiceError as e:
-        answer = {"error": e.message}
-    conn.send(answer)
-    conn.close()
-
-
-def _check_corpus(path: Path, max_labels: int) -> dict[str, Any]:
-    if not _has_text(path):
-        raise ServiceError("validation", "file: the corpus has no text")
-    try:
-        fmt = "jsonl" if path.suffix == ".jsonl" else detect_format(path)
-        documents = sentences = 0
-        for doc in read_documents(path, fmt):
-            documents += 1
-            sentences += len(doc)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ServiceError("validation", f"file: not a usable corpus: {_clean(e, path)}") from None
-    if sentences == 0:
-        raise ServiceError("validation", "file: the corpus has no text")
-    return {"format": fmt, "documents": documents, "sentences": sentences}
-
-
-def _has_text(path: Path) -> bool:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        while piece := f.read(1 << 16):
-            if not piece.isspace():
-                return True
-    return False
-
-
-def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
-    try:
-        data = load_classification_data(path, path)  # eval = train: no split, every row checked
-    except (ValueError, UnicodeDecodeError, KeyError) as e:
-        raise ServiceError(
-            "validation",
-            f"file: not a usable labelled table (columns text, label and optionally text_pair): {_clean(e, path)}",
-        ) from None
-    labels = list(data.id2label.values())
-    if len(labels) < 2:
-        raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {labels}")
-    _check_labels(labels, max_labels)
-    _check_sizes(
-        f"row {i + 1}'s text"
-        for i, e in enumerate(data.train)
-        if len(e.text) + len(e.text_pair or "") > MAX_EXAMPLE_CHARS
-    )
-    listed, counts = _listed(labels, Counter(data.id2label[int(example.label)] for example in data.train))
-    return {
-        "format": path.suffix.lstrip("."),
-        "rows": len(data.train),
-        "num_labels": len(labels),
-        "labels": listed,
-        "label_counts": counts,
-        "is_pair": data.is_pair,
-    }
-
-
-def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
-    try:
-        sentences = read_tagged(path)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ServiceError(
-            "validation",
-            f"file: not a usable token-labelled file (CoNLL columns, or JSONL with "
-            f"tokens and tags; IOB2 tags): {_clean(e, path)}",
-        ) from None
-    tags = sorted({t for s in sentences for t in s.tags})
-    _check_labels(tags, max_labels)
-    _check_sizes(f"the sentence on line {s.line}" for s in sentences if sum(map(len, s.tokens)) > MAX_EXAMPLE_CHARS)
-    listed, _ = _listed(tags, Counter(t for s in sentences for t in s.tags))
-    _, entity_counts = _listed([], Counter(type_ for s in sentences for type_, _, _ in entities(s.tags)))
-    return {
-        "format": "jsonl" if path.suffix == ".jsonl" else "conll",
-        "sentences": len(sentences),
-        "tokens": sum(len(s.tokens) for s in sentences),
-        "num_labels": len(tags),
-        "labels": listed,
-        "entity_counts": dict(sorted(entity_counts.items())),
-    }
-
-
-def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
-    try:
-        examples = read_squad(path)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ServiceError("validation", f"file: not a usable SQuAD file: {_clean(e, path)}") from None
-    _check_sizes(f"question {e.id!r}'s context" for e in examples if len(e.context) > MAX_EXAMPLE_CHARS)
-    return {
-        "format": "squad",
-        "questions": len(examples),
-        "impossible": sum(e.is_impossible for e in examples),
-        "contexts": len({e.context for e in examples}),
-    }
-
-
-CHECKS = {
-    "corpus": _check_corpus,
-    "labelled": _check_labelled,
-    "token-labelled": _check_token_labelled,
-    "qa": _check_qa,
-}
-
-
-def _check_labels(labels: list[str], max_labels: int) -> None:
-    if len(labels) > max_labels:
-        raise ServiceError(
-            "validation",
-            f"file: {len(labels)} distinct labels, more than the {max_labels} this service allows (BERT_MAX_LABELS)",
-        )
-    long = next((label for label in labels if len(label) > MAX_LABEL_CHARS), None)
-    if long is not None:
-        raise ServiceError(
-            "validation",
-            f"file: the label {long[:40]!r}... is {len(long)} characters long; a label has at most {MAX_LABEL_CHARS}",
-        )
-
-
-def _check_sizes(too_long) -> None:
-    """A 422 naming the first example (`too_long` yields their descriptions) over MAX_EXAMPLE_CHARS."""
-    first = next(iter(too_long), None)
-    if first is not None:
-        raise ServiceError(
-            "validation", f"file: {first} is longer than {MAX_EXAMPLE_CHARS} characters, the most one example may hold"
-        )
-
-
-def _listed(labels: list[str], counts: Counter) -> tuple[list[str], dict[str, int]]:
-    """The labels and counts meta.json lists: all of them, or the LISTED_LABELS most frequent."""
-    if len(labels) <= LISTED_LABELS and len(counts) <= LISTED_LABELS:
-        return labels, dict(counts)
-    top = dict(counts.most_common(LISTED_LABELS))
-    return [label for label in labels if label in top][:LISTED_LABELS], top
-
-
-def _clean(error: Exception, path: Path) -> str:
-    """The data module's message without our temp path in it."""
-    return str(error).replace(str(path), "the file")[:500]

@@ -36,7 +36,7 @@ from app.jobs.imports import Imports
 from app.jobs.job_service import JobService
 from app.jobs.uploads import add_local_dataset
 from app.launcher.demo_data import ensure_minilm, prepare_wiki
-from app.schemas import PretrainJobRequest, PretrainParams
+from app.schemas.jobs import PretrainJobRequest, PretrainParams
 from app.serving.model_registry import ModelRegistry
 from app.settings import Settings
 from datadir import DataDir, JobRecord, model_dir_for, read_meta

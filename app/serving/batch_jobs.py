@@ -45,23 +45,20 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.errors import ServiceError
 from app.keys.limits import CALLER
-from app.schemas import (
-    BATCH_ENDPOINTS,
-    ClassifyRequest,
-    ClassifyResponse,
-    CreateBatchRequest,
+from app.schemas.classify import ClassifyRequest, ClassifyResponse
+from app.schemas.embeddings import (
     EmbeddingsRequest,
     EmbeddingsResponse,
-    FillMaskRequest,
-    FillMaskResponse,
-    NspRequest,
-    NspResponse,
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
+)
+from app.schemas.fill_mask import FillMaskRequest, FillMaskResponse
+from app.schemas.nsp import NspRequest, NspResponse
+from app.schemas.openai_batches import BATCH_ENDPOINTS, CreateBatchRequest
+from app.schemas.tei import RerankRequest, RerankResponse
+from app.schemas.token_tasks import (
     QuestionAnsweringRequest,
     QuestionAnsweringResponse,
-    RerankRequest,
-    RerankResponse,
     TokenClassificationRequest,
     TokenClassificationResponse,
 )

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from app.errors import ServiceError
-from app.schemas import EmbeddingsRequest, OpenAIEmbeddingsRequest
+from app.schemas.embeddings import EmbeddingsRequest, OpenAIEmbeddingsRequest
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Outcome, Row, _infer_many, encode
 from app.serving.service import Service, check_dropped

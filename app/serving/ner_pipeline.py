@@ -29,7 +29,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from app.errors import ServiceError
-from app.schemas import TokenClassificationRequest
+from app.schemas.token_tasks import TokenClassificationRequest
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service

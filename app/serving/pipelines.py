@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import ServiceError
-from app.schemas import (
-    ClassifyRequest,
-    FillMaskRequest,
-    NspRequest,
-    TextPair,
-)
+from app.schemas.classify import ClassifyRequest
+from app.schemas.fill_mask import FillMaskRequest
+from app.schemas.nsp import NspRequest
+from app.schemas.shared import TextPair
 from app.serving.engine import WorkItem
 from app.serving.model_registry import LoadedModel
 from app.serving.service import Service, WorkDropped, check_dropped

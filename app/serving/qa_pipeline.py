@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from app.errors import ServiceError
-from app.schemas import QuestionAnsweringRequest
+from app.schemas.token_tasks import QuestionAnsweringRequest
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service

@@ -2,7 +2,7 @@
 TEI's router does, computed by this service's own tasks (encode and classify, batched by the engine).
 
 What is followed, from huggingface/text-embeddings-inference:
-- router/src/http/types.rs: the request and response shapes (app/schemas.py). /embed and /tokenize
+- router/src/http/types.rs: the request and response shapes (app/schemas/tei.py). /embed and /tokenize
   answer a list per input even for one input; /predict answers one input's list or a batch's lists;
   a /predict list of two strings is one pair, not two texts.
 - core/src/infer.rs `predict`: unless raw_scores, softmax over the labels, sigmoid for one label;
@@ -40,13 +40,13 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from app.errors import ServiceError
-from app.schemas import (
+from app.schemas.shared import TextPair
+from app.schemas.tei import (
     EmbedRequest,
     PredictRequest,
     RerankRequest,
     SimilarityParameters,
     SimilarityRequest,
-    TextPair,
     TokenizeRequest,
 )
 from app.serving import embed_pipeline

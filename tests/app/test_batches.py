@@ -282,7 +282,7 @@ def test_a_new_attempt_cuts_what_the_killed_one_wrote_past_its_last_commit(tmp_p
     """The window a kill -9 rarely hits (after a chunk's write, before its count): forced here."""
     from types import SimpleNamespace
 
-    from app.schemas import CreateBatchRequest
+    from app.schemas.openai_batches import CreateBatchRequest
     from app.serving.batch_jobs import ERRORS, OUTPUT, Batches
     from datadir import jobs as transitions
     from datadir import runner
@@ -320,7 +320,7 @@ def test_a_batch_past_its_completion_window_expires_with_the_answers_it_has(tmp_
     import datetime as dt
     from types import SimpleNamespace
 
-    from app.schemas import CreateBatchRequest
+    from app.schemas.openai_batches import CreateBatchRequest
     from app.serving.batch_jobs import Batches, batch_view
     from datadir import jobs as transitions
     from tests.app.conftest import settings_for

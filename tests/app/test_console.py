@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from app.api.routes.console import ASSETS, ROOT, form_fields
-from app.schemas import FinetuneParams, PretrainParams
+from app.schemas.jobs import FinetuneParams, PretrainParams
 from tests.app.test_jobs_api import make_client
 from tests.helpers import make_data_dir
 

@@ -104,7 +104,7 @@ async def test_bad_requests_are_422(client, body, message):
     ],
 )
 async def test_json_types_must_match_exactly(client, path, body, message):
-    """One strictness rule for every route (app/schemas.py): no "5" for 5, no 1 for true."""
+    """One strictness rule for every route (app/schemas/shared.py): no "5" for 5, no 1 for true."""
     r = await client.post(path, json=body)
     assert r.status_code == 422
     assert r.json() == err("validation", message)

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from app.jobs import uploads
+from app.jobs import dataset_checks
 from app.jobs.job_service import JobService
 from app.jobs.uploads import _Upload
 from app.main import create_app
@@ -585,7 +585,7 @@ def test_an_upload_is_checked_in_a_child_process_with_a_time_bound(tmp_path, mon
     data_dir = make_data_dir(tmp_path / "data")
     big = big_labelled_csv("fine", 40_000)  # 1.4 MB
     in_process = []
-    monkeypatch.setitem(uploads.CHECKS, "labelled", lambda *args, **kwargs: in_process.append(args))
+    monkeypatch.setitem(dataset_checks.CHECKS, "labelled", lambda *args, **kwargs: in_process.append(args))
     with make_client(data_dir, max_dataset_bytes=4 << 20) as client:
         r = upload(client, "small.csv", labelled_csv())
         assert r.status_code == 201 and r.json()["labels"] == ["negative", "positive"], r.json()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.schemas import PretrainParams
+from app.schemas.jobs import PretrainParams
 from datadir import JobRecords
 from datadir.cards import read_card
 from model.model_card import evaluate_card

@@ -1,15 +1,16 @@
 """POST /classify: fine-tuned sequence classifiers (labels from the model's config.id2label)."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS
-from app.schemas import ClassifyRequest, ClassifyResponse, body_examples
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
+from app.schemas.classify import ClassifyRequest, ClassifyResponse
+from app.schemas.shared import body_examples
 from app.serving import pipelines
 
-router = APIRouter(tags=["inference"])
+router = InferenceRouter(tags=["inference"])
 ClassifyBody = Annotated[ClassifyRequest, Body(openapi_examples=body_examples(ClassifyRequest))]
 
 EXAMPLE = {"label": "positive", "score": 0.94, "scores": {"negative": 0.06, "positive": 0.94}}
@@ -18,8 +19,8 @@ EXAMPLE = {"label": "positive", "score": 0.94, "scores": {"negative": 0.06, "pos
 @router.post(
     "/classify",
     response_model=ClassifyResponse,
-    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": EXAMPLE}}}},
+    responses={**INFERENCE_ERRORS, **ok(EXAMPLE)},
 )
-async def classify(req: ClassifyBody, service: ServiceDep):
+async def classify(req: ClassifyBody, service: ServiceDep) -> Any:
     """Label and per-label scores for each text or text pair (needs a classifier head)."""
     return await pipelines.classify(service, req)

@@ -1,6 +1,6 @@
 """GET /console: the web console, static files from app/console/ (HTML, CSS, JavaScript and the
 vendored uPlot; no build step), and GET /console/job-form.json, the training parameters the
-new-job form offers, read off the request types of app/schemas.py (built from model/options.py) so
+new-job form offers, read off the request types of app/schemas/jobs.py (built from model/options.py) so
 its defaults and bounds are the API's and the `bert` command's.
 
 Open without a key: none of this carries data. The page asks for the keys and sends them itself,
@@ -18,7 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.errors import ServiceError, responses
-from app.schemas import FinetuneParams, PretrainParams
+from app.schemas.jobs import FinetuneParams, PretrainParams
 
 router = APIRouter(tags=["console"])
 
@@ -40,13 +40,13 @@ HEADERS = {
 
 
 @router.get("/console", response_class=FileResponse, include_in_schema=False)
-async def console():
+async def console() -> FileResponse:
     """The console's page."""
     return FileResponse(ROOT / "index.html", media_type="text/html", headers=HEADERS)
 
 
 @router.get("/console/job-form.json", include_in_schema=False)
-async def job_form():
+async def job_form() -> JSONResponse:
     """The new-job form's parameters per kind: name, type, default (and per task), bounds, description."""
     return JSONResponse(form_fields(), headers=HEADERS)
 
@@ -54,7 +54,7 @@ async def job_form():
 @router.get(
     "/console/{asset:path}", response_class=FileResponse, include_in_schema=False, responses=responses("not_found")
 )
-async def console_asset(asset: str):
+async def console_asset(asset: str) -> FileResponse:
     """One of the console's static files."""
     if asset not in ASSETS:
         raise ServiceError("not_found", f"no route /console/{asset}")

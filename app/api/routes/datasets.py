@@ -10,7 +10,8 @@ from app.api.auditing import audited
 from app.api.deps import CallerDep, JobServiceDep, require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
-from app.schemas import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse, DeletedResponse
+from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
+from app.schemas.shared import DeletedResponse
 from datadir import NAME_PATTERN, read_meta
 from datadir.datasets import dataset_bytes
 
@@ -26,7 +27,7 @@ DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
     openapi_extra=DATASET_UPLOAD_BODY,
     responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
 )
-async def upload_dataset(request: Request, jobs: JobServiceDep, caller: CallerDep) -> Any:
+async def upload_dataset(request: Request, jobs: JobServiceDep, caller: CallerDep) -> dict[str, Any]:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
     async with audited(request, "dataset.upload", "dataset") as entry:
         meta = await uploads.receive_upload(request, jobs.data_dir, jobs.settings, caller.name)
@@ -35,7 +36,7 @@ async def upload_dataset(request: Request, jobs: JobServiceDep, caller: CallerDe
 
 
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))
-async def list_datasets(jobs: JobServiceDep):
+async def list_datasets(jobs: JobServiceDep) -> Response:
     """Every uploaded dataset with its kind, size, checksum and counts."""
     return Response(await asyncio.to_thread(uploads.listing_json, jobs.data_dir), media_type="application/json")
 
@@ -43,7 +44,7 @@ async def list_datasets(jobs: JobServiceDep):
 @router.get(
     "/datasets/{name}", response_model=DatasetInfo, responses=responses("validation", "unauthorized", "not_found")
 )
-async def get_dataset(name: DatasetName, jobs: JobServiceDep):
+async def get_dataset(name: DatasetName, jobs: JobServiceDep) -> dict[str, Any]:
     """One dataset's description."""
     meta = await asyncio.to_thread(read_meta, jobs.data_dir, name)
     if meta is None:
@@ -56,7 +57,7 @@ async def get_dataset(name: DatasetName, jobs: JobServiceDep):
     response_model=DeletedResponse,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def delete_dataset(name: DatasetName, jobs: JobServiceDep, request: Request):
+async def delete_dataset(name: DatasetName, jobs: JobServiceDep, request: Request) -> DeletedResponse:
     """Delete a dataset and its token caches (409 while a queued or running job uses it)."""
     async with audited(request, "dataset.delete", f"dataset {name}"):
         freed = await jobs.delete_dataset(name)

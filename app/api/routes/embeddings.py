@@ -1,22 +1,22 @@
 """POST /embeddings (one vector per input) and POST /v1/embeddings (OpenAI's format)."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
 from app.errors import responses
-from app.schemas import (
+from app.schemas.embeddings import (
     EmbeddingsRequest,
     EmbeddingsResponse,
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
-    body_examples,
 )
+from app.schemas.shared import body_examples
 from app.serving import embed_pipeline as pipeline
 
-router = APIRouter(tags=["inference"])
+router = InferenceRouter(tags=["inference"])
 EmbeddingsBody = Annotated[EmbeddingsRequest, Body(openapi_examples=body_examples(EmbeddingsRequest))]
 OpenAIEmbeddingsBody = Annotated[OpenAIEmbeddingsRequest, Body(openapi_examples=body_examples(OpenAIEmbeddingsRequest))]
 
@@ -35,9 +35,9 @@ OPENAI_EXAMPLE = {
 @router.post(
     "/embeddings",
     response_model=EmbeddingsResponse,
-    responses={**INFERENCE_ERRORS, 200: {"content": {"application/json": {"example": [0.0123, -0.0456, 0.0789]}}}},
+    responses={**INFERENCE_ERRORS, **ok([0.0123, -0.0456, 0.0789])},
 )
-async def embeddings(req: EmbeddingsBody, service: ServiceDep):
+async def embeddings(req: EmbeddingsBody, service: ServiceDep) -> Any:
     """Sentence embeddings: mean-pooled (or [CLS]) last hidden states, any model."""
     return await pipeline.embeddings(service, req)
 
@@ -45,8 +45,8 @@ async def embeddings(req: EmbeddingsBody, service: ServiceDep):
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingsResponse,
-    responses={**OPENAI_ERRORS, 200: {"content": {"application/json": {"example": OPENAI_EXAMPLE}}}},
+    responses={**OPENAI_ERRORS, **ok(OPENAI_EXAMPLE)},
 )
-async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep):
+async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep) -> dict[str, Any]:
     """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""
     return await pipeline.openai_embeddings(service, req)

@@ -5,6 +5,7 @@ GET never blocks on a worker, it reads the record the worker keeps current.
 """
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
@@ -16,16 +17,16 @@ from app.api.deps import CallerDep, JobServiceDep, ServiceDep, require_jobs
 from app.errors import responses
 from app.jobs.events import job_events
 from app.jobs.job_service import JobService
-from app.schemas import (
+from app.schemas.jobs import (
     CREATE_EXAMPLE,
     CreateJobRequest,
     CreateJobResponse,
-    DeletedResponse,
     JobMetricsResponse,
     JobsResponse,
     JobState,
     JobStatus,
 )
+from app.schemas.shared import DeletedResponse
 from datadir import JOB_ID_PATTERN, JobNotFound
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_jobs)])
@@ -45,7 +46,7 @@ async def create_job(
     response: Response,
     caller: CallerDep,
     request: Request,
-):
+) -> CreateJobResponse:
     """Queue a pretraining or fine-tuning job; everything is validated first (422), nothing half-queued."""
     async with audited(request, "job.submit", req.model_name) as entry:
         record = await jobs.submit(req, caller)
@@ -59,7 +60,7 @@ async def list_jobs(
     jobs: JobServiceDep,
     caller: CallerDep,
     state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
-):
+) -> JobsResponse:
     """The key's jobs (every job for the scope admin), newest first; `?state=running` (queued, running,
     succeeded, failed, cancelled) filters."""
     records = await asyncio.to_thread(jobs.list_for, caller, state)
@@ -68,7 +69,7 @@ async def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=responses("validation", "unauthorized", "not_found"))
-async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep):
+async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep) -> JobStatus:
     """A job's state, progress (step, loss, lr, tokens/s, ETA), checkpoint, attempts, error; queued: its place in line."""
     record = await asyncio.to_thread(jobs.find, job_id, caller)
     place = await asyncio.to_thread(jobs.queue_place, record)
@@ -84,7 +85,7 @@ def _disk_bytes(jobs: JobService, job_id: str) -> int:
     response_model=JobMetricsResponse,
     responses=responses("validation", "unauthorized", "not_found"),
 )
-async def get_job_metrics(job_id: JobId, jobs: JobServiceDep, caller: CallerDep):
+async def get_job_metrics(job_id: JobId, jobs: JobServiceDep, caller: CallerDep) -> JobMetricsResponse:
     """The whole training curve: every logged step, evaluation and resume, in order."""
     await asyncio.to_thread(jobs.find, job_id, caller)  # another key's job: a 404
     try:
@@ -122,7 +123,7 @@ async def stream_job_events(
             description="The `id` of the last metrics event a reconnecting client got: go on from its step.",
         ),
     ] = None,
-):
+) -> StreamingResponse:
     """Server-Sent Events: the job's progress, state changes and metrics records as they come; ends with the job."""
     await asyncio.to_thread(jobs.find, job_id, caller)  # a 404 now, before the stream starts
     if since is None and last_event_id is not None and last_event_id.strip().isdigit():
@@ -130,7 +131,7 @@ async def stream_job_events(
     release = jobs.event_streams.open(job_id)  # a 429 past the limits
     settings = jobs.settings
 
-    async def events():
+    async def events() -> AsyncIterator[str]:
         try:
             async for chunk in job_events(
                 jobs.store,
@@ -159,7 +160,7 @@ async def stream_job_events(
     response_model=JobStatus,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def cancel_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, request: Request):
+async def cancel_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, request: Request) -> JobStatus:
     """Cancel: a queued job at once; a running one stops at its next step with a checkpoint; a finished one is 409."""
     async with audited(request, "job.cancel", f"job {job_id}"):
         record = await asyncio.to_thread(jobs.cancel, job_id, caller)
@@ -171,7 +172,7 @@ async def cancel_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, requ
     response_model=DeletedResponse,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def delete_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, request: Request):
+async def delete_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep, request: Request) -> DeletedResponse:
     """Delete a finished job with its checkpoints and metrics (409 while it is queued or running)."""
     async with audited(request, "job.delete", f"job {job_id}"):
         freed = await asyncio.to_thread(jobs.delete_job, job_id, caller)

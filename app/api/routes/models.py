@@ -9,17 +9,17 @@ import asyncio
 import shutil
 from typing import Annotated
 
+import torch
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from app.api.auditing import audited
 from app.api.deps import CallerDep, ImportsDep, JobServiceDep, ServiceDep, require_admin
 from app.errors import responses
 from app.jobs.imports import receive_request
-from app.schemas import (
+from app.schemas.jobs import JobStatus
+from app.schemas.models import (
     IMPORT_EXAMPLE,
-    DeletedResponse,
     ImportModelRequest,
-    JobStatus,
     MemoryInfo,
     ModelDetail,
     ModelInfo,
@@ -27,7 +27,9 @@ from app.schemas import (
     ModelVersion,
     PromoteRequest,
 )
+from app.schemas.shared import DeletedResponse
 from app.serving.model_registry import ModelRegistry, StoredModel
+from app.serving.service import Service
 from datadir import NAME_PATTERN, list_versions
 from datadir.cards import read_card
 from datadir.versions import disk_bytes
@@ -74,7 +76,7 @@ IMPORT_BODY = {
     openapi_extra=IMPORT_BODY,
     responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
 )
-async def import_model(request: Request, imports: ImportsDep, response: Response, caller: CallerDep):
+async def import_model(request: Request, imports: ImportsDep, response: Response, caller: CallerDep) -> JobStatus:
     """Import a model from a Hub repo id (JSON) or an archive (multipart) as a job; GET /jobs/{id} follows it."""
     async with audited(request, "model.import", "model") as entry:
         name, source, upload = await receive_request(request, imports.data_dir, request.app.state.settings)
@@ -89,7 +91,7 @@ async def import_model(request: Request, imports: ImportsDep, response: Response
     return JobStatus.from_record(record)
 
 
-def model_info(entry: StoredModel, store: ModelRegistry, device, bytes_on_disk: int = 0) -> ModelInfo:
+def model_info(entry: StoredModel, store: ModelRegistry, device: torch.device, bytes_on_disk: int = 0) -> ModelInfo:
     """(Reads the model's card.json: call it off the event loop.)"""
     config = entry.config
     default, precision = store.default(), store.precision_of(entry.name)
@@ -130,7 +132,7 @@ def _prompts(entry: StoredModel) -> dict[str, str] | None:
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
-async def list_models(service: ServiceDep):
+async def list_models(service: ServiceDep) -> ModelsResponse:
     """Every model in DATA_DIR/models/: its promoted version's heads and size, its versions and disk use,
     whether it is loaded, pinned or the default, and the memory budget."""
     store = service.store
@@ -147,7 +149,7 @@ async def list_models(service: ServiceDep):
 @router.get(
     "/models/{name}", response_model=ModelDetail, responses=responses("unauthorized", "not_found", "validation")
 )
-async def get_model(name: ModelName, service: ServiceDep):
+async def get_model(name: ModelName, service: ServiceDep) -> ModelDetail:
     """One model's description, with every version: when and by what it was made, its disk use and card."""
     return await _detail(service, name)
 
@@ -159,7 +161,7 @@ async def get_model(name: ModelName, service: ServiceDep):
 )
 async def promote_model(
     name: ModelName, req: PromoteRequest, service: ServiceDep, jobs: JobServiceDep, request: Request
-):
+) -> ModelDetail:
     """Serve another version of a model (a rollback: an older one); requests in flight finish on the old one."""
     async with audited(request, "model.promote", f"model {name} version {req.version}"):
         await jobs.promote(name, req.version)
@@ -171,7 +173,7 @@ async def promote_model(
     response_model=DeletedResponse,
     responses=responses("unauthorized", "not_found", "validation", "conflict"),
 )
-async def delete_model(name: ModelName, jobs: JobServiceDep, request: Request):
+async def delete_model(name: ModelName, jobs: JobServiceDep, request: Request) -> DeletedResponse:
     """Delete a model with every version (409 while it is a default model or a queued or running job's base model)."""
     async with audited(request, "model.delete", f"model {name}"):
         freed = await jobs.delete_model(name)
@@ -183,14 +185,16 @@ async def delete_model(name: ModelName, jobs: JobServiceDep, request: Request):
     response_model=DeletedResponse,
     responses=responses("unauthorized", "not_found", "validation", "conflict"),
 )
-async def delete_model_version(name: ModelName, version: VersionNumber, jobs: JobServiceDep, request: Request):
+async def delete_model_version(
+    name: ModelName, version: VersionNumber, jobs: JobServiceDep, request: Request
+) -> DeletedResponse:
     """Delete one version (409 for the promoted one while others exist; the last one deletes the model)."""
     async with audited(request, "model.delete", f"model {name} version {version}"):
         freed = await jobs.delete_model(name, version)
     return DeletedResponse(deleted="version", name=name, version=version, freed_bytes=freed)
 
 
-async def _detail(service, name: str) -> ModelDetail:
+async def _detail(service: Service, name: str) -> ModelDetail:
     entry = await service.store.lookup(name)
     versions = await asyncio.to_thread(list_versions, service.settings.data_dir, name)
     listed = [

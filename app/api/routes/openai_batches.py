@@ -10,7 +10,7 @@ import asyncio
 import secrets
 import shutil
 from pathlib import Path as FsPath
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import FileResponse
@@ -20,10 +20,10 @@ from app.api.auditing import audited
 from app.api.deps import require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
-from app.schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
+from app.schemas.openai_batches import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
 from app.serving.batch_jobs import Batches, batch_view
 from datadir import JOB_ID_PATTERN, JobFinished
-from datadir.batch_files import FILE_ID_PATTERN, FileNotFound, Files
+from datadir.batch_files import FILE_ID_PATTERN, FileNotFound, FileRecord, Files
 from datadir.files import TMP_PREFIX
 
 router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin)])
@@ -65,7 +65,7 @@ class _BatchUpload(uploads._Upload):
     response_model=FileObject,
     responses=responses("too_large", "insufficient_storage", openai=True) | ERRORS,
 )
-async def create_file(request: Request, batches: BatchesDep):
+async def create_file(request: Request, batches: BatchesDep) -> FileRecord:
     """Upload a batch's input: multipart `file` (JSONL, one request a line) and `purpose=batch`."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
@@ -96,14 +96,14 @@ async def create_file(request: Request, batches: BatchesDep):
 
 
 @router.get("/v1/files", response_model=FileList, responses=ERRORS)
-async def list_files(batches: BatchesDep, purpose: Annotated[str | None, Query(max_length=40)] = None):
+async def list_files(batches: BatchesDep, purpose: Annotated[str | None, Query(max_length=40)] = None) -> FileList:
     """Every file, newest first; `?purpose=batch` (uploads) or `batch_output` (batch results) filters."""
     await asyncio.to_thread(batches.expire_files)
     return FileList(data=await asyncio.to_thread(batches.files.list, purpose))
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, responses=ERRORS)
-async def retrieve_file(file_id: FileId, batches: BatchesDep):
+async def retrieve_file(file_id: FileId, batches: BatchesDep) -> FileRecord:
     """One file's record."""
     try:
         return await asyncio.to_thread(batches.files.read, file_id)
@@ -116,7 +116,7 @@ async def retrieve_file(file_id: FileId, batches: BatchesDep):
     response_class=FileResponse,
     responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}}},
 )
-async def file_content(file_id: FileId, batches: BatchesDep):
+async def file_content(file_id: FileId, batches: BatchesDep) -> FileResponse:
     """A file's bytes (a batch's output: one JSON answer a line)."""
     files: Files = batches.files
     try:
@@ -127,7 +127,7 @@ async def file_content(file_id: FileId, batches: BatchesDep):
 
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=ERRORS)
-async def delete_file(file_id: FileId, batches: BatchesDep, request: Request):
+async def delete_file(file_id: FileId, batches: BatchesDep, request: Request) -> FileDeleted:
     """Delete a file (a batch that uses it as input keeps its own copy)."""
     async with audited(request, "file.delete", f"file {file_id}"):
         try:
@@ -138,7 +138,7 @@ async def delete_file(file_id: FileId, batches: BatchesDep, request: Request):
 
 
 @router.post("/v1/batches", response_model=BatchObject, responses=responses("too_large", openai=True) | ERRORS)
-async def create_batch(req: CreateBatchRequest, batches: BatchesDep, request: Request):
+async def create_batch(req: CreateBatchRequest, batches: BatchesDep, request: Request) -> dict[str, Any]:
     """Check an uploaded input whole (bad lines go to the error file) and queue the batch."""
     async with audited(request, "batch.submit", f"batch of file {req.input_file_id}") as entry:
         record, lines = await asyncio.to_thread(batches.create, req)
@@ -152,7 +152,7 @@ async def list_batches(
     batches: BatchesDep,
     after: Annotated[str | None, Query(max_length=40, description="A batch id: list the ones older than it.")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-):
+) -> BatchList:
     """Batches, newest first, `limit` at a time (OpenAI's cursor: `after`)."""
     records = await asyncio.to_thread(batches.batches)
     if after is not None:
@@ -167,7 +167,7 @@ async def list_batches(
 
 
 @router.get("/v1/batches/{batch_id}", response_model=BatchObject, responses=ERRORS)
-async def retrieve_batch(batch_id: BatchId, batches: BatchesDep):
+async def retrieve_batch(batch_id: BatchId, batches: BatchesDep) -> dict[str, Any]:
     """One batch: status, request counts, output and error file ids."""
     return batch_view(await asyncio.to_thread(batches.read, batch_id))
 
@@ -177,7 +177,7 @@ async def retrieve_batch(batch_id: BatchId, batches: BatchesDep):
     response_model=BatchObject,
     responses=responses("conflict", openai=True) | ERRORS,
 )
-async def cancel_batch(batch_id: BatchId, batches: BatchesDep, request: Request):
+async def cancel_batch(batch_id: BatchId, batches: BatchesDep, request: Request) -> dict[str, Any]:
     """Cancel a batch: a queued one now, a running one after its chunk in flight (its output so far is kept)."""
     async with audited(request, "batch.cancel", f"batch {batch_id}"):
         await asyncio.to_thread(batches.read, batch_id)

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 
 from app.api.deps import ServiceDep
 from app.errors import ServiceError, responses
-from app.schemas import OpenAIModel, OpenAIModelsResponse
+from app.schemas.openai_models import OpenAIModel, OpenAIModelsResponse
 from app.serving.model_registry import StoredModel
 
 router = APIRouter(tags=["models"])
@@ -23,7 +23,7 @@ def openai_model(entry: StoredModel) -> OpenAIModel:
 
 
 @router.get("/v1/models", response_model=OpenAIModelsResponse, responses=responses("unauthorized", openai=True))
-async def list_openai_models(service: ServiceDep):
+async def list_openai_models(service: ServiceDep) -> OpenAIModelsResponse:
     """Every model a request can name, in OpenAI's list format."""
     entries = await asyncio.to_thread(service.store.scan)
     data = await asyncio.to_thread(lambda: [openai_model(e) for e in entries if e.error is None])
@@ -35,7 +35,7 @@ async def list_openai_models(service: ServiceDep):
     response_model=OpenAIModel,
     responses=responses("unauthorized", "not_found", "unavailable", openai=True),
 )
-async def get_openai_model(model_id: str, service: ServiceDep):
+async def get_openai_model(model_id: str, service: ServiceDep) -> OpenAIModel:
     """One model, in OpenAI's format."""
     entry = await service.store.lookup(model_id)
     if entry.error is not None:

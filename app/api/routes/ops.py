@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from app.api.deps import JobServiceDep, ServiceDep
 from app.api.routes.usage import count_job_seconds
 from app.errors import ServiceError, responses
-from app.schemas import HealthResponse, InfoResponse, ReadyResponse
+from app.schemas.ops import HealthResponse, InfoResponse, ReadyResponse
 from model.compute import kernels
 
 router = APIRouter(tags=["operations"])
@@ -28,13 +28,13 @@ def version() -> str:
 
 
 @router.get("/health", response_model=HealthResponse)
-async def health():
+async def health() -> HealthResponse:
     """Liveness: the process answers."""
     return HealthResponse()
 
 
 @router.get("/ready", response_model=ReadyResponse, responses=responses("unavailable"))
-async def ready(service: ServiceDep):
+async def ready(service: ServiceDep) -> ReadyResponse:
     """Readiness: the default model is loaded and a warm-up forward pass succeeded (else 503)."""
     reason = await service.not_ready_reason()
     if reason is not None:
@@ -47,7 +47,7 @@ async def ready(service: ServiceDep):
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **responses("unauthorized")},
 )
-async def metrics(service: ServiceDep, jobs: JobServiceDep):
+async def metrics(service: ServiceDep, jobs: JobServiceDep) -> Response:
     """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens,
     and each key's requests, tokens, 429s and job-seconds."""
     await count_job_seconds(jobs, service.metrics)
@@ -55,7 +55,7 @@ async def metrics(service: ServiceDep, jobs: JobServiceDep):
 
 
 @protected.get("/info", response_model=InfoResponse, responses=responses("unauthorized"))
-async def info(service: ServiceDep, request: Request):
+async def info(service: ServiceDep, request: Request) -> InfoResponse:
     """Version, device and the settings that are safe to show."""
     return InfoResponse(
         name="bertserve",
@@ -70,7 +70,7 @@ async def info(service: ServiceDep, request: Request):
 
 
 @protected.get("/openapi.json", include_in_schema=False)
-async def openapi(request: Request):
+async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(request.app.openapi())
 
 

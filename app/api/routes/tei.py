@@ -3,11 +3,12 @@ TEI's shapes (app/serving/tei_compat.py says what is followed), for TEI's client
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from app.api.deps import ServiceDep
-from app.api.routes.fill_mask import INFERENCE_ERRORS, ok
-from app.schemas import (
+from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
+from app.schemas.shared import body_examples
+from app.schemas.tei import (
     EmbedRequest,
     EmbedResponse,
     PredictRequest,
@@ -18,11 +19,10 @@ from app.schemas import (
     SimilarityResponse,
     TokenizeRequest,
     TokenizeResponse,
-    body_examples,
 )
 from app.serving import tei_compat
 
-router = APIRouter(tags=["text-embeddings-inference"])
+router = InferenceRouter(tags=["text-embeddings-inference"])
 EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedRequest))]
 PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
 RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]
@@ -31,7 +31,7 @@ TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(To
 
 
 @router.post("/embed", response_model=EmbedResponse, responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
-async def embed(req: EmbedBody, service: ServiceDep):
+async def embed(req: EmbedBody, service: ServiceDep) -> list[list[float]]:
     """TEI's /embed: one mean-pooled vector per input (unit length unless normalize is false)."""
     return await tei_compat.embed(service, req)
 
@@ -41,7 +41,7 @@ async def embed(req: EmbedBody, service: ServiceDep):
     response_model=PredictResponse,
     responses={**INFERENCE_ERRORS, **ok([{"score": 0.94, "label": "positive"}, {"score": 0.06, "label": "negative"}])},
 )
-async def predict(req: PredictBody, service: ServiceDep):
+async def predict(req: PredictBody, service: ServiceDep) -> list:
     """TEI's /predict: every label's score for each text or pair, best first (needs a classifier head)."""
     return await tei_compat.predict(service, req)
 
@@ -52,13 +52,13 @@ async def predict(req: PredictBody, service: ServiceDep):
     response_model_exclude_none=True,
     responses={**INFERENCE_ERRORS, **ok([{"index": 0, "score": 0.98}, {"index": 1, "score": 0.01}])},
 )
-async def rerank(req: RerankBody, service: ServiceDep):
+async def rerank(req: RerankBody, service: ServiceDep) -> list[dict]:
     """TEI's /rerank: the texts by a cross-encoder's relevance to the query, best first (one-label classifier)."""
     return await tei_compat.rerank(service, req)
 
 
 @router.post("/similarity", response_model=SimilarityResponse, responses={**INFERENCE_ERRORS, **ok([0.87, 0.12])})
-async def similarity(req: SimilarityBody, service: ServiceDep):
+async def similarity(req: SimilarityBody, service: ServiceDep) -> list[float]:
     """TEI's /similarity: the cosine similarity of source_sentence with each sentence (mean-pooled embeddings)."""
     return await tei_compat.similarity(service, req)
 
@@ -79,7 +79,7 @@ async def similarity(req: SimilarityBody, service: ServiceDep):
         ),
     },
 )
-async def tokenize(req: TokenizeBody, service: ServiceDep):
+async def tokenize(req: TokenizeBody, service: ServiceDep) -> list[list[dict]]:
     """TEI's /tokenize: each input's tokens with ids and character offsets (special tokens: null offsets)."""
     return await tei_compat.tokenize(service, req)
 
@@ -104,6 +104,6 @@ async def root(
         ),
     ],
     service: ServiceDep,
-):
+) -> list:
     """TEI's POST /: /embed, /predict or /rerank by the model's type (BERT_DEFAULT_MODEL unless `model`)."""
     return await tei_compat.root(service, body)

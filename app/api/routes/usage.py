@@ -9,7 +9,7 @@ from app.api.deps import JobServiceDep, ServiceDep, require_admin
 from app.errors import responses
 from app.jobs.job_service import JobService
 from app.prometheus import Metrics
-from app.schemas import KeyUsage, UsageResponse
+from app.schemas.usage import KeyUsage, UsageResponse
 
 router = APIRouter(tags=["keys"], dependencies=[Depends(require_admin)])
 
@@ -21,7 +21,7 @@ async def count_job_seconds(jobs: JobService, metrics: Metrics) -> None:
 
 
 @router.get("/usage", response_model=UsageResponse, responses=responses("unauthorized", "forbidden"))
-async def usage(service: ServiceDep, jobs: JobServiceDep):
+async def usage(service: ServiceDep, jobs: JobServiceDep) -> UsageResponse:
     """Usage per key: requests, tokens and 429s since this replica started, and its jobs' worker time."""
     await count_job_seconds(jobs, service.metrics)
     per_key = service.metrics.per_key()

@@ -1,0 +1,125 @@
+"""The types of /models (app/api/routes/models.py): each model with its versions, card and prompts, the
+memory budget, a promotion, and an import from the Hugging Face Hub (which answers a job: jobs.py's JobStatus).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.schemas.shared import STRICT, Name
+from model.sources import HUB_ID_PATTERN
+
+
+class ModelInfo(BaseModel):
+    name: str
+    architecture: str | None = Field(description="The class the weights load as, e.g. BertForPreTraining.")
+    heads: list[str] = Field(
+        description="What it can serve beyond embeddings: mlm, nsp, classifier, token_classifier, qa."
+    )
+    labels: list[str] | None = Field(None, description="Classifier (or token classifier) labels, in id order.")
+    num_parameters: int | None
+    max_position_embeddings: int | None
+    hidden_size: int | None
+    default: bool
+    loaded: bool
+    precision: str = Field(
+        description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION; "
+        "auto shows as what it resolved to on this device)."
+    )
+    kernels: str | None = Field(
+        None,
+        description="Once loaded, the kernels it runs through on this machine: "
+        "onednn-fp32, torch-fp32, onednn-bf16, bf16-emulated (...), "
+        "int8-vnni, int8-emulated (...), cuda-fp32, cuda-bf16 (...).",
+    )
+    why: str | None = Field(
+        None,
+        description="Once loaded, why those kernels: what this CPU or GPU has, e.g. "
+        '"cpu AVX2, no native bf16, no VNNI", and what is emulated.',
+    )
+    error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
+    pinned: bool = Field(
+        False, description="Never unloaded to make room (BERT_PINNED_MODELS; unset: the default model)."
+    )
+    estimated_bytes: int | None = Field(
+        None, description="Estimated memory of its weights at its precision, counted against the memory budget."
+    )
+    version: int = Field(1, description="The promoted version: the one requests get.")
+    num_versions: int = Field(1, description="Versions on disk (POST /models/{name}/promote switches).")
+    disk_bytes: int = Field(0, description="Bytes on disk, every version together.")
+
+    card: dict[str, Any] | None = Field(
+        None,
+        description="The model's card.json, if it has one: `source` (where it came from), `evaluation` (scores "
+        "on the held-out Wikipedia set wiki-heldout-v1: sequences, tokens, masked_tokens, mlm_top1, mlm_top5, "
+        "content_top1, content_top5, nsp_accuracy; `skipped` without MLM and NSP heads, `error` if it failed) "
+        "and `job_eval` (a training job's own evaluation).",
+    )
+    prompts: dict[str, str] | None = Field(
+        None,
+        description=(
+            "Its named prompts (config_sentence_transformers.json), for prompt_name on the embedding routes; "
+            "null without any."
+        ),
+    )
+
+
+class MemoryInfo(BaseModel):
+    """The model memory budget and what counts against it now (estimates)."""
+
+    budget_bytes: int | None = Field(description="BERT_MODEL_MEMORY_GB in bytes (or its default share of memory).")
+    loaded_bytes: int = Field(description="The weights of the models loaded (or loading).")
+    working_set_bytes: int = Field(
+        description="One forward pass's activations at BERT_MAX_BATCH_TOKENS, for the largest loaded model; 0 when "
+        "none is loaded."
+    )
+
+
+class ModelVersion(BaseModel):
+    version: int
+    promoted: bool = Field(description="Whether requests get this version.")
+    created_at: str | None = Field(description="When it was published (or imported).")
+    disk_bytes: int
+    made_by: str | None = Field(description="The id of the job (or import) that made it.")
+    owner: str | None = Field(
+        None, description="The name of the key that made that job (null where it was made another way)."
+    )
+    card: dict[str, Any] = Field(description="Its card.json: source and measured scores ({} when it has none).")
+
+
+class ModelDetail(ModelInfo):
+    versions: list[ModelVersion] = Field(description="Every version, oldest first.")
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+    default: str | None
+    memory: MemoryInfo
+
+
+class PromoteRequest(BaseModel):
+    version: int = Field(ge=1, description="The version requests get from now on (rollback: an older one).")
+
+
+class ImportModelRequest(BaseModel):
+    """POST /models as JSON: a model from the Hugging Face Hub (an archive is sent as multipart instead)."""
+
+    model_config = STRICT
+
+    name: Name = Field(description="The model's name in DATA_DIR/models/ (an existing name gets a new version).")
+    source: str = Field(
+        pattern=HUB_ID_PATTERN,
+        max_length=200,
+        description="A Hugging Face Hub repo id, e.g. google-bert/bert-base-uncased (never a path on the server).",
+    )
+    revision: str | None = Field(
+        None,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$",
+        description="A branch, tag or commit; default main.",
+    )
+
+
+IMPORT_EXAMPLE = {"name": "bert-base", "source": "google-bert/bert-base-uncased"}
