@@ -2,7 +2,7 @@
 differs), bounds, choices, help, and where each is accepted.
 
 Everything else is built from `OPTIONS`: TrainConfig's and the run specs' defaults (model/training/trainer.py,
-model/training/runs.py), the API's job parameters (app/schemas.py), the `bert pretrain` / `bert finetune`
+model/training/runs.py), the API's job parameters (app/schemas/jobs.py), the `bert pretrain` / `bert finetune`
 flags (app/cli/train_commands.py), the worker's pass-through (worker/recipes.py), the console's job
 form and the configuration reference (`options_markdown`). Standard library only, so `bert --help`
 reads it without importing torch.

@@ -193,7 +193,7 @@ def unix(iso: str | None) -> int | None:
 
 
 def batch_view(record: JobRecord) -> dict[str, Any]:
-    """A batch job as OpenAI's batch object (app/schemas.py BatchObject)."""
+    """A batch job as OpenAI's batch object (app/schemas/openai_batches.py: BatchObject)."""
     params, progress, result = record["params"], record.get("progress") or {}, record.get("result") or {}
     state, cancelling = record["state"], bool(record.get("cancel_requested"))
     events = record.get("events") or []
