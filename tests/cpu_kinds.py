@@ -19,7 +19,7 @@ AVX2_BF16_ERROR = (
 # Put on PYTHONPATH (with the repository) as sitecustomize.py: a `bert serve` that believes it is on AVX2,
 # and runs oneDNN for every matmul, however small (tiny test models normally fall under its threshold).
 SITECUSTOMIZE = (
-    "import model.compute.onednn, tests.cpu_kinds\nmodel.onednn._MIN_MACS = 0\ntests.cpu_kinds.pretend_avx2()\n"
+    "import model.compute.onednn, tests.cpu_kinds\nmodel.compute.onednn._MIN_MACS = 0\ntests.cpu_kinds.pretend_avx2()\n"
 )
 
 

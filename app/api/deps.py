@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
+from app.jobs.catalog import Catalog
 from app.jobs.imports import Imports
 from app.jobs.job_service import JobService
 from app.keys.keyfile import Key
@@ -39,11 +40,23 @@ async def get_job_service(request: Request) -> JobService:
     jobs = getattr(request.app.state, "jobs", None)
     if jobs is None:
         service = request.app.state.service
-        jobs = request.app.state.jobs = JobService(service.settings, service.settings.data_dir, service.store)
+        jobs = request.app.state.jobs = JobService(service.settings, service.settings.data_dir, service.registry)
     return jobs
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
+
+
+async def get_catalog(request: Request) -> Catalog:
+    """The app's Catalog (promote and delete models and datasets), sharing the JobService's submission lock."""
+    catalog = getattr(request.app.state, "catalog", None)
+    if catalog is None:
+        jobs = await get_job_service(request)
+        catalog = request.app.state.catalog = Catalog(jobs.settings, jobs.data_dir, jobs.records, jobs.submit_lock)
+    return catalog
+
+
+CatalogDep = Annotated[Catalog, Depends(get_catalog)]
 
 
 async def get_imports(request: Request) -> Imports:

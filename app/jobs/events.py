@@ -151,9 +151,9 @@ class _Stream:
     """One client's view of a job: what it was last told. `poll` (in a thread) reads the job's two files
     and returns the text of the events they make, and whether the job has ended with its curve read."""
 
-    def __init__(self, store: JobRecords, job_id: str, since: int | None):
-        self.store, self.job_id, self.since = store, job_id, since
-        self.tail = MetricsTail(store.job_dir(job_id) / METRICS)
+    def __init__(self, records: JobRecords, job_id: str, since: int | None):
+        self.records, self.job_id, self.since = records, job_id, since
+        self.tail = MetricsTail(records.job_dir(job_id) / METRICS)
         self.updated: str | None = None
         self.state: str | None = None
         self.read_all = False  # the last poll read the metrics file to its end
@@ -163,7 +163,7 @@ class _Stream:
     def poll(self) -> tuple[str, bool]:
         # The record first: when it says the job has ended, every line written before that is read next.
         try:
-            record = self.store.read(self.job_id)
+            record = self.records.read(self.job_id)
         except JobNotFound:  # removed under us (a job whose message never left the app)
             return sse("end", {"state": None}), True
         rewritten, lines = self.tail.read_lines()
@@ -179,7 +179,9 @@ class _Stream:
         place_moved = self._place_moved(record)
         if record["updated_at"] != self.updated or place_moved:
             self.updated = record["updated_at"]
-            status = JobStatus.from_record(record, self.store.disk_bytes(self.job_id), self.place)  # as GET /jobs/{id}
+            status = JobStatus.from_record(
+                record, self.records.disk_bytes(self.job_id), self.place
+            )  # as GET /jobs/{id}
             chunk.append(sse("progress", status.model_dump(mode="json")))
         if record["state"] != self.state:
             chunk.append(sse("state", {"state": record["state"], "previous": self.state}))
@@ -197,7 +199,7 @@ class _Stream:
         if now - self.place_at < PLACE_S and record["updated_at"] == self.updated:
             return False
         self.place_at = now
-        place = scheduling.queue_place(self.store.list(), self.job_id)
+        place = scheduling.queue_place(self.records.list(), self.job_id)
         moved, self.place = place != self.place, place
         return moved
 
@@ -207,7 +209,7 @@ class _Stream:
 
 
 async def job_events(
-    store: JobRecords,
+    records: JobRecords,
     job_id: str,
     disconnected: Callable[[], Awaitable[bool]],
     poll_s: float = POLL_S,
@@ -219,7 +221,7 @@ async def job_events(
     """The events of one job until it ends, the client goes (`disconnected`), `max_seconds` pass or the
     server is `stopping` (the client reconnects, through a balancer to another replica); metrics from
     step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
-    stream = _Stream(store, job_id, since)
+    stream = _Stream(records, job_id, since)
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     replay = replay or asyncio.Lock()
     quiet = 0.0

@@ -1,4 +1,4 @@
-"""Training jobs, app side: the JobService that the /jobs and /datasets routes share.
+"""Training jobs, app side: the JobService that the /jobs routes share.
 
 The app writes the job record (datadir) and sends the job's id to the training queue through
 worker.queue, the one module of worker/ it imports (task names, queue, transport options).
@@ -30,17 +30,14 @@ from app.schemas.jobs import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
     TERMINAL,
-    DataDir,
     JobFinished,
     JobNotFound,
     JobRecord,
     JobRecords,
     JobUnfinished,
-    delete_dataset,
     jobs,
     read_meta,
     scheduling,
-    versions,
 )
 from datadir.datasets import KIND_OF_TASK, num_labels
 from model.config import BertConfig
@@ -58,14 +55,16 @@ BROKER_ERRORS = (OperationalError, OSError)
 
 
 class JobService:
-    """What the /jobs and /datasets routes share: settings, the job store and the Celery publisher."""
+    """What the /jobs routes share: settings, the job records and the Celery publisher (models and datasets are
+    administered by app/jobs/catalog.py)."""
 
-    def __init__(self, settings: Settings, data_dir: Path, models=None):
+    def __init__(self, settings: Settings, data_dir: Path, registry=None):
         self.settings, self.data_dir = settings, data_dir
-        self.store = JobRecords(data_dir)
-        self.models = models  # app.serving.model_registry.ModelRegistry, for base-model checks
+        self.records = JobRecords(data_dir)
+        self.registry = registry  # app.serving.model_registry.ModelRegistry, for base-model checks
         self.celery = producer(settings.broker_url, data_dir)
-        self._submit_lock = asyncio.Lock()  # name checks and record creation, one submission at a time
+        # Name checks and record creation, one submission at a time; the catalog's changes take it too.
+        self.submit_lock = asyncio.Lock()
         self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
 
     def publish(self, record: JobRecord) -> None:
@@ -75,20 +74,20 @@ class JobService:
     async def submit(self, request: JobRequest, owner: Key = ANONYMOUS) -> JobRecord:
         """Validate, write the record (owned by `owner`, the key's name), send the message; the record as
         enqueued. 429 when the key has its `max_jobs` queued or running already."""
-        async with self._submit_lock:  # this process's submissions queue here, not on the flock
+        async with self.submit_lock:  # this process's submissions queue here, not on the flock
             held = contextlib.ExitStack()  # the data directory's lock: other replicas' submissions too
-            await asyncio.to_thread(held.enter_context, self.store.submitting())
+            await asyncio.to_thread(held.enter_context, self.records.submitting())
             with held:
                 await asyncio.to_thread(self._check_job_limit, owner)
                 spec = await self.validate(request)
                 self._check_priority(request.priority, self.max_priority(owner), owner)
                 record = await asyncio.to_thread(
-                    self.store.create, {**spec, "owner": owner.name, "worker_share": owner.worker_share}
+                    self.records.create, {**spec, "owner": owner.name, "worker_share": owner.worker_share}
                 )
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:
-            await asyncio.to_thread(self.store.discard_unclaimed, record["id"], "the broker could not be reached")
+            await asyncio.to_thread(self.records.discard_unclaimed, record["id"], "the broker could not be reached")
             log.warning("publishing job %s failed: %s: %s", record["id"], type(e).__name__, e)
             raise ServiceError(
                 "unavailable",
@@ -97,15 +96,15 @@ class JobService:
             ) from None
         except Exception:  # a bug: no record without a message; the app's handler logs it and answers 500
             await asyncio.to_thread(
-                self.store.discard_unclaimed, record["id"], "sending the job failed on an internal error"
+                self.records.discard_unclaimed, record["id"], "sending the job failed on an internal error"
             )
             raise
-        return await asyncio.to_thread(self.store.move, record["id"], jobs.enqueued)
+        return await asyncio.to_thread(self.records.move, record["id"], jobs.enqueued)
 
     def _check_job_limit(self, owner: Key) -> None:
         if owner.max_jobs is None:
             return
-        running = [r for r in self.store.list() if r["state"] not in TERMINAL and jobs.owner_of(r) == owner.name]
+        running = [r for r in self.records.list() if r["state"] not in TERMINAL and jobs.owner_of(r) == owner.name]
         if len(running) >= owner.max_jobs:
             raise ServiceError(
                 "overloaded",
@@ -121,13 +120,13 @@ class JobService:
 
     def list_for(self, caller: Key, state: str | None = None) -> list[JobRecord]:
         """The jobs `caller` sees, newest first (blocking: call in a thread)."""
-        return [r for r in self.store.list(state) if self.visible(caller)(r)]
+        return [r for r in self.records.list(state) if self.visible(caller)(r)]
 
     def cancel(self, job_id: str, caller: Key = ANONYMOUS) -> JobRecord:
         """Ask a queued or running job to stop (blocking: call in a thread); 409 once it has finished."""
         self.find(job_id, caller)  # another key's job is a 404, as if there were none
         try:
-            return self.store.request_cancel(job_id)
+            return self.records.request_cancel(job_id)
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
         except JobFinished as e:
@@ -139,24 +138,24 @@ class JobService:
         """A queued training job's position, what it waits for and an estimate (blocking: call in a thread)."""
         if record["state"] != "queued":
             return None
-        return scheduling.queue_place(self.store.list(), record["id"])
+        return scheduling.queue_place(self.records.list(), record["id"])
 
     def restart(self, job_id: str) -> JobRecord:
         """Queue a cancelled or failed job again, to resume from its latest checkpoint (blocking)."""
-        record = self.store.restart(job_id)
+        record = self.records.restart(job_id)
         try:
             self.publish(record)
         except BROKER_ERRORS as e:  # the record stays queued: a worker's start-up sweep sends it
             raise ServiceError(
                 "unavailable", f"job {job_id} is queued again, but the broker cannot be reached: {e}"
             ) from None
-        return self.store.move(job_id, jobs.enqueued)
+        return self.records.move(job_id, jobs.enqueued)
 
     def find(self, job_id: str, caller: Key = ANONYMOUS) -> JobRecord:
         """A job's record; 404 when there is none, or when it is not `caller`'s to see (blocking: call in
         a thread)."""
         try:
-            record = self.store.read(job_id)
+            record = self.records.read(job_id)
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
         if not self.visible(caller)(record):
@@ -166,80 +165,23 @@ class JobService:
     def job_seconds(self) -> dict[str, float]:
         """Worker time of every key's jobs, in seconds, from the records (blocking: call in a thread)."""
         seconds: dict[str, float] = {}
-        for record in self.store.list():
+        for record in self.records.list():
             owner = jobs.owner_of(record)
             seconds[owner] = seconds.get(owner, 0.0) + float(record.get("runtime_s") or 0.0)
         return seconds
-
-    # -- the data directory's models, datasets and jobs: promote and delete ------------------------
-    # Each runs under the submission lock, so no job can be accepted on a model or dataset between
-    # the in-use check and the change. Blocking calls run in a thread.
-
-    async def promote(self, name: str, version: int) -> None:
-        """Make `version` the one requests for `name` get; 404 for an unknown model or version."""
-        async with self._submit_lock:
-            await asyncio.to_thread(_data_call, versions.promote, self.data_dir, name, version)
-
-    async def delete_model(self, name: str, version: int | None = None) -> int:
-        """Delete a model (or one version of it; the last one deletes the model); the bytes freed.
-
-        409 while requests default to it (BERT_DEFAULT_MODEL and the other default-model settings) and the whole
-        model would go, or while a queued or running job trains from it, or for the promoted version
-        while others exist."""
-        async with self._submit_lock:
-            numbers = await asyncio.to_thread(versions.version_numbers, DataDir(self.data_dir).model(name))
-            if not numbers:
-                raise ServiceError("not_found", str(versions.ModelNotFound(name)))
-            if version is None or numbers == [version]:  # the whole model would go
-                self._refuse_default(name)
-            await asyncio.to_thread(self._refuse_in_use, "base_model", name, "model")
-            if version is None:
-                return await asyncio.to_thread(_data_call, versions.delete_model, self.data_dir, name)
-            return await asyncio.to_thread(_data_call, versions.delete_version, self.data_dir, name, version)
-
-    async def delete_dataset(self, name: str) -> int:
-        """Delete a dataset; the bytes freed. 404 when there is none; 409 while a queued or running job uses it."""
-        async with self._submit_lock:
-            await asyncio.to_thread(self._refuse_in_use, "dataset", name, "dataset")
-            try:
-                return await asyncio.to_thread(delete_dataset, self.data_dir, name)
-            except FileNotFoundError:
-                raise ServiceError("not_found", f"dataset '{name}' not found") from None
 
     def delete_job(self, job_id: str, caller: Key = ANONYMOUS) -> int:
         """Delete a finished job's directory, checkpoints included; the bytes freed (blocking: call in
         a thread). 404 when there is none (or it is another key's); 409 while it is queued or running."""
         self.find(job_id, caller)
         try:
-            return self.store.delete(job_id)
+            return self.records.delete(job_id)
         except JobNotFound:
             raise ServiceError("not_found", f"job '{job_id}' not found") from None
         except JobUnfinished as e:
             raise ServiceError(
                 "conflict", f"job '{job_id}' is {e.state}: only a finished job can be deleted (cancel it first)"
             ) from None
-
-    def _refuse_default(self, name: str) -> None:
-        for value, setting in (
-            (self.settings.default_model, "BERT_DEFAULT_MODEL"),
-            (self.settings.default_mlm_model, "BERT_DEFAULT_MLM_MODEL"),
-            (self.settings.rerank_model, "BERT_RERANK_MODEL"),
-            (self.settings.predict_model, "BERT_PREDICT_MODEL"),
-        ):
-            if value == name:
-                raise ServiceError(
-                    "conflict", f"model '{name}' is the default model ({setting}): set another before deleting it"
-                )
-
-    def _refuse_in_use(self, field: str, name: str, what: str) -> None:
-        """409 naming the queued or running job whose `field` (base_model, dataset) is `name`."""
-        for record in self.store.list():
-            if record.get(field) == name and record["state"] not in TERMINAL:
-                raise ServiceError(
-                    "conflict",
-                    f"{what} '{name}' is in use by job {record['id']} ({record['state']}); "
-                    "delete it once the job has finished (or cancel the job)",
-                )
 
     # -- validation against the data directory ---------------------------------------------------
 
@@ -341,7 +283,7 @@ class JobService:
     def _check_model_name(self, name: str) -> None:
         """A model that exists gets the job's output as its next version; two jobs at once may not
         train one name (409)."""
-        record = self.store.unfinished_job_for_model(name)
+        record = self.records.unfinished_job_for_model(name)
         if record is not None:
             raise ServiceError(
                 "conflict",
@@ -359,22 +301,12 @@ class JobService:
 
     async def _base_model(self, name: str):
         try:
-            entry = await self.models.lookup(name)
+            entry = await self.registry.lookup(name)
         except ServiceError:
             raise ServiceError("validation", f"base_model: model '{name}' not found in DATA_DIR/models") from None
         if entry.error is not None:
             raise ServiceError("validation", f"base_model: model '{name}' cannot be used: {entry.error}")
         return entry
-
-
-def _data_call(call, *args):
-    """A datadir.versions call, its refusals as the service's errors (404, 409)."""
-    try:
-        return call(*args)
-    except (versions.ModelNotFound, versions.VersionNotFound) as e:
-        raise ServiceError("not_found", str(e)) from None
-    except versions.PromotedVersion as e:
-        raise ServiceError("conflict", str(e)) from None
 
 
 def _check_seq_len(max_seq_len: int, positions: int, what: str) -> None:

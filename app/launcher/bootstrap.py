@@ -137,7 +137,7 @@ def bootstrap_job(settings: Settings, steps: int | None = None) -> JobRecord | N
     if model_dir_for(data_dir, BOOTSTRAP_MODEL) is not None:
         return None
     jobs = JobService(settings, data_dir, ModelRegistry(data_dir, ENCODER, torch.device("cpu")))
-    record = next((r for r in jobs.store.list() if r.get("model_name") == BOOTSTRAP_MODEL), None)  # newest first
+    record = next((r for r in jobs.records.list() if r.get("model_name") == BOOTSTRAP_MODEL), None)  # newest first
     if record is not None and record["state"] in ("cancelled", "failed"):
         return jobs.restart(record["id"])
     if record is not None:

@@ -1,6 +1,6 @@
 """the model registry: DATA_DIR/models/<name>/, each model's promoted version in Hugging Face layout.
 
-The store scans the directory (at start-up, on GET /models and when a request names a model it
+The registry scans the directory (at start-up, on GET /models and when a request names a model it
 does not know), so a model saved while the service runs is served without a restart. Hidden and
 temporary directories ("." or "tmp" prefix, as datadir.files.atomic_dir writes) are skipped. An entry
 is a model's promoted version (datadir.versions: model.json names it; a legacy flat directory
@@ -57,7 +57,7 @@ from model.sizing import engine_working_bytes, format_bytes, inference_weight_by
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
-log = logging.getLogger("bertserve.store")
+log = logging.getLogger("bertserve.registry")
 
 # What each route needs (a servable head), and the model classes that have it. Not model.weights'
 # weight heads (pooler, mlm, nsp, classifier): those say which tensors a directory holds.
@@ -116,7 +116,7 @@ class LoadedModel:
 
 @dataclass
 class StoredModel:
-    """What the store knows of one directory, loaded or not."""
+    """What the registry knows of one directory, loaded or not."""
 
     name: str
     path: Path  # the promoted version's directory
@@ -158,7 +158,7 @@ def _count_parameters(cls: type, config: BertConfig, heads: set[str]) -> int:
 def read_stored_model(
     name: str, path: Path, identity: tuple, version: int = 1, versions: list[int] | None = None
 ) -> StoredModel:
-    """What the store knows of a model directory, from its config and weight names (cheap: no tensors
+    """What the registry knows of a model directory, from its config and weight names (cheap: no tensors
     are loaded); a directory that cannot be served gets its reason in `error`."""
     entry = StoredModel(name=name, path=path, identity=identity, version=version, versions=versions or [version])
     try:
@@ -284,7 +284,7 @@ class ModelRegistry:
     # -- lookups --------------------------------------------------------------------------------
 
     def default(self) -> str | None:
-        """BERT_DEFAULT_MODEL, or the only model in the store when it holds exactly one."""
+        """BERT_DEFAULT_MODEL, or the only model in DATA_DIR/models when it holds exactly one."""
         if self.default_name:
             return self.default_name
         names = list(self._entries)

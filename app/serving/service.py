@@ -235,7 +235,7 @@ class Service:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         check_precisions(settings, self.device)
-        self.store = ModelRegistry(
+        self.registry = ModelRegistry(
             settings.data_dir,
             settings.default_model,
             self.device,
@@ -264,8 +264,8 @@ class Service:
         s = self.settings
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
-        self.store.memory_budget = memory_budget(s, self.device)  # asks the device: at start, not on import
-        self.metrics.model_memory_budget.set(self.store.memory_budget)
+        self.registry.memory_budget = memory_budget(s, self.device)  # asks the device: at start, not on import
+        self.metrics.model_memory_budget.set(self.registry.memory_budget)
         self.engine = Engine(
             self.device,
             RUNNERS,
@@ -280,7 +280,7 @@ class Service:
             info = kernels.cpu()
             log.info("cpu: %s, %d cores: %s", info.name, info.cores, info.summary())
         self.pool = ThreadPoolExecutor(s.tokenizer_threads, thread_name_prefix="tokenize")
-        await asyncio.to_thread(self.store.scan)
+        await asyncio.to_thread(self.registry.scan)
         log.info("fill-mask and NSP model: %s", self.mlm_model_words())
         if self.settings.load == "startup":
             self._loader = asyncio.create_task(self._load_all())
@@ -297,19 +297,19 @@ class Service:
     async def _load_all(self) -> None:
         """BERT_LOAD=startup: load and warm up every stored model, the default first, as long as they
         fit in the memory budget without unloading one another (the rest load on first use)."""
-        default = self.store.default()
-        entries = sorted(self.store.entries(), key=lambda e: e.name != default)
+        default = self.registry.default()
+        entries = sorted(self.registry.entries(), key=lambda e: e.name != default)
         for entry in entries:
             if entry.error is not None:
                 continue
-            if entry.name != default and not self.store.fits(entry):
+            if entry.name != default and not self.registry.fits(entry):
                 log.info(
                     "model %s is not loaded at start: it does not fit in the memory budget beside the others",
                     entry.name,
                 )
                 continue
             try:
-                await self.store.ensure_loaded(entry)
+                await self.registry.ensure_loaded(entry)
             except ServiceError as e:
                 log.error("%s", e.message)
 
@@ -325,7 +325,7 @@ class Service:
     async def loaded_model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
         """The model a request names (None: the route's default), when the request's key may use it."""
         caller = CALLER.get()
-        return await self.store.get(name, head, route, check=caller.check_model if caller is not None else None)
+        return await self.registry.get(name, head, route, check=caller.check_model if caller is not None else None)
 
     def incoming(self):
         """`with service.incoming():` around a request's work before its work item is queued."""
@@ -422,20 +422,20 @@ class Service:
         """Which model /fill-mask and /nsp use when a request names none, and why, in words."""
         if self.settings.default_mlm_model:
             return f"'{self.settings.default_mlm_model}' (BERT_DEFAULT_MLM_MODEL)"
-        if self.store.default_mlm_name:
-            return f"'{self.store.default_mlm_name}' (chosen at first start: DATA_DIR/defaults.json)"
-        return f"the default model ('{self.store.default()}')" if self.store.default() else "none"
+        if self.registry.default_mlm_name:
+            return f"'{self.registry.default_mlm_name}' (chosen at first start: DATA_DIR/defaults.json)"
+        return f"the default model ('{self.registry.default()}')" if self.registry.default() else "none"
 
     async def not_ready_reason(self) -> str | None:
         """None when the default model is loaded and warmed up; else why not."""
         if self.draining:
             return "stopping: this replica received SIGTERM and finishes what it holds; send requests elsewhere"
-        name = self.store.default()
-        entry = self.store.peek(name) if name else None
+        name = self.registry.default()
+        entry = self.registry.peek(name) if name else None
         if entry is None:  # perhaps saved since the last scan
-            await asyncio.to_thread(self.store.scan)
-            name = self.store.default()
-            entry = self.store.peek(name) if name else None
+            await asyncio.to_thread(self.registry.scan)
+            name = self.registry.default()
+            entry = self.registry.peek(name) if name else None
         if name is None:
             return "no default model: set BERT_DEFAULT_MODEL (or store exactly one model)"
         if entry is None:

@@ -114,7 +114,7 @@ async def test_warm_up_runs_a_padded_and_an_unpadded_batch(data_dir):
     async with serve_app(settings, wait_ready=False) as c:
         assert (await c.post("/embeddings", json={"inputs": "the cat"})).status_code == 200
         service: Service = c._transport.app.state.service
-        lm = service.store.peek("tiny-enc").loaded
+        lm = service.registry.peek("tiny-enc").loaded
         original = service.run
 
         async def spy(item):

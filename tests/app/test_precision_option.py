@@ -48,7 +48,7 @@ async def test_auto_is_the_default_and_serves_fp32_on_cpu(data_dir):
         assert (await client.get("/info")).json()["settings"]["precision"] == "auto"
         listed = {m["name"]: m["precision"] for m in (await client.get("/models")).json()["models"]}
         assert listed == {"tiny-pt": "fp32", "tiny-mlm": "fp32", "tiny-enc": "fp32", "tiny-cls": "fp32"}
-        model = client.app.state.service.store.peek("tiny-pt").loaded.model
+        model = client.app.state.service.registry.peek("tiny-pt").loaded.model
         assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 

@@ -684,6 +684,6 @@ async def test_tokenizer_copies_for_request_options_are_bounded(svc):
             json={"question": "a ?", "context": "a dog", "model": "tiny-qa", "doc_stride": stride},
         )
         assert r.status_code == 200
-    lm = svc.app.state.service.store.peek("tiny-qa").loaded
+    lm = svc.app.state.service.registry.peek("tiny-qa").loaded
     assert len(_copies[lm.tokenizer]) == COPIES_PER_TOKENIZER
     assert list(_copies[lm.tokenizer])[-1] == (32, COPIES_PER_TOKENIZER + 3, "only_second", "right")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from app.api.auditing import audited
-from app.api.deps import CallerDep, JobServiceDep, require_admin
+from app.api.deps import CallerDep, CatalogDep, require_admin
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
@@ -27,29 +27,29 @@ DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
     openapi_extra=DATASET_UPLOAD_BODY,
     responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
 )
-async def upload_dataset(request: Request, jobs: JobServiceDep, caller: CallerDep) -> dict[str, Any]:
+async def upload_dataset(request: Request, catalog: CatalogDep, caller: CallerDep) -> dict[str, Any]:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
     async with audited(request, "dataset.upload", "dataset") as entry:
-        meta = await uploads.receive_upload(request, jobs.data_dir, jobs.settings, caller.name)
+        meta = await uploads.receive_upload(request, catalog.data_dir, catalog.settings, caller.name)
         entry["target"] = f"dataset {meta['name']}"
-    return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, jobs.data_dir, meta["name"])}
+    return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, catalog.data_dir, meta["name"])}
 
 
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))
-async def list_datasets(jobs: JobServiceDep) -> Response:
+async def list_datasets(catalog: CatalogDep) -> Response:
     """Every uploaded dataset with its kind, size, checksum and counts."""
-    return Response(await asyncio.to_thread(uploads.listing_json, jobs.data_dir), media_type="application/json")
+    return Response(await asyncio.to_thread(uploads.listing_json, catalog.data_dir), media_type="application/json")
 
 
 @router.get(
     "/datasets/{name}", response_model=DatasetInfo, responses=responses("validation", "unauthorized", "not_found")
 )
-async def get_dataset(name: DatasetName, jobs: JobServiceDep) -> dict[str, Any]:
+async def get_dataset(name: DatasetName, catalog: CatalogDep) -> dict[str, Any]:
     """One dataset's description."""
-    meta = await asyncio.to_thread(read_meta, jobs.data_dir, name)
+    meta = await asyncio.to_thread(read_meta, catalog.data_dir, name)
     if meta is None:
         raise ServiceError("not_found", f"dataset '{name}' not found")
-    return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, jobs.data_dir, name)}
+    return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, catalog.data_dir, name)}
 
 
 @router.delete(
@@ -57,8 +57,8 @@ async def get_dataset(name: DatasetName, jobs: JobServiceDep) -> dict[str, Any]:
     response_model=DeletedResponse,
     responses=responses("validation", "unauthorized", "not_found", "conflict"),
 )
-async def delete_dataset(name: DatasetName, jobs: JobServiceDep, request: Request) -> DeletedResponse:
+async def delete_dataset(name: DatasetName, catalog: CatalogDep, request: Request) -> DeletedResponse:
     """Delete a dataset and its token caches (409 while a queued or running job uses it)."""
     async with audited(request, "dataset.delete", f"dataset {name}"):
-        freed = await jobs.delete_dataset(name)
+        freed = await catalog.delete_dataset(name)
     return DeletedResponse(deleted="dataset", name=name, freed_bytes=freed)

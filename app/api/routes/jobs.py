@@ -77,7 +77,7 @@ async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep) -> JobS
 
 
 def _disk_bytes(jobs: JobService, job_id: str) -> int:
-    return jobs.store.disk_bytes(job_id)
+    return jobs.records.disk_bytes(job_id)
 
 
 @router.get(
@@ -89,7 +89,7 @@ async def get_job_metrics(job_id: JobId, jobs: JobServiceDep, caller: CallerDep)
     """The whole training curve: every logged step, evaluation and resume, in order."""
     await asyncio.to_thread(jobs.find, job_id, caller)  # another key's job: a 404
     try:
-        records = await asyncio.to_thread(jobs.store.metrics, job_id)
+        records = await asyncio.to_thread(jobs.records.metrics, job_id)
     except JobNotFound:
         await asyncio.to_thread(jobs.find, job_id)  # raises the 404
         raise
@@ -134,7 +134,7 @@ async def stream_job_events(
     async def events() -> AsyncIterator[str]:
         try:
             async for chunk in job_events(
-                jobs.store,
+                jobs.records,
                 job_id,
                 request.is_disconnected,
                 since=since,

@@ -1,4 +1,4 @@
-"""GET /models and GET /models/{name}: what the store holds (rescanned on every listing), each model's
+"""GET /models and GET /models/{name}: what the registry holds (rescanned on every listing), each model's
 promoted version and its versions, each with its card (where it came from, its held-out scores) and
 its named prompts.
 Behind BERT_ADMIN_KEY, as /jobs and /datasets: POST /models imports a model from the Hugging Face Hub or
@@ -13,7 +13,7 @@ import torch
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from app.api.auditing import audited
-from app.api.deps import CallerDep, ImportsDep, JobServiceDep, ServiceDep, require_admin
+from app.api.deps import CallerDep, CatalogDep, ImportsDep, ServiceDep, require_admin
 from app.errors import responses
 from app.jobs.imports import receive_request
 from app.schemas.jobs import JobStatus
@@ -91,10 +91,10 @@ async def import_model(request: Request, imports: ImportsDep, response: Response
     return JobStatus.from_record(record)
 
 
-def model_info(entry: StoredModel, store: ModelRegistry, device: torch.device, bytes_on_disk: int = 0) -> ModelInfo:
+def model_info(entry: StoredModel, registry: ModelRegistry, device: torch.device, bytes_on_disk: int = 0) -> ModelInfo:
     """(Reads the model's card.json: call it off the event loop.)"""
     config = entry.config
-    default, precision = store.default(), store.precision_of(entry.name)
+    default, precision = registry.default(), registry.precision_of(entry.name)
     labels = None
     if config is not None and config.id2label and {"classifier", "token_classifier"} & set(entry.heads):
         labels = [config.id2label[i] for i in sorted(config.id2label)]
@@ -110,8 +110,8 @@ def model_info(entry: StoredModel, store: ModelRegistry, device: torch.device, b
         loaded=entry.loaded is not None,
         precision=precision,
         error=entry.error,
-        pinned=store.is_pinned(entry.name),
-        estimated_bytes=store.estimate(entry)[0] or None,
+        pinned=registry.is_pinned(entry.name),
+        estimated_bytes=registry.estimate(entry)[0] or None,
         version=entry.version,
         num_versions=len(entry.versions),
         disk_bytes=bytes_on_disk,
@@ -135,15 +135,15 @@ def _prompts(entry: StoredModel) -> dict[str, str] | None:
 async def list_models(service: ServiceDep) -> ModelsResponse:
     """Every model in DATA_DIR/models/: its promoted version's heads and size, its versions and disk use,
     whether it is loaded, pinned or the default, and the memory budget."""
-    store = service.store
-    entries = await asyncio.to_thread(store.scan)
+    registry = service.registry
+    entries = await asyncio.to_thread(registry.scan)
     sizes = await asyncio.to_thread(lambda: [disk_bytes(service.settings.data_dir, e.name) for e in entries])
     models = await asyncio.to_thread(
-        lambda: [model_info(e, store, service.device, size) for e, size in zip(entries, sizes, strict=True)]
+        lambda: [model_info(e, registry, service.device, size) for e, size in zip(entries, sizes, strict=True)]
     )
-    loaded, working = store.memory_in_use()
-    memory = MemoryInfo(budget_bytes=store.memory_budget, loaded_bytes=loaded, working_set_bytes=working)
-    return ModelsResponse(models=models, default=store.default(), memory=memory)
+    loaded, working = registry.memory_in_use()
+    memory = MemoryInfo(budget_bytes=registry.memory_budget, loaded_bytes=loaded, working_set_bytes=working)
+    return ModelsResponse(models=models, default=registry.default(), memory=memory)
 
 
 @router.get(
@@ -160,11 +160,11 @@ async def get_model(name: ModelName, service: ServiceDep) -> ModelDetail:
     responses=responses("unauthorized", "not_found", "validation"),
 )
 async def promote_model(
-    name: ModelName, req: PromoteRequest, service: ServiceDep, jobs: JobServiceDep, request: Request
+    name: ModelName, req: PromoteRequest, service: ServiceDep, catalog: CatalogDep, request: Request
 ) -> ModelDetail:
     """Serve another version of a model (a rollback: an older one); requests in flight finish on the old one."""
     async with audited(request, "model.promote", f"model {name} version {req.version}"):
-        await jobs.promote(name, req.version)
+        await catalog.promote(name, req.version)
     return await _detail(service, name)
 
 
@@ -173,10 +173,10 @@ async def promote_model(
     response_model=DeletedResponse,
     responses=responses("unauthorized", "not_found", "validation", "conflict"),
 )
-async def delete_model(name: ModelName, jobs: JobServiceDep, request: Request) -> DeletedResponse:
+async def delete_model(name: ModelName, catalog: CatalogDep, request: Request) -> DeletedResponse:
     """Delete a model with every version (409 while it is a default model or a queued or running job's base model)."""
     async with audited(request, "model.delete", f"model {name}"):
-        freed = await jobs.delete_model(name)
+        freed = await catalog.delete_model(name)
     return DeletedResponse(deleted="model", name=name, freed_bytes=freed)
 
 
@@ -186,16 +186,16 @@ async def delete_model(name: ModelName, jobs: JobServiceDep, request: Request) -
     responses=responses("unauthorized", "not_found", "validation", "conflict"),
 )
 async def delete_model_version(
-    name: ModelName, version: VersionNumber, jobs: JobServiceDep, request: Request
+    name: ModelName, version: VersionNumber, catalog: CatalogDep, request: Request
 ) -> DeletedResponse:
     """Delete one version (409 for the promoted one while others exist; the last one deletes the model)."""
     async with audited(request, "model.delete", f"model {name} version {version}"):
-        freed = await jobs.delete_model(name, version)
+        freed = await catalog.delete_model(name, version)
     return DeletedResponse(deleted="version", name=name, version=version, freed_bytes=freed)
 
 
 async def _detail(service: Service, name: str) -> ModelDetail:
-    entry = await service.store.lookup(name)
+    entry = await service.registry.lookup(name)
     versions = await asyncio.to_thread(list_versions, service.settings.data_dir, name)
     listed = [
         ModelVersion(
@@ -210,5 +210,5 @@ async def _detail(service: Service, name: str) -> ModelDetail:
         for v in versions
     ]
     size = await asyncio.to_thread(disk_bytes, service.settings.data_dir, name)
-    info = await asyncio.to_thread(model_info, entry, service.store, service.device, size)
+    info = await asyncio.to_thread(model_info, entry, service.registry, service.device, size)
     return ModelDetail(**{**info.model_dump(), "num_versions": len(listed)}, versions=listed)

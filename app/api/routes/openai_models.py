@@ -25,7 +25,7 @@ def openai_model(entry: StoredModel) -> OpenAIModel:
 @router.get("/v1/models", response_model=OpenAIModelsResponse, responses=responses("unauthorized", openai=True))
 async def list_openai_models(service: ServiceDep) -> OpenAIModelsResponse:
     """Every model a request can name, in OpenAI's list format."""
-    entries = await asyncio.to_thread(service.store.scan)
+    entries = await asyncio.to_thread(service.registry.scan)
     data = await asyncio.to_thread(lambda: [openai_model(e) for e in entries if e.error is None])
     return OpenAIModelsResponse(data=data)
 
@@ -37,7 +37,7 @@ async def list_openai_models(service: ServiceDep) -> OpenAIModelsResponse:
 )
 async def get_openai_model(model_id: str, service: ServiceDep) -> OpenAIModel:
     """One model, in OpenAI's format."""
-    entry = await service.store.lookup(model_id)
+    entry = await service.registry.lookup(model_id)
     if entry.error is not None:
         raise ServiceError("not_found", f"model '{model_id}' cannot be served: {entry.error}")
     return await asyncio.to_thread(openai_model, entry)

@@ -39,7 +39,7 @@ async def ready(service: ServiceDep) -> ReadyResponse:
     reason = await service.not_ready_reason()
     if reason is not None:
         raise ServiceError("unavailable", reason)
-    return ReadyResponse(model=service.store.default(), mlm_model=service.store.default_mlm_name)
+    return ReadyResponse(model=service.registry.default(), mlm_model=service.registry.default_mlm_name)
 
 
 @metrics_router.get(

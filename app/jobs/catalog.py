@@ -1,0 +1,87 @@
+"""The data directory's models and datasets, administered: promote a version, delete a model, one of its
+versions or a dataset, refusing what requests default to or a queued or running job uses.
+
+Each change runs under the job service's submission lock (`JobService.submit_lock`), so no job can be
+accepted on a model or dataset between the in-use check and the change. Blocking calls run in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.errors import ServiceError
+from app.settings import Settings
+from datadir import TERMINAL, DataDir, JobRecords, delete_dataset, versions
+
+
+class Catalog:
+    """Promote and delete the models and datasets of one data directory (the /models and /datasets routes)."""
+
+    def __init__(self, settings: Settings, data_dir: Path, records: JobRecords, submit_lock: asyncio.Lock):
+        self.settings, self.data_dir, self.records, self.submit_lock = settings, data_dir, records, submit_lock
+
+    async def promote(self, name: str, version: int) -> None:
+        """Make `version` the one requests for `name` get; 404 for an unknown model or version."""
+        async with self.submit_lock:
+            await asyncio.to_thread(_data_call, versions.promote, self.data_dir, name, version)
+
+    async def delete_model(self, name: str, version: int | None = None) -> int:
+        """Delete a model (or one version of it; the last one deletes the model); the bytes freed.
+
+        409 while requests default to it (BERT_DEFAULT_MODEL and the other default-model settings) and the whole
+        model would go, or while a queued or running job trains from it, or for the promoted version
+        while others exist."""
+        async with self.submit_lock:
+            numbers = await asyncio.to_thread(versions.version_numbers, DataDir(self.data_dir).model(name))
+            if not numbers:
+                raise ServiceError("not_found", str(versions.ModelNotFound(name)))
+            if version is None or numbers == [version]:  # the whole model would go
+                self._refuse_default(name)
+            await asyncio.to_thread(self._refuse_in_use, "base_model", name, "model")
+            if version is None:
+                return await asyncio.to_thread(_data_call, versions.delete_model, self.data_dir, name)
+            return await asyncio.to_thread(_data_call, versions.delete_version, self.data_dir, name, version)
+
+    async def delete_dataset(self, name: str) -> int:
+        """Delete a dataset; the bytes freed. 404 when there is none; 409 while a queued or running job uses it."""
+        async with self.submit_lock:
+            await asyncio.to_thread(self._refuse_in_use, "dataset", name, "dataset")
+            try:
+                return await asyncio.to_thread(delete_dataset, self.data_dir, name)
+            except FileNotFoundError:
+                raise ServiceError("not_found", f"dataset '{name}' not found") from None
+
+    def _refuse_default(self, name: str) -> None:
+        for value, setting in (
+            (self.settings.default_model, "BERT_DEFAULT_MODEL"),
+            (self.settings.default_mlm_model, "BERT_DEFAULT_MLM_MODEL"),
+            (self.settings.rerank_model, "BERT_RERANK_MODEL"),
+            (self.settings.predict_model, "BERT_PREDICT_MODEL"),
+        ):
+            if value == name:
+                raise ServiceError(
+                    "conflict", f"model '{name}' is the default model ({setting}): set another before deleting it"
+                )
+
+    def _refuse_in_use(self, field: str, name: str, what: str) -> None:
+        """409 naming the queued or running job whose `field` (base_model, dataset) is `name`."""
+        for record in self.records.list():
+            if record.get(field) == name and record["state"] not in TERMINAL:
+                raise ServiceError(
+                    "conflict",
+                    f"{what} '{name}' is in use by job {record['id']} ({record['state']}); "
+                    "delete it once the job has finished (or cancel the job)",
+                )
+
+
+def _data_call(call: Callable[..., Any], *args: Any) -> Any:
+    """A datadir.versions call, its refusals as the service's errors (404, 409)."""
+    try:
+        return call(*args)
+    except (versions.ModelNotFound, versions.VersionNotFound) as e:
+        raise ServiceError("not_found", str(e)) from None
+    except versions.PromotedVersion as e:
+        raise ServiceError("conflict", str(e)) from None
