@@ -340,3 +340,54 @@ def test_the_lease_check_sees_a_second_runner(tmp_path):
     (tmp_path / "worker").mkdir()
     (tmp_path / "worker" / "t.py").write_text("store.move(job_id, jobs.start, 'host:1')\n")
     assert modules_holding_leases(tmp_path) == {"app/imports.py", "worker/t.py"}
+
+
+# -- docs/architecture.md states what the tree is ----------------------------------------------------
+
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
+
+
+def _tree_entries() -> set[str]:
+    """The folders the "Where things are" tree names: top-level ones and those one level in (`app/api`)."""
+    tree = ARCHITECTURE.split("## Where things are", 1)[1].split("```")[1]
+    entries, top = set(), None
+    for line in tree.splitlines():
+        match = re.match(r"^( *)([a-z_]+)/ ", line)
+        if not match:
+            continue
+        if not match.group(1):
+            top = match.group(2)
+            entries.add(top)
+        elif top is not None:
+            entries.add(f"{top}/{match.group(2)}")
+    return entries
+
+
+def test_the_architecture_page_names_every_package_and_folder():
+    packages = set(PACKAGES)
+    folders = {
+        f"{package}/{child.name}"
+        for package in PACKAGES
+        for child in (ROOT / package).iterdir()
+        if child.is_dir() and ((child / "__init__.py").is_file() or child.name in ("console", "heldout"))
+    }
+    assert (packages | folders) - {"model/heldout"} <= _tree_entries()
+
+
+def test_the_architecture_page_names_every_job_kind_and_who_runs_it():
+    from datadir.jobs import API_KINDS, JOB_KINDS
+
+    sentence = re.search(r"A job's \*kind\* is one of ([^;]+);", " ".join(ARCHITECTURE.split())).group(1)
+    assert re.findall(r"`(\w+)`", sentence) == list(JOB_KINDS)
+    assert list(JOB_KINDS[-len(API_KINDS) :]) == sorted(API_KINDS, key=JOB_KINDS.index)  # "the API the other two"
+
+
+def test_the_architecture_page_gives_the_app_rooms_in_the_contracts_order():
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["id"] == "app-rooms")
+    text = " ".join(ARCHITECTURE.split())
+    stated = re.search(r"Inside `app/` the rooms depend downwards only: (.+?)\. ", text).group(1)
+    named = [m.replace(" ", "") for m in re.findall(r"`([a-z_ ]+)`", stated)]
+    assert named == [room.replace("app.", "") for layer in layers for room in layer.split(" | ")]
