@@ -29,7 +29,7 @@ from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.options import TASKS, Option, format_default, options_for
 from model.sources import HUB_ID_PATTERN
-from model.tokenizer import lone_surrogate_at
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, lone_surrogate_at
 
 # The rule above, for every request type (response types are ours: no need).
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -769,7 +769,6 @@ TrainParams = create_model(
 )
 
 assert set(TASKS) == set(KIND_OF_TASK)  # every fine-tuning task names the dataset kind it trains on
-SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 
 class _FinetuneParams(TrainParams):

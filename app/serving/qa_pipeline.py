@@ -33,9 +33,7 @@ from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service
 from model.qa_spans import NO_NULL, window_spans
-from model.tokenizer import encode_one, truncating, window_count
-
-SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, encode_one, truncating, window_count
 
 
 async def question_answering(svc: Service, req: QuestionAnsweringRequest) -> Any:

@@ -36,10 +36,9 @@ from model.data.batches import RowBatches, padded_inputs
 from model.data.finetune import _open_text, split_holdout
 from model.qa_spans import MAX_ANSWER_LEN, best_answer
 from model.scores import squad_scores
-from model.tokenizer import truncating
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, truncating
 
 MAX_QUERY_LENGTH, DOC_STRIDE = 64, 128
-SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 
 @dataclass
