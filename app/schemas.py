@@ -27,6 +27,7 @@ from datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
 from datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
+from model.data.question_answering import WindowMisfit, check_window
 from model.options import TASKS, Option, format_default, options_for
 from model.sources import HUB_ID_PATTERN
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, lone_surrogate_at
@@ -780,18 +781,19 @@ class _FinetuneParams(TrainParams):
             if self.doc_stride is not None:
                 raise _invalid(f"doc_stride is for task question-answering, not {self.task}")
             return self
-        room = self.max_seq_len - self.max_query_length - SPECIAL_TOKENS_IN_A_PAIR
-        if room < 1:
+        try:
+            check_window(self.max_seq_len, self.max_query_length, self.doc_stride or 0)
+        except WindowMisfit as e:
+            if e.no_room:
+                raise _invalid(
+                    f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
+                    f"of max_query_length ({self.max_query_length}) and {SPECIAL_TOKENS_IN_A_PAIR} special tokens"
+                ) from None
             raise _invalid(
-                f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
-                f"of max_query_length ({self.max_query_length}) and 3 special tokens"
-            )
-        if self.doc_stride is not None and self.doc_stride >= room:
-            raise _invalid(
-                f"doc_stride ({self.doc_stride}) must be less than the {room} context tokens a window "
+                f"doc_stride ({self.doc_stride}) must be less than the {e.room} context tokens a window "
                 f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
                 f"{self.max_query_length}"
-            )
+            ) from None
         return self
 
 
