@@ -23,7 +23,7 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from app.settings import Settings
-from datadir import NAME_PATTERN, NAME_RULE, STATES, valid_name
+from datadir import NAME_MAX_LENGTH, NAME_PATTERN, NAME_RULE, STATES, valid_name
 from datadir.datasets import DATASET_KINDS, KIND_OF_TASK, LISTED_LABELS
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
@@ -39,7 +39,7 @@ ModelName = Annotated[
     str,
     Field(
         pattern=NAME_PATTERN,
-        max_length=64,
+        max_length=NAME_MAX_LENGTH,
         description="A model in DATA_DIR/models/; omitted = the default model.",
         examples=["bert-tiny"],
     ),
@@ -648,7 +648,9 @@ def _check_name(value: str) -> str:
 
 
 # A model, dataset or base-model name in a job: one plain path component (datadir's rule).
-Name = Annotated[str, Field(min_length=1, max_length=64, examples=["reviews"]), AfterValidator(_check_name)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=NAME_MAX_LENGTH, examples=["reviews"]), AfterValidator(_check_name)
+]
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -34,6 +34,8 @@ from datadir.jobs import (
 )
 from datadir.layout import (
     JOB_ID_PATTERN,
+    NAME_CHARACTERS,
+    NAME_MAX_LENGTH,
     NAME_PATTERN,
     NAME_RULE,
     DataDir,
@@ -70,6 +72,8 @@ __all__ = [
     "JobUnfinished",
     "Lease",
     "ModelNotFound",
+    "NAME_CHARACTERS",
+    "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "NAME_RULE",
     "PROVENANCE",

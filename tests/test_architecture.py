@@ -1,6 +1,7 @@
 """The rooms' walls: import-linter's contracts (pyproject.toml) hold on this tree and catch violations on a
-tree that breaks them, no project module takes part in an import cycle (module- or function-level), and
-one module alone writes a job's state and lifecycle events."""
+tree that breaks them, no project module takes part in an import cycle (module- or function-level), one
+module alone writes a job's state and lifecycle events, and a fact that several modules use is declared
+in one."""
 
 from __future__ import annotations
 
@@ -181,14 +182,29 @@ def test_no_two_modules_share_a_file_name_unless_they_mean_the_same_thing():
     assert shared == {name: paths for name, paths in SAME_MEANING.items() if name in shared}, shared
 
 
-def test_ignore_index_is_defined_once():
-    defining = [
+# Facts that several modules use, each declared (assigned, or defined as a function) in one module only.
+ONE_HOME = {
+    "IGNORE_INDEX": "model/modeling.py",
+    "SPECIAL_TOKENS_IN_ONE_TEXT": "model/tokenizer.py",  # [CLS] a [SEP]
+    "SPECIAL_TOKENS_IN_A_PAIR": "model/tokenizer.py",  # [CLS] a [SEP] b [SEP]
+    "with_special_tokens": "model/tokenizer.py",
+    "check_window": "model/data/question_answering.py",  # a QA window holds the question and moves on
+    "NAME_PATTERN": "datadir/layout.py",  # models' and datasets' names
+    "NAME_RULE": "datadir/layout.py",
+    "NAME_MAX_LENGTH": "datadir/layout.py",
+    "KEY_NAME_PATTERN": "app/keys/keyfile.py",  # keys' names: a rule of their own
+}
+
+
+@pytest.mark.parametrize("name", ONE_HOME)
+def test_a_fact_is_declared_in_one_module(name):
+    declaring = [
         path.relative_to(ROOT).as_posix()
         for package in ("app", "datadir", "model", "worker")
         for path in (ROOT / package).rglob("*.py")
-        if re.search(r"^\s*IGNORE_INDEX\s*[:=]", path.read_text(), re.M)
+        if re.search(rf"^\s*(def {name}\(|{name}\s*[:=])", path.read_text(), re.M)
     ]
-    assert defining == ["model/modeling.py"]
+    assert declaring == [ONE_HOME[name]]
 
 
 # -- one owner of a job's state --------------------------------------------------------------------
