@@ -193,6 +193,7 @@ ONE_HOME = {
     "NAME_RULE": "datadir/layout.py",
     "NAME_MAX_LENGTH": "datadir/layout.py",
     "KEY_NAME_PATTERN": "app/keys/keyfile.py",  # keys' names: a rule of their own
+    "VISIBILITY_TIMEOUT_S": "worker/queue.py",  # the broker's, for the workers and the publisher
 }
 
 

@@ -21,6 +21,11 @@ TASK_NAME = "bert.train"  # every job; the worker reads its kind from the record
 # so the worker takes them too (as bert.train: the record, not the name, says the kind).
 OLD_TASK_NAMES = ("bert.pretrain", "bert.finetune")
 TRAINING_QUEUE = "training"
+# Seconds before Redis (or SQS) hands a delivered, unacknowledged message to another worker. A job is acked
+# when it ends (acks_late), hours later, so a copy may come while the first worker still trains: the job's
+# lease makes that copy a no-op, and the copy is what resumes a job whose whole worker died when no other
+# worker restarts to sweep it up. The workers' default (BERT_VISIBILITY_TIMEOUT) and the publisher's.
+VISIBILITY_TIMEOUT_S = 3600
 _REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
 _FANOUT_SCHEMES = (*_REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
 
@@ -56,7 +61,7 @@ def producer(broker_url: str, data_dir: str | os.PathLike, connect_timeout_s: fl
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
-        broker_transport_options=broker_transport_options(broker_url, data_dir, 3600),
+        broker_transport_options=broker_transport_options(broker_url, data_dir, VISIBILITY_TIMEOUT_S),
         broker_connection_timeout=connect_timeout_s,
     )
     return celery

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.compute.device import DEVICE_PATTERN
+from worker.queue import VISIBILITY_TIMEOUT_S
 
 DAY = 24 * 3600
 
@@ -37,10 +38,8 @@ class WorkerSettings(BaseSettings):
             "`filesystem://` (messages in `DATA_DIR/broker`)."
         ),
     )
-    # The lease makes a redelivery harmless (it finds the job running and does nothing); it is what
-    # resumes a job whose whole worker died when no other worker restarts to sweep it up.
     visibility_timeout: int = Field(
-        3600,
+        VISIBILITY_TIMEOUT_S,  # why a redelivery is harmless, and what it is for: worker/queue.py
         ge=10,
         description=(
             "Seconds before Redis hands a delivered, unacknowledged job to another worker. While the first worker "
