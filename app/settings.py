@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
 from model.compute.device import DEVICE_PATTERN
 from model.options import PRECISIONS
+from worker.queue import BrokerUrlSetting, DataDirSetting
 
 Precision = Literal[
     "auto", "fp32", "bf16", "int8"
@@ -27,8 +28,7 @@ assert get_args(Precision) == ("auto", *PRECISIONS)
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(
-        Path("./data"),
+    data_dir: DataDirSetting = Field(
         description=(
             "Models in `DATA_DIR/models/<name>/` (Hugging Face layout), datasets in `datasets/`, jobs in `jobs/`. "
             "Shared with the workers."
@@ -267,9 +267,7 @@ class Settings(BaseSettings):
             "16 characters."
         ),
     )
-    broker_url: str = Field(
-        "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
+    broker_url: BrokerUrlSetting = Field(
         description="Where `POST /jobs` sends jobs; it must be the workers' broker.",
     )
     max_dataset_bytes: int = Field(

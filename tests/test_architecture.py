@@ -103,12 +103,13 @@ BROKEN_TREE = {
     "datadir/jobs.py": "from model import modeling\n",  # the ground floor reaches up into model/ (and torch)
     "app/__init__.py": "",
     "app/jobs/__init__.py": "",
-    "app/jobs/job_service.py": "import worker.queue\n",  # the one allowed crossing
+    "app/jobs/job_service.py": "import worker.queue\n",  # the allowed crossings: the publisher ...
+    # ... and the settings both sides read; then a shared type reaches up to the CLI
+    "app/settings.py": "import worker.queue\nfrom app.cli import main\n",
     "app/serving/__init__.py": "",
     "app/serving/engine.py": "from worker import training\n",  # any other is not
     **{f"app/{room}/__init__.py": "" for room in ("cli", "launcher", "api", "keys")},
     **{f"app/{name}.py": "" for name in ("main", "schemas", "errors", "prometheus")},
-    "app/settings.py": "from app.cli import main\n",  # a shared type reaches up to the CLI
     "worker/__init__.py": "",
     "worker/queue.py": "from . import settings\n",  # the queue module is not a leaf
     "worker/settings.py": "",
@@ -194,6 +195,8 @@ ONE_HOME = {
     "NAME_MAX_LENGTH": "datadir/layout.py",
     "KEY_NAME_PATTERN": "app/keys/keyfile.py",  # keys' names: a rule of their own
     "VISIBILITY_TIMEOUT_S": "worker/queue.py",  # the broker's, for the workers and the publisher
+    "DataDirSetting": "worker/queue.py",  # BERT_DATA_DIR, for the service's settings and the workers'
+    "BrokerUrlSetting": "worker/queue.py",  # BERT_BROKER_URL (or REDIS_URL), the same
 }
 
 

@@ -1,6 +1,6 @@
-"""The training queue as both sides see it: task names, the queue, kombu's transport options, and
-sending a job. The one module of worker/ that the app imports (it publishes jobs; it never imports
-the worker's Celery app or its training code).
+"""The training queue as both sides see it: task names, the queue, kombu's transport options, the two
+settings both read (the broker URL and DATA_DIR), and sending a job. The one module of worker/ that the
+app imports (it publishes jobs; it never imports the worker's Celery app or its training code).
 
 A message is one task, `bert.train`, with one argument, the job id: everything else, the job's kind
 included, is in DATA_DIR/jobs/<id>/ (datadir). JSON only, so a message can never make anyone
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import AliasChoices, Field
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -26,6 +28,13 @@ TRAINING_QUEUE = "training"
 # lease makes that copy a no-op, and the copy is what resumes a job whose whole worker died when no other
 # worker restarts to sweep it up. The workers' default (BERT_VISIBILITY_TIMEOUT) and the publisher's.
 VISIBILITY_TIMEOUT_S = 3600
+# The settings the service (app/settings.py) and the workers (worker/settings.py) share: one variable, one
+# default and one type for both; each side's field gives its own description (the docs' two tables).
+DataDirSetting = Annotated[Path, Field(default_factory=lambda: Path("./data"))]
+BrokerUrlSetting = Annotated[
+    str,
+    Field(default="redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL")),
+]
 _REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
 _FANOUT_SCHEMES = (*_REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
 

@@ -9,13 +9,11 @@ Reference: https://docs.pydantic.dev/latest/concepts/pydantic_settings/
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.compute.device import DEVICE_PATTERN
-from worker.queue import VISIBILITY_TIMEOUT_S
+from worker.queue import VISIBILITY_TIMEOUT_S, BrokerUrlSetting, DataDirSetting
 
 DAY = 24 * 3600
 
@@ -23,16 +21,13 @@ DAY = 24 * 3600
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(
-        Path("./data"),
+    data_dir: DataDirSetting = Field(
         description=(
             "The same directory the service uses: jobs, datasets and models live below it. It must be one "
             "filesystem with working `flock` (a local disk or NFSv4)."
         ),
     )
-    broker_url: str = Field(
-        "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
+    broker_url: BrokerUrlSetting = Field(
         description=(
             "Celery broker. For no server, use `sqla+sqlite:////abs/path/broker.sqlite` or "
             "`filesystem://` (messages in `DATA_DIR/broker`)."

@@ -31,9 +31,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from app.launcher.local import up
+    from app.settings import Settings
 
     steps = _positive_steps(args.bootstrap_steps)
-    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=steps)
+    data_dir = args.data_dir or Settings().data_dir
+    return up(data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=steps)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -127,9 +129,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("up", help="everything on this machine, no Docker or Redis: API + one worker (make run)")
     p.add_argument(
-        "--data-dir",
-        default=os.environ.get("BERT_DATA_DIR", "data"),
-        help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)",
+        "--data-dir", help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)"
     )
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")
