@@ -211,6 +211,19 @@ def test_a_fact_is_declared_in_one_module(name):
     assert declaring == [ONE_HOME[name]]
 
 
+def test_bert_variables_are_read_through_the_settings_objects():
+    """A BERT_* variable is a field of app/settings.py's Settings or worker/settings.py's WorkerSettings, so the
+    docs' configuration tables list it; no module reads one from os.environ by hand."""
+    by_hand = re.compile(r"""(environ|getenv)\b.*["']BERT_""")
+    readers = [
+        path.relative_to(ROOT).as_posix()
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        if by_hand.search(path.read_text())
+    ]
+    assert readers == []
+
+
 # -- one owner of a job's state --------------------------------------------------------------------
 
 RECORD_KEYS = ("state", "events")  # a job's state and lifecycle events: written only by its transitions
