@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
 from model.compute.device import DEVICE_PATTERN
 from model.options import PRECISIONS
+from worker.queue import BrokerUrlSetting, DataDirSetting
 
 Precision = Literal[
     "auto", "fp32", "bf16", "int8"
@@ -24,11 +25,13 @@ Precision = Literal[
 assert get_args(Precision) == ("auto", *PRECISIONS)
 
 
+BERT_INIT_ONLY = ("bootstrap", "bootstrap_steps")  # settings of the first start, not of the running service
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(
-        Path("./data"),
+    data_dir: DataDirSetting = Field(
         description=(
             "Models in `DATA_DIR/models/<name>/` (Hugging Face layout), datasets in `datasets/`, jobs in `jobs/`. "
             "Shared with the workers."
@@ -55,6 +58,20 @@ class Settings(BaseSettings):
             "Hugging Face Hub repo that `bert init` and `bert up` import for `/fill-mask` and `/nsp` when the Hub "
             "answers (within 3 s; never with `HF_HUB_OFFLINE=1`); otherwise they queue the bootstrap training job, "
             "and the next start tries the Hub again. Empty: always the bootstrap job."
+        ),
+    )
+    bootstrap: bool = Field(
+        True,
+        description=(
+            "Whether `bert init` queues the bootstrap job (`false`, `0`, `no` or `off` skip it, as `--no-bootstrap` "
+            "does). Blank: `true`."
+        ),
+    )
+    bootstrap_steps: int | None = Field(
+        None,
+        description=(
+            "Steps the bootstrap job that `bert init` queues trains for (`--bootstrap-steps` wins). Unset or blank: "
+            "the job's own length."
         ),
     )
     rerank_model: str | None = Field(
@@ -267,9 +284,7 @@ class Settings(BaseSettings):
             "16 characters."
         ),
     )
-    broker_url: str = Field(
-        "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
+    broker_url: BrokerUrlSetting = Field(
         description="Where `POST /jobs` sends jobs; it must be the workers' broker.",
     )
     max_dataset_bytes: int = Field(
@@ -407,6 +422,25 @@ class Settings(BaseSettings):
         description="Days a `/v1/files` file (batch input, output or errors) is kept before it is deleted; 0: kept until deleted.",
     )
 
+    @field_validator("bootstrap", "bootstrap_steps", mode="before")
+    @classmethod
+    def _as_bert_init_reads_it(cls, value: object, info: ValidationInfo) -> object:
+        """A variable's text as `bert init` has always read it: blank is unset; a flag is 1/true/yes/on or
+        0/false/no/off in any case; steps are a whole number (which `bert init` holds to >= 1, as its flag)."""
+        if not isinstance(value, str):
+            return value
+        text, variable = value.strip(), f"{cls.model_config.get('env_prefix', '')}{info.field_name}".upper()
+        if info.field_name == "bootstrap_steps":
+            try:
+                return int(text) if text else None
+            except ValueError:
+                raise ValueError(f"{variable} must be a whole number, got {text!r}") from None
+        if text.lower() in ("", "1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{variable} must be true or false, got {text.lower()!r}")
+
     def keys_path(self) -> Path:
         return self.keys_file if self.keys_file is not None else self.data_dir / "keys.toml"
 
@@ -415,7 +449,7 @@ class Settings(BaseSettings):
 
     def public_dict(self) -> dict:
         """Settings that are safe to show on /info (the API key only as set / not set)."""
-        d = self.model_dump(exclude={"api_key", "admin_key", "broker_url"})
+        d = self.model_dump(exclude={"api_key", "admin_key", "broker_url", *BERT_INIT_ONLY})
         d["data_dir"] = str(self.data_dir)
         d["api_key_set"] = self.api_key_value() is not None
         d["admin_key_set"] = self.admin_key_value() is not None

@@ -35,7 +35,7 @@ from bench.common import MINILM_DIR, machine_line, markdown_table, setup
 from model.data.corpus import TokenizedCorpus, tokenizer_fingerprint
 from model.data.pretraining import PretrainingData, plan_instances
 from model.data.store import MANIFEST, open_store
-from model.tokenizer import BertTokenizer
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, BertTokenizer
 
 # ---------------------------------------------------------------------------- a synthetic store
 
@@ -203,7 +203,7 @@ def compare_planners(store_path: Path, tokenizer, small_tokens: int, max_seq_len
         np.asarray(shard.sentence_offsets[: s + 1]),
         np.asarray(shard.document_offsets[: d + 1]),
     )
-    m = max_seq_len - 3
+    m = max_seq_len - SPECIAL_TOKENS_IN_A_PAIR  # PretrainingData.max_num_tokens with NSP
     t0 = time.perf_counter()
     old = sequential_plan(corpus, m, 0.1, random.Random(0))
     t1 = time.perf_counter()
@@ -259,7 +259,7 @@ def main() -> None:
     corpus, rows, speedup = compare_planners(store, tokenizer, int(args.small_tokens), args.max_seq_len)
     print(
         f"\nplanners on one epoch of {corpus.num_tokens / 1e6:.1f} M tokens ({corpus.num_sentences:,} sentences, "
-        f"{corpus.num_documents:,} documents), target {args.max_seq_len - 3} tokens, short_seq_prob 0.1:\n"
+        f"{corpus.num_documents:,} documents), target {args.max_seq_len - SPECIAL_TOKENS_IN_A_PAIR} tokens, short_seq_prob 0.1:\n"
     )
     print(
         markdown_table(

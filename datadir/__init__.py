@@ -36,6 +36,8 @@ from datadir.jobs import (
 )
 from datadir.layout import (
     JOB_ID_PATTERN,
+    NAME_CHARACTERS,
+    NAME_MAX_LENGTH,
     NAME_PATTERN,
     NAME_RULE,
     DataDir,
@@ -72,6 +74,8 @@ __all__ = [
     "JobUnfinished",
     "Lease",
     "ModelNotFound",
+    "NAME_CHARACTERS",
+    "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "NAME_RULE",
     "PROVENANCE",

@@ -26,9 +26,12 @@ from pathlib import Path
 MODELS, DATASETS, JOBS, FILES = "models", "datasets", "jobs", "files"
 INIT_LOCK = ".init.lock"
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_MAX_LENGTH = 64
+NAME_CHARACTERS = "A-Za-z0-9_.-"  # inside a regex's [...]
+NAME_PATTERN = rf"^[A-Za-z0-9][{NAME_CHARACTERS}]{{0,{NAME_MAX_LENGTH - 1}}}$"
 NAME_RULE = (
-    "must be a plain name: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit (and not with 'tmp')"
+    f"must be a plain name: 1-{NAME_MAX_LENGTH} letters, digits, '_', '-' or '.', starting with a letter or digit "
+    "(and not with 'tmp')"
 )
 JOB_ID_PATTERN = r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$"
 _NAME_RE, _JOB_ID_RE = re.compile(NAME_PATTERN), re.compile(JOB_ID_PATTERN)

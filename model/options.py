@@ -2,10 +2,10 @@
 differs), bounds, choices, help, and where each is accepted.
 
 Everything else is built from `OPTIONS`: TrainConfig's and the run specs' defaults (model/training/trainer.py,
-model/training/runs.py), the API's job parameters (app/schemas/jobs.py), the `bert pretrain` / `bert finetune`
-flags (app/cli/train_commands.py), the worker's pass-through (worker/recipes.py), the console's job
-form and the configuration reference (`options_markdown`). Standard library only, so `bert --help`
-reads it without importing torch.
+model/training/runs.py), TrainConfig's checks (`check_value`), the API's job parameters (app/schemas/jobs.py),
+the `bert pretrain` / `bert finetune` flags (app/cli/train_commands.py), the worker's pass-through
+(worker/recipes.py), the console's job form and the configuration reference (`options_markdown`).
+Standard library only, so `bert --help` reads it without importing torch.
 
 Defaults follow BERT (Devlin et al. 2018, appendix A): fine-tuning picks lr from {5e-5, 3e-5, 2e-5},
 batch 32, 2-4 epochs, 10% warmup; pretraining uses lr 1e-4 with 10k warmup steps of 1M, scaled here to
@@ -14,6 +14,7 @@ runs of a thousand steps.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,14 +45,14 @@ class Option:
     bounds_by_kind: dict[str, dict[str, float | None]] = field(default_factory=dict)  # kind -> bounds it changes
     flag: str | None = None  # the CLI flag when it is not --name-with-dashes
 
-    def bounds(self, kind: str) -> dict[str, float]:
-        """{minimum, maximum, above, below} of `kind`, those that are set."""
+    def bounds(self, kind: str | None) -> dict[str, float]:
+        """{minimum, maximum, above, below} of `kind` (None: without any kind's own), those that are set."""
         values = {
             "minimum": self.minimum,
             "maximum": self.maximum,
             "above": self.above,
             "below": self.below,
-            **self.bounds_by_kind.get(kind, {}),
+            **(self.bounds_by_kind.get(kind, {}) if kind else {}),
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -339,6 +340,9 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_NAME = {o.name: o for o in OPTIONS}
+# TrainConfig's fields: the same in both kinds, and so are their bounds (TrainConfig checks them with no kind).
+TRAINER_OPTIONS = tuple(o for o in OPTIONS if o.trainer)
+assert all(o.kinds == KINDS and not o.bounds_by_kind for o in TRAINER_OPTIONS)
 
 
 def options_for(kind: str, *, job: bool | None = None, trainer: bool | None = None) -> list[Option]:
@@ -372,7 +376,32 @@ def format_default(option: Option, kind: str) -> str:
     return text
 
 
-def bounds_text(option: Option, kind: str) -> str:
+def check_value(option: Option, value: Any, kind: str | None = None) -> None:
+    """A ValueError quoting `value` unless `option` takes it (in `kind`): None where it is nullable, else a
+    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices.
+    For code that builds a run without the API's or the CLI's parsing (TrainConfig)."""
+    if value is None and option.nullable:
+        return
+    if option.choices is not None:
+        if value not in option.choices:
+            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+        return
+    if not _of_type(option.type, value) or not all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items()):
+        wanted = " ".join(filter(None, (_TYPE_NAMES[option.type], bounds_text(option, kind))))
+        raise ValueError(f"{option.name} must be {wanted}, got {value!r}")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_HOLDS = {"minimum": operator.ge, "maximum": operator.le, "above": operator.gt, "below": operator.lt}
+
+
+def _of_type(kind: type, value: Any) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def bounds_text(option: Option, kind: str | None) -> str:
     b = option.bounds(kind)
     parts = [
         f"{sign} {_show(b[key])}"

@@ -369,7 +369,9 @@ def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
 
 def hub_model_name(repo: str) -> str:
     """The model name a Hub repo gets in DATA_DIR/models by default: its name without the owner."""
-    from datadir.layout import valid_name
+    from datadir.layout import NAME_CHARACTERS, NAME_MAX_LENGTH, valid_name
 
-    name = repo.rsplit("/", 1)[-1]
-    return name if valid_name(name) else "hub-" + re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]
+    name, prefix = repo.rsplit("/", 1)[-1], "hub-"
+    if valid_name(name):
+        return name
+    return prefix + re.sub(f"[^{NAME_CHARACTERS}]", "-", name)[: NAME_MAX_LENGTH - len(prefix)]

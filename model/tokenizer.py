@@ -51,6 +51,15 @@ CONFIG_FILE = "tokenizer_config.json"
 # order of the tokenizer_config.json keys transformers reads ("pad_token", ...).
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
+# BERT's input layout (Devlin et al. 2018, section 3): each piece and its token type. One text is
+# "[CLS] a [SEP]"; a pair adds "b [SEP]", of type 1. The Rust post-processor's templates
+# (`_assemble_pipeline`) and `with_special_tokens` (for texts tokenized already) are both built from it.
+ONE_TEXT = (("cls", 0), ("a", 0), ("sep", 0))
+A_PAIR = (*ONE_TEXT, ("b", 1), ("sep", 1))
+_TEXTS = ("a", "b")
+SPECIAL_TOKENS_IN_ONE_TEXT = sum(piece not in _TEXTS for piece, _ in ONE_TEXT)  # 2
+SPECIAL_TOKENS_IN_A_PAIR = sum(piece not in _TEXTS for piece, _ in A_PAIR)  # 3
+
 # BERT's position table; also what transformers falls back to for BERT checkpoints.
 DEFAULT_MODEL_MAX_LENGTH = 512
 # transformers writes int(1e30) as model_max_length when it does not know the limit.
@@ -98,8 +107,8 @@ class BertTokenizer:
         )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{cls}:0 $A:0 {sep}:0",
-            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            single=self._template(ONE_TEXT),
+            pair=self._template(A_PAIR),
             special_tokens=[(cls, self._ids["cls"]), (sep, self._ids["sep"])],
         )
         tok.decoder = decoders.WordPiece(prefix="##")
@@ -108,6 +117,10 @@ class BertTokenizer:
         # tokenizer.json files often carry a fixed padding/truncation (MiniLM's: 128); we decide per call.
         tok.no_padding()
         tok.no_truncation()
+
+    def _template(self, layout: tuple[tuple[str, int], ...]) -> str:
+        """A layout as TemplateProcessing writes it: "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1"."""
+        return " ".join(f"${p.upper()}:{t}" if p in _TEXTS else f"{self.special_tokens[p]}:{t}" for p, t in layout)
 
     # ------------------------------------------------------------------ construction
 
@@ -348,10 +361,10 @@ class BertTokenizer:
         end ("right") or the start ("left") of each text. A text paired with many others (a re-ranker's
         query) is then tokenized once, not once per pair."""
         if max_length is not None:
-            keep_a, keep_b = longest_first(len(a), len(b), max_length - 3)  # [CLS], [SEP], [SEP]
+            keep_a, keep_b = longest_first(len(a), len(b), max_length - SPECIAL_TOKENS_IN_A_PAIR)
             a, b = _kept(a, keep_a, direction), _kept(b, keep_b, direction)
-        cls, sep = self.cls_token_id, self.sep_token_id
-        return {"input_ids": [cls, *a, sep, *b, sep], "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1)}
+        ids, types = with_special_tokens(a, b, self.cls_token_id, self.sep_token_id)
+        return {"input_ids": ids, "token_type_ids": types}
 
     def __call__(
         self,
@@ -408,7 +421,7 @@ class BertTokenizer:
             return self.model_max_length
         # Room for the special tokens and one token of each text; below that the Rust
         # truncation silently returns the input untruncated.
-        least = 5 if pair else 3
+        least = SPECIAL_TOKENS_IN_A_PAIR + 2 if pair else SPECIAL_TOKENS_IN_ONE_TEXT + 1
         if not isinstance(max_length, int) or max_length < least:
             raise ValueError(f"max_length must be an int >= {least}, got {max_length!r}")
         return max_length
@@ -513,6 +526,21 @@ def encode_one(tokenizer: Tokenizer, text: str, pair: str | None = None, add_spe
     server's event loop stalled meanwhile), `encode_batch` lets it go. The same Encoding, overflowing
     windows included; a microsecond more per call."""
     return tokenizer.encode_batch([text if pair is None else (text, pair)], add_special_tokens=add_special_tokens)[0]
+
+
+def with_special_tokens(
+    a: Sequence[int], b: Sequence[int] | None, cls_id: int, sep_id: int
+) -> tuple[list[int], list[int]]:
+    """(input_ids, token_type_ids) of one text's ids (`b` None) or a pair's, laid out as the tokenizer
+    lays out a text it encodes (ONE_TEXT, A_PAIR): "[CLS] a [SEP]" or "[CLS] a [SEP] b [SEP]"."""
+    special, texts = {"cls": cls_id, "sep": sep_id}, {"a": a, "b": () if b is None else b}
+    ids: list[int] = []
+    types: list[int] = []
+    for piece, token_type in ONE_TEXT if b is None else A_PAIR:
+        part = texts[piece] if piece in texts else (special[piece],)
+        ids += part
+        types += [token_type] * len(part)
+    return ids, types
 
 
 # -- tokenizers that truncate, and the windows they cut ---------------------------------------------

@@ -1,6 +1,7 @@
 """The rooms' walls: import-linter's contracts (pyproject.toml) hold on this tree and catch violations on a
-tree that breaks them, no project module takes part in an import cycle (module- or function-level), and
-one module alone writes a job's state and lifecycle events."""
+tree that breaks them, no project module takes part in an import cycle (module- or function-level), one
+module alone writes a job's state and lifecycle events, and a fact that several modules use is declared
+in one."""
 
 from __future__ import annotations
 
@@ -102,12 +103,13 @@ BROKEN_TREE = {
     "datadir/jobs.py": "from model import modeling\n",  # the ground floor reaches up into model/ (and torch)
     "app/__init__.py": "",
     "app/jobs/__init__.py": "",
-    "app/jobs/job_service.py": "import worker.queue\n",  # the one allowed crossing
+    "app/jobs/job_service.py": "import worker.queue\n",  # the allowed crossings: the publisher ...
+    # ... and the settings both sides read; then a shared type reaches up to the CLI
+    "app/settings.py": "import worker.queue\nfrom app.cli import main\n",
     "app/serving/__init__.py": "",
     "app/serving/engine.py": "from worker import training\n",  # any other is not
     **{f"app/{room}/__init__.py": "" for room in ("cli", "launcher", "api", "keys")},
     **{f"app/{name}.py": "" for name in ("main", "schemas", "errors", "prometheus")},
-    "app/settings.py": "from app.cli import main\n",  # a shared type reaches up to the CLI
     "worker/__init__.py": "",
     "worker/queue.py": "from . import settings\n",  # the queue module is not a leaf
     "worker/settings.py": "",
@@ -198,14 +200,45 @@ def test_each_module_of_types_sits_beside_its_routes():
     assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)
 
 
-def test_ignore_index_is_defined_once():
-    defining = [
+# Facts that several modules use, each declared (assigned, or defined as a function) in one module only.
+ONE_HOME = {
+    "IGNORE_INDEX": "model/modeling.py",
+    "SPECIAL_TOKENS_IN_ONE_TEXT": "model/tokenizer.py",  # [CLS] a [SEP]
+    "SPECIAL_TOKENS_IN_A_PAIR": "model/tokenizer.py",  # [CLS] a [SEP] b [SEP]
+    "with_special_tokens": "model/tokenizer.py",
+    "check_window": "model/data/question_answering.py",  # a QA window holds the question and moves on
+    "NAME_PATTERN": "datadir/layout.py",  # models' and datasets' names
+    "NAME_RULE": "datadir/layout.py",
+    "NAME_MAX_LENGTH": "datadir/layout.py",
+    "KEY_NAME_PATTERN": "app/keys/keyfile.py",  # keys' names: a rule of their own
+    "VISIBILITY_TIMEOUT_S": "worker/queue.py",  # the broker's, for the workers and the publisher
+    "DataDirSetting": "worker/queue.py",  # BERT_DATA_DIR, for the service's settings and the workers'
+    "BrokerUrlSetting": "worker/queue.py",  # BERT_BROKER_URL (or REDIS_URL), the same
+}
+
+
+@pytest.mark.parametrize("name", ONE_HOME)
+def test_a_fact_is_declared_in_one_module(name):
+    declaring = [
         path.relative_to(ROOT).as_posix()
         for package in ("app", "datadir", "model", "worker")
         for path in (ROOT / package).rglob("*.py")
-        if re.search(r"^\s*IGNORE_INDEX\s*[:=]", path.read_text(), re.M)
+        if re.search(rf"^\s*(def {name}\(|{name}\s*[:=])", path.read_text(), re.M)
     ]
-    assert defining == ["model/modeling.py"]
+    assert declaring == [ONE_HOME[name]]
+
+
+def test_bert_variables_are_read_through_the_settings_objects():
+    """A BERT_* variable is a field of app/settings.py's Settings or worker/settings.py's WorkerSettings, so the
+    docs' configuration tables list it; no module reads one from os.environ by hand."""
+    by_hand = re.compile(r"""(environ|getenv)\b.*["']BERT_""")
+    readers = [
+        path.relative_to(ROOT).as_posix()
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        if by_hand.search(path.read_text())
+    ]
+    assert readers == []
 
 
 # -- one owner of a job's state --------------------------------------------------------------------

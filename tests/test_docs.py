@@ -80,6 +80,17 @@ def test_the_configuration_page_is_generated_from_both_settings_objects():
     assert "| `BERT_DEFAULT_MODEL` | string, optional | unset |" in service
 
 
+@pytest.mark.parametrize("name", ["data_dir", "broker_url"])
+def test_the_service_and_the_workers_read_a_shared_setting_alike(name):
+    """One variable, type and default (worker/queue.py's), each in its table once, with each side's own description."""
+    service, worker = Settings.model_fields[name], WorkerSettings.model_fields[name]
+    assert (service.annotation, service.validation_alias) == (worker.annotation, worker.validation_alias)
+    assert service.get_default(call_default_factory=True) == worker.get_default(call_default_factory=True)
+    assert service.description != worker.description
+    for table in (hooks.service_settings(), hooks.worker_settings()):
+        assert table.count(f"`BERT_{name.upper()}`") == 1
+
+
 def test_a_setting_without_a_description_fails_the_build():
     from pydantic_settings import BaseSettings
 

@@ -23,8 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 BASE = K8S / "base"
 TOOLS = ROOT / ".tools-venv" / "bin"
-# Read by `bert init` from the environment (app/cli/service_commands.py), not settings fields.
-INIT_VARIABLES = {"BERT_BOOTSTRAP", "BERT_BOOTSTRAP_STEPS"}
 OTHER_VARIABLES = {"HF_HOME", "HF_HUB_OFFLINE", "HF_TOKEN", "OMP_NUM_THREADS", "REDIS_PASSWORD", "REDISCLI_AUTH"}
 # `make test` installs the checkers first; in CI their absence is a failure, not a skip.
 tools = pytest.mark.skipif(
@@ -71,7 +69,7 @@ def test_every_variable_the_manifests_set_is_read_by_bertserve():
     names = set(env_file(BASE / "config.env")) | set(env_file(BASE / "keys.env.example"))
     for spec in (pod("api"), pod("worker")):
         names |= {e["name"] for c in containers(spec) for e in c.get("env", [])}
-    unknown = names - settings_variables() - INIT_VARIABLES - OTHER_VARIABLES
+    unknown = names - settings_variables() - OTHER_VARIABLES
     assert not unknown, f"set in deploy/kubernetes but read by nothing: {sorted(unknown)}"
 
 

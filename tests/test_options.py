@@ -135,6 +135,34 @@ def test_the_api_accepts_every_job_option_the_cli_has(surfaces):
     assert {"regression", "epochs", "warmup_ratio", "max_grad_norm", "max_answer_len"} <= openapi.keys()
 
 
+def edges(option) -> list[tuple[object, bool]]:
+    """(value, taken) at and just past each of an option's bounds."""
+    step = 1 if option.type is int else 1e-6
+    b, out = option.bounds(None), []
+    for key, past in (("minimum", -step), ("maximum", step)):
+        if key in b:
+            out += [(option.type(b[key]), True), (option.type(b[key] + past), False)]
+    for key, inside in (("above", step), ("below", -step)):
+        if key in b:
+            out += [(option.type(b[key]), False), (option.type(b[key] + inside), True)]
+    return out
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.trainer and o.bounds(None)], ids=lambda o: o.name)
+def test_train_config_checks_the_bounds_the_table_declares(option):
+    """A run built in Python (no API, no CLI parsing) is held to the same bounds: a ValueError quoting the value."""
+    from model.training.trainer import TrainConfig
+
+    for value, taken in edges(option):
+        config = {"max_steps": 10, option.name: value}
+        if taken:
+            assert getattr(TrainConfig(**config), option.name) == value
+            continue
+        with pytest.raises(ValueError) as e:
+            TrainConfig(**config)
+        assert str(e.value).startswith(f"{option.name} must be ") and str(e.value).endswith(f", got {value!r}")
+
+
 def test_options_markdown_has_a_table_per_kind_with_every_option():
     text = options_markdown()
     assert text.count("| option | flag | type | default | bounds | job | description |") == 2

@@ -1,6 +1,6 @@
-"""The training queue as both sides see it: task names, the queue, kombu's transport options, and
-sending a job. The one module of worker/ that the app imports (it publishes jobs; it never imports
-the worker's Celery app or its training code).
+"""The training queue as both sides see it: task names, the queue, kombu's transport options, the two
+settings both read (the broker URL and DATA_DIR), and sending a job. The one module of worker/ that the
+app imports (it publishes jobs; it never imports the worker's Celery app or its training code).
 
 A message is one task, `bert.train`, with one argument, the job id: everything else, the job's kind
 included, is in DATA_DIR/jobs/<id>/ (datadir). JSON only, so a message can never make anyone
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import AliasChoices, Field
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -21,6 +23,18 @@ TASK_NAME = "bert.train"  # every job; the worker reads its kind from the record
 # so the worker takes them too (as bert.train: the record, not the name, says the kind).
 OLD_TASK_NAMES = ("bert.pretrain", "bert.finetune")
 TRAINING_QUEUE = "training"
+# Seconds before Redis (or SQS) hands a delivered, unacknowledged message to another worker. A job is acked
+# when it ends (acks_late), hours later, so a copy may come while the first worker still trains: the job's
+# lease makes that copy a no-op, and the copy is what resumes a job whose whole worker died when no other
+# worker restarts to sweep it up. The workers' default (BERT_VISIBILITY_TIMEOUT) and the publisher's.
+VISIBILITY_TIMEOUT_S = 3600
+# The settings the service (app/settings.py) and the workers (worker/settings.py) share: one variable, one
+# default and one type for both; each side's field gives its own description (the docs' two tables).
+DataDirSetting = Annotated[Path, Field(default_factory=lambda: Path("./data"))]
+BrokerUrlSetting = Annotated[
+    str,
+    Field(default="redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL")),
+]
 _REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
 _FANOUT_SCHEMES = (*_REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
 
@@ -56,7 +70,7 @@ def producer(broker_url: str, data_dir: str | os.PathLike, connect_timeout_s: fl
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
-        broker_transport_options=broker_transport_options(broker_url, data_dir, 3600),
+        broker_transport_options=broker_transport_options(broker_url, data_dir, VISIBILITY_TIMEOUT_S),
         broker_connection_timeout=connect_timeout_s,
     )
     return celery

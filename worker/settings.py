@@ -9,13 +9,12 @@ Reference: https://docs.pydantic.dev/latest/concepts/pydantic_settings/
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from datadir.runner import HEARTBEAT_S
 from model.compute.device import DEVICE_PATTERN
+from worker.queue import VISIBILITY_TIMEOUT_S, BrokerUrlSetting, DataDirSetting
 
 DAY = 24 * 3600
 
@@ -23,25 +22,20 @@ DAY = 24 * 3600
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(
-        Path("./data"),
+    data_dir: DataDirSetting = Field(
         description=(
             "The same directory the service uses: jobs, datasets and models live below it. It must be one "
             "filesystem with working `flock` (a local disk or NFSv4)."
         ),
     )
-    broker_url: str = Field(
-        "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL"),
+    broker_url: BrokerUrlSetting = Field(
         description=(
             "Celery broker. For no server, use `sqla+sqlite:////abs/path/broker.sqlite` or "
             "`filesystem://` (messages in `DATA_DIR/broker`)."
         ),
     )
-    # The lease makes a redelivery harmless (it finds the job running and does nothing); it is what
-    # resumes a job whose whole worker died when no other worker restarts to sweep it up.
     visibility_timeout: int = Field(
-        3600,
+        VISIBILITY_TIMEOUT_S,  # why a redelivery is harmless, and what it is for: worker/queue.py
         ge=10,
         description=(
             "Seconds before Redis hands a delivered, unacknowledged job to another worker. While the first worker "

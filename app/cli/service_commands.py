@@ -31,30 +31,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from app.launcher.local import up
+    from app.settings import Settings
 
     steps = _positive_steps(args.bootstrap_steps)
-    return up(args.data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=steps)
+    data_dir = args.data_dir or Settings().data_dir
+    return up(data_dir, args.host, args.port, bootstrap=not args.no_bootstrap, bootstrap_steps=steps)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from app.errors import ServiceError
     from app.launcher.bootstrap import initialize
     from app.launcher.demo_data import AssetMissingError
     from app.launcher.server import exposure_refusal
-    from app.settings import Settings
+    from app.settings import BERT_INIT_ONLY, Settings
 
-    settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    try:
+        settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    except ValidationError as e:  # BERT_BOOTSTRAP or BERT_BOOTSTRAP_STEPS: this command's one line
+        error = e.errors()[0]
+        if error["loc"][0] not in BERT_INIT_ONLY or "error" not in error.get("ctx", {}):
+            raise
+        raise UserError(str(error["ctx"]["error"])) from None
     # The stack's first container: refuse here too, so a stack that would serve the network without a
     # key stops before anything starts (the api refuses the same way).
     refusal = exposure_refusal(settings, settings.host)
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    # The flags, else the environment (the compose file passes .env's values that way).
-    bootstrap = not args.no_bootstrap and _env_flag("BERT_BOOTSTRAP") is not False
-    steps = _positive_steps(
-        args.bootstrap_steps if args.bootstrap_steps is not None else _env_int("BERT_BOOTSTRAP_STEPS")
-    )
+    # The flags, else the settings (the compose file passes .env's values as BERT_BOOTSTRAP*).
+    bootstrap = not args.no_bootstrap and settings.bootstrap
+    steps = _positive_steps(args.bootstrap_steps if args.bootstrap_steps is not None else settings.bootstrap_steps)
     try:
         initialize(settings, bootstrap=bootstrap, steps=steps)
     except AssetMissingError as e:
@@ -68,27 +76,6 @@ def _positive_steps(value: int | None) -> int | None:
     if value is not None and value < 1:
         raise UserError(f"--bootstrap-steps must be >= 1, got {value}")
     return value
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(f"{name} must be a whole number, got {value!r}") from None
-
-
-def _env_flag(name: str) -> bool | None:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return None
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise UserError(f"{name} must be true or false, got {value!r}")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -127,9 +114,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("up", help="everything on this machine, no Docker or Redis: API + one worker (make run)")
     p.add_argument(
-        "--data-dir",
-        default=os.environ.get("BERT_DATA_DIR", "data"),
-        help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)",
+        "--data-dir", help="models, datasets, jobs and the broker's sqlite file (default BERT_DATA_DIR or ./data)"
     )
     p.add_argument("--host", help="address to bind (default BERT_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default BERT_PORT or 8000)")

@@ -18,7 +18,9 @@ from datadir import STATES
 from datadir.datasets import KIND_OF_TASK
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
+from model.data.question_answering import WindowMisfit, check_window
 from model.options import TASKS, Option, format_default, options_for
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR
 
 # -- requests ----------------------------------------------------------------------------------
 
@@ -141,7 +143,6 @@ TrainParams = create_model(
 )
 
 assert set(TASKS) == set(KIND_OF_TASK)  # every fine-tuning task names the dataset kind it trains on
-SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 
 class _FinetuneParams(TrainParams):
@@ -153,18 +154,19 @@ class _FinetuneParams(TrainParams):
             if self.doc_stride is not None:
                 raise invalid(f"doc_stride is for task question-answering, not {self.task}")
             return self
-        room = self.max_seq_len - self.max_query_length - SPECIAL_TOKENS_IN_A_PAIR
-        if room < 1:
+        try:
+            check_window(self.max_seq_len, self.max_query_length, self.doc_stride or 0)
+        except WindowMisfit as e:
+            if e.no_room:
+                raise invalid(
+                    f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
+                    f"of max_query_length ({self.max_query_length}) and {SPECIAL_TOKENS_IN_A_PAIR} special tokens"
+                ) from None
             raise invalid(
-                f"max_seq_len ({self.max_seq_len}) leaves no room for the context beside a question "
-                f"of max_query_length ({self.max_query_length}) and 3 special tokens"
-            )
-        if self.doc_stride is not None and self.doc_stride >= room:
-            raise invalid(
-                f"doc_stride ({self.doc_stride}) must be less than the {room} context tokens a window "
+                f"doc_stride ({self.doc_stride}) must be less than the {e.room} context tokens a window "
                 f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
                 f"{self.max_query_length}"
-            )
+            ) from None
         return self
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from datadir import NAME_PATTERN, NAME_RULE, valid_name
+from datadir import NAME_MAX_LENGTH, NAME_PATTERN, NAME_RULE, valid_name
 from model.tokenizer import lone_surrogate_at
 
 # The rule above, for every request type (response types are ours: no need).
@@ -24,7 +24,7 @@ ModelName = Annotated[
     str,
     Field(
         pattern=NAME_PATTERN,
-        max_length=64,
+        max_length=NAME_MAX_LENGTH,
         description="A model in DATA_DIR/models/; omitted = the default model.",
         examples=["bert-tiny"],
     ),
@@ -95,7 +95,9 @@ def _check_name(value: str) -> str:
 
 
 # A model, dataset or base-model name in a job or an import: one plain path component (datadir's rule).
-Name = Annotated[str, Field(min_length=1, max_length=64, examples=["reviews"]), AfterValidator(_check_name)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=NAME_MAX_LENGTH, examples=["reviews"]), AfterValidator(_check_name)
+]
 
 
 class DeletedResponse(BaseModel):

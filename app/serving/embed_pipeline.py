@@ -33,7 +33,7 @@ from app.schemas.embeddings import EmbeddingsRequest, OpenAIEmbeddingsRequest
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Outcome, Row, _infer_many, encode
 from app.serving.service import Service, check_dropped
-from model.tokenizer import window_count
+from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, window_count, with_special_tokens
 
 CHUNK_OVERLAP = 0.25  # of a window's content tokens, repeated at the start of the next window
 _OPTIONS = ("normalize", "dimensions", "prompt_name", "prompt")  # EmbedPlan fields a request may set by name
@@ -100,7 +100,7 @@ class EmbedPlan:
 
     def _chunk(self, lm: LoadedModel, texts: list[str]) -> list[Row]:
         """Each text's windows as rows; their tokens together are checked before any row is made."""
-        tok, room = lm.tokenizer, lm.max_length - 2  # content tokens per window, besides [CLS] and [SEP]
+        tok, room = lm.tokenizer, lm.max_length - SPECIAL_TOKENS_IN_ONE_TEXT  # content tokens per window
         overlap = int(room * CHUNK_OVERLAP)
         step = room - overlap
         token_ids = []
@@ -108,17 +108,19 @@ class EmbedPlan:
             check_dropped()
             token_ids.append(tok.token_ids(text))
         self.windows = [
-            [min(room, len(ids) - i * step) + 2 for i in range(window_count(len(ids), room, overlap))]
+            [
+                min(room, len(ids) - i * step) + SPECIAL_TOKENS_IN_ONE_TEXT
+                for i in range(window_count(len(ids), room, overlap))
+            ]
             for ids in token_ids
         ]
         if self.check_tokens is not None:
             self.check_tokens(sum(map(sum, self.windows)), CHUNKED)
-        cls, sep = tok.cls_token_id, tok.sep_token_id
         rows = []
         for ids, lengths in zip(token_ids, self.windows):
             for i, n in enumerate(lengths):
-                window = [cls, *ids[i * step : i * step + n - 2], sep]
-                rows.append((window, [0] * len(window)))
+                content = ids[i * step : i * step + n - SPECIAL_TOKENS_IN_ONE_TEXT]
+                rows.append(with_special_tokens(content, None, tok.cls_token_id, tok.sep_token_id))
         return rows
 
     def finish(self, results: list[list[float]]) -> list[list[float]]:

@@ -33,9 +33,7 @@ from app.schemas.token_tasks import TokenClassificationRequest
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service
-from model.tokenizer import encode_one, truncating, window_count
-
-SPECIAL_TOKENS = 2  # [CLS] text [SEP]
+from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, encode_one, truncating, window_count
 
 
 async def token_classification(svc: Service, req: TokenClassificationRequest) -> Any:
@@ -89,7 +87,7 @@ def _prepare_windows(
 ) -> tuple[list[Row], dict]:
     """transformers' `stride`: each text in windows of the model's length sharing `stride` tokens;
     their tokens counted (and checked) before any window is made."""
-    room = lm.max_length - SPECIAL_TOKENS
+    room = lm.max_length - SPECIAL_TOKENS_IN_ONE_TEXT
     if strategy == "none":
         raise ServiceError(
             "validation",
@@ -106,7 +104,7 @@ def _prepare_windows(
     for text in texts:
         n = len(lm.tokenizer.token_ids(text))
         count = window_count(n, room, stride)
-        tokens += count * SPECIAL_TOKENS + n + (count - 1) * stride
+        tokens += count * SPECIAL_TOKENS_IN_ONE_TEXT + n + (count - 1) * stride
         check_tokens(tokens)
     tok = truncating(lm.tokenizer, lm.max_length, stride=stride)
     rows = []

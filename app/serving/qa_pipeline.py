@@ -32,10 +32,9 @@ from app.schemas.token_tasks import QuestionAnsweringRequest
 from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service
+from model.data.question_answering import WindowMisfit, check_window
 from model.qa_spans import NO_NULL, window_spans
-from model.tokenizer import encode_one, truncating, window_count
-
-SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, encode_one, truncating, window_count
 
 
 async def question_answering(svc: Service, req: QuestionAnsweringRequest) -> Any:
@@ -85,19 +84,20 @@ def _check_fits(lm: LoadedModel, i: int, question: str, context: str, max_seq_le
     q, c = len(lm.tokenizer.token_ids(question)), len(lm.tokenizer.token_ids(context))
     if q + c + SPECIAL_TOKENS_IN_A_PAIR <= max_seq_len:
         return q + c + SPECIAL_TOKENS_IN_A_PAIR  # one window: nothing to cut
-    room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR
-    if room < 1:
+    try:
+        room = check_window(max_seq_len, q, doc_stride)
+    except WindowMisfit as e:
+        if e.no_room:
+            raise ServiceError(
+                "validation",
+                f"question {i} is {q} tokens long: with [CLS] and two [SEP] it leaves no "
+                f"room for the context in a window of max_seq_len {max_seq_len} tokens",
+            ) from None
         raise ServiceError(
             "validation",
-            f"question {i} is {q} tokens long: with [CLS] and two [SEP] it leaves no "
-            f"room for the context in a window of max_seq_len {max_seq_len} tokens",
-        )
-    if doc_stride >= room:
-        raise ServiceError(
-            "validation",
-            f"doc_stride {doc_stride} must be less than the {room} context tokens "
+            f"doc_stride {doc_stride} must be less than the {e.room} context tokens "
             f"that fit in a window beside question {i} (max_seq_len {max_seq_len})",
-        )
+        ) from None
     # As the tokenizer cuts: the first window holds `room` context tokens, each next one the last
     # doc_stride tokens of the one before and up to room - doc_stride new ones.
     windows = window_count(c, room, doc_stride)

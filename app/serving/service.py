@@ -30,6 +30,7 @@ from datadir.defaults import read_defaults
 from model.compute import kernels
 from model.compute.device import memory_bytes, resolve_device
 from model.compute.precision import recommended_precision
+from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
 
 log = logging.getLogger("bertserve")
 # BERT_MODEL_MEMORY_GB unset: the share of the device's memory the models may take. A CPU's RAM also holds
@@ -385,15 +386,16 @@ class Service:
         batch (two lengths: masked attention, or the packed path) and an unpadded one (plain attention),
         at up to WARM_UP_TOKENS, because each attention path loads its own kernels on a GPU."""
         tok = lm.tokenizer
-        n = max(2, min(WARM_UP_TOKENS, lm.max_length))
-        long = [tok.cls_token_id] + [tok.unk_token_id] * (n - 2) + [tok.sep_token_id]
-        short = [tok.cls_token_id, tok.sep_token_id]
+        n = max(SPECIAL_TOKENS_IN_ONE_TEXT, min(WARM_UP_TOKENS, lm.max_length))
+        specials = tok.cls_token_id, tok.sep_token_id
+        long = with_special_tokens([tok.unk_token_id] * (n - SPECIAL_TOKENS_IN_ONE_TEXT), None, *specials)
+        short = with_special_tokens([], None, *specials)
         for rows in ([short, long], [long, long]):
             await self.run(
                 WorkItem(
                     "encode",
                     lm,
-                    [(ids, [0] * len(ids)) for ids in rows],
+                    rows,
                     {"pooling": "mean", "normalize": True},
                     wait=False,
                 )

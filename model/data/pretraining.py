@@ -38,6 +38,7 @@ from model.data.batches import ResumableBatches
 from model.data.corpus import TokenizedCorpus
 from model.data.store import TokenStore
 from model.modeling import IGNORE_INDEX
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
 
 # Distinct streams of randomness, so the plan, the order and each example never share draws.
 _PLAN, _ORDER, _EXAMPLE = 1, 2, 3
@@ -355,7 +356,7 @@ class PretrainingData(ResumableBatches):
         drop_last: bool = False,
     ):
         super().__init__(batch_size, seed, drop_last)
-        specials = 3 if nsp else 2  # [CLS] A [SEP] B [SEP]  or  [CLS] A [SEP]
+        specials = SPECIAL_TOKENS_IN_A_PAIR if nsp else SPECIAL_TOKENS_IN_ONE_TEXT
         if not isinstance(max_seq_len, int) or max_seq_len < specials + 2:
             raise ValueError(f"max_seq_len must be an int >= {specials + 2}, got {max_seq_len!r}")
         if not 0.0 <= short_seq_prob <= 1.0:
@@ -396,9 +397,10 @@ class PretrainingData(ResumableBatches):
         a = np.asarray(tokens[p.a_lo[index] : p.a_hi[index]], dtype=np.int64)
         b = np.asarray(tokens[p.b_lo[index] : p.b_hi[index]], dtype=np.int64)
         a, b = truncate_seq_pair(a, b, self.max_num_tokens, rng)
-        ids = np.concatenate([[self.cls_id], a, [self.sep_id]] + ([b, [self.sep_id]] if self.nsp else []))
-        types = np.zeros(len(ids), dtype=np.int64)
-        types[len(a) + 2 :] = 1
+        ids, types = (
+            np.asarray(x, dtype=np.int64)
+            for x in with_special_tokens(a.tolist(), b.tolist() if self.nsp else None, self.cls_id, self.sep_id)
+        )
         ids, labels = mask_tokens(
             ids, self.vocab, rng, self.masked_lm_prob, self.max_predictions_per_seq, self.whole_word_mask
         )

@@ -36,10 +36,9 @@ from model.data.batches import RowBatches, padded_inputs
 from model.data.finetune import _open_text, split_holdout
 from model.qa_spans import MAX_ANSWER_LEN, best_answer
 from model.scores import squad_scores
-from model.tokenizer import truncating
+from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, truncating
 
 MAX_QUERY_LENGTH, DOC_STRIDE = 64, 128
-SPECIAL_TOKENS_IN_A_PAIR = 3  # [CLS] question [SEP] context [SEP]
 
 
 @dataclass
@@ -166,12 +165,43 @@ def load_qa_data(
     return QAData([train[i] for i in train_idx], [train[i] for i in eval_idx])
 
 
+# ---------------------------------------------------------------------------- windows
+
+
+class WindowMisfit(ValueError):
+    """A question leaves no context tokens in a window (`no_room`), or doc_stride is not less than the
+    context tokens a window holds, so the windows would not move along the context."""
+
+    def __init__(self, room: int, doc_stride: int):
+        super().__init__(f"doc_stride {doc_stride} must be at least 0 and less than the {room} context tokens")
+        self.room, self.doc_stride = room, doc_stride
+
+    @property
+    def no_room(self) -> bool:
+        return self.room < 1
+
+
+def context_room(max_seq_len: int, question_tokens: int) -> int:
+    """The context tokens a window of `max_seq_len` holds beside a question: "[CLS] question [SEP] context [SEP]"."""
+    return max_seq_len - question_tokens - SPECIAL_TOKENS_IN_A_PAIR
+
+
+def check_window(max_seq_len: int, question_tokens: int, doc_stride: int = 0) -> int:
+    """The window check that SQuAD training, POST /jobs and /question-answering share: the context
+    tokens a window holds beside the question, at least one and more than the `doc_stride` tokens
+    windows share (or a WindowMisfit, which each caller words for its own user)."""
+    room = context_room(max_seq_len, question_tokens)
+    if room < 1 or not 0 <= doc_stride < room:
+        raise WindowMisfit(room, doc_stride)
+    return room
+
+
 # ---------------------------------------------------------------------------- encoding
 
 
 def default_doc_stride(max_seq_len: int, max_query_length: int = MAX_QUERY_LENGTH) -> int:
     """128 (run_qa.py's), or less in short windows: half the context tokens beside the longest question."""
-    return max(0, min(DOC_STRIDE, (max_seq_len - max_query_length - SPECIAL_TOKENS_IN_A_PAIR) // 2))
+    return max(0, min(DOC_STRIDE, context_room(max_seq_len, max_query_length) // 2))
 
 
 def encode_squad(
@@ -201,13 +231,14 @@ def encode_squad(
 
 
 def _check_room(qid: str, q: int, max_seq_len: int, doc_stride: int) -> None:
-    """A window must hold the question's `q` tokens, three special ones and more than doc_stride of the context."""
-    room = max_seq_len - q - SPECIAL_TOKENS_IN_A_PAIR  # context tokens per window
-    if room < 1 or not 0 <= doc_stride < room:
+    """check_window for question `qid` of `q` tokens, as the ValueError that names it."""
+    try:
+        check_window(max_seq_len, q, doc_stride)
+    except WindowMisfit as e:
         raise ValueError(
-            f"question {qid!r}: doc_stride {doc_stride} must be at least 0 and less than the {room} "
+            f"question {qid!r}: doc_stride {doc_stride} must be at least 0 and less than the {e.room} "
             f"context tokens that fit beside its {q} tokens in a window of max_seq_len {max_seq_len}"
-        )
+        ) from None
 
 
 def cut_questions(tokenizer, questions: list[str], max_tokens: int) -> list[tuple[str, int]]:

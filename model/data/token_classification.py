@@ -39,6 +39,7 @@ from model.data.batches import RowBatches, pad, padded_inputs
 from model.data.finetune import _open_text, split_holdout
 from model.data.pretraining import IGNORE_INDEX
 from model.scores import tagging_scores
+from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
 
 DOCSTART = "-DOCSTART-"
 CONLL_SUFFIXES = (".conll", ".iob", ".iob2", ".bio", ".txt", ".tsv")
@@ -250,15 +251,19 @@ def encode_tagged(
     sentences: list[TaggedSentence], tokenizer, label2id: dict[str, int], max_seq_len: int = 128
 ) -> list[TokenClassificationExample]:
     """Encode with `tokenizer` (our BertTokenizer), one example per part of each sentence."""
-    if not isinstance(max_seq_len, int) or max_seq_len < 3:
-        raise ValueError(f"max_seq_len must be an int >= 3 ([CLS], a token, [SEP]), got {max_seq_len!r}")
+    if not isinstance(max_seq_len, int) or max_seq_len < SPECIAL_TOKENS_IN_ONE_TEXT + 1:
+        raise ValueError(
+            f"max_seq_len must be an int >= {SPECIAL_TOKENS_IN_ONE_TEXT + 1} ([CLS], a token, [SEP]), got {max_seq_len!r}"
+        )
     check_tags_known(sentences, label2id)
     backend = tokenizer.backend_tokenizer
     encodings = backend.encode_batch([s.tokens for s in sentences], is_pretokenized=True, add_special_tokens=False)
     examples = []
     for index, (sentence, enc) in enumerate(zip(sentences, encodings)):
         labels = [label2id[tag] for tag in sentence.tags]
-        examples.extend(_sentence_parts(index, enc.ids, enc.word_ids, labels, tokenizer, max_seq_len - 2))
+        examples.extend(
+            _sentence_parts(index, enc.ids, enc.word_ids, labels, tokenizer, max_seq_len - SPECIAL_TOKENS_IN_ONE_TEXT)
+        )
     return examples
 
 
@@ -284,7 +289,7 @@ def _sentence_parts(
         ]
         parts.append(
             TokenClassificationExample(
-                input_ids=[tokenizer.cls_token_id, *ids[lo:hi], tokenizer.sep_token_id],
+                input_ids=with_special_tokens(ids[lo:hi], None, tokenizer.cls_token_id, tokenizer.sep_token_id)[0],
                 labels=[IGNORE_INDEX, *part_labels, IGNORE_INDEX],
                 word_ids=[None, *piece_words, None],
                 sentence=index,

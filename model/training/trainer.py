@@ -65,7 +65,7 @@ from datadir.files import METRICS_FILE
 from model.compute.device import resolve_device
 from model.compute.precision import autocast, resolve_precision
 from model.modeling import IGNORE_INDEX
-from model.options import TRAIN_PRECISIONS, defaults
+from model.options import TRAINER_OPTIONS, check_value, defaults
 from model.training import checkpoint as ckpt
 from model.training import distributed
 from model.training.callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
@@ -124,30 +124,12 @@ class TrainConfig:
         self.adam_betas = cast(tuple[float, float], tuple(self.adam_betas))  # a JSON round trip gives a list
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set max_steps or epochs")
-        for name in ("max_steps", "warmup_steps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < (1 if name == "max_steps" else 0)):
-                raise ValueError(
-                    f"{name} must be a {'positive' if name == 'max_steps' else 'non-negative'} integer, got {value!r}"
-                )
-        for name in ("grad_accum_steps", "log_every"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for option in TRAINER_OPTIONS:  # their types, bounds and choices, as the API and the docs have them
+            check_value(option, getattr(self, option.name))
         if self.prefetch_batches is not None and (
             not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 0
         ):
             raise ValueError(f"prefetch_batches must be an integer >= 0, got {self.prefetch_batches!r}")
-        for name in ("eval_every", "save_every", "keep_last"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ValueError(f"epochs must be positive, got {self.epochs!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if self.precision not in TRAIN_PRECISIONS:
-            raise ValueError(f"precision must be one of {TRAIN_PRECISIONS}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,7 +13,9 @@ import pytest
 from model.data.question_answering import (
     QABatches,
     QAExample,
+    WindowMisfit,
     answer_tokens,
+    check_window,
     cut_questions,
     default_doc_stride,
     encode_squad,
@@ -302,6 +304,21 @@ def test_encode_errors(tiny_tokenizer):
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         encode_squad([example], tiny_tokenizer, max_query_length=0)
     assert default_doc_stride(384) == 128 and default_doc_stride(128) == 30
+
+
+@pytest.mark.parametrize(
+    "question, doc_stride, room, fits",
+    [(10, 0, 3, True), (10, 2, 3, True), (10, 3, 3, False), (10, -1, 3, False), (12, 0, 1, True), (13, 0, 0, False)],
+)
+def test_the_window_check_that_training_jobs_and_the_route_share(question, doc_stride, room, fits):
+    """A window of 16 tokens holds the question, [CLS] and two [SEP], and the context: at least one of
+    its tokens, and more than the doc_stride tokens the next window repeats."""
+    if fits:
+        assert check_window(16, question, doc_stride) == room
+        return
+    with pytest.raises(WindowMisfit) as e:
+        check_window(16, question, doc_stride)
+    assert (e.value.room, e.value.no_room) == (room, room < 1)
 
 
 def test_batches_pad_and_keep_positions(tiny_tokenizer, tmp_path):

@@ -152,6 +152,21 @@ def test_a_pair_from_ids_is_the_tokenizers_pair_at_every_length(ours, direction)
             assert (got["input_ids"], got["token_type_ids"]) == (want.ids, want.type_ids), (a, b, max_length)
 
 
+@pytest.mark.parametrize("pair", [False, True])
+def test_with_special_tokens_lays_out_ids_as_the_tokenizer_lays_out_texts(ours, pair):
+    """The one layout (ONE_TEXT, A_PAIR) behind both the Rust post-processor and with_special_tokens,
+    and the special-token counts every window size is computed from."""
+    from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
+
+    for a, b in PAIRS:
+        want = ours.encode(a, b if pair else None)
+        ids_b = ours.token_ids(b) if pair else None
+        got = with_special_tokens(ours.token_ids(a), ids_b, ours.cls_token_id, ours.sep_token_id)
+        assert got == (want["input_ids"], want["token_type_ids"])
+    empty = ours.encode("", "" if pair else None)["input_ids"]
+    assert len(empty) == (SPECIAL_TOKENS_IN_A_PAIR if pair else SPECIAL_TOKENS_IN_ONE_TEXT)
+
+
 def test_encode_one_is_the_rust_tokenizers_encode_with_its_windows(ours):
     """encode_one (encode_batch of one, which lets the interpreter lock go) gives what the Rust
     tokenizer's encode gives: one text, a pair, without specials, and cut into overflowing windows."""

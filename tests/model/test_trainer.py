@@ -216,8 +216,10 @@ def test_auto_precision_is_fp32_on_cpu(corpus, tiny_tokenizer):
     "bad, message",
     [
         (dict(max_steps=None), "set max_steps or epochs"),
-        (dict(max_steps=0), "max_steps must be a positive integer, got 0"),
-        (dict(grad_accum_steps=0), "grad_accum_steps must be an integer >= 1, got 0"),
+        (dict(max_steps=0), "max_steps must be an integer >= 1, <= 1000000, got 0"),
+        (dict(grad_accum_steps=0), "grad_accum_steps must be an integer >= 1, <= 1024, got 0"),
+        (dict(lr=0.0), "lr must be a number > 0, <= 1, got 0.0"),
+        (dict(log_every=True), "log_every must be an integer >= 1, <= 100000, got True"),
         (dict(precision="fp16"), "precision must be one of ('auto', 'fp32', 'bf16'), got 'fp16'"),
     ],
 )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from worker.queue import broker_transport_options, has_fanout
+from worker.queue import VISIBILITY_TIMEOUT_S, broker_transport_options, has_fanout, producer
+from worker.settings import WorkerSettings
 
 
 def test_broker_options_follow_the_url(tmp_path):
@@ -20,3 +21,10 @@ def test_broker_options_follow_the_url(tmp_path):
 def test_remote_control_needs_a_fanout_transport():
     assert has_fanout("redis://h:6379/0") and has_fanout("amqp://guest@h//")
     assert not has_fanout("sqla+sqlite:////x.db") and not has_fanout("filesystem://")
+
+
+def test_the_publisher_and_the_workers_default_share_one_visibility_timeout(tmp_path, monkeypatch):
+    monkeypatch.delenv("BERT_VISIBILITY_TIMEOUT", raising=False)
+    assert WorkerSettings().visibility_timeout == VISIBILITY_TIMEOUT_S
+    celery = producer("redis://127.0.0.1:6379/0", tmp_path)
+    assert celery.conf.broker_transport_options == {"visibility_timeout": VISIBILITY_TIMEOUT_S}

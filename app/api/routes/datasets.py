@@ -12,12 +12,12 @@ from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
 from app.schemas.shared import DeletedResponse
-from datadir import NAME_PATTERN, read_meta
+from datadir import NAME_MAX_LENGTH, NAME_PATTERN, read_meta
 from datadir.datasets import dataset_bytes
 
 router = APIRouter(tags=["datasets"], dependencies=[Depends(require_admin)])
 
-DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
+DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
 
 
 @router.post(

@@ -30,7 +30,7 @@ from app.schemas.models import (
 from app.schemas.shared import DeletedResponse
 from app.serving.model_registry import ModelRegistry, StoredModel
 from app.serving.service import Service
-from datadir import NAME_PATTERN, list_versions
+from datadir import NAME_MAX_LENGTH, NAME_PATTERN, list_versions
 from datadir.cards import read_card
 from datadir.versions import disk_bytes
 from model.compute import kernels
@@ -39,7 +39,7 @@ from model.model_dir import read_prompts
 router = APIRouter(tags=["models"])
 admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin)])
 
-ModelName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
+ModelName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
 VersionNumber = Annotated[int, Path(ge=1, le=999_999_999, description="As GET /models/{name} lists it.")]
 
 IMPORT_BODY = {

@@ -73,6 +73,33 @@ def test_init_without_the_bootstrap_job_from_the_environment(tmp_path):
     assert code == 2 and "BERT_BOOTSTRAP must be true or false, got 'maybe'" in err
 
 
+@pytest.mark.parametrize(
+    "env, read",
+    [
+        ({}, (True, None)),
+        ({"BERT_BOOTSTRAP": " ", "BERT_BOOTSTRAP_STEPS": ""}, (True, None)),  # compose passes blanks
+        ({"BERT_BOOTSTRAP": "Off", "BERT_BOOTSTRAP_STEPS": " 6 "}, (False, 6)),
+        ({"BERT_BOOTSTRAP": "yes", "BERT_BOOTSTRAP_STEPS": "0"}, (True, 0)),  # `bert init` refuses 0, as its flag
+        ({"BERT_BOOTSTRAP_STEPS": "six"}, "BERT_BOOTSTRAP_STEPS must be a whole number, got 'six'"),
+    ],
+)
+def test_the_bootstrap_variables_are_settings(monkeypatch, env, read):
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    for name in ("BERT_BOOTSTRAP", "BERT_BOOTSTRAP_STEPS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if isinstance(read, tuple):
+        settings = Settings()
+        assert (settings.bootstrap, settings.bootstrap_steps) == read
+        return
+    with pytest.raises(ValidationError, match=read):
+        Settings()
+
+
 @pytest.mark.parametrize("command", ["init", "up"])
 def test_published_beyond_loopback_without_a_key_nothing_is_written_or_started(tmp_path, command):
     data_dir = tmp_path / "data"
