@@ -96,6 +96,7 @@ class JobRecord(TypedDict, total=False):
 
 
 LEGACY_OWNER = "admin"  # the owner of a record without one: it was made with the admin key, or with none
+OPEN_OWNER = "anonymous"  # the owner of what a caller made where no key is needed (an open service)
 
 
 def owner_of(record: Mapping[str, Any]) -> str:

@@ -1,6 +1,10 @@
 """Publishing a finished model: the next version of DATA_DIR/models/<name>, whole, once, with the job
 that made it and the key that made the job (its owner), promoted (versions.py has the layout).
 
+A new name becomes the job's owner's, shared with every key when an admin made the job. A name another key owns takes no version from this job unless the
+job was made by an admin (its record says `publish_any`, as records from before owners do): NotOwner, and
+the trained model stays where it is.
+
 A retried publish (the worker died between the rename and the record update) finds its own earlier
 version by the provenance file and returns it instead of making another. A legacy flat model is
 first moved into v1/: its files are hard-linked into a staged directory holding v1/ and model.json,
@@ -17,19 +21,33 @@ import uuid
 from pathlib import Path
 
 from datadir.files import TMP_PREFIX, _exchange, atomic_write_bytes, fsync_dir, fsync_tree
-from datadir.jobs import JobNotFound, JobRecords, encode, owner_of
+from datadir.jobs import LEGACY_OWNER, JobNotFound, JobRecords, encode, owner_of
 from datadir.layout import DataDir, now_iso
 from datadir.versions import (
     PROVENANCE,
+    Access,
+    ModelNotFound,
     is_flat,
     locked,
+    read_access,
+    read_promoted,
     read_provenance,
     version_dir,
     version_numbers,
     write_promoted,
 )
 
-__all__ = ["PROVENANCE", "publish_model", "published_by"]
+__all__ = ["PROVENANCE", "NotOwner", "OWNER_RULE", "publish_model", "published_by", "set_shared"]
+
+OWNER_RULE = "a key publishes new model names, and new versions of the models it owns (an admin, of any)"
+
+
+class NotOwner(PermissionError):
+    """The model's name belongs to another key than the job's."""
+
+    def __init__(self, name: str):
+        super().__init__(f"model '{name}' belongs to another key: {OWNER_RULE}")
+        self.name = name
 
 
 def publish_model(data_dir: str | os.PathLike, job_id: str, source: Path, name: str) -> Path:
@@ -45,12 +63,16 @@ def publish_model(data_dir: str | os.PathLike, job_id: str, source: Path, name: 
             if not is_flat(root):
                 write_promoted(root, earlier)
             return root if is_flat(root) else version_dir(root, earlier)
-        provenance = {"job_id": job_id, "published_at": now_iso(), **_owner(data_dir, job_id)}
-        atomic_write_bytes(source / PROVENANCE, encode(provenance))
+        owner, publish_any = _publisher(data_dir, job_id)
+        provenance = {"job_id": job_id, "published_at": now_iso(), **({"owner": owner} if owner else {})}
         if not root.exists():
-            return _publish_first(root, source)
+            atomic_write_bytes(source / PROVENANCE, encode(provenance))
+            return _publish_first(root, source, Access(owner or LEGACY_OWNER, shared=publish_any))
+        if not publish_any and read_access(root).owner != owner:
+            raise NotOwner(name)
+        atomic_write_bytes(source / PROVENANCE, encode(provenance))
         if is_flat(root):
-            _migrate_flat(root)
+            migrate_flat(root)
         numbers = version_numbers(root)
         if not numbers:
             raise FileExistsError(
@@ -64,12 +86,29 @@ def publish_model(data_dir: str | os.PathLike, job_id: str, source: Path, name: 
         return target
 
 
-def _owner(data_dir: str | os.PathLike, job_id: str) -> dict[str, str]:
-    """{"owner": the name of the key that made the job} (the version records it: the job may go)."""
+def set_shared(data_dir: str | os.PathLike, name: str, shared: bool) -> Access:
+    """Share model `name` with every key, or stop sharing it; its access as written. ModelNotFound."""
+    root = DataDir(data_dir).model(name)
+    with locked(data_dir, name):
+        numbers = version_numbers(root)
+        if not numbers:
+            raise ModelNotFound(name)
+        if is_flat(root):  # a flat model has no model.json to say so in: v1/ + model.json first
+            migrate_flat(root)
+        access = Access(read_access(root).owner, shared)
+        write_promoted(root, read_promoted(root) or numbers[-1], access)
+        return access
+
+
+def _publisher(data_dir: str | os.PathLike, job_id: str) -> tuple[str | None, bool]:
+    """(the name of the key that made the job, whether it may publish over any name). The version records the
+    owner (the job may go). No record (the `bert` command's import), or one made before names had owners
+    (no `publish_any`): as an admin's."""
     try:
-        return {"owner": owner_of(JobRecords(data_dir).read(job_id))}
+        record = JobRecords(data_dir).read(job_id)
     except JobNotFound:
-        return {}
+        return None, True
+    return owner_of(record), bool(record.get("publish_any", True))
 
 
 def published_by(model_dir: Path) -> str | None:
@@ -85,11 +124,11 @@ def _published_version(root: Path, job_id: str) -> int | None:
     return next((n for n in reversed(version_numbers(root)) if published_by(version_dir(root, n)) == job_id), None)
 
 
-def _publish_first(root: Path, source: Path) -> Path:
+def _publish_first(root: Path, source: Path, access: Access) -> Path:
     """A new model: v1/ and model.json staged beside it, then renamed into place together."""
     staged = _staging(root)
     os.rename(source, staged / "v1")
-    write_promoted(staged, 1)
+    write_promoted(staged, 1, access)
     try:
         os.rename(staged, root)
     except OSError as e:
@@ -102,12 +141,13 @@ def _publish_first(root: Path, source: Path) -> Path:
     return version_dir(root, 1)
 
 
-def _migrate_flat(root: Path) -> None:
-    """Turn a flat model into v1/ + model.json in one swap (its files hard-linked, not copied)."""
+def migrate_flat(root: Path) -> None:
+    """Turn a flat model into v1/ + model.json in one swap (its files hard-linked, not copied); the caller
+    holds the model's lock."""
     staged = _staging(root)
     try:
         _link_tree(root, staged / "v1")
-        write_promoted(staged, 1)
+        write_promoted(staged, 1, read_access(root))
         fsync_tree(staged)
         if _exchange(staged, root):
             old = staged  # the exchange left the flat directory under the staged name

@@ -1,6 +1,7 @@
 """A model's versions: DATA_DIR/models/<name>/v<N>/, and model.json naming the one that is served.
 
-    DATA_DIR/models/<name>/model.json   {"promoted": N}: the version requests get (rewritten whole)
+    DATA_DIR/models/<name>/model.json   {"promoted": N, "owner": key, "shared": bool}: the version requests
+                                        get, the key that owns the name, whether every key may read it
     DATA_DIR/models/<name>/v<N>/        one version: a whole model directory in Hugging Face's layout
                                         (+ card.json, bertserve_job.json: which job or import made it)
     DATA_DIR/models/.<name>.lock        flock'ed by every writer of <name> (publish, promote, delete)
@@ -13,6 +14,12 @@ by renaming a whole directory into place, and a deletion renames the directory t
 before removing it, so a reader sees a version whole or not at all. Writers serialise on the lock
 file, so two publishers never take one number. Only the promoted version may not be deleted while
 others exist (promote another first); deleting the last version deletes the model.
+
+A name belongs to the key that first published it (`owner`); only that key, or an admin, publishes
+its next versions (publish.py). What model.json does not say (a model from before owners, a flat one)
+belongs to admin and is shared: every key may read it. What an admin's job or import publishes first
+(the `bert` command's imports too) is shared from the start; an admin may share or unshare any model
+(publish.set_shared).
 """
 
 from __future__ import annotations
@@ -28,12 +35,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datadir.files import atomic_write_bytes, remove_tree, tree_bytes
-from datadir.jobs import LEGACY_OWNER
+from datadir.jobs import LEGACY_OWNER, OPEN_OWNER
 from datadir.layout import DataDir
 
 MODEL_JSON = "model.json"
 PROVENANCE = "bertserve_job.json"  # written into a published version: which job (or import) made it
 _VERSION_RE = re.compile(r"v([1-9][0-9]{0,8})")
+SHARED_FROM_THE_START = frozenset({LEGACY_OWNER, OPEN_OWNER})  # a model.json that does not say: shared
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who owns a model's name, and whether every key may read it."""
+
+    owner: str
+    shared: bool
+
+    @classmethod
+    def new(cls, owner: str) -> Access:
+        return cls(owner, owner in SHARED_FROM_THE_START)
 
 
 class ModelNotFound(LookupError):
@@ -93,15 +113,35 @@ def version_numbers(model_root: Path) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := _VERSION_RE.fullmatch(n)))
 
 
+def _model_json(model_root: Path) -> dict:
+    try:
+        found = json.loads((model_root / MODEL_JSON).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def read_promoted(model_root: Path) -> int | None:
     """model.json's promoted version (1 for a flat model), or None when there is none to read."""
     if is_flat(model_root):
         return 1
-    try:
-        promoted = json.loads((model_root / MODEL_JSON).read_bytes()).get("promoted")
-    except (OSError, ValueError, AttributeError):
-        return None
+    promoted = _model_json(model_root).get("promoted")
     return promoted if isinstance(promoted, int) and not isinstance(promoted, bool) else None
+
+
+def read_access(model_root: Path) -> Access:
+    """Who owns the model and whether it is shared (see the module docstring for what is unsaid)."""
+    found = {} if is_flat(model_root) else _model_json(model_root)
+    owner = found.get("owner")
+    access = Access.new(owner if isinstance(owner, str) and owner else LEGACY_OWNER)
+    shared = found.get("shared")
+    return Access(access.owner, shared) if isinstance(shared, bool) else access
+
+
+def access_of(data_dir: str | os.PathLike, name: str) -> Access | None:
+    """The access of model `name`, or None when there is no such model."""
+    root = DataDir(data_dir).model(name)
+    return read_access(root) if version_numbers(root) else None
 
 
 def resolve(model_root: Path) -> tuple[int, Path] | None:
@@ -190,8 +230,11 @@ def delete_model(data_dir: str | os.PathLike, name: str) -> int:
         return remove_tree(root)
 
 
-def write_promoted(model_root: Path, version: int) -> None:
-    atomic_write_bytes(model_root / MODEL_JSON, json.dumps({"promoted": version}).encode() + b"\n")
+def write_promoted(model_root: Path, version: int, access: Access | None = None) -> None:
+    """model.json naming `version`, with `access` (else the access it had, or admin's for a new one)."""
+    access = access or read_access(model_root)
+    record = {"promoted": version, "owner": access.owner, "shared": access.shared}
+    atomic_write_bytes(model_root / MODEL_JSON, json.dumps(record).encode() + b"\n")
 
 
 @contextlib.contextmanager

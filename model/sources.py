@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from datadir.files import TMP_PREFIX
-from datadir.publish import publish_model
+from datadir.publish import NotOwner, publish_model
 from model.errors import UserError
 
 # (bytes done, bytes in all) after each downloaded chunk; raising from it stops the import (a cancel).
@@ -135,7 +135,7 @@ def import_source(
         write_card(staged, source={**fetched.source, **(card_source or {})})  # measured before it is served
         try:
             version = publish_model(root, import_id or new_job_id(), staged, name)
-        except FileExistsError as e:  # models/<name> holds something that is not a model
+        except (FileExistsError, NotOwner) as e:  # not a model there, or not the importer's to publish to
             raise UserError(str(e)) from None
     return version, {**summary, "path": str(version)}
 

@@ -60,6 +60,7 @@ from datadir import (
     scheduling,
 )
 from datadir.jobs import CANCEL, JobRecord
+from datadir.publish import NotOwner
 from model.errors import UserError
 from model.model_card import write_card
 from model.training import checkpoint as ckpt
@@ -442,7 +443,7 @@ def _stopped(attempt: runner.Attempt, reporter: JobReporter, result) -> str:
 
 def _fail(attempt: runner.Attempt, error: BaseException, runtime: float) -> str:
     log.exception("job %s failed", attempt.job_id)
-    message = str(error) if isinstance(error, UserError) else None
+    message = str(error) if isinstance(error, UserError | NotOwner) else None
     return attempt.fail(error, message, runtime_s=round(runtime, 3))
 
 

@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import ServiceError
+from app.keys.keyfile import Key
+from app.keys.keyring import ANONYMOUS
+from app.keys.ownership import may_change_dataset
 from app.settings import Settings
-from datadir import TERMINAL, DataDir, JobRecords, delete_dataset, versions
+from datadir import TERMINAL, DataDir, JobRecords, delete_dataset, read_meta, versions
+from datadir.publish import set_shared
 
 
 class Catalog:
@@ -27,6 +31,11 @@ class Catalog:
         """Make `version` the one requests for `name` get; 404 for an unknown model or version."""
         async with self.submit_lock:
             await asyncio.to_thread(_data_call, versions.promote, self.data_dir, name, version)
+
+    async def share(self, name: str, shared: bool) -> None:
+        """Share model `name` with every key or stop sharing it; 404 for an unknown model."""
+        async with self.submit_lock:
+            await asyncio.to_thread(_data_call, set_shared, self.data_dir, name, shared)
 
     async def delete_model(self, name: str, version: int | None = None) -> int:
         """Delete a model (or one version of it; the last one deletes the model); the bytes freed.
@@ -45,9 +54,13 @@ class Catalog:
                 return await asyncio.to_thread(_data_call, versions.delete_model, self.data_dir, name)
             return await asyncio.to_thread(_data_call, versions.delete_version, self.data_dir, name, version)
 
-    async def delete_dataset(self, name: str) -> int:
-        """Delete a dataset; the bytes freed. 404 when there is none; 409 while a queued or running job uses it."""
+    async def delete_dataset(self, name: str, caller: Key = ANONYMOUS) -> int:
+        """Delete a dataset; the bytes freed. 404 when there is none (or it is not `caller`'s: another key's
+        datasets are not shown to it); 409 while a queued or running job uses it."""
         async with self.submit_lock:
+            meta = await asyncio.to_thread(read_meta, self.data_dir, name)
+            if meta is None or not may_change_dataset(caller, meta):
+                raise ServiceError("not_found", f"dataset '{name}' not found")
             await asyncio.to_thread(self._refuse_in_use, "dataset", name, "dataset")
             try:
                 return await asyncio.to_thread(delete_dataset, self.data_dir, name)

@@ -24,8 +24,10 @@ from kombu.exceptions import OperationalError
 
 from app.errors import ServiceError
 from app.jobs.events import EventStreams
+from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
+from app.keys.ownership import is_admin
 from app.schemas.jobs import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
@@ -40,6 +42,7 @@ from datadir import (
     scheduling,
 )
 from datadir.datasets import KIND_OF_TASK, num_labels
+from datadir.versions import access_of
 from model.config import BertConfig
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
@@ -79,11 +82,11 @@ class JobService:
             await asyncio.to_thread(held.enter_context, self.records.submitting())
             with held:
                 await asyncio.to_thread(self._check_job_limit, owner)
-                spec = await self.validate(request)
+                spec = await self.validate(request, owner)
                 self._check_priority(request.priority, self.max_priority(owner), owner)
-                record = await asyncio.to_thread(
-                    self.records.create, {**spec, "owner": owner.name, "worker_share": owner.worker_share}
-                )
+                # publish_any: an admin's job may publish a new version of any model (datadir/publish.py)
+                mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": is_admin(owner)}
+                record = await asyncio.to_thread(self.records.create, {**spec, **mine})
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:
@@ -185,15 +188,20 @@ class JobService:
 
     # -- validation against the data directory ---------------------------------------------------
 
-    async def validate(self, req: JobRequest) -> dict:
-        """Checks pydantic cannot make (they need the disk); returns the spec to store."""
+    async def validate(self, req: JobRequest, caller: Key = ANONYMOUS) -> dict:
+        """Checks pydantic cannot make (they need the disk), `caller`'s rights among them (the model it
+        publishes to, its base model and dataset: app/keys/ownership.py); returns the spec to store."""
         await asyncio.to_thread(self._check_model_name, req.model_name)
+        access = await asyncio.to_thread(access_of, self.data_dir, req.model_name)
+        ownership.check_publish(caller, req.model_name, access)
         task = None if req.kind == "pretrain" else req.params.task
         needs = "corpus" if task is None else KIND_OF_TASK[task]
         dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
+        ownership.check_dataset(caller, dataset)
         params = req.params.to_record()  # what the request set: the run's defaults apply to the rest
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
+            ownership.check_model(caller, req.base_model, base.access, field="base_model")
             _check_seq_len(
                 req.params.max_seq_len, base.config.max_position_embeddings, f"base model '{req.base_model}'"
             )

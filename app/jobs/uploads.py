@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -206,10 +207,10 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
 
 
 async def receive_upload(
-    request: Request, data_dir: Path, settings: Settings, owner: str | None = None
+    request: Request, data_dir: Path, settings: Settings, owner: str | None = None, shared: bool = True
 ) -> dict[str, Any]:
     """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json (with its
-    `owner`, the uploading key's name)."""
+    `owner`, the uploading key's name, and whether every key may train on it: `shared`, an admin's upload)."""
     max_bytes = settings.max_dataset_bytes
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
@@ -226,7 +227,7 @@ async def receive_upload(
     try:
         tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
-        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings, owner)
+        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings, owner, shared)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -269,13 +270,15 @@ async def _parse(
     return upload
 
 
-def _finish(upload: _Upload, tmp: Path, data_dir: Path, settings: Settings, owner: str | None) -> dict[str, Any]:
+def _finish(
+    upload: _Upload, tmp: Path, data_dir: Path, settings: Settings, owner: str | None, shared: bool
+) -> dict[str, Any]:
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
     assert upload.filename is not None  # _parse refuses an upload without a file
     fields = dict(upload.fields)
     fields.setdefault("name", Path(upload.filename).stem)
     digest = upload.sha256.hexdigest()
-    return _install(tmp, upload.filename, fields, upload.file_bytes, digest, data_dir, settings, owner)
+    return _install(tmp, upload.filename, fields, upload.file_bytes, digest, data_dir, settings, owner, shared)
 
 
 def _install(
@@ -287,6 +290,7 @@ def _install(
     data_dir: Path,
     settings: Settings,
     owner: str | None = None,
+    shared: bool = True,
 ) -> dict:
     """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
     ext = Path(filename).suffix.lower()
@@ -307,6 +311,7 @@ def _install(
         "sha256": sha256,
         "created_at": now_iso(),
         **({"owner": owner} if owner is not None else {}),
+        "shared": shared,
     }
     meta.update(check_file(kind, path, settings))
     try:
@@ -319,9 +324,14 @@ def _install(
 _listings: dict[str, tuple[tuple, bytes]] = {}
 
 
-def listing_json(data_dir: Path) -> bytes:
+def listing_json(data_dir: Path, visible: Callable[[dict[str, Any]], bool] | None = None) -> bytes:
     """GET /datasets' body. It is serialised again only when a dataset comes or goes or its meta.json
-    changes, so a client polling the list costs a directory scan, not a serialisation (in a thread)."""
+    changes, so a client polling the list costs a directory scan, not a serialisation (in a thread).
+    `visible` keeps only the datasets a key may see (serialised each time: a key's own view)."""
+    if visible is not None:
+        metas = [m for m in list_dataset_metas(data_dir) if visible(m)]
+        metas = [{**m, "disk_bytes": dataset_bytes(data_dir, m["name"])} for m in metas]
+        return DatasetsResponse(datasets=metas).model_dump_json().encode()
     root = DataDir(data_dir).datasets
     key = _listing_key(root)
     cached = _listings.get(str(root))

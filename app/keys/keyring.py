@@ -33,6 +33,11 @@ KEYS_REFUSAL = "missing, unknown or revoked key: send 'Authorization: Bearer <ke
 API_REFUSAL = "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'"
 
 
+def held_scopes(key: Key) -> frozenset[str]:
+    """The scopes a key holds: its own, and `jobs` with `admin` (an admin sees every key's jobs and datasets)."""
+    return key.scopes | {"jobs"} if "admin" in key.scopes else key.scopes
+
+
 def built_in_keys(settings: Settings) -> list[Key]:
     """BERT_API_KEY opens inference and /metrics, and jobs and management too while there is no
     BERT_ADMIN_KEY; BERT_ADMIN_KEY opens jobs and management (every key's jobs). As they always did,
@@ -129,7 +134,7 @@ class Keyring:
             if self.is_open(scope):
                 return ANONYMOUS
             raise ServiceError("unauthorized", self.refusal(scope))
-        if scope != ANY and scope not in key.scopes and not self.is_open(scope):
+        if scope != ANY and scope not in held_scopes(key) and not self.is_open(scope):
             if key.name in BUILT_IN:
                 raise ServiceError("unauthorized", self.refusal(scope))
             raise ServiceError(

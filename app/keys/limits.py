@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 
 from app.errors import ServiceError
+from app.keys import ownership
 from app.keys.keyfile import Key
+from datadir.versions import Access
 
 
 class TokenBucket:
@@ -71,13 +73,9 @@ class Caller:
                 )
         self.on_tokens(self.key.name, n)
 
-    def check_model(self, name: str) -> None:
-        """403 when the key may not use model `name` (its `models` list)."""
-        if self.key.models is not None and name not in self.key.models:
-            raise ServiceError(
-                "forbidden",
-                f"key '{self.key.name}' may not use model '{name}' (its models: {', '.join(self.key.models)})",
-            )
+    def check_model(self, name: str, access: Access) -> None:
+        """403 when the key may not use model `name` (its `models` list, the model's owner: ownership.py)."""
+        ownership.check_model(self.key, name, access)
 
 
 # The caller of the request this task serves; the middleware sets it, and it travels with the

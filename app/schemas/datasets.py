@@ -66,6 +66,9 @@ class DatasetInfo(BaseModel):
         LEGACY_OWNER,
         description="The name of the key that uploaded it (`admin` for datasets from before keys had names).",
     )
+    shared: bool = Field(
+        True, description="Every key may train on it: an admin uploaded it. Else only its owner (and admins) see it."
+    )
     documents: int | None = None
     sentences: int | None = None
     rows: int | None = None

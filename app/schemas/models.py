@@ -49,6 +49,12 @@ class ModelInfo(BaseModel):
     version: int = Field(1, description="The promoted version: the one requests get.")
     num_versions: int = Field(1, description="Versions on disk (POST /models/{name}/promote switches).")
     disk_bytes: int = Field(0, description="Bytes on disk, every version together.")
+    owner: str = Field(
+        "admin", description="The key that owns the name: only it (or an admin) publishes new versions of it."
+    )
+    shared: bool = Field(
+        True, description="Every key may use and train from it (an admin shares or unshares: PATCH /models/{name})."
+    )
 
     card: dict[str, Any] | None = Field(
         None,
@@ -97,6 +103,14 @@ class ModelsResponse(BaseModel):
     models: list[ModelInfo]
     default: str | None
     memory: MemoryInfo
+
+
+class ShareRequest(BaseModel):
+    """PATCH /models/{name}: whether every key may use the model and train from it."""
+
+    model_config = STRICT
+
+    shared: bool = Field(description="true: every key may use it; false: its owner, admins and keys listing it.")
 
 
 class PromoteRequest(BaseModel):

@@ -36,8 +36,8 @@ import model as model_package
 from app.errors import ServiceError
 from app.prometheus import Metrics
 from datadir import DataDir, JobRecords, valid_name
-from datadir.jobs import steps_of
-from datadir.versions import MODEL_JSON, resolve, version_numbers
+from datadir.jobs import LEGACY_OWNER, steps_of
+from datadir.versions import MODEL_JSON, Access, read_access, resolve, version_numbers
 from model.compute import kernels
 from model.compute.precision import apply_precision
 from model.config import BertConfig
@@ -132,6 +132,7 @@ class StoredModel:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reserved_bytes: int = 0  # its weights' estimate, counted against the budget while loading or loaded
     last_used: int = 0  # when its last request came (a registry-wide count): the least recent is unloaded first
+    access: Access = field(default_factory=lambda: Access.new(LEGACY_OWNER))  # its owner, and whether it is shared
 
 
 def _identity(path: Path) -> tuple | None:
@@ -262,12 +263,16 @@ class ModelRegistry:
         return promoted[1], identity, promoted[0], version_numbers(model_root)
 
     def _update(self, name: str, path: Path, identity: tuple, version: int, versions: list[int]) -> None:
-        """Read the entry again when its promoted version changed (call with self._lock held)."""
+        """Read the entry again when its promoted version changed (call with self._lock held); a model.json
+        that changed only its access (shared or not) keeps the loaded model."""
         old = self._entries.get(name)
-        if old is None or old.identity != identity or old.path != path:
+        if old is None or old.identity[1] != identity[1] or old.path != path or old.version != version:
             self._entries[name] = read_stored_model(name, path, identity, version, versions)
-        else:
-            old.versions = versions
+            self._entries[name].access = read_access(self.root / name)
+            return
+        if old.identity != identity:
+            old.identity, old.access = identity, read_access(self.root / name)
+        old.versions = versions
 
     def _refresh(self, name: str) -> StoredModel | None:
         """The entry for `name`, read again if its promoted version changed or was replaced since."""
@@ -377,16 +382,21 @@ class ModelRegistry:
         )
 
     async def get(
-        self, name: str | None, head: str | None = None, route: str = "", check: Callable[[str], None] | None = None
+        self,
+        name: str | None,
+        head: str | None = None,
+        route: str = "",
+        check: Callable[[str, Access], None] | None = None,
     ) -> LoadedModel:
         """The loaded model for a request, loading and warming it up on first use.
 
         `head` names what the route needs; a model without it is a 422 that names both. `check` may
-        refuse the model by its name (a key's allowed models) before anything is loaded.
+        refuse the model by its name and access (the caller's key: app/keys/ownership.py) before anything
+        is loaded.
         """
         entry = await self.lookup(name, head)
         if check is not None:
-            check(entry.name)
+            check(entry.name, entry.access)
         if entry.error is not None:
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         if head is not None and head not in entry.heads:

@@ -87,7 +87,11 @@ def test_promote_switches_versions_and_names_the_ones_there_are(data, tokenizer)
         assert r.status_code == 200 and r.json()["version"] == 1
         assert [v["promoted"] for v in r.json()["versions"]] == [True, False]
         assert torch.allclose(embedding(), embed_reference(v1, tokenizer, "the cat"), atol=1e-5)
-        assert json.loads((data / "models" / "enc" / "model.json").read_text()) == {"promoted": 1}
+        assert json.loads((data / "models" / "enc" / "model.json").read_text()) == {
+            "promoted": 1,
+            "owner": "admin",
+            "shared": True,
+        }
 
         r = client.post("/models/enc/promote", json={"version": 9}, headers=ADMIN)
         assert (r.status_code, r.json()) == (404, err("not_found", "model 'enc' has no version 9 (versions: 1, 2)"))

@@ -36,7 +36,8 @@ def _model(path, weights: bytes = b"w" * 100):
 
 
 def _promoted(data_dir, name):
-    return json.loads((data_dir / "models" / name / "model.json").read_text())
+    """model.json's promoted version, as {"promoted": N} (its owner and sharing: test_a_name_belongs_...)."""
+    return {"promoted": json.loads((data_dir / "models" / name / "model.json").read_text())["promoted"]}
 
 
 def test_publishing_makes_the_next_version_and_promotes_it(tmp_path):
@@ -200,3 +201,53 @@ def test_a_version_records_the_key_that_made_its_job(tmp_path):
     assert [(v.version, v.owner) for v in list_versions(data, "m")] == [(1, "alice"), (2, "admin"), (3, "admin")]
     (data / "models" / "m" / "v3" / PROVENANCE).unlink()  # made some other way
     assert list_versions(data, "m")[2].owner is None
+
+
+def test_a_name_belongs_to_the_key_that_first_published_it(tmp_path):
+    from datadir import JobRecords
+    from datadir.publish import OWNER_RULE, NotOwner, set_shared
+    from datadir.versions import Access, access_of
+
+    data = tmp_path / "data"
+    records = JobRecords(data)
+
+    def job(owner: str, admin: bool = False, name: str = "m") -> str:
+        spec = {"kind": "finetune", "model_name": name, "params": {}, "owner": owner, "publish_any": admin}
+        return records.create(spec)["id"]
+
+    publish_model(data, job("alice"), _model(tmp_path / "a1"), "m")
+    assert access_of(data, "m") == Access("alice", shared=False)
+    publish_model(data, job("alice"), _model(tmp_path / "a2"), "m")  # her next version
+    with pytest.raises(NotOwner) as refused:
+        publish_model(data, job("bob"), _model(tmp_path / "b1"), "m")
+    assert str(refused.value) == f"model 'm' belongs to another key: {OWNER_RULE}"
+    assert (tmp_path / "b1" / "config.json").is_file()  # the trained model stays where it was
+    assert [v.version for v in list_versions(data, "m")] == [1, 2]
+    publish_model(data, job("boss", admin=True), _model(tmp_path / "c1"), "m")  # an admin's job: any name
+    older = records.create({"kind": "finetune", "model_name": "m", "params": {}, "owner": "bob"})  # before owners
+    publish_model(data, older["id"], _model(tmp_path / "d1"), "m")
+    assert [v.version for v in list_versions(data, "m")] == [1, 2, 3, 4]
+    assert access_of(data, "m") == Access("alice", shared=False)  # publishing and promoting keep the access
+    promote(data, "m", 1)
+    assert access_of(data, "m") == Access("alice", shared=False)
+
+    publish_model(data, job("boss", admin=True, name="n"), _model(tmp_path / "n1"), "n")
+    assert access_of(data, "n") == Access("boss", shared=True)  # an admin's new model is shared from the start
+    assert set_shared(data, "n", False) == Access("boss", shared=False) == access_of(data, "n")
+    with pytest.raises(ModelNotFound):
+        set_shared(data, "nothing", True)
+
+
+def test_what_model_json_does_not_say_is_admins_and_shared(tmp_path):
+    from datadir.publish import set_shared
+    from datadir.versions import Access, access_of
+
+    data = tmp_path / "data"
+    _model(data / "models" / "flat")  # a legacy flat model
+    assert access_of(data, "flat") == Access("admin", shared=True)
+    _model(data / "models" / "old" / "v1")
+    (data / "models" / "old" / "model.json").write_text('{"promoted": 1}')  # from before owners
+    assert access_of(data, "old") == Access("admin", shared=True)
+    assert access_of(data, "none") is None
+    assert set_shared(data, "flat", False) == Access("admin", shared=False)  # a flat model moves into v1/ first
+    assert (data / "models" / "flat" / "v1" / "config.json").is_file() and access_of(data, "flat").shared is False

@@ -1,9 +1,10 @@
 """GET /models and GET /models/{name}: what the registry holds (rescanned on every listing), each model's
 promoted version and its versions, each with its card (where it came from, its held-out scores) and
 its named prompts.
-Behind BERT_ADMIN_KEY, as /jobs and /datasets: POST /models imports a model from the Hugging Face Hub or
-an uploaded archive, as a job; POST /models/{name}/promote, DELETE /models/{name} and
-DELETE /models/{name}/versions/{version} manage its versions."""
+A key sees the models it may use (app/keys/ownership.py): its own, the shared ones, those its key lists.
+Behind the admin scope: POST /models imports a model from the Hugging Face Hub or an uploaded archive, as
+a job; PATCH /models/{name} shares it with every key or stops sharing it; POST /models/{name}/promote,
+DELETE /models/{name} and DELETE /models/{name}/versions/{version} manage its versions."""
 
 import asyncio
 import shutil
@@ -14,8 +15,11 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 
 from app.api.auditing import audited
 from app.api.deps import CallerDep, CatalogDep, ImportsDep, ServiceDep, require_admin
-from app.errors import responses
+from app.errors import ServiceError, responses
 from app.jobs.imports import receive_request
+from app.keys.keyfile import Key
+from app.keys.keyring import ANONYMOUS
+from app.keys.ownership import may_read_model
 from app.schemas.jobs import JobStatus
 from app.schemas.models import (
     IMPORT_EXAMPLE,
@@ -26,6 +30,7 @@ from app.schemas.models import (
     ModelsResponse,
     ModelVersion,
     PromoteRequest,
+    ShareRequest,
 )
 from app.schemas.shared import DeletedResponse
 from app.serving.model_registry import ModelRegistry, StoredModel
@@ -115,6 +120,8 @@ def model_info(entry: StoredModel, registry: ModelRegistry, device: torch.device
         version=entry.version,
         num_versions=len(entry.versions),
         disk_bytes=bytes_on_disk,
+        owner=entry.access.owner,
+        shared=entry.access.shared,
         card=read_card(entry.path) or None,
         prompts=_prompts(entry),
         **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
@@ -132,11 +139,11 @@ def _prompts(entry: StoredModel) -> dict[str, str] | None:
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))
-async def list_models(service: ServiceDep) -> ModelsResponse:
-    """Every model in DATA_DIR/models/: its promoted version's heads and size, its versions and disk use,
-    whether it is loaded, pinned or the default, and the memory budget."""
+async def list_models(service: ServiceDep, caller: CallerDep) -> ModelsResponse:
+    """Every model in DATA_DIR/models/ the key may use: its promoted version's heads and size, its versions and
+    disk use, its owner, whether it is shared, loaded, pinned or the default, and the memory budget."""
     registry = service.registry
-    entries = await asyncio.to_thread(registry.scan)
+    entries = [e for e in await asyncio.to_thread(registry.scan) if may_read_model(caller, e.name, e.access)]
     sizes = await asyncio.to_thread(lambda: [disk_bytes(service.settings.data_dir, e.name) for e in entries])
     models = await asyncio.to_thread(
         lambda: [model_info(e, registry, service.device, size) for e, size in zip(entries, sizes, strict=True)]
@@ -149,8 +156,22 @@ async def list_models(service: ServiceDep) -> ModelsResponse:
 @router.get(
     "/models/{name}", response_model=ModelDetail, responses=responses("unauthorized", "not_found", "validation")
 )
-async def get_model(name: ModelName, service: ServiceDep) -> ModelDetail:
+async def get_model(name: ModelName, service: ServiceDep, caller: CallerDep) -> ModelDetail:
     """One model's description, with every version: when and by what it was made, its disk use and card."""
+    return await _detail(service, name, caller)
+
+
+@admin.patch(
+    "/models/{name}",
+    response_model=ModelDetail,
+    responses=responses("unauthorized", "not_found", "validation"),
+)
+async def share_model(
+    name: ModelName, req: ShareRequest, service: ServiceDep, catalog: CatalogDep, request: Request
+) -> ModelDetail:
+    """Share a model with every key (they may use it and train from it), or stop sharing it."""
+    async with audited(request, "model.share" if req.shared else "model.unshare", f"model {name}"):
+        await catalog.share(name, req.shared)
     return await _detail(service, name)
 
 
@@ -194,8 +215,10 @@ async def delete_model_version(
     return DeletedResponse(deleted="version", name=name, version=version, freed_bytes=freed)
 
 
-async def _detail(service: Service, name: str) -> ModelDetail:
+async def _detail(service: Service, name: str, caller: Key = ANONYMOUS) -> ModelDetail:
     entry = await service.registry.lookup(name)
+    if not may_read_model(caller, entry.name, entry.access):  # another key's: not shown, as its jobs are not
+        raise ServiceError("not_found", f"model '{name}' not found")
     versions = await asyncio.to_thread(list_versions, service.settings.data_dir, name)
     listed = [
         ModelVersion(

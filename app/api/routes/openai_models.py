@@ -8,8 +8,9 @@ import asyncio
 
 from fastapi import APIRouter
 
-from app.api.deps import ServiceDep
+from app.api.deps import CallerDep, ServiceDep
 from app.errors import ServiceError, responses
+from app.keys.ownership import may_read_model
 from app.schemas.openai_models import OpenAIModel, OpenAIModelsResponse
 from app.serving.model_registry import StoredModel
 
@@ -23,9 +24,9 @@ def openai_model(entry: StoredModel) -> OpenAIModel:
 
 
 @router.get("/v1/models", response_model=OpenAIModelsResponse, responses=responses("unauthorized", openai=True))
-async def list_openai_models(service: ServiceDep) -> OpenAIModelsResponse:
-    """Every model a request can name, in OpenAI's list format."""
-    entries = await asyncio.to_thread(service.registry.scan)
+async def list_openai_models(service: ServiceDep, caller: CallerDep) -> OpenAIModelsResponse:
+    """Every model a request of this key can name, in OpenAI's list format."""
+    entries = [e for e in await asyncio.to_thread(service.registry.scan) if may_read_model(caller, e.name, e.access)]
     data = await asyncio.to_thread(lambda: [openai_model(e) for e in entries if e.error is None])
     return OpenAIModelsResponse(data=data)
 
@@ -35,9 +36,11 @@ async def list_openai_models(service: ServiceDep) -> OpenAIModelsResponse:
     response_model=OpenAIModel,
     responses=responses("unauthorized", "not_found", "unavailable", openai=True),
 )
-async def get_openai_model(model_id: str, service: ServiceDep) -> OpenAIModel:
+async def get_openai_model(model_id: str, service: ServiceDep, caller: CallerDep) -> OpenAIModel:
     """One model, in OpenAI's format."""
     entry = await service.registry.lookup(model_id)
+    if not may_read_model(caller, entry.name, entry.access):  # another key's: not shown
+        raise ServiceError("not_found", f"model '{model_id}' not found")
     if entry.error is not None:
         raise ServiceError("not_found", f"model '{model_id}' cannot be served: {entry.error}")
     return await asyncio.to_thread(openai_model, entry)
