@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from fastapi import Depends, FastAPI
 
@@ -44,6 +45,7 @@ from app.prometheus import Metrics, MetricsMiddleware
 from app.serving.batch_jobs import Batches
 from app.serving.service import Service
 from app.settings import Settings
+from datadir import JobRecords
 
 DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction, embeddings
 (also in OpenAI's format), fine-tuned classifiers, token classification and extractive question
@@ -62,6 +64,8 @@ log = logging.getLogger("bertserve")
 
 # How often a replica looks for imports and batches left unfinished by a process that died.
 RESUME_EVERY_S = 10.0
+# How often a replica removes what its retention settings let go (batch files, failed jobs' checkpoints).
+TIDY_EVERY_S = 3600.0
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -73,9 +77,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     imports = Imports(settings.data_dir)
     batch_jobs = Batches(service)
 
+    def tidy() -> None:
+        """Batch files past BERT_BATCH_RETENTION_DAYS, checkpoints past BERT_CHECKPOINT_RETENTION_DAYS."""
+        batch_jobs.expire_files()
+        days = settings.checkpoint_retention_days
+        freed = JobRecords(settings.data_dir).expire_checkpoints(days * 86400) if days > 0 else {}
+        if freed:
+            log.info("removed the checkpoints of %d ended job(s), %d bytes", len(freed), sum(freed.values()))
+
     async def keep_resuming() -> None:
         """Every RESUME_EVERY_S: the imports and batches whose process died (another replica, killed)
-        go on here; a lease held elsewhere leaves them to their holder."""
+        go on here; a lease held elsewhere leaves them to their holder. Every TIDY_EVERY_S: tidy()."""
+        tidied = time.monotonic()
         while True:
             await asyncio.sleep(RESUME_EVERY_S)
             if service.draining:
@@ -83,6 +96,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             try:
                 await asyncio.to_thread(imports.resume, True)
                 await batch_jobs.resume(quiet=True)
+                if time.monotonic() - tidied >= TIDY_EVERY_S:
+                    tidied = time.monotonic()
+                    await asyncio.to_thread(tidy)
             except Exception:  # a full disk, a torn record: logged whole, the next round tries again
                 log.exception("resuming unfinished imports and batches failed")
 
@@ -90,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         await service.start()
         await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
-        await asyncio.to_thread(batch_jobs.expire_files)
+        await asyncio.to_thread(tidy)
         await batch_jobs.resume()  # batches a stopped API left unfinished
         sweep = asyncio.create_task(keep_resuming(), name="resume-imports-and-batches")
         try:

@@ -421,6 +421,14 @@ class Settings(BaseSettings):
         ge=0,
         description="Days a `/v1/files` file (batch input, output or errors) is kept before it is deleted; 0: kept until deleted.",
     )
+    checkpoint_retention_days: float = Field(
+        3.0,
+        ge=0,
+        description=(
+            "Days the checkpoints of a cancelled or failed job are kept after it ended; then they are removed (its "
+            "record, curve and any final model stay; a restart begins from scratch). 0: kept until the job is deleted."
+        ),
+    )
 
     @field_validator("bootstrap", "bootstrap_steps", mode="before")
     @classmethod

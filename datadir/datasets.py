@@ -24,10 +24,12 @@ import errno
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from datadir.files import TMP_PREFIX, fsync_dir, fsync_tree, remove_tree, tree_bytes
+from datadir.jobs import LEGACY_OWNER
 from datadir.layout import DataDir, valid_name
 
 META = "meta.json"
@@ -53,6 +55,12 @@ def read_meta(data_dir: str | os.PathLike, name: str) -> dict[str, Any] | None:
         return json.loads((DataDir(data_dir).dataset(name) / META).read_text())
     except (OSError, ValueError):
         return None
+
+
+def dataset_owner(meta: Mapping[str, Any]) -> str:
+    """The key that uploaded the dataset (admin for one from before keys had names)."""
+    owner = meta.get("owner")
+    return owner if isinstance(owner, str) and owner else LEGACY_OWNER
 
 
 def num_labels(meta: dict[str, Any]) -> int:

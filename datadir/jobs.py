@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import datetime as dt
 import fcntl
 import json
 import os
@@ -37,12 +38,14 @@ from datadir.files import (
     fsync_dir,
     fsync_tree,
     read_jsonl,
+    remove_tree,
     rewrite_jsonl,
     tree_bytes,
 )
 from datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
 
 SUBMIT_LOCK = ".submit.lock"
+CHECKPOINTS = "checkpoints"  # a run directory's step-N checkpoints (model/training/checkpoint.py writes them)
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
@@ -254,6 +257,27 @@ class JobRecords:
         shutil.rmtree(doomed, ignore_errors=True)
         return freed
 
+    def expire_checkpoints(self, max_age_s: float, now: dt.datetime | None = None) -> dict[str, int]:
+        """Remove the checkpoints of the cancelled and failed jobs that ended more than `max_age_s` ago (their
+        records, curves and final models stay); {job id: bytes freed}."""
+        cutoff = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(seconds=max_age_s)
+        freed: dict[str, int] = {}
+        for record in self.list():
+            if record["state"] not in ("cancelled", "failed") or not _ended_before(record, cutoff):
+                continue
+            if not (self.job_dir(record["id"]) / CHECKPOINTS).is_dir():
+                continue
+
+            def expire(r: JobRecord) -> None:
+                checkpoints = self.job_dir(r["id"]) / CHECKPOINTS
+                if r["state"] in ("cancelled", "failed") and checkpoints.is_dir():  # not restarted meanwhile
+                    freed[r["id"]] = remove_tree(checkpoints)
+                    checkpoints_removed(r, freed[r["id"]])
+
+            with contextlib.suppress(JobNotFound, IllegalTransition):
+                self.update(record["id"], expire)
+        return freed
+
     def disk_bytes(self, job_id: str) -> int:
         """Bytes a job's directory holds (its checkpoints, mostly)."""
         return tree_bytes(self.job_dir(job_id))
@@ -347,6 +371,16 @@ def steps_of(record: Mapping[str, Any]) -> tuple[int, int]:
     return progress.get("step") or 0, progress.get("total_steps") or record["params"].get("max_steps") or 0
 
 
+def _ended_before(record: Mapping[str, Any], cutoff: dt.datetime) -> bool:
+    ended = record.get("finished_at")
+    if not isinstance(ended, str):
+        return False
+    try:
+        return dt.datetime.fromisoformat(ended.replace("Z", "+00:00")) < cutoff
+    except ValueError:
+        return False
+
+
 def encode(record: Mapping[str, Any]) -> bytes:
     """A record as its file holds it: indented JSON, one trailing newline."""
     return (json.dumps(record, indent=1, sort_keys=False) + "\n").encode()
@@ -389,6 +423,9 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     ("queued", "cancelled before it could run"): "cancelled",
     ("running", "cancelled before it could run"): "cancelled",
     ("queued", "discarded"): "failed",  # its message never left: the record is removed next
+    # Past BERT_CHECKPOINT_RETENTION_DAYS (JobRecords.expire_checkpoints): the record, curve and final model stay.
+    ("cancelled", "checkpoints removed"): "cancelled",
+    ("failed", "checkpoints removed"): "failed",
 }
 
 
@@ -536,6 +573,11 @@ def cancel_before_start(record: JobRecord) -> None:
 def discard(record: JobRecord, why: str) -> None:
     """The job's message never left: closed (then removed by JobRecords.discard_unclaimed)."""
     _move(record, "discarded", why, error=f"{why}; the job was never queued")
+
+
+def checkpoints_removed(record: JobRecord, freed: int) -> None:
+    """A cancelled or failed job's checkpoints were removed, its retention past: it restarts from scratch."""
+    _move(record, "checkpoints removed", f"{freed} bytes freed", latest_checkpoint=None)
 
 
 def _add_event(record: JobRecord, event: str, detail: str | None = None) -> None:

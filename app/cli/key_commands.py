@@ -58,6 +58,7 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
                 max_jobs=args.max_jobs,
                 max_priority=args.max_priority,
                 worker_share=args.worker_share,
+                disk_gb=args.disk_gb,
                 created_at=now_iso(),
             )
         )
@@ -156,6 +157,9 @@ def add_commands(sub) -> None:
     p.add_argument("--max-jobs", type=int, help="its jobs queued or running at once (default: no limit)")
     p.add_argument("--max-priority", type=int, help="the highest job priority it may ask for (default: no limit)")
     p.add_argument("--worker-share", type=float, help="its share of worker time, in (0, 1] (default: no limit)")
+    p.add_argument(
+        "--disk-gb", type=float, help="GB its jobs, datasets and models may hold on disk (default: no limit)"
+    )
     parser("list", "list the keys: names, scopes, limits, when made (never secrets)", cmd_keys_list, named=False)
     parser("revoke", "remove a key: the service refuses it within a second", cmd_keys_revoke)
     parser("rotate", "give a key a new secret (printed once); the old one stops working", cmd_keys_rotate)

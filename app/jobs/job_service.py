@@ -24,6 +24,7 @@ from kombu.exceptions import OperationalError
 
 from app.errors import ServiceError
 from app.jobs.events import EventStreams
+from app.jobs.quota import check_room, job_disk_bytes
 from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
@@ -44,6 +45,7 @@ from datadir import (
 from datadir.datasets import KIND_OF_TASK, num_labels
 from datadir.versions import access_of
 from model.config import BertConfig
+from model.options import defaults
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
@@ -84,6 +86,7 @@ class JobService:
                 await asyncio.to_thread(self._check_job_limit, owner)
                 spec = await self.validate(request, owner)
                 self._check_priority(request.priority, self.max_priority(owner), owner)
+                await asyncio.to_thread(self._check_disk, owner, spec)
                 # publish_any: an admin's job may publish a new version of any model (datadir/publish.py)
                 mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": is_admin(owner)}
                 record = await asyncio.to_thread(self.records.create, {**spec, **mine})
@@ -103,6 +106,13 @@ class JobService:
             )
             raise
         return await asyncio.to_thread(self.records.move, record["id"], jobs.enqueued)
+
+    def _check_disk(self, owner: Key, spec: dict) -> None:
+        """507 when the job's checkpoints and model would take the key past its disk quota."""
+        kind, params = spec["kind"], spec["params"]
+        keep_last = params.get("keep_last") or defaults(kind, params.get("task"))["keep_last"]
+        adding = job_disk_bytes(spec["estimate"]["parameters"], keep_last)
+        check_room(self.data_dir, owner, adding, "this job's checkpoints and model")
 
     def _check_job_limit(self, owner: Key) -> None:
         if owner.max_jobs is None:

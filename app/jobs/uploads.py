@@ -207,10 +207,16 @@ def check_fields(fields: dict[str, str], data_dir: Path) -> None:
 
 
 async def receive_upload(
-    request: Request, data_dir: Path, settings: Settings, owner: str | None = None, shared: bool = True
+    request: Request,
+    data_dir: Path,
+    settings: Settings,
+    owner: str | None = None,
+    shared: bool = True,
+    check_room: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Stream a multipart upload into DATA_DIR/datasets/<name>/ and return its meta.json (with its
-    `owner`, the uploading key's name, and whether every key may train on it: `shared`, an admin's upload)."""
+    `owner`, the uploading key's name, and whether every key may train on it: `shared`, an admin's upload).
+    `check_room(bytes)` refuses it before anything is installed (the uploader's disk quota)."""
     max_bytes = settings.max_dataset_bytes
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
@@ -227,7 +233,7 @@ async def receive_upload(
     try:
         tmp = await asyncio.to_thread(staging_dir, data_dir, "upload")
         upload = await _parse(request, options[b"boundary"], tmp, max_bytes, data_dir)
-        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings, owner, shared)
+        return await asyncio.to_thread(_finish, upload, tmp, data_dir, settings, owner, shared, check_room)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -271,13 +277,21 @@ async def _parse(
 
 
 def _finish(
-    upload: _Upload, tmp: Path, data_dir: Path, settings: Settings, owner: str | None, shared: bool
+    upload: _Upload,
+    tmp: Path,
+    data_dir: Path,
+    settings: Settings,
+    owner: str | None,
+    shared: bool,
+    check_room: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
     assert upload.filename is not None  # _parse refuses an upload without a file
     fields = dict(upload.fields)
     fields.setdefault("name", Path(upload.filename).stem)
     digest = upload.sha256.hexdigest()
+    if check_room is not None:  # the uploader's disk quota, now that the size is known
+        check_room(upload.file_bytes)
     return _install(tmp, upload.filename, fields, upload.file_bytes, digest, data_dir, settings, owner, shared)
 
 

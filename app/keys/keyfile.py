@@ -55,10 +55,11 @@ class Key:
     max_jobs: int | None = None  # its jobs queued or running at once
     max_priority: int | None = None  # the highest job priority it may ask for (POST /jobs refuses more)
     worker_share: float | None = None  # its share of worker time, (0, 1]: the queue orders by it (scheduling.py)
+    disk_gb: float | None = None  # GB its jobs, datasets and models may hold on disk (app/jobs/quota.py)
     created_at: str | None = None
 
     def limits(self) -> dict[str, Any]:
-        fields = ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share")
+        fields = ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share", "disk_gb")
         return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
 
 
@@ -92,6 +93,8 @@ def check_key(key: Key) -> Key:
             raise KeyFileError(f"{where}: {field} must be {'> 0' if field == 'rps' else f'>= {low}'}, got {value}")
     if key.worker_share is not None and not 0 < key.worker_share <= 1:
         raise KeyFileError(f"{where}: worker_share must be in (0, 1], got {key.worker_share}")
+    if key.disk_gb is not None and not (math.isfinite(key.disk_gb) and key.disk_gb > 0):
+        raise KeyFileError(f"{where}: disk_gb must be > 0, got {key.disk_gb}")
     return key
 
 
@@ -109,6 +112,7 @@ def _key_from_table(name: str, table: Any) -> Key:
             models=tuple(table["models"]) if "models" in table else None,
             **{f: table[f] for f in ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority") if f in table},
             worker_share=table.get("worker_share"),
+            disk_gb=table.get("disk_gb"),
             created_at=table.get("created_at"),
         )
     except (KeyError, TypeError) as e:
@@ -116,7 +120,7 @@ def _key_from_table(name: str, table: Any) -> Key:
     for field, value in (("scopes", table.get("scopes")), ("models", table.get("models", []))):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise KeyFileError(f"key '{name}': {field} must be a list of names, got {value!r}")
-    for field in ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share"):
+    for field in ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share", "disk_gb"):
         value = getattr(key, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise KeyFileError(f"key '{name}': {field} must be a number, got {value!r}")

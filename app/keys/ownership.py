@@ -19,6 +19,7 @@ from typing import Any
 
 from app.errors import ServiceError
 from app.keys.keyfile import Key
+from datadir.datasets import dataset_owner
 from datadir.jobs import LEGACY_OWNER, OPEN_OWNER
 from datadir.publish import OWNER_RULE
 from datadir.versions import Access
@@ -43,11 +44,6 @@ def may_read_model(key: Key, name: str, access: Access) -> bool:
 def may_publish(key: Key, access: Access | None) -> bool:
     """Whether `key` may publish the next version of a model whose access is `access` (None: a new name)."""
     return access is None or is_admin(key) or access.owner == key.name
-
-
-def dataset_owner(meta: Mapping[str, Any]) -> str:
-    owner = meta.get("owner")
-    return owner if isinstance(owner, str) and owner else LEGACY_OWNER
 
 
 def dataset_shared(meta: Mapping[str, Any]) -> bool:

@@ -37,9 +37,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from datadir.files import TMP_PREFIX, atomic_dir
+from datadir.jobs import CHECKPOINTS
 from model.config import BertConfig
 
-CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")

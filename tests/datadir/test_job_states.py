@@ -33,6 +33,7 @@ NAMED = {
     jobs.cancel: (("at step 5",), "cancelled"),
     jobs.cancel_before_start: ((), "cancelled before it could run"),
     jobs.discard: (("the broker could not be reached",), "discarded"),
+    jobs.checkpoints_removed: ((1024,), "checkpoints removed"),
 }
 
 

@@ -151,3 +151,63 @@ def test_only_a_finished_job_is_deleted_and_then_it_is_gone(store):
     assert not store.exists(job_id) and store.list() == [] and not list(store.root.iterdir())
     with pytest.raises(JobNotFound):
         store.delete(job_id)
+
+
+def test_the_checkpoints_of_jobs_that_ended_long_ago_are_removed_and_nothing_else(store):
+    import datetime as dt
+
+    from datadir import jobs
+    from datadir.jobs import CHECKPOINTS
+
+    def ended(state: str, days_ago: float) -> str:
+        job_id = store.create(finetune_spec(state))["id"]
+        job_dir = store.job_dir(job_id)
+        (job_dir / CHECKPOINTS / "step-5").mkdir(parents=True)
+        (job_dir / CHECKPOINTS / "step-5" / "model.safetensors").write_bytes(b"w" * 1000)
+        (job_dir / "final_model").mkdir()  # a model trained but not published: never removed
+        (job_dir / "final_model" / "model.safetensors").write_bytes(b"f" * 10)
+        at = (dt.datetime.now(dt.UTC) - dt.timedelta(days=days_ago)).isoformat().replace("+00:00", "Z")
+        store.update(job_id, lambda r: r.update(state=state, finished_at=at, latest_checkpoint="checkpoints/step-5"))
+        return job_id
+
+    old_failed, old_cancelled = ended("failed", 4), ended("cancelled", 4)
+    recent, succeeded = ended("failed", 1), ended("succeeded", 10)
+    assert store.expire_checkpoints(3 * 86400) == {old_failed: 1000, old_cancelled: 1000}
+    for job_id in (old_failed, old_cancelled):
+        record = store.read(job_id)
+        assert not (store.job_dir(job_id) / CHECKPOINTS).exists() and record["latest_checkpoint"] is None
+        assert record["events"][-1]["event"] == "checkpoints removed"
+        assert (store.job_dir(job_id) / "final_model" / "model.safetensors").is_file()
+    for job_id in (recent, succeeded):
+        assert (store.job_dir(job_id) / CHECKPOINTS / "step-5").is_dir()
+    assert store.expire_checkpoints(3 * 86400) == {}  # nothing left to remove
+    store.move(old_failed, jobs.restart)  # a restarted job begins again from scratch
+    assert store.read(old_failed)["state"] == "queued"
+
+
+def test_what_a_key_holds_on_disk(tmp_path):
+    from datadir.publish import publish_model
+    from datadir.usage import holdings
+
+    data = tmp_path / "data"
+    records = JobRecords(data)
+    mine = records.create({**finetune_spec("m"), "owner": "alice", "publish_any": False})
+    (records.job_dir(mine["id"]) / "checkpoints").mkdir()
+    (records.job_dir(mine["id"]) / "checkpoints" / "w").write_bytes(b"x" * 5000)
+    theirs = records.create({**finetune_spec("n"), "owner": "bob", "publish_any": False})
+    (records.job_dir(theirs["id"]) / "w").write_bytes(b"x" * 7000)
+    model = tmp_path / "out"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"m" * 3000)
+    publish_model(data, mine["id"], model, "alices")
+    dataset = data / "datasets" / "d"
+    dataset.mkdir(parents=True)
+    (dataset / "data.csv").write_bytes(b"d" * 2000)
+    (dataset / "meta.json").write_text('{"name": "d", "kind": "labelled", "owner": "alice"}')
+    held = holdings(data, "alice")
+    job_bytes = sum(f.stat().st_size for f in records.job_dir(mine["id"]).rglob("*") if f.is_file())
+    assert held.jobs == job_bytes >= 5000
+    assert held.datasets >= 2000 and 3000 <= held.models < 5000
+    assert held.total == held.jobs + held.datasets + held.models
+    assert holdings(data, "carol").total == 0

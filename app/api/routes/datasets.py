@@ -4,6 +4,7 @@ They need the scope jobs (admin holds it too). Each dataset records the name of 
 key's is a 404, as its jobs are (app/keys/ownership.py). An admin sees and deletes every dataset."""
 
 import asyncio
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -12,6 +13,7 @@ from app.api.auditing import audited
 from app.api.deps import CallerDep, CatalogDep, require_jobs
 from app.errors import ServiceError, responses
 from app.jobs import uploads
+from app.jobs.quota import check_room
 from app.keys.ownership import is_admin, may_read_dataset
 from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
 from app.schemas.shared import DeletedResponse
@@ -33,7 +35,12 @@ DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=NAME_MAX_LENG
 async def upload_dataset(request: Request, catalog: CatalogDep, caller: CallerDep) -> dict[str, Any]:
     """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
     async with audited(request, "dataset.upload", "dataset") as entry:
-        meta = await uploads.receive_upload(request, catalog.data_dir, catalog.settings, caller.name, is_admin(caller))
+        room = functools.partial(check_room, catalog.data_dir, caller, what="this dataset")
+        declared = request.headers.get("content-length", "")
+        await asyncio.to_thread(room, int(declared) if declared.isdigit() else 0)  # before it streams in
+        meta = await uploads.receive_upload(
+            request, catalog.data_dir, catalog.settings, caller.name, is_admin(caller), check_room=room
+        )
         entry["target"] = f"dataset {meta['name']}"
     return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, catalog.data_dir, meta["name"])}
 

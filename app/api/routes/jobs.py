@@ -38,7 +38,7 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="
     "/jobs",
     status_code=202,
     response_model=CreateJobResponse,
-    responses=responses("validation", "unauthorized", "conflict", "unavailable"),
+    responses=responses("validation", "unauthorized", "conflict", "unavailable", "insufficient_storage"),
 )
 async def create_job(
     req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
