@@ -3,7 +3,8 @@
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
 "classify", "token_classify", "qa"). The inference thread runs one forward pass at a time and chooses each pass afresh:
 it starts from the oldest queued item that has not run yet, else from the item whose last pass
-is the longest ago. So a new request waits for the pass under way and for the first pass of each
+is the longest ago; a batch job's items (`background`) only when no online item waits, and in a
+shared pass after the online ones. So a new request waits for the pass under way and for the first pass of each
 request queued before it that has not started, never for the rest of a large one; requests that
 have started take turns, one pass each (round robin), so none is starved. With batching on it
 first lets a new item wait up to `max_wait_ms` for company while other requests are still being
@@ -58,6 +59,7 @@ class WorkItem:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.monotonic)
     wait: bool = True  # may wait up to max_wait_ms for company (warm-ups do not)
+    background: bool = False  # a batch job's rows (a lane's pass): every online item goes before it
     cancelled: bool = False  # the request went away: run no more of it (set by the event loop)
     claimed: bool = False  # in a pass already: its future is running and can no longer be cancelled
     results: list = field(init=False)
@@ -344,7 +346,8 @@ class Engine:
 
 
 def _priority(item: WorkItem) -> tuple:
-    return (1, item.last_pass) if item.last_pass else (0, item.enqueued)
+    """Online items before background ones; of each, new work first (oldest first), then round robin."""
+    return (item.background, 1, item.last_pass) if item.last_pass else (item.background, 0, item.enqueued)
 
 
 def _settle(future: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:

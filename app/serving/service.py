@@ -57,7 +57,7 @@ class Lane:
     (the first requests of a batch's next lines) wait to be sorted with the rest instead of filling
     passes of mixed lengths, mostly padding. So the engine runs what one large request of all those rows
     would give it (little padding, a pass always ready), and an online request waits for at most the
-    pass under way and one of the lane's. Service.off_loop waits for one of the lane's `pool_slots`
+    pass under way (the engine puts a lane's passes after every online item). Service.off_loop waits for one of the lane's `pool_slots`
     instead of answering 429 when the lane's share is taken, so the lane never fills the tokeniser queue
     that online requests use.
     """
@@ -136,7 +136,8 @@ class Lane:
         run = _LaneRun(members)
         first = members[0][0]
         for part in parts:
-            merged = WorkItem(first.task, first.lm, [members[m][0].rows[i] for m, i in part], first.params)
+            cut = [members[m][0].rows[i] for m, i in part]
+            merged = WorkItem(first.task, first.lm, cut, first.params, background=True)  # after online work
             run.watch(merged, part)
             self._passes.append((run, merged, part))
 

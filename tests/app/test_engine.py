@@ -36,6 +36,28 @@ def test_plan_batch_fills_a_pass_from_later_items_in_order():
     assert small.todo == [] and len(big.todo) == 3
 
 
+def test_online_items_go_before_a_batch_jobs_and_share_a_pass_ahead_of_them():
+    """The engine's order (Engine._take), on items queued before its thread starts: a batch job's items
+    (background) wait while any online item waits, and in a shared pass their rows come after."""
+    from types import SimpleNamespace
+
+    from app.serving.engine import Engine
+
+    lm = SimpleNamespace(name="m")
+    engine = Engine(torch.device("cpu"), {}, max_batch_tokens=40, max_queue=10, max_wait_ms=0, batching=True)
+    row = ([0] * 10, [0] * 10)
+    batch_a = WorkItem("encode", lm, [row] * 3, background=True)
+    other_model = WorkItem("classify", SimpleNamespace(name="n"), [row])
+    batch_b = WorkItem("classify", lm, [row] * 2, background=True)
+    online = WorkItem("encode", lm, [row])
+    for item in (batch_a, other_model, batch_b, online):
+        engine.submit(item)
+    assert [it for it, _, _ in engine._take()] == [other_model]  # the oldest online item, not the batch's
+    shared = engine._take()  # the next online item, the batch's rows of its model and task after it
+    assert [(it is online, it is batch_a) for it, _, _ in shared] == [(True, False)] + [(False, True)] * 3
+    assert [it for it, _, _ in engine._take()] == [batch_b, batch_b]  # no online item waits: the batch's turn
+
+
 def metric(text: str, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     total = 0.0
