@@ -56,7 +56,7 @@ Every error answers `{"error": message, "error_type": kind}`, except on /v1/* (O
 /v1/embeddings, /v1/models, /v1/files, /v1/batches), where it answers OpenAI's `{"error": {"message", "type", "param",
 "code"}}`. When the service has keys, send `Authorization: Bearer <key>` to every route except /health, /ready and /console (static
 files, no data), and /metrics when BERT_METRICS_PUBLIC is true. A key without the scope a route needs
-(inference, jobs, admin, metrics) gets a 403 that names it; a key over its own rate gets a 429 with
+(inference, jobs, batch, admin, metrics) gets a 403 that names it; a key over its own rate gets a 429 with
 Retry-After.
 """
 

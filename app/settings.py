@@ -416,6 +416,15 @@ class Settings(BaseSettings):
             "for the online routes. 1: one line at a time, each answer identical to the online route's."
         ),
     )
+    batch_max_running: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description=(
+            "Batches each replica runs at once; the others stay queued and start as those finish, oldest first "
+            "(their lines go to the engine after every online request in any case)."
+        ),
+    )
     batch_retention_days: float = Field(
         30.0,
         ge=0,

@@ -18,9 +18,10 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from datadir.files import TMP_PREFIX, fsync_dir, fsync_tree
+from datadir.jobs import LEGACY_OWNER
 from datadir.layout import DataDir
 
 RECORD, CONTENT = "file.json", "content"
@@ -35,6 +36,11 @@ class FileRecord(TypedDict):
     created_at: int  # Unix seconds, as OpenAI's API has it
     filename: str
     purpose: str  # "batch" (an upload), "batch_output" (a batch's output or error file)
+    owner: NotRequired[str]  # the key that uploaded it, or whose batch wrote it; absent: admin (file_owner)
+
+
+def file_owner(record: FileRecord) -> str:
+    return record.get("owner") or LEGACY_OWNER
 
 
 class FileNotFound(KeyError):
@@ -60,8 +66,10 @@ class Files:
             raise FileNotFound(file_id)
         return self.root / file_id
 
-    def add(self, source: Path, filename: str, purpose: str, file_id: str | None = None) -> FileRecord:
-        """Move `source` in as a new file (`file_id`: a chosen id; adding it again returns the first)."""
+    def add(
+        self, source: Path, filename: str, purpose: str, file_id: str | None = None, owner: str | None = None
+    ) -> FileRecord:
+        """Move `source` in as a new file of `owner` (`file_id`: a chosen id; adding it again returns the first)."""
         file_id = file_id or new_file_id()
         if self.exists(file_id):
             return self.read(file_id)
@@ -73,6 +81,8 @@ class Files:
             filename=filename,
             purpose=purpose,
         )
+        if owner is not None:
+            record["owner"] = owner
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"{TMP_PREFIX}{file_id}-{secrets.token_hex(3)}"
         tmp.mkdir()

@@ -1,5 +1,5 @@
 """Typed dependencies shared by the routers: the running service, the job service, the scope each
-router demands of the request's key (inference, jobs, admin, metrics, or any key) and the request's
+router demands of the request's key (inference, jobs, batch, admin, metrics, or any key) and the request's
 key itself. app/api/middleware.py's KeyMiddleware runs the same checks before a request's body is read;
 the keys are app/keys/keyring.py's.
 """
@@ -95,6 +95,7 @@ def _bearer(scope: str) -> HTTPBearer:
 
 require_inference = _requiring("inference", _bearer("inference"))
 require_jobs = _requiring("jobs", _bearer("jobs"))
+require_batch = _requiring("batch", _bearer("batch"))
 require_admin = _requiring("admin", _bearer("admin"))
 require_metrics = _requiring("metrics", _bearer("metrics"))
 require_key = _requiring(ANY, _bearer(ANY))
@@ -103,6 +104,7 @@ require_key = _requiring(ANY, _bearer(ANY))
 SCOPE_OF = {
     require_inference: "inference",
     require_jobs: "jobs",
+    require_batch: "batch",
     require_admin: "admin",
     require_metrics: "metrics",
     require_key: ANY,

@@ -1,5 +1,5 @@
 """The per-key disk quota: a key's `disk_gb` (`bert keys add --disk-gb`) bounds what its jobs, datasets and
-models hold below DATA_DIR (datadir/usage.py). Checked where a key adds to the disk, before anything is
+models hold below DATA_DIR (datadir/holdings.py). Checked where a key adds to the disk, before anything is
 written: POST /jobs (an estimate of the job's checkpoints and model) and POST /datasets (before the upload
 streams in, and again with its size before it is installed). Over it: 507, with the numbers. What a running
 job writes beyond its estimate is not stopped; the checkpoint retention (BERT_CHECKPOINT_RETENTION_DAYS)
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.errors import ServiceError
 from app.keys.keyfile import Key
-from datadir.usage import holdings
+from datadir.holdings import holdings
 from model.sizing import GB, format_bytes
 
 CHECKPOINT_BYTES_PER_PARAMETER = 12  # fp32 weights and AdamW's two moments

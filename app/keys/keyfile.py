@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-SCOPES = ("inference", "jobs", "admin", "metrics")  # what each is for: docs/keys.md
+SCOPES = ("inference", "jobs", "batch", "admin", "metrics")  # what each is for: docs/keys.md
 # A key's name: a rule of its own, not datadir's for models and datasets (no directory is named after a key).
 KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 SECRET_PREFIX = "bsk_"

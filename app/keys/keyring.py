@@ -33,9 +33,12 @@ KEYS_REFUSAL = "missing, unknown or revoked key: send 'Authorization: Bearer <ke
 API_REFUSAL = "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'"
 
 
+ADMIN_HOLDS = frozenset({"jobs", "batch"})  # an admin sees every key's jobs, datasets, files and batches
+
+
 def held_scopes(key: Key) -> frozenset[str]:
-    """The scopes a key holds: its own, and `jobs` with `admin` (an admin sees every key's jobs and datasets)."""
-    return key.scopes | {"jobs"} if "admin" in key.scopes else key.scopes
+    """The scopes a key holds: its own, and with `admin` those it oversees (ADMIN_HOLDS)."""
+    return key.scopes | ADMIN_HOLDS if "admin" in key.scopes else key.scopes
 
 
 def built_in_keys(settings: Settings) -> list[Key]:

@@ -44,6 +44,9 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.errors import ServiceError
+from app.keys import ownership
+from app.keys.keyfile import Key
+from app.keys.keyring import ANONYMOUS
 from app.keys.limits import CALLER
 from app.schemas.classify import ClassifyRequest, ClassifyResponse
 from app.schemas.embeddings import (
@@ -66,7 +69,8 @@ from app.serving import embed_pipeline, ner_pipeline, pipelines, qa_pipeline, te
 from app.serving.service import LANE, Lane, Service
 from datadir import JobRecord, JobRecords, now_iso, runner
 from datadir import jobs as transitions
-from datadir.batch_files import FileNotFound, Files
+from datadir.batch_files import FileNotFound, Files, file_owner
+from datadir.jobs import owner_of
 
 log = logging.getLogger("bertserve")
 
@@ -249,24 +253,28 @@ class Batches:
         self.records = JobRecords(self.settings.data_dir)
         self.files = Files(self.settings.data_dir)
         self.tasks: dict[str, asyncio.Task] = {}
+        self._running = asyncio.Semaphore(self.settings.batch_max_running)  # FIFO: the oldest waiting goes next
 
     # -- records ----------------------------------------------------------------------------------
 
-    def create(self, req: CreateBatchRequest) -> tuple[JobRecord, list[Line]]:
-        """Check the input file whole and write the job (queued); 404/422 for a file it cannot run. With
-        the checked lines, for the run that follows (start), so it does not parse them again."""
+    def create(self, req: CreateBatchRequest, caller: Key = ANONYMOUS) -> tuple[JobRecord, list[Line]]:
+        """Check the input file whole and write the job (queued), owned by `caller`; 404/422 for a file it
+        cannot run (or another key's). With the checked lines, for the run that follows (start), so it does
+        not parse them again. A line naming a model the key may not use fails alone, as its route would."""
         try:
             meta = self.files.read(req.input_file_id)
         except FileNotFound:
-            raise ServiceError(
-                "not_found", f"no file '{req.input_file_id}'", openai={"code": "file_not_found"}
-            ) from None
+            meta = None
+        if meta is None or not self.may_see(caller, file_owner(meta)):
+            raise ServiceError("not_found", f"no file '{req.input_file_id}'", openai={"code": "file_not_found"})
         if meta["purpose"] != "batch":
             raise ServiceError("validation", f"file '{req.input_file_id}' has purpose {meta['purpose']!r}, not 'batch'")
         source = self.files.content(req.input_file_id)
         lines = parse_lines(source, req.endpoint, self.settings.max_body_bytes, self.settings.batch_max_lines)
         if not lines:
             raise ServiceError("validation", f"file '{req.input_file_id}' holds no requests")
+        refused = self._refused_models(caller, lines)
+        _refuse(lines, refused)
         invalid = sum(line.error is not None for line in lines)
         spec = {
             "kind": KIND,
@@ -281,7 +289,9 @@ class Batches:
                 "total": len(lines),
                 "invalid": invalid,
                 "max_line_bytes": self.settings.max_body_bytes,  # the same checks on a resume
+                "refused_models": refused,  # and the same lines refused
             },
+            "owner": caller.name,
         }
         record = self.records.create(spec)
         job_dir = self.records.job_dir(record["id"])
@@ -295,6 +305,22 @@ class Batches:
             transitions.enqueued(r)
 
         return self.records.update(record["id"], queue), lines
+
+    def _refused_models(self, caller: Key, lines: list[Line]) -> dict[str, str]:
+        """{model: why} for the models the lines name that `caller` may not use (app/keys/ownership.py)."""
+        refused = {}
+        for name in sorted({m for line in lines if isinstance(m := getattr(line.request, "model", None), str)}):
+            entry = self.service.registry.peek(name)
+            if entry is not None:
+                try:
+                    ownership.check_model(caller, name, entry.access)
+                except ServiceError as e:
+                    refused[name] = e.message
+        return refused
+
+    def may_see(self, caller: Key, owner: str) -> bool:
+        """A key sees its own files and batches; an admin every one (another key's are a 404, as jobs are)."""
+        return ownership.is_admin(caller) or owner == caller.name
 
     def batches(self) -> list[JobRecord]:
         return [r for r in self.records.list() if r.get("kind") == KIND]
@@ -327,7 +353,7 @@ class Batches:
         """Start every unfinished batch no process runs (runner.resumable: not here, its lease free). At start,
         and every RESUME_EVERY_S while serving (`quiet`), so the batches of a replica that died go on in another."""
         found = await asyncio.to_thread(runner.resumable, self.records, {KIND}, here=self.tasks.__contains__)
-        ids = [r["id"] for r in found if r["id"] not in self.tasks]  # started here while the lease was probed
+        ids = sorted(r["id"] for r in found if r["id"] not in self.tasks)  # oldest first; started here meanwhile: not
         for job_id in ids:
             self.start(job_id)
         if ids and not quiet:
@@ -349,7 +375,8 @@ class Batches:
             await asyncio.to_thread(self._prepare, attempt)
             return await self._run(attempt, lines)
 
-        return await runner.run_async(self.records, job_id, body, wait_s=1.0, may_cancel=_unstarted)
+        async with self._running:  # at most BERT_BATCH_MAX_RUNNING at once; the others wait, queued, in turn
+            return await runner.run_async(self.records, job_id, body, wait_s=1.0, may_cancel=_unstarted)
 
     def _prepare(self, attempt: runner.Attempt) -> None:
         """Cut the output files of a job that has begun back to what was committed."""
@@ -375,6 +402,7 @@ class Batches:
         path = self.records.job_dir(job_id) / INPUT
         if lines is None:  # resumed, or created by another process
             lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
+            _refuse(lines, params.get("refused_models") or {})
         settings = self.settings
         # Lines go to the pipeline together (an endpoint with run_many) in groups of at most the lines in flight.
         chunk, concurrency = settings.batch_chunk_lines, settings.batch_concurrency
@@ -511,7 +539,7 @@ class Batches:
         for name, key, count in ((OUTPUT, "output_file_id", "completed"), (ERRORS, "error_file_id", "failed")):
             file_id = f"file-{job_id}-{name.split('.')[0]}"
             result[key] = (
-                self.files.add(job_dir / name, f"{job_id}_{name}", "batch_output", file_id)["id"]
+                self.files.add(job_dir / name, f"{job_id}_{name}", "batch_output", file_id, owner_of(record))["id"]
                 if progress[count]
                 else None
             )
@@ -532,6 +560,14 @@ class Batches:
 def _unstarted(record: JobRecord) -> bool:
     """A cancel asked for before the batch began is taken at once; one that has answered lines publishes them."""
     return record["state"] == "queued" and not (record.get("progress") or {}).get("step")
+
+
+def _refuse(lines: list[Line], refused: dict[str, str]) -> None:
+    """Each line naming a model of `refused` fails alone with the reason (a 403 of its route)."""
+    for line in lines:
+        model = getattr(line.request, "model", None)
+        if line.error is None and model in refused:
+            line.request, line.error = None, ("forbidden", f"line {line.index}: {refused[model]}")
 
 
 def _output_line(line: Line, tag: str, body: bytes) -> bytes:

@@ -43,7 +43,9 @@ async def test_a_key_over_its_disk_quota_gets_a_507_with_the_numbers(tmp_path):
         assert r.status_code == 507 and r.json()["error_type"] == "insufficient_storage"
         error = r.json()["error"]
         assert error.startswith("key 'tight' holds ") and "(jobs 0.0 KB, datasets " in error
-        assert re.search(r"and this dataset needs about 2\.\d KB: more than its disk quota of 2e-06 GB \(disk_gb\)", error)
+        assert re.search(
+            r"and this dataset needs about 2\.\d KB: more than its disk quota of 2e-06 GB \(disk_gb\)", error
+        )
         assert not (data_dir / "datasets" / "big").exists()
         assert not [p for p in (data_dir / "datasets").iterdir() if p.name.startswith(".tmp")]
 

@@ -169,7 +169,7 @@ def test_a_broken_file_at_start_is_a_startup_error(data_dir, tmp_path):
     with pytest.raises(KeyFileError, match=r"key 'x': hash must be 'sha256:' and 64 hex digits"):
         create_app(settings_for(data_dir, keys_file=path))
     path.write_text(f'[keys.x]\nhash = "{hash_secret("s")}"\nscopes = ["inference", "root"]\n')
-    with pytest.raises(KeyFileError, match=r"scopes must be some of inference, jobs, admin, metrics"):
+    with pytest.raises(KeyFileError, match=r"scopes must be some of inference, jobs, batch, admin, metrics"):
         create_app(settings_for(data_dir, keys_file=path))
 
 

@@ -186,8 +186,8 @@ def test_the_checkpoints_of_jobs_that_ended_long_ago_are_removed_and_nothing_els
 
 
 def test_what_a_key_holds_on_disk(tmp_path):
+    from datadir.holdings import holdings
     from datadir.publish import publish_model
-    from datadir.usage import holdings
 
     data = tmp_path / "data"
     records = JobRecords(data)

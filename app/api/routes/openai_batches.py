@@ -1,7 +1,9 @@
 """OpenAI's files and batch API: /v1/files (batch inputs and outputs) and /v1/batches (app/serving/batch_jobs.py).
 
-Behind the admin key, as /jobs and /datasets are (a batch is a job: GET /jobs shows it too); without
-BERT_ADMIN_KEY the API key opens them, so OpenAI's client works with the one key.
+Behind the scope batch (an admin holds it too; without BERT_ADMIN_KEY the API key opens them, so OpenAI's
+client works with the one key). Files and batches belong to the key that made them: a key lists and reads
+its own, and another key's are a 404, as its jobs are; an admin sees every one. A batch is a job: GET /jobs
+shows it too.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ from fastapi.responses import FileResponse
 from python_multipart.multipart import parse_options_header
 
 from app.api.auditing import audited
-from app.api.deps import require_admin
+from app.api.deps import CallerDep, require_batch
 from app.errors import ServiceError, responses
 from app.jobs import uploads
+from app.keys.keyfile import Key
 from app.schemas.openai_batches import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject
 from app.serving.batch_jobs import Batches, batch_view
-from datadir import JOB_ID_PATTERN, JobFinished
-from datadir.batch_files import FILE_ID_PATTERN, FileNotFound, FileRecord, Files
+from datadir import JOB_ID_PATTERN, JobFinished, JobRecord
+from datadir.batch_files import FILE_ID_PATTERN, FileNotFound, FileRecord, Files, file_owner
 from datadir.files import TMP_PREFIX
+from datadir.jobs import owner_of
 
-router = APIRouter(tags=["batches"], dependencies=[Depends(require_admin)])
+router = APIRouter(tags=["batches"], dependencies=[Depends(require_batch)])
 
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, max_length=90, description="As POST /v1/files returned it.")]
 BatchId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="As POST /v1/batches returned it.")]
@@ -43,6 +47,25 @@ BatchesDep = Annotated[Batches, Depends(get_batches)]
 
 def _not_found(file_id: str) -> ServiceError:
     return ServiceError("not_found", f"no file '{file_id}'", openai={"code": "file_not_found"})
+
+
+def _file(batches: Batches, file_id: str, caller: Key) -> FileRecord:
+    """The file's record, when `caller` may see it (blocking: call in a thread); else a 404."""
+    try:
+        record = batches.files.read(file_id)
+    except FileNotFound:
+        raise _not_found(file_id) from None
+    if not batches.may_see(caller, file_owner(record)):
+        raise _not_found(file_id)
+    return record
+
+
+def _batch(batches: Batches, batch_id: str, caller: Key) -> JobRecord:
+    """The batch's record, when `caller` may see it (blocking: call in a thread); else a 404."""
+    record = batches.read(batch_id)
+    if not batches.may_see(caller, owner_of(record)):
+        raise ServiceError("not_found", f"no batch '{batch_id}'", openai={"code": "batch_not_found"})
+    return record
 
 
 class _BatchUpload(uploads._Upload):
@@ -65,7 +88,7 @@ class _BatchUpload(uploads._Upload):
     response_model=FileObject,
     responses=responses("too_large", "insufficient_storage", openai=True) | ERRORS,
 )
-async def create_file(request: Request, batches: BatchesDep) -> FileRecord:
+async def create_file(request: Request, batches: BatchesDep, caller: CallerDep) -> FileRecord:
     """Upload a batch's input: multipart `file` (JSONL, one request a line) and `purpose=batch`."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
@@ -88,7 +111,7 @@ async def create_file(request: Request, batches: BatchesDep) -> FileRecord:
         assert upload.filename is not None  # _parse refuses an upload without a file
         name = FsPath(upload.filename).name or "input.jsonl"
         async with audited(request, "file.upload", f"file {name}") as entry:
-            added = await asyncio.to_thread(batches.files.add, tmp / "content", name, "batch")
+            added = await asyncio.to_thread(batches.files.add, tmp / "content", name, "batch", None, caller.name)
             entry["target"] = f"file {added['id']} ({name})"
         return added
     finally:
@@ -96,19 +119,19 @@ async def create_file(request: Request, batches: BatchesDep) -> FileRecord:
 
 
 @router.get("/v1/files", response_model=FileList, responses=ERRORS)
-async def list_files(batches: BatchesDep, purpose: Annotated[str | None, Query(max_length=40)] = None) -> FileList:
-    """Every file, newest first; `?purpose=batch` (uploads) or `batch_output` (batch results) filters."""
+async def list_files(
+    batches: BatchesDep, caller: CallerDep, purpose: Annotated[str | None, Query(max_length=40)] = None
+) -> FileList:
+    """The key's files, newest first; `?purpose=batch` (uploads) or `batch_output` (batch results) filters."""
     await asyncio.to_thread(batches.expire_files)
-    return FileList(data=await asyncio.to_thread(batches.files.list, purpose))
+    files = await asyncio.to_thread(batches.files.list, purpose)
+    return FileList(data=[f for f in files if batches.may_see(caller, file_owner(f))])
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, responses=ERRORS)
-async def retrieve_file(file_id: FileId, batches: BatchesDep) -> FileRecord:
+async def retrieve_file(file_id: FileId, batches: BatchesDep, caller: CallerDep) -> FileRecord:
     """One file's record."""
-    try:
-        return await asyncio.to_thread(batches.files.read, file_id)
-    except FileNotFound:
-        raise _not_found(file_id) from None
+    return await asyncio.to_thread(_file, batches, file_id, caller)
 
 
 @router.get(
@@ -116,9 +139,10 @@ async def retrieve_file(file_id: FileId, batches: BatchesDep) -> FileRecord:
     response_class=FileResponse,
     responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}}},
 )
-async def file_content(file_id: FileId, batches: BatchesDep) -> FileResponse:
+async def file_content(file_id: FileId, batches: BatchesDep, caller: CallerDep) -> FileResponse:
     """A file's bytes (a batch's output: one JSON answer a line)."""
     files: Files = batches.files
+    await asyncio.to_thread(_file, batches, file_id, caller)
     try:
         path = await asyncio.to_thread(files.content, file_id)
     except FileNotFound:
@@ -127,9 +151,10 @@ async def file_content(file_id: FileId, batches: BatchesDep) -> FileResponse:
 
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=ERRORS)
-async def delete_file(file_id: FileId, batches: BatchesDep, request: Request) -> FileDeleted:
+async def delete_file(file_id: FileId, batches: BatchesDep, caller: CallerDep, request: Request) -> FileDeleted:
     """Delete a file (a batch that uses it as input keeps its own copy)."""
     async with audited(request, "file.delete", f"file {file_id}"):
+        await asyncio.to_thread(_file, batches, file_id, caller)
         try:
             await asyncio.to_thread(batches.files.delete, file_id)
         except FileNotFound:
@@ -138,10 +163,12 @@ async def delete_file(file_id: FileId, batches: BatchesDep, request: Request) ->
 
 
 @router.post("/v1/batches", response_model=BatchObject, responses=responses("too_large", openai=True) | ERRORS)
-async def create_batch(req: CreateBatchRequest, batches: BatchesDep, request: Request) -> dict[str, Any]:
+async def create_batch(
+    req: CreateBatchRequest, batches: BatchesDep, caller: CallerDep, request: Request
+) -> dict[str, Any]:
     """Check an uploaded input whole (bad lines go to the error file) and queue the batch."""
     async with audited(request, "batch.submit", f"batch of file {req.input_file_id}") as entry:
-        record, lines = await asyncio.to_thread(batches.create, req)
+        record, lines = await asyncio.to_thread(batches.create, req, caller)
         entry["target"] = f"batch {record['id']} (file {req.input_file_id})"
     batches.start(record["id"], lines)
     return batch_view(record)
@@ -150,11 +177,12 @@ async def create_batch(req: CreateBatchRequest, batches: BatchesDep, request: Re
 @router.get("/v1/batches", response_model=BatchList, responses=ERRORS)
 async def list_batches(
     batches: BatchesDep,
+    caller: CallerDep,
     after: Annotated[str | None, Query(max_length=40, description="A batch id: list the ones older than it.")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
-    """Batches, newest first, `limit` at a time (OpenAI's cursor: `after`)."""
-    records = await asyncio.to_thread(batches.batches)
+    """The key's batches, newest first, `limit` at a time (OpenAI's cursor: `after`)."""
+    records = [r for r in await asyncio.to_thread(batches.batches) if batches.may_see(caller, owner_of(r))]
     if after is not None:
         records = [r for r in records if r["id"] < after]
     page = [batch_view(r) for r in records[:limit]]
@@ -167,9 +195,9 @@ async def list_batches(
 
 
 @router.get("/v1/batches/{batch_id}", response_model=BatchObject, responses=ERRORS)
-async def retrieve_batch(batch_id: BatchId, batches: BatchesDep) -> dict[str, Any]:
+async def retrieve_batch(batch_id: BatchId, batches: BatchesDep, caller: CallerDep) -> dict[str, Any]:
     """One batch: status, request counts, output and error file ids."""
-    return batch_view(await asyncio.to_thread(batches.read, batch_id))
+    return batch_view(await asyncio.to_thread(_batch, batches, batch_id, caller))
 
 
 @router.post(
@@ -177,10 +205,10 @@ async def retrieve_batch(batch_id: BatchId, batches: BatchesDep) -> dict[str, An
     response_model=BatchObject,
     responses=responses("conflict", openai=True) | ERRORS,
 )
-async def cancel_batch(batch_id: BatchId, batches: BatchesDep, request: Request) -> dict[str, Any]:
+async def cancel_batch(batch_id: BatchId, batches: BatchesDep, caller: CallerDep, request: Request) -> dict[str, Any]:
     """Cancel a batch: a queued one now, a running one after its chunk in flight (its output so far is kept)."""
     async with audited(request, "batch.cancel", f"batch {batch_id}"):
-        await asyncio.to_thread(batches.read, batch_id)
+        await asyncio.to_thread(_batch, batches, batch_id, caller)
         try:
             record = await asyncio.to_thread(batches.records.request_cancel, batch_id)
         except JobFinished as e:
