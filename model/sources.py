@@ -7,7 +7,9 @@ published as the next version of the name (datadir.publish_model).
 
     directory   a Hugging Face layout directory (config.json, weights, vocab.txt or tokenizer.json)
     archive     a .tar, .tar.gz, .tgz or .zip of one, extracted safely: regular files and folders
-                only (no links, devices, absolute paths or '..'), at most MAX_EXTRACT_BYTES in all
+                only (no links, devices, absolute paths or '..'), at most MAX_ARCHIVE_MEMBERS of them
+                and MAX_EXTRACT_BYTES in all, counted as the members are read (a tar's one at a
+                time, a zip's from its list before any is extracted)
     hub         a repo id such as google-bert/bert-base-uncased, fetched with huggingface_hub (its
                 cache, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and progress bar), only the files needed:
                 config, tokenizer, sentence-transformers files and ONE weights file
@@ -40,7 +42,10 @@ Progress = Callable[[int, int], None]
 SOURCE_KINDS = ("directory", "archive", "hub")
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 MAX_EXTRACT_BYTES = 8 << 30  # a BERT-large in fp32 is 1.3 GB; a bound, not a size anyone needs
-MAX_ARCHIVE_MEMBERS = 10_000
+MAX_ARCHIVE_MEMBERS = 10_000  # a model directory has about ten files
+# A zip's central directory (its list of members, read whole before any is extracted): an entry is 46
+# bytes and its path, so MAX_ARCHIVE_MEMBERS entries with long paths fit.
+MAX_ZIP_DIRECTORY_BYTES = MAX_ARCHIVE_MEMBERS * 256
 # A repo id: "name" or "owner/name" (the Hub's rule: letters, digits, '-', '_', '.').
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$"
 # What an import reads from a Hub repo besides the weights; each is fetched when the repo has it.
@@ -155,20 +160,22 @@ def fetch(
 # -- archives -------------------------------------------------------------------------------------
 
 
-def extract_archive(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES) -> Path:
-    """Extract a .tar/.tar.gz/.tgz/.zip into `dest` after checking every member; the model directory in it
-    (`dest` itself, or the one folder holding config.json)."""
+def extract_archive(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES, label: str | None = None) -> Path:
+    """Extract a .tar/.tar.gz/.tgz/.zip into `dest`, each member checked before anything of it is written;
+    the model directory in it (`dest` itself, or the one folder holding config.json). `label` names the
+    archive in errors (default: its file name)."""
+    label = label or archive.name
     dest.mkdir(parents=True, exist_ok=True)
     try:
         if zipfile.is_zipfile(archive):
-            _extract_zip(archive, dest, max_bytes)
-        elif tarfile.is_tarfile(archive):
-            _extract_tar(archive, dest, max_bytes)
+            _extract_zip(archive, dest, max_bytes, label)
         else:
-            raise UserError(f"{archive.name} is not a tar or zip archive")
+            _extract_tar(archive, dest, max_bytes, label)
+    except tarfile.FilterError as e:  # tarfile's "data" filter, behind our own checks
+        raise UserError(f"{label}: refused: member {e.tarinfo.name!r} cannot be extracted safely") from None
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
-        raise UserError(f"{archive.name} is not a readable archive: {e}") from None
-    return _model_root(dest, archive.name)
+        raise UserError(f"{label} is not a readable archive: {e}") from None
+    return _model_root(dest, label)
 
 
 def _check_member(name: str, archive: str) -> None:
@@ -184,25 +191,36 @@ def _check_total(total: int, count: int, max_bytes: int, archive: str) -> None:
         raise UserError(f"{archive}: refused: it would extract to more than {max_bytes:,} bytes")
 
 
-def _extract_tar(archive: Path, dest: Path, max_bytes: int) -> None:
-    with tarfile.open(archive) as tar:
-        members = tar.getmembers()
-        for m in members:
-            _check_member(m.name, archive.name)
-            if not (m.isfile() or m.isdir()):
-                raise UserError(f"{archive.name}: refused: member {m.name!r} is a link or special file")
-        _check_total(sum(m.size for m in members if m.isfile()), len(members), max_bytes, archive.name)
-        tar.extractall(dest, members=members, filter="data")
+def _extract_tar(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
+    """One member at a time, as tarfile reads their headers: the caps refuse an archive at the first
+    member past them, having read no more of it (a compressed tar is only read front to back)."""
+    with _open_tar(archive, label) as tar:
+        total = 0
+        for count, member in enumerate(tar, 1):
+            _check_member(member.name, label)
+            if not (member.isfile() or member.isdir()):
+                raise UserError(f"{label}: refused: member {member.name!r} is a link or special file")
+            total += member.size if member.isfile() else 0
+            _check_total(total, count, max_bytes, label)
+            tar.extract(member, dest, filter="data")
 
 
-def _extract_zip(archive: Path, dest: Path, max_bytes: int) -> None:
+def _open_tar(archive: Path, label: str) -> tarfile.TarFile:
+    try:
+        return tarfile.open(archive)  # reads the first member's header, no more
+    except tarfile.ReadError:
+        raise UserError(f"{label} is not a tar or zip archive") from None
+
+
+def _extract_zip(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
+    _check_zip_directory(archive, label)
     with zipfile.ZipFile(archive) as zf:
         infos = zf.infolist()
         for info in infos:
-            _check_member(info.filename, archive.name)
+            _check_member(info.filename, label)
             if stat.S_ISLNK(info.external_attr >> 16):
-                raise UserError(f"{archive.name}: refused: member {info.filename!r} is a link")
-        _check_total(sum(i.file_size for i in infos), len(infos), max_bytes, archive.name)
+                raise UserError(f"{label}: refused: member {info.filename!r} is a link")
+        _check_total(sum(i.file_size for i in infos), len(infos), max_bytes, label)
         written = 0
         for info in infos:  # file_size is what the archive claims: count what is really written
             target = dest / info.filename
@@ -213,8 +231,24 @@ def _extract_zip(archive: Path, dest: Path, max_bytes: int) -> None:
             with zf.open(info) as src, open(target, "wb") as out:
                 while chunk := src.read(1 << 20):
                     written += len(chunk)
-                    _check_total(written, 0, max_bytes, archive.name)
+                    _check_total(written, 0, max_bytes, label)
                     out.write(chunk)
+
+
+def _check_zip_directory(archive: Path, label: str) -> None:
+    """Refuse a zip whose end record declares more than MAX_ARCHIVE_MEMBERS members, or a central directory
+    larger than MAX_ZIP_DIRECTORY_BYTES, before zipfile.ZipFile reads (and keeps) that whole directory.
+    The record is read by zipfile's own helper, so these are the numbers ZipFile then goes by."""
+    with open(archive, "rb") as f:
+        record = zipfile._EndRecData(f)  # type: ignore[attr-defined]
+    if record is None:
+        return  # not a zip after all: ZipFile says so
+    if record[zipfile._ECD_ENTRIES_TOTAL] > MAX_ARCHIVE_MEMBERS:  # type: ignore[attr-defined]
+        raise UserError(f"{label}: refused: more than {MAX_ARCHIVE_MEMBERS} members")
+    if (size := record[zipfile._ECD_SIZE]) > MAX_ZIP_DIRECTORY_BYTES:  # type: ignore[attr-defined]
+        raise UserError(
+            f"{label}: refused: its list of members takes {size:,} bytes, more than {MAX_ZIP_DIRECTORY_BYTES:,}"
+        )
 
 
 def _model_root(dest: Path, archive: str) -> Path:
