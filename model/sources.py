@@ -103,13 +103,17 @@ def import_source(
     import_id: str | None = None,
     progress: Progress | None = None,
     card_source: dict[str, Any] | None = None,
+    memory_budget: int | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Import `source` (of `kind`, else `source_kind(source)`) as the next version of model `name`.
 
     Returns the published version's directory and its summary (model.model_dir.summarize). Nothing
     is published unless the whole model converted; temp files live in DATA_DIR under TMP_PREFIX and
     are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports);
-    `card_source` adds to (or replaces) the card's source fields (an upload's own file name).
+    `card_source` adds to (or replaces) the card's source fields (an upload's own file name);
+    `memory_budget` is the bytes the service's models may take (model.model_dir.check_config).
+    Errors name the source as the user does (an archive by its file name, a repo by its id) and the
+    files in it by their path inside it, never by where they are on this machine.
     """
     from datadir.layout import DataDir, new_job_id
     from model.model_card import write_card
@@ -121,16 +125,25 @@ def import_source(
         raise ValueError(f"kind must be one of {SOURCE_KINDS}, got {kind!r}")
     if revision and kind != "hub":
         raise UserError("--revision applies to a Hugging Face Hub repo only")
+    label = (card_source or {}).get("file") or (Path(source).name if kind == "archive" else source)
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=TMP_PREFIX + "import-") as work:
-        fetched = fetch(source, kind, Path(work) / "source", revision=revision, progress=progress)
+        fetched = fetch(
+            source,
+            kind,
+            Path(work) / "source",
+            revision=revision,
+            progress=progress,
+            label=label,
+            memory_budget=memory_budget,
+        )
         staged = Path(work) / "model"
         try:
-            summary = import_model(fetched.path, staged)
+            summary = import_model(fetched.path, staged, label=label, memory_budget=memory_budget)
         except pickle.UnpicklingError:  # torch.load(weights_only=True) met more than tensors
             raise UserError(
-                f"{source}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+                f"{label}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
                 "(convert it to model.safetensors)"
             ) from None
         for rel in KEPT_FILES:
@@ -140,21 +153,33 @@ def import_source(
         write_card(staged, source={**fetched.source, **(card_source or {})})  # measured before it is served
         try:
             version = publish_model(root, import_id or new_job_id(), staged, name)
-        except FileExistsError as e:  # models/<name> holds something that is not a model
-            raise UserError(str(e)) from None
+        except FileExistsError:  # models/<name> holds something that is not a model
+            raise UserError(
+                f"models/{name} in the data directory holds something that is not a model (no config.json, "
+                "no v<N>/ versions); nothing was imported"
+            ) from None
     return version, {**summary, "path": str(version)}
 
 
 def fetch(
-    source: str, kind: str, dest: Path, *, revision: str | None = None, progress: Progress | None = None
+    source: str,
+    kind: str,
+    dest: Path,
+    *,
+    revision: str | None = None,
+    progress: Progress | None = None,
+    label: str | None = None,
+    memory_budget: int | None = None,
 ) -> Fetched:
-    """Gather the source's model files into a local directory (`dest` is used for archives and Hub links)."""
+    """Gather the source's model files into a local directory (`dest` is used for archives and Hub links);
+    `label` names an archive in errors, `memory_budget` bounds a Hub model before its weights download."""
     if kind == "directory":
         path = Path(source).resolve()
         return Fetched(path, {"kind": "directory", "path": str(path)})
     if kind == "archive":
-        return Fetched(extract_archive(Path(source), dest), {"kind": "archive", "file": Path(source).name})
-    return fetch_hub(source, dest, revision=revision, progress=progress)
+        archive = Path(source)
+        return Fetched(extract_archive(archive, dest, label=label), {"kind": "archive", "file": archive.name})
+    return fetch_hub(source, dest, revision=revision, progress=progress, memory_budget=memory_budget)
 
 
 # -- archives -------------------------------------------------------------------------------------
@@ -263,9 +288,17 @@ def _model_root(dest: Path, archive: str) -> Path:
 # -- the Hugging Face Hub -------------------------------------------------------------------------
 
 
-def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: Progress | None = None) -> Fetched:
+def fetch_hub(
+    repo: str,
+    dest: Path,
+    *,
+    revision: str | None = None,
+    progress: Progress | None = None,
+    memory_budget: int | None = None,
+) -> Fetched:
     """Download what an import needs from Hub repo `repo` at `revision` (default: its main branch)
-    through huggingface_hub's cache, and link it into `dest`; offline (HF_HUB_OFFLINE), the cache only."""
+    through huggingface_hub's cache, and link it into `dest`; offline (HF_HUB_OFFLINE), the cache only.
+    A model too big for `memory_budget` (or too big for any BERT) is refused before its weights download."""
     from huggingface_hub import constants
 
     if not is_hub_id(repo):
@@ -274,7 +307,7 @@ def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: P
         if constants.is_offline_mode():
             snapshot, info = _cached_snapshot(repo, revision), None
         else:
-            snapshot, info = _download(repo, revision, progress)
+            snapshot, info = _download(repo, revision, progress, memory_budget)
     except Exception as e:
         raise _hub_error(e, repo, revision) from None
     for path in snapshot.rglob("*"):
@@ -287,10 +320,10 @@ def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: P
     return Fetched(dest, source)
 
 
-def _download(repo: str, revision: str | None, progress: Progress | None) -> tuple[Path, Any]:
+def _download(
+    repo: str, revision: str | None, progress: Progress | None, memory_budget: int | None
+) -> tuple[Path, Any]:
     """The repo's file list (one request), then only the files an import needs: the snapshot folder."""
-    import json
-
     from huggingface_hub import HfApi, hf_hub_download
 
     info = HfApi().model_info(repo, revision=revision, files_metadata=True)
@@ -300,7 +333,8 @@ def _download(repo: str, revision: str | None, progress: Progress | None) -> tup
     names.append(next(w for w in WEIGHTS if w in sizes))
     bar = _progress_class(sum(sizes[n] for n in names), progress)
     config = Path(hf_hub_download(repo, "config.json", revision=revision, tqdm_class=bar))
-    _check_model_type(json.loads(config.read_bytes()), repo)  # before the weights: a GPT is refused at once
+    # before the weights: a GPT, or a BERT too big for this service, is refused at once
+    _check_config(repo, config, names[-1], sizes[names[-1]], memory_budget)
     for name in names[1:]:
         hf_hub_download(repo, name, revision=revision, tqdm_class=bar)
     return config.parent, info  # the snapshot folder of the commit `revision` resolved to
@@ -325,10 +359,30 @@ def _check_files(repo: str, files: list[str]) -> None:
     raise UserError(f"{repo} has no weights file ({' or '.join(WEIGHTS)}); it has: {', '.join(sorted(files)[:20])}")
 
 
-def _check_model_type(config: dict, repo: str) -> None:
-    model_type = config.get("model_type")
+def _check_config(repo: str, path: Path, weights: str, weights_size: int, memory_budget: int | None) -> None:
+    """What a repo's config.json and its weights file's listed size say before the weights download: a
+    BERT (model_type), within model.config's bounds and `memory_budget` (model.model_dir.check_config),
+    with weights of a size that fits it."""
+    import json
+
+    from model.config import MAX_CONFIG_BYTES, BertConfig
+    from model.model_dir import check_config, check_weights_size
+
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UserError(f"{repo}: config.json is larger than the {MAX_CONFIG_BYTES:,} bytes a config may be")
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:
+        raise UserError(f"{repo}: config.json is not valid JSON: {e}") from None
+    model_type = data.get("model_type") if isinstance(data, dict) else None
     if model_type not in MODEL_TYPES:
         raise UserError(f"{repo} is not a BERT model: its config.json says model_type {model_type!r}")
+    try:
+        config = check_config(BertConfig.from_dict(data), memory_budget)
+        if weights_size:  # the Hub lists every file's size
+            check_weights_size(weights, weights_size, config)
+    except ValueError as e:
+        raise UserError(f"{repo}: {e}") from None
 
 
 def _license(card_data: Any) -> str | None:
@@ -374,11 +428,11 @@ def _hub_error(e: Exception, repo: str, revision: str | None) -> Exception:
             f"no model repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with access)"
         )
     if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
-        return UserError(
-            f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
-        )
+        return UserError(f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache (HF_HOME)")
     if isinstance(e, errors.HfHubHTTPError):
         return UserError(f"the Hub refused {repo}{at}: {str(e).splitlines()[0]}")
+    if isinstance(e, OSError) and e.filename is not None:  # this machine's disk, not the network
+        return UserError(f"cannot keep {repo}{at} in the Hugging Face cache (HF_HOME): {e.strerror}")
     if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore") or isinstance(e, OSError):
         return UserError(f"cannot reach the Hub at {constants.ENDPOINT} for {repo}: {type(e).__name__}: {e}")
     return e
