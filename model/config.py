@@ -18,8 +18,9 @@ from typing import Any
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh", "silu")
 
-# The most each size may be: field -> (at most, why). Every BERT on the Hugging Face Hub is inside them,
-# and so is any model a pretraining job may ask for (app/schemas/jobs.py ModelSize), with room to spare.
+# The most each size may be: field -> (at most, why; the docs' table shows both). BERT-large and the
+# largest multilingual BERTs are well inside them, and so is any model a pretraining job may ask for
+# (app/schemas/jobs.py ModelSize).
 SIZE_BOUNDS: dict[str, tuple[int, str]] = {
     "num_hidden_layers": (48, "BERT-large has 24"),
     "hidden_size": (4096, "BERT-large has 1,024"),
