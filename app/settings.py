@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
 from model.compute.device import DEVICE_PATTERN
+from model.config import MAX_LABELS
 from model.options import PRECISIONS
 from worker.queue import BrokerUrlSetting, DataDirSetting
 
@@ -311,11 +312,12 @@ class Settings(BaseSettings):
         ),
     )
     max_labels: int = Field(
-        10_000,
+        MAX_LABELS,
         ge=2,
+        le=MAX_LABELS,  # the most labels any model may have (model/config.py)
         description=(
             "Distinct labels (tags) of a labelled or token-labelled dataset; more is a 422 at upload and at "
-            "`POST /jobs`. Each label is a classifier output, scored at every evaluation."
+            f"`POST /jobs`. Each label is a classifier output, scored at every evaluation. At most {MAX_LABELS:,}."
         ),
     )
     publish_retries: int = Field(

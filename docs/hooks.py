@@ -6,6 +6,7 @@ A page holds a marker comment, and the build replaces it with a markdown table:
     <!-- generated: worker-settings -->    worker/settings.py's WorkerSettings (bert worker)
     <!-- generated: error-kinds -->        app/errors.py's STATUS table (error_type -> HTTP status)
     <!-- generated: training-options -->   model/options.py's table (bert pretrain/finetune, POST /jobs)
+    <!-- generated: config-bounds -->      model/config.py's SIZE_BOUNDS (what a model's config.json may say)
 
 Each settings row is the environment variable (prefix and aliases as pydantic-settings reads them),
 the type, the default and the field's description. A field without a description fails the build (a
@@ -115,9 +116,20 @@ def training_options() -> str:
     return options_markdown()
 
 
+def config_bounds() -> str:
+    from model.config import SIZE_BOUNDS
+
+    rows = ["| `config.json` field | at most | for comparison |", "|---|---|---|"]
+    for name, (most, why) in SIZE_BOUNDS.items():
+        field = "`num_labels` (or the entries of `id2label`, `label2id`)" if name == "num_labels" else f"`{name}`"
+        rows.append(f"| {field} | {most:,} | {why} |")
+    return "\n".join(rows)
+
+
 GENERATORS = {
     "service-settings": service_settings,
     "worker-settings": worker_settings,
     "error-kinds": error_kinds,
     "training-options": training_options,
+    "config-bounds": config_bounds,
 }

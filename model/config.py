@@ -2,6 +2,10 @@
 
 Field names and defaults follow `transformers.BertConfig` (bert-base-uncased), so a directory written
 by either project reads in the other. Reference: Devlin et al. (2018), Table/Section 3 and appendix A.
+
+Every size is bounded (SIZE_BOUNDS, MAX_CONFIG_BYTES), and a config is checked against the bounds before
+anything is built from it: a config.json that says 10,000 layers or 3,000,000 labels is a ValueError,
+not a model that takes the process's memory.
 """
 
 from __future__ import annotations
@@ -13,6 +17,23 @@ from pathlib import Path
 from typing import Any
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh", "silu")
+
+# The most each size may be: field -> (at most, why; the docs' table shows both). BERT-large and the
+# largest multilingual BERTs are well inside them, and so is any model a pretraining job may ask for
+# (app/schemas/jobs.py ModelSize).
+SIZE_BOUNDS: dict[str, tuple[int, str]] = {
+    "num_hidden_layers": (48, "BERT-large has 24"),
+    "hidden_size": (4096, "BERT-large has 1,024"),
+    "intermediate_size": (16384, "4 x the largest hidden_size, as BERT's feed-forward is 4 x hidden"),
+    "num_attention_heads": (64, "BERT-large has 16"),
+    "vocab_size": (524_288, "LaBSE has 501,153 tokens, multilingual BERT 119,547"),
+    "max_position_embeddings": (8192, "BERT has 512; long-context BERTs 8,192"),
+    "type_vocab_size": (64, "BERT has 2 (segments A and B)"),
+    "num_labels": (10_000, "token-classification tag sets and intent classifiers have tens to thousands"),
+}
+MAX_LABELS = SIZE_BOUNDS["num_labels"][0]  # num_labels, and the entries of id2label and label2id
+# A config.json is a few KB; MAX_LABELS labels with long names in both id2label and label2id are about 3 MB.
+MAX_CONFIG_BYTES = 4 << 20
 
 
 @dataclass
@@ -40,6 +61,7 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         self.extra.setdefault("position_embedding_type", "absolute")  # the only kind we implement
+        check_label_maps(id2label=self.id2label, label2id=self.label2id)  # before either map is copied
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             if self.label2id is None:
@@ -49,18 +71,11 @@ class BertConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
+        for name in SIZE_BOUNDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_bound(name, value)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) is not a multiple of "
@@ -107,7 +122,9 @@ class BertConfig:
             )
         kwargs = {k: v for k, v in data.items() if k in known}
         if "num_labels" in data and "id2label" not in data:
-            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(data["num_labels"]))}
+            count = int(data["num_labels"])
+            check_bound("num_labels", count)  # before a label is made up for each
+            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(count)}
         extra = {k: v for k, v in data.items() if k not in known}
         return cls(**kwargs, extra=extra)
 
@@ -122,6 +139,9 @@ class BertConfig:
     def from_json_file(cls, path: str | Path) -> BertConfig:
         path = Path(path)
         try:
+            size = path.stat().st_size
+            if size > MAX_CONFIG_BYTES:
+                raise ValueError(f"{path} is {size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a config may be")
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise FileNotFoundError(f"no config.json at {path}") from None
@@ -133,3 +153,21 @@ class BertConfig:
 
     def to_json_file(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def check_bound(name: str, value: int) -> None:
+    """ValueError when size `name` (a SIZE_BOUNDS key) is above its bound, quoting both."""
+    most, why = SIZE_BOUNDS[name]
+    if value > most:
+        raise ValueError(f"{name} is {value:,}, more than the {most:,} a model may have ({why})")
+
+
+def check_label_maps(**maps: object) -> None:
+    """ValueError when id2label or label2id is not a mapping, or holds more than MAX_LABELS entries."""
+    for name, labels in maps.items():
+        if labels is None:
+            continue
+        if not isinstance(labels, dict):
+            raise ValueError(f"{name} must be a JSON object, got {type(labels).__name__}")
+        if len(labels) > MAX_LABELS:
+            raise ValueError(f"{name} has {len(labels):,} labels, more than the {MAX_LABELS:,} a model may have")

@@ -5,50 +5,160 @@ The project's layout is HF's (config.json, weights, tokenizer files) with safete
 tokenizer.json beside vocab.txt, so a directory written here also loads in transformers. A
 sentence-transformers model's named prompts are read from its config_sentence_transformers.json, as
 sentence-transformers reads them (SentenceTransformer.__init__: "prompts", "default_prompt_name").
+
+An import validates before it allocates: the config's sizes are within model.config's bounds, the
+model it describes fits the memory budget (model/sizing.py's count, in fp32), the files read into
+memory are small, and the weights file fits the config (its size on disk, and each tensor's shape in
+a safetensors header) before a tensor is read or a module built.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from datadir.files import atomic_write_bytes
 from model.config import BertConfig
 from model.errors import UserError
 from model.modeling import class_for_heads
-from model.tokenizer import BertTokenizer
-from model.weights import LEGACY_KEYS, heads_of_keys, load_state_dict, normalize_state_dict
+from model.sizing import ARCHITECTURES, count_parameters, format_bytes, format_count, part_parameters
+from model.tokenizer import CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer
+from model.weights import (
+    LEGACY_KEYS,
+    MAX_HEADER_BYTES,
+    expected_shapes,
+    heads_of_keys,
+    load_state_dict,
+    normalize_state_dict,
+    safetensors_shapes,
+    weights_file,
+)
 
 SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
+# The model's fp32 weights may take at most this where the importer has no memory budget to compare them
+# with (`bert import`): BERT-large's take 1.3 GB, LaBSE's 1.9 GB.
+MAX_IMPORT_WEIGHT_BYTES = 4 << 30
+# Files an import reads whole into memory besides config.json and the weights; a multilingual
+# tokenizer.json is about 10 MB.
+MAX_TEXT_FILE_BYTES = 64 << 20
+TEXT_FILES = (TOKENIZER_FILE, VOCAB_FILE, CONFIG_FILE, SENTENCE_TRANSFORMERS_CONFIG)
 
 
-def import_model(src: str | Path, dst: str | Path) -> dict:
+def import_model(
+    src: str | Path, dst: str | Path, *, label: str | None = None, memory_budget: int | None = None
+) -> dict:
     """Validate any HF BERT directory and write it in the project's layout; returns `summarize(dst)`.
 
-    The weights go through our own model class (so a directory that would not load is refused
-    before anything is written), and out as safetensors with tokenizer.json beside them.
+    Its sizes are checked first (`check_config`, `check_text_files`, `check_weights`), then the
+    weights go through our own model class (so a directory that would not load is refused before
+    anything is written), and out as safetensors with tokenizer.json beside them. `label` names the
+    source in errors instead of `src` (whose path they never show then); `memory_budget`: the bytes
+    the service's models may take, which the model's weights may not exceed.
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
-        raise UserError(f"{src} is not a directory")
+        raise UserError(f"{label or src} is not a directory")
     if not (src / "config.json").is_file():
-        raise UserError(f"{src} has no config.json: not a Hugging Face model directory")
+        raise UserError(f"{label or src} has no config.json: not a Hugging Face model directory")
     try:
-        state = normalize_state_dict(load_state_dict(src))
-        architectures = BertConfig.from_json_file(src / "config.json").architectures
-        model = class_for_heads(heads_of_keys(state), architectures)._from_state(src, state, "cpu", False, {})
+        config = check_config(BertConfig.from_json_file(src / "config.json"), memory_budget)
+        check_text_files(src)
         tokenizer = BertTokenizer.from_pretrained(src)
         prompts, _ = read_prompts(src)
+        if tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {config.vocab_size}"
+            )
+        check_weights(src, config)
+        state = normalize_state_dict(load_state_dict(src))
+        model = class_for_heads(heads_of_keys(state), config.architectures)._from_state(src, state, "cpu", False, {})
     except (ValueError, FileNotFoundError) as e:
-        raise UserError(str(e)) from None
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise UserError(
-            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
-        )
+        raise UserError(_relative(str(e), src, label)) from None
     model.save_pretrained(dst, tokenizer=tokenizer)
     if prompts:  # a sentence-transformers model's named prompts travel with it
         atomic_write_bytes(dst / SENTENCE_TRANSFORMERS_CONFIG, (src / SENTENCE_TRANSFORMERS_CONFIG).read_bytes())
     return summarize(dst)
+
+
+def _relative(message: str, src: Path, label: str | None) -> str:
+    """`message` with `src` named by `label`, and the files below it by their path inside it."""
+    if label is None:
+        return message
+    return message.replace(f"{src}/", "").replace(str(src), label)
+
+
+# -- what an import checks before it reads the weights -------------------------------------------------
+
+
+def check_config(config: BertConfig, memory_budget: int | None = None) -> BertConfig:
+    """`config` (within its bounds, as any BertConfig), when the largest model it describes has fp32
+    weights within `memory_budget`, else within MAX_IMPORT_WEIGHT_BYTES; a ValueError naming both."""
+    parameters = max(count_parameters(config, a, config.num_labels) for a in ARCHITECTURES)
+    limit = MAX_IMPORT_WEIGHT_BYTES if memory_budget is None else memory_budget
+    if 4 * parameters > limit:
+        which = "an import may take" if memory_budget is None else "model memory budget"
+        raise ValueError(
+            f"config.json describes a model of {format_count(parameters)} parameters: an estimated "
+            f"{format_bytes(4 * parameters)} of fp32 weights, more than the {format_bytes(limit)} {which}"
+        )
+    return config
+
+
+def check_text_files(src: Path) -> None:
+    """Refuse a tokenizer or sentence-transformers file larger than MAX_TEXT_FILE_BYTES before it is read."""
+    for name in TEXT_FILES:
+        if (src / name).is_file() and (size := (src / name).stat().st_size) > MAX_TEXT_FILE_BYTES:
+            raise ValueError(f"{name} is {size:,} bytes, more than the {MAX_TEXT_FILE_BYTES:,} an import reads")
+
+
+def weights_size_range(config: BertConfig) -> tuple[int, int]:
+    """(fewest, most) bytes a weights file of a BERT of `config` takes: the encoder alone in 16-bit, and
+    every head in fp32 with the legacy keys (a copy of the decoder, the position ids) and the file's
+    own headers."""
+    parts = part_parameters(config, config.num_labels)
+    h, v, p = config.hidden_size, config.vocab_size, config.max_position_embeddings
+    tensors = 4 * (sum(parts.values()) + v * h + v) + 8 * p
+    return 2 * (parts["embeddings"] + parts["encoder"]), tensors + tensors // 100 + MAX_HEADER_BYTES
+
+
+def check_weights_size(name: str, size: int, config: BertConfig) -> None:
+    """Refuse a weights file whose size on disk cannot hold a BERT of `config` (weights_size_range)."""
+    fewest, most = weights_size_range(config)
+    if not fewest <= size <= most:
+        raise ValueError(
+            f"{name} is {format_bytes(size)} ({size:,} bytes), but a BERT of config.json's sizes takes "
+            f"{fewest:,} to {most:,} bytes"
+        )
+
+
+def check_weights(src: Path, config: BertConfig) -> None:
+    """Refuse a weights file that does not fit `config` before a tensor is read: a safetensors header's
+    shapes (check_shapes), and the file's size on disk (check_weights_size)."""
+    file = weights_file(src)
+    if file.suffix == ".safetensors":
+        check_shapes(file.name, safetensors_shapes(file), config)
+    check_weights_size(file.name, file.stat().st_size, config)
+
+
+def check_shapes(name: str, shapes: dict[str, tuple[int, ...]], config: BertConfig) -> None:
+    """Each tensor of a weights file has the shape `config` implies for its name (model.weights'
+    expected_shapes; a legacy key's may be smaller), and one of another name is no larger than the
+    largest of those."""
+    shapes = normalize_state_dict(shapes)
+    architecture = class_for_heads(heads_of_keys(shapes), config.architectures).__name__
+    classifier = "choice" if architecture == "BertForMultipleChoice" else "classifier"
+    expected = expected_shapes(config, ("pooler", "mlm", "nsp", "qa", classifier))
+    largest = max(math.prod(s) for s in expected.values())
+    for key, shape in shapes.items():
+        want = expected.get(key)
+        if want is None and math.prod(shape) > largest:
+            raise ValueError(
+                f"{name}: tensor {key} has {math.prod(shape):,} elements, more than the largest tensor "
+                f"config.json implies ({largest:,})"
+            )
+        if want is not None and shape != want and not (key in LEGACY_KEYS and math.prod(shape) <= math.prod(want)):
+            raise ValueError(f"{name}: tensor {key} has shape {list(shape)}, but config.json implies {list(want)}")
 
 
 def summarize(path: str | Path) -> dict:

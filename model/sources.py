@@ -7,7 +7,9 @@ published as the next version of the name (datadir.publish_model).
 
     directory   a Hugging Face layout directory (config.json, weights, vocab.txt or tokenizer.json)
     archive     a .tar, .tar.gz, .tgz or .zip of one, extracted safely: regular files and folders
-                only (no links, devices, absolute paths or '..'), at most MAX_EXTRACT_BYTES in all
+                only (no links, devices, absolute paths or '..'), at most MAX_ARCHIVE_MEMBERS of them
+                and MAX_EXTRACT_BYTES in all, counted as the members are read (a tar's one at a
+                time, a zip's from its list before any is extracted)
     hub         a repo id such as google-bert/bert-base-uncased, fetched with huggingface_hub (its
                 cache, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and progress bar), only the files needed:
                 config, tokenizer, sentence-transformers files and ONE weights file
@@ -40,7 +42,10 @@ Progress = Callable[[int, int], None]
 SOURCE_KINDS = ("directory", "archive", "hub")
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 MAX_EXTRACT_BYTES = 8 << 30  # a BERT-large in fp32 is 1.3 GB; a bound, not a size anyone needs
-MAX_ARCHIVE_MEMBERS = 10_000
+MAX_ARCHIVE_MEMBERS = 10_000  # a model directory has about ten files
+# A zip's central directory (its list of members, read whole before any is extracted): an entry is 46
+# bytes and its path, so MAX_ARCHIVE_MEMBERS entries with long paths fit.
+MAX_ZIP_DIRECTORY_BYTES = MAX_ARCHIVE_MEMBERS * 256
 # A repo id: "name" or "owner/name" (the Hub's rule: letters, digits, '-', '_', '.').
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$"
 # What an import reads from a Hub repo besides the weights; each is fetched when the repo has it.
@@ -98,13 +103,17 @@ def import_source(
     import_id: str | None = None,
     progress: Progress | None = None,
     card_source: dict[str, Any] | None = None,
+    memory_budget: int | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Import `source` (of `kind`, else `source_kind(source)`) as the next version of model `name`.
 
     Returns the published version's directory and its summary (model.model_dir.summarize). Nothing
     is published unless the whole model converted; temp files live in DATA_DIR under TMP_PREFIX and
     are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports);
-    `card_source` adds to (or replaces) the card's source fields (an upload's own file name).
+    `card_source` adds to (or replaces) the card's source fields (an upload's own file name);
+    `memory_budget` is the bytes the service's models may take (model.model_dir.check_config).
+    Errors name the source as the user does (an archive by its file name, a repo by its id) and the
+    files in it by their path inside it, never by where they are on this machine.
     """
     from datadir.layout import DataDir, new_job_id
     from model.model_card import write_card
@@ -116,16 +125,25 @@ def import_source(
         raise ValueError(f"kind must be one of {SOURCE_KINDS}, got {kind!r}")
     if revision and kind != "hub":
         raise UserError("--revision applies to a Hugging Face Hub repo only")
+    label = (card_source or {}).get("file") or (Path(source).name if kind == "archive" else source)
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=TMP_PREFIX + "import-") as work:
-        fetched = fetch(source, kind, Path(work) / "source", revision=revision, progress=progress)
+        fetched = fetch(
+            source,
+            kind,
+            Path(work) / "source",
+            revision=revision,
+            progress=progress,
+            label=label,
+            memory_budget=memory_budget,
+        )
         staged = Path(work) / "model"
         try:
-            summary = import_model(fetched.path, staged)
+            summary = import_model(fetched.path, staged, label=label, memory_budget=memory_budget)
         except pickle.UnpicklingError:  # torch.load(weights_only=True) met more than tensors
             raise UserError(
-                f"{source}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+                f"{label}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
                 "(convert it to model.safetensors)"
             ) from None
         for rel in KEPT_FILES:
@@ -135,40 +153,56 @@ def import_source(
         write_card(staged, source={**fetched.source, **(card_source or {})})  # measured before it is served
         try:
             version = publish_model(root, import_id or new_job_id(), staged, name)
-        except (FileExistsError, NotOwner) as e:  # not a model there, or not the importer's to publish to
+        except FileExistsError:  # models/<name> holds something that is not a model
+            raise UserError(
+                f"models/{name} in the data directory holds something that is not a model (no config.json, "
+                "no v<N>/ versions); nothing was imported"
+            ) from None
+        except NotOwner as e:  # the name is another key's: not the importer's to publish to
             raise UserError(str(e)) from None
     return version, {**summary, "path": str(version)}
 
 
 def fetch(
-    source: str, kind: str, dest: Path, *, revision: str | None = None, progress: Progress | None = None
+    source: str,
+    kind: str,
+    dest: Path,
+    *,
+    revision: str | None = None,
+    progress: Progress | None = None,
+    label: str | None = None,
+    memory_budget: int | None = None,
 ) -> Fetched:
-    """Gather the source's model files into a local directory (`dest` is used for archives and Hub links)."""
+    """Gather the source's model files into a local directory (`dest` is used for archives and Hub links);
+    `label` names an archive in errors, `memory_budget` bounds a Hub model before its weights download."""
     if kind == "directory":
         path = Path(source).resolve()
         return Fetched(path, {"kind": "directory", "path": str(path)})
     if kind == "archive":
-        return Fetched(extract_archive(Path(source), dest), {"kind": "archive", "file": Path(source).name})
-    return fetch_hub(source, dest, revision=revision, progress=progress)
+        archive = Path(source)
+        return Fetched(extract_archive(archive, dest, label=label), {"kind": "archive", "file": archive.name})
+    return fetch_hub(source, dest, revision=revision, progress=progress, memory_budget=memory_budget)
 
 
 # -- archives -------------------------------------------------------------------------------------
 
 
-def extract_archive(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES) -> Path:
-    """Extract a .tar/.tar.gz/.tgz/.zip into `dest` after checking every member; the model directory in it
-    (`dest` itself, or the one folder holding config.json)."""
+def extract_archive(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES, label: str | None = None) -> Path:
+    """Extract a .tar/.tar.gz/.tgz/.zip into `dest`, each member checked before anything of it is written;
+    the model directory in it (`dest` itself, or the one folder holding config.json). `label` names the
+    archive in errors (default: its file name)."""
+    label = label or archive.name
     dest.mkdir(parents=True, exist_ok=True)
     try:
         if zipfile.is_zipfile(archive):
-            _extract_zip(archive, dest, max_bytes)
-        elif tarfile.is_tarfile(archive):
-            _extract_tar(archive, dest, max_bytes)
+            _extract_zip(archive, dest, max_bytes, label)
         else:
-            raise UserError(f"{archive.name} is not a tar or zip archive")
+            _extract_tar(archive, dest, max_bytes, label)
+    except tarfile.FilterError as e:  # tarfile's "data" filter, behind our own checks
+        raise UserError(f"{label}: refused: member {e.tarinfo.name!r} cannot be extracted safely") from None
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
-        raise UserError(f"{archive.name} is not a readable archive: {e}") from None
-    return _model_root(dest, archive.name)
+        raise UserError(f"{label} is not a readable archive: {e}") from None
+    return _model_root(dest, label)
 
 
 def _check_member(name: str, archive: str) -> None:
@@ -184,25 +218,36 @@ def _check_total(total: int, count: int, max_bytes: int, archive: str) -> None:
         raise UserError(f"{archive}: refused: it would extract to more than {max_bytes:,} bytes")
 
 
-def _extract_tar(archive: Path, dest: Path, max_bytes: int) -> None:
-    with tarfile.open(archive) as tar:
-        members = tar.getmembers()
-        for m in members:
-            _check_member(m.name, archive.name)
-            if not (m.isfile() or m.isdir()):
-                raise UserError(f"{archive.name}: refused: member {m.name!r} is a link or special file")
-        _check_total(sum(m.size for m in members if m.isfile()), len(members), max_bytes, archive.name)
-        tar.extractall(dest, members=members, filter="data")
+def _extract_tar(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
+    """One member at a time, as tarfile reads their headers: the caps refuse an archive at the first
+    member past them, having read no more of it (a compressed tar is only read front to back)."""
+    with _open_tar(archive, label) as tar:
+        total = 0
+        for count, member in enumerate(tar, 1):
+            _check_member(member.name, label)
+            if not (member.isfile() or member.isdir()):
+                raise UserError(f"{label}: refused: member {member.name!r} is a link or special file")
+            total += member.size if member.isfile() else 0
+            _check_total(total, count, max_bytes, label)
+            tar.extract(member, dest, filter="data")
 
 
-def _extract_zip(archive: Path, dest: Path, max_bytes: int) -> None:
+def _open_tar(archive: Path, label: str) -> tarfile.TarFile:
+    try:
+        return tarfile.open(archive)  # reads the first member's header, no more
+    except tarfile.ReadError:
+        raise UserError(f"{label} is not a tar or zip archive") from None
+
+
+def _extract_zip(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
+    _check_zip_directory(archive, label)
     with zipfile.ZipFile(archive) as zf:
         infos = zf.infolist()
         for info in infos:
-            _check_member(info.filename, archive.name)
+            _check_member(info.filename, label)
             if stat.S_ISLNK(info.external_attr >> 16):
-                raise UserError(f"{archive.name}: refused: member {info.filename!r} is a link")
-        _check_total(sum(i.file_size for i in infos), len(infos), max_bytes, archive.name)
+                raise UserError(f"{label}: refused: member {info.filename!r} is a link")
+        _check_total(sum(i.file_size for i in infos), len(infos), max_bytes, label)
         written = 0
         for info in infos:  # file_size is what the archive claims: count what is really written
             target = dest / info.filename
@@ -213,8 +258,24 @@ def _extract_zip(archive: Path, dest: Path, max_bytes: int) -> None:
             with zf.open(info) as src, open(target, "wb") as out:
                 while chunk := src.read(1 << 20):
                     written += len(chunk)
-                    _check_total(written, 0, max_bytes, archive.name)
+                    _check_total(written, 0, max_bytes, label)
                     out.write(chunk)
+
+
+def _check_zip_directory(archive: Path, label: str) -> None:
+    """Refuse a zip whose end record declares more than MAX_ARCHIVE_MEMBERS members, or a central directory
+    larger than MAX_ZIP_DIRECTORY_BYTES, before zipfile.ZipFile reads (and keeps) that whole directory.
+    The record is read by zipfile's own helper, so these are the numbers ZipFile then goes by."""
+    with open(archive, "rb") as f:
+        record = zipfile._EndRecData(f)  # type: ignore[attr-defined]
+    if record is None:
+        return  # not a zip after all: ZipFile says so
+    if record[zipfile._ECD_ENTRIES_TOTAL] > MAX_ARCHIVE_MEMBERS:  # type: ignore[attr-defined]
+        raise UserError(f"{label}: refused: more than {MAX_ARCHIVE_MEMBERS} members")
+    if (size := record[zipfile._ECD_SIZE]) > MAX_ZIP_DIRECTORY_BYTES:  # type: ignore[attr-defined]
+        raise UserError(
+            f"{label}: refused: its list of members takes {size:,} bytes, more than {MAX_ZIP_DIRECTORY_BYTES:,}"
+        )
 
 
 def _model_root(dest: Path, archive: str) -> Path:
@@ -229,9 +290,17 @@ def _model_root(dest: Path, archive: str) -> Path:
 # -- the Hugging Face Hub -------------------------------------------------------------------------
 
 
-def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: Progress | None = None) -> Fetched:
+def fetch_hub(
+    repo: str,
+    dest: Path,
+    *,
+    revision: str | None = None,
+    progress: Progress | None = None,
+    memory_budget: int | None = None,
+) -> Fetched:
     """Download what an import needs from Hub repo `repo` at `revision` (default: its main branch)
-    through huggingface_hub's cache, and link it into `dest`; offline (HF_HUB_OFFLINE), the cache only."""
+    through huggingface_hub's cache, and link it into `dest`; offline (HF_HUB_OFFLINE), the cache only.
+    A model too big for `memory_budget` (or too big for any BERT) is refused before its weights download."""
     from huggingface_hub import constants
 
     if not is_hub_id(repo):
@@ -240,7 +309,7 @@ def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: P
         if constants.is_offline_mode():
             snapshot, info = _cached_snapshot(repo, revision), None
         else:
-            snapshot, info = _download(repo, revision, progress)
+            snapshot, info = _download(repo, revision, progress, memory_budget)
     except Exception as e:
         raise _hub_error(e, repo, revision) from None
     for path in snapshot.rglob("*"):
@@ -253,10 +322,10 @@ def fetch_hub(repo: str, dest: Path, *, revision: str | None = None, progress: P
     return Fetched(dest, source)
 
 
-def _download(repo: str, revision: str | None, progress: Progress | None) -> tuple[Path, Any]:
+def _download(
+    repo: str, revision: str | None, progress: Progress | None, memory_budget: int | None
+) -> tuple[Path, Any]:
     """The repo's file list (one request), then only the files an import needs: the snapshot folder."""
-    import json
-
     from huggingface_hub import HfApi, hf_hub_download
 
     info = HfApi().model_info(repo, revision=revision, files_metadata=True)
@@ -266,7 +335,8 @@ def _download(repo: str, revision: str | None, progress: Progress | None) -> tup
     names.append(next(w for w in WEIGHTS if w in sizes))
     bar = _progress_class(sum(sizes[n] for n in names), progress)
     config = Path(hf_hub_download(repo, "config.json", revision=revision, tqdm_class=bar))
-    _check_model_type(json.loads(config.read_bytes()), repo)  # before the weights: a GPT is refused at once
+    # before the weights: a GPT, or a BERT too big for this service, is refused at once
+    _check_config(repo, config, names[-1], sizes[names[-1]], memory_budget)
     for name in names[1:]:
         hf_hub_download(repo, name, revision=revision, tqdm_class=bar)
     return config.parent, info  # the snapshot folder of the commit `revision` resolved to
@@ -291,10 +361,30 @@ def _check_files(repo: str, files: list[str]) -> None:
     raise UserError(f"{repo} has no weights file ({' or '.join(WEIGHTS)}); it has: {', '.join(sorted(files)[:20])}")
 
 
-def _check_model_type(config: dict, repo: str) -> None:
-    model_type = config.get("model_type")
+def _check_config(repo: str, path: Path, weights: str, weights_size: int, memory_budget: int | None) -> None:
+    """What a repo's config.json and its weights file's listed size say before the weights download: a
+    BERT (model_type), within model.config's bounds and `memory_budget` (model.model_dir.check_config),
+    with weights of a size that fits it."""
+    import json
+
+    from model.config import MAX_CONFIG_BYTES, BertConfig
+    from model.model_dir import check_config, check_weights_size
+
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UserError(f"{repo}: config.json is larger than the {MAX_CONFIG_BYTES:,} bytes a config may be")
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:
+        raise UserError(f"{repo}: config.json is not valid JSON: {e}") from None
+    model_type = data.get("model_type") if isinstance(data, dict) else None
     if model_type not in MODEL_TYPES:
         raise UserError(f"{repo} is not a BERT model: its config.json says model_type {model_type!r}")
+    try:
+        config = check_config(BertConfig.from_dict(data), memory_budget)
+        if weights_size:  # the Hub lists every file's size
+            check_weights_size(weights, weights_size, config)
+    except ValueError as e:
+        raise UserError(f"{repo}: {e}") from None
 
 
 def _license(card_data: Any) -> str | None:
@@ -340,11 +430,11 @@ def _hub_error(e: Exception, repo: str, revision: str | None) -> Exception:
             f"no model repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with access)"
         )
     if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
-        return UserError(
-            f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
-        )
+        return UserError(f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache (HF_HOME)")
     if isinstance(e, errors.HfHubHTTPError):
         return UserError(f"the Hub refused {repo}{at}: {str(e).splitlines()[0]}")
+    if isinstance(e, OSError) and e.filename is not None:  # this machine's disk, not the network
+        return UserError(f"cannot keep {repo}{at} in the Hugging Face cache (HF_HOME): {e.strerror}")
     if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore") or isinstance(e, OSError):
         return UserError(f"cannot reach the Hub at {constants.ENDPOINT} for {repo}: {type(e).__name__}: {e}")
     return e

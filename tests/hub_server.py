@@ -242,8 +242,8 @@ def tiny_hub(root: Path) -> HubServer:
     text = {p.name: p.read_bytes() for p in main.iterdir() if p.name != "model.safetensors"}
     buf = root / "weights.bin"
     torch.save(load_file(main / "model.safetensors"), buf)
-    pickled = root / "pickled.bin"
-    torch.save({"args": argparse.Namespace(lr=1)}, pickled)
+    pickled = root / "pickled.bin"  # the weights, and an object that only unpickling code would rebuild
+    torch.save({**load_file(main / "model.safetensors"), "args": argparse.Namespace(lr=1)}, pickled)
     hub = HubServer()
     hub.add_dir(TINY_REPO, {"main": main, "v2": v2})
     hub.add(BIN_REPO, {"main": {**text, "pytorch_model.bin": buf.read_bytes()}}, license="mit")

@@ -146,3 +146,22 @@ def test_the_configuration_page_shows_the_training_options_table():
     assert "<!-- generated: training-options -->" in (ROOT / "docs" / "configuration.md").read_text()
     table = hooks.training_options()
     assert {f"`{o.name}`" for o in OPTIONS} <= {cell.strip() for line in table.splitlines() for cell in line.split("|")}
+
+
+def test_the_models_page_shows_what_an_import_checks():
+    from model.config import MAX_CONFIG_BYTES, SIZE_BOUNDS
+    from model.model_dir import MAX_IMPORT_WEIGHT_BYTES, MAX_TEXT_FILE_BYTES
+    from model.sources import MAX_ARCHIVE_MEMBERS, MAX_EXTRACT_BYTES
+
+    page = (ROOT / "docs" / "models.md").read_text()
+    assert "<!-- generated: config-bounds -->" in page
+    table = hooks.config_bounds()
+    assert all(f"`{name}`" in table and f"| {most:,} |" in table for name, (most, _) in SIZE_BOUNDS.items())
+    section = page[page.index("## What an import checks") :]
+    for limit in (
+        f"`config.json` is at most {MAX_CONFIG_BYTES >> 20} MiB",
+        f"and {MAX_IMPORT_WEIGHT_BYTES >> 30} GiB with",
+        f"are at most {MAX_TEXT_FILE_BYTES >> 20} MiB each",
+        f"at most {MAX_ARCHIVE_MEMBERS:,} members and {MAX_EXTRACT_BYTES >> 30} GiB in all",
+    ):
+        assert limit in " ".join(section.split()), limit

@@ -5,7 +5,8 @@ The record lives in DATA_DIR/jobs/<id>/ like a training job's and moves through 
 transitions (datadir/jobs.py); GET /jobs/{id} shows it and POST /jobs/{id}/cancel stops it
 between downloaded chunks. The thread runs it through datadir/runner.py, holding the job's lease as a
 worker does, so at API start every queued or running import whose lease is free is run again: the Hub
-cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran.
+cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran. An import
+is checked against the model memory budget (model.model_dir.check_config) before its weights are read.
 
     params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}
     source   {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"} (upload: job dir file)
@@ -23,6 +24,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +54,12 @@ class ImportCancelled(Exception):
 
 
 class Imports:
-    """Queue, run (one thread per import) and resume the import jobs of one data directory."""
+    """Queue, run (one thread per import) and resume the import jobs of one data directory; `memory_budget`
+    says the bytes the service's models may take when an import runs (None: not known, the fixed cap)."""
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, memory_budget: Callable[[], int | None] = lambda: None):
         self.data_dir = Path(data_dir)
+        self.memory_budget = memory_budget
         self.records = JobRecords(data_dir)
         self.threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()  # one name's conflict check and record creation at a time
@@ -155,6 +159,7 @@ class Imports:
                 import_id=job_id,
                 progress=self._progress(job_id),
                 card_source={"file": source["file"]} if source["kind"] == "archive" else None,
+                memory_budget=self.memory_budget(),
             )
         except ImportCancelled:
             return attempt.cancel("cancelled while downloading")

@@ -204,3 +204,53 @@ async def test_a_hub_import_answers_as_the_same_weights_from_an_archive(hub, hub
             for name in ("from-hub", "up")
         ]
         assert len(answers[0]) == 2 and answers[0] == answers[1]
+
+
+def _hostile_archive(tmp_path, **config) -> bytes:
+    """The tiny model's archive with `config` in its config.json."""
+    import json
+
+    model = H.tiny_model_dir(tmp_path, 0)
+    (model / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()), **config}))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(model, arcname="tiny")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "config, error",
+    [
+        (
+            {"num_hidden_layers": 10_000},
+            "num_hidden_layers is 10,000, more than the 48 a model may have (BERT-large has 24)",
+        ),
+        ({"num_labels": 3_000_000}, "num_labels is 3,000,000, more than the 10,000 a model may have (token-"),
+    ],
+)
+async def test_an_archive_beyond_the_bounds_fails_its_job(hub_env, tmp_path, monkeypatch, config, error):
+    from model import modeling
+
+    body = _hostile_archive(tmp_path, **config)
+    monkeypatch.setattr(modeling.BertPreTrainedModel, "__init__", lambda *a, **k: pytest.fail("built a model"))
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        r = await client.post("/models", files={"file": ("hostile.tar.gz", body)}, data={"name": "up"})
+        assert r.status_code == 202, r.text
+        done = await finished(client, r.json()["id"])
+        assert done["state"] == "failed"
+        assert done["error"].startswith(error)
+        assert str(tmp_path) not in done["error"]
+        assert not (tmp_path / "data" / "models" / "up").exists()
+        assert (await client.get("/models")).status_code == 200
+
+
+async def test_an_import_over_the_memory_budget_fails_naming_both(hub_env, tmp_path):
+    async with serve_app(settings(tmp_path, model_memory_gb=0.00005), wait_ready=False) as client:
+        r = await client.post("/models", files={"file": ("tiny.tar.gz", _archive(tmp_path))}, data={"name": "up"})
+        done = await finished(client, r.json()["id"])
+        assert done["state"] == "failed"
+        assert done["error"] == (
+            "config.json describes a model of 20.5 K parameters: an estimated 80.1 KB of fp32 weights, "
+            "more than the 52.4 KB model memory budget"
+        )
+        assert not (tmp_path / "data" / "models" / "up").exists()

@@ -183,3 +183,68 @@ def test_source_kind(tmp_path):
         source_kind(str(tmp_path / "notes.txt"))
     with pytest.raises(UserError, match="neither a directory, an archive nor a Hugging Face Hub repo id"):
         source_kind("./no/such/dir/here")
+
+
+def many_members(path: Path, count: int) -> Path:
+    """A tar.gz of `count` one-byte files."""
+    with tarfile.open(path, "w:gz") as tar:
+        for i in range(count):
+            info = tarfile.TarInfo(f"m/{i}.txt")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    return path
+
+
+def test_a_tar_past_the_member_cap_is_refused_at_the_first_member_past_it(tmp_path, monkeypatch):
+    import model.sources as sources
+
+    archive = many_members(tmp_path / "many.tar.gz", 2_000)
+    monkeypatch.setattr(sources, "MAX_ARCHIVE_MEMBERS", 50)
+    read = []
+    headers = tarfile.TarInfo.fromtarfile.__func__
+
+    def counted(cls, tar):
+        member = headers(cls, tar)
+        read.append(member.name)
+        return member
+
+    monkeypatch.setattr(tarfile.TarInfo, "fromtarfile", classmethod(counted))
+    with pytest.raises(UserError) as e:
+        extract_archive(archive, tmp_path / "out")
+    assert str(e.value) == "many.tar.gz: refused: more than 50 members"
+    assert len(read) == 51  # the archive's other 1,949 headers were never read
+    assert len(list((tmp_path / "out" / "m").iterdir())) == 50
+
+
+def test_a_zip_past_the_member_cap_is_refused_before_its_member_list_is_read(tmp_path, monkeypatch):
+    import model.sources as sources
+
+    archive = tmp_path / "many.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for i in range(200):
+            zf.writestr(f"m/{i}.txt", b"x")
+    monkeypatch.setattr(sources, "MAX_ARCHIVE_MEMBERS", 50)
+    monkeypatch.setattr(zipfile, "ZipFile", lambda *a, **k: pytest.fail("read the member list"))
+    with pytest.raises(UserError, match="^many.zip: refused: more than 50 members$"):
+        extract_archive(archive, tmp_path / "out")
+    monkeypatch.setattr(sources, "MAX_ARCHIVE_MEMBERS", 10_000)
+    monkeypatch.setattr(sources, "MAX_ZIP_DIRECTORY_BYTES", 1_000)
+    with pytest.raises(UserError) as e:
+        extract_archive(archive, tmp_path / "out")
+    assert str(e.value).startswith("many.zip: refused: its list of members takes ")
+    assert str(e.value).endswith(" bytes, more than 1,000")
+    assert not (tmp_path / "out" / "m").exists()
+
+
+def test_a_tar_member_past_the_size_cap_is_refused_before_it_is_written(tmp_path):
+    archive = _tar({"config.json": b"{}", "model.safetensors": b"x" * 5000}, tmp_path / "big.tar.gz")
+    with pytest.raises(UserError, match="^big.tar.gz: refused: it would extract to more than 1,000 bytes$"):
+        extract_archive(archive, tmp_path / "out", max_bytes=1000)
+    assert (tmp_path / "out" / "config.json").is_file() and not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_member_after_dotdot_is_never_reached(tmp_path):
+    archive = _tar({"ok.txt": b"a", "x/../../evil.txt": b"b", "late.txt": b"c"}, tmp_path / "bad.tar.gz")
+    with pytest.raises(UserError, match="member 'x/../../evil.txt' would be written outside the model directory"):
+        extract_archive(archive, tmp_path / "out")
+    assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "out" / "late.txt").exists()

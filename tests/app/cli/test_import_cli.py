@@ -39,8 +39,7 @@ def test_import_by_id_then_offline(hub, hub_env, tmp_path):
     proc = bert(offline, "import", H.BIN_REPO, "--name", "bin", "--data-dir", data)
     assert proc.returncode == 2
     assert proc.stderr == (
-        f"bert import: error: HF_HUB_OFFLINE is set and {H.BIN_REPO} is not in the Hugging Face cache "
-        f"({tmp_path / 'hf' / 'hub'})\n"
+        f"bert import: error: HF_HUB_OFFLINE is set and {H.BIN_REPO} is not in the Hugging Face cache (HF_HOME)\n"
     )
 
 
