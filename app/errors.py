@@ -8,6 +8,10 @@ FastAPI's request validation (422), routing misses (404/405) and unexpected exce
 429 and 503 say when to come back (Retry-After); 405 lists every method the path has (Allow), and
 OPTIONS on a path that exists answers 204 with that list. Bodies carry our own words only: an
 unexpected exception's text stays in the log.
+
+The service's log lines quote what requests sent (paths, names, file names): `escape_for_log` keeps each
+record one line, so a path with %0A in it cannot forge a line; `OneLine` applies it to every record of
+the `bertserve` logger.
 Pattern after text-embeddings-inference's router (one ErrorType -> StatusCode table).
 """
 
@@ -24,6 +28,32 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
+
+# What a log line never carries raw: the C0 and C1 controls (line feeds among them) and DEL, and the
+# Unicode line and paragraph separators, at which some log readers start a new line.
+_LOG_ESCAPES: dict[int, str] = {
+    **{c: f"\\u{c:04x}" for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]},
+    **{ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"},
+}
+
+
+def escape_for_log(value: object) -> str:
+    """`value` as text that stays on its log line: `\\n`, `\\r` and `\\t` for those, `\\uXXXX` for the other
+    controls and for U+2028 and U+2029."""
+    return str(value).translate(_LOG_ESCAPES)
+
+
+class OneLine(logging.Filter):
+    """Makes each record's message (its arguments formatted in) one line, with escape_for_log. A traceback
+    is not the message: the formatter adds it below, as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = escape_for_log(record.getMessage()), None
+        return True
+
+
+ONE_LINE = OneLine()
+log.addFilter(ONE_LINE)  # every module of app/ logs through `bertserve` (the model registry adds it to its own)
 
 ErrorType = Literal[
     "validation",

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import model as model_package
-from app.errors import ServiceError
+from app.errors import ONE_LINE, ServiceError
 from app.prometheus import Metrics
 from datadir import DataDir, JobRecords, valid_name
 from datadir.jobs import steps_of
@@ -58,6 +58,7 @@ from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
 log = logging.getLogger("bertserve.registry")
+log.addFilter(ONE_LINE)  # a model's name and path, one line each (app/errors.py)
 
 # What each route needs (a servable head), and the model classes that have it. Not model.weights'
 # weight heads (pooler, mlm, nsp, classifier): those say which tensors a directory holds.

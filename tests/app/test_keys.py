@@ -265,3 +265,27 @@ async def test_changes_are_audited_by_key_name_in_the_file_and_the_log(keys_file
     ]
     assert lines[1]["request_id"] == "abc-1" and len(lines[0]["request_id"]) == 32
     assert "dataset.delete of dataset nothing by key 'boss': not_found (request abc-1)" in caplog.text
+
+
+async def test_a_path_or_a_file_name_with_a_line_break_stays_on_one_log_line(data_dir, keys_file, caplog, tmp_path):
+    """A request cannot forge a line in the service's log (a line feed in its path, unauthenticated) nor
+    split a record of the audit log (U+2028 in an uploaded file's name)."""
+    caplog.set_level("INFO", logger="bertserve")
+    data = make_data_dir(tmp_path / "data")
+    forged = "2026-12-04 15:38:37,029 INFO bertserve: job.submit of job x by key 'admin': ok (request r)"
+    async with serve_app(settings_for(data, keys_file=keys_file, default_model="tiny"), wait_ready=False) as c:
+        r = await c.get("/nowhere%0A" + forged.replace(" ", "%20") + "%E2%80%A8")
+        assert (r.status_code, r.json()) == (401, REFUSAL)
+        line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "the cat"}}
+        upload = {"file": ("in\u2028put.jsonl", json.dumps(line).encode() + b"\n")}
+        r = await c.post("/v1/files", files=upload, data={"purpose": "batch"}, headers=auth("boss"))
+        assert r.status_code == 200, r.text
+        file_id = r.json()["id"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "bertserve"]
+    assert f"GET /nowhere\\n{forged}\\u2028: {REFUSAL['error']}" in messages
+    assert f"file.upload of file {file_id} (in\\u2028put.jsonl) by key 'boss': ok" in "\n".join(messages)
+    assert not [m for m in messages if len(m.splitlines()) != 1]
+    text = (data / "audit.jsonl").read_text()
+    entries = [json.loads(line) for line in text.splitlines()]
+    assert [e["target"] for e in entries] == [f"file {file_id} (in\u2028put.jsonl)"]
+    assert "\u2028" not in text
