@@ -32,7 +32,8 @@ from typing import Any
 
 SCOPES = ("inference", "jobs", "admin", "metrics")  # what each is for: docs/keys.md
 # A key's name: a rule of its own, not datadir's for models and datasets (no directory is named after a key).
-KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# Checked with fullmatch: re.match's `$` also matches before a final newline, so "admin\n" would pass.
+KEY_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 SECRET_PREFIX = "bsk_"
 BUILT_IN = ("api", "admin", "anonymous")  # BERT_API_KEY's, BERT_ADMIN_KEY's and a keyless caller's names
 
@@ -71,7 +72,7 @@ def hash_secret(secret: str) -> str:
 
 
 def check_name(name: str) -> str:
-    if not re.match(KEY_NAME_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(KEY_NAME_PATTERN, name):
         raise KeyFileError(f"key name {name!r}: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
     if name in BUILT_IN:
         raise KeyFileError(f"key name {name!r} is the name of a built-in key ({', '.join(BUILT_IN)})")

@@ -267,6 +267,30 @@ async def test_changes_are_audited_by_key_name_in_the_file_and_the_log(keys_file
     assert "dataset.delete of dataset nothing by key 'boss': not_found (request abc-1)" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["admin\n", "ci\n", "ci\nx", "-ci", "ci/x"])
+def test_a_key_name_is_matched_whole(tmp_path, name):
+    """`admin\\n` is not a key name (re.match's `$` would have let the final newline in)."""
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[keys.{json.dumps(name)}]\nhash = "{hash_secret("s")}"\nscopes = ["inference"]\n')
+    with pytest.raises(KeyFileError) as e:
+        read_keys(path)
+    rule = "1-64 letters, digits, '_', '-' or '.', starting with a letter or digit"
+    assert str(e.value) == f"keys file {path}: key name {name!r}: {rule}"
+
+
+def test_a_request_id_is_taken_only_when_it_is_plain_to_its_end():
+    from starlette.requests import Request
+
+    from app.api.auditing import request_id
+
+    def asked(value: bytes) -> str:
+        return request_id(Request({"type": "http", "headers": [(b"x-request-id", value)]}))
+
+    assert asked(b"abc-1") == "abc-1"
+    for value in (b"abc-1\n", b"abc 1", b"x" * 65):
+        assert asked(value) != value.decode() and len(asked(value)) == 32
+
+
 async def test_a_path_or_a_file_name_with_a_line_break_stays_on_one_log_line(data_dir, keys_file, caplog, tmp_path):
     """A request cannot forge a line in the service's log (a line feed in its path, unauthenticated) nor
     split a record of the audit log (U+2028 in an uploaded file's name)."""
