@@ -117,15 +117,28 @@ def make_way_for(
     return None
 
 
-def describe(record: Record) -> str:
+def _every(record: Record) -> bool:
+    return True
+
+
+def job_words(record: Record, named: Callable[[Record], bool] = _every) -> str:
+    """'job <id>', or 'another key's job' for a job whose id the reader may not see (`named` says which)."""
+    return f"job {record['id']}" if named(record) else "another key's job"
+
+
+def describe(record: Record, named: Callable[[Record], bool] = _every) -> str:
     """A running job in a few words: 'job <id> (priority 0, step 140 of 200)'."""
     step, total = steps_of(record)
-    return f"job {record['id']} (priority {priority_of(record)}, step {step} of {total})"
+    return f"{job_words(record, named)} (priority {priority_of(record)}, step {step} of {total})"
 
 
-def queue_place(records: Sequence[Record], job_id: str) -> dict[str, Any] | None:
+def queue_place(
+    records: Sequence[Record], job_id: str, named: Callable[[Record], bool] = _every
+) -> dict[str, Any] | None:
     """A queued job's place: its position (1 = next), what it waits for in words, and an estimate of
-    the seconds until it starts when one can be had; None for a job that is not waiting."""
+    the seconds until it starts when one can be had; None for a job that is not waiting. The jobs it
+    waits for are named by id where `named` says the reader may see them (its owner's own, or every
+    job for an admin); the others are 'another key's job', with their priority and progress only."""
     queue = waiting(records)
     index = next((i for i, r in enumerate(queue) if r["id"] == job_id), None)
     if index is None:
@@ -135,12 +148,12 @@ def queue_place(records: Sequence[Record], job_id: str) -> dict[str, Any] | None
     ahead = [r for r in busy if priority_of(r) >= priority_of(me)]
     parts = []
     if index:
-        names = ", ".join(f"job {r['id']} (priority {priority_of(r)})" for r in queue[:index])
+        names = ", ".join(f"{job_words(r, named)} (priority {priority_of(r)})" for r in queue[:index])
         parts.append(f"{index} queued job{'s' if index > 1 else ''} ahead: {names}")
     if index == 0 and lower:
-        parts.append(f"{describe(lower[0])} to hand back at its next step")
+        parts.append(f"{describe(lower[0], named)} to hand back at its next step")
     elif ahead:
-        parts.append("; ".join(describe(r) for r in ahead))
+        parts.append("; ".join(describe(r, named) for r in ahead))
     elif not parts:
         parts.append("a free worker")
     estimate = None

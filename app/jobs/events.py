@@ -30,7 +30,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,11 @@ class _Stream:
     """One client's view of a job: what it was last told. `poll` (in a thread) reads the job's two files
     and returns the text of the events they make, and whether the job has ended with its curve read."""
 
-    def __init__(self, records: JobRecords, job_id: str, since: int | None):
+    def __init__(
+        self, records: JobRecords, job_id: str, since: int | None, named: Callable[[Mapping], bool] | None = None
+    ):
         self.records, self.job_id, self.since = records, job_id, since
+        self.named = named or (lambda record: True)  # which other jobs its place may name by id
         self.tail = MetricsTail(records.job_dir(job_id) / METRICS)
         self.updated: str | None = None
         self.state: str | None = None
@@ -199,7 +202,7 @@ class _Stream:
         if now - self.place_at < PLACE_S and record["updated_at"] == self.updated:
             return False
         self.place_at = now
-        place = scheduling.queue_place(self.records.list(), self.job_id)
+        place = scheduling.queue_place(self.records.list(), self.job_id, self.named)
         moved, self.place = place != self.place, place
         return moved
 
@@ -217,11 +220,13 @@ async def job_events(
     max_seconds: float | None = None,
     replay: asyncio.Lock | None = None,
     stopping: Callable[[], bool] = lambda: False,
+    named: Callable[[Mapping], bool] | None = None,
 ) -> AsyncIterator[str]:
     """The events of one job until it ends, the client goes (`disconnected`), `max_seconds` pass or the
     server is `stopping` (the client reconnects, through a balancer to another replica); metrics from
-    step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
-    stream = _Stream(records, job_id, since)
+    step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time. A queued
+    job's place names by id only the jobs `named` lets its reader see (JobService.visible)."""
+    stream = _Stream(records, job_id, since, named)
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     replay = replay or asyncio.Lock()
     quiet = 0.0

@@ -58,6 +58,11 @@ class Key:
     worker_share: float | None = None  # its share of worker time, (0, 1]: the queue orders by it (scheduling.py)
     created_at: str | None = None
 
+    def sees_jobs_of(self, owner: str) -> bool:
+        """Whether the jobs of `owner` (a key's name) are this key's to see, by id too: its own, or every
+        key's for a key with the scope admin. Another key's job is a 404, and named without its id."""
+        return "admin" in self.scopes or owner == self.name
+
     def limits(self) -> dict[str, Any]:
         fields = ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share")
         return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}

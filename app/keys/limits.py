@@ -15,10 +15,12 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from app.errors import ServiceError
 from app.keys.keyfile import Key
+from datadir.jobs import owner_of
 
 
 class TokenBucket:
@@ -70,6 +72,10 @@ class Caller:
                     headers={"Retry-After": str(math.ceil(wait))},
                 )
         self.on_tokens(self.key.name, n)
+
+    def sees_job(self, record: Mapping[str, Any]) -> bool:
+        """Whether an answer to this caller may name the job of `record` by its id (Key.sees_jobs_of)."""
+        return self.key.sees_jobs_of(owner_of(record))
 
     def check_model(self, name: str) -> None:
         """403 when the key may not use model `name` (its `models` list)."""

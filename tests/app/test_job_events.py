@@ -98,16 +98,16 @@ def test_unknown_job_is_404_and_a_wrong_key_401_before_any_stream(store):
 class Reader:
     """Consumes job_events() in a task, so the test can play the worker meanwhile."""
 
-    def __init__(self, store: JobRecords, job_id: str):
+    def __init__(self, store: JobRecords, job_id: str, **options):
         self.events: list[tuple[str, dict]] = []
         self.gone = False
-        self.task = asyncio.create_task(self._run(store, job_id))
+        self.task = asyncio.create_task(self._run(store, job_id, options))
 
-    async def _run(self, store, job_id):
+    async def _run(self, store, job_id, options):
         async def disconnected():
             return self.gone
 
-        async for chunk in job_events(store, job_id, disconnected, poll_s=0.01):
+        async for chunk in job_events(store, job_id, disconnected, poll_s=0.01, **options):
             self.events += parse_sse(chunk)
 
     async def until(self, predicate, timeout: float = 5.0):

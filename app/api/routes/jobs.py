@@ -72,7 +72,7 @@ async def list_jobs(
 async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep) -> JobStatus:
     """A job's state, progress (step, loss, lr, tokens/s, ETA), checkpoint, attempts, error; queued: its place in line."""
     record = await asyncio.to_thread(jobs.find, job_id, caller)
-    place = await asyncio.to_thread(jobs.queue_place, record)
+    place = await asyncio.to_thread(jobs.queue_place, record, caller)
     return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id), place)
 
 
@@ -141,6 +141,7 @@ async def stream_job_events(
                 max_seconds=settings.event_stream_max_seconds,
                 replay=jobs.event_streams.replay,
                 stopping=lambda: service.leaving,
+                named=jobs.visible(caller),
             ):
                 yield chunk
         finally:
