@@ -77,6 +77,10 @@ class Caller:
         """Whether an answer to this caller may name the job of `record` by its id (Key.sees_jobs_of)."""
         return self.key.sees_jobs_of(owner_of(record))
 
+    def usable(self, names: list[str]) -> list[str]:
+        """Those of `names` the key may use (its `models` list; all without one)."""
+        return names if self.key.models is None else [n for n in names if n in self.key.models]
+
     def check_model(self, name: str) -> None:
         """403 when the key may not use model `name` (its `models` list)."""
         if self.key.models is not None and name not in self.key.models:

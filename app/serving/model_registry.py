@@ -193,6 +193,12 @@ def _caller_sees(record: Mapping[str, Any]) -> bool:
     return caller is None or caller.sees_job(record)
 
 
+def _usable(names: list[str]) -> list[str]:
+    """Those of `names` the request's key may use: a key limited to some models is told of those alone."""
+    caller = CALLER.get()
+    return names if caller is None else caller.usable(names)
+
+
 def _job_detail(record: Mapping[str, Any], step: int, total: int) -> dict[str, Any]:
     """The `job` of a 503's body (ErrorResponse): a job the request's key may see; else none."""
     if not _caller_sees(record):
@@ -351,7 +357,7 @@ class ModelRegistry:
             await asyncio.to_thread(self._raise_if_training, name)
             if defaulted:
                 await asyncio.to_thread(self._raise_if_job_ended, name)
-            known = ", ".join(sorted(self._entries)) or "none"
+            known = ", ".join(_usable(sorted(self._entries))) or "none"
             raise ServiceError("not_found", f"model '{name}' not found (available: {known})")
         return entry
 

@@ -92,6 +92,17 @@ async def test_a_key_uses_only_its_models_the_default_resolved(data_dir, keys_fi
         assert r.status_code == 200
 
 
+async def test_a_missing_model_lists_only_the_models_the_key_may_use(data_dir, keys_file):
+    async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
+        body = {"inputs": "the cat", "model": "nothing"}
+        for key, available in (("narrow", "tiny-cls"), ("reader", "tiny-cls, tiny-enc, tiny-mlm, tiny-pt")):
+            r = await c.post("/classify", json=body, headers=auth(key))
+            assert (r.status_code, r.json()) == (
+                404,
+                {"error": f"model 'nothing' not found (available: {available})", "error_type": "not_found"},
+            )
+
+
 async def test_the_token_rate_counts_tokens_after_tokenising(data_dir, keys_file):
     async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
         # 60 tokens a minute: the first request may overdraw the bucket, the next waits for it to refill
