@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 import model as model_package
-from app.errors import ONE_LINE, ServiceError
+from app.errors import ONE_LINE, ServiceError, without_data_dir
 from app.keys.limits import CALLER
 from app.prometheus import Metrics
 from datadir import DataDir, JobRecords, valid_name
@@ -227,10 +227,7 @@ def describe_failure(e: Exception, data_dir: Path) -> str:
     raised_in = Path(traceback.extract_tb(e.__traceback__)[-1].filename) if e.__traceback__ else None
     if raised_in is None or not raised_in.resolve().is_relative_to(MODEL_PACKAGE):
         return f"{type(e).__name__} (the service log has the details)"
-    message = str(e)  # ours, or an OS error from a builtin model/ called (open, stat)
-    for prefix in {str(data_dir), str(data_dir.resolve())}:
-        message = message.replace(prefix.rstrip("/") + "/", "")
-    return message
+    return without_data_dir(str(e), data_dir)  # ours, or an OS error from a builtin model/ called (open, stat)
 
 
 class ModelRegistry:
