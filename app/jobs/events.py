@@ -18,8 +18,8 @@ two files and writes the events' text in the shared thread pool (never on the ev
 stream sleeps on the event loop. A long curve is paced: MAX_READ bytes a poll, one stream's replay
 read at a time, REPLAY_PAUSE_S between two pieces. A metrics line longer than MAX_LINE is skipped
 (its bytes are not kept). Streams are bounded (EventStreams): BERT_MAX_EVENT_STREAMS open at once,
-BERT_MAX_EVENT_STREAMS_PER_JOB per job (one more is a 429 with Retry-After), and each lasts at most
-BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID), as it
+BERT_MAX_EVENT_STREAMS_PER_JOB per job and BERT_MAX_EVENT_STREAMS_PER_KEY per API key (one more is a
+429 with Retry-After), and each lasts at most BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID), as it
 does when the server stops (after SIGTERM's drain).
 """
 
@@ -53,16 +53,24 @@ def sse(event: str, data: Any) -> str:
 
 
 class EventStreams:
-    """How many event streams are open, in all and per job; `open` refuses one past either limit (429).
-    The event loop alone calls it, so a plain counter is enough."""
+    """How many event streams are open, in all, per job and per key; `open` refuses one past any limit
+    (429). The event loop alone calls it, so a plain counter is enough."""
 
-    def __init__(self, total: int, per_job: int):
-        self.total, self.per_job = total, per_job
+    def __init__(self, total: int, per_job: int, per_key: int | None = None):
+        self.total, self.per_job, self.per_key = total, per_job, per_key or total
         self.by_job: Counter[str] = Counter()
+        self.by_key: Counter[str] = Counter()
         self.replay = asyncio.Lock()  # one stream's replay piece read at a time (the GIL is shared)
 
-    def open(self, job_id: str) -> Callable[[], None]:
-        """Count a new stream of `job_id`; returns its release (idempotent)."""
+    def open(self, job_id: str, key: str | None = None) -> Callable[[], None]:
+        """Count a new stream of `job_id` for the API key named `key` (None: the service has no keys, and
+        only the other limits apply); returns its release (idempotent)."""
+        if key is not None and self.by_key[key] >= self.per_key:
+            raise ServiceError(
+                "overloaded",
+                f"key '{key}' has {self.by_key[key]} event streams open, its limit "
+                "(BERT_MAX_EVENT_STREAMS_PER_KEY); close one or retry later",
+            )
         if sum(self.by_job.values()) >= self.total:
             raise ServiceError(
                 "overloaded",
@@ -77,17 +85,25 @@ class EventStreams:
                 "later",
             )
         self.by_job[job_id] += 1
+        if key is not None:
+            self.by_key[key] += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self.by_job[job_id] -= 1
-                if not self.by_job[job_id]:
-                    del self.by_job[job_id]
+                _count_down(self.by_job, job_id)
+                if key is not None:
+                    _count_down(self.by_key, key)
 
         return release
+
+
+def _count_down(counter: Counter[str], name: str) -> None:
+    counter[name] -= 1
+    if not counter[name]:
+        del counter[name]
 
 
 class MetricsTail:

@@ -65,7 +65,9 @@ class JobService:
         self.celery = producer(settings.broker_url, data_dir)
         # Name checks and record creation, one submission at a time; the catalog's changes take it too.
         self.submit_lock = asyncio.Lock()
-        self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
+        self.event_streams = EventStreams(
+            settings.max_event_streams, settings.max_event_streams_per_job, settings.event_streams_per_key()
+        )
 
     def publish(self, record: JobRecord) -> None:
         """Send the job's id to the training queue (blocking: call in a thread)."""
