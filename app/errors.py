@@ -7,14 +7,21 @@ FastAPI's request validation (422), routing misses (404/405) and unexpected exce
 (openai.NotFoundError, ...) with our message; `type` is invalid_request_error (4xx) or server_error (5xx).
 429 and 503 say when to come back (Retry-After); 405 lists every method the path has (Allow), and
 OPTIONS on a path that exists answers 204 with that list. Bodies carry our own words only: an
-unexpected exception's text stays in the log.
+unexpected exception's text stays in the log, and a path on the server is told by its place in
+DATA_DIR (`without_data_dir`).
+
+The service's log lines quote what requests sent (paths, names, file names): `escape_for_log` keeps each
+record one line, so a path with %0A in it cannot forge a line; `OneLine` applies it to every record of
+the `bertserve` logger.
 Pattern after text-embeddings-inference's router (one ErrorType -> StatusCode table).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from fastapi import FastAPI, Request
@@ -24,6 +31,42 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
+
+# What a log line never carries raw: the C0 and C1 controls (line feeds among them) and DEL, and the
+# Unicode line and paragraph separators, at which some log readers start a new line.
+_LOG_ESCAPES: dict[int, str] = {
+    **{c: f"\\u{c:04x}" for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]},
+    **{ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"},
+}
+
+
+def escape_for_log(value: object) -> str:
+    """`value` as text that stays on its log line: `\\n`, `\\r` and `\\t` for those, `\\uXXXX` for the other
+    controls and for U+2028 and U+2029."""
+    return str(value).translate(_LOG_ESCAPES)
+
+
+class OneLine(logging.Filter):
+    """Makes each record's message (its arguments formatted in) one line, with escape_for_log. A traceback
+    is not the message: the formatter adds it below, as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = escape_for_log(record.getMessage()), None
+        return True
+
+
+def without_data_dir(message: str, data_dir: Path) -> str:
+    """`message` with the paths below DATA_DIR made relative to it (`models/x`), and DATA_DIR itself
+    called so: where the server keeps its files is not the client's business."""
+    for prefix in sorted({str(data_dir).rstrip("/"), str(Path(data_dir).resolve()).rstrip("/")}, key=len, reverse=True):
+        whole = rf"(?<![\w./-]){re.escape(prefix)}"  # the path itself, not a longer one that holds its text
+        message = re.sub(rf"{whole}/", "", message)
+        message = re.sub(rf"{whole}(?![\w.-])", "DATA_DIR", message)
+    return message
+
+
+ONE_LINE = OneLine()
+log.addFilter(ONE_LINE)  # every module of app/ logs through `bertserve` (the model registry adds it to its own)
 
 ErrorType = Literal[
     "validation",

@@ -374,6 +374,14 @@ class Settings(BaseSettings):
     max_event_streams_per_job: int = Field(
         4, ge=1, description="Event streams of one job open at once; one more is a 429 (with `Retry-After`)."
     )
+    max_event_streams_per_key: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Event streams one API key holds open at once; one more is a 429 naming the key and this limit, so one "
+            "key cannot take every stream. Unset: a quarter of `BERT_MAX_EVENT_STREAMS` (at least 1)."
+        ),
+    )
     event_stream_max_seconds: float = Field(
         3600.0,
         gt=0,
@@ -459,6 +467,10 @@ class Settings(BaseSettings):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"{variable} must be true or false, got {text.lower()!r}")
+
+    def event_streams_per_key(self) -> int:
+        """BERT_MAX_EVENT_STREAMS_PER_KEY, or a quarter of BERT_MAX_EVENT_STREAMS when it is unset."""
+        return self.max_event_streams_per_key or max(1, self.max_event_streams // 4)
 
     def keys_path(self) -> Path:
         return self.keys_file if self.keys_file is not None else self.data_dir / "keys.toml"

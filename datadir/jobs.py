@@ -429,9 +429,12 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 }
 
 
-def _move(record: JobRecord, event: str, detail: str | None = None, **fields: Any) -> None:
+def _move(
+    record: JobRecord, event: str, detail: str | None = None, *, noted: Mapping[str, Any] | None = None, **fields: Any
+) -> None:
     """Take the move TRANSITIONS has for (state, event), or raise before changing anything.
-    Entering a finished state stamps finished_at and clears the heartbeat."""
+    Entering a finished state stamps finished_at and clears the heartbeat. `noted`: more fields of the
+    event's entry in `events`."""
     state = record["state"]
     to = TRANSITIONS.get((state, event))
     if to is None:
@@ -440,7 +443,7 @@ def _move(record: JobRecord, event: str, detail: str | None = None, **fields: An
     if to in TERMINAL and state not in TERMINAL:
         record["finished_at"], record["heartbeat_at"] = now_iso(), None
     record["state"] = to
-    _add_event(record, event, detail)
+    _add_event(record, event, detail, **(noted or {}))
 
 
 def enqueued(record: JobRecord) -> None:
@@ -513,12 +516,15 @@ def hand_back(record: JobRecord, detail: str) -> None:
     _move(record, "handed back", detail, worker=None, heartbeat_at=None, attempts=max(0, record["attempts"] - 1))
 
 
-def make_way(record: JobRecord, for_job: str, detail: str) -> None:
-    """The job handed itself back for job `for_job`, of higher priority: queued again, the attempt not counted."""
+def make_way(record: JobRecord, for_job: str, detail: str, for_owner: str | None = None) -> None:
+    """The job handed itself back for job `for_job` (owned by `for_owner`), of higher priority: queued
+    again, the attempt not counted. The event names both, so the records say how often each owner's jobs
+    made others make way (scheduling.preemptions), even once that job is gone."""
     _move(
         record,
         "made way",
         detail,
+        noted={"preempted_for": for_job, **({"preempted_for_owner": for_owner} if for_owner is not None else {})},
         worker=None,
         heartbeat_at=None,
         attempts=max(0, record["attempts"] - 1),
@@ -580,10 +586,11 @@ def checkpoints_removed(record: JobRecord, freed: int) -> None:
     _move(record, "checkpoints removed", f"{freed} bytes freed", latest_checkpoint=None)
 
 
-def _add_event(record: JobRecord, event: str, detail: str | None = None) -> None:
+def _add_event(record: JobRecord, event: str, detail: str | None = None, **noted: Any) -> None:
     entry = {"at": now_iso(), "event": event}
     if detail:
         entry["detail"] = detail
+    entry.update(noted)
     record.setdefault("events", []).append(entry)
     del record["events"][:-MAX_EVENTS]
 

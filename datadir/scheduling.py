@@ -12,7 +12,10 @@ runs, whether a running job makes way) and the service (a queued job's position)
 - Preemption: when a job of higher priority has waited for a worker longer than the grace (an idle
   slot would have taken it by then), the lowest-priority running job (the newest among equals) hands
   itself back at its next step, exactly as on a warm shutdown; its record names the job it made way
-  for (`preempted_for`), so no second running job makes way for the same one.
+  for (`preempted_for`), so no second running job makes way for the same one. An owner's jobs make
+  others make way at most `max_per_hour` times in PREEMPTION_WINDOW_S, counted from the records' "made
+  way" events (`preemptions`): past it they wait for a free worker like any other, so submitting and
+  cancelling urgent jobs in a loop cannot keep stopping everyone else's.
 
 The bootstrap job runs at PRIORITY_MIN, so any job a person submits goes ahead of it.
 """
@@ -28,6 +31,7 @@ from datadir.jobs import API_KINDS, owner_of, steps_of
 PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = -10, 10, 0
 BOOTSTRAP_PRIORITY = PRIORITY_MIN  # a user's job never waits behind the first start's bootstrap
 SHARE_WINDOW_S = 24 * 3600  # the worker time an owner's share is measured against
+PREEMPTION_WINDOW_S = 3600  # the window an owner's preemptions are counted in (per hour)
 
 Record = Mapping[str, Any]
 
@@ -95,19 +99,46 @@ def seconds_since(timestamp: str | None, now: dt.datetime | None = None) -> floa
     return ((now or dt.datetime.now(dt.UTC)) - then).total_seconds()
 
 
+def preemptions(records: Iterable[Record], now: dt.datetime | None = None) -> dict[str, int]:
+    """How often each owner's jobs made a running job make way in the last PREEMPTION_WINDOW_S: the "made
+    way" events of every record, by the owner of the job each names (noted in the event; for an event
+    that does not note it, the owner of that job's record, if it is still there)."""
+    records = list(records)
+    owners = {r["id"]: owner_of(r) for r in records}
+    counts: dict[str, int] = {}
+    for record in records:
+        for event in record.get("events") or ():
+            if event.get("event") != "made way" or seconds_since(event.get("at"), now) > PREEMPTION_WINDOW_S:
+                continue
+            owner = event.get("preempted_for_owner") or owners.get(event.get("preempted_for"))
+            if owner is not None:
+                counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
+
 def make_way_for(
-    records: Sequence[Record], job_id: str, grace_s: float, lease_is_free: Callable[[str], bool]
+    records: Sequence[Record],
+    job_id: str,
+    grace_s: float,
+    lease_is_free: Callable[[str], bool],
+    max_per_hour: int | None = None,
+    now: dt.datetime | None = None,
 ) -> Record | None:
     """The waiting job that running job `job_id` should hand itself back for, or None.
 
     The waiting jobs of higher priority that nobody made way for yet, and that waited past `grace_s`
     (an idle slot would have taken them), are paired with the running jobs lowest first; `job_id` makes
-    way when its pair outranks it. `lease_is_free` skips a job a worker is taking up right now."""
+    way when its pair outranks it. `lease_is_free` skips a job a worker is taking up right now. A job
+    whose owner's jobs already made others make way `max_per_hour` times in the last hour
+    (`preemptions`) makes no running job make way (None: no bound)."""
     claimed = {r.get("preempted_for") for r in records if r.get("state") == "queued"}
+    spent = preemptions(records, now) if max_per_hour is not None else {}
     queue = [
         r
         for r in waiting(records)
-        if r["id"] not in claimed and seconds_since(r.get("enqueued_at") or r.get("created_at")) >= grace_s
+        if r["id"] not in claimed
+        and seconds_since(r.get("enqueued_at") or r.get("created_at"), now) >= grace_s
+        and (max_per_hour is None or spent.get(owner_of(r), 0) < max_per_hour)
     ]
     for ahead, victim in zip(queue, running(records), strict=False):
         if priority_of(ahead) <= priority_of(victim):
@@ -117,15 +148,28 @@ def make_way_for(
     return None
 
 
-def describe(record: Record) -> str:
+def _every(record: Record) -> bool:
+    return True
+
+
+def job_words(record: Record, named: Callable[[Record], bool] = _every) -> str:
+    """'job <id>', or 'another key's job' for a job whose id the reader may not see (`named` says which)."""
+    return f"job {record['id']}" if named(record) else "another key's job"
+
+
+def describe(record: Record, named: Callable[[Record], bool] = _every) -> str:
     """A running job in a few words: 'job <id> (priority 0, step 140 of 200)'."""
     step, total = steps_of(record)
-    return f"job {record['id']} (priority {priority_of(record)}, step {step} of {total})"
+    return f"{job_words(record, named)} (priority {priority_of(record)}, step {step} of {total})"
 
 
-def queue_place(records: Sequence[Record], job_id: str) -> dict[str, Any] | None:
+def queue_place(
+    records: Sequence[Record], job_id: str, named: Callable[[Record], bool] = _every
+) -> dict[str, Any] | None:
     """A queued job's place: its position (1 = next), what it waits for in words, and an estimate of
-    the seconds until it starts when one can be had; None for a job that is not waiting."""
+    the seconds until it starts when one can be had; None for a job that is not waiting. The jobs it
+    waits for are named by id where `named` says the reader may see them (its owner's own, or every
+    job for an admin); the others are 'another key's job', with their priority and progress only."""
     queue = waiting(records)
     index = next((i for i, r in enumerate(queue) if r["id"] == job_id), None)
     if index is None:
@@ -135,12 +179,12 @@ def queue_place(records: Sequence[Record], job_id: str) -> dict[str, Any] | None
     ahead = [r for r in busy if priority_of(r) >= priority_of(me)]
     parts = []
     if index:
-        names = ", ".join(f"job {r['id']} (priority {priority_of(r)})" for r in queue[:index])
+        names = ", ".join(f"{job_words(r, named)} (priority {priority_of(r)})" for r in queue[:index])
         parts.append(f"{index} queued job{'s' if index > 1 else ''} ahead: {names}")
     if index == 0 and lower:
-        parts.append(f"{describe(lower[0])} to hand back at its next step")
+        parts.append(f"{describe(lower[0], named)} to hand back at its next step")
     elif ahead:
-        parts.append("; ".join(describe(r) for r in ahead))
+        parts.append("; ".join(describe(r, named) for r in ahead))
     elif not parts:
         parts.append("a free worker")
     estimate = None

@@ -48,6 +48,13 @@ MAX_ARCHIVE_MEMBERS = 10_000  # a model directory has about ten files
 MAX_ZIP_DIRECTORY_BYTES = MAX_ARCHIVE_MEMBERS * 256
 # A repo id: "name" or "owner/name" (the Hub's rule: letters, digits, '-', '_', '.').
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$"
+# A revision: a branch, tag or commit as git names them, and no more (no `..`, no empty path part), so it can
+# never climb out of a folder or a URL path that is built from it.
+REVISION_MAX_LENGTH = 200
+REVISION_RULE = (
+    f"must be a branch, tag or commit: 1-{REVISION_MAX_LENGTH} letters, digits, '.', '_', '-' or '/', starting "
+    "with a letter or digit, without '..' or '//', and not ending in '/'"
+)
 # What an import reads from a Hub repo besides the weights; each is fetched when the repo has it.
 HUB_FILES = (
     "config.json",
@@ -93,6 +100,17 @@ def is_hub_id(source: str) -> bool:
     return bool(re.fullmatch(HUB_ID_PATTERN, source)) and ".." not in source
 
 
+def valid_revision(revision: str) -> bool:
+    """Whether `revision` follows REVISION_RULE."""
+    return (
+        len(revision) <= REVISION_MAX_LENGTH
+        and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", revision) is not None
+        and ".." not in revision
+        and "//" not in revision
+        and not revision.endswith("/")
+    )
+
+
 def import_source(
     data_dir: str | os.PathLike,
     source: str,
@@ -128,6 +146,7 @@ def import_source(
     label = (card_source or {}).get("file") or (Path(source).name if kind == "archive" else source)
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
+    label = Path(source).name if kind == "archive" else source  # what errors call it: never our temp folder
     with tempfile.TemporaryDirectory(dir=root, prefix=TMP_PREFIX + "import-") as work:
         fetched = fetch(
             source,
@@ -146,6 +165,8 @@ def import_source(
                 f"{label}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
                 "(convert it to model.safetensors)"
             ) from None
+        except UserError as e:
+            raise UserError(str(e).replace(str(fetched.path), label)) from None
         for rel in KEPT_FILES:
             if (fetched.path / rel).is_file():
                 (staged / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -305,6 +326,8 @@ def fetch_hub(
 
     if not is_hub_id(repo):
         raise UserError(f"{repo!r} is not a Hugging Face Hub repo id (owner/name)")
+    if revision is not None and not valid_revision(revision):
+        raise UserError(f"revision {revision!r} {REVISION_RULE}")
     try:
         if constants.is_offline_mode():
             snapshot, info = _cached_snapshot(repo, revision), None

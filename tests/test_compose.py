@@ -9,6 +9,7 @@ build-args). Without them every test here is skipped, with the reason.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import csv
 import datetime as dt
@@ -54,6 +55,9 @@ pytestmark = [
 ]
 
 
+STATS_PASSWORD = secrets.token_hex(8)  # the balancer's statistics page (user `stats`)
+
+
 class Stack:
     """One compose project (its own name, network and volumes) with its own env file."""
 
@@ -73,6 +77,7 @@ class Stack:
             "BERT_PORT": str(self.port),
             "BERT_IMAGE": IMAGE,
             "FLOWER_PASSWORD": "unused",
+            "HAPROXY_STATS_PASSWORD": STATS_PASSWORD,
             "HF_HUB_OFFLINE": "1",  # never the real Hub: the first start runs the bootstrap job
             "TORCH_INDEX": os.environ.get("TORCH_INDEX", ""),
             **env,
@@ -382,7 +387,12 @@ def _in_flight(stack: Stack, via: str, victim: str) -> int:
         ).stdout
     )
     ips = {n["IPAddress"] for n in address.values()}
-    read = "import urllib.request; print(urllib.request.urlopen('http://lb:8404/stats;csv', timeout=5).read().decode())"
+    login = base64.b64encode(f"stats:{STATS_PASSWORD}".encode()).decode()  # the page wants its login
+    read = (
+        "import urllib.request; "
+        f"r = urllib.request.Request('http://lb:8404/stats;csv', headers={{'Authorization': 'Basic {login}'}}); "
+        "print(urllib.request.urlopen(r, timeout=5).read().decode())"
+    )
     csv_text = subprocess.run(
         ["docker", "exec", via, "python", "-c", read], capture_output=True, text=True, timeout=30
     ).stdout

@@ -129,7 +129,9 @@ def test_the_balancer_finds_ready_replicas_through_docker_dns(compose):
     assert "server-template api 1-32 api:8000" in lines
     assert "option httpchk GET /ready" in lines and "http-check expect status 200" in lines
     assert "bind :8000" in lines
-    # Only what is safe to repeat is repeated on another replica (which routes: tests/app/test_routes_lists.py).
+    # Only a request that never reached a replica is sent to another: one that reached it (and perhaps
+    # killed it) is never repeated; and what creates something is never repeated whatever the retries.
+    assert [line for line in lines if line.startswith("retry-on")] == ["retry-on conn-failure"]
     assert "http-request disable-l7-retry unless inference or reading" in lines
     for code in (502, 503, 504):
         assert f"errorfile {code} /usr/local/etc/haproxy/errors/{code}.http" in lines
@@ -139,6 +141,39 @@ def test_the_balancer_finds_ready_replicas_through_docker_dns(compose):
         assert f"content-length: {len(body)}".encode() in head.split(b"\r\n")
         assert json.loads(body)["error_type"] == "unavailable"
     assert compose["services"]["api"]["stop_grace_period"] == "40s"
+
+
+def test_the_balancers_statistics_want_a_login_from_the_env(compose):
+    config = (ROOT / "deploy" / "compose" / "haproxy.cfg").read_text()
+    lines = [line.split("#")[0].strip() for line in config.splitlines()]
+    assert 'user stats insecure-password "${HAPROXY_STATS_PASSWORD}"' in lines  # HAProxy reads the environment
+    stats = lines[lines.index("frontend stats") :]
+    auth = stats.index("http-request auth realm bertserve-lb unless { http_auth(stats_users) }")
+    assert auth < stats.index("http-request use-service prometheus-exporter if { path /metrics }")  # both behind it
+    assert not [
+        line for line in lines if line.startswith("stats auth") or "insecure-password" in line and "${" not in line
+    ]
+    lb = env_of(compose["services"]["lb"])
+    assert lb == {"HAPROXY_STATS_PASSWORD": "${HAPROXY_STATS_PASSWORD:?set HAPROXY_STATS_PASSWORD in .env}"}
+    assert "8404" not in str(compose["services"]["lb"]["ports"])  # the page stays on the compose network
+
+
+def test_every_container_has_a_memory_and_a_cpu_limit(compose):
+    """mem_limit and cpus (honoured by docker compose and docker-compose 1.x alike), each from .env with a
+    default; the CPUs at most 2 by default (Docker refuses a container more CPUs than its host has)."""
+    for name, service in compose["services"].items():
+        memory, cpus = service.get("mem_limit"), service.get("cpus")
+        assert re.fullmatch(r"\$\{[A-Z_]+_MEM_LIMIT:-[0-9]+[mg]\}", str(memory)), (name, memory)
+        assert re.fullmatch(r"\$\{[A-Z_]+_CPUS:-[0-9.]+\}", str(cpus)), (name, cpus)
+        assert 0 < float(str(cpus).split(":-")[1].rstrip("}")) <= 2, (name, cpus)
+    api, worker = compose["services"]["api"], compose["services"]["worker"]
+    assert env_of(api)["BERT_TORCH_THREADS"] == "${API_CPUS:-2}" and api["cpus"] == "${API_CPUS:-2}"
+    assert env_of(worker)["OMP_NUM_THREADS"] == "${WORKER_CPUS:-2}" and worker["cpus"] == "${WORKER_CPUS:-2}"
+    # The worker's memory holds the largest job POST /jobs accepts (BERT_JOB_MAX_MEMORY_GB), with a margin.
+    from app.settings import Settings
+
+    worker_gb = int(worker["mem_limit"].split(":-")[1].rstrip("g}"))
+    assert worker_gb > Settings.model_fields["job_max_memory_gb"].default
 
 
 def test_secrets_come_from_env_with_required_markers(compose):
@@ -152,6 +187,7 @@ def test_secrets_come_from_env_with_required_markers(compose):
         "BERT_BIND",
         "BERT_DEFAULT_MODEL",
         "BERT_DEFAULT_MLM_MODEL",
+        "HAPROXY_STATS_PASSWORD",
     ):
         assert re.search(rf"^{name}=", example, re.M), name
 

@@ -118,6 +118,43 @@ def test_every_pod_starts_after_bert_init_on_the_shared_volume_and_runs_locked_d
     assert env_file(BASE / "config.env")["BERT_DATA_DIR"] == "/data"
 
 
+def https_rules(policy: dict) -> list[dict]:
+    """The egress rules of a NetworkPolicy that let TCP 443 out (a rule without ports lets everything out)."""
+    rules = policy["spec"].get("egress", [])
+    return [r for r in rules if not r.get("ports") or any(p.get("port") == 443 for p in r["ports"])]
+
+
+def test_no_pod_reaches_https_anywhere_unless_given_address_blocks():
+    """A NetworkPolicy names addresses, not hosts: HTTPS goes out only to the blocks a user lists in
+    components/https-egress, never anywhere, in the base or with the external-Redis component."""
+    base = [d for d in yaml.safe_load_all((BASE / "network-policy.yaml").read_text()) if "egress" in d["spec"]]
+    external = yaml.safe_load((K8S / "components" / "external-redis" / "egress.yaml").read_text())
+    assert [https_rules(policy) for policy in [*base, external]] == [[]] * (len(base) + 1)
+    (https,) = yaml.safe_load_all((K8S / "components" / "https-egress" / "egress-https.yaml").read_text())
+    (rule,) = https_rules(https)
+    assert rule["ports"] == [{"protocol": "TCP", "port": 443}]
+    blocks = [to["ipBlock"]["cidr"] for to in rule["to"]]  # every destination an address block
+    assert blocks and len(blocks) == len(rule["to"]) and not {"0.0.0.0/0", "::/0"} & set(blocks)
+    component = yaml.safe_load((K8S / "components" / "https-egress" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component" and component["resources"] == ["egress-https.yaml"]
+
+
+def test_the_keys_file_is_a_read_only_secret_of_the_api_and_not_on_the_workers_volume():
+    """The API keys (BERT_KEYS_FILE) are not in DATA_DIR, which the workers write: a Secret mounted
+    read-only into the api pods, and nowhere in the workers'."""
+    spec = pod("api")
+    (keys,) = [v for v in spec["volumes"] if "secret" in v]
+    assert keys["secret"] == {"secretName": "bertserve-key-file", "optional": True, "defaultMode": 0o440}
+    for container in containers(spec):
+        (path,) = [e["value"] for e in container["env"] if e["name"] == "BERT_KEYS_FILE"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == keys["name"]]
+        assert mount["readOnly"] is True and path == f"{mount['mountPath']}/keys.toml" and not path.startswith("/data")
+    worker = pod("worker")
+    assert not [v for v in worker["volumes"] if "secret" in v]
+    assert not [e for c in containers(worker) for e in c.get("env", []) if e["name"] == "BERT_KEYS_FILE"]
+    assert "BERT_KEYS_FILE" not in env_file(BASE / "config.env")  # (every container reads config.env)
+
+
 def test_no_secret_value_is_committed():
     example = env_file(BASE / "keys.env.example")
     assert set(example) >= {"BERT_API_KEY", "BERT_ADMIN_KEY", "REDIS_PASSWORD"}
@@ -144,7 +181,7 @@ def render(overlay: str) -> list[dict]:
 def test_the_manifests_render_validate_and_pass_checkov():
     proc = check(K8S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rendered 3 of 3 overlays" in proc.stdout and " 0 failed" in proc.stdout
+    assert "rendered 4 of 4 overlays" in proc.stdout and " 0 failed" in proc.stdout
 
 
 @tools
@@ -192,3 +229,15 @@ def test_the_overlays_choose_the_images_and_the_external_redis_component_replace
         for c in containers(doc["spec"]["template"]["spec"]):
             (url,) = [e for e in c["env"] if e["name"] == "BERT_BROKER_URL"]
             assert url["valueFrom"]["secretKeyRef"]["key"] == "BERT_BROKER_URL" and "value" not in url
+            keys_file = [e["name"] for e in c["env"]].count("BERT_KEYS_FILE")
+            assert keys_file == (doc["metadata"]["name"] == "bertserve-api"), (doc["metadata"]["name"], c["name"])
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+    assert not [name for name, policy in policies.items() if https_rules(policy)]  # no HTTPS out by default
+
+    (work / "overlays" / "https").mkdir()
+    (work / "overlays" / "https" / "kustomization.yaml").write_text(
+        "resources: [../cpu]\ncomponents: [../../components/https-egress]\n"
+    )
+    policies = {d["metadata"]["name"]: d for d in render(work / "overlays" / "https") if d["kind"] == "NetworkPolicy"}
+    assert [name for name, policy in policies.items() if https_rules(policy)] == ["bertserve-egress-https"]
+    assert policies["bertserve-egress-https"]["metadata"]["namespace"] == "bertserve"

@@ -85,6 +85,15 @@ class WorkerSettings(BaseSettings):
             "this, so a job still waiting after it means every worker is busy."
         ),
     )
+    job_max_preemptions_per_hour: int = Field(
+        6,
+        ge=0,
+        description=(
+            "How often in an hour one API key's jobs may make a running job hand itself back; past it, its "
+            "jobs of higher priority wait for a free worker like the others (counted from the job records, "
+            "over every worker). 0: a key's jobs never stop a running one."
+        ),
+    )
     job_preempt_check_s: float = Field(
         1.0,
         gt=0,

@@ -206,6 +206,7 @@ class JobReporter(Callback):
         self.limit = "max_runtime" if left <= settings.job_soft_time_limit else "BERT_JOB_SOFT_TIME_LIMIT"
         self.deadline = self.started + min(left, settings.job_soft_time_limit)
         self.preempt_after, self.preempt_check = settings.job_preempt_after_s, settings.job_preempt_check_s
+        self.max_preemptions = settings.job_max_preemptions_per_hour  # per owner (scheduling.make_way_for)
         self.stop_reason: str | None = None
         self.making_way_for: Mapping[str, Any] | None = None  # the job of higher priority this one stops for
         self._last_write = self._last_runtime_write = self._last_queue_look = 0.0
@@ -251,7 +252,11 @@ class JobReporter(Callback):
             return False
         self._last_queue_look = now
         self.making_way_for = scheduling.make_way_for(
-            self.records.list(), self.job_id, self.preempt_after, lambda job_id: lease_is_free(self.records, job_id)
+            self.records.list(),
+            self.job_id,
+            self.preempt_after,
+            lambda job_id: lease_is_free(self.records, job_id),
+            max_per_hour=self.max_preemptions,
         )
         return self.making_way_for is not None
 
@@ -429,9 +434,9 @@ def _stopped(attempt: runner.Attempt, reporter: JobReporter, result) -> str:
         if reason == "shutdown":  # a clean hand-over, not a failed attempt
             jobs.hand_back(r, f"the worker is shutting down; {where}")
         elif reason == "preempted" and reporter.making_way_for is not None:
-            ahead = reporter.making_way_for
-            why = f"for job {ahead['id']} (priority {scheduling.priority_of(ahead)}); {where}"
-            jobs.make_way(r, ahead["id"], why)
+            ahead = reporter.making_way_for  # named in the event's fields; the words carry no other key's id
+            why = f"for a job of priority {scheduling.priority_of(ahead)}; {where}"
+            jobs.make_way(r, ahead["id"], why, jobs.owner_of(ahead))
         elif reason == "cancelled":
             jobs.cancel(r, where)
         else:

@@ -19,13 +19,13 @@ from app.keys import audit
 from app.keys.keyring import ANONYMOUS
 
 log = logging.getLogger("bertserve")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # fullmatch: `$` would let a final newline in
 
 
 def request_id(request: Request) -> str:
     """The client's X-Request-ID when it is a plain one, else a new id."""
     given = request.headers.get("x-request-id", "")
-    return given if REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
 @contextlib.asynccontextmanager

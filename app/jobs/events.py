@@ -18,8 +18,8 @@ two files and writes the events' text in the shared thread pool (never on the ev
 stream sleeps on the event loop. A long curve is paced: MAX_READ bytes a poll, one stream's replay
 read at a time, REPLAY_PAUSE_S between two pieces. A metrics line longer than MAX_LINE is skipped
 (its bytes are not kept). Streams are bounded (EventStreams): BERT_MAX_EVENT_STREAMS open at once,
-BERT_MAX_EVENT_STREAMS_PER_JOB per job (one more is a 429 with Retry-After), and each lasts at most
-BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID), as it
+BERT_MAX_EVENT_STREAMS_PER_JOB per job and BERT_MAX_EVENT_STREAMS_PER_KEY per API key (one more is a
+429 with Retry-After), and each lasts at most BERT_EVENT_STREAM_MAX_SECONDS; then the server closes it (a client reconnects with Last-Event-ID), as it
 does when the server stops (after SIGTERM's drain).
 """
 
@@ -30,7 +30,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +53,24 @@ def sse(event: str, data: Any) -> str:
 
 
 class EventStreams:
-    """How many event streams are open, in all and per job; `open` refuses one past either limit (429).
-    The event loop alone calls it, so a plain counter is enough."""
+    """How many event streams are open, in all, per job and per key; `open` refuses one past any limit
+    (429). The event loop alone calls it, so a plain counter is enough."""
 
-    def __init__(self, total: int, per_job: int):
-        self.total, self.per_job = total, per_job
+    def __init__(self, total: int, per_job: int, per_key: int | None = None):
+        self.total, self.per_job, self.per_key = total, per_job, per_key or total
         self.by_job: Counter[str] = Counter()
+        self.by_key: Counter[str] = Counter()
         self.replay = asyncio.Lock()  # one stream's replay piece read at a time (the GIL is shared)
 
-    def open(self, job_id: str) -> Callable[[], None]:
-        """Count a new stream of `job_id`; returns its release (idempotent)."""
+    def open(self, job_id: str, key: str | None = None) -> Callable[[], None]:
+        """Count a new stream of `job_id` for the API key named `key` (None: the service has no keys, and
+        only the other limits apply); returns its release (idempotent)."""
+        if key is not None and self.by_key[key] >= self.per_key:
+            raise ServiceError(
+                "overloaded",
+                f"key '{key}' has {self.by_key[key]} event streams open, its limit "
+                "(BERT_MAX_EVENT_STREAMS_PER_KEY); close one or retry later",
+            )
         if sum(self.by_job.values()) >= self.total:
             raise ServiceError(
                 "overloaded",
@@ -77,17 +85,25 @@ class EventStreams:
                 "later",
             )
         self.by_job[job_id] += 1
+        if key is not None:
+            self.by_key[key] += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self.by_job[job_id] -= 1
-                if not self.by_job[job_id]:
-                    del self.by_job[job_id]
+                _count_down(self.by_job, job_id)
+                if key is not None:
+                    _count_down(self.by_key, key)
 
         return release
+
+
+def _count_down(counter: Counter[str], name: str) -> None:
+    counter[name] -= 1
+    if not counter[name]:
+        del counter[name]
 
 
 class MetricsTail:
@@ -151,8 +167,11 @@ class _Stream:
     """One client's view of a job: what it was last told. `poll` (in a thread) reads the job's two files
     and returns the text of the events they make, and whether the job has ended with its curve read."""
 
-    def __init__(self, records: JobRecords, job_id: str, since: int | None):
+    def __init__(
+        self, records: JobRecords, job_id: str, since: int | None, named: Callable[[Mapping], bool] | None = None
+    ):
         self.records, self.job_id, self.since = records, job_id, since
+        self.named = named or (lambda record: True)  # which other jobs its place may name by id
         self.tail = MetricsTail(records.job_dir(job_id) / METRICS)
         self.updated: str | None = None
         self.state: str | None = None
@@ -199,7 +218,7 @@ class _Stream:
         if now - self.place_at < PLACE_S and record["updated_at"] == self.updated:
             return False
         self.place_at = now
-        place = scheduling.queue_place(self.records.list(), self.job_id)
+        place = scheduling.queue_place(self.records.list(), self.job_id, self.named)
         moved, self.place = place != self.place, place
         return moved
 
@@ -217,11 +236,13 @@ async def job_events(
     max_seconds: float | None = None,
     replay: asyncio.Lock | None = None,
     stopping: Callable[[], bool] = lambda: False,
+    named: Callable[[Mapping], bool] | None = None,
 ) -> AsyncIterator[str]:
     """The events of one job until it ends, the client goes (`disconnected`), `max_seconds` pass or the
     server is `stopping` (the client reconnects, through a balancer to another replica); metrics from
-    step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time."""
-    stream = _Stream(records, job_id, since)
+    step `since` on. `replay` (EventStreams.replay) lets one stream read a long curve at a time. A queued
+    job's place names by id only the jobs `named` lets its reader see (JobService.visible)."""
+    stream = _Stream(records, job_id, since, named)
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     replay = replay or asyncio.Lock()
     quiet = 0.0

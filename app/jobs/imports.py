@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from python_multipart.multipart import parse_options_header
 
-from app.errors import ServiceError
+from app.errors import ServiceError, without_data_dir
 from app.jobs import uploads
 from app.schemas.models import ImportModelRequest
 from app.settings import Settings
@@ -163,8 +163,8 @@ class Imports:
             )
         except ImportCancelled:
             return attempt.cancel("cancelled while downloading")
-        except UserError as e:
-            return attempt.fail(str(e))
+        except UserError as e:  # the record's error, shown by GET /jobs/{id}: no server path in it
+            return attempt.fail(without_data_dir(str(e), self.data_dir))
         finally:
             for upload in self.records.job_dir(job_id).glob(f"{UPLOAD}.*"):
                 upload.unlink(missing_ok=True)

@@ -70,7 +70,9 @@ class JobService:
         self.celery = producer(settings.broker_url, data_dir)
         # Name checks and record creation, one submission at a time; the catalog's changes take it too.
         self.submit_lock = asyncio.Lock()
-        self.event_streams = EventStreams(settings.max_event_streams, settings.max_event_streams_per_job)
+        self.event_streams = EventStreams(
+            settings.max_event_streams, settings.max_event_streams_per_job, settings.event_streams_per_key()
+        )
 
     def publish(self, record: JobRecord) -> None:
         """Send the job's id to the training queue (blocking: call in a thread)."""
@@ -84,6 +86,7 @@ class JobService:
             await asyncio.to_thread(held.enter_context, self.records.submitting())
             with held:
                 await asyncio.to_thread(self._check_job_limit, owner)
+                await asyncio.to_thread(self._check_model_name, request.model_name, owner)
                 spec = await self.validate(request, owner)
                 self._check_priority(request.priority, self.max_priority(owner), owner)
                 await asyncio.to_thread(self._check_disk, owner, spec)
@@ -126,10 +129,9 @@ class JobService:
             )
 
     def visible(self, caller: Key) -> Callable[[Mapping], bool]:
-        """Which records `caller` sees: a key with the scope admin every job, any other its own."""
-        if "admin" in caller.scopes:
-            return lambda record: True
-        return lambda record: jobs.owner_of(record) == caller.name
+        """Which records `caller` sees, and may see named by id: a key with the scope admin every job, any
+        other its own (Key.sees_jobs_of)."""
+        return lambda record: caller.sees_jobs_of(jobs.owner_of(record))
 
     def list_for(self, caller: Key, state: str | None = None) -> list[JobRecord]:
         """The jobs `caller` sees, newest first (blocking: call in a thread)."""
@@ -147,11 +149,12 @@ class JobService:
                 "conflict", f"job '{job_id}' has already finished ({e.state}): there is nothing to cancel"
             ) from None
 
-    def queue_place(self, record: JobRecord) -> dict | None:
-        """A queued training job's position, what it waits for and an estimate (blocking: call in a thread)."""
+    def queue_place(self, record: JobRecord, caller: Key = ANONYMOUS) -> dict | None:
+        """A queued training job's position, what it waits for and an estimate, naming by id only the jobs
+        `caller` sees (blocking: call in a thread)."""
         if record["state"] != "queued":
             return None
-        return scheduling.queue_place(self.records.list(), record["id"])
+        return scheduling.queue_place(self.records.list(), record["id"], self.visible(caller))
 
     def restart(self, job_id: str) -> JobRecord:
         """Queue a cancelled or failed job again, to resume from its latest checkpoint (blocking)."""
@@ -200,8 +203,8 @@ class JobService:
 
     async def validate(self, req: JobRequest, caller: Key = ANONYMOUS) -> dict:
         """Checks pydantic cannot make (they need the disk), `caller`'s rights among them (the model it
-        publishes to, its base model and dataset: app/keys/ownership.py); returns the spec to store."""
-        await asyncio.to_thread(self._check_model_name, req.model_name)
+        publishes to, its base model and dataset: app/keys/ownership.py); returns the spec to store. (That
+        no other job trains the model's name is checked before, by submit.)"""
         access = await asyncio.to_thread(access_of, self.data_dir, req.model_name)
         ownership.check_publish(caller, req.model_name, access)
         task = None if req.kind == "pretrain" else req.params.task
@@ -298,14 +301,14 @@ class JobService:
         if over:
             raise ServiceError("validation", "params: the job is too large: " + "; ".join(over))
 
-    def _check_model_name(self, name: str) -> None:
+    def _check_model_name(self, name: str, caller: Key = ANONYMOUS) -> None:
         """A model that exists gets the job's output as its next version; two jobs at once may not
-        train one name (409)."""
+        train one name (409, naming the other job by id when it is `caller`'s to see)."""
         record = self.records.unfinished_job_for_model(name)
         if record is not None:
+            job = scheduling.job_words(record, self.visible(caller))
             raise ServiceError(
-                "conflict",
-                f"model_name: job {record['id']} ({record['state']}) is already training a model named '{name}'",
+                "conflict", f"model_name: {job} ({record['state']}) is already training a model named '{name}'"
             )
 
     def _dataset(self, name: str, kind: str, task: str | None) -> dict:

@@ -5,8 +5,10 @@ uploaded, imported, promoted or deleted what, and per key added, revoked or rota
      "outcome": "ok", "request_id": "3f2a...", "source": "api"}
 
 Append-only: the file is opened with O_APPEND and each line is one write(2), so lines from the
-service's workers and from `bert keys` never interleave. `outcome` is "ok" or the error type the
-request was refused with (not_found, conflict, ...). Secrets never enter it: keys go by name.
+service's workers and from `bert keys` never interleave. Each record is one line for every reader:
+JSON escapes the controls, and U+0085, U+2028 and U+2029 (which it leaves raw, and some readers break
+lines at) are written as JSON escapes too. `outcome` is "ok" or the error type the request was refused
+with (not_found, conflict, ...). Secrets never enter it: keys go by name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 AUDIT_FILE = "audit.jsonl"
+# Line breaks to str.splitlines and some JSON-lines readers that json.dumps(ensure_ascii=False) leaves raw.
+_LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)}
 
 
 def audit_path(data_dir: Path) -> Path:
@@ -33,7 +37,8 @@ def append(data_dir: Path, key: str, action: str, target: str, outcome: str = "o
         "outcome": outcome,
         **extra,
     }
-    line = (json.dumps(entry, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode()
+    text = json.dumps(entry, ensure_ascii=False, separators=(", ", ": ")).translate(_LINE_BREAKS)
+    line = (text + "\n").encode()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     fd = os.open(audit_path(data_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

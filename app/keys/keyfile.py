@@ -32,7 +32,8 @@ from typing import Any
 
 SCOPES = ("inference", "jobs", "batch", "admin", "metrics")  # what each is for: docs/keys.md
 # A key's name: a rule of its own, not datadir's for models and datasets (no directory is named after a key).
-KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# Checked with fullmatch: re.match's `$` also matches before a final newline, so "admin\n" would pass.
+KEY_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 SECRET_PREFIX = "bsk_"
 BUILT_IN = ("api", "admin", "anonymous")  # BERT_API_KEY's, BERT_ADMIN_KEY's and a keyless caller's names
 
@@ -58,6 +59,11 @@ class Key:
     disk_gb: float | None = None  # GB its jobs, datasets and models may hold on disk (app/jobs/quota.py)
     created_at: str | None = None
 
+    def sees_jobs_of(self, owner: str) -> bool:
+        """Whether the jobs of `owner` (a key's name) are this key's to see, by id too: its own, or every
+        key's for a key with the scope admin. Another key's job is a 404, and named without its id."""
+        return "admin" in self.scopes or owner == self.name
+
     def limits(self) -> dict[str, Any]:
         fields = ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share", "disk_gb")
         return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
@@ -72,7 +78,7 @@ def hash_secret(secret: str) -> str:
 
 
 def check_name(name: str) -> str:
-    if not re.match(KEY_NAME_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(KEY_NAME_PATTERN, name):
         raise KeyFileError(f"key name {name!r}: 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
     if name in BUILT_IN:
         raise KeyFileError(f"key name {name!r} is the name of a built-in key ({', '.join(BUILT_IN)})")

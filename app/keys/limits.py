@@ -15,11 +15,13 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from app.errors import ServiceError
 from app.keys import ownership
 from app.keys.keyfile import Key
+from datadir.jobs import owner_of
 from datadir.versions import Access
 
 
@@ -72,6 +74,14 @@ class Caller:
                     headers={"Retry-After": str(math.ceil(wait))},
                 )
         self.on_tokens(self.key.name, n)
+
+    def sees_job(self, record: Mapping[str, Any]) -> bool:
+        """Whether an answer to this caller may name the job of `record` by its id (Key.sees_jobs_of)."""
+        return self.key.sees_jobs_of(owner_of(record))
+
+    def usable(self, names: list[str]) -> list[str]:
+        """Those of `names` the key may use (its `models` list; all without one)."""
+        return names if self.key.models is None else [n for n in names if n in self.key.models]
 
     def check_model(self, name: str, access: Access) -> None:
         """403 when the key may not use model `name` (its `models` list, the model's owner: ownership.py)."""

@@ -368,7 +368,7 @@ class JobStatus(BaseModel):
                 )
             },
             cancel_requested=bool(record.get("cancel_requested")),
-            events=record.get("events") or [],
+            events=[_shown(e) for e in record.get("events") or []],
             owner=owner_of(record),
             heartbeat_at=record.get("heartbeat_at") if running else None,
             step=step,
@@ -387,6 +387,12 @@ class JobStatus(BaseModel):
             priority=record.get("priority", DEFAULT_PRIORITY),
             **(place or {}),
         )
+
+
+def _shown(event: dict[str, Any]) -> dict[str, Any]:
+    """An entry of the job's `events` as answers show it: when, what and its words. The fields the records
+    keep for the scheduler (the job a running one made way for, and its owner) are another key's."""
+    return {k: event[k] for k in ("at", "event", "detail") if k in event}
 
 
 class JobsResponse(BaseModel):

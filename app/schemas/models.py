@@ -4,12 +4,12 @@ memory budget, a promotion, and an import from the Hugging Face Hub (which answe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
-from app.schemas.shared import STRICT, Name
-from model.sources import HUB_ID_PATTERN
+from app.schemas.shared import STRICT, Name, invalid
+from model.sources import HUB_ID_PATTERN, REVISION_RULE, valid_revision
 
 
 class ModelInfo(BaseModel):
@@ -117,6 +117,15 @@ class PromoteRequest(BaseModel):
     version: int = Field(ge=1, description="The version requests get from now on (rollback: an older one).")
 
 
+def _check_revision(value: str) -> str:
+    if not valid_revision(value):
+        raise invalid(REVISION_RULE)
+    return value
+
+
+Revision = Annotated[str, Field(examples=["main", "v1.0", "refs/pr/1"]), AfterValidator(_check_revision)]
+
+
 class ImportModelRequest(BaseModel):
     """POST /models as JSON: a model from the Hugging Face Hub (an archive is sent as multipart instead)."""
 
@@ -128,12 +137,7 @@ class ImportModelRequest(BaseModel):
         max_length=200,
         description="A Hugging Face Hub repo id, e.g. google-bert/bert-base-uncased (never a path on the server).",
     )
-    revision: str | None = Field(
-        None,
-        max_length=200,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$",
-        description="A branch, tag or commit; default main.",
-    )
+    revision: Revision | None = Field(None, description=f"A branch, tag or commit; default main. It {REVISION_RULE}.")
 
 
 IMPORT_EXAMPLE = {"name": "bert-base", "source": "google-bert/bert-base-uncased"}

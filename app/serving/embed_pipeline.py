@@ -13,7 +13,7 @@
   each window is a row of the same work item, so the engine batches them as any rows, and the
   input's vector is the mean of its windows' pooled vectors weighted by each window's length in
   tokens ([CLS] and [SEP] included), normalised after. Every window's tokens count against
-  BERT_MAX_REQUEST_TOKENS before the engine sees any.
+  BERT_MAX_REQUEST_TOKENS before the engine sees any, and are charged to the request's key once.
 With dimensions or chunking the engine pools without normalising and `EmbedPlan.finish` (off the event
 loop) averages, cuts and normalises; otherwise the engine's vectors are the answer, as they always were.
 """
@@ -49,7 +49,7 @@ class EmbedPlan:
     dimensions: int | None = None
     prompt_name: str | None = None
     prompt: str | None = None
-    check_tokens: Callable[[int, str], None] | None = None  # the service's, for chunked requests
+    check_tokens: Callable[[int, str], None] | None = None  # the service's bound, for chunked requests
     # encode(lm, texts, truncate) for "error" and "truncate" (TEI's /embed passes one that cuts either end)
     encode: Callable[[LoadedModel, list, bool], list[Row]] = encode
     windows: list[list[int]] = field(default_factory=list)  # per input: its rows' lengths (set by prepare)
@@ -181,7 +181,7 @@ async def embed_many(
     """`embed` for several requests of one model whose plans ask the engine the same (engine_params), as
     one work item (pipelines._infer_many): per request its answer, or its error in its place."""
     for _, plan in requests:
-        plan.check_tokens = svc.check_tokens
+        plan.check_tokens = svc.check_request_tokens  # the bound; _infer_many charges the rows once
     outcomes = await _infer_many(
         svc,
         "encode",

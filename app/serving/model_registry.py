@@ -26,17 +26,21 @@ import pickle
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import model as model_package
-from app.errors import ServiceError
+from app.errors import ONE_LINE, ServiceError, without_data_dir
+from app.keys import ownership
+from app.keys.limits import CALLER
 from app.prometheus import Metrics
 from datadir import DataDir, JobRecords, valid_name
 from datadir.jobs import LEGACY_OWNER, steps_of
+from datadir.scheduling import job_words
 from datadir.versions import MODEL_JSON, Access, read_access, resolve, version_numbers
 from model.compute import kernels
 from model.compute.precision import apply_precision
@@ -58,6 +62,7 @@ from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
 log = logging.getLogger("bertserve.registry")
+log.addFilter(ONE_LINE)  # a model's name and path, one line each (app/errors.py)
 
 # What each route needs (a servable head), and the model classes that have it. Not model.weights'
 # weight heads (pooler, mlm, nsp, classifier): those say which tensors a directory holds.
@@ -183,6 +188,38 @@ def _data_dir_of(path: Path) -> Path:
 MODEL_PACKAGE = Path(model_package.__file__).resolve().parent
 
 
+def _caller_sees(record: Mapping[str, Any]) -> bool:
+    """Whether the request being served may see this job by its id: its key's own, or any job for a key
+    with the scope admin, or where the service has no keys (app/keys/limits.py's CALLER)."""
+    caller = CALLER.get()
+    return caller is None or caller.sees_job(record)
+
+
+def _usable(entries: list[StoredModel]) -> list[str]:
+    """The names of those the request's key may use: a key is told of its own, the shared ones and, when it is
+    limited to some models, of those alone (app/keys/ownership.py)."""
+    caller = CALLER.get()
+    if caller is None:
+        return [e.name for e in entries]
+    return caller.usable([e.name for e in entries if ownership.may_read_model(caller.key, e.name, e.access)])
+
+
+def _job_detail(record: Mapping[str, Any], step: int, total: int) -> dict[str, Any]:
+    """The `job` of a 503's body (ErrorResponse): a job the request's key may see; else none."""
+    if not _caller_sees(record):
+        return {}
+    status_url = f"/jobs/{record['id']}"
+    return {
+        "job": {
+            "id": record["id"],
+            "state": record["state"],
+            "step": step,
+            "total_steps": total,
+            "status_url": status_url,
+        }
+    }
+
+
 def describe_failure(e: Exception, data_dir: Path) -> str:
     """Why a model directory cannot be served, in words an answer may carry: our own messages (raised
     in model/), with paths relative to DATA_DIR; for a library's exception, its type only (its text,
@@ -195,10 +232,7 @@ def describe_failure(e: Exception, data_dir: Path) -> str:
     raised_in = Path(traceback.extract_tb(e.__traceback__)[-1].filename) if e.__traceback__ else None
     if raised_in is None or not raised_in.resolve().is_relative_to(MODEL_PACKAGE):
         return f"{type(e).__name__} (the service log has the details)"
-    message = str(e)  # ours, or an OS error from a builtin model/ called (open, stat)
-    for prefix in {str(data_dir), str(data_dir.resolve())}:
-        message = message.replace(prefix.rstrip("/") + "/", "")
-    return message
+    return without_data_dir(str(e), data_dir)  # ours, or an OS error from a builtin model/ called (open, stat)
 
 
 class ModelRegistry:
@@ -329,32 +363,27 @@ class ModelRegistry:
             await asyncio.to_thread(self._raise_if_training, name)
             if defaulted:
                 await asyncio.to_thread(self._raise_if_job_ended, name)
-            known = ", ".join(sorted(self._entries)) or "none"
+            known = ", ".join(_usable([self._entries[n] for n in sorted(self._entries)])) or "none"
             raise ServiceError("not_found", f"model '{name}' not found (available: {known})")
         return entry
 
     def _raise_if_training(self, name: str) -> None:
-        """503 naming the job when a queued or running job will publish a model called `name`."""
+        """503 saying which job will publish a model called `name`, when a queued or running one will (by
+        its id, and with its `job` in the body, when the request's key may see that job)."""
         record = self.jobs.unfinished_job_for_model(name)
         if record is not None:
             step, total = steps_of(record)
-            job = {
-                "id": record["id"],
-                "state": record["state"],
-                "step": step,
-                "total_steps": total,
-                "status_url": f"/jobs/{record['id']}",
-            }
+            who = job_words(record, _caller_sees)
             if record.get("kind") == "import":
                 progress = record.get("progress") or {}
                 done = f", {progress['downloaded_bytes']:,} of {progress['total_bytes']:,} bytes" if progress else ""
-                doing = f"being imported by job {job['id']} ({job['state']}{done})"
+                doing = f"being imported by {who} ({record['state']}{done})"
             else:
-                doing = (
-                    f"still being trained by job {job['id']} ({job['state']}, step {job['step']}/{job['total_steps']})"
-                )
+                doing = f"still being trained by {who} ({record['state']}, step {step}/{total})"
             raise ServiceError(
-                "unavailable", f"model '{name}' is {doing}; it is served as soon as the job finishes", job=job
+                "unavailable",
+                f"model '{name}' is {doing}; it is served as soon as the job finishes",
+                **_job_detail(record, step, total),
             )
 
     def _raise_if_job_ended(self, name: str) -> None:
@@ -364,21 +393,16 @@ class ModelRegistry:
         if record is None or record["state"] not in ("cancelled", "failed"):
             return
         step, total = steps_of(record)
+        seen = _caller_sees(record)
         how = "`bert init`, or by starting `bert up` (`make run`) again"
-        if record.get("kind") != "import" and record.get("latest_checkpoint"):
+        if record.get("kind") != "import" and record.get("latest_checkpoint") and seen:
             how += f", which resumes it from {record['latest_checkpoint']}"
-        why = f": {record['error']}" if record["state"] == "failed" and record.get("error") else ""
+        why = f": {record['error']}" if record["state"] == "failed" and record.get("error") and seen else ""
         raise ServiceError(
             "unavailable",
-            f"model '{name}', the default for /fill-mask and /nsp, is missing: job {record['id']} that makes it was "
-            f"{record['state']} at step {step} of {total}{why}; start it again with {how}",
-            job={
-                "id": record["id"],
-                "state": record["state"],
-                "step": step,
-                "total_steps": total,
-                "status_url": f"/jobs/{record['id']}",
-            },
+            f"model '{name}', the default for /fill-mask and /nsp, is missing: {job_words(record, _caller_sees)} "
+            f"that makes it was {record['state']} at step {step} of {total}{why}; start it again with {how}",
+            **_job_detail(record, step, total),
         )
 
     async def get(

@@ -47,7 +47,7 @@ async def token_classification(svc: Service, req: TokenClassificationRequest) ->
         req.truncate,
         req.stride,
         req.aggregation_strategy,
-        svc.check_tokens,
+        svc.check_request_tokens,  # the bound; _infer charges the rows once
         windows,
     )
     texts = [req.inputs] if outcome.single else req.inputs

@@ -41,8 +41,8 @@ async def question_answering(svc: Service, req: QuestionAnsweringRequest) -> Any
     single = isinstance(req.question, str)
     pairs = list(zip([req.question], [req.context]) if single else zip(req.question, req.context))
     windows: list[list[Encoding]] = []  # filled while preparing: per pair, its windows' encodings
-    outcome = await _infer(
-        svc, "qa", req.model, pairs, _prepare, req.max_seq_len, req.doc_stride, svc.check_tokens, windows
+    outcome = await _infer(  # (the bound as the windows are counted; _infer charges the rows once)
+        svc, "qa", req.model, pairs, _prepare, req.max_seq_len, req.doc_stride, svc.check_request_tokens, windows
     )
     out = await svc.off_loop(_answer, pairs, windows, outcome.results, req)
     return out[0] if single else out

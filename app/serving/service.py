@@ -407,8 +407,16 @@ class Service:
             raise ServiceError("validation", f"at most {self.settings.max_inputs} inputs per request, got {n}")
 
     def check_tokens(self, n: int, counted: str = "all inputs together") -> None:
-        """A request's cost, known once it is tokenised; over budget it never reaches the engine. Safe to
-        call from the thread pool (a job that counts as it tokenises)."""
+        """A request's cost, known once it is tokenised: over budget it never reaches the engine, and the
+        request's key is charged for its `n` tokens (once a request: the rows it runs). Safe to call from
+        the thread pool."""
+        self.check_request_tokens(n, counted)
+        if (caller := CALLER.get()) is not None:  # the request's key: its token rate, its usage
+            caller.charge_tokens(n)
+
+    def check_request_tokens(self, n: int, counted: str = "all inputs together") -> None:
+        """The bound alone (BERT_MAX_REQUEST_TOKENS), charging nothing: for a job that counts as it
+        tokenises, before it makes its windows (their rows are charged once, when they are run)."""
         if n > self.settings.max_request_tokens:
             raise ServiceError(
                 "validation",
@@ -416,8 +424,6 @@ class Service:
                 f"{self.settings.max_request_tokens} that BERT_MAX_REQUEST_TOKENS "
                 "allows",
             )
-        if (caller := CALLER.get()) is not None:  # the request's key: its token rate, its usage
-            caller.charge_tokens(n)
 
     # -- readiness ------------------------------------------------------------------------------
 

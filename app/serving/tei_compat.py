@@ -199,7 +199,7 @@ async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
         req.query,
         req.truncate,
         req.truncation_direction,
-        svc.check_tokens,
+        svc.check_request_tokens,  # the bound; _infer charges the rows once
         params={"logits": True},
         route="/rerank",
     )

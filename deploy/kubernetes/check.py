@@ -1,7 +1,7 @@
 """Check the Kubernetes manifests as `kubectl apply -k` would see them: `make k8s-check`.
 
-Renders every overlay (and the cpu overlay with components/external-redis) with kustomize (the one in
-kubectl), validates what comes out against the Kubernetes API schemas of KUBERNETES_VERSIONS
+Renders every overlay (and the cpu overlay with components/external-redis, and with
+components/https-egress) with kustomize (the one in kubectl), validates what comes out against the Kubernetes API schemas of KUBERNETES_VERSIONS
 (kubernetes-validate, strict: an unknown field is an error), and runs checkov's Kubernetes checks on
 the kustomizations. A check may be skipped only by a `checkov.io/skipN` annotation on the resource,
 with its reason; any failed check fails. Stand-alone checkov has no severities, so none is waived.
@@ -28,13 +28,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # The oldest release the manifests promise to work on, and the newest that kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
-OVERLAYS = ("overlays/cpu", "overlays/gpu", "overlays/cpu-external-redis")
-# The cpu overlay with the external-Redis component, as docs/kubernetes.md has a user write it.
-EXTERNAL_REDIS = """\
+OVERLAYS = ("overlays/cpu", "overlays/gpu", "overlays/cpu-external-redis", "overlays/cpu-https-egress")
+# The cpu overlay with each component, as docs/kubernetes.md has a user write it.
+COMPONENT_OVERLAY = """\
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [../cpu]
-components: [../../components/external-redis]
+components: [../../components/{}]
 """
 
 
@@ -50,15 +50,16 @@ def tool(name: str) -> str:
 
 
 def prepare(source: Path, work: Path) -> Path:
-    """A copy of `source` with dummy keys and the external-Redis overlay; the copy's root."""
+    """A copy of `source` with dummy keys and an overlay for each component; the copy's root."""
     root = work / "kubernetes"
     shutil.copytree(source, root, ignore=shutil.ignore_patterns("keys.env", "__pycache__", "*.py"))
     names = [line.split("=", 1)[0] for line in (root / "base" / "keys.env.example").read_text().splitlines()]
     dummy = [f"{name}={'0123456789abcdef' * 2}" for name in names if name and not name.startswith("#")]
     dummy.append("BERT_BROKER_URL=redis://:0123456789abcdef@redis.example.com:6379/0")
     (root / "base" / "keys.env").write_text("\n".join(dummy) + "\n")
-    (root / "overlays" / "cpu-external-redis").mkdir()
-    (root / "overlays" / "cpu-external-redis" / "kustomization.yaml").write_text(EXTERNAL_REDIS)
+    for component in ("external-redis", "https-egress"):
+        (root / "overlays" / f"cpu-{component}").mkdir()
+        (root / "overlays" / f"cpu-{component}" / "kustomization.yaml").write_text(COMPONENT_OVERLAY.format(component))
     return root
 
 

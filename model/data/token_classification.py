@@ -44,7 +44,7 @@ from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
 DOCSTART = "-DOCSTART-"
 CONLL_SUFFIXES = (".conll", ".iob", ".iob2", ".bio", ".txt", ".tsv")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-_TAG = re.compile(r"^[BI]-\S+$")
+_TAG = re.compile(r"[BI]-\S+")  # fullmatch: `$` would let a final newline in
 
 
 @dataclass
@@ -183,7 +183,7 @@ def check_iob2(sentence: TaggedSentence) -> None:
     """Every tag is O, B-X or I-X, and every I-X follows B-X or I-X."""
     previous = "O"
     for i, tag in enumerate(sentence.tags):
-        if tag != "O" and not _TAG.match(tag):
+        if tag != "O" and not _TAG.fullmatch(tag):
             raise ValueError(f"{sentence.where(i)}: tag {tag!r} is not O, B-<type> or I-<type>")
         if tag.startswith("I-") and previous[2:] != tag[2:]:
             raise ValueError(
@@ -208,7 +208,7 @@ def build_tag_map(
         duplicates = sorted({x for x in labels if labels.count(x) > 1})
         if duplicates:
             raise ValueError(f"labels {duplicates} are given more than once")
-        bad = [x for x in labels if x != "O" and not _TAG.match(x)]
+        bad = [x for x in labels if x != "O" and not _TAG.fullmatch(x)]
         if bad:
             raise ValueError(f"labels {bad} are not O, B-<type> or I-<type>")
     label2id = {label: i for i, label in enumerate(labels)}

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
 from model.modeling import BertModel
 from tests.app.conftest import save_tiny, serve_app, settings_for
 
@@ -203,3 +204,24 @@ async def test_long_input_modes(client):
         422,
         err('"truncate": true and "long_inputs": "chunk" disagree; send one of them'),
     )
+
+
+async def test_a_chunked_request_charges_its_key_each_token_once(st_dir, tmp_path):
+    """The windows' tokens count against the token bound before any window is made, and are charged to
+    the key's token rate once: /usage has the 80 tokens the request ran (its `usage` says 80 too)."""
+    secrets = {"metered": new_secret(), "boss": new_secret()}
+    keys_file = tmp_path / "keys.toml"
+    write_keys(
+        keys_file,
+        {
+            "metered": Key("metered", hash_secret(secrets["metered"]), frozenset({"inference"}), tokens_per_min=10_000),
+            "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin"})),
+        },
+    )
+    settings = settings_for(st_dir, default_model="tiny-enc", max_request_tokens=100, keys_file=keys_file)
+    async with serve_app(settings) as c:
+        metered = {"Authorization": f"Bearer {secrets['metered']}"}
+        r = await c.post("/v1/embeddings", json={"input": LONG, "long_inputs": "chunk"}, headers=metered)
+        assert (r.status_code, r.json()["usage"]["prompt_tokens"]) == (200, 80)
+        usage = (await c.get("/usage", headers={"Authorization": f"Bearer {secrets['boss']}"})).json()["keys"]
+    assert usage["metered"] == {"requests": 1, "tokens": 80, "rate_limited": 0, "job_seconds": 0.0}

@@ -4,6 +4,7 @@ kind "import"; their lease, resume at start, cancel, 409, and the worker's sweep
 from __future__ import annotations
 
 import io
+import pickle
 import tarfile
 
 import pytest
@@ -14,6 +15,7 @@ from app.jobs.imports import ImportCancelled, Imports
 from datadir import JobRecords
 from datadir import jobs as transitions
 from datadir.cards import read_card
+from model.sources import valid_revision
 from tests import hub_server as H
 from tests.app.conftest import serve_app, settings_for
 
@@ -89,6 +91,22 @@ async def test_bad_requests(hub_env, tmp_path, body, message):
         assert not (tmp_path / "data" / "jobs").exists() or not list((tmp_path / "data" / "jobs").iterdir())
 
 
+@pytest.mark.parametrize("revision", ["../../x", "main/../x", "..", "/main", "a//b", "main/", "main\n", "x" * 201])
+async def test_a_revision_is_a_plain_branch_tag_or_commit(hub_env, tmp_path, revision):
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        r = await client.post("/models", json={"name": "x", "source": H.TINY_REPO, "revision": revision})
+    assert (r.status_code, r.json()) == (
+        422,
+        {
+            "error": "revision: must be a branch, tag or commit: 1-200 letters, digits, '.', '_', '-' or '/', starting "
+            "with a letter or digit, without '..' or '//', and not ending in '/'",
+            "error_type": "validation",
+        },
+    )
+    assert not (tmp_path / "data" / "jobs").exists() or not list((tmp_path / "data" / "jobs").iterdir())
+    assert valid_revision("refs/pr/1") and valid_revision("v1.0") and valid_revision("a1b2c3d" * 5)
+
+
 async def test_a_name_being_imported_is_a_conflict(hub_env, tmp_path):
     async with serve_app(settings(tmp_path), wait_ready=False) as client:
         record = JobRecords(tmp_path / "data").create(spec("busy"))  # queued, and no thread runs it
@@ -132,6 +150,50 @@ async def test_archive_upload(hub_env, tmp_path):
         want = load_file(tmp_path / "tiny-0" / "model.safetensors")
         assert all(torch.equal(got[k], want[k]) for k in want)
         assert not list((tmp_path / "data" / "jobs" / done["id"]).glob("upload*"))  # removed once imported
+
+
+def _tar_of(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class _Code:  # pickles as a call: what torch.load(weights_only=True) refuses
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+async def test_a_failed_import_names_no_server_path(hub_env, tmp_path):
+    """The record's error names the archive and places in DATA_DIR, never an absolute path on the server
+    (the job's directory, the import's temp folder, DATA_DIR)."""
+    model = H.tiny_model_dir(tmp_path, 0)
+    files = {"config.json": (model / "config.json").read_bytes(), "vocab.txt": (model / "vocab.txt").read_bytes()}
+    archives = {
+        "no-weights": _tar_of(files),
+        "pickled": _tar_of({**files, "pytorch_model.bin": pickle.dumps(_Code(), protocol=2)}),
+        "taken": _archive(tmp_path),
+    }
+    (tmp_path / "data" / "models" / "taken").mkdir(parents=True)
+    (tmp_path / "data" / "models" / "taken" / "notes.txt").write_text("not a model")
+    errors = {}
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        for name, body in archives.items():
+            r = await client.post("/models", files={"file": ("my-bert.tar.gz", body)}, data={"name": name})
+            assert r.status_code == 202, r.text
+            done = await finished(client, r.json()["id"])
+            errors[name] = (done["state"], done["error"])
+    assert errors["no-weights"] == ("failed", "no model.safetensors or pytorch_model.bin in upload.tar.gz")
+    assert errors["pickled"] == (
+        "failed",
+        "upload.tar.gz: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
+        "(convert it to model.safetensors)",
+    )
+    assert errors["taken"][1].startswith("models/taken exists but holds no model (no config.json, no v<N>/ versions)")
+    assert not [e for _, e in errors.values() if str(tmp_path) in e or "/tmp" in e]
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,11 @@ import time
 import httpx
 import pytest
 
+from app.errors import ServiceError
 from app.jobs import events as job_events_module
-from app.jobs.events import MAX_LINE, MetricsTail, job_events
+from app.jobs.events import MAX_LINE, EventStreams, MetricsTail, job_events
+from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
+from app.settings import Settings
 from datadir import JobRecords
 from datadir.files import rewrite_jsonl
 from tests.app.test_jobs_api import NO_BROKER, make_client
@@ -98,16 +101,16 @@ def test_unknown_job_is_404_and_a_wrong_key_401_before_any_stream(store):
 class Reader:
     """Consumes job_events() in a task, so the test can play the worker meanwhile."""
 
-    def __init__(self, store: JobRecords, job_id: str):
+    def __init__(self, store: JobRecords, job_id: str, **options):
         self.events: list[tuple[str, dict]] = []
         self.gone = False
-        self.task = asyncio.create_task(self._run(store, job_id))
+        self.task = asyncio.create_task(self._run(store, job_id, options))
 
-    async def _run(self, store, job_id):
+    async def _run(self, store, job_id, options):
         async def disconnected():
             return self.gone
 
-        async for chunk in job_events(store, job_id, disconnected, poll_s=0.01):
+        async for chunk in job_events(store, job_id, disconnected, poll_s=0.01, **options):
             self.events += parse_sse(chunk)
 
     async def until(self, predicate, timeout: float = 5.0):
@@ -302,3 +305,45 @@ def test_streams_are_capped_per_job_and_in_all_over_a_real_server(tmp_path):
                 time.sleep(0.2)
     finally:
         server.stop()
+
+
+def test_a_key_holds_at_most_its_share_of_the_event_streams(store, tmp_path):
+    """BERT_MAX_EVENT_STREAMS_PER_KEY (unset: a quarter of BERT_MAX_EVENT_STREAMS): one key's streams past
+    it are a 429 naming the key and the limit, while another key still gets its own."""
+    streams = EventStreams(total=8, per_job=4, per_key=2)
+    first = streams.open("job-1", "alice")
+    streams.open("job-2", "alice")
+    with pytest.raises(ServiceError) as e:
+        streams.open("job-3", "alice")
+    assert (e.value.status_code, e.value.message) == (
+        429,
+        "key 'alice' has 2 event streams open, its limit (BERT_MAX_EVENT_STREAMS_PER_KEY); close one or retry later",
+    )
+    streams.open("job-3", "bob")
+    first()
+    streams.open("job-3", "alice")  # a closed stream gives the key its slot back
+    assert Settings(data_dir=tmp_path, max_event_streams=64).event_streams_per_key() == 16
+
+    secrets = {"alice": new_secret(), "bob": new_secret()}
+    write_keys(tmp_path / "keys.toml", {n: Key(n, hash_secret(s), frozenset({"jobs"})) for n, s in secrets.items()})
+    jobs = {n: store.create({**finetune_spec(f"clf-{n}"), "owner": n})["id"] for n in secrets}
+    for job_id in jobs.values():
+        set_state(store, job_id, "succeeded", step=1)
+    with make_client(store.data_dir, keys_file=tmp_path / "keys.toml", max_event_streams=8) as client:
+        assert client.get("/jobs", headers={"Authorization": f"Bearer {secrets['alice']}"}).status_code == 200
+        held = [client.app.state.jobs.event_streams.open(jobs["alice"], "alice") for _ in range(2)]  # as if open
+        r = client.get(f"/jobs/{jobs['alice']}/events", headers={"Authorization": f"Bearer {secrets['alice']}"})
+        assert (r.status_code, r.headers["retry-after"], r.json()) == (
+            429,
+            "1",
+            {
+                "error": "key 'alice' has 2 event streams open, its limit (BERT_MAX_EVENT_STREAMS_PER_KEY); "
+                "close one or retry later",
+                "error_type": "overloaded",
+            },
+        )
+        r = client.get(f"/jobs/{jobs['bob']}/events", headers={"Authorization": f"Bearer {secrets['bob']}"})
+        assert r.status_code == 200 and parse_sse(r.text)[-1] == ("end", {"state": "succeeded"})
+        held[0]()
+        r = client.get(f"/jobs/{jobs['alice']}/events", headers={"Authorization": f"Bearer {secrets['alice']}"})
+        assert r.status_code == 200

@@ -92,6 +92,17 @@ async def test_a_key_uses_only_its_models_the_default_resolved(data_dir, keys_fi
         assert r.status_code == 200
 
 
+async def test_a_missing_model_lists_only_the_models_the_key_may_use(data_dir, keys_file):
+    async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
+        body = {"inputs": "the cat", "model": "nothing"}
+        for key, available in (("narrow", "tiny-cls"), ("reader", "tiny-cls, tiny-enc, tiny-mlm, tiny-pt")):
+            r = await c.post("/classify", json=body, headers=auth(key))
+            assert (r.status_code, r.json()) == (
+                404,
+                {"error": f"model 'nothing' not found (available: {available})", "error_type": "not_found"},
+            )
+
+
 async def test_the_token_rate_counts_tokens_after_tokenising(data_dir, keys_file):
     async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
         # 60 tokens a minute: the first request may overdraw the bucket, the next waits for it to refill
@@ -265,3 +276,51 @@ async def test_changes_are_audited_by_key_name_in_the_file_and_the_log(keys_file
     ]
     assert lines[1]["request_id"] == "abc-1" and len(lines[0]["request_id"]) == 32
     assert "dataset.delete of dataset nothing by key 'boss': not_found (request abc-1)" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["admin\n", "ci\n", "ci\nx", "-ci", "ci/x"])
+def test_a_key_name_is_matched_whole(tmp_path, name):
+    """`admin\\n` is not a key name (re.match's `$` would have let the final newline in)."""
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[keys.{json.dumps(name)}]\nhash = "{hash_secret("s")}"\nscopes = ["inference"]\n')
+    with pytest.raises(KeyFileError) as e:
+        read_keys(path)
+    rule = "1-64 letters, digits, '_', '-' or '.', starting with a letter or digit"
+    assert str(e.value) == f"keys file {path}: key name {name!r}: {rule}"
+
+
+def test_a_request_id_is_taken_only_when_it_is_plain_to_its_end():
+    from starlette.requests import Request
+
+    from app.api.auditing import request_id
+
+    def asked(value: bytes) -> str:
+        return request_id(Request({"type": "http", "headers": [(b"x-request-id", value)]}))
+
+    assert asked(b"abc-1") == "abc-1"
+    for value in (b"abc-1\n", b"abc 1", b"x" * 65):
+        assert asked(value) != value.decode() and len(asked(value)) == 32
+
+
+async def test_a_path_or_a_file_name_with_a_line_break_stays_on_one_log_line(data_dir, keys_file, caplog, tmp_path):
+    """A request cannot forge a line in the service's log (a line feed in its path, unauthenticated) nor
+    split a record of the audit log (U+2028 in an uploaded file's name)."""
+    caplog.set_level("INFO", logger="bertserve")
+    data = make_data_dir(tmp_path / "data")
+    forged = "2026-12-04 15:38:37,029 INFO bertserve: job.submit of job x by key 'admin': ok (request r)"
+    async with serve_app(settings_for(data, keys_file=keys_file, default_model="tiny"), wait_ready=False) as c:
+        r = await c.get("/nowhere%0A" + forged.replace(" ", "%20") + "%E2%80%A8")
+        assert (r.status_code, r.json()) == (401, REFUSAL)
+        line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "the cat"}}
+        upload = {"file": ("in\u2028put.jsonl", json.dumps(line).encode() + b"\n")}
+        r = await c.post("/v1/files", files=upload, data={"purpose": "batch"}, headers=auth("boss"))
+        assert r.status_code == 200, r.text
+        file_id = r.json()["id"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "bertserve"]
+    assert f"GET /nowhere\\n{forged}\\u2028: {REFUSAL['error']}" in messages
+    assert f"file.upload of file {file_id} (in\\u2028put.jsonl) by key 'boss': ok" in "\n".join(messages)
+    assert not [m for m in messages if len(m.splitlines()) != 1]
+    text = (data / "audit.jsonl").read_text()
+    entries = [json.loads(line) for line in text.splitlines()]
+    assert [e["target"] for e in entries] == [f"file {file_id} (in\u2028put.jsonl)"]
+    assert "\u2028" not in text

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
 from datadir import JobRecords, jobs
 from datadir.defaults import set_default
 from model.modeling import BertForPreTraining
@@ -113,3 +114,58 @@ async def test_a_default_mlm_model_whose_job_ended_names_the_job_and_how_to_star
                     },
                 },
             )
+
+
+async def test_the_503_names_another_keys_job_without_its_id(own_data_dir, tmp_path):
+    """An inference key is told a model is being made by another key's job, with no id and no `job`; the
+    job's own key and an admin key get the id, and the job, as before."""
+    store = JobRecords(own_data_dir)
+    spec = {"kind": "pretrain", "model_name": "later", "base_model": "tiny-enc", "dataset": "wiki"}
+    record = store.create({**spec, "params": {"max_steps": 300}, "owner": "alice"})
+    keys = {"reader": {"inference"}, "alice": {"inference", "jobs"}, "boss": {"inference", "admin"}}
+    secrets = {name: new_secret() for name in keys}
+    keys_file = tmp_path / "keys.toml"
+    write_keys(keys_file, {n: Key(n, hash_secret(secrets[n]), frozenset(keys[n])) for n in keys})
+    settings = settings_for(own_data_dir, default_model="tiny-enc", keys_file=keys_file)
+    async with serve_app(settings) as client:
+        answers = {
+            name: await client.post(
+                "/embeddings", json={"inputs": "a", "model": "later"}, headers={"Authorization": f"Bearer {secret}"}
+            )
+            for name, secret in secrets.items()
+        }
+    assert (answers["reader"].status_code, answers["reader"].json()) == (
+        503,
+        {
+            "error": "model 'later' is still being trained by another key's job (queued, step 0/300); "
+            "it is served as soon as the job finishes",
+            "error_type": "unavailable",
+        },
+    )
+    for name in ("alice", "boss"):
+        assert (answers[name].status_code, answers[name].json()["job"]["id"]) == (503, record["id"])
+        assert answers[name].json()["error"].startswith(f"model 'later' is still being trained by job {record['id']} ")
+
+
+async def test_a_default_mlm_model_whose_job_ended_is_told_to_another_key_without_the_job(own_data_dir, tmp_path):
+    store = JobRecords(own_data_dir)
+    record = wiki_mlm_job(store, 200)  # no owner: the admin's
+    store.move(record["id"], jobs.start, "host:1")
+    store.update(record["id"], lambda r: r.update(progress={"step": 22, "total_steps": 200}))
+    store.move(record["id"], jobs.fail, "ValueError: boom")
+    store.update(record["id"], lambda r: r.update(latest_checkpoint="checkpoints/step-22"))
+    set_default(own_data_dir, "mlm", "wiki-mlm")
+    secret = new_secret()
+    write_keys(tmp_path / "keys.toml", {"reader": Key("reader", hash_secret(secret), frozenset({"inference"}))})
+    settings = settings_for(own_data_dir, default_model="tiny-enc", keys_file=tmp_path / "keys.toml")
+    async with serve_app(settings) as client:
+        r = await client.post("/fill-mask", json={"inputs": "a [MASK]"}, headers={"Authorization": f"Bearer {secret}"})
+    assert (r.status_code, r.json()) == (
+        503,
+        {
+            "error": "model 'wiki-mlm', the default for /fill-mask and /nsp, is missing: another key's job that makes "
+            "it was failed at step 22 of 200; start it again with `bert init`, or by starting `bert up` (`make run`) "
+            "again",
+            "error_type": "unavailable",
+        },
+    )

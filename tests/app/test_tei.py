@@ -12,6 +12,7 @@ import anyio
 import pytest
 import torch
 
+from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
 from app.serving.engine import WorkItem
 from app.serving.forward import run_classify
 from model.modeling import BertForSequenceClassification
@@ -103,6 +104,29 @@ async def test_rerank_scores_are_transformers_sigmoid_logits_best_first(tei, tei
     raw = (await tei.post("/rerank", json={"query": QUERY, "texts": TEXTS, "raw_scores": True})).json()
     assert {rank["index"]: rank["score"] for rank in raw} == pytest.approx(dict(enumerate(logits.tolist())), abs=1e-5)
     assert [rank["index"] for rank in raw] == [rank["index"] for rank in body]  # sigmoid keeps the order
+
+
+async def test_rerank_charges_its_key_the_rows_it_runs_once(tei_dir, tmp_path):
+    """The query and texts count against the token bound as they are tokenised; the key's token rate is
+    charged once, for the (query, text) rows the model runs."""
+    secrets = {"metered": new_secret(), "boss": new_secret()}
+    keys = {
+        "metered": Key("metered", hash_secret(secrets["metered"]), frozenset({"inference"}), tokens_per_min=10**6),
+        "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin"})),
+    }
+    write_keys(tmp_path / "keys.toml", keys)
+    _, tok = hf(tei_dir, "tiny-rerank")
+    rows = sum(len(tok(QUERY, text)["input_ids"]) for text in TEXTS)
+    settings = settings_for(tei_dir, rerank_model="tiny-rerank", keys_file=tmp_path / "keys.toml")
+    async with serve_app(settings) as c:
+        r = await c.post("/rerank", json={"query": QUERY, "texts": TEXTS}, headers=bearer(secrets["metered"]))
+        assert r.status_code == 200
+        usage = (await c.get("/usage", headers=bearer(secrets["boss"]))).json()["keys"]
+    assert usage["metered"] == {"requests": 1, "tokens": rows, "rate_limited": 0, "job_seconds": 0.0}
+
+
+def bearer(secret: str) -> dict:
+    return {"Authorization": f"Bearer {secret}"}
 
 
 async def test_rerank_truncation_both_directions(tei, tei_dir):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
 from model.modeling import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from model.tokenizer import BertTokenizer
 from tests.app.conftest import MAX_POSITIONS, VOCAB, save_tiny, serve_app, settings_for, tiny_config
@@ -463,6 +464,34 @@ async def test_question_answering_tokens_limit_counts_every_window(tasks_dir):
 
 
 # -- key ------------------------------------------------------------------------------------------
+
+
+async def test_windowed_requests_charge_their_key_each_token_once(tasks_dir, tmp_path):
+    """Question answering and token classification with a stride count their windows' tokens as they
+    make them (the bound), and charge the key's token rate once, for the rows the model runs: the same
+    count the answer's windows hold."""
+    secrets = {"metered": new_secret(), "boss": new_secret()}
+    keys = {
+        "metered": Key("metered", hash_secret(secrets["metered"]), frozenset({"inference"}), tokens_per_min=10**6),
+        "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin"})),
+    }
+    write_keys(tmp_path / "keys.toml", keys)
+    qa = {"question": [QUESTION, QUESTION], "context": [LONG_CONTEXT, LONG_CONTEXT], "model": "tiny-qa"}
+    ner = {"inputs": [LONG_TEXT, LONG_TEXT], "model": "tiny-ner", "stride": 7, "aggregation_strategy": "simple"}
+    _, qa_tok = hf(tasks_dir, "tiny-qa", "AutoModelForQuestionAnswering")
+    qa_windows = qa_tok(
+        QUESTION, LONG_CONTEXT, truncation="only_second", max_length=32, stride=16, return_overflowing_tokens=True
+    )["input_ids"]
+    _, ner_tok = hf(tasks_dir, "tiny-ner", "AutoModelForTokenClassification")
+    ner_windows = ner_tok(LONG_TEXT, truncation=True, max_length=32, stride=7, return_overflowing_tokens=True)
+    settings = settings_for(tasks_dir, default_model="tiny-ner", keys_file=tmp_path / "keys.toml")
+    async with serve_app(settings) as c:
+        metered = {"Authorization": f"Bearer {secrets['metered']}"}
+        for path, body in (("/question-answering", qa), ("/token-classification", ner)):
+            assert (await c.post(path, json=body, headers=metered)).status_code == 200
+        usage = (await c.get("/usage", headers={"Authorization": f"Bearer {secrets['boss']}"})).json()["keys"]
+    ran = 2 * sum(map(len, qa_windows)) + 2 * sum(map(len, ner_windows["input_ids"]))
+    assert usage["metered"] == {"requests": 2, "tokens": ran, "rate_limited": 0, "job_seconds": 0.0}
 
 
 @pytest.mark.parametrize(

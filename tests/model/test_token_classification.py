@@ -139,6 +139,10 @@ def test_conll_errors_name_file_and_line(tmp_path, text, message):
         ('{"tokens": ["a", "b"], "tags": ["O"]}', "line 2: 2 tokens but 1 tags"),
         ('{"tokens": ["a", " "], "tags": ["O", "O"]}', "line 2: empty token: tokens[1] is ' '"),
         ('{"tokens": ["a", "b"], "tags": ["O", "PER"]}', "line 2, tags[1]: tag 'PER' is not O, B-<type> or I-<type>"),
+        (  # a name rule is matched whole: `$` alone lets a final newline in
+            '{"tokens": ["a", "b"], "tags": ["O", "B-PER\\n"]}',
+            "line 2, tags[1]: tag 'B-PER\\n' is not O, B-<type> or I-<type>",
+        ),
         (
             '{"tokens": ["a", "b"], "tags": ["O", "I-PER"]}',
             f"line 2, tags[1]: tag 'I-PER' follows 'O', not B-PER or I-PER {IOB2}",

@@ -69,8 +69,9 @@ def test_a_higher_priority_job_takes_the_only_worker_and_the_low_one_resumes_exa
         resumes = [r["step"] for r in read_metrics(data_dir, low) if r["type"] == "resume"]
         assert len(resumes) == 1 and seen <= resumes[0] <= seen + 1, (seen, resumes)
         assert made_way["detail"] == (
-            f"for job {high} (priority 2); at step {resumes[0]}, checkpoint checkpoints/step-{resumes[0]}"
+            f"for a job of priority 2; at step {resumes[0]}, checkpoint checkpoints/step-{resumes[0]}"
         )
+        assert (made_way["preempted_for"], made_way["preempted_for_owner"]) == (high, "anonymous")
         high_record = read_record(data_dir, high)
         assert made_way["at"] <= high_record["started_at"] <= high_record["finished_at"]
         resumed_at = next(e["at"] for e in record["events"] if e["event"] == "resumed")

@@ -17,6 +17,7 @@ from app.api.deps import CallerDep, JobServiceDep, ServiceDep, require_jobs
 from app.errors import responses
 from app.jobs.events import job_events
 from app.jobs.job_service import JobService
+from app.keys.keyring import ANONYMOUS
 from app.schemas.jobs import (
     CREATE_EXAMPLE,
     CreateJobRequest,
@@ -72,7 +73,7 @@ async def list_jobs(
 async def get_job(job_id: JobId, jobs: JobServiceDep, caller: CallerDep) -> JobStatus:
     """A job's state, progress (step, loss, lr, tokens/s, ETA), checkpoint, attempts, error; queued: its place in line."""
     record = await asyncio.to_thread(jobs.find, job_id, caller)
-    place = await asyncio.to_thread(jobs.queue_place, record)
+    place = await asyncio.to_thread(jobs.queue_place, record, caller)
     return JobStatus.from_record(record, await asyncio.to_thread(_disk_bytes, jobs, job_id), place)
 
 
@@ -128,7 +129,8 @@ async def stream_job_events(
     await asyncio.to_thread(jobs.find, job_id, caller)  # a 404 now, before the stream starts
     if since is None and last_event_id is not None and last_event_id.strip().isdigit():
         since = int(last_event_id)
-    release = jobs.event_streams.open(job_id)  # a 429 past the limits
+    key = None if caller is ANONYMOUS else caller.name  # a service without keys: no key's limit
+    release = jobs.event_streams.open(job_id, key)  # a 429 past the limits
     settings = jobs.settings
 
     async def events() -> AsyncIterator[str]:
@@ -141,6 +143,7 @@ async def stream_job_events(
                 max_seconds=settings.event_stream_max_seconds,
                 replay=jobs.event_streams.replay,
                 stopping=lambda: service.leaving,
+                named=jobs.visible(caller),
             ):
                 yield chunk
         finally:
