@@ -5,6 +5,7 @@ only the standard library, never torch, a web or a queue framework. Everything t
 lives on disk below DATA_DIR, written crash-safely (temp, fsync, rename):
 
     files.py     crash-safe files: atomic directories and files, fsync, the JSON-lines readers
+    audit.py     the audit log: who changed what, one appended JSON line each
     layout.py    where things live, the name rule, job ids, timestamps
     jobs.py      job records (job.json), their states and named transitions, cancel requests, metrics
     lease.py     the flock lease that makes a job train exactly once, and its heartbeat

@@ -15,11 +15,13 @@ disappears (where that call is missing, two renames leave it missing for a momen
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import uuid
 from pathlib import Path
 
+from datadir import audit
 from datadir.files import TMP_PREFIX, _exchange, atomic_write_bytes, fsync_dir, fsync_tree
 from datadir.jobs import LEGACY_OWNER, JobNotFound, JobRecords, encode, owner_of
 from datadir.layout import DataDir, now_iso
@@ -34,11 +36,22 @@ from datadir.versions import (
     read_provenance,
     version_dir,
     version_numbers,
+    version_of,
     write_promoted,
 )
 
-__all__ = ["PROVENANCE", "NotOwner", "OWNER_RULE", "publish_model", "published_by", "set_shared"]
+__all__ = [
+    "PROVENANCE",
+    "NotOwner",
+    "OWNER_RULE",
+    "audit_publish",
+    "publish_model",
+    "published_by",
+    "set_shared",
+    "version_of",
+]
 
+log = logging.getLogger("bertserve.jobs")
 OWNER_RULE = "a key publishes new model names, and new versions of the models it owns (an admin, of any)"
 
 
@@ -109,6 +122,20 @@ def _publisher(data_dir: str | os.PathLike, job_id: str) -> tuple[str | None, bo
     except JobNotFound:
         return None, True
     return owner_of(record), bool(record.get("publish_any", True))
+
+
+def audit_publish(data_dir: str | os.PathLike, job_id: str, name: str, path: Path, source: str) -> None:
+    """The audit log's line for a version a job (or an import) published, naming the key that made the job;
+    a log that cannot be written is logged, not the job's failure."""
+    try:
+        owner = owner_of(JobRecords(data_dir).read(job_id))
+    except JobNotFound:
+        owner = LEGACY_OWNER
+    target = f"model {name} version {version_of(path)}"
+    try:
+        audit.append(Path(data_dir), owner, "model.publish", target, job=job_id, source=source)
+    except OSError as e:
+        log.warning("the audit log did not take %s (job %s): %s", target, job_id, e)
 
 
 def published_by(model_dir: Path) -> str | None:

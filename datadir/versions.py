@@ -93,6 +93,12 @@ class Version:
     owner: str | None = None  # the name of the key that made its job; None when no job made it
 
 
+def version_of(path: Path) -> int:
+    """The number of a published version from its directory (v<N>/; a flat model's top: 1)."""
+    match = _VERSION_RE.fullmatch(path.name)
+    return int(match.group(1)) if match else 1
+
+
 def version_dir(model_root: Path, version: int) -> Path:
     return model_root / f"v{version}"
 

@@ -60,7 +60,7 @@ from datadir import (
     scheduling,
 )
 from datadir.jobs import CANCEL, JobRecord
-from datadir.publish import NotOwner
+from datadir.publish import NotOwner, audit_publish
 from model.errors import UserError
 from model.model_card import write_card
 from model.training import checkpoint as ckpt
@@ -301,6 +301,7 @@ def train(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag
     }
     checkpoint = _relative(job_dir, result.checkpoint)
     fields = {"runtime_s": round(reporter.runtime(), 3), **({"latest_checkpoint": checkpoint} if checkpoint else {})}
+    audit_publish(settings.data_dir, job_id, record["model_name"], published, source="worker")
     return attempt.succeed(summary, f"model '{record['model_name']}' published", **fields)
 
 

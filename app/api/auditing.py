@@ -1,5 +1,5 @@
 """`async with audited(request, action, target) as entry:` around a route's change: one line in the
-audit log (app/keys/audit.py) naming the request's key, whether the change went through or the error
+audit log (datadir/audit.py) naming the request's key, whether the change went through or the error
 type it was refused with. The route may sharpen `entry["target"]` once it knows more (a new job's id)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from fastapi import Request
 
 from app.api.deps import CALLER_KEY
 from app.errors import ServiceError
-from app.keys import audit
 from app.keys.keyring import ANONYMOUS
+from datadir import audit
 
 log = logging.getLogger("bertserve")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # fullmatch: `$` would let a final newline in

@@ -22,8 +22,8 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
 def _change(path: Path, data_dir: Path, action: str, name: str, edit) -> None:
     """Apply `edit` to the keys file (keyfile.change: locked, atomic), then record it in the audit log;
     a refusal is the command's error."""
-    from app.keys import audit
     from app.keys.keyfile import KeyFileError, change
+    from datadir import audit
 
     try:
         change(path, edit)

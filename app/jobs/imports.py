@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -39,6 +38,7 @@ from app.schemas.models import ImportModelRequest
 from app.settings import Settings
 from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, runner, valid_name
 from datadir.datasets import staging_dir
+from datadir.publish import audit_publish, version_of
 from model.errors import UserError
 from model.sources import ARCHIVE_SUFFIXES, import_source
 
@@ -173,8 +173,9 @@ class Imports:
     def _succeed(self, attempt: runner.Attempt, name: str, version: Path) -> str:
         from datadir.cards import read_card
 
-        number = int(version.name[1:]) if re.fullmatch(r"v[0-9]+", version.name) else 1  # a flat directory: 1
+        number = version_of(version)
         result = {"model": name, "version": number, "path": str(version), "source": read_card(version).get("source")}
+        audit_publish(self.data_dir, attempt.job_id, name, version, source="api")
         return attempt.succeed(result, f"published model '{name}' version {number}")
 
     def _progress(self, job_id: str):

@@ -187,12 +187,15 @@ async def test_a_failed_import_names_no_server_path(hub_env, tmp_path):
             done = await finished(client, r.json()["id"])
             errors[name] = (done["state"], done["error"])
     assert errors["no-weights"] == ("failed", "no model.safetensors or pytorch_model.bin in upload.tar.gz")
-    assert errors["pickled"] == (
+    assert errors["pickled"] == (  # refused on its size, before it is unpickled
         "failed",
-        "upload.tar.gz: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "
-        "(convert it to model.safetensors)",
+        "pytorch_model.bin is 0.0 KB (46 bytes), but a BERT of config.json's sizes takes 36,372 to 4,288,456 bytes",
     )
-    assert errors["taken"][1].startswith("models/taken exists but holds no model (no config.json, no v<N>/ versions)")
+    assert errors["taken"] == (
+        "failed",
+        "models/taken in the data directory holds something that is not a model (no config.json, no v<N>/ "
+        "versions); nothing was imported",
+    )
     assert not [e for _, e in errors.values() if str(tmp_path) in e or "/tmp" in e]
 
 

@@ -143,3 +143,8 @@ def test_keys_publish_train_from_and_see_only_what_is_theirs_or_shared(stack):
     assert ("boss", "model.share", "model alice-cls", "ok") in {
         (e["key"], e["action"], e["target"], e["outcome"]) for e in audit
     }
+    published = {(e["key"], e["target"], e["source"]) for e in audit if e["action"] == "model.publish"}
+    assert {
+        ("alice", "model alice-cls version 1", "worker"),
+        ("alice", "model alice-cls version 2", "worker"),
+    } <= published

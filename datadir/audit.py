@@ -1,5 +1,7 @@
 """The audit log, DATA_DIR/audit.jsonl: one JSON line per change of who submitted, cancelled,
-uploaded, imported, promoted or deleted what, and per key added, revoked or rotated.
+uploaded, imported, published, shared, promoted or deleted what, and per key added, revoked or rotated.
+The API writes what its requests change, the workers and the API's imports each version they publish
+(`model.publish`, source "worker" or "api"), `bert keys` its key changes (source "cli").
 
     {"time": "2026-12-04T15:00:00Z", "key": "alice", "action": "job.submit", "target": "job 20261204-...",
      "outcome": "ok", "request_id": "3f2a...", "source": "api"}
