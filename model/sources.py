@@ -146,7 +146,6 @@ def import_source(
     label = (card_source or {}).get("file") or (Path(source).name if kind == "archive" else source)
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
-    label = Path(source).name if kind == "archive" else source  # what errors call it: never our temp folder
     with tempfile.TemporaryDirectory(dir=root, prefix=TMP_PREFIX + "import-") as work:
         fetched = fetch(
             source,

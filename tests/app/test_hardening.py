@@ -271,7 +271,7 @@ async def test_metrics_need_the_key_unless_public(data_dir):
         ("PUT", "/jobs", ADMIN, "GET, OPTIONS, POST"),
         ("DELETE", "/datasets", ADMIN, "GET, OPTIONS, POST"),
         ("GET", "/embeddings", API, "OPTIONS, POST"),
-        ("POST", "/models/tiny-pt", API, "DELETE, GET, OPTIONS"),
+        ("POST", "/models/tiny-pt", API, "DELETE, GET, OPTIONS, PATCH"),
     ],
 )
 async def test_405_lists_every_method_of_the_path(keyed, method, path, key, allow):

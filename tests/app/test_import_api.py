@@ -186,7 +186,7 @@ async def test_a_failed_import_names_no_server_path(hub_env, tmp_path):
             assert r.status_code == 202, r.text
             done = await finished(client, r.json()["id"])
             errors[name] = (done["state"], done["error"])
-    assert errors["no-weights"] == ("failed", "no model.safetensors or pytorch_model.bin in upload.tar.gz")
+    assert errors["no-weights"] == ("failed", "no model.safetensors or pytorch_model.bin in my-bert.tar.gz")
     assert errors["pickled"] == (  # refused on its size, before it is unpickled
         "failed",
         "pytorch_model.bin is 0.0 KB (46 bytes), but a BERT of config.json's sizes takes 36,372 to 4,288,456 bytes",
