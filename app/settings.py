@@ -163,6 +163,14 @@ class Settings(BaseSettings):
             "default model (`BERT_DEFAULT_MODEL`, or the only stored model)."
         ),
     )
+    load_wait_seconds: float = Field(
+        5.0,
+        ge=0,
+        description=(
+            "Seconds a model load may wait for room under `BERT_MODEL_MEMORY_GB` (models still loading, or unloaded "
+            "ones that requests still run on); then it is a 503 with `Retry-After`."
+        ),
+    )
     max_inputs: int = Field(64, ge=1, description="Texts or pairs in one request; more is a 422.")
     max_request_tokens: int = Field(
         32768,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -247,6 +248,7 @@ class Service:
             pinned=settings.pinned_models,
             max_batch_tokens=settings.max_batch_tokens,
             metrics=metrics,
+            load_wait_s=settings.load_wait_seconds,
         )
 
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
@@ -324,9 +326,15 @@ class Service:
     # -- work -----------------------------------------------------------------------------------
 
     async def loaded_model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
-        """The model a request names (None: the route's default), when the request's key may use it."""
+        """The model a request names (None: the route's default), when the request's key may use it. The
+        request's task holds the model until it ends, so the model's memory stays counted against the budget
+        while the request runs on it, unloaded or not."""
         caller = CALLER.get()
-        return await self.registry.get(name, head, route, check=caller.check_model if caller is not None else None)
+        lm = await self.registry.get(name, head, route, check=caller.check_model if caller is not None else None)
+        task = asyncio.current_task()
+        assert task is not None, "loaded_model runs in a task"
+        task.add_done_callback(lambda _: self.registry.release(lm))
+        return lm
 
     def incoming(self):
         """`with service.incoming():` around a request's work before its work item is queued."""
@@ -347,11 +355,24 @@ class Service:
         if self.engine is None:
             raise ServiceError("unavailable", "the service is not running")
         future = self.engine.submit(item)
+        self._hold_until_done(item.lm, future)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             item.cancel()
             raise
+
+    def _hold_until_done(self, lm: LoadedModel, future: concurrent.futures.Future) -> None:
+        """A work item holds its model until the engine is done with it: a request that goes away mid-pass
+        lets go of it first, but the pass still runs on the model's weights."""
+        loop = asyncio.get_running_loop()
+        self.registry.hold(lm)
+
+        def done(_: concurrent.futures.Future) -> None:  # in the inference thread, or the event loop
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to count
+                loop.call_soon_threadsafe(self.registry.release, lm)
+
+        future.add_done_callback(done)
 
     async def off_loop(self, fn: Callable, *args) -> Any:
         """Tokeniser and other CPU work, in the thread pool, never on the event loop. At most
