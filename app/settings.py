@@ -152,7 +152,8 @@ class Settings(BaseSettings):
         description=(
             "Memory the loaded models may take together, in GB (2^30 bytes): their weights at their precision plus "
             "one forward pass's working set at `BERT_MAX_BATCH_TOKENS` (estimates: see Using, Memory). A model that "
-            "does not fit unloads the least recently used ones; one that can never fit is a 507. Unset: 50% of the "
+            "does not fit unloads others (a key's own first, then those fewest other keys use, the least recently "
+            "used first); one that can never fit is a 507. Unset: 50% of the "
             "RAM (or of the container's memory limit) on a CPU, 80% of the GPU's memory on CUDA."
         ),
     )
@@ -161,6 +162,15 @@ class Settings(BaseSettings):
         description=(
             'Models never unloaded to make room, as JSON, e.g. `["minilm", "wiki-mlm"]`; `[]` pins none. Unset: the '
             "default model (`BERT_DEFAULT_MODEL`, or the only stored model)."
+        ),
+    )
+    max_loads_per_minute: int = Field(
+        30,
+        ge=0,
+        description=(
+            "Model loads one key may cause per minute (refilled continuously; the requests without a key share one "
+            "such limit). A request that would load a model past it is a 429 naming this limit, with `Retry-After`. "
+            "0: no limit."
         ),
     )
     load_wait_seconds: float = Field(

@@ -11,9 +11,11 @@ finishes on it. Weights come through model.modeling.load_model (safetensors, or 
 torch.load): nothing is ever unpickled.
 
 Memory: the loaded models' weights and one forward pass's working set (model/sizing.py's estimates)
-stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, the least recently
-used models that are not pinned are unloaded; a model that cannot fit beside the pinned ones is a
-507. The requests and work items running on a LoadedModel hold it (hold,
+stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, models that are not
+pinned are unloaded: first those that no key but the one loading used in the last RECENT_USERS_S,
+then those fewest other keys used, the least recently used first among equals, so one key that
+churns through models unloads its own before a model others share. A model that cannot fit beside
+the pinned ones is a 507. The requests and work items running on a LoadedModel hold it (hold,
 release): an unloaded model that is still held keeps its bytes counted until the last holder lets
 go, so a load waits for them (at most `load_wait_s`, then a 503 with Retry-After) rather than pass
 the budget; a request for a model that is unloaded but still held takes that copy back unloaded.
@@ -62,6 +64,9 @@ from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
 log = logging.getLogger("bertserve.registry")
+
+# How long a key's request keeps counting as a use of a model, for the order models are unloaded in.
+RECENT_USERS_S = 60.0
 
 # What each route needs (a servable head), and the model classes that have it. Not model.weights'
 # weight heads (pooler, mlm, nsp, classifier): those say which tensors a directory holds.
@@ -139,6 +144,7 @@ class StoredModel:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reserved_bytes: int = 0  # its weights' estimate, counted against the budget while loading or loaded
     last_used: int = 0  # when its last request came (a registry-wide count): the least recent is unloaded first
+    users: dict[str, float] = field(default_factory=dict)  # key name -> when it last asked for it (registry.clock)
     access: Access = field(default_factory=lambda: Access.new(LEGACY_OWNER))  # its owner, and whether it is shared
 
 
@@ -238,6 +244,7 @@ class ModelRegistry:
         self.metrics = metrics
         self._wake = asyncio.Event()  # set (and replaced) when memory is freed or a load ends
         self._uses = itertools.count(1)  # orders requests for least-recently-used (no ties, unlike a clock)
+        self.clock = time.monotonic  # when a key last asked for a model (StoredModel.users)
         self.load_wait_s = load_wait_s  # the longest a load waits for room before its 503
         # Unloaded models that requests or work items may still run on: their bytes count until the last lets go.
         # Scans (in a thread) append replaced entries to `_retired`; the event loop moves them here.
@@ -407,13 +414,17 @@ class ModelRegistry:
         head: str | None = None,
         route: str = "",
         check: Callable[[str, Access], None] | None = None,
+        user: str | None = None,
+        admit: Callable[[StoredModel], Callable[[], None]] | None = None,
     ) -> LoadedModel:
         """The loaded model for a request, loading it on first use, held for the caller: it stays counted
         against the memory budget until the caller lets go with `release`.
 
         `head` names what the route needs; a model without it is a 422 that names both. `check` may
         refuse the model by its name and access (the caller's key: app/keys/ownership.py) before anything
-        is loaded.
+        is loaded. `user` names the caller's key, a use of the model for the order of unloading; `admit`
+        is called before this request loads the model, and may refuse the load (it returns what gives
+        back its charge if the load fails).
         """
         entry = await self.lookup(name, head)
         if check is not None:
@@ -427,21 +438,35 @@ class ModelRegistry:
                 f"model '{entry.name}' has no {HEAD_TITLES[head]} head, which "
                 f"{route} needs (it is a {entry.architecture}; heads: {has})",
             )
-        loaded = await self.ensure_loaded(entry, warm_up=False)
+        loaded = await self.ensure_loaded(entry, warm_up=False, user=user, admit=admit)
         self.hold(loaded)  # nothing awaited since it was decided on: it cannot have been unloaded meanwhile
         return loaded
 
-    async def ensure_loaded(self, entry: StoredModel, warm_up: bool = True) -> LoadedModel:
+    async def ensure_loaded(
+        self,
+        entry: StoredModel,
+        warm_up: bool = True,
+        user: str | None = None,
+        admit: Callable[[StoredModel], Callable[[], None]] | None = None,
+    ) -> LoadedModel:
         """The entry's model, loaded (within the memory budget) and warmed up on first use. The value
         returned stays usable even if the model is unloaded while the caller still runs it. A request
         that loads a model (`warm_up` False) is its first use: warm-up passes would only queue
-        before it, behind the engine's other work, and lengthen its wait."""
+        before it, behind the engine's other work, and lengthen its wait. `user` and `admit`: as get's."""
+        if user is not None:
+            entry.users[user] = self.clock()
         loaded = entry.loaded
         if loaded is None:
             async with entry.lock:  # concurrent first requests load it once
                 loaded = entry.loaded or self._take_back(entry)
                 if loaded is None:
-                    loaded = await self._load_within_budget(entry, warm_up)
+                    refund = admit(entry) if admit is not None else None
+                    try:
+                        loaded = await self._load_within_budget(entry, warm_up, user)
+                    except BaseException:
+                        if refund is not None:
+                            refund()
+                        raise
         entry.last_used = next(self._uses)
         return loaded
 
@@ -457,8 +482,10 @@ class ModelRegistry:
                 return pair[1]
         return None
 
-    async def _load_within_budget(self, entry: StoredModel, warm_up: bool = True) -> LoadedModel:
-        await self._reserve(entry)
+    async def _load_within_budget(
+        self, entry: StoredModel, warm_up: bool = True, user: str | None = None
+    ) -> LoadedModel:
+        await self._reserve(entry, user)
         start = time.perf_counter()
         try:
             loaded = await asyncio.to_thread(self._load, entry)
@@ -555,22 +582,22 @@ class ModelRegistry:
         held, held_working = self.memory_in_use()
         return held + weights + max(working, held_working) <= self.memory_budget
 
-    async def _reserve(self, entry: StoredModel) -> None:
+    async def _reserve(self, entry: StoredModel, user: str | None = None) -> None:
         """Count `entry`'s weights against the budget, unloading models to make room; while only models
         still loading, or unloaded ones that requests still hold, stand in the way, wait for them, at most
         `load_wait_s` (then a 503). Each decision runs without an await in it, so concurrent first requests
         for several models see each other's reservations and never decide on the same room twice."""
         deadline = asyncio.get_running_loop().time() + self.load_wait_s
-        while not self._make_room(entry):
+        while not self._make_room(entry, user):
             wake = self._wake
             try:
                 await asyncio.wait_for(wake.wait(), deadline - asyncio.get_running_loop().time())
             except TimeoutError:
                 raise self._no_room_yet(entry) from None
 
-    def _make_room(self, entry: StoredModel) -> bool:
-        """Reserve `entry`'s weights if they fit now; else unload the least recently used models until they
-        will fit once the held ones are let go, and answer False (wait)."""
+    def _make_room(self, entry: StoredModel, user: str | None = None) -> bool:
+        """Reserve `entry`'s weights if they fit now; else unload models in _unload_order until they will
+        fit once the held ones are let go, and answer False (wait)."""
         weights, working = self.estimate(entry)
         if self.memory_budget is not None:
             while not self._fits_beside(entry, weights, working):
@@ -581,7 +608,7 @@ class ModelRegistry:
                 victims = [e for e in others if e.loaded is not None and not self.is_pinned(e.name)]
                 if not victims:
                     return False  # the others are loading: each becomes unloadable once it is loaded
-                self.unload(min(victims, key=lambda e: e.last_used))
+                self.unload(min(victims, key=lambda e: self._unload_order(e, user)))
         entry.reserved_bytes = weights
         self._changed()
         return True
@@ -592,6 +619,13 @@ class ModelRegistry:
         others = [e for e in list(self._entries.values()) if e is not entry]
         in_use, in_use_working = self.memory_in_use(others, held)
         return in_use + weights + max(working, in_use_working) <= self.memory_budget
+
+    def _unload_order(self, entry: StoredModel, user: str | None) -> tuple[int, int]:
+        """Which model a load by key `user` unloads first: the one fewest other keys asked for in the last
+        RECENT_USERS_S (a model only the loading key churns: none), then the least recently used."""
+        since = self.clock() - RECENT_USERS_S
+        others = sum(1 for key, when in entry.users.items() if key != user and when >= since)
+        return others, entry.last_used
 
     def _no_room_yet(self, entry: StoredModel) -> ServiceError:
         """503 for a load that waited load_wait_s for room in vain."""

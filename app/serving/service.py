@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from app.errors import ServiceError
-from app.keys.limits import CALLER
+from app.keys.limits import CALLER, Caller, LoadLimits, load_tokens
 from app.prometheus import Metrics
 from app.serving.engine import Engine, WorkItem
 from app.serving.forward import RUNNERS
-from app.serving.model_registry import LoadedModel, ModelRegistry
+from app.serving.model_registry import LoadedModel, ModelRegistry, StoredModel
 from app.settings import Settings
 from datadir.defaults import read_defaults
 from model.compute import kernels
@@ -250,6 +250,7 @@ class Service:
             metrics=metrics,
             load_wait_s=settings.load_wait_seconds,
         )
+        self.loads = LoadLimits(settings.max_loads_per_minute)  # per key (app/keys/limits.py)
 
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
@@ -326,15 +327,48 @@ class Service:
     # -- work -----------------------------------------------------------------------------------
 
     async def loaded_model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
-        """The model a request names (None: the route's default), when the request's key may use it. The
-        request's task holds the model until it ends, so the model's memory stays counted against the budget
-        while the request runs on it, unloaded or not."""
+        """The model a request names (None: the route's default), when the request's key may use it. A load
+        it causes is charged to its key (admit_load). The request's task holds the model until it ends, so
+        the model's memory stays counted against the budget while the request runs on it, unloaded or not."""
         caller = CALLER.get()
-        lm = await self.registry.get(name, head, route, check=caller.check_model if caller is not None else None)
+        lm = await self.registry.get(
+            name,
+            head,
+            route,
+            check=caller.check_model if caller is not None else None,
+            user=caller.key.name if caller is not None else None,
+            admit=functools.partial(self.admit_load, caller),
+        )
         task = asyncio.current_task()
         assert task is not None, "loaded_model runs in a task"
         task.add_done_callback(lambda _: self.registry.release(lm))
         return lm
+
+    def admit_load(self, caller: Caller | None, entry: StoredModel) -> Callable[[], None]:
+        """A request is about to load `entry`: one of its key's loads per minute (BERT_MAX_LOADS_PER_MINUTE;
+        without a key, of the keyless requests' limit) and, where the key has a token rate, load_tokens of the
+        model's parameters. A 429 when either is spent; returns what gives both back if the load fails."""
+        who = caller.key.name if caller is not None else None
+        try:
+            self.loads.take(who, entry.name)
+        except ServiceError:
+            if caller is not None:
+                caller.on_refused(caller.key.name, "loads")
+            raise
+        tokens = load_tokens(entry.num_parameters or 0)
+        if caller is not None:
+            try:
+                caller.charge_load(entry.name, tokens)
+            except ServiceError:
+                self.loads.give(who)
+                raise
+
+        def refund() -> None:
+            self.loads.give(who)
+            if caller is not None:
+                caller.refund_load(tokens)
+
+        return refund
 
     def incoming(self):
         """`with service.incoming():` around a request's work before its work item is queued."""

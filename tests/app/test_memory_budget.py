@@ -1,6 +1,6 @@
 """The model memory budget: least-recently-used unloading, pinning, the 507, the listing and metrics,
-concurrent first requests for more models than fit (in the registry, and against real uvicorn), and
-unloaded models that requests still hold."""
+concurrent first requests for more models than fit (in the registry, and against real uvicorn), the
+order models are unloaded in when several keys use them, and unloaded models that requests still hold."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from app.errors import ServiceError
 from app.prometheus import Metrics
-from app.serving.model_registry import ModelRegistry
+from app.serving.model_registry import RECENT_USERS_S, ModelRegistry
 from app.serving.service import memory_budget
 from app.settings import Settings
 from model.compute import device as device_module
@@ -239,6 +239,7 @@ def test_live_server_under_a_two_model_budget_answers_every_request_right(four_m
         port,
         BERT_DEFAULT_MODEL="m0",
         BERT_PINNED_MODELS="[]",
+        BERT_MAX_LOADS_PER_MINUTE="0",  # every client is the one keyless caller: its loads are what is tested here
         BERT_MAX_BATCH_TOKENS=str(MAX_BATCH_TOKENS),
         BERT_MODEL_MEMORY_GB=repr(probe.memory_budget / 2**30),
         BERT_BROKER_URL="redis://127.0.0.1:1/0",
@@ -284,6 +285,44 @@ def test_live_server_under_a_two_model_budget_answers_every_request_right(four_m
     memory = listing["memory"]
     assert memory["loaded_bytes"] + memory["working_set_bytes"] <= memory["budget_bytes"] == probe.memory_budget
     assert sum(m["loaded"] for m in listing["models"]) <= 2
+
+
+# -- which model goes: the keys that use it ----------------------------------------------------------
+
+
+async def test_a_model_several_keys_use_outlives_one_keys_churn(four_models):
+    """Room for two models: three keys use m1, then one key alternates m2 and m3. Each of its loads unloads
+    its own last model, never m1 (least recently used, so plain LRU would have unloaded it first)."""
+    metrics = Metrics()
+    store = registry(four_models, 2.5, pinned=[], metrics=metrics)
+    for key in ("alice", "bob", "carol"):
+        await store.ensure_loaded(store.peek("m1"), user=key)
+    after_each = []
+    for name in ["m2", "m3"] * 3:
+        await store.ensure_loaded(store.peek(name), user="churn")
+        after_each.append(loaded(store))
+    assert after_each == [["m1", "m2"], ["m1", "m3"]] * 3
+    assert [counter(metrics, "bert_model_unloads_total", n) for n in NAMES] == [0, 0, 3, 2]
+
+    lru = registry(four_models, 2.5, pinned=[])  # the same requests without keys: least recently used first
+    for name in ["m1", "m2", "m3"]:
+        await load(lru, name)
+    assert loaded(lru) == ["m2", "m3"]
+
+
+async def test_a_keys_use_counts_for_a_minute(four_models):
+    """One neighbour key on m1 keeps it against another key's churn while its use is recent
+    (RECENT_USERS_S); after that, least recently used decides again."""
+    store = registry(four_models, 2.5, pinned=[])
+    now = [1000.0]
+    store.clock = lambda: now[0]
+    await store.ensure_loaded(store.peek("m1"), user="neighbour")
+    await store.ensure_loaded(store.peek("m2"), user="churn")
+    await store.ensure_loaded(store.peek("m3"), user="churn")
+    assert loaded(store) == ["m1", "m3"]
+    now[0] += RECENT_USERS_S + 1
+    await store.ensure_loaded(store.peek("m2"), user="churn")
+    assert loaded(store) == ["m2", "m3"]
 
 
 # -- memory that requests still hold -----------------------------------------------------------------
