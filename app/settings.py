@@ -152,8 +152,8 @@ class Settings(BaseSettings):
         description=(
             "Memory the loaded models may take together, in GB (2^30 bytes): their weights at their precision plus "
             "one forward pass's working set at `BERT_MAX_BATCH_TOKENS` (estimates: see Using, Memory). A model that "
-            "does not fit unloads others (a key's own first, then those fewest other keys use, the least recently "
-            "used first); one that can never fit is a 507. Unset: 50% of the "
+            "does not fit unloads others: those fewest other keys used in the last minute first (among equals, the "
+            "loading key's own, then the least recently used); one that can never fit is a 507. Unset: 50% of the "
             "RAM (or of the container's memory limit) on a CPU, 80% of the GPU's memory on CUDA."
         ),
     )

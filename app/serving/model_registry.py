@@ -13,8 +13,8 @@ torch.load): nothing is ever unpickled.
 Memory: the loaded models' weights and one forward pass's working set (model/sizing.py's estimates)
 stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, models that are not
 pinned are unloaded: first those that no key but the one loading used in the last RECENT_USERS_S,
-then those fewest other keys used, the least recently used first among equals, so one key that
-churns through models unloads its own before a model others share. A model that cannot fit beside
+then those fewest other keys used (the loading key's own first among equals, then the least recently
+used), so a key that churns through models unloads its own before a model others use. A model that cannot fit beside
 the pinned ones is a 507. The requests and work items running on a LoadedModel hold it (hold,
 release): an unloaded model that is still held keeps its bytes counted until the last holder lets
 go, so a load waits for them (at most `load_wait_s`, then a 503 with Retry-After) rather than pass
@@ -620,12 +620,13 @@ class ModelRegistry:
         in_use, in_use_working = self.memory_in_use(others, held)
         return in_use + weights + max(working, in_use_working) <= self.memory_budget
 
-    def _unload_order(self, entry: StoredModel, user: str | None) -> tuple[int, int]:
+    def _unload_order(self, entry: StoredModel, user: str | None) -> tuple[int, bool, int]:
         """Which model a load by key `user` unloads first: the one fewest other keys asked for in the last
-        RECENT_USERS_S (a model only the loading key churns: none), then the least recently used."""
+        RECENT_USERS_S (a model only the loading key churns: none); among equals, one `user` asked for
+        itself before one it did not; then the least recently used."""
         since = self.clock() - RECENT_USERS_S
-        others = sum(1 for key, when in entry.users.items() if key != user and when >= since)
-        return others, entry.last_used
+        recent = {key for key, when in entry.users.items() if when >= since}
+        return len(recent - {user}), user not in recent, entry.last_used
 
     def _no_room_yet(self, entry: StoredModel) -> ServiceError:
         """503 for a load that waited load_wait_s for room in vain."""

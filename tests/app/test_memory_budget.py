@@ -325,6 +325,17 @@ async def test_a_keys_use_counts_for_a_minute(four_models):
     assert loaded(store) == ["m2", "m3"]
 
 
+async def test_among_models_as_many_other_keys_use_the_loading_keys_own_goes_first(four_models):
+    """m1 is the neighbour's, m2 is used by keys a and b. When a loads m3, each of m1 and m2 has one other
+    key; m2 is a's own, so it goes, though m1 was used longer ago."""
+    store = registry(four_models, 2.5, pinned=[])
+    await store.ensure_loaded(store.peek("m1"), user="neighbour")
+    await store.ensure_loaded(store.peek("m2"), user="a")
+    await store.ensure_loaded(store.peek("m2"), user="b")
+    await store.ensure_loaded(store.peek("m3"), user="a")
+    assert loaded(store) == ["m1", "m3"]
+
+
 # -- memory that requests still hold -----------------------------------------------------------------
 
 
