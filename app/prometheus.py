@@ -99,12 +99,16 @@ class Metrics:
         )
         self.key_tokens = Counter(
             "bert_key_tokens_total",
-            "Tokens of each key's inference requests, counted after tokenising.",
+            "Tokens charged to each key: its inference requests' tokens, counted after tokenising, and the model "
+            "loads its requests caused.",
             ["key"],
             registry=r,
         )
         self.key_rate_limited = Counter(
-            "bert_key_rate_limited_total", "Requests refused (429) by a key's own limit.", ["key", "limit"], registry=r
+            "bert_key_rate_limited_total",
+            "Requests refused (429) by a key's own limit (requests, tokens or loads).",
+            ["key", "limit"],
+            registry=r,
         )
         self.key_job_seconds = Gauge(
             "bert_key_job_seconds",

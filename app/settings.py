@@ -153,7 +153,8 @@ class Settings(BaseSettings):
         description=(
             "Memory the loaded models may take together, in GB (2^30 bytes): their weights at their precision plus "
             "one forward pass's working set at `BERT_MAX_BATCH_TOKENS` (estimates: see Using, Memory). A model that "
-            "does not fit unloads the least recently used ones; one that can never fit is a 507. Unset: 50% of the "
+            "does not fit unloads others: those fewest other keys used in the last minute first (among equals, the "
+            "loading key's own, then the least recently used); one that can never fit is a 507. Unset: 50% of the "
             "RAM (or of the container's memory limit) on a CPU, 80% of the GPU's memory on CUDA."
         ),
     )
@@ -162,6 +163,23 @@ class Settings(BaseSettings):
         description=(
             'Models never unloaded to make room, as JSON, e.g. `["minilm", "wiki-mlm"]`; `[]` pins none. Unset: the '
             "default model (`BERT_DEFAULT_MODEL`, or the only stored model)."
+        ),
+    )
+    max_loads_per_minute: int = Field(
+        30,
+        ge=0,
+        description=(
+            "Model loads one key may cause per minute (refilled continuously; the requests without a key share one "
+            "such limit). A request that would load a model past it is a 429 naming this limit, with `Retry-After`. "
+            "0: no limit."
+        ),
+    )
+    load_wait_seconds: float = Field(
+        5.0,
+        ge=0,
+        description=(
+            "Seconds a model load may wait for room under `BERT_MODEL_MEMORY_GB` (models still loading, or unloaded "
+            "ones that requests still run on); then it is a 503 with `Retry-After`."
         ),
     )
     max_inputs: int = Field(64, ge=1, description="Texts or pairs in one request; more is a 422.")

@@ -25,6 +25,16 @@
    median from the same run (target: a 4xx in about a second, the probe within 5x of idle).
    `--only-rerank` runs this part alone.
 
+5. Model thrash (`--only-thrash`, its own server): a budget of `--thrash-models` (2.5) models and one
+   working set (BERT_MODEL_MEMORY_GB), no pinned model, models loaded on first use (BERT_LOAD=lazy),
+   keys. A neighbour key sends one-word /embeddings on its own model (`bench`), one a second, idle and
+   while another key alternates two other models (`enc-0`, `enc-1`), back to back and then at 2
+   requests/s (its rps): the neighbour's p50 and p90 against idle (target: within 5x), the other key's
+   statuses, the loads, and the server's peak RSS against the budget plus its RSS before any model
+   loaded. Then six concurrent requests of 32 x 128 tokens, each on its own model (`enc-0` ...
+   `enc-5`): their statuses, the most GET /models counted (loaded, held and working set) and the peak
+   RSS.
+
 The server is bench/live.py's (4 layers, hidden 256, 512 positions, CPU), with default settings.
 `--root DIR` runs the server from another checkout (e.g. the commit before, for a before/after);
 `--skip-oversize` leaves part 1 out (do so for a checkout without the limits: there the 64-copy
@@ -33,6 +43,7 @@ request grows the server by gigabytes).
     .venv/bin/python bench/bounds_bench.py                    # about 8 minutes (part 3: about 6)
     .venv/bin/python bench/bounds_bench.py --only-hostile     # part 3 alone
     .venv/bin/python bench/bounds_bench.py --only-rerank --seconds 10
+    .venv/bin/python bench/bounds_bench.py --only-thrash --seconds 30   # part 5 alone, about 2 minutes
     .venv/bin/python bench/bounds_bench.py --seconds 10 --skip-oversize --root /tmp/old-checkout
 """
 
@@ -494,6 +505,228 @@ async def rerank(port: int, seconds: float, runs: int) -> list[str]:
     ]
 
 
+# -- 5. model thrash ----------------------------------------------------------------------------
+
+THRASH_MODELS = [f"enc-{i}" for i in range(6)]  # unpinned encoders of live.py's shape
+NEIGHBOUR_PAUSE_S = 1.0  # a modest neighbour: one request a second, so recency alone does not keep its model
+THRASH_KEYS = {  # name -> (scopes, limits)
+    "neighbour": (["inference"], {}),
+    "thrash": (["inference"], {}),
+    "limited": (["inference"], {"rps": 2.0}),
+    "burst": (["inference"], {}),
+    "ops": (["inference", "metrics"], {}),
+}
+
+
+def save_encoders(data_dir: Path, tokenizer) -> None:
+    import torch
+
+    from model.config import BertConfig
+    from model.modeling import BertModel
+
+    shape = {
+        "vocab_size": 30522,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    }
+    for seed, name in enumerate(THRASH_MODELS, 1):
+        torch.manual_seed(seed)
+        BertModel(BertConfig(**shape)).eval().save_pretrained(data_dir / "models" / name, tokenizer=tokenizer)
+
+
+def write_thrash_keys(data_dir: Path) -> dict[str, str]:
+    """DATA_DIR/keys.toml with THRASH_KEYS; their secrets by name."""
+    sys.path.insert(0, str(ROOT))
+    from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
+
+    secrets = {name: new_secret() for name in THRASH_KEYS}
+    keys = {
+        name: Key(name, hash_secret(secrets[name]), frozenset(scopes), **limits)
+        for name, (scopes, limits) in THRASH_KEYS.items()
+    }
+    write_keys(data_dir / "keys.toml", keys)
+    return secrets
+
+
+def thrash_budget_gb(data_dir: Path, models: float) -> float:
+    """A budget that holds `models` of the largest model's fp32 weights and one working set at the default
+    BERT_MAX_BATCH_TOKENS (model/sizing.py's estimates, as the registry counts them)."""
+    import torch
+
+    from model.config import BertConfig
+    from model.modeling import BertForPreTraining
+    from model.sizing import engine_working_bytes, inference_weight_bytes
+
+    config = BertConfig.from_json_file(data_dir / "models" / "bench" / "config.json")
+    with torch.device("meta"):
+        parameters = BertForPreTraining(config).num_parameters()
+    weights = inference_weight_bytes(config, parameters, "fp32")
+    return (models * weights + engine_working_bytes(config, 4096, "fp32")) / 2**30
+
+
+class PeakRss:
+    """The server's RSS, read every 10 ms in a thread: the peak since the last reset."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        self.pid, self.peak, self.stopped = pid, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(0.01):
+            try:
+                self.peak = max(self.peak, rss_mb(self.pid))
+            except (FileNotFoundError, RuntimeError):
+                return
+
+    def reset(self) -> None:
+        self.peak = rss_mb(self.pid)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+async def probe_model(port: int, key: str, model: str, seconds: float, failed: Counter | None = None) -> list[float]:
+    """The neighbour: one-word /embeddings on its own model, one a second, for `seconds`: each latency (a
+    refusal's too, its status counted in `failed`)."""
+    client, body, out = Client(port, key), json.dumps({"inputs": "hello", "model": model}).encode(), []
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        start = time.perf_counter()
+        status, _ = await client.request("POST", "/embeddings", body)
+        out.append(time.perf_counter() - start)
+        if status != 200 and failed is not None:
+            failed[status] += 1
+        await asyncio.sleep(NEIGHBOUR_PAUSE_S)
+    client.close()
+    return out
+
+
+async def alternate(
+    port: int, key: str, models: list[str], stop: asyncio.Event, statuses: Counter, pace: float
+) -> None:
+    """The thrasher: one-word /embeddings naming each of `models` in turn, back to back (`pace`: at least
+    that many seconds apart), 50 ms of rest after a refusal."""
+    client = Client(port, key)
+    bodies = [json.dumps({"inputs": "hello", "model": m}).encode() for m in models]
+    i = 0
+    while not stop.is_set():
+        start = time.perf_counter()
+        status, _ = await client.request("POST", "/embeddings", bodies[i % len(bodies)])
+        statuses[status] += 1
+        i += 1
+        await asyncio.sleep(max(pace - (time.perf_counter() - start), 0.05 if status != 200 else 0.0))
+    client.close()
+
+
+async def model_loads(port: int, key: str) -> float:
+    _, text = await Client(port, key).request("GET", "/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.decode().splitlines()
+        if line.startswith("bert_model_loads_total{")
+    )
+
+
+async def counted_memory(port: int, key: str, stop: asyncio.Event, peak: list[float]) -> None:
+    """Poll GET /models every 50 ms: the most its memory section counted (loaded, held and working set), MB."""
+    client = Client(port, key)
+    while not stop.is_set():
+        _, answer = await client.request("GET", "/models")
+        memory = json.loads(answer)["memory"]
+        counted = memory["loaded_bytes"] + memory.get("held_bytes", 0) + memory["working_set_bytes"]
+        peak[0] = max(peak[0], counted / 2**20)
+        await asyncio.sleep(0.05)
+    client.close()
+
+
+async def thrash(
+    port: int, pid: int, secrets: dict[str, str], tokenizer, seconds: float, budget_mb: float
+) -> list[str]:
+    rss = PeakRss(pid)
+    base = rss_mb(pid)  # no model loaded yet (BERT_LOAD=lazy)
+    neighbour, ops = secrets["neighbour"], secrets["ops"]
+    await probe_model(port, neighbour, "bench", 1.0)  # loads the neighbour's model and warms it
+    idle = await probe_model(port, neighbour, "bench", seconds)
+    idle_p50 = statistics.median(idle)
+    lines = [
+        f"budget {budget_mb:.0f} MB (BERT_MODEL_MEMORY_GB); server RSS before any model {base:.0f} MB, so budget + "
+        f"base = {budget_mb + base:.0f} MB",
+        "",
+        "| neighbour's one-word /embeddings on its model, beside | requests | not 200 | p50 ms | p90 ms | p50 / idle "
+        "| the other key's statuses | loads | peak RSS MB | peak - (budget + base) MB |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|",
+        f"| nothing (idle) | {len(idle)} | | {1000 * idle_p50:.1f} | {1000 * pct(idle, 0.9):.1f} | 1.0x | | | "
+        f"{rss.peak:.0f} | {rss.peak - budget_mb - base:+.0f} |",
+    ]
+    cases = [
+        ("one key alternating two models, back to back", "thrash", 0.0),
+        ("one key alternating two models at 2 requests/s (its rps)", "limited", 0.5),
+    ]
+    for label, key, pace in cases:
+        stop, statuses, failed = asyncio.Event(), Counter(), Counter()
+        loads = await model_loads(port, ops)
+        rss.reset()
+        task = asyncio.create_task(alternate(port, secrets[key], ["enc-0", "enc-1"], stop, statuses, pace))
+        beside = await probe_model(port, neighbour, "bench", seconds, failed)
+        stop.set()
+        await task
+        loads = await model_loads(port, ops) - loads
+        p50 = statistics.median(beside)
+        shown = ", ".join(f"{s} x{n}" for s, n in sorted(statuses.items()))
+        lines.append(
+            f"| {label} | {len(beside)} | {', '.join(f'{s} x{n}' for s, n in failed.items()) or 0} | {1000 * p50:.1f} | {1000 * pct(beside, 0.9):.1f} | {p50 / idle_p50:.1f}x | "
+            f"{shown} | {loads:.0f} | {rss.peak:.0f} | {rss.peak - budget_mb - base:+.0f} |"
+        )
+    # Six concurrent requests of 32 x 128 tokens, each on its own model: more models than the budget holds.
+    text = text_of(tokenizer, 128)
+    stop, counted = asyncio.Event(), [0.0]
+    rss.reset()
+    poller = asyncio.create_task(counted_memory(port, ops, stop, counted))
+
+    async def one(model: str) -> tuple[int, float]:
+        client, start = Client(port, secrets["burst"]), time.perf_counter()
+        status, _ = await client.request(
+            "POST", "/embeddings", json.dumps({"inputs": [text] * 32, "model": model}).encode()
+        )
+        client.close()
+        return status, time.perf_counter() - start
+
+    burst = await asyncio.gather(*(one(m) for m in THRASH_MODELS))
+    stop.set()
+    await poller
+    rss.stop()
+    statuses = Counter(status for status, _ in burst)
+    lines += [
+        "",
+        "| six concurrent requests (32 x 128 tokens), each on its own model | statuses | slowest s | most /models "
+        "counted, MB | peak RSS MB | peak - (budget + base) MB |",
+        "|---|---|---:|---:|---:|---:|",
+        f"| `enc-0` ... `enc-5` | {', '.join(f'{s} x{n}' for s, n in sorted(statuses.items()))} | "
+        f"{max(t for _, t in burst):.2f} | {counted[0]:.0f} | {rss.peak:.0f} | {rss.peak - budget_mb - base:+.0f} |",
+    ]
+    return lines
+
+
+def run_thrash(data_dir: Path, tokenizer, args: argparse.Namespace) -> None:
+    """Part 5 against its own server: a small budget, no pinned model, keys, models loaded on first use."""
+    save_encoders(data_dir, tokenizer)
+    secrets = write_thrash_keys(data_dir)
+    budget_gb = thrash_budget_gb(data_dir, args.thrash_models)
+    env = {"MODEL_MEMORY_GB": f"{budget_gb:.6f}", "PINNED_MODELS": "[]", "LOAD": "lazy"}
+    proc, port = start_server(data_dir, root=args.root.resolve(), ready="/health", **env)
+    try:
+        print(f"server from {args.root.resolve()}, {env}\n")
+        lines = asyncio.run(thrash(port, proc.pid, secrets, tokenizer, args.seconds, budget_gb * 1024))
+        print("\n".join(lines) + "\n", flush=True)
+    finally:
+        stop_server(proc)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="probing time, idle and loaded (default 30)")
@@ -503,6 +736,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only-hostile", action="store_true", help="run part 3 alone")
     parser.add_argument("--only-rerank", action="store_true", help="run part 4 (reranking) alone")
     parser.add_argument("--rerank-runs", type=int, default=3, help="reranking reproductions sent (default 3)")
+    parser.add_argument("--only-thrash", action="store_true", help="run part 5 (model thrash) alone")
+    parser.add_argument(
+        "--thrash-models",
+        type=float,
+        default=2.5,
+        help="part 5's budget, in models (default 2.5: the neighbour's, one more and half another)",
+    )
     parser.add_argument(
         "--max-batch-tokens",
         type=int,
@@ -513,6 +753,9 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bounds-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     tokenizer = save_models(data_dir)
+    if args.only_thrash:
+        run_thrash(data_dir, tokenizer, args)
+        return
     save_reranker(data_dir, tokenizer)
     hostile_too = not args.skip_hostile and not args.only_rerank
     if hostile_too:

@@ -61,10 +61,11 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None, **env: str
+    data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None, ready: str = "/ready", **env: str
 ) -> tuple[subprocess.Popen, int]:
     """`python -m app.launcher.server` from `root`, BERT_* settings from `env` (names without the prefix) and
-    other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`."""
+    other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`; started once GET `ready` answers
+    200 (`/health` for a server that loads nothing before its first request)."""
     port = free_port()
     settings = {
         "DATA_DIR": str(data_dir),
@@ -88,7 +89,7 @@ def start_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_ready(proc, port)
+    wait_ready(proc, port, path=ready)
     return proc, port
 
 
@@ -132,10 +133,12 @@ def rss_mb(pid: int) -> float:
 
 
 class Client:
-    """One keep-alive HTTP/1.1 connection, requests one at a time, reopened when the server closes it."""
+    """One keep-alive HTTP/1.1 connection, requests one at a time, reopened when the server closes it;
+    `key`: sent as `Authorization: Bearer <key>`."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, key: str | None = None):
         self.port = port
+        self.auth = f"Authorization: Bearer {key}\r\n" if key else ""
         self.reader = self.writer = None
 
     async def request(
@@ -155,7 +158,7 @@ class Client:
     async def _exchange(self, method: str, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
         self.writer.write(
             (
-                f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n"
+                f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n{self.auth}"
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             + body

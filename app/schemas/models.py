@@ -77,9 +77,13 @@ class MemoryInfo(BaseModel):
 
     budget_bytes: int | None = Field(description="BERT_MODEL_MEMORY_GB in bytes (or its default share of memory).")
     loaded_bytes: int = Field(description="The weights of the models loaded (or loading).")
+    held_bytes: int = Field(
+        description="The weights of models unloaded to make room that requests still run on: counted against the "
+        "budget until the last of those requests ends."
+    )
     working_set_bytes: int = Field(
-        description="One forward pass's activations at BERT_MAX_BATCH_TOKENS, for the largest loaded model; 0 when "
-        "none is loaded."
+        description="One forward pass's activations at BERT_MAX_BATCH_TOKENS, for the largest model loaded or held; "
+        "0 when none is."
     )
 
 

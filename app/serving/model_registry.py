@@ -11,17 +11,23 @@ finishes on it. Weights come through model.modeling.load_model (safetensors, or 
 torch.load): nothing is ever unpickled.
 
 Memory: the loaded models' weights and one forward pass's working set (model/sizing.py's estimates)
-stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, the least recently
-used models that are not pinned are unloaded; a model that cannot fit beside the pinned ones is a
-507. Unloading only drops the registry's reference: requests in flight keep their LoadedModel and
-finish with it.
+stay within a budget (BERT_MODEL_MEMORY_GB). Before a load that would pass it, models that are not
+pinned are unloaded: first those that no key but the one loading used in the last RECENT_USERS_S,
+then those fewest other keys used (the loading key's own first among equals, then the least recently
+used), so a key that churns through models unloads its own before a model others use. A model that cannot fit beside
+the pinned ones is a 507. The requests and work items running on a LoadedModel hold it (hold,
+release): an unloaded model that is still held keeps its bytes counted until the last holder lets
+go, so a load waits for them (at most `load_wait_s`, then a 503 with Retry-After) rather than pass
+the budget; a request for a model that is unloaded but still held takes that copy back unloaded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
+import math
 import pickle
 import threading
 import time
@@ -64,6 +70,9 @@ from model.weights import heads_in_dir
 log = logging.getLogger("bertserve.registry")
 log.addFilter(ONE_LINE)  # a model's name and path, one line each (app/errors.py)
 
+# How long a key's request keeps counting as a use of a model, for the order models are unloaded in.
+RECENT_USERS_S = 60.0
+
 # What each route needs (a servable head), and the model classes that have it. Not model.weights'
 # weight heads (pooler, mlm, nsp, classifier): those say which tensors a directory holds.
 HEAD_CLASSES = {
@@ -100,6 +109,9 @@ class LoadedModel:
     warm: bool = False
     prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
     default_prompt_name: str | None = None  # the prompt an embedding request gets when it names none
+    weight_bytes: int = 0  # its weights' estimate, as counted against the memory budget
+    working_bytes: int = 0  # its forward pass's working set, as counted
+    holders: int = 0  # requests and work items running on it now (ModelRegistry.hold and release)
 
     @property
     def config(self) -> BertConfig:
@@ -137,6 +149,7 @@ class StoredModel:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reserved_bytes: int = 0  # its weights' estimate, counted against the budget while loading or loaded
     last_used: int = 0  # when its last request came (a registry-wide count): the least recent is unloaded first
+    users: dict[str, float] = field(default_factory=dict)  # key name -> when it last asked for it (registry.clock)
     access: Access = field(default_factory=lambda: Access.new(LEGACY_OWNER))  # its owner, and whether it is shared
 
 
@@ -248,6 +261,7 @@ class ModelRegistry:
         pinned: list[str] | None = None,
         max_batch_tokens: int = 4096,
         metrics: Metrics | None = None,
+        load_wait_s: float = 5.0,
     ):
         self.root = DataDir(data_dir).models
         self.jobs = JobRecords(data_dir)
@@ -264,6 +278,12 @@ class ModelRegistry:
         self.metrics = metrics
         self._wake = asyncio.Event()  # set (and replaced) when memory is freed or a load ends
         self._uses = itertools.count(1)  # orders requests for least-recently-used (no ties, unlike a clock)
+        self.clock = time.monotonic  # when a key last asked for a model (StoredModel.users)
+        self.load_wait_s = load_wait_s  # the longest a load waits for room before its 503
+        # Unloaded models that requests or work items may still run on: their bytes count until the last lets go.
+        # Scans (in a thread) append replaced entries to `_retired`; the event loop moves them here.
+        self._draining: list[tuple[StoredModel, LoadedModel]] = []
+        self._retired: collections.deque[tuple[StoredModel, LoadedModel]] = collections.deque()
 
     # -- scanning (filesystem work: call through asyncio.to_thread from async code) ----------
 
@@ -280,7 +300,7 @@ class ModelRegistry:
         with self._lock:
             for name in list(self._entries):
                 if name not in found:
-                    del self._entries[name]
+                    self._retire(self._entries.pop(name))
             for name, current in found.items():
                 self._update(name, *current)
             return [self._entries[n] for n in sorted(self._entries)]
@@ -301,12 +321,19 @@ class ModelRegistry:
         that changed only its access (shared or not) keeps the loaded model."""
         old = self._entries.get(name)
         if old is None or old.identity[1] != identity[1] or old.path != path or old.version != version:
+            if old is not None:
+                self._retire(old)
             self._entries[name] = read_stored_model(name, path, identity, version, versions)
             self._entries[name].access = read_access(self.root / name)
             return
         if old.identity != identity:
             old.identity, old.access = identity, read_access(self.root / name)
         old.versions = versions
+
+    def _retire(self, entry: StoredModel) -> None:
+        """An entry replaced or removed by a scan: its loaded model goes on counting while requests hold it."""
+        if entry.loaded is not None:
+            self._retired.append((entry, entry.loaded))  # a deque: safe from the scan's thread
 
     def _refresh(self, name: str) -> StoredModel | None:
         """The entry for `name`, read again if its promoted version changed or was replaced since."""
@@ -411,12 +438,17 @@ class ModelRegistry:
         head: str | None = None,
         route: str = "",
         check: Callable[[str, Access], None] | None = None,
+        user: str | None = None,
+        admit: Callable[[StoredModel], Callable[[], None]] | None = None,
     ) -> LoadedModel:
-        """The loaded model for a request, loading and warming it up on first use.
+        """The loaded model for a request, loading it on first use, held for the caller: it stays counted
+        against the memory budget until the caller lets go with `release`.
 
         `head` names what the route needs; a model without it is a 422 that names both. `check` may
         refuse the model by its name and access (the caller's key: app/keys/ownership.py) before anything
-        is loaded.
+        is loaded. `user` names the caller's key, a use of the model for the order of unloading; `admit`
+        is called before this request loads the model, and may refuse the load (it returns what gives
+        back its charge if the load fails).
         """
         entry = await self.lookup(name, head)
         if check is not None:
@@ -430,24 +462,54 @@ class ModelRegistry:
                 f"model '{entry.name}' has no {HEAD_TITLES[head]} head, which "
                 f"{route} needs (it is a {entry.architecture}; heads: {has})",
             )
-        return await self.ensure_loaded(entry, warm_up=False)
+        loaded = await self.ensure_loaded(entry, warm_up=False, user=user, admit=admit)
+        self.hold(loaded)  # nothing awaited since it was decided on: it cannot have been unloaded meanwhile
+        return loaded
 
-    async def ensure_loaded(self, entry: StoredModel, warm_up: bool = True) -> LoadedModel:
+    async def ensure_loaded(
+        self,
+        entry: StoredModel,
+        warm_up: bool = True,
+        user: str | None = None,
+        admit: Callable[[StoredModel], Callable[[], None]] | None = None,
+    ) -> LoadedModel:
         """The entry's model, loaded (within the memory budget) and warmed up on first use. The value
         returned stays usable even if the model is unloaded while the caller still runs it. A request
         that loads a model (`warm_up` False) is its first use: warm-up passes would only queue
-        before it, behind the engine's other work, and lengthen its wait."""
+        before it, behind the engine's other work, and lengthen its wait. `user` and `admit`: as get's."""
+        if user is not None:
+            entry.users[user] = self.clock()
         loaded = entry.loaded
         if loaded is None:
             async with entry.lock:  # concurrent first requests load it once
-                loaded = entry.loaded
+                loaded = entry.loaded or self._take_back(entry)
                 if loaded is None:
-                    loaded = await self._load_within_budget(entry, warm_up)
+                    refund = admit(entry) if admit is not None else None
+                    try:
+                        loaded = await self._load_within_budget(entry, warm_up, user)
+                    except BaseException:
+                        if refund is not None:
+                            refund()
+                        raise
         entry.last_used = next(self._uses)
         return loaded
 
-    async def _load_within_budget(self, entry: StoredModel, warm_up: bool = True) -> LoadedModel:
-        await self._reserve(entry)
+    def _take_back(self, entry: StoredModel) -> LoadedModel | None:
+        """The entry's own model, unloaded but still held by requests: loaded again without a load (its
+        bytes were counted all along)."""
+        self._prune()
+        for pair in self._draining:
+            if pair[0] is entry:
+                self._draining.remove(pair)
+                entry.loaded, entry.reserved_bytes = pair[1], pair[1].weight_bytes
+                self._changed()
+                return pair[1]
+        return None
+
+    async def _load_within_budget(
+        self, entry: StoredModel, warm_up: bool = True, user: str | None = None
+    ) -> LoadedModel:
+        await self._reserve(entry, user)
         start = time.perf_counter()
         try:
             loaded = await asyncio.to_thread(self._load, entry)
@@ -462,6 +524,7 @@ class ModelRegistry:
             log.exception("loading model %s failed", entry.name)  # remembered until the directory changes
             entry.error = f"loading failed: {describe_failure(e, self.root.parent)}"
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
+        loaded.weight_bytes, loaded.working_bytes = entry.reserved_bytes, self.estimate(entry)[1]
         entry.loaded = loaded
         entry.last_used = next(self._uses)
         if self.metrics is not None:
@@ -520,11 +583,20 @@ class ModelRegistry:
             engine_working_bytes(entry.config, self.max_batch_tokens, precision),
         )
 
-    def memory_in_use(self, entries: list[StoredModel] | None = None) -> tuple[int, int]:
-        """(weights, working set) counted against the budget: the loaded and loading models' weights, and
-        the largest working set among them (one forward pass runs at a time, whichever model's)."""
-        held = [e for e in (list(self._entries.values()) if entries is None else entries) if e.reserved_bytes]
-        return sum(e.reserved_bytes for e in held), max((self.estimate(e)[1] for e in held), default=0)
+    def memory_in_use(self, entries: list[StoredModel] | None = None, held: bool = True) -> tuple[int, int]:
+        """(weights, working set) counted against the budget: the loaded and loading models' weights, those of
+        the unloaded models that requests still hold (`held`), and the largest working set among them all
+        (one forward pass runs at a time, whichever model's)."""
+        counted = [e for e in (list(self._entries.values()) if entries is None else entries) if e.reserved_bytes]
+        draining = [lm for _, lm in self._prune()] if held else []
+        return (
+            sum(e.reserved_bytes for e in counted) + sum(lm.weight_bytes for lm in draining),
+            max([self.estimate(e)[1] for e in counted] + [lm.working_bytes for lm in draining], default=0),
+        )
+
+    def held_bytes(self) -> int:
+        """The weights of unloaded models that requests still run on (counted in memory_in_use)."""
+        return sum(lm.weight_bytes for _, lm in self._prune())
 
     def fits(self, entry: StoredModel) -> bool:
         """Whether `entry` could load now without unloading another model."""
@@ -534,31 +606,67 @@ class ModelRegistry:
         held, held_working = self.memory_in_use()
         return held + weights + max(working, held_working) <= self.memory_budget
 
-    async def _reserve(self, entry: StoredModel) -> None:
-        """Count `entry`'s weights against the budget, unloading least-recently-used models to make room;
-        while only models still loading stand in the way, wait for one to finish. Each decision runs
-        without an await in it, so concurrent first requests for several models see each other's
-        reservations and never decide on the same room twice."""
-        while not self._make_room(entry):
+    async def _reserve(self, entry: StoredModel, user: str | None = None) -> None:
+        """Count `entry`'s weights against the budget, unloading models to make room; while only models
+        still loading, or unloaded ones that requests still hold, stand in the way, wait for them, at most
+        `load_wait_s` (then a 503). Each decision runs without an await in it, so concurrent first requests
+        for several models see each other's reservations and never decide on the same room twice."""
+        deadline = asyncio.get_running_loop().time() + self.load_wait_s
+        while not self._make_room(entry, user):
             wake = self._wake
-            await wake.wait()
+            try:
+                await asyncio.wait_for(wake.wait(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                raise self._no_room_yet(entry) from None
 
-    def _make_room(self, entry: StoredModel) -> bool:
+    def _make_room(self, entry: StoredModel, user: str | None = None) -> bool:
+        """Reserve `entry`'s weights if they fit now; else unload models in _unload_order until they will
+        fit once the held ones are let go, and answer False (wait)."""
         weights, working = self.estimate(entry)
         if self.memory_budget is not None:
-            while True:
+            while not self._fits_beside(entry, weights, working):
                 others = [e for e in list(self._entries.values()) if e is not entry and e.reserved_bytes]
-                held, held_working = self.memory_in_use(others)
-                if held + weights + max(working, held_working) <= self.memory_budget:
-                    break
                 self._check_fits_beside_pinned(entry, weights, working, others)
+                if self._fits_beside(entry, weights, working, held=False):
+                    return False  # room once requests let go of unloaded models
                 victims = [e for e in others if e.loaded is not None and not self.is_pinned(e.name)]
                 if not victims:
                     return False  # the others are loading: each becomes unloadable once it is loaded
-                self.unload(min(victims, key=lambda e: e.last_used))
+                self.unload(min(victims, key=lambda e: self._unload_order(e, user)))
         entry.reserved_bytes = weights
         self._changed()
         return True
+
+    def _fits_beside(self, entry: StoredModel, weights: int, working: int, held: bool = True) -> bool:
+        """Whether `entry` fits beside the other models counted now (`held`: and the held unloaded ones)."""
+        assert self.memory_budget is not None
+        others = [e for e in list(self._entries.values()) if e is not entry]
+        in_use, in_use_working = self.memory_in_use(others, held)
+        return in_use + weights + max(working, in_use_working) <= self.memory_budget
+
+    def _unload_order(self, entry: StoredModel, user: str | None) -> tuple[int, bool, int]:
+        """Which model a load by key `user` unloads first: the one fewest other keys asked for in the last
+        RECENT_USERS_S (a model only the loading key churns: none); among equals, one `user` asked for
+        itself before one it did not; then the least recently used."""
+        since = self.clock() - RECENT_USERS_S
+        recent = {key for key, when in entry.users.items() if when >= since}
+        return len(recent - {user}), user not in recent, entry.last_used
+
+    def _no_room_yet(self, entry: StoredModel) -> ServiceError:
+        """503 for a load that waited load_wait_s for room in vain."""
+        assert self.memory_budget is not None
+        weights, working = self.estimate(entry)
+        in_use, _ = self.memory_in_use([e for e in self._entries.values() if e is not entry])
+        held = self.held_bytes()
+        retry = max(1, math.ceil(self.load_wait_s))
+        return ServiceError(
+            "unavailable",
+            f"model '{entry.name}' needs an estimated {format_bytes(weights + working)} of the "
+            f"{format_bytes(self.memory_budget)} model memory budget, and after {self.load_wait_s:g} s "
+            f"(BERT_LOAD_WAIT_SECONDS) the models in use still hold {format_bytes(in_use)} of it "
+            f"({format_bytes(held)} of that by unloaded models that requests still run on); retry in {retry} s",
+            headers={"Retry-After": str(retry)},
+        )
 
     def _check_fits_beside_pinned(
         self, entry: StoredModel, weights: int, working: int, others: list[StoredModel]
@@ -566,7 +674,7 @@ class ModelRegistry:
         """507 for a model that does not fit even with every unpinned model unloaded."""
         assert self.memory_budget is not None
         pinned = [e for e in others if self.is_pinned(e.name)]
-        pinned_bytes, pinned_working = self.memory_in_use(pinned)
+        pinned_bytes, pinned_working = self.memory_in_use(pinned, held=False)
         working = max(working, pinned_working)
         if pinned_bytes + weights + working <= self.memory_budget:
             return
@@ -584,18 +692,46 @@ class ModelRegistry:
         )
 
     def unload(self, entry: StoredModel) -> None:
-        """Drop the registry's reference to a loaded model (requests running it keep theirs)."""
+        """Drop the registry's reference to a loaded model. Requests running it keep theirs, and its bytes
+        stay counted until the last of them lets go (release)."""
         log.info("unloading model %s to make room under the memory budget", entry.name)
-        entry.loaded = None
-        entry.reserved_bytes = 0
+        loaded, entry.loaded, entry.reserved_bytes = entry.loaded, None, 0
+        if loaded is not None and loaded.holders:
+            self._draining.append((entry, loaded))
         if self.metrics is not None:
             self.metrics.model_unloads.labels(entry.name).inc()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and (loaded is None or not loaded.holders):
             torch.cuda.empty_cache()  # what no tensor holds any more goes back to the device
         self._changed()
 
+    # -- holders: the requests and work items running on a loaded model ----------------------------
+
+    def hold(self, loaded: LoadedModel) -> None:
+        """One more request or work item runs on `loaded` (event loop only)."""
+        loaded.holders += 1
+
+    def release(self, loaded: LoadedModel) -> None:
+        """One request or work item less on `loaded`; the last one to let go of an unloaded model frees its
+        bytes for the loads waiting (event loop only)."""
+        loaded.holders -= 1
+        assert loaded.holders >= 0, f"model {loaded.name} released more often than held"
+        if loaded.holders == 0 and any(lm is loaded for _, lm in self._draining):
+            self._prune()
+            log.info("model %s: the last request on it ended; its memory is free", loaded.name)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self._changed()
+
+    def _prune(self) -> list[tuple[StoredModel, LoadedModel]]:
+        """The unloaded models still held, the ones let go dropped (the scans' retired ones taken in first)."""
+        while self._retired:
+            self._draining.append(self._retired.popleft())
+        self._draining = [(e, lm) for e, lm in self._draining if lm.holders]
+        return self._draining
+
     def _changed(self) -> None:
-        """After a reservation, load, failure or unload: wake the loads waiting for room, update the gauges."""
+        """After a reservation, load, failure, unload or release: wake the loads waiting for room, update the
+        gauges."""
         self._wake.set()
         self._wake = asyncio.Event()
         if self.metrics is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -20,11 +21,11 @@ from typing import Any
 import torch
 
 from app.errors import ServiceError
-from app.keys.limits import CALLER
+from app.keys.limits import CALLER, Caller, LoadLimits, load_tokens
 from app.prometheus import Metrics
 from app.serving.engine import Engine, WorkItem
 from app.serving.forward import RUNNERS
-from app.serving.model_registry import LoadedModel, ModelRegistry
+from app.serving.model_registry import LoadedModel, ModelRegistry, StoredModel
 from app.settings import Settings
 from datadir.defaults import read_defaults
 from model.compute import kernels
@@ -248,7 +249,9 @@ class Service:
             pinned=settings.pinned_models,
             max_batch_tokens=settings.max_batch_tokens,
             metrics=metrics,
+            load_wait_s=settings.load_wait_seconds,
         )
+        self.loads = LoadLimits(settings.max_loads_per_minute)  # per key (app/keys/limits.py)
 
         self.engine: Engine | None = None  # made by start(): an app's lifespan may run more than once
         self.pool: ThreadPoolExecutor | None = None
@@ -325,9 +328,48 @@ class Service:
     # -- work -----------------------------------------------------------------------------------
 
     async def loaded_model(self, name: str | None, head: str | None = None, route: str = "") -> LoadedModel:
-        """The model a request names (None: the route's default), when the request's key may use it."""
+        """The model a request names (None: the route's default), when the request's key may use it. A load
+        it causes is charged to its key (admit_load). The request's task holds the model until it ends, so
+        the model's memory stays counted against the budget while the request runs on it, unloaded or not."""
         caller = CALLER.get()
-        return await self.registry.get(name, head, route, check=caller.check_model if caller is not None else None)
+        lm = await self.registry.get(
+            name,
+            head,
+            route,
+            check=caller.check_model if caller is not None else None,
+            user=caller.key.name if caller is not None else None,
+            admit=functools.partial(self.admit_load, caller),
+        )
+        task = asyncio.current_task()
+        assert task is not None, "loaded_model runs in a task"
+        task.add_done_callback(lambda _: self.registry.release(lm))
+        return lm
+
+    def admit_load(self, caller: Caller | None, entry: StoredModel) -> Callable[[], None]:
+        """A request is about to load `entry`: one of its key's loads per minute (BERT_MAX_LOADS_PER_MINUTE;
+        without a key, of the keyless requests' limit) and, where the key has a token rate, load_tokens of the
+        model's parameters. A 429 when either is spent; returns what gives both back if the load fails."""
+        who = caller.key.name if caller is not None else None
+        try:
+            self.loads.take(who, entry.name)
+        except ServiceError:
+            if caller is not None:
+                caller.on_refused(caller.key.name, "loads")
+            raise
+        tokens = load_tokens(entry.num_parameters or 0)
+        if caller is not None:
+            try:
+                caller.charge_load(entry.name, tokens)
+            except ServiceError:
+                self.loads.give(who)
+                raise
+
+        def refund() -> None:
+            self.loads.give(who)
+            if caller is not None:
+                caller.refund_load(tokens)
+
+        return refund
 
     def incoming(self):
         """`with service.incoming():` around a request's work before its work item is queued."""
@@ -348,11 +390,24 @@ class Service:
         if self.engine is None:
             raise ServiceError("unavailable", "the service is not running")
         future = self.engine.submit(item)
+        self._hold_until_done(item.lm, future)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             item.cancel()
             raise
+
+    def _hold_until_done(self, lm: LoadedModel, future: concurrent.futures.Future) -> None:
+        """A work item holds its model until the engine is done with it: a request that goes away mid-pass
+        lets go of it first, but the pass still runs on the model's weights."""
+        loop = asyncio.get_running_loop()
+        self.registry.hold(lm)
+
+        def done(_: concurrent.futures.Future) -> None:  # in the inference thread, or the event loop
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to count
+                loop.call_soon_threadsafe(self.registry.release, lm)
+
+        future.add_done_callback(done)
 
     async def off_loop(self, fn: Callable, *args) -> Any:
         """Tokeniser and other CPU work, in the thread pool, never on the event loop. At most

@@ -1,5 +1,6 @@
 """The model memory budget: least-recently-used unloading, pinning, the 507, the listing and metrics,
-and concurrent first requests for more models than fit (in the registry, and against real uvicorn)."""
+concurrent first requests for more models than fit (in the registry, and against real uvicorn), the
+order models are unloaded in when several keys use them, and unloaded models that requests still hold."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import torch
 
 from app.errors import ServiceError
 from app.prometheus import Metrics
-from app.serving.model_registry import ModelRegistry
+from app.serving.model_registry import RECENT_USERS_S, ModelRegistry
 from app.serving.service import memory_budget
 from app.settings import Settings
 from model.compute import device as device_module
 from model.modeling import BertModel
 from model.sizing import format_bytes
 from tests.app.conftest import save_tiny, serve_app, settings_for
+from tests.app.test_bounds import RawRequest, Spy, until
 from tests.app.test_inference import embed_reference
 from tests.app.test_server import free_port, start_server
 
@@ -188,7 +190,12 @@ async def test_listing_and_507_over_http(four_models):
     async with serve_app(settings, wait_ready=False) as c:
         assert (await c.post("/embeddings", json={"inputs": "the cat", "model": "m1"})).status_code == 200
         body = (await c.get("/models")).json()
-        assert body["memory"] == {"budget_bytes": budget, "loaded_bytes": weights, "working_set_bytes": working}
+        assert body["memory"] == {
+            "budget_bytes": budget,
+            "loaded_bytes": weights,
+            "held_bytes": 0,
+            "working_set_bytes": working,
+        }
         listed = {m["name"]: m for m in body["models"]}
         assert [(listed[n]["loaded"], listed[n]["pinned"], listed[n]["estimated_bytes"]) for n in NAMES] == [
             (False, True, weights),
@@ -232,6 +239,7 @@ def test_live_server_under_a_two_model_budget_answers_every_request_right(four_m
         port,
         BERT_DEFAULT_MODEL="m0",
         BERT_PINNED_MODELS="[]",
+        BERT_MAX_LOADS_PER_MINUTE="0",  # every client is the one keyless caller: its loads are what is tested here
         BERT_MAX_BATCH_TOKENS=str(MAX_BATCH_TOKENS),
         BERT_MODEL_MEMORY_GB=repr(probe.memory_budget / 2**30),
         BERT_BROKER_URL="redis://127.0.0.1:1/0",
@@ -277,3 +285,139 @@ def test_live_server_under_a_two_model_budget_answers_every_request_right(four_m
     memory = listing["memory"]
     assert memory["loaded_bytes"] + memory["working_set_bytes"] <= memory["budget_bytes"] == probe.memory_budget
     assert sum(m["loaded"] for m in listing["models"]) <= 2
+
+
+# -- which model goes: the keys that use it ----------------------------------------------------------
+
+
+async def test_a_model_several_keys_use_outlives_one_keys_churn(four_models):
+    """Room for two models: three keys use m1, then one key alternates m2 and m3. Each of its loads unloads
+    its own last model, never m1 (least recently used, so plain LRU would have unloaded it first)."""
+    metrics = Metrics()
+    store = registry(four_models, 2.5, pinned=[], metrics=metrics)
+    for key in ("alice", "bob", "carol"):
+        await store.ensure_loaded(store.peek("m1"), user=key)
+    after_each = []
+    for name in ["m2", "m3"] * 3:
+        await store.ensure_loaded(store.peek(name), user="churn")
+        after_each.append(loaded(store))
+    assert after_each == [["m1", "m2"], ["m1", "m3"]] * 3
+    assert [counter(metrics, "bert_model_unloads_total", n) for n in NAMES] == [0, 0, 3, 2]
+
+    lru = registry(four_models, 2.5, pinned=[])  # the same requests without keys: least recently used first
+    for name in ["m1", "m2", "m3"]:
+        await load(lru, name)
+    assert loaded(lru) == ["m2", "m3"]
+
+
+async def test_a_keys_use_counts_for_a_minute(four_models):
+    """One neighbour key on m1 keeps it against another key's churn while its use is recent
+    (RECENT_USERS_S); after that, least recently used decides again."""
+    store = registry(four_models, 2.5, pinned=[])
+    now = [1000.0]
+    store.clock = lambda: now[0]
+    await store.ensure_loaded(store.peek("m1"), user="neighbour")
+    await store.ensure_loaded(store.peek("m2"), user="churn")
+    await store.ensure_loaded(store.peek("m3"), user="churn")
+    assert loaded(store) == ["m1", "m3"]
+    now[0] += RECENT_USERS_S + 1
+    await store.ensure_loaded(store.peek("m2"), user="churn")
+    assert loaded(store) == ["m2", "m3"]
+
+
+async def test_among_models_as_many_other_keys_use_the_loading_keys_own_goes_first(four_models):
+    """m1 is the neighbour's, m2 is used by keys a and b. When a loads m3, each of m1 and m2 has one other
+    key; m2 is a's own, so it goes, though m1 was used longer ago."""
+    store = registry(four_models, 2.5, pinned=[])
+    await store.ensure_loaded(store.peek("m1"), user="neighbour")
+    await store.ensure_loaded(store.peek("m2"), user="a")
+    await store.ensure_loaded(store.peek("m2"), user="b")
+    await store.ensure_loaded(store.peek("m3"), user="a")
+    assert loaded(store) == ["m1", "m3"]
+
+
+# -- memory that requests still hold -----------------------------------------------------------------
+
+
+async def test_an_unloaded_model_stays_counted_until_its_last_holder_lets_go(four_models):
+    """Room for 2.5 models. m1 is held by a request when m3's load unloads it: its bytes stay counted, so
+    m3 waits for them, and past BERT_LOAD_WAIT_SECONDS it is a 503 with Retry-After. A request for m1
+    takes the held copy back without a load; once its holders let go, m3 loads."""
+    metrics = Metrics()
+    store = registry(four_models, 2.5, pinned=[], metrics=metrics, load_wait_s=0.05)
+    weights, working = store.estimate(store.peek("m0"))
+    m1 = await store.get("m1")  # a request holds it
+    await load(store, "m2")
+    with pytest.raises(ServiceError) as raised:
+        await load(store, "m3")
+    assert raised.value.status_code == 503 and raised.value.headers == {"Retry-After": "1"}
+    assert raised.value.message == (
+        f"model 'm3' needs an estimated {format_bytes(weights + working)} of the "
+        f"{format_bytes(store.memory_budget)} model memory budget, and after 0.05 s (BERT_LOAD_WAIT_SECONDS) "
+        f"the models in use still hold {format_bytes(2 * weights)} of it ({format_bytes(weights)} of that by "
+        "unloaded models that requests still run on); retry in 1 s"
+    )
+    assert loaded(store) == ["m2"] and m1.holders == 1
+    assert store.memory_in_use() == (2 * weights, working) and store.held_bytes() == weights
+    assert metrics.registry.get_sample_value("bert_model_memory_bytes") == 2 * weights + working
+
+    again = await store.get("m1")  # the held copy, loaded again without a load
+    assert again is m1 and m1.holders == 2 and loaded(store) == ["m1", "m2"] and store.held_bytes() == 0
+    assert counter(metrics, "bert_model_loads_total", "m1") == 1
+
+    store.load_wait_s = 5.0
+    await load(store, "m2")  # m1 is the least recently used again
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(load, store, "m3")  # unloads m1 again, then waits for its holders
+        await until(lambda: "m1" not in loaded(store))
+        assert store.peek("m3").reserved_bytes == 0 and store.held_bytes() == weights
+        store.release(m1)
+        assert store.held_bytes() == weights  # one holder left
+        store.release(m1)
+    assert loaded(store) == ["m2", "m3"] and store.held_bytes() == 0
+    assert store.memory_in_use() == (2 * weights, working)
+
+
+async def test_a_pass_still_running_on_an_unloaded_model_holds_it(four_models):
+    """Over HTTP: a request on m1 whose client leaves while its pass runs lets go of m1, but its work item
+    does not. m2 and then m3 are asked for (/tokenize loads without a pass); m3's load unloads m1 and
+    waits for the pass, a 503 with Retry-After; /models shows the held bytes; when the pass ends, m3 loads."""
+    probe = registry(four_models, 2.5)
+    weights, working = probe.estimate(probe.peek("m0"))
+    settings = settings_for(
+        four_models,
+        default_model="m0",
+        load="lazy",
+        pinned_models=[],
+        max_batch_tokens=MAX_BATCH_TOKENS,
+        model_memory_gb=probe.memory_budget / 2**30,
+        load_wait_seconds=0.2,
+    )
+    async with serve_app(settings, wait_ready=False) as c:
+        service = c.app.state.service
+        spy = Spy(service.engine, "encode", hold=True)
+        try:
+            async with anyio.create_task_group() as tg:
+                running = RawRequest(c.app, "/embeddings", {"inputs": "the cat", "model": "m1"})
+                tg.start_soon(running.run)
+                await until(spy.entered.is_set)  # its pass is in the runner
+                running.leave()
+                await until(running.done.is_set)
+                assert (await c.post("/tokenize", json={"inputs": "the cat", "model": "m2"})).status_code == 200
+                r = await c.post("/tokenize", json={"inputs": "the cat", "model": "m3"})
+                assert (r.status_code, r.headers["retry-after"], r.json()["error_type"]) == (503, "1", "unavailable")
+                assert "0.2 s (BERT_LOAD_WAIT_SECONDS)" in r.json()["error"]
+                memory = (await c.get("/models")).json()["memory"]
+                assert memory == {
+                    "budget_bytes": probe.memory_budget,
+                    "loaded_bytes": weights,
+                    "held_bytes": weights,
+                    "working_set_bytes": working,
+                }
+                spy.gate.set()
+            await until(lambda: service.registry.held_bytes() == 0)
+        finally:
+            spy.restore()
+        assert (await c.post("/tokenize", json={"inputs": "the cat", "model": "m3"})).status_code == 200
+        listed = {m["name"]: m["loaded"] for m in (await c.get("/models")).json()["models"]}
+        assert listed == {"m0": False, "m1": False, "m2": True, "m3": True}

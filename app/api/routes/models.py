@@ -148,8 +148,11 @@ async def list_models(service: ServiceDep, caller: CallerDep) -> ModelsResponse:
     models = await asyncio.to_thread(
         lambda: [model_info(e, registry, service.device, size) for e, size in zip(entries, sizes, strict=True)]
     )
-    loaded, working = registry.memory_in_use()
-    memory = MemoryInfo(budget_bytes=registry.memory_budget, loaded_bytes=loaded, working_set_bytes=working)
+    counted, working = registry.memory_in_use()
+    held = registry.held_bytes()
+    memory = MemoryInfo(
+        budget_bytes=registry.memory_budget, loaded_bytes=counted - held, held_bytes=held, working_set_bytes=working
+    )
     return ModelsResponse(models=models, default=registry.default(), memory=memory)
 
 
