@@ -424,3 +424,13 @@ def test_the_architecture_page_gives_the_app_rooms_in_the_contracts_order():
     stated = re.search(r"Inside `app/` the rooms depend downwards only: (.+?)\. ", text).group(1)
     named = [m.replace(" ", "") for m in re.findall(r"`([a-z_ ]+)`", stated)]
     assert named == [room.replace("app.", "") for layer in layers for room in layer.split(" | ")]
+
+
+def test_no_module_of_app_passes_600_lines():
+    """A module past 600 lines holds more than one thing: split it where it reads best."""
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p in (ROOT / "app").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert long == {}

@@ -105,7 +105,7 @@ def cmd_evaluate_card(args: argparse.Namespace) -> int:
 def _servable(info: dict) -> dict:
     """`model_heads` as GET /models reports `heads`: what the service can serve with the model (mlm, nsp,
     classifier, token_classifier, qa), not the weight groups it holds (a pooler serves no route)."""
-    from app.serving.model_registry import servable_heads
+    from app.serving.stored_models import servable_heads
     from model.modeling import MODEL_CLASSES
 
     return {**info, "model_heads": servable_heads(MODEL_CLASSES[info["architecture"]])}

@@ -30,9 +30,9 @@ import numpy as np
 
 from app.errors import ServiceError
 from app.schemas.embeddings import EmbeddingsRequest, OpenAIEmbeddingsRequest
-from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Outcome, Row, _infer_many, encode
 from app.serving.service import Service, check_dropped
+from app.serving.stored_models import LoadedModel
 from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, window_count, with_special_tokens
 
 CHUNK_OVERLAP = 0.25  # of a window's content tokens, repeated at the start of the next window

@@ -53,7 +53,7 @@ class WorkItem:
     """One request's work: `rows` are (input_ids, token_type_ids) pairs, `params` task options."""
 
     task: str  # a key of the engine's runners: "encode", "mlm", "nsp", "classify", "token_classify", "qa"
-    lm: Any  # the app.serving.model_registry.LoadedModel it runs on (not imported: the engine knows no registry)
+    lm: Any  # the app.serving.stored_models.LoadedModel it runs on (not imported: the engine knows no registry)
     rows: list[tuple[list[int], list[int]]]
     params: dict = field(default_factory=dict)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)

@@ -30,9 +30,9 @@ from tokenizers import Encoding
 
 from app.errors import ServiceError
 from app.schemas.token_tasks import TokenClassificationRequest
-from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service
+from app.serving.stored_models import LoadedModel
 from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, encode_one, truncating, window_count
 
 

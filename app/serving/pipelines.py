@@ -25,8 +25,8 @@ from app.schemas.fill_mask import FillMaskRequest
 from app.schemas.nsp import NspRequest
 from app.schemas.shared import TextPair
 from app.serving.engine import WorkItem
-from app.serving.model_registry import LoadedModel
 from app.serving.service import Service, WorkDropped, check_dropped
+from app.serving.stored_models import LoadedModel
 from app.settings import Settings
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)

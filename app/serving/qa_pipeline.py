@@ -29,9 +29,9 @@ from tokenizers import Encoding
 
 from app.errors import ServiceError
 from app.schemas.token_tasks import QuestionAnsweringRequest
-from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer
 from app.serving.service import Service
+from app.serving.stored_models import LoadedModel
 from model.data.question_answering import WindowMisfit, check_window
 from model.qa_spans import NO_NULL, window_spans
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR, encode_one, truncating, window_count

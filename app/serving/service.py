@@ -25,7 +25,8 @@ from app.keys.limits import CALLER, Caller, LoadLimits, load_tokens
 from app.prometheus import Metrics
 from app.serving.engine import Engine, WorkItem
 from app.serving.forward import RUNNERS
-from app.serving.model_registry import LoadedModel, ModelRegistry, StoredModel
+from app.serving.model_registry import ModelRegistry
+from app.serving.stored_models import LoadedModel, StoredModel
 from app.settings import Settings
 from datadir.defaults import read_defaults
 from model.compute import kernels

@@ -51,9 +51,9 @@ from app.schemas.tei import (
 )
 from app.serving import embed_pipeline
 from app.serving.embed_pipeline import EmbedPlan, prompt_text
-from app.serving.model_registry import LoadedModel
 from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
 from app.serving.service import Service, check_dropped
+from app.serving.stored_models import LoadedModel
 from datadir import valid_name
 from model.modeling import BertForSequenceClassification
 from model.tokenizer import encode_one, truncating

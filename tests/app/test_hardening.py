@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 
-from app.serving.model_registry import describe_failure
+from app.serving.stored_models import describe_failure
 from model.modeling import BertForPreTraining
 from tests.app.conftest import save_tiny, serve_app, settings_for
 

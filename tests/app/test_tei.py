@@ -496,7 +496,7 @@ async def test_tei_routes_need_the_api_key(tei_dir, path, body):
 
 def test_classify_runner_gives_logits_to_rows_that_ask_in_a_mixed_batch(tei_dir, tokenizer):
     from app.serving.engine import Engine
-    from app.serving.model_registry import LoadedModel
+    from app.serving.stored_models import LoadedModel
 
     model = BertForSequenceClassification.from_pretrained(tei_dir / "models" / "tiny-cls").eval()
     lm = LoadedModel("tiny-cls", model, tokenizer, 32)

@@ -33,8 +33,9 @@ from app.schemas.models import (
     ShareRequest,
 )
 from app.schemas.shared import DeletedResponse
-from app.serving.model_registry import ModelRegistry, StoredModel
+from app.serving.model_registry import ModelRegistry
 from app.serving.service import Service
+from app.serving.stored_models import StoredModel
 from datadir import NAME_MAX_LENGTH, NAME_PATTERN, list_versions
 from datadir.cards import read_card
 from datadir.versions import disk_bytes

@@ -12,7 +12,7 @@ from app.api.deps import CallerDep, ServiceDep
 from app.errors import ServiceError, responses
 from app.keys.ownership import may_read_model
 from app.schemas.openai_models import OpenAIModel, OpenAIModelsResponse
-from app.serving.model_registry import StoredModel
+from app.serving.stored_models import StoredModel
 
 router = APIRouter(tags=["models"])
 OWNED_BY = "bertserve"
