@@ -112,13 +112,17 @@ async def test_rerank_charges_its_key_the_rows_it_runs_once(tei_dir, tmp_path):
     secrets = {"metered": new_secret(), "boss": new_secret()}
     keys = {
         "metered": Key("metered", hash_secret(secrets["metered"]), frozenset({"inference"}), tokens_per_min=10**6),
-        "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin"})),
+        "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin", "inference"})),
     }
     write_keys(tmp_path / "keys.toml", keys)
     _, tok = hf(tei_dir, "tiny-rerank")
     rows = sum(len(tok(QUERY, text)["input_ids"]) for text in TEXTS)
     settings = settings_for(tei_dir, rerank_model="tiny-rerank", keys_file=tmp_path / "keys.toml")
     async with serve_app(settings) as c:
+        # the model loaded first by another key: a load is charged to the key that causes it
+        assert (
+            await c.post("/rerank", json={"query": QUERY, "texts": TEXTS}, headers=bearer(secrets["boss"]))
+        ).status_code == 200
         r = await c.post("/rerank", json={"query": QUERY, "texts": TEXTS}, headers=bearer(secrets["metered"]))
         assert r.status_code == 200
         usage = (await c.get("/usage", headers=bearer(secrets["boss"]))).json()["keys"]
