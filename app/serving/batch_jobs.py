@@ -10,7 +10,9 @@ transitions, GET /jobs and cancel. The run goes through datadir/runner.py, holdi
 start every unfinished batch whose lease is free runs again. Crash safety: answers are appended to output.jsonl / errors.jsonl in
 chunks of BERT_BATCH_CHUNK_LINES (those answered by then in one commit), fsynced, and only then counted
 in the record (lines done and the two files' lengths, written atomically); a new attempt first cuts
-both files back to those lengths, so a killed process leaves no missing or duplicated line.
+both files back to those lengths, so a killed process leaves no missing or duplicated line. Memory: a
+batch keeps its input checked but small (CheckedLines: offsets, errors, counts) and parses its lines
+again a chunk at a time as they run, so it holds the lines in flight, whatever the file's size.
 
     params   {"endpoint", "input_file_id", "completion_window", "metadata", "total", "invalid", "max_line_bytes"}
     progress {"step": lines done, "total_steps", "completed", "failed", "output_bytes", "error_bytes",
@@ -27,6 +29,7 @@ Reference: https://platform.openai.com/docs/guides/batch
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import contextvars
@@ -36,7 +39,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,19 +137,70 @@ class Line:
     error: tuple[str, str] | None = None  # (code, message)
 
 
-def parse_lines(path: Path, endpoint: str, max_line_bytes: int, max_lines: int | None = None) -> list[Line]:
-    """Every non-blank line of an input file, each checked as its route would check its body; a 413
-    as soon as there are more than `max_lines`."""
-    seen: set[str] = set()
-    lines: list[Line] = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            if max_lines is not None and len(lines) == max_lines:
-                raise ServiceError("too_large", f"the file holds more than {max_lines} requests (BERT_BATCH_MAX_LINES)")
-            lines.append(_parse_line(number, raw, ENDPOINTS[endpoint], endpoint, seen, max_line_bytes))
-    return lines
+class CheckedLines:
+    """A batch's input as it was checked, held small: each line's byte offset and number, the errors found (a
+    duplicate custom_id needs the whole file to tell), and how many lines name each model. Lines are parsed
+    again a chunk at a time as they run (`lines[a:b]`), so a running batch holds the lines in flight and no
+    more, whatever its size; the first `keep` parsed at the check are kept for the run that follows it."""
+
+    def __init__(self, path: Path, endpoint: str, max_line_bytes: int):
+        self.path, self.endpoint, self.max_line_bytes = path, endpoint, max_line_bytes
+        self.offsets, self.numbers = array.array("q"), array.array("q")
+        self.errors: dict[int, Line] = {}  # by position: the lines that cannot run, as they were found
+        self.models: collections.Counter[str] = collections.Counter()  # lines naming each model
+        self.refused: dict[str, str] = {}  # model -> why its lines fail (set by Batches.create, kept in params)
+        self._kept: dict[int, Line] = {}
+
+    @classmethod
+    def scan(
+        cls, path: Path, endpoint: str, max_line_bytes: int, max_lines: int | None = None, keep: int | None = 0
+    ) -> CheckedLines:
+        """Check every non-blank line (a 413 past `max_lines`); keep the first `keep` parsed (None: all)."""
+        checked, seen, ep = cls(path, endpoint, max_line_bytes), set[str](), ENDPOINTS[endpoint]
+        with open(path, "rb") as f:
+            offset = 0
+            for number, raw in enumerate(f, start=1):
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                if max_lines is not None and len(checked) == max_lines:
+                    raise ServiceError(
+                        "too_large", f"the file holds more than {max_lines} requests (BERT_BATCH_MAX_LINES)"
+                    )
+                line = _parse_line(number, raw, ep, endpoint, seen, max_line_bytes)
+                position = len(checked)
+                checked.offsets.append(start)
+                checked.numbers.append(number)
+                if line.error is not None:
+                    checked.errors[position] = line
+                elif isinstance(model := getattr(line.request, "model", None), str):
+                    checked.models[model] += 1
+                if keep is None or position < keep:
+                    checked._kept[position] = line
+        return checked
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def invalid(self) -> int:
+        return len(self.errors) + sum(self.models[m] for m in self.refused)
+
+    def __getitem__(self, part: slice) -> list[Line]:
+        """The lines of `part` (a slice), parsed again from the file where they were not kept."""
+        positions = range(*part.indices(len(self)))
+        lines = [self._kept.pop(i, None) or self.errors.get(i) for i in positions]
+        if any(line is None for line in lines):
+            ep, seen = ENDPOINTS[self.endpoint], set[str]()  # its duplicates are among the errors already
+            with open(self.path, "rb") as f:
+                for k, i in enumerate(positions):
+                    if lines[k] is None:
+                        f.seek(self.offsets[i])
+                        raw = f.readline()
+                        lines[k] = _parse_line(self.numbers[i], raw, ep, self.endpoint, seen, self.max_line_bytes)
+        found = [line for line in lines if line is not None]
+        _refuse(found, self.refused)
+        return found
 
 
 def _parse_line(number: int, raw: bytes, ep: Endpoint, endpoint: str, seen: set[str], max_bytes: int) -> Line:
@@ -257,10 +311,10 @@ class Batches:
 
     # -- records ----------------------------------------------------------------------------------
 
-    def create(self, req: CreateBatchRequest, caller: Key = ANONYMOUS) -> tuple[JobRecord, list[Line]]:
+    def create(self, req: CreateBatchRequest, caller: Key = ANONYMOUS) -> tuple[JobRecord, CheckedLines]:
         """Check the input file whole and write the job (queued), owned by `caller`; 404/422 for a file it
         cannot run (or another key's). With the checked lines, for the run that follows (start), so it does
-        not parse them again. A line naming a model the key may not use fails alone, as its route would."""
+        not check them again. A line naming a model the key may not use fails alone, as its route would."""
         try:
             meta = self.files.read(req.input_file_id)
         except FileNotFound:
@@ -270,12 +324,14 @@ class Batches:
         if meta["purpose"] != "batch":
             raise ServiceError("validation", f"file '{req.input_file_id}' has purpose {meta['purpose']!r}, not 'batch'")
         source = self.files.content(req.input_file_id)
-        lines = parse_lines(source, req.endpoint, self.settings.max_body_bytes, self.settings.batch_max_lines)
+        keep = 2 * self.settings.batch_concurrency  # the run's first lines in flight: parsed once, not twice
+        lines = CheckedLines.scan(
+            source, req.endpoint, self.settings.max_body_bytes, self.settings.batch_max_lines, keep=keep
+        )
         if not lines:
             raise ServiceError("validation", f"file '{req.input_file_id}' holds no requests")
-        refused = self._refused_models(caller, lines)
-        _refuse(lines, refused)
-        invalid = sum(line.error is not None for line in lines)
+        refused = lines.refused = self._refused_models(caller, lines.models)
+        invalid = lines.invalid
         spec = {
             "kind": KIND,
             "model_name": "",  # a batch publishes no model
@@ -306,10 +362,10 @@ class Batches:
 
         return self.records.update(record["id"], queue), lines
 
-    def _refused_models(self, caller: Key, lines: list[Line]) -> dict[str, str]:
+    def _refused_models(self, caller: Key, models: Iterable[str]) -> dict[str, str]:
         """{model: why} for the models the lines name that `caller` may not use (app/keys/ownership.py)."""
         refused = {}
-        for name in sorted({m for line in lines if isinstance(m := getattr(line.request, "model", None), str)}):
+        for name in sorted(models):
             entry = self.service.registry.peek(name)
             if entry is not None:
                 try:
@@ -341,7 +397,7 @@ class Batches:
 
     # -- running ----------------------------------------------------------------------------------
 
-    def start(self, job_id: str, lines: list[Line] | None = None) -> None:
+    def start(self, job_id: str, lines: CheckedLines | None = None) -> None:
         """Run a batch in this process; `lines`: its input as create() checked it (None: read it again)."""
         context = contextvars.copy_context()
         context.run(CALLER.set, None)  # its lines are not the submitting request's: no key's rates apply
@@ -367,7 +423,7 @@ class Batches:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def run(self, job_id: str, lines: list[Line] | None = None) -> str:
+    async def run(self, job_id: str, lines: CheckedLines | None = None) -> str:
         """One attempt at the batch, through the runner (lease, begin, heartbeat, end); cancelling the task
         hands the job back, its unfinished chunk uncounted."""
 
@@ -394,15 +450,15 @@ class Batches:
                         f.truncate(progress[key])
                         os.fsync(f.fileno())
 
-    async def _run(self, attempt: runner.Attempt, lines: list[Line] | None) -> str:
+    async def _run(self, attempt: runner.Attempt, lines: CheckedLines | None) -> str:
         job_id = attempt.job_id
         record = await asyncio.to_thread(self.records.read, job_id)
         params, done = record["params"], record["progress"]["step"]
         ep = ENDPOINTS[params["endpoint"]]
         path = self.records.job_dir(job_id) / INPUT
-        if lines is None:  # resumed, or created by another process
-            lines = await asyncio.to_thread(parse_lines, path, params["endpoint"], params["max_line_bytes"])
-            _refuse(lines, params.get("refused_models") or {})
+        if lines is None:  # resumed, or created by another process: checked again, kept small
+            lines = await asyncio.to_thread(CheckedLines.scan, path, params["endpoint"], params["max_line_bytes"])
+            lines.refused = params.get("refused_models") or {}
         settings = self.settings
         # Lines go to the pipeline together (an endpoint with run_many) in groups of at most the lines in flight.
         chunk, concurrency = settings.batch_chunk_lines, settings.batch_concurrency

@@ -417,3 +417,28 @@ def vector(embedding: list[float] | str) -> list[float]:
     if isinstance(embedding, str):
         return np.frombuffer(base64.b64decode(embedding), dtype="<f4").tolist()
     return embedding
+
+
+def test_a_batch_holds_its_lines_in_flight_not_its_whole_file(tmp_path):
+    """CheckedLines keeps offsets, errors and counts; lines are parsed again from the file a slice at a time,
+    the same as the check saw them, and only the first `keep` parsed lines are held from the check."""
+    from app.serving.batch_jobs import CheckedLines
+
+    rows = [line(f"r{i}", {"input": f"text {i}", "model": "m1" if i % 3 else "m2"}) for i in range(40)]
+    rows[7] = b"not json"
+    rows[9] = line("r1", {"input": "a duplicate custom_id"})
+    (tmp_path / "in").write_bytes(jsonl(rows) + b"\n\n")
+    checked = CheckedLines.scan(tmp_path / "in", "/v1/embeddings", 10_000, keep=4)
+    assert len(checked) == 40 and len(checked._kept) == 4
+    assert {i: e.error[0] for i, e in checked.errors.items()} == {7: "invalid_json", 9: "duplicate_custom_id"}
+    assert checked.models == {"m1": 25, "m2": 13}
+    checked.refused = {"m2": "model 'm2' is not this key's to use"}
+    assert checked.invalid == 2 + 13
+    whole = CheckedLines.scan(tmp_path / "in", "/v1/embeddings", 10_000, keep=None)
+    whole.refused = checked.refused
+    for part in (slice(0, 8), slice(8, 30), slice(30, 40)):
+        again, first = checked[part], whole[part]
+        assert [(x.index, x.custom_id, x.error, x.request) for x in again] == [
+            (x.index, x.custom_id, x.error, x.request) for x in first
+        ]
+    assert checked._kept == {} and checked[0:1][0].error == ("forbidden", "line 1: model 'm2' is not this key's to use")
