@@ -2,8 +2,9 @@
 a job of kind "batch"; the API process runs its lines through the same pipelines and batching engine as
 the online routes (so a line's answer is the one its route gives, its body the route's response model's
 JSON as FastAPI writes it), and writes OpenAI's output and error files (/v1/files, datadir/files.py).
-The embedding endpoints take a chunk's lines in one pipeline call (pipelines._infer_many), each line still
-checked, answered or failed on its own; the other endpoints take one call per line.
+Its input's lines are checked and held by app/serving/batch_lines.py. The embedding endpoints take a
+chunk's lines in one pipeline call (pipelines._infer_many), each line still checked, answered or failed
+on its own; the other endpoints take one call per line.
 
 The record is a job in DATA_DIR/jobs/<id>/ like an import's (app/jobs/imports.py): the same named
 transitions, GET /jobs and cancel. The run goes through datadir/runner.py, holding the job's lease; at API
@@ -29,7 +30,6 @@ Reference: https://platform.openai.com/docs/guides/batch
 
 from __future__ import annotations
 
-import array
 import asyncio
 import collections
 import contextvars
@@ -39,36 +39,16 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
-
-from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.errors import ServiceError
 from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
 from app.keys.limits import CALLER
-from app.schemas.classify import ClassifyRequest, ClassifyResponse
-from app.schemas.embeddings import (
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    OpenAIEmbeddingsRequest,
-    OpenAIEmbeddingsResponse,
-)
-from app.schemas.fill_mask import FillMaskRequest, FillMaskResponse
-from app.schemas.nsp import NspRequest, NspResponse
-from app.schemas.openai_batches import BATCH_ENDPOINTS, CreateBatchRequest
-from app.schemas.tei import RerankRequest, RerankResponse
-from app.schemas.token_tasks import (
-    QuestionAnsweringRequest,
-    QuestionAnsweringResponse,
-    TokenClassificationRequest,
-    TokenClassificationResponse,
-)
-from app.serving import embed_pipeline, ner_pipeline, pipelines, qa_pipeline, tei_compat
+from app.schemas.openai_batches import CreateBatchRequest
+from app.serving.batch_lines import ENDPOINTS, CheckedLines, Endpoint, Line
 from app.serving.service import LANE, Lane, Service
 from datadir import JobRecord, JobRecords, now_iso, runner
 from datadir import jobs as transitions
@@ -82,165 +62,6 @@ INPUT, OUTPUT, ERRORS = "input.jsonl", "output.jsonl", "errors.jsonl"
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds from created_at to expires_at
 EXPIRED = "This request could not be executed before the completion window expired."  # OpenAI's words
 RETRY_S = 0.05  # a full engine or tokeniser queue (429): the line waits its turn, it does not fail
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """What a line's body is checked with, what answers it, and how the route serialises the answer."""
-
-    request: type[BaseModel]
-    run: Callable[[Service, Any], Awaitable[Any]]
-    response: TypeAdapter
-    exclude_none: bool = False
-    # The route's function for many requests at once (per request its answer or its error, in order): a
-    # chunk's lines then cost one pipeline call, not one each. The route's `run` is it, for one request.
-    run_many: Callable[[Service, list], Awaitable[list]] | None = None
-
-
-ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/embeddings": Endpoint(
-        OpenAIEmbeddingsRequest,
-        embed_pipeline.openai_embeddings,
-        TypeAdapter(OpenAIEmbeddingsResponse),
-        run_many=embed_pipeline.openai_embeddings_many,
-    ),
-    "/embeddings": Endpoint(
-        EmbeddingsRequest,
-        embed_pipeline.embeddings,
-        TypeAdapter(EmbeddingsResponse),
-        run_many=embed_pipeline.embeddings_many,
-    ),
-    "/fill-mask": Endpoint(FillMaskRequest, pipelines.fill_mask, TypeAdapter(FillMaskResponse)),
-    "/nsp": Endpoint(NspRequest, pipelines.nsp, TypeAdapter(NspResponse)),
-    "/classify": Endpoint(ClassifyRequest, pipelines.classify, TypeAdapter(ClassifyResponse)),
-    "/token-classification": Endpoint(
-        TokenClassificationRequest,
-        ner_pipeline.token_classification,
-        TypeAdapter(TokenClassificationResponse),
-        exclude_none=True,
-    ),
-    "/question-answering": Endpoint(
-        QuestionAnsweringRequest, qa_pipeline.question_answering, TypeAdapter(QuestionAnsweringResponse)
-    ),
-    "/rerank": Endpoint(RerankRequest, tei_compat.rerank, TypeAdapter(RerankResponse), exclude_none=True),
-}
-assert tuple(ENDPOINTS) == BATCH_ENDPOINTS
-
-
-@dataclass
-class Line:
-    """One input line: its request (checked), or why it cannot run."""
-
-    index: int
-    custom_id: str | None
-    request: BaseModel | None = None
-    error: tuple[str, str] | None = None  # (code, message)
-
-
-class CheckedLines:
-    """A batch's input as it was checked, held small: each line's byte offset and number, the errors found (a
-    duplicate custom_id needs the whole file to tell), and how many lines name each model. Lines are parsed
-    again a chunk at a time as they run (`lines[a:b]`), so a running batch holds the lines in flight and no
-    more, whatever its size; the first `keep` parsed at the check are kept for the run that follows it."""
-
-    def __init__(self, path: Path, endpoint: str, max_line_bytes: int):
-        self.path, self.endpoint, self.max_line_bytes = path, endpoint, max_line_bytes
-        self.offsets, self.numbers = array.array("q"), array.array("q")
-        self.errors: dict[int, Line] = {}  # by position: the lines that cannot run, as they were found
-        self.models: collections.Counter[str] = collections.Counter()  # lines naming each model
-        self.refused: dict[str, str] = {}  # model -> why its lines fail (set by Batches.create, kept in params)
-        self._kept: dict[int, Line] = {}
-
-    @classmethod
-    def scan(
-        cls, path: Path, endpoint: str, max_line_bytes: int, max_lines: int | None = None, keep: int | None = 0
-    ) -> CheckedLines:
-        """Check every non-blank line (a 413 past `max_lines`); keep the first `keep` parsed (None: all)."""
-        checked, seen, ep = cls(path, endpoint, max_line_bytes), set[str](), ENDPOINTS[endpoint]
-        with open(path, "rb") as f:
-            offset = 0
-            for number, raw in enumerate(f, start=1):
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                if max_lines is not None and len(checked) == max_lines:
-                    raise ServiceError(
-                        "too_large", f"the file holds more than {max_lines} requests (BERT_BATCH_MAX_LINES)"
-                    )
-                line = _parse_line(number, raw, ep, endpoint, seen, max_line_bytes)
-                position = len(checked)
-                checked.offsets.append(start)
-                checked.numbers.append(number)
-                if line.error is not None:
-                    checked.errors[position] = line
-                elif isinstance(model := getattr(line.request, "model", None), str):
-                    checked.models[model] += 1
-                if keep is None or position < keep:
-                    checked._kept[position] = line
-        return checked
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @property
-    def invalid(self) -> int:
-        return len(self.errors) + sum(self.models[m] for m in self.refused)
-
-    def __getitem__(self, part: slice) -> list[Line]:
-        """The lines of `part` (a slice), parsed again from the file where they were not kept."""
-        positions = range(*part.indices(len(self)))
-        lines = [self._kept.pop(i, None) or self.errors.get(i) for i in positions]
-        if any(line is None for line in lines):
-            ep, seen = ENDPOINTS[self.endpoint], set[str]()  # its duplicates are among the errors already
-            with open(self.path, "rb") as f:
-                for k, i in enumerate(positions):
-                    if lines[k] is None:
-                        f.seek(self.offsets[i])
-                        raw = f.readline()
-                        lines[k] = _parse_line(self.numbers[i], raw, ep, self.endpoint, seen, self.max_line_bytes)
-        found = [line for line in lines if line is not None]
-        _refuse(found, self.refused)
-        return found
-
-
-def _parse_line(number: int, raw: bytes, ep: Endpoint, endpoint: str, seen: set[str], max_bytes: int) -> Line:
-    line = Line(number, None)
-    if len(raw) > max_bytes:
-        line.error = ("too_large", f"line {number} is {len(raw)} bytes, more than BERT_MAX_BODY_BYTES ({max_bytes})")
-        return line
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        line.error = ("invalid_json", f"line {number} is not valid JSON")
-        return line
-    if not isinstance(data, dict):
-        line.error = ("invalid_request", f"line {number} is not a JSON object")
-        return line
-    custom_id = data.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        line.error = ("missing_custom_id", f"line {number} has no custom_id (a non-empty string)")
-        return line
-    line.custom_id = custom_id
-    if custom_id in seen:
-        line.error = ("duplicate_custom_id", f"line {number}: custom_id {custom_id[:80]!r} is used by an earlier line")
-        return line
-    seen.add(custom_id)
-    if data.get("method") != "POST":
-        line.error = ("invalid_method", f'line {number}: method must be "POST"')
-    elif data.get("url") != endpoint:
-        line.error = (
-            "mismatched_url",
-            f"line {number}: url {str(data.get('url'))[:80]!r} is not the batch's endpoint {endpoint}",
-        )
-    else:
-        try:
-            line.request = ep.request.model_validate(data.get("body"))
-        except ValidationError as e:
-            where = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors(include_url=False)
-            )
-            line.error = ("invalid_body", f"line {number}: body: {where}")
-    return line
 
 
 def unix(iso: str | None) -> int | None:
@@ -616,14 +437,6 @@ class Batches:
 def _unstarted(record: JobRecord) -> bool:
     """A cancel asked for before the batch began is taken at once; one that has answered lines publishes them."""
     return record["state"] == "queued" and not (record.get("progress") or {}).get("step")
-
-
-def _refuse(lines: list[Line], refused: dict[str, str]) -> None:
-    """Each line naming a model of `refused` fails alone with the reason (a 403 of its route)."""
-    for line in lines:
-        model = getattr(line.request, "model", None)
-        if line.error is None and model in refused:
-            line.request, line.error = None, ("forbidden", f"line {line.index}: {refused[model]}")
 
 
 def _output_line(line: Line, tag: str, body: bytes) -> bytes:

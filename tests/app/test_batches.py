@@ -422,7 +422,7 @@ def vector(embedding: list[float] | str) -> list[float]:
 def test_a_batch_holds_its_lines_in_flight_not_its_whole_file(tmp_path):
     """CheckedLines keeps offsets, errors and counts; lines are parsed again from the file a slice at a time,
     the same as the check saw them, and only the first `keep` parsed lines are held from the check."""
-    from app.serving.batch_jobs import CheckedLines
+    from app.serving.batch_lines import CheckedLines
 
     rows = [line(f"r{i}", {"input": f"text {i}", "model": "m1" if i % 3 else "m2"}) for i in range(40)]
     rows[7] = b"not json"
