@@ -100,6 +100,9 @@ class JobRecord(TypedDict, total=False):
 
 LEGACY_OWNER = "admin"  # the owner of a record without one: it was made with the admin key, or with none
 OPEN_OWNER = "anonymous"  # the owner of what a caller made where no key is needed (an open service)
+# Owners whose models and datasets every key may use when their model.json or meta.json does not say: what was
+# made before things had owners, or on an open service.
+SHARED_OWNERS = frozenset({LEGACY_OWNER, OPEN_OWNER})
 
 
 def owner_of(record: Mapping[str, Any]) -> str:

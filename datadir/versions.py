@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datadir.files import atomic_write_bytes, remove_tree, tree_bytes
-from datadir.jobs import LEGACY_OWNER, OPEN_OWNER
+from datadir.jobs import LEGACY_OWNER, SHARED_OWNERS
 from datadir.layout import DataDir
 
 MODEL_JSON = "model.json"
 PROVENANCE = "bertserve_job.json"  # written into a published version: which job (or import) made it
 _VERSION_RE = re.compile(r"v([1-9][0-9]{0,8})")
-SHARED_FROM_THE_START = frozenset({LEGACY_OWNER, OPEN_OWNER})  # a model.json that does not say: shared
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Access:
 
     @classmethod
     def new(cls, owner: str) -> Access:
-        return cls(owner, owner in SHARED_FROM_THE_START)
+        return cls(owner, owner in SHARED_OWNERS)
 
 
 class ModelNotFound(LookupError):

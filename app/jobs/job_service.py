@@ -28,7 +28,6 @@ from app.jobs.quota import check_room, job_disk_bytes
 from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
-from app.keys.ownership import is_admin
 from app.schemas.jobs import FinetuneJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
@@ -91,7 +90,7 @@ class JobService:
                 self._check_priority(request.priority, self.max_priority(owner), owner)
                 await asyncio.to_thread(self._check_disk, owner, spec)
                 # publish_any: an admin's job may publish a new version of any model (datadir/publish.py)
-                mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": is_admin(owner)}
+                mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": owner.is_admin}
                 record = await asyncio.to_thread(self.records.create, {**spec, **mine})
         try:
             await asyncio.to_thread(self.publish, record)

@@ -59,10 +59,15 @@ class Key:
     disk_gb: float | None = None  # GB its jobs, datasets and models may hold on disk (app/jobs/quota.py)
     created_at: str | None = None
 
+    @property
+    def is_admin(self) -> bool:
+        """The scope admin: every key's jobs, datasets, models, files and batches are this key's to see and change."""
+        return "admin" in self.scopes
+
     def sees_jobs_of(self, owner: str) -> bool:
         """Whether the jobs of `owner` (a key's name) are this key's to see, by id too: its own, or every
         key's for a key with the scope admin. Another key's job is a 404, and named without its id."""
-        return "admin" in self.scopes or owner == self.name
+        return self.is_admin or owner == self.name
 
     def limits(self) -> dict[str, Any]:
         fields = ("rps", "burst", "tokens_per_min", "max_jobs", "max_priority", "worker_share", "disk_gb")

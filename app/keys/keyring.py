@@ -38,7 +38,7 @@ ADMIN_HOLDS = frozenset({"jobs", "batch"})  # an admin sees every key's jobs, da
 
 def held_scopes(key: Key) -> frozenset[str]:
     """The scopes a key holds: its own, and with `admin` those it oversees (ADMIN_HOLDS)."""
-    return key.scopes | ADMIN_HOLDS if "admin" in key.scopes else key.scopes
+    return key.scopes | ADMIN_HOLDS if key.is_admin else key.scopes
 
 
 def built_in_keys(settings: Settings) -> list[Key]:

@@ -80,16 +80,17 @@ class Caller:
     on_tokens: Callable[[str, int], None]  # counts a key's tokens for /metrics and /usage
     on_refused: Callable[[str, str], None]  # counts a 429 of the key's (its name, the limit)
 
-    def charge_tokens(self, n: int) -> None:
-        """Count a tokenised request's tokens; a 429 when the key's token rate is spent."""
+    def charge_tokens(self, n: int, why: str = "") -> None:
+        """Count `n` tokens against the key's token rate (a tokenised request's; `why`: anything else they
+        pay for, in words after the limit); a 429 when the rate is spent."""
         if self.tokens is not None:
             wait = self.tokens.take(n, overdraw=True)
             if wait > 0:
                 self.on_refused(self.key.name, "tokens")
                 raise ServiceError(
                     "overloaded",
-                    f"key '{self.key.name}' is over its token rate of {self.key.tokens_per_min} tokens per minute; "
-                    f"retry in {math.ceil(wait)} s",
+                    f"key '{self.key.name}' is over its token rate of {self.key.tokens_per_min} tokens per minute"
+                    f"{why}; retry in {math.ceil(wait)} s",
                     headers={"Retry-After": str(math.ceil(wait))},
                 )
         self.on_tokens(self.key.name, n)
@@ -105,17 +106,7 @@ class Caller:
     def charge_load(self, model: str, tokens: int) -> None:
         """Charge a model load this key's request causes as `tokens` of its token rate (load_tokens); a 429
         when the rate is spent."""
-        if self.tokens is not None:
-            wait = self.tokens.take(tokens, overdraw=True)
-            if wait > 0:
-                self.on_refused(self.key.name, "tokens")
-                raise ServiceError(
-                    "overloaded",
-                    f"key '{self.key.name}' is over its token rate of {self.key.tokens_per_min} tokens per minute, and "
-                    f"loading model '{model}' costs {tokens:,}; retry in {math.ceil(wait)} s",
-                    headers={"Retry-After": str(math.ceil(wait))},
-                )
-        self.on_tokens(self.key.name, tokens)
+        self.charge_tokens(tokens, f", and loading model '{model}' costs {tokens:,}")
 
     def refund_load(self, tokens: int) -> None:
         """Give back a load's tokens when the load did not happen."""

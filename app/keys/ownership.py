@@ -20,17 +20,12 @@ from typing import Any
 from app.errors import ServiceError
 from app.keys.keyfile import Key
 from datadir.datasets import dataset_owner
-from datadir.jobs import LEGACY_OWNER, OPEN_OWNER
+from datadir.jobs import SHARED_OWNERS
 from datadir.publish import OWNER_RULE
 from datadir.versions import Access
 
 MODEL_RULE = "a key uses its own models, those an admin shares, and those its key's models list names"
 DATASET_RULE = "a key trains on its own datasets, those an admin uploaded, and those its key's models list names"
-SHARED_DATASET_OWNERS = frozenset({LEGACY_OWNER, OPEN_OWNER})  # a meta.json that does not say: shared
-
-
-def is_admin(key: Key) -> bool:
-    return "admin" in key.scopes
 
 
 def listed(key: Key, name: str) -> bool:
@@ -38,26 +33,26 @@ def listed(key: Key, name: str) -> bool:
 
 
 def may_read_model(key: Key, name: str, access: Access) -> bool:
-    return is_admin(key) or listed(key, name) or access.owner == key.name or access.shared
+    return key.is_admin or listed(key, name) or access.owner == key.name or access.shared
 
 
 def may_publish(key: Key, access: Access | None) -> bool:
     """Whether `key` may publish the next version of a model whose access is `access` (None: a new name)."""
-    return access is None or is_admin(key) or access.owner == key.name
+    return access is None or key.is_admin or access.owner == key.name
 
 
 def dataset_shared(meta: Mapping[str, Any]) -> bool:
     """Whether every key may train on it: an admin uploaded it (meta.json says so, or its owner is from before)."""
     shared = meta.get("shared")
-    return shared if isinstance(shared, bool) else dataset_owner(meta) in SHARED_DATASET_OWNERS
+    return shared if isinstance(shared, bool) else dataset_owner(meta) in SHARED_OWNERS
 
 
 def may_read_dataset(key: Key, meta: Mapping[str, Any]) -> bool:
-    return is_admin(key) or listed(key, meta["name"]) or dataset_owner(meta) == key.name or dataset_shared(meta)
+    return key.is_admin or listed(key, meta["name"]) or dataset_owner(meta) == key.name or dataset_shared(meta)
 
 
 def may_change_dataset(key: Key, meta: Mapping[str, Any]) -> bool:
-    return is_admin(key) or dataset_owner(meta) == key.name
+    return key.is_admin or dataset_owner(meta) == key.name
 
 
 def check_model(key: Key, name: str, access: Access, field: str | None = None) -> None:

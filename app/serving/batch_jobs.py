@@ -197,7 +197,7 @@ class Batches:
 
     def may_see(self, caller: Key, owner: str) -> bool:
         """A key sees its own files and batches; an admin every one (another key's are a 404, as jobs are)."""
-        return ownership.is_admin(caller) or owner == caller.name
+        return caller.sees_jobs_of(owner)
 
     def batches(self) -> list[JobRecord]:
         return [r for r in self.records.list() if r.get("kind") == KIND]

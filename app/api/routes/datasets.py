@@ -14,7 +14,7 @@ from app.api.deps import CallerDep, CatalogDep, require_jobs
 from app.errors import ServiceError, responses
 from app.jobs import uploads
 from app.jobs.quota import check_room
-from app.keys.ownership import is_admin, may_read_dataset
+from app.keys.ownership import may_read_dataset
 from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
 from app.schemas.shared import DeletedResponse
 from datadir import NAME_MAX_LENGTH, NAME_PATTERN, read_meta
@@ -39,7 +39,7 @@ async def upload_dataset(request: Request, catalog: CatalogDep, caller: CallerDe
         declared = request.headers.get("content-length", "")
         await asyncio.to_thread(room, int(declared) if declared.isdigit() else 0)  # before it streams in
         meta = await uploads.receive_upload(
-            request, catalog.data_dir, catalog.settings, caller.name, is_admin(caller), check_room=room
+            request, catalog.data_dir, catalog.settings, caller.name, caller.is_admin, check_room=room
         )
         entry["target"] = f"dataset {meta['name']}"
     return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, catalog.data_dir, meta["name"])}
@@ -48,7 +48,7 @@ async def upload_dataset(request: Request, catalog: CatalogDep, caller: CallerDe
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))
 async def list_datasets(catalog: CatalogDep, caller: CallerDep) -> Response:
     """Every dataset the key may train on (an admin: every one) with its kind, size, checksum and counts."""
-    visible = None if is_admin(caller) else (lambda meta: may_read_dataset(caller, meta))
+    visible = None if caller.is_admin else (lambda meta: may_read_dataset(caller, meta))
     body = await asyncio.to_thread(uploads.listing_json, catalog.data_dir, visible)
     return Response(body, media_type="application/json")
 
