@@ -444,6 +444,15 @@ class Settings(BaseSettings):
             "for the online routes. 1: one line at a time, each answer identical to the online route's."
         ),
     )
+    batch_pass_tokens: int = Field(
+        512,
+        ge=1,
+        description=(
+            "Padded tokens in a forward pass of batch lines while online requests come (one in the last second), "
+            "at most `BERT_MAX_BATCH_TOKENS`: an online request waits behind at most such a pass. With no online "
+            "traffic, batch lines fill passes of `BERT_MAX_BATCH_TOKENS`."
+        ),
+    )
     batch_max_running: int = Field(
         2,
         ge=1,

@@ -35,6 +35,12 @@
    `enc-5`): their statuses, the most GET /models counted (loaded, held and working set) and the peak
    RSS.
 
+6. Batches beside online traffic (`--only-batches`, its own server, default settings): the one-word /embeddings
+   probe idle, then while three batches of `--batch-lines` (50,000) /v1/embeddings lines of 128 tokens each,
+   uploaded through /v1/files, run (BERT_BATCH_MAX_RUNNING of them at once, the rest queued): the probe's
+   p50 and p90 against idle (target: within 3x), its refusals, the lines each batch finished meanwhile and the
+   server's RSS, before the uploads and at its peak. The batches are cancelled at the end.
+
 The server is bench/live.py's (4 layers, hidden 256, 512 positions, CPU), with default settings.
 `--root DIR` runs the server from another checkout (e.g. the commit before, for a before/after);
 `--skip-oversize` leaves part 1 out (do so for a checkout without the limits: there the 64-copy
@@ -44,6 +50,7 @@ request grows the server by gigabytes).
     .venv/bin/python bench/bounds_bench.py --only-hostile     # part 3 alone
     .venv/bin/python bench/bounds_bench.py --only-rerank --seconds 10
     .venv/bin/python bench/bounds_bench.py --only-thrash --seconds 30   # part 5 alone, about 2 minutes
+    .venv/bin/python bench/bounds_bench.py --only-batches --seconds 30  # part 6 alone, about 3 minutes
     .venv/bin/python bench/bounds_bench.py --seconds 10 --skip-oversize --root /tmp/old-checkout
 """
 
@@ -551,19 +558,26 @@ def write_thrash_keys(data_dir: Path) -> dict[str, str]:
 
 
 def thrash_budget_gb(data_dir: Path, models: float) -> float:
-    """A budget that holds `models` of the largest model's fp32 weights and one working set at the default
-    BERT_MAX_BATCH_TOKENS (model/sizing.py's estimates, as the registry counts them)."""
+    """A budget that holds the neighbour's model, `models` - 1 of the thrashed encoders and one working set at the
+    default BERT_MAX_BATCH_TOKENS, each model counted in fp32 as the registry counts it (model/sizing.py: its
+    weights, and oneDNN's reordered copies of its dense weights where oneDNN runs)."""
     import torch
 
+    from model.compute import kernels
     from model.config import BertConfig
-    from model.modeling import BertForPreTraining
-    from model.sizing import engine_working_bytes, inference_weight_bytes
+    from model.modeling import BertForPreTraining, BertModel
+    from model.sizing import engine_working_bytes, inference_weight_bytes, packed_weight_bytes
+
+    def counted(name: str, cls) -> int:
+        config = BertConfig.from_json_file(data_dir / "models" / name / "config.json")
+        with torch.device("meta"):
+            parameters = cls(config).num_parameters()
+        packed = packed_weight_bytes(config, cls.__name__, "fp32") if kernels.expected("onednn-fp32") else 0
+        return inference_weight_bytes(config, parameters, "fp32") + packed
 
     config = BertConfig.from_json_file(data_dir / "models" / "bench" / "config.json")
-    with torch.device("meta"):
-        parameters = BertForPreTraining(config).num_parameters()
-    weights = inference_weight_bytes(config, parameters, "fp32")
-    return (models * weights + engine_working_bytes(config, 4096, "fp32")) / 2**30
+    total = counted("bench", BertForPreTraining) + (models - 1) * counted(THRASH_MODELS[0], BertModel)
+    return (total + engine_working_bytes(config, 4096, "fp32")) / 2**30
 
 
 class PeakRss:
@@ -727,6 +741,82 @@ def run_thrash(data_dir: Path, tokenizer, args: argparse.Namespace) -> None:
         stop_server(proc)
 
 
+# -- 6. batches beside online traffic ------------------------------------------------------------
+
+
+async def upload_batch(client: Client, name: str, line_body: dict, lines: int) -> str:
+    """A /v1/embeddings batch file of `lines` lines through POST /v1/files, then POST /v1/batches: its id."""
+    data = "".join(
+        json.dumps({"custom_id": f"{name}-{i}", "method": "POST", "url": "/v1/embeddings", "body": line_body}) + "\n"
+        for i in range(lines)
+    ).encode()
+    status, answer = await client.request(
+        "POST",
+        "/v1/files",
+        multipart(f"{name}.jsonl", data, purpose="batch"),
+        f"multipart/form-data; boundary={BOUNDARY}",
+    )
+    assert status == 200, answer[:300]
+    body = {"input_file_id": json.loads(answer)["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    status, answer = await client.request("POST", "/v1/batches", json.dumps(body).encode())
+    assert status == 200, answer[:300]
+    return json.loads(answer)["id"]
+
+
+async def batches(port: int, pid: int, tokenizer, seconds: float, lines: int) -> list[str]:
+    client = Client(port)
+    await probe(port, 1.0)  # warm
+    idle = await probe(port, seconds)
+    before = rss_mb(pid)
+    body = {"model": "bench", "input": text_of(tokenizer, 128)}
+    ids = [await upload_batch(client, f"b{i}", body, lines) for i in range(3)]
+    rss = PeakRss(pid)
+    rss.reset()
+    beside: list[float] = []
+    failed: Counter = Counter()
+    probe_client, probe_body = Client(port), json.dumps({"inputs": "hello"}).encode()
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        start = time.perf_counter()
+        status, _ = await probe_client.request("POST", "/embeddings", probe_body)
+        beside.append(time.perf_counter() - start)
+        if status != 200:
+            failed[status] += 1
+        await asyncio.sleep(0.1)
+    probe_client.close()
+    states = []
+    for batch_id in ids:
+        _, answer = await client.request("GET", f"/v1/batches/{batch_id}")
+        record = json.loads(answer)
+        states.append(f"{record['status']} {record['request_counts']['completed']:,}")
+        await client.request("POST", f"/v1/batches/{batch_id}/cancel")
+    rss.stop()
+    client.close()
+    idle_p50, p50 = statistics.median(idle), statistics.median(beside)
+    return [
+        f"three batches of {lines:,} /v1/embeddings lines (128 tokens each) on `bench`, beside a one-word /embeddings "
+        f"probe; server RSS {before:.0f} MB before the uploads",
+        "",
+        "| one-word /embeddings, beside | requests | not 200 | p50 ms | p90 ms | p50 / idle | the batches (status, lines "
+        "done) | peak RSS MB |",
+        "|---|---:|---|---:|---:|---:|---|---:|",
+        f"| nothing (idle) | {len(idle)} | | {1000 * idle_p50:.1f} | {1000 * pct(idle, 0.9):.1f} | 1.0x | | {before:.0f} |",
+        f"| three batches | {len(beside)} | {', '.join(f'{s} x{n}' for s, n in failed.items()) or 0} | {1000 * p50:.1f} | "
+        f"{1000 * pct(beside, 0.9):.1f} | {p50 / idle_p50:.1f}x | {'; '.join(states)} | {rss.peak:.0f} |",
+    ]
+
+
+def run_batches(data_dir: Path, tokenizer, args: argparse.Namespace) -> None:
+    """Part 6 against its own server, default settings."""
+    proc, port = start_server(data_dir, root=args.root.resolve())
+    try:
+        print(f"server from {args.root.resolve()}, default settings\n")
+        lines = asyncio.run(batches(port, proc.pid, tokenizer, args.seconds, args.batch_lines))
+        print("\n".join(lines) + "\n", flush=True)
+    finally:
+        stop_server(proc)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="probing time, idle and loaded (default 30)")
@@ -749,12 +839,17 @@ def main(argv: list[str] | None = None) -> None:
         help="BERT_MAX_BATCH_TOKENS for the server (default: its "
         "default); it sets the length of a pass, so the longest a small request can wait",
     )
+    parser.add_argument("--only-batches", action="store_true", help="run part 6 (batches beside online traffic) alone")
+    parser.add_argument("--batch-lines", type=int, default=50_000, help="part 6: lines per batch (default 50,000)")
     args = parser.parse_args(argv)
     data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bounds-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     tokenizer = save_models(data_dir)
     if args.only_thrash:
         run_thrash(data_dir, tokenizer, args)
+        return
+    if args.only_batches:
+        run_batches(data_dir, tokenizer, args)
         return
     save_reranker(data_dir, tokenizer)
     hostile_too = not args.skip_hostile and not args.only_rerank

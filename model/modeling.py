@@ -506,16 +506,30 @@ class BertPreTrainedModel(nn.Module):
         config = BertConfig.from_json_file(path / "config.json")
         if config_overrides:
             config = BertConfig.from_dict({**config.to_dict(), **config_overrides})
-        model = cls._build(config, heads_of_keys(state), init_missing_heads)
-        model._load_weights(state, str(path), init_missing_heads)
+        if init_missing_heads:  # a warm start: the heads it adds need real, initialised weights
+            model = cls._build(config, heads_of_keys(state), init_missing_heads)
+            model._load_weights(state, str(path), init_missing_heads)
+            return model.to(device).eval()
+        # Built without storage, then the loaded tensors become its weights (in fp32, as built): a load holds
+        # one copy of the weights, not a fresh random model and the file's tensors side by side.
+        with torch.device("meta"):
+            model = cls._build(config, heads_of_keys(state), False)
+        state = {k: v.float() if v.is_floating_point() and v.dtype != torch.float32 else v for k, v in state.items()}
+        model._load_weights(state, str(path), False, assign=True)
+        for module in model.modules():
+            if isinstance(module, BertEmbeddings):  # its one buffer, never saved: made as __init__ makes it
+                module.position_ids = torch.arange(config.max_position_embeddings)
         return model.to(device).eval()
 
     @classmethod
     def _build(cls, config: BertConfig, heads: set[str], init_missing_heads: bool):
         return cls(config)
 
-    def _load_weights(self, given: dict[str, torch.Tensor], source: str, init_missing_heads: bool) -> None:
-        """Load a normalized ("bert."-prefixed) state dict, naming whatever is missing or unknown."""
+    def _load_weights(
+        self, given: dict[str, torch.Tensor], source: str, init_missing_heads: bool, assign: bool = False
+    ) -> None:
+        """Load a normalized ("bert."-prefixed) state dict, naming whatever is missing or unknown; `assign`:
+        the given tensors become the weights (a model built on the meta device) instead of being copied in."""
         strip = len("bert.") if self.prefix == "" else 0  # a bare BertModel's own keys have no prefix
         expected = {("bert." if strip else "") + k for k in self.state_dict()}
         my_heads = heads_of_keys(expected)
@@ -534,7 +548,9 @@ class BertPreTrainedModel(nn.Module):
         if missing_heads:
             self.init_weights()
         try:
-            self.load_state_dict({k[strip:]: v for k, v in given.items() if k in expected}, strict=not missing_heads)
+            self.load_state_dict(
+                {k[strip:]: v for k, v in given.items() if k in expected}, strict=not missing_heads, assign=assign
+            )
         except RuntimeError as e:
             raise ValueError(f"{source}: weights do not fit the config: {e}") from None
 

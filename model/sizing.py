@@ -67,6 +67,11 @@ weights' output rows:
                                                          scores and their softmax (2 a t s, unfused
                                                          attention), the FFN's input and GELU output (2 tI)
 
+    packed       e' (W + h^2 [pooler] + h^2 + V h [MLM])  where oneDNN serves the dense layers (fp32 and bf16 on a
+                                                         CPU that has it): the reordered copy of each dense
+                                                         weight it keeps beside the weight (model.compute.onednn;
+                                                         the MLM decoder's is the word embeddings'), e' 4 or 2
+
 with t the padded tokens of one forward pass (BERT_MAX_BATCH_TOKENS), s = min(t, P) its longest row,
 and e 4 (fp32 and int8, whose activations are fp32) or 2 (bf16). A layer's tensors are freed before
 the next layer's are made, so the working set is one layer's, not L. The heads' outputs are left
@@ -271,6 +276,20 @@ def inference_weight_bytes(config: Any, parameters: int, precision: str) -> int:
         return WEIGHT_BYTES[precision] * parameters + buffers
     linear, rows = layers * (4 * h * h + 2 * h * i), layers * (5 * h + i)
     return 4 * (parameters - linear) + linear + 4 * rows + buffers
+
+
+def packed_weight_bytes(config: Any, architecture: str, precision: str) -> int:
+    """Bytes of the reordered copies of a served model's dense weights that oneDNN keeps beside them (module
+    docstring), for a model served at `precision` where oneDNN runs its dense layers; int8 has none."""
+    if precision not in WEIGHT_BYTES:
+        raise ValueError(f"precision must be one of {', '.join(WEIGHT_BYTES)}, got {precision!r}")
+    if precision == "int8":
+        return 0
+    h, i, layers = (_get(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    parts = ARCHITECTURES[architecture]
+    dense = layers * (4 * h * h + 2 * h * i) + (h * h if "pooler" in parts else 0)
+    dense += h * h + _get(config, "vocab_size") * h if "mlm" in parts else 0
+    return WEIGHT_BYTES[precision] * dense
 
 
 def engine_working_bytes(config: Any, max_batch_tokens: int, precision: str) -> int:

@@ -61,8 +61,59 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Weights of a model directory: model.safetensors, else pytorch_model.bin (weights only)."""
     file = weights_file(path)
     if file.suffix == ".safetensors":
-        return load_file(file)
+        return read_safetensors(file)
     return torch.load(file, map_location="cpu", weights_only=True)
+
+
+# safetensors' dtype names (https://github.com/huggingface/safetensors, its format section)
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def read_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, each read into its own memory (not mapped from the file, as safetensors'
+    `load_file` does): the pages of a mapped file count in the process's RSS beside any copy made of them, so
+    a load that converts or joins tensors would briefly hold the weights twice. Data is little-endian, as the
+    format says and as x86 and ARM Linux store it."""
+    file = Path(file)
+    if torch.tensor([1], dtype=torch.int16).numpy().tobytes() != b"\x01\x00":  # a big-endian host: the library's reader
+        return load_file(file)
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length > MAX_HEADER_BYTES:
+            raise ValueError(f"{file.name}: its header is {length:,} bytes, more than {MAX_HEADER_BYTES:,}")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = None
+        if not isinstance(header, dict):
+            raise ValueError(f"{file.name} is not a safetensors file (its header is not a JSON object)")
+        header.pop("__metadata__", None)
+        out: dict[str, torch.Tensor] = {}
+        for name, entry in header.items():
+            dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype"))) if isinstance(entry, dict) else None
+            offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+            if dtype is None or not isinstance(offsets, list) or len(offsets) != 2:
+                raise ValueError(f"{file.name}: tensor {name!r} has a dtype or offsets this reader does not know")
+            tensor = torch.empty(_shape(file.name, name, entry), dtype=dtype)
+            size = tensor.numel() * tensor.element_size()
+            if offsets[1] - offsets[0] != size:
+                raise ValueError(f"{file.name}: tensor {name!r} takes {offsets[1] - offsets[0]:,} bytes, not {size:,}")
+            f.seek(8 + length + offsets[0])
+            if size and f.readinto(tensor.reshape(-1).view(torch.uint8).numpy().data) != size:
+                raise ValueError(f"{file.name} ends inside tensor {name!r}")
+            out[name] = tensor
+    return out
 
 
 def state_dict_keys(path: str | Path) -> list[str]:

@@ -4,7 +4,9 @@ A work item is one request's tokenised inputs for one model and one task ("encod
 "classify", "token_classify", "qa"). The inference thread runs one forward pass at a time and chooses each pass afresh:
 it starts from the oldest queued item that has not run yet, else from the item whose last pass
 is the longest ago; a batch job's items (`background`) only when no online item waits, and in a
-shared pass after the online ones. So a new request waits for the pass under way and for the first pass of each
+shared pass after the online ones. While online requests come (one in the last ONLINE_RECENT_S), a pass
+that starts from a batch job's item holds at most `background_pass_tokens`, so an online request that arrives
+meanwhile waits behind a short pass, not a full one; with no online traffic, batches fill whole passes. So a new request waits for the pass under way and for the first pass of each
 request queued before it that has not started, never for the rest of a large one; requests that
 have started take turns, one pass each (round robin), so none is starved. With batching on it
 first lets a new item wait up to `max_wait_ms` for company while other requests are still being
@@ -147,6 +149,8 @@ def plan_batch(items: list[WorkItem], max_tokens: int) -> list[tuple[WorkItem, i
 
 
 class Engine:
+    ONLINE_RECENT_S = 1.0  # an online item this recent keeps batch jobs' passes at background_pass_tokens
+
     def __init__(
         self,
         device: torch.device,
@@ -156,11 +160,15 @@ class Engine:
         max_queue: int,
         max_wait_ms: float,
         batching: bool,
+        background_pass_tokens: int | None = None,
         metrics=None,
     ):
         self.device = device
         self.runners = runners
         self.max_batch_tokens = max_batch_tokens
+        # a batch job's pass while online requests come (None: max_batch_tokens, as any pass)
+        self.background_pass_tokens = min(background_pass_tokens or max_batch_tokens, max_batch_tokens)
+        self._online_at = -float("inf")  # when the last online item was queued (time.monotonic)
         self.max_queue = max_queue
         self.max_wait = max_wait_ms / 1000.0
         self.batching = batching
@@ -195,6 +203,8 @@ class Engine:
                     "overloaded", f"the inference queue is full ({self.max_queue} requests waiting); retry later"
                 )
             self._pending.append(item)
+            if not item.background:
+                self._online_at = item.enqueued
             self._set_depth()
             self._cond.notify()
         return item.future
@@ -249,8 +259,10 @@ class Engine:
                     first = self._first()  # the wait may have seen it cancelled
                     if first is None:
                         continue
-                planned = plan_batch(self._companions(first), self.max_batch_tokens)
                 now = time.monotonic()
+                online_recent = now - self._online_at < self.ONLINE_RECENT_S
+                budget = self.background_pass_tokens if first.background and online_recent else self.max_batch_tokens
+                planned = plan_batch(self._companions(first), budget)
                 for item, _, _ in planned:
                     item.last_pass = now
                 self._pending = deque(i for i in self._pending if i.todo)

@@ -53,12 +53,13 @@ from datadir.jobs import steps_of
 from datadir.scheduling import job_words
 from datadir.versions import Access, read_access, resolve, version_numbers
 from model.compute import kernels
+from model.compute.device import return_freed_memory
 from model.compute.precision import apply_precision
 from model.model_dir import read_prompts
 from model.modeling import (
     load_model,
 )
-from model.sizing import engine_working_bytes, format_bytes, inference_weight_bytes
+from model.sizing import ARCHITECTURES, engine_working_bytes, format_bytes, inference_weight_bytes, packed_weight_bytes
 from model.tokenizer import BertTokenizer
 
 log = logging.getLogger("bertserve.registry")
@@ -387,6 +388,8 @@ class ModelRegistry:
 
     def _load(self, entry: StoredModel) -> LoadedModel:
         precision = self.precision_of(entry.name)
+        if self.device.type == "cpu":
+            return_freed_memory()  # what unloaded models left in the C heap, before this one takes more
         model = apply_precision(load_model(entry.path, device=self.device), precision)
         tokenizer = BertTokenizer.from_pretrained(entry.path)
         if tokenizer.vocab_size > model.config.vocab_size:
@@ -430,10 +433,15 @@ class ModelRegistry:
         if entry.config is None or entry.num_parameters is None:
             return 0, 0
         precision = self.precision_of(entry.name)
-        return (
-            inference_weight_bytes(entry.config, entry.num_parameters, precision),
-            engine_working_bytes(entry.config, self.max_batch_tokens, precision),
-        )
+        weights = inference_weight_bytes(entry.config, entry.num_parameters, precision)
+        if self._packs_dense_weights(precision) and entry.architecture in ARCHITECTURES:
+            weights += packed_weight_bytes(entry.config, entry.architecture, precision)
+        return weights, engine_working_bytes(entry.config, self.max_batch_tokens, precision)
+
+    def _packs_dense_weights(self, precision: str) -> bool:
+        """Whether oneDNN keeps a reordered copy of each dense weight of a model served here at `precision`."""
+        path = {"fp32": "onednn-fp32", "bf16": "onednn-bf16"}.get(precision)
+        return torch.device(self.device).type == "cpu" and path is not None and kernels.expected(path)
 
     def memory_in_use(self, entries: list[StoredModel] | None = None, held: bool = True) -> tuple[int, int]:
         """(weights, working set) counted against the budget: the loaded and loading models' weights, those of

@@ -279,6 +279,7 @@ class Service:
             max_queue=s.max_queue,
             max_wait_ms=s.max_wait_ms,
             batching=s.batching,
+            background_pass_tokens=s.batch_pass_tokens,
             metrics=self.metrics,
         )
         self.engine.start()

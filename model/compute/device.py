@@ -61,3 +61,24 @@ def memory_bytes(device: torch.device) -> int:
         if text.isdigit():
             return min(physical, int(text))
     return physical
+
+
+def return_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the operating system (glibc's `malloc_trim(0)`); whether it ran.
+
+    glibc keeps memory that freed tensors leave in its arenas for reuse, so after a model is unloaded the
+    process's RSS stays where the model took it until something reuses the room. A service that loads and
+    unloads models within a memory budget calls this before each load, so its RSS is what it holds. A no-op
+    elsewhere (musl, macOS, Windows)."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(ctypes.c_size_t(0))
+    except (OSError, AttributeError):
+        return False
+    return True

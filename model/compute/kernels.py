@@ -316,6 +316,17 @@ def enabled(name: str) -> bool:
     return bool(path.decided)
 
 
+def expected(name: str) -> bool:
+    """Whether path `name` runs, without running its probe: as forced or decided, else what the machine has
+    (a memory estimate asks this before the first model is loaded)."""
+    path = PATHS[name]
+    if path.forced is not None:
+        return path.forced
+    if path.decided is not None:
+        return bool(path.decided)
+    return path.needs() is None
+
+
 def status(name: str) -> tuple[bool, str]:
     """(on, why) for path `name`, deciding it first if it is not yet decided."""
     on, path = enabled(name), PATHS[name]

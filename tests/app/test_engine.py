@@ -58,6 +58,40 @@ def test_online_items_go_before_a_batch_jobs_and_share_a_pass_ahead_of_them():
     assert [it for it, _, _ in engine._take()] == [batch_b, batch_b]  # no online item waits: the batch's turn
 
 
+def test_a_batch_jobs_pass_is_short_while_online_requests_come_and_whole_without_them():
+    """Engine._take's budget for a pass that starts from a batch job's item: background_pass_tokens while an
+    online item was queued within ONLINE_RECENT_S (the engine's own clock), max_batch_tokens otherwise."""
+    from types import SimpleNamespace
+
+    from app.serving.engine import Engine
+
+    lm, row = SimpleNamespace(name="m"), ([0] * 10, [0] * 10)
+    engine = Engine(
+        torch.device("cpu"),
+        {},
+        max_batch_tokens=80,
+        max_queue=10,
+        max_wait_ms=0,
+        batching=True,
+        background_pass_tokens=20,
+    )
+    batch = WorkItem("encode", lm, [row] * 8, background=True)
+    engine.submit(batch)
+    assert len(engine._take()) == 8  # no online request yet: a whole pass (8 x 10 tokens)
+
+    engine.ONLINE_RECENT_S = float("inf")  # every online item counts as recent, however slow this machine is
+    batch = WorkItem("encode", lm, [row] * 8, background=True)
+    online = WorkItem("classify", SimpleNamespace(name="n"), [row])
+    engine.submit(batch)
+    engine.submit(online)
+    assert [it for it, _, _ in engine._take()] == [online]
+    assert [it for it, _, _ in engine._take()] == [batch, batch]  # 2 x 10 tokens: background_pass_tokens
+    assert len(batch.todo) == 6  # the rest waits for later passes
+
+    engine.ONLINE_RECENT_S = 0.0  # the online request is long past: whole passes again
+    assert len(engine._take()) == 6
+
+
 def metric(text: str, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     total = 0.0

@@ -181,3 +181,26 @@ def test_working_set_is_one_layers_forward_pass():
 
 def test_format_bytes():
     assert [format_bytes(n) for n in (2048, 5 * 1024**2 + 1, 3 * 1024**3 // 2)] == ["2.0 KB", "5.0 MB", "1.50 GB"]
+
+
+@pytest.mark.parametrize("architecture", ["BertModel", "BertForPreTraining", "BertForMaskedLM"])
+def test_packed_bytes_are_onednns_copies_of_the_dense_weights(architecture):
+    """packed_weight_bytes against the reordered weights oneDNN keeps after an inference pass large enough for
+    every dense layer to take its path; the pooler reads one token a row, so its small pass may not."""
+    import torch
+
+    from model.compute import onednn
+    from model.sizing import packed_weight_bytes
+
+    if not onednn.available():
+        pytest.skip("oneDNN's fp32 path does not run on this machine")
+    config = BertConfig(**CONFIGS[0])
+    model = built(architecture, config).eval()
+    with torch.no_grad():
+        model(torch.randint(0, config.vocab_size, (64, 40)))
+    packed = [m.__dict__["_onednn_packed"].source() for m in model.modules() if "_onednn_packed" in m.__dict__]
+    measured = sum(w.numel() * w.element_size() for w in packed)
+    estimate = packed_weight_bytes(config, architecture, "fp32")
+    pooler = 4 * config.hidden_size**2 if "pooler" in ARCHITECTURES[architecture] else 0
+    assert measured <= estimate <= measured + pooler
+    assert packed_weight_bytes(config, architecture, "int8") == 0
