@@ -4,7 +4,9 @@ of what a directory holds (`bert import` and `bert info` print these).
 The project's layout is HF's (config.json, weights, tokenizer files) with safetensors weights and a
 tokenizer.json beside vocab.txt, so a directory written here also loads in transformers. A
 sentence-transformers model's named prompts are read from its config_sentence_transformers.json, as
-sentence-transformers reads them (SentenceTransformer.__init__: "prompts", "default_prompt_name").
+sentence-transformers reads them (SentenceTransformer.__init__: "prompts", "default_prompt_name"), and its
+modules (pooling, Normalize) by model/sentence_modules.py, which refuses modules this project cannot run
+and writes them into the imported directory.
 
 An import validates before it allocates: the config's sizes are within model.config's bounds, the
 model it describes fits the memory budget (model/sizing.py's count, in fp32), the files read into
@@ -22,6 +24,12 @@ from datadir.files import atomic_write_bytes
 from model.config import BertConfig
 from model.errors import UserError
 from model.modeling import class_for_heads
+from model.sentence_modules import (
+    MODULES_FILE,
+    SENTENCE_TRANSFORMERS_CONFIG,
+    read_sentence_modules,
+    write_sentence_modules,
+)
 from model.sizing import ARCHITECTURES, count_parameters, format_bytes, format_count, part_parameters
 from model.tokenizer import CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer
 from model.weights import (
@@ -35,7 +43,6 @@ from model.weights import (
     weights_file,
 )
 
-SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
 # The model's fp32 weights may take at most this where the importer has no memory budget to compare them
 # with (`bert import`): BERT-large's take 1.3 GB, LaBSE's 1.9 GB.
 MAX_IMPORT_WEIGHT_BYTES = 4 << 30
@@ -50,9 +57,11 @@ def import_model(
 ) -> dict:
     """Validate any HF BERT directory and write it in the project's layout; returns `summarize(dst)`.
 
-    Its sizes are checked first (`check_config`, `check_text_files`, `check_weights`), then the
-    weights go through our own model class (so a directory that would not load is refused before
-    anything is written), and out as safetensors with tokenizer.json beside them. `label` names the
+    Its sizes are checked first (`check_config`, `check_text_files`, `check_weights`), and its
+    sentence-transformers modules (model.sentence_modules: a module this project cannot run, such as a
+    Dense, is refused), then the weights go through our own model class (so a directory that would not
+    load is refused before anything is written), and out as safetensors with tokenizer.json beside
+    them, and the modules beside those (write_sentence_modules) when it has a modules.json. `label` names the
     source in errors instead of `src` (whose path they never show then); `memory_budget`: the bytes
     the service's models may take, which the model's weights may not exceed.
     """
@@ -66,6 +75,8 @@ def import_model(
         check_text_files(src)
         tokenizer = BertTokenizer.from_pretrained(src)
         prompts, _ = read_prompts(src)
+        modules = read_sentence_modules(src)
+        modules.check_tokenizer(tokenizer.lowercase)
         if tokenizer.vocab_size != config.vocab_size:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {config.vocab_size}"
@@ -76,8 +87,11 @@ def import_model(
     except (ValueError, FileNotFoundError) as e:
         raise UserError(_relative(str(e), src, label)) from None
     model.save_pretrained(dst, tokenizer=tokenizer)
-    if prompts:  # a sentence-transformers model's named prompts travel with it
+    sentence_model = (src / MODULES_FILE).is_file()
+    if prompts or (sentence_model and (src / SENTENCE_TRANSFORMERS_CONFIG).is_file()):  # its prompts travel with it
         atomic_write_bytes(dst / SENTENCE_TRANSFORMERS_CONFIG, (src / SENTENCE_TRANSFORMERS_CONFIG).read_bytes())
+    if sentence_model:  # as read (and checked) above, in the files' plain form
+        write_sentence_modules(dst, modules)
     return summarize(dst)
 
 

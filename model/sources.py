@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -55,7 +54,9 @@ REVISION_RULE = (
     f"must be a branch, tag or commit: 1-{REVISION_MAX_LENGTH} letters, digits, '.', '_', '-' or '/', starting "
     "with a letter or digit, without '..' or '//', and not ending in '/'"
 )
-# What an import reads from a Hub repo besides the weights; each is fetched when the repo has it.
+# What an import reads from a Hub repo besides the weights; each is fetched when the repo has it. The
+# sentence-transformers files (from modules.json on) say how its embeddings are pooled: import_model checks
+# them and writes them beside the converted model (model/sentence_modules.py).
 HUB_FILES = (
     "config.json",
     "vocab.txt",
@@ -67,8 +68,6 @@ HUB_FILES = (
     "config_sentence_transformers.json",
     "1_Pooling/config.json",
 )
-# Sentence-transformers' files describe the encoder's pooling; kept beside the converted model.
-KEPT_FILES = HUB_FILES[5:]
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in order of preference
 SHARDED = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 MODEL_TYPES = ("bert",)
@@ -166,10 +165,6 @@ def import_source(
             ) from None
         except UserError as e:
             raise UserError(str(e).replace(str(fetched.path), label)) from None
-        for rel in KEPT_FILES:
-            if (fetched.path / rel).is_file():
-                (staged / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(fetched.path / rel, staged / rel)
         write_card(staged, source={**fetched.source, **(card_source or {})})  # measured before it is served
         try:
             version = publish_model(root, import_id or new_job_id(), staged, name)
@@ -359,8 +354,10 @@ def _download(
     config = Path(hf_hub_download(repo, "config.json", revision=revision, tqdm_class=bar))
     # before the weights: a GPT, or a BERT too big for this service, is refused at once
     _check_config(repo, config, names[-1], sizes[names[-1]], memory_budget)
-    for name in names[1:]:
+    for name in names[1:-1]:
         hf_hub_download(repo, name, revision=revision, tqdm_class=bar)
+    _check_modules(repo, config.parent)  # before the weights too: a Dense or a custom module is refused at once
+    hf_hub_download(repo, names[-1], revision=revision, tqdm_class=bar)
     return config.parent, info  # the snapshot folder of the commit `revision` resolved to
 
 
@@ -405,6 +402,16 @@ def _check_config(repo: str, path: Path, weights: str, weights_size: int, memory
         config = check_config(BertConfig.from_dict(data), memory_budget)
         if weights_size:  # the Hub lists every file's size
             check_weights_size(weights, weights_size, config)
+    except ValueError as e:
+        raise UserError(f"{repo}: {e}") from None
+
+
+def _check_modules(repo: str, snapshot: Path) -> None:
+    """The repo's sentence-transformers modules are ones this project runs (model.sentence_modules)."""
+    from model.sentence_modules import read_sentence_modules
+
+    try:
+        read_sentence_modules(snapshot)
     except ValueError as e:
         raise UserError(f"{repo}: {e}") from None
 

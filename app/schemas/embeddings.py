@@ -50,7 +50,7 @@ class EmbeddingsRequest(Strict):
     """Texts to embed (at most BERT_MAX_INPUTS)."""
 
     model_config = examples(
-        one_text={"inputs": "a sentence to embed", "pooling": "mean", "normalize": True},
+        one_text={"inputs": "a sentence to embed"},
         several_texts_cls_pooling={
             "inputs": ["first sentence", "second sentence"],
             "pooling": "cls",
@@ -58,10 +58,21 @@ class EmbeddingsRequest(Strict):
         },
     )
     inputs: str | Annotated[list[str], Field(min_length=1)]
-    pooling: Literal["mean", "cls"] = Field(
-        "mean", description="mean: average of the (unpadded) last hidden states; cls: the [CLS] vector."
+    pooling: Literal["mean", "cls"] | None = Field(
+        None,
+        description=(
+            "Omitted: the model's own pooling (its sentence-transformers Pooling module; mean without one), as "
+            "sentence-transformers encodes with it. mean: the average of the (unpadded) last hidden states; "
+            "cls: the [CLS] vector."
+        ),
     )
-    normalize: bool = Field(True, description="Scale each vector to unit L2 norm.")
+    normalize: bool | None = Field(
+        None,
+        description=(
+            "Scale each vector to unit L2 norm. Omitted: as the model does (true when it has a sentence-transformers "
+            "Normalize module, or no modules.json at all; false when its modules.json has none)."
+        ),
+    )
     model: ModelName | None = None
     truncate: Truncate = False
     dimensions: Dimensions = None
@@ -74,7 +85,7 @@ EmbeddingsResponse = list[float] | list[list[float]]
 
 
 class OpenAIEmbeddingsRequest(Strict):
-    """OpenAI's embeddings request (mean pooling, normalised, as sentence-transformers models)."""
+    """OpenAI's embeddings request: the model's own pooling, and always unit length, as OpenAI's embeddings are."""
 
     model_config = {
         **examples(openai_client={"input": ["first sentence", "second sentence"], "model": "bert-tiny"}),

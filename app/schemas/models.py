@@ -1,4 +1,4 @@
-"""The types of /models (app/api/routes/models.py): each model with its versions, card and prompts, the
+"""The types of /models (app/api/routes/models.py): each model with its versions, card, prompts and pooling, the
 memory budget, a promotion, and an import from the Hugging Face Hub (which answers a job: jobs.py's JobStatus).
 """
 
@@ -68,6 +68,21 @@ class ModelInfo(BaseModel):
         description=(
             "Its named prompts (config_sentence_transformers.json), for prompt_name on the embedding routes; "
             "null without any."
+        ),
+    )
+    pooling: list[str] | None = Field(
+        None,
+        description=(
+            "How the embedding routes pool its last hidden states: the modes of its sentence-transformers Pooling "
+            'module (1_Pooling/config.json), several concatenated in this order; ["mean"] without modules.json. '
+            "Null when its files cannot say (`error`)."
+        ),
+    )
+    normalize: bool | None = Field(
+        None,
+        description=(
+            "Whether /embeddings normalises its embeddings when a request does not say: true with a "
+            "sentence-transformers Normalize module, or without modules.json. Null when its files cannot say."
         ),
     )
 

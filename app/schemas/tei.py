@@ -28,7 +28,8 @@ TruncationDirection = Annotated[
 
 
 class EmbedRequest(Strict):
-    """TEI's POST /embed: texts to embed (at most BERT_MAX_INPUTS), mean-pooled."""
+    """TEI's POST /embed: texts to embed (at most BERT_MAX_INPUTS), pooled as the model's sentence-transformers
+    Pooling says (as TEI reads 1_Pooling/config.json; mean without one)."""
 
     model_config = {
         **examples(
@@ -41,7 +42,9 @@ class EmbedRequest(Strict):
     truncate: TeiTruncate = None
     truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
-    normalize: bool = Field(True, description="Scale each vector to unit L2 norm (TEI's default: true).")
+    normalize: bool = Field(
+        True, description="Scale each vector to unit L2 norm (TEI's default: true, whatever the model's modules)."
+    )
     model: ModelName | None = None
     dimensions: Dimensions = None
     prompt: Prompt = None

@@ -1,12 +1,21 @@
 """Embeddings: /embeddings, /v1/embeddings and (through app/serving/tei_compat.py) TEI's /embed and
 /similarity, with the options they share, applied by an `EmbedPlan` made per request.
 
+- pooling and normalize: a model embeds as its sentence-transformers modules say (LoadedModel.sentence_modules,
+  read by model.sentence_modules: its Pooling, and whether it has a Normalize), so /embeddings answers what
+  sentence-transformers' `encode` gives for the model's directory (one without modules.json: mean pooling,
+  unit length). /embeddings' `pooling` ("mean" or "cls") and `normalize` override them when sent;
+  /v1/embeddings is always unit length (OpenAI's contract), TEI's /embed normalises unless `normalize` is
+  false (TEI's default) and /similarity always does (a cosine). The engine pools each work item as its
+  params say (app/serving/forward.py run_encode), so requests run together as one work item
+  (`_embed_each`) share their pooling, normalisation and prompt. An input's window is the model's
+  (max_length), as for every route, not sentence_bert_config.json's max_seq_length.
 - prompts (sentence-transformers' `encode(prompt_name=, prompt=)`): the prompt text is put before each
   input before it is tokenised, so its tokens count like the input's. `prompt_name` names one of the
   model's config_sentence_transformers.json prompts (model.model_dir.read_prompts); none named, its
   default_prompt_name's prompt, if any; `prompt` is a literal one.
 - dimensions (OpenAI's `dimensions`, sentence-transformers' `truncate_dim`, Matryoshka embeddings):
-  the first N components of the pooled vector, L2-normalised after the cut if the request normalises.
+  the first N components of the pooled vector, L2-normalised after the cut when normalising.
 - long_inputs: "error" (422), "truncate" (cut at the model's window) or "chunk": the input's tokens
   are cut into windows of max_length - 2 tokens between [CLS] and [SEP], each repeating the last
   CHUNK_OVERLAP (a quarter) of the one before (127 tokens at max_length 512), the last one shorter;
@@ -30,13 +39,14 @@ import numpy as np
 
 from app.errors import ServiceError
 from app.schemas.embeddings import EmbeddingsRequest, OpenAIEmbeddingsRequest
+from app.serving.forward import REQUEST_POOLINGS
 from app.serving.pipelines import Outcome, Row, _infer_many, encode
 from app.serving.service import Service, check_dropped
 from app.serving.stored_models import LoadedModel
 from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, window_count, with_special_tokens
 
 CHUNK_OVERLAP = 0.25  # of a window's content tokens, repeated at the start of the next window
-_OPTIONS = ("normalize", "dimensions", "prompt_name", "prompt")  # EmbedPlan fields a request may set by name
+_OPTIONS = ("normalize", "pooling", "dimensions", "prompt_name", "prompt")  # EmbedPlan fields a request may set
 CHUNKED = "every window of every input, [CLS] and [SEP] included"  # what the token bound counts
 
 
@@ -44,8 +54,9 @@ CHUNKED = "every window of every input, [CLS] and [SEP] included"  # what the to
 class EmbedPlan:
     """One request's embedding options: `prepare` makes its rows (in the thread pool), `finish` its vectors."""
 
-    normalize: bool
     long_inputs: str  # "error", "truncate" or "chunk"
+    normalize: bool | None = None  # None: as the model's Normalize module (SentenceModules.normalize)
+    pooling: str | None = None  # "mean" or "cls" (forward.REQUEST_POOLINGS); None: the model's Pooling
     dimensions: int | None = None
     prompt_name: str | None = None
     prompt: str | None = None
@@ -53,6 +64,7 @@ class EmbedPlan:
     # encode(lm, texts, truncate) for "error" and "truncate" (TEI's /embed passes one that cuts either end)
     encode: Callable[[LoadedModel, list, bool], list[Row]] = encode
     windows: list[list[int]] = field(default_factory=list)  # per input: its rows' lengths (set by prepare)
+    unit_length: bool = False  # whether `finish` normalises: `normalize`, or the model's (set by prepare)
 
     @classmethod
     def of(cls, req: Any, **options) -> EmbedPlan:
@@ -71,26 +83,55 @@ class EmbedPlan:
 
     @property
     def engine_params(self) -> dict:
-        """The engine normalises only when nothing is left to do after it."""
-        return {"normalize": self.normalize and not self.finishes}
+        """What the engine's run_encode is asked: the pooling, and normalising (None: as the model does)
+        only when nothing is left to do after it."""
+        return {"pooling": self.pooling, "normalize": False if self.finishes else self.normalize}
+
+    @property
+    def group_key(self) -> tuple:
+        """Plans with equal keys may run as one work item (`_embed_each`): the same engine params, and the same
+        prompt, whose length a model's pooling may leave out (`prepare`'s prompt_length)."""
+        return (*sorted(self.engine_params.items()), self.prompt_name, self.prompt)
 
     @property
     def finishes(self) -> bool:
         return self.dimensions is not None or self.long_inputs == "chunk"
 
     def prepare(self, lm: LoadedModel, texts: list[str]) -> tuple[list[Row], dict]:
-        """The rows (one per input, or one per window when chunking), prompts put before the texts."""
+        """The rows (one per input, or one per window when chunking), prompts put before the texts; and the
+        engine option "prompt_length" when the model's pooling leaves the prompt out."""
         self._check_dimensions(lm)
+        self.unit_length = lm.sentence_modules.normalize if self.normalize is None else self.normalize
         prompt = prompt_text(lm, self.prompt_name, self.prompt)
         texts = [prompt + text for text in texts] if prompt else texts
+        options = self._prompt_options(lm, prompt)
         if self.long_inputs != "chunk":
             rows = self.encode(lm, texts, self.long_inputs == "truncate")
             self.windows = [[len(ids)] for ids, _ in rows]
-            return rows, {}
-        return self._chunk(lm, texts), {}
+            return rows, options
+        return self._chunk(lm, texts), options
+
+    def _prompt_options(self, lm: LoadedModel, prompt: str) -> dict:
+        """{"prompt_length": n} when the model's own pooling leaves out a prompt (include_prompt false): [CLS]
+        and the prompt's tokens, as sentence-transformers counts them (the prompt tokenised alone, less its
+        [SEP]). Chunking with it is a 422: only an input's first window starts with the prompt."""
+        if not prompt or self.pooling is not None or lm.sentence_modules.pooling.include_prompt:
+            return {}
+        if self.long_inputs == "chunk":
+            raise ServiceError(
+                "validation",
+                f"model '{lm.name}' pools without its prompt's tokens (include_prompt false), and only an input's "
+                'first window holds the prompt: send "long_inputs": "chunk" without a prompt, or another long_inputs',
+            )
+        return {"prompt_length": len(lm.tokenizer.token_ids(prompt)) + 1}
+
+    def dimension(self, lm: LoadedModel) -> int:
+        """The size of this plan's pooled vectors on model `lm` (several pooling modes make them longer)."""
+        pooling = REQUEST_POOLINGS[self.pooling] if self.pooling else lm.sentence_modules.pooling
+        return pooling.dimension(lm.config.hidden_size)
 
     def _check_dimensions(self, lm: LoadedModel) -> None:
-        size = lm.config.hidden_size
+        size = self.dimension(lm)
         if self.dimensions is not None and not 1 <= self.dimensions <= size:
             raise ServiceError(
                 "validation",
@@ -132,7 +173,7 @@ class EmbedPlan:
             vectors = np.asarray(results[start : start + len(lengths)], dtype=np.float64)
             start += len(lengths)
             vector = np.average(vectors, axis=0, weights=lengths)[: self.dimensions]
-            if self.normalize:
+            if self.unit_length:
                 vector = vector / max(float(np.linalg.norm(vector)), 1e-12)  # as torch's F.normalize
             out.append(vector.tolist())
         return out
@@ -162,10 +203,10 @@ def prompt_text(lm: LoadedModel, prompt_name: str | None, prompt: str | None) ->
 
 
 async def embed(
-    svc: Service, model: str | None, inputs, plan: EmbedPlan, pooling: str = "mean", route: str | None = None
+    svc: Service, model: str | None, inputs, plan: EmbedPlan, route: str | None = None
 ) -> tuple[Any, int, LoadedModel]:
     """(one vector per input, or the vector of a single input; the tokens run; the model)."""
-    (answer,) = await embed_many(svc, model, [(inputs, plan)], pooling, route)
+    (answer,) = await embed_many(svc, model, [(inputs, plan)], route)
     if isinstance(answer, Exception):
         raise answer
     return answer
@@ -175,11 +216,10 @@ async def embed_many(
     svc: Service,
     model: str | None,
     requests: list[tuple[Any, EmbedPlan]],
-    pooling: str = "mean",
     route: str | None = None,
 ) -> list[tuple[Any, int, LoadedModel] | Exception]:
-    """`embed` for several requests of one model whose plans ask the engine the same (engine_params), as
-    one work item (pipelines._infer_many): per request its answer, or its error in its place."""
+    """`embed` for several requests of one model whose plans have one group_key (the same engine params and
+    prompt), as one work item (pipelines._infer_many): per request its answer, or its error in its place."""
     for _, plan in requests:
         plan.check_tokens = svc.check_request_tokens  # the bound; _infer_many charges the rows once
     outcomes = await _infer_many(
@@ -187,7 +227,7 @@ async def embed_many(
         "encode",
         model,
         [(inputs, plan.prepare) for inputs, plan in requests],
-        params={"pooling": pooling, **requests[0][1].engine_params},
+        params=requests[0][1].engine_params,
         route=route,
     )
     finishing = [
@@ -212,26 +252,25 @@ def _finish_each(finishing: list[tuple[EmbedPlan, list]]) -> list[list[list[floa
 
 
 async def _embed_each(
-    svc: Service, requests: list[tuple[str | None, Any, EmbedPlan | ServiceError, str]]
+    svc: Service, requests: list[tuple[str | None, Any, EmbedPlan | ServiceError]]
 ) -> list[tuple[Any, int, LoadedModel] | Exception]:
-    """Requests (model, inputs, plan or its error, pooling), those the engine may run together as one
+    """Requests (model, inputs, plan or its error), those of one model and group_key run together as one
     work item each (embed_many): per request its answer or its error, in order."""
     groups: dict[tuple, list[tuple[int, Any, EmbedPlan]]] = {}
-    for i, (model, inputs, plan, pooling) in enumerate(requests):
+    for i, (model, inputs, plan) in enumerate(requests):
         if isinstance(plan, EmbedPlan):
-            key = (model, pooling, *sorted(plan.engine_params.items()))
-            groups.setdefault(key, []).append((i, inputs, plan))
-    answers: list = [plan for _, _, plan, _ in requests]
+            groups.setdefault((model, *plan.group_key), []).append((i, inputs, plan))
+    answers: list = [plan for _, _, plan in requests]
 
-    async def run(model: str | None, pooling: str, members: list[tuple[int, Any, EmbedPlan]]) -> None:
+    async def run(model: str | None, members: list[tuple[int, Any, EmbedPlan]]) -> None:
         try:
-            outs = await embed_many(svc, model, [(inputs, plan) for _, inputs, plan in members], pooling)
+            outs = await embed_many(svc, model, [(inputs, plan) for _, inputs, plan in members])
         except Exception as e:  # the group's (its model, a full queue, the engine): each of its requests'
             outs = [e] * len(members)
         for (i, _, _), out in zip(members, outs):
             answers[i] = out
 
-    await asyncio.gather(*(run(key[0], key[1], members) for key, members in groups.items()))
+    await asyncio.gather(*(run(key[0], members) for key, members in groups.items()))
     return answers
 
 
@@ -250,7 +289,7 @@ async def embeddings(svc: Service, req: EmbeddingsRequest) -> Any:
 async def embeddings_many(svc: Service, reqs: list[EmbeddingsRequest]) -> list:
     """/embeddings for several requests at once (a batch's lines): per request its answer or its error."""
     plans = [_plan(r) for r in reqs]
-    answers = await _embed_each(svc, [(r.model, r.inputs, plan, r.pooling) for r, plan in zip(reqs, plans)])
+    answers = await _embed_each(svc, [(r.model, r.inputs, plan) for r, plan in zip(reqs, plans)])
     return [a if isinstance(a, Exception) else a[0] for a in answers]
 
 
@@ -261,7 +300,7 @@ async def openai_embeddings(svc: Service, req: OpenAIEmbeddingsRequest) -> dict:
 async def openai_embeddings_many(svc: Service, reqs: list[OpenAIEmbeddingsRequest]) -> list:
     """/v1/embeddings for several requests at once (a batch's lines): per request its answer or its error."""
     plans = [_plan(r, normalize=True) for r in reqs]  # OpenAI's vectors are always unit length
-    answers = await _embed_each(svc, [(r.model, r.input, plan, "mean") for r, plan in zip(reqs, plans)])
+    answers = await _embed_each(svc, [(r.model, r.input, plan) for r, plan in zip(reqs, plans)])
     return [a if isinstance(a, Exception) else _openai_answer(r, *a) for r, a in zip(reqs, answers)]
 
 

@@ -4,7 +4,7 @@ Each runner takes a LoadedModel and an engine Batch and returns one plain-Python
 row (so the event loop never touches a tensor). The reference for each is the model's own forward
 pass: fill-mask = softmax of BertForMaskedLM logits (as transformers' FillMaskPipeline), nsp =
 softmax of BertForPreTraining's seq_relationship logits, embeddings = BertModel's last_hidden_state
-pooled, classify = BertForSequenceClassification logits through the function transformers'
+pooled (and normalised) as the model's sentence-transformers modules do, classify = BertForSequenceClassification logits through the function transformers'
 TextClassificationPipeline would apply, token_classify = softmax of BertForTokenClassification logits
 per token (as TokenClassificationPipeline), qa = BertForQuestionAnswering's start and end logits
 (scored by app/serving/qa_pipeline.py, which needs each window's own).
@@ -16,18 +16,32 @@ import torch
 import torch.nn.functional as F
 
 from app.serving.engine import Runner
+from model.sentence_modules import Pooling, pool
+
+# An embedding request's explicit `pooling` (app/schemas/embeddings.py), instead of the model's own: one
+# mode over every token the mask keeps, a prompt's included
+REQUEST_POOLINGS = {"mean": Pooling(("mean",)), "cls": Pooling(("cls",))}
 
 
 def run_encode(lm, batch) -> list[list[float]]:
-    """One pooled (and optionally L2-normalised) vector per row."""
+    """One sentence embedding per row, as its params ask: "pooling" None pools as the model's own Pooling
+    module (model.sentence_modules, with its "prompt_length" when that leaves a prompt out), "mean" or "cls"
+    as REQUEST_POOLINGS; "normalize" None is the model's Normalize, else true or false."""
     hidden = lm.encoder(batch.input_ids, batch.model_mask, batch.token_type_ids).last_hidden_state.float()
-    mask = batch.attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T) -> (B, T, 1)
-    mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, H), padding excluded
-    use_cls = torch.tensor([p["pooling"] == "cls" for p in batch.params], device=hidden.device)
-    pooled = torch.where(use_cls[:, None], hidden[:, 0], mean)
-    normalize = torch.tensor([p["normalize"] for p in batch.params], device=hidden.device)
-    pooled = torch.where(normalize[:, None], F.normalize(pooled, dim=-1), pooled)
-    return pooled.cpu().tolist()
+    modules = lm.sentence_modules
+    groups: dict[tuple, list[int]] = {}  # rows pooled alike (usually all of them)
+    for row, p in enumerate(batch.params):
+        normalize = modules.normalize if p.get("normalize") is None else p["normalize"]
+        groups.setdefault((p.get("pooling"), p.get("prompt_length"), normalize), []).append(row)
+    out: list = [None] * len(batch.params)
+    for (asked, prompt_length, normalize), rows in groups.items():
+        pooling = REQUEST_POOLINGS[asked] if asked else modules.pooling
+        index = torch.tensor(rows, device=hidden.device) if len(groups) > 1 else slice(None)
+        pooled = pool(hidden[index], batch.attention_mask[index], pooling, None if asked else prompt_length)
+        pooled = F.normalize(pooled, dim=-1) if normalize else pooled
+        for row, vector in zip(rows, pooled.cpu().tolist()):
+            out[row] = vector
+    return out
 
 
 def run_mlm(lm, batch) -> list[list[tuple[list[float], list[int]]]]:

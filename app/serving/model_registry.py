@@ -56,9 +56,8 @@ from model.compute import kernels
 from model.compute.device import return_freed_memory
 from model.compute.precision import apply_precision
 from model.model_dir import read_prompts
-from model.modeling import (
-    load_model,
-)
+from model.modeling import load_model
+from model.sentence_modules import read_sentence_modules
 from model.sizing import ARCHITECTURES, engine_working_bytes, format_bytes, inference_weight_bytes, packed_weight_bytes
 from model.tokenizer import BertTokenizer
 
@@ -402,6 +401,8 @@ class ModelRegistry:
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         try:
             prompts, default_prompt = read_prompts(entry.path)
+            sentence_modules = read_sentence_modules(entry.path)
+            sentence_modules.check_tokenizer(tokenizer.lowercase)
         except ValueError as e:
             entry.error = str(e)
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
@@ -416,7 +417,14 @@ class ModelRegistry:
             self.device,
         )
         return LoadedModel(
-            entry.name, model, tokenizer, max_length, precision, prompts=prompts, default_prompt_name=default_prompt
+            entry.name,
+            model,
+            tokenizer,
+            max_length,
+            precision,
+            prompts=prompts,
+            default_prompt_name=default_prompt,
+            sentence_modules=sentence_modules,
         )
 
     def loaded_count(self) -> int:

@@ -454,7 +454,7 @@ class Service:
                     "encode",
                     lm,
                     rows,
-                    {"pooling": "mean", "normalize": True},
+                    {"pooling": None, "normalize": None},  # as the model's own modules pool
                     wait=False,
                 )
             )

@@ -1,8 +1,8 @@
 """What the model registry knows of one model directory (app/serving/model_registry.py keeps them): a
 StoredModel (its promoted version's path and identity, config, class, heads, parameter count, why it
 cannot be served, its access) read from the config and weight names without loading tensors, and a
-LoadedModel (the module, its tokenizer and prompts, the precision it runs in). The heads a route needs
-are declared here, with the classes that have them.
+LoadedModel (the module, its tokenizer, prompts and sentence-transformers modules, the precision it
+runs in). The heads a route needs are declared here, with the classes that have them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from model.modeling import (
     BertPreTrainedModel,
     class_for_heads,
 )
+from model.sentence_modules import SentenceModules
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
@@ -73,6 +74,8 @@ class LoadedModel:
     warm: bool = False
     prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
     default_prompt_name: str | None = None  # the prompt an embedding request gets when it names none
+    # its pooling and Normalize (model.sentence_modules), read once as it loads: how the embedding routes embed
+    sentence_modules: SentenceModules = field(default_factory=SentenceModules)
     weight_bytes: int = 0  # its weights' estimate, as counted against the memory budget
     working_bytes: int = 0  # its forward pass's working set, as counted
     holders: int = 0  # requests and work items running on it now (ModelRegistry.hold and release)

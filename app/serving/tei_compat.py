@@ -24,8 +24,9 @@ What is followed, from huggingface/text-embeddings-inference:
 - truncation_direction: tokenizers' truncation direction, longest_first for pairs.
 What is ours: errors keep this service's body and status (422 for an input too long, where TEI
 answers 413), the request limits (BERT_MAX_INPUTS, BERT_MAX_REQUEST_TOKENS) and the API key apply
-as on every inference route, pooling is mean (TEI reads the model's sentence-transformers pooling;
-every encoder served here is pooled the /embeddings way). /embed takes the embedding options of
+as on every inference route. Pooling is the model's sentence-transformers Pooling, as TEI reads
+1_Pooling/config.json (model.sentence_modules; mean without one); /embed's `normalize` is TEI's (true
+unless sent false, whether or not the model has a Normalize module). /embed takes the embedding options of
 /embeddings (app/serving/embed_pipeline.py: dimensions, prompt_name or prompt, long_inputs); /similarity
 and /tokenize take prompt_name.
 """

@@ -38,7 +38,7 @@ OPENAI_EXAMPLE = {
     responses={**INFERENCE_ERRORS, **ok([0.0123, -0.0456, 0.0789])},
 )
 async def embeddings(req: EmbeddingsBody, service: ServiceDep) -> Any:
-    """Sentence embeddings: mean-pooled (or [CLS]) last hidden states, any model."""
+    """Sentence embeddings of any model, pooled and normalised as its sentence-transformers modules say."""
     return await pipeline.embeddings(service, req)
 
 
@@ -48,5 +48,5 @@ async def embeddings(req: EmbeddingsBody, service: ServiceDep) -> Any:
     responses={**OPENAI_ERRORS, **ok(OPENAI_EXAMPLE)},
 )
 async def openai_embeddings(req: OpenAIEmbeddingsBody, service: ServiceDep) -> dict[str, Any]:
-    """OpenAI-compatible embeddings (mean pooling, unit length), for OpenAI's client libraries."""
+    """OpenAI-compatible embeddings (the model's own pooling, always unit length), for OpenAI's client libraries."""
     return await pipeline.openai_embeddings(service, req)

@@ -1,6 +1,6 @@
 """GET /models and GET /models/{name}: what the registry holds (rescanned on every listing), each model's
 promoted version and its versions, each with its card (where it came from, its held-out scores) and
-its named prompts.
+its named prompts and its embeddings' pooling.
 A key sees the models it may use (app/keys/ownership.py): its own, the shared ones, those its key lists.
 Behind the admin scope: POST /models imports a model from the Hugging Face Hub or an uploaded archive, as
 a job; PATCH /models/{name} shares it with every key or stops sharing it; POST /models/{name}/promote,
@@ -8,7 +8,7 @@ DELETE /models/{name} and DELETE /models/{name}/versions/{version} manage its ve
 
 import asyncio
 import shutil
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -41,6 +41,7 @@ from datadir.cards import read_card
 from datadir.versions import disk_bytes
 from model.compute import kernels
 from model.model_dir import read_prompts
+from model.sentence_modules import read_sentence_modules
 
 router = APIRouter(tags=["models"])
 admin = APIRouter(tags=["models"], dependencies=[Depends(require_admin)])
@@ -125,6 +126,7 @@ def model_info(entry: StoredModel, registry: ModelRegistry, device: torch.device
         shared=entry.access.shared,
         card=read_card(entry.path) or None,
         prompts=_prompts(entry),
+        **_embedding(entry),
         **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
     )
 
@@ -137,6 +139,15 @@ def _prompts(entry: StoredModel) -> dict[str, str] | None:
         return read_prompts(entry.path)[0] or None
     except ValueError:
         return None
+
+
+def _embedding(entry: StoredModel) -> dict[str, Any]:
+    """Its pooling modes and Normalize, as loaded, else as its directory has them (None when it cannot say)."""
+    try:
+        modules = entry.loaded.sentence_modules if entry.loaded is not None else read_sentence_modules(entry.path)
+    except ValueError:
+        return {}
+    return {"pooling": list(modules.pooling.modes), "normalize": modules.normalize}
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))

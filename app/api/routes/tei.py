@@ -32,7 +32,7 @@ TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(To
 
 @router.post("/embed", response_model=EmbedResponse, responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])})
 async def embed(req: EmbedBody, service: ServiceDep) -> list[list[float]]:
-    """TEI's /embed: one mean-pooled vector per input (unit length unless normalize is false)."""
+    """TEI's /embed: one vector per input, pooled as the model says (unit length unless normalize is false)."""
     return await tei_compat.embed(service, req)
 
 
@@ -59,7 +59,7 @@ async def rerank(req: RerankBody, service: ServiceDep) -> list[dict]:
 
 @router.post("/similarity", response_model=SimilarityResponse, responses={**INFERENCE_ERRORS, **ok([0.87, 0.12])})
 async def similarity(req: SimilarityBody, service: ServiceDep) -> list[float]:
-    """TEI's /similarity: the cosine similarity of source_sentence with each sentence (mean-pooled embeddings)."""
+    """TEI's /similarity: the cosine similarity of source_sentence with each sentence (the model's embeddings)."""
     return await tei_compat.similarity(service, req)
 
 

@@ -47,8 +47,13 @@ def imported_minilm(tmp_path_factory):
 
 def test_import_writes_the_project_layout(imported_minilm):
     assert sorted(p.name for p in imported_minilm.iterdir()) == [
+        "1_Pooling",  # its sentence-transformers modules (model/sentence_modules.py): mean pooling, Normalize
+        "2_Normalize",
         "config.json",
+        "config_sentence_transformers.json",
         "model.safetensors",
+        "modules.json",
+        "sentence_bert_config.json",
         "tokenizer.json",
         "tokenizer_config.json",
         "vocab.txt",
