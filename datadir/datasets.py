@@ -1,16 +1,20 @@
 """Datasets: DATA_DIR/datasets/<name>/, written once by the app (upload, `bert up`), read by workers.
 
     DATA_DIR/datasets/<name>/data.<ext>                 the file as uploaded (txt jsonl csv tsv conll json ...)
+    DATA_DIR/datasets/<name>/data/                      or a retrieval archive's BEIR files, unpacked
     DATA_DIR/datasets/<name>/meta.json                  what is known of it (below)
     DATA_DIR/datasets/<name>/cache/                     token caches workers build (model.data)
 
-meta.json: name, kind ("corpus", "labelled", "token-labelled" or "qa"), format (a corpus format of
-model.data; csv/tsv/jsonl; conll/jsonl; squad), file (the data file's name in the directory),
-original_filename, bytes, sha256, created_at, and counts: documents and sentences (corpus); rows,
-num_labels, labels, label_counts and is_pair (labelled); sentences, tokens, num_labels, labels (the
-tags), entity_counts (token-labelled); questions, impossible, contexts (qa). `labels` and the counts
-hold at most LISTED_LABELS entries (the most frequent), so a listing of datasets stays small;
-`num_labels` counts every label (a dataset written before it existed lists them all: `labels`).
+meta.json: name, kind (one of DATASET_KINDS), format (a corpus format of model.data; csv/tsv/jsonl;
+conll/jsonl; squad; beir/jsonl for retrieval), file (the data file's name in the directory: for a
+retrieval archive, the folder `data` it was unpacked into), original_filename, bytes and sha256 (of the
+file as uploaded), created_at, and counts: documents and sentences (corpus); rows, num_labels, labels,
+label_counts and is_pair (labelled); sentences, tokens, num_labels, labels (the tags), entity_counts
+(token-labelled); questions, impossible, contexts (qa); rows, negatives (hard negatives a row), ids,
+distinct_anchors and mean_chars (pairs); rows, mean_score and mean_chars (scored-pairs); queries,
+documents, judgements, split and splits (retrieval). `labels` and the counts hold at most LISTED_LABELS
+entries (the most frequent), so a listing of datasets stays small; `num_labels` counts every label (a
+dataset written before it existed lists them all: `labels`).
 
 A dataset is installed by renaming a complete temp directory into place, so it is there whole or
 not at all, and a name is never replaced: a dataset a job was trained on stays what it was. Deleting
@@ -33,14 +37,18 @@ from datadir.jobs import LEGACY_OWNER
 from datadir.layout import DataDir, valid_name
 
 META = "meta.json"
-DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa")
+DATASET_KINDS = ("corpus", "labelled", "token-labelled", "qa", "pairs", "scored-pairs", "retrieval")
 LISTED_LABELS = 100
-# The fine-tuning task (model.training.runs.TASKS) each kind of dataset trains.
-KIND_OF_TASK = {
-    "sequence-classification": "labelled",
-    "token-classification": "token-labelled",
-    "question-answering": "qa",
+# The kinds of dataset each fine-tuning task (model.options.TASKS) trains on, the first the usual one. A
+# `retrieval` dataset (queries, a corpus, relevance judgements) is for evaluation only: no task trains on it.
+KINDS_OF_TASK: dict[str, tuple[str, ...]] = {
+    "sequence-classification": ("labelled",),
+    "token-classification": ("token-labelled",),
+    "question-answering": ("qa",),
+    "sentence-embedding": ("pairs", "scored-pairs"),
+    "cross-encoder": ("pairs", "scored-pairs", "labelled"),
 }
+LABELLED_KINDS = ("labelled", "token-labelled")  # the kinds whose meta.json counts labels (tags)
 
 
 class DatasetExists(FileExistsError):

@@ -203,47 +203,72 @@ def fetch(
 
 
 def extract_archive(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES, label: str | None = None) -> Path:
-    """Extract a .tar/.tar.gz/.tgz/.zip into `dest`, each member checked before anything of it is written;
-    the model directory in it (`dest` itself, or the one folder holding config.json). `label` names the
-    archive in errors (default: its file name)."""
+    """Extract a .tar/.tar.gz/.tgz/.zip into `dest` (`extract_safely`); the model directory in it (`dest`
+    itself, or the one folder holding config.json). `label` names the archive in errors (default: its file
+    name)."""
     label = label or archive.name
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        if zipfile.is_zipfile(archive):
-            _extract_zip(archive, dest, max_bytes, label)
-        else:
-            _extract_tar(archive, dest, max_bytes, label)
-    except tarfile.FilterError as e:  # tarfile's "data" filter, behind our own checks
-        raise UserError(f"{label}: refused: member {e.tarinfo.name!r} cannot be extracted safely") from None
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
-        raise UserError(f"{label} is not a readable archive: {e}") from None
+    extract_safely(archive, dest, max_bytes, label=label)
     return _model_root(dest, label)
 
 
-def _check_member(name: str, archive: str) -> None:
+@dataclass(frozen=True)
+class _Caps:
+    label: str  # the archive, in errors
+    max_bytes: int
+    max_members: int
+    into: str  # what `dest` is, in the refusal of a member that would leave it
+
+
+def extract_safely(
+    archive: Path,
+    dest: Path,
+    max_bytes: int,
+    *,
+    label: str | None = None,
+    max_members: int | None = None,
+    into: str = "the model directory",
+) -> None:
+    """Extract a .tar/.tar.gz/.tgz/.zip into `dest`, each member checked before anything of it is written:
+    regular files and folders only, none outside `dest`, at most `max_members` (MAX_ARCHIVE_MEMBERS unless
+    given) and `max_bytes` in all, counted as the members are read. A refusal is a UserError naming `label`
+    (default: the archive's file name) and, for a member that would leave `dest`, `into`."""
+    caps = _Caps(label or archive.name, max_bytes, MAX_ARCHIVE_MEMBERS if max_members is None else max_members, into)
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        if zipfile.is_zipfile(archive):
+            _extract_zip(archive, dest, caps)
+        else:
+            _extract_tar(archive, dest, caps)
+    except tarfile.FilterError as e:  # tarfile's "data" filter, behind our own checks
+        raise UserError(f"{caps.label}: refused: member {e.tarinfo.name!r} cannot be extracted safely") from None
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
+        raise UserError(f"{caps.label} is not a readable archive: {e}") from None
+
+
+def _check_member(name: str, caps: _Caps) -> None:
     parts = Path(name).parts
     if name.startswith(("/", "\\")) or (parts and re.match(r"^[A-Za-z]:", parts[0])) or ".." in parts:
-        raise UserError(f"{archive}: refused: member {name!r} would be written outside the model directory")
+        raise UserError(f"{caps.label}: refused: member {name!r} would be written outside {caps.into}")
 
 
-def _check_total(total: int, count: int, max_bytes: int, archive: str) -> None:
-    if count > MAX_ARCHIVE_MEMBERS:
-        raise UserError(f"{archive}: refused: more than {MAX_ARCHIVE_MEMBERS} members")
-    if total > max_bytes:
-        raise UserError(f"{archive}: refused: it would extract to more than {max_bytes:,} bytes")
+def _check_total(total: int, count: int, caps: _Caps) -> None:
+    if count > caps.max_members:
+        raise UserError(f"{caps.label}: refused: more than {caps.max_members} members")
+    if total > caps.max_bytes:
+        raise UserError(f"{caps.label}: refused: it would extract to more than {caps.max_bytes:,} bytes")
 
 
-def _extract_tar(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
+def _extract_tar(archive: Path, dest: Path, caps: _Caps) -> None:
     """One member at a time, as tarfile reads their headers: the caps refuse an archive at the first
     member past them, having read no more of it (a compressed tar is only read front to back)."""
-    with _open_tar(archive, label) as tar:
+    with _open_tar(archive, caps.label) as tar:
         total = 0
         for count, member in enumerate(tar, 1):
-            _check_member(member.name, label)
+            _check_member(member.name, caps)
             if not (member.isfile() or member.isdir()):
-                raise UserError(f"{label}: refused: member {member.name!r} is a link or special file")
+                raise UserError(f"{caps.label}: refused: member {member.name!r} is a link or special file")
             total += member.size if member.isfile() else 0
-            _check_total(total, count, max_bytes, label)
+            _check_total(total, count, caps)
             tar.extract(member, dest, filter="data")
 
 
@@ -254,15 +279,15 @@ def _open_tar(archive: Path, label: str) -> tarfile.TarFile:
         raise UserError(f"{label} is not a tar or zip archive") from None
 
 
-def _extract_zip(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
-    _check_zip_directory(archive, label)
+def _extract_zip(archive: Path, dest: Path, caps: _Caps) -> None:
+    _check_zip_directory(archive, caps)
     with zipfile.ZipFile(archive) as zf:
         infos = zf.infolist()
         for info in infos:
-            _check_member(info.filename, label)
+            _check_member(info.filename, caps)
             if stat.S_ISLNK(info.external_attr >> 16):
-                raise UserError(f"{label}: refused: member {info.filename!r} is a link")
-        _check_total(sum(i.file_size for i in infos), len(infos), max_bytes, label)
+                raise UserError(f"{caps.label}: refused: member {info.filename!r} is a link")
+        _check_total(sum(i.file_size for i in infos), len(infos), caps)
         written = 0
         for info in infos:  # file_size is what the archive claims: count what is really written
             target = dest / info.filename
@@ -273,24 +298,24 @@ def _extract_zip(archive: Path, dest: Path, max_bytes: int, label: str) -> None:
             with zf.open(info) as src, open(target, "wb") as out:
                 while chunk := src.read(1 << 20):
                     written += len(chunk)
-                    _check_total(written, 0, max_bytes, label)
+                    _check_total(written, 0, caps)
                     out.write(chunk)
 
 
-def _check_zip_directory(archive: Path, label: str) -> None:
-    """Refuse a zip whose end record declares more than MAX_ARCHIVE_MEMBERS members, or a central directory
-    larger than MAX_ZIP_DIRECTORY_BYTES, before zipfile.ZipFile reads (and keeps) that whole directory.
-    The record is read by zipfile's own helper, so these are the numbers ZipFile then goes by."""
+def _check_zip_directory(archive: Path, caps: _Caps) -> None:
+    """Refuse a zip whose end record declares more than the cap's members, or a central directory larger
+    than MAX_ZIP_DIRECTORY_BYTES (or 256 bytes a member under a lower cap), before zipfile.ZipFile reads
+    (and keeps) that whole directory. The record is read by zipfile's own helper, so these are the numbers
+    ZipFile then goes by."""
     with open(archive, "rb") as f:
         record = zipfile._EndRecData(f)  # type: ignore[attr-defined]
     if record is None:
         return  # not a zip after all: ZipFile says so
-    if record[zipfile._ECD_ENTRIES_TOTAL] > MAX_ARCHIVE_MEMBERS:  # type: ignore[attr-defined]
-        raise UserError(f"{label}: refused: more than {MAX_ARCHIVE_MEMBERS} members")
-    if (size := record[zipfile._ECD_SIZE]) > MAX_ZIP_DIRECTORY_BYTES:  # type: ignore[attr-defined]
-        raise UserError(
-            f"{label}: refused: its list of members takes {size:,} bytes, more than {MAX_ZIP_DIRECTORY_BYTES:,}"
-        )
+    if record[zipfile._ECD_ENTRIES_TOTAL] > caps.max_members:  # type: ignore[attr-defined]
+        raise UserError(f"{caps.label}: refused: more than {caps.max_members} members")
+    limit = min(MAX_ZIP_DIRECTORY_BYTES, caps.max_members * 256)
+    if (size := record[zipfile._ECD_SIZE]) > limit:  # type: ignore[attr-defined]
+        raise UserError(f"{caps.label}: refused: its list of members takes {size:,} bytes, more than {limit:,}")
 
 
 def _model_root(dest: Path, archive: str) -> Path:

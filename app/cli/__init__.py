@@ -4,6 +4,7 @@
     bert pretrain | finetune | evaluate        app/cli/train_commands.py  (model/training/runs.py, with a progress bar)
     bert serve | up | worker                   app/cli/service_commands.py
     bert corpus build                          app/cli/corpus_commands.py  (model/data/corpus_build.py)
+    bert datasets upload | list | show | delete  app/cli/dataset_commands.py  (DATA_DIR/datasets, app/jobs/uploads.py)
     bert keys add | list | revoke | rotate     app/cli/key_commands.py  (app/keys/keyfile.py)
 
 Every command is a function `cmd_<name>(args) -> int`; a model.errors.UserError prints one line and
@@ -17,7 +18,14 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from app.cli import corpus_commands, key_commands, model_commands, service_commands, train_commands
+from app.cli import (
+    corpus_commands,
+    dataset_commands,
+    key_commands,
+    model_commands,
+    service_commands,
+    train_commands,
+)
 from model.errors import UserError
 
 DISTRIBUTION = "bertserve"  # pyproject's [project] name
@@ -53,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="bert", description="bertserve: train and serve BERT.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (model_commands, train_commands, corpus_commands, service_commands, key_commands):
+    for group in (model_commands, train_commands, corpus_commands, dataset_commands, service_commands, key_commands):
         group.add_commands(sub)
     return parser
 

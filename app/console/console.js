@@ -566,10 +566,9 @@ async function jobPage(jobId) {
 
 // -- new job ---------------------------------------------------------------------------------------
 
-let jobForm = null;  // GET /console/job-form.json: the parameters per kind, as the API declares them
-// The dataset kind each fine-tuning task trains on (datadir/datasets.py KIND_OF_TASK).
-const TASK_DATASET_KIND = {"sequence-classification": "labelled", "token-classification": "token-labelled",
-                           "question-answering": "qa"};
+// GET /console/job-form.json: the parameters per kind, as the API declares them, and the dataset kinds each
+// task trains on (dataset_kinds).
+let jobForm = null;
 
 async function newJobPage() {
   jobForm = jobForm || await (await fetch("/console/job-form.json", {credentials: "omit"})).json();
@@ -615,13 +614,16 @@ async function newJobPage() {
                h("p", {class: "hint", id: `hint-${id}`, text: hint}), errorSlot(id));
     }));
   };
-  // The datasets a job can use: a corpus to pretrain, else the kind its params.task trains on.
+  // The datasets a job can use: a corpus to pretrain, else the kinds its params.task trains on.
   const fillDatasets = () => {
     const task = params.querySelector('[id="params.task"]');
-    const wanted = kind.value === "pretrain" ? "corpus" : TASK_DATASET_KIND[(task && task.value) || "sequence-classification"];
-    dataset.replaceChildren(...datasets.filter((d) => d.kind === wanted).map((d) =>
+    const wanted = jobForm.dataset_kinds[kind.value === "pretrain" ? "pretrain" :
+                                         (task && task.value) || "sequence-classification"];
+    dataset.replaceChildren(...datasets.filter((d) => wanted.includes(d.kind)).map((d) =>
       h("option", {value: d.name, text: `${d.name} (${d.kind})`})));
-    if (!dataset.options.length) dataset.append(h("option", {value: "", text: `no ${wanted} dataset: upload one`}));
+    if (!dataset.options.length) {
+      dataset.append(h("option", {value: "", text: `no ${wanted.join(" or ")} dataset: upload one`}));
+    }
   };
   // The task's own defaults, in the placeholders and hints of the options that have one per task.
   const fillTaskDefaults = () => {
@@ -730,6 +732,10 @@ async function datasetsPage() {
   const counts = (d) => d.kind === "labelled" ? `${fmt.count(d.rows)} rows${d.is_pair ? " (pairs)" : ""}` :
     d.kind === "token-labelled" ? `${fmt.count(d.sentences)} sentences, ${fmt.count(d.tokens)} tokens` :
     d.kind === "qa" ? `${fmt.count(d.questions)} questions (${fmt.count(d.impossible)} impossible)` :
+    d.kind === "pairs" ? `${fmt.count(d.rows)} rows, ${fmt.count(d.negatives)} hard negatives each` :
+    d.kind === "scored-pairs" ? `${fmt.count(d.rows)} rows, mean score ${fmt.num(d.mean_score)}` :
+    d.kind === "retrieval" ? `${fmt.count(d.queries)} queries, ${fmt.count(d.documents)} documents, ` +
+      `${fmt.count(d.judgements)} judgements (${d.split})` :
     `${fmt.count(d.documents)} documents, ${fmt.count(d.sentences)} sentences`;
   const tally = (c) => Object.entries(c).map(([l, n]) => `${l} (${n})`).join(", ");
   const labels = (d) => d.label_counts ? tally(d.label_counts) : d.entity_counts ? tally(d.entity_counts) :
@@ -745,14 +751,18 @@ async function datasetsPage() {
   const bar = h("progress", {id: "upload-progress", max: 1, value: 0, hidden: true, "aria-label": "upload progress"});
   const uploadForm = form("upload", [
     field("upload-file", "File (.txt or .jsonl corpus; .csv, .tsv or .jsonl with text,label; CoNLL or .jsonl with " +
-          "tokens,tags; SQuAD .json)",
-          h("input", {type: "file", accept: ".txt,.jsonl,.csv,.tsv,.conll,.iob,.iob2,.bio,.json"})),
+          "tokens,tags; SQuAD .json; .csv, .tsv or .jsonl with anchor,positive[,negative] or " +
+          "sentence1,sentence2,score; a .zip or .tar.gz of a BEIR folder)",
+          h("input", {type: "file", accept: ".txt,.jsonl,.csv,.tsv,.conll,.iob,.iob2,.bio,.json,.zip,.tar.gz,.tgz,.tar"})),
     field("upload-name", "Name (empty: the file name's stem)", h("input", {type: "text"})),
     field("upload-kind", "Kind", h("select", {}, h("option", {value: "", text: "from the file"}),
                                    h("option", {value: "corpus", text: "corpus"}),
                                    h("option", {value: "labelled", text: "labelled"}),
                                    h("option", {value: "token-labelled", text: "token-labelled (NER)"}),
-                                   h("option", {value: "qa", text: "qa (SQuAD)"}))),
+                                   h("option", {value: "qa", text: "qa (SQuAD)"}),
+                                   h("option", {value: "pairs", text: "pairs (anchor, positive, negatives)"}),
+                                   h("option", {value: "scored-pairs", text: "scored-pairs (sentence1, sentence2, score)"}),
+                                   h("option", {value: "retrieval", text: "retrieval (evaluation: BEIR)"}))),
     bar,
   ], "Upload", async () => {
     const file = document.getElementById("upload-file").files[0];

@@ -8,6 +8,7 @@ accepted on a model or dataset between the in-use check and the change. Blocking
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,24 @@ class Catalog:
 
     async def delete_dataset(self, name: str, caller: Key = ANONYMOUS) -> int:
         """Delete a dataset; the bytes freed. 404 when there is none (or it is not `caller`'s: another key's
-        datasets are not shown to it); 409 while a queued or running job uses it."""
+        datasets are not shown to it); 409 while a queued or running job uses it. Under the data directory's
+        submission lock too, so no process (another replica, `bert datasets delete`) accepts a job on it
+        between the check and the deletion."""
         async with self.submit_lock:
-            meta = await asyncio.to_thread(read_meta, self.data_dir, name)
-            if meta is None or not may_change_dataset(caller, meta):
-                raise ServiceError("not_found", f"dataset '{name}' not found")
-            await asyncio.to_thread(self._refuse_in_use, "dataset", name, "dataset")
-            try:
-                return await asyncio.to_thread(delete_dataset, self.data_dir, name)
-            except FileNotFoundError:
-                raise ServiceError("not_found", f"dataset '{name}' not found") from None
+            held = contextlib.ExitStack()
+            await asyncio.to_thread(held.enter_context, self.records.submitting())
+            with held:
+                return await asyncio.to_thread(self._delete_dataset, name, caller)
+
+    def _delete_dataset(self, name: str, caller: Key) -> int:
+        meta = read_meta(self.data_dir, name)
+        if meta is None or not may_change_dataset(caller, meta):
+            raise ServiceError("not_found", f"dataset '{name}' not found")
+        self._refuse_in_use("dataset", name, "dataset")
+        try:
+            return delete_dataset(self.data_dir, name)
+        except FileNotFoundError:
+            raise ServiceError("not_found", f"dataset '{name}' not found") from None
 
     def _refuse_default(self, name: str) -> None:
         for value, setting in (

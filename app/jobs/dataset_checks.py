@@ -1,5 +1,6 @@
 """The format check of a dataset file, for app/jobs/uploads.py: what meta.json records of a file of
-each kind (corpus, labelled, token-labelled, qa), or a 422 that says why it is not usable.
+each kind (corpus, labelled, token-labelled, qa, pairs, scored-pairs, retrieval), or a 422 that says why
+it is not usable. The readers are model/data's, the ones training (and evaluation) use.
 
 The check reads the whole file, in a child process whose CPU time (and wall-clock time)
 BERT_DATASET_CHECK_SECONDS bounds, so a hostile file costs the API process nothing but a wait: not
@@ -9,7 +10,11 @@ once), so a check costs a few milliseconds more than it would in a thread.
 
 What one upload may hold is bounded too: at most BERT_MAX_LABELS distinct labels (tags), each at
 most MAX_LABEL_CHARS long, and at most MAX_EXAMPLE_CHARS of text in one example (a row, a tagged
-sentence, a QA context); a corpus's lines and paragraphs are cut by model/data/corpus.py's readers.
+sentence, a QA context, a pair with its negatives, a query, a document), at most MAX_NEGATIVES hard
+negatives a pair; a corpus's lines and paragraphs are cut by model/data/corpus.py's readers. A retrieval
+archive (.zip, .tar.gz, .tgz, .tar) is unpacked by its check, in the child, into the folder `data` beside it
+(at most model/data/retrieval_data.py's MAX_ARCHIVE_MEMBERS members and BERT_MAX_DATASET_BYTES in all,
+counted as they stream), and is not kept.
 meta.json lists at most LISTED_LABELS labels (the most frequent), so GET /datasets stays small;
 `num_labels` counts them all.
 """
@@ -24,27 +29,41 @@ import resource
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.errors import ServiceError
 from app.settings import Settings
 from datadir.datasets import LISTED_LABELS
 from model.data.corpus import detect_format, read_documents
-from model.data.finetune import load_classification_data
+from model.data.finetune import load_classification_data, table_format
+from model.data.pairs import ANCHOR, NEGATIVE, POSITIVE, load_pairs, load_scored_pairs
 from model.data.question_answering import read_squad
+from model.data.retrieval_data import default_split, load_retrieval_splits, unpack_retrieval
 from model.data.token_classification import read_tagged
+from model.errors import UserError
 from model.scores import entities
+from model.sources import ARCHIVE_SUFFIXES
 
 log = logging.getLogger("bertserve")
 
 MAX_LABEL_CHARS = 200
-MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence or QA context
+MAX_EXAMPLE_CHARS = 1 << 20  # characters of text in one row, tagged sentence, QA context, query or document
+MAX_NEGATIVES = 100  # hard negatives a pair: a bound, not a number anyone needs
+UNPACKED = "data"  # the folder a retrieval archive is unpacked into, beside it
+
+
+class Limits(NamedTuple):
+    """What one upload may hold, from the settings."""
+
+    max_labels: int  # BERT_MAX_LABELS
+    max_bytes: int  # BERT_MAX_DATASET_BYTES: also what a retrieval archive may unpack to
 
 
 def check_file(kind: str, path: Path, settings: Settings) -> dict[str, Any]:
     """What meta.json records of a dataset file of this kind (a 422 when it is not usable), checked in a
     child process with a CPU and time bound. Blocks: call it in a thread."""
-    request = {"kind": kind, "path": str(path), "limits": {"max_labels": settings.max_labels}}
+    limits = Limits(max_labels=settings.max_labels, max_bytes=settings.max_dataset_bytes)
+    request = {"kind": kind, "path": str(path), "limits": limits._asdict()}
     seconds = settings.dataset_check_seconds
     too_slow = ServiceError(
         "validation",
@@ -107,14 +126,14 @@ def _check_child(conn, request: dict, seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at `cpu` s, SIGKILL 5 s later
     conn.send("started")
     try:
-        answer: dict[str, Any] = {"meta": CHECKS[request["kind"]](Path(request["path"]), **request["limits"])}
+        answer: dict[str, Any] = {"meta": CHECKS[request["kind"]](Path(request["path"]), Limits(**request["limits"]))}
     except ServiceError as e:
         answer = {"error": e.message}
     conn.send(answer)
     conn.close()
 
 
-def _check_corpus(path: Path, max_labels: int) -> dict[str, Any]:
+def _check_corpus(path: Path, limits: Limits) -> dict[str, Any]:
     if not _has_text(path):
         raise ServiceError("validation", "file: the corpus has no text")
     try:
@@ -138,7 +157,7 @@ def _has_text(path: Path) -> bool:
     return False
 
 
-def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
+def _check_labelled(path: Path, limits: Limits) -> dict[str, Any]:
     try:
         data = load_classification_data(path, path)  # eval = train: no split, every row checked
     except (ValueError, UnicodeDecodeError, KeyError) as e:
@@ -149,7 +168,7 @@ def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     labels = list(data.id2label.values())
     if len(labels) < 2:
         raise ServiceError("validation", f"file: a classifier needs at least 2 labels, found {labels}")
-    _check_labels(labels, max_labels)
+    _check_labels(labels, limits.max_labels)
     _check_sizes(
         f"row {i + 1}'s text"
         for i, e in enumerate(data.train)
@@ -166,7 +185,7 @@ def _check_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     }
 
 
-def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
+def _check_token_labelled(path: Path, limits: Limits) -> dict[str, Any]:
     try:
         sentences = read_tagged(path)
     except (ValueError, UnicodeDecodeError) as e:
@@ -176,7 +195,7 @@ def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
             f"tokens and tags; IOB2 tags): {_clean(e, path)}",
         ) from None
     tags = sorted({t for s in sentences for t in s.tags})
-    _check_labels(tags, max_labels)
+    _check_labels(tags, limits.max_labels)
     _check_sizes(f"the sentence on line {s.line}" for s in sentences if sum(map(len, s.tokens)) > MAX_EXAMPLE_CHARS)
     listed, _ = _listed(tags, Counter(t for s in sentences for t in s.tags))
     _, entity_counts = _listed([], Counter(type_ for s in sentences for type_, _, _ in entities(s.tags)))
@@ -190,7 +209,7 @@ def _check_token_labelled(path: Path, max_labels: int) -> dict[str, Any]:
     }
 
 
-def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
+def _check_qa(path: Path, limits: Limits) -> dict[str, Any]:
     try:
         examples = read_squad(path)
     except (ValueError, UnicodeDecodeError) as e:
@@ -204,11 +223,104 @@ def _check_qa(path: Path, max_labels: int) -> dict[str, Any]:
     }
 
 
+def _check_pairs(path: Path, limits: Limits) -> dict[str, Any]:
+    try:
+        pairs = load_pairs(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError(
+            "validation",
+            "file: not a usable pairs file (columns anchor, positive and optionally negative or "
+            f"negative_1 .. negative_n): {_clean(e, path)}",
+        ) from None
+    negatives = len(pairs[0].negatives)
+    if negatives > MAX_NEGATIVES:
+        raise ServiceError(
+            "validation", f"file: {negatives} negatives a row, more than the {MAX_NEGATIVES} a pair may have"
+        )
+    _check_sizes(
+        f"row {i + 1}'s text"
+        for i, p in enumerate(pairs)
+        if len(p.anchor) + len(p.positive) + sum(map(len, p.negatives)) > MAX_EXAMPLE_CHARS
+    )
+    mean_chars = {
+        ANCHOR: _mean(len(p.anchor) for p in pairs),
+        POSITIVE: _mean(len(p.positive) for p in pairs),
+        **({NEGATIVE: _mean(len(n) for p in pairs for n in p.negatives)} if negatives else {}),
+    }
+    return {
+        "format": table_format(path),
+        "rows": len(pairs),
+        "negatives": negatives,
+        "ids": any(p.id is not None for p in pairs),
+        "distinct_anchors": len({p.anchor for p in pairs}),
+        "mean_chars": mean_chars,
+    }
+
+
+def _check_scored_pairs(path: Path, limits: Limits) -> dict[str, Any]:
+    try:
+        pairs = load_scored_pairs(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServiceError(
+            "validation",
+            f"file: not a usable scored-pairs file (columns sentence1, sentence2 and score): {_clean(e, path)}",
+        ) from None
+    _check_sizes(
+        f"row {i + 1}'s text" for i, p in enumerate(pairs) if len(p.sentence1) + len(p.sentence2) > MAX_EXAMPLE_CHARS
+    )
+    return {
+        "format": table_format(path),
+        "rows": len(pairs),
+        "mean_score": round(sum(p.score for p in pairs) / len(pairs), 4),
+        "mean_chars": {
+            "sentence1": _mean(len(p.sentence1) for p in pairs),
+            "sentence2": _mean(len(p.sentence2) for p in pairs),
+        },
+    }
+
+
+def _check_retrieval(path: Path, limits: Limits) -> dict[str, Any]:
+    unpacked = path.name.endswith(ARCHIVE_SUFFIXES)
+    where = path
+    try:
+        if unpacked:
+            where = unpack_retrieval(path, path.parent / UNPACKED, limits.max_bytes, label="the archive")
+            path.unlink()  # the folder is what is kept and read
+        splits = load_retrieval_splits(where)
+        split = default_split(where, splits)
+    except (ValueError, UnicodeDecodeError, UserError) as e:
+        raise ServiceError(
+            "validation",
+            "file: not a usable retrieval set (a BEIR folder's corpus.jsonl, queries.jsonl and qrels, in a "
+            f".zip or .tar.gz; or one JSONL of documents and queries): {_clean(e, where)}",
+        ) from None
+    judged = splits[split]
+    _check_sizes(f"query {q!r}" for q, text in judged.queries.items() if len(text) > MAX_EXAMPLE_CHARS)
+    _check_sizes(f"document {d!r}" for d, text in judged.corpus.items() if len(text) > MAX_EXAMPLE_CHARS)
+    return {
+        **({"file": UNPACKED} if unpacked else {}),
+        "format": "beir" if unpacked else "jsonl",
+        "queries": len(judged.queries),
+        "documents": len(judged.corpus),
+        "judgements": sum(len(cids) for cids in judged.relevant.values()),
+        "split": split,
+        "splits": list(splits),
+    }
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return round(sum(values) / len(values), 1) if values else 0.0
+
+
 CHECKS = {
     "corpus": _check_corpus,
     "labelled": _check_labelled,
     "token-labelled": _check_token_labelled,
     "qa": _check_qa,
+    "pairs": _check_pairs,
+    "scored-pairs": _check_scored_pairs,
+    "retrieval": _check_retrieval,
 }
 
 

@@ -41,7 +41,7 @@ from datadir import (
     read_meta,
     scheduling,
 )
-from datadir.datasets import KIND_OF_TASK, num_labels
+from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, num_labels
 from datadir.versions import access_of
 from model.config import BertConfig
 from model.options import defaults
@@ -207,7 +207,7 @@ class JobService:
         access = await asyncio.to_thread(access_of, self.data_dir, req.model_name)
         ownership.check_publish(caller, req.model_name, access)
         task = None if req.kind == "pretrain" else req.params.task
-        needs = "corpus" if task is None else KIND_OF_TASK[task]
+        needs = ("corpus",) if task is None else KINDS_OF_TASK[task]
         dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
         ownership.check_dataset(caller, dataset)
         params = req.params.to_record()  # what the request set: the run's defaults apply to the rest
@@ -239,7 +239,7 @@ class JobService:
 
     def _check_label_count(self, dataset: dict) -> None:
         have, limit = num_labels(dataset), self.settings.max_labels
-        if dataset["kind"] != "qa" and have > limit:
+        if dataset["kind"] in LABELLED_KINDS and have > limit:
             raise ServiceError(
                 "validation",
                 f"dataset: '{dataset['name']}' has {have} labels, more than the {limit} "
@@ -310,13 +310,15 @@ class JobService:
                 "conflict", f"model_name: {job} ({record['state']}) is already training a model named '{name}'"
             )
 
-    def _dataset(self, name: str, kind: str, task: str | None) -> dict:
+    def _dataset(self, name: str, kinds: tuple[str, ...], task: str | None) -> dict:
         meta = read_meta(self.data_dir, name)
         if meta is None:
             raise ServiceError("validation", f"dataset: '{name}' not found (upload it with POST /datasets)")
-        if meta["kind"] != kind:
-            needs = f"task {task} needs a {kind} one" if task else f"this job needs a {kind} one"
-            raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; {needs}")
+        if meta["kind"] not in kinds:
+            wanted = " or ".join(filter(None, [", ".join(kinds[:-1]), kinds[-1]]))
+            needs = f"task {task} needs a {wanted} one" if task else f"this job needs a {wanted} one"
+            only = " (a retrieval dataset is for evaluation only)" if meta["kind"] == "retrieval" else ""
+            raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; {needs}{only}")
         return meta
 
     async def _base_model(self, name: str):
@@ -404,7 +406,7 @@ FINETUNE_ARCHITECTURES = {
 def _check_labels(base, dataset: dict) -> None:
     """A base that is already a (sequence or token) classifier keeps its `classifier` weights when
     fine-tuned for either classification task, so the label (tag) count must match."""
-    if not {"classifier", "token_classifier"} & set(base.heads) or dataset["kind"] == "qa":
+    if not {"classifier", "token_classifier"} & set(base.heads) or dataset["kind"] not in LABELLED_KINDS:
         return
     have, want = base.config.num_labels, num_labels(dataset)
     if have != want:

@@ -1,12 +1,15 @@
 """Dataset uploads: a streamed, size-capped, format-checked upload into DATA_DIR/datasets/<name>/
 (the layout and meta.json are datadir.datasets').
 
-Four kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
+Seven kinds: "corpus" (pretraining text: .txt in any of model.data's corpus formats, or .jsonl with a
 "text" field), "labelled" (sequence classification: .csv/.tsv/.jsonl with "text" and "label" columns,
 and an optional "text_pair"), "token-labelled" (token classification: CoNLL columns in .conll/.iob/
-.iob2/.bio/.txt/.tsv, or .jsonl with "tokens" and "tags"; IOB2 tags) and "qa" (extractive QA: SQuAD
-v1.1/v2.0 .json). Where a suffix fits several kinds the first is the default (.jsonl: sniffed from
-its first record), and `kind` picks another. The multipart body is parsed as it arrives and the file part is written
+.iob2/.bio/.txt/.tsv, or .jsonl with "tokens" and "tags"; IOB2 tags), "qa" (extractive QA: SQuAD
+v1.1/v2.0 .json), "pairs" and "scored-pairs" (sentence-transformers' columns in .csv/.tsv/.jsonl: anchor,
+positive and hard negatives; sentence1, sentence2 and score) and "retrieval" (an evaluation set: a .zip
+or .tar.gz of a BEIR folder, or one .jsonl of documents and queries). Where a suffix fits several kinds,
+a table's header (a .jsonl's first record) picks among them by its columns, else the first is the
+default; `kind` picks another. The multipart body is parsed as it arrives and the file part is written
 straight into a hidden temp directory beside its destination, counting bytes, so an upload over
 the limit stops at the limit (413) and nothing is buffered in memory or in /tmp. The directory is
 renamed into place only after the format check passes: a dataset is there whole or not at all.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import errno
 import hashlib
 import json
@@ -46,6 +50,8 @@ from app.settings import Settings
 from datadir import NAME_RULE, DataDir, DatasetExists, now_iso, valid_name
 from datadir import list_datasets as list_dataset_metas
 from datadir.datasets import DATASET_KINDS, META, dataset_bytes, install, staging_dir
+from datadir.files import tree_bytes
+from model.sources import ARCHIVE_SUFFIXES
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
@@ -55,15 +61,24 @@ log = logging.getLogger("bertserve")
 # suffix -> the kinds a file with it can be, the default first
 EXTENSIONS = {
     ".txt": ("corpus", "token-labelled"),
-    ".csv": ("labelled",),
-    ".tsv": ("labelled", "token-labelled"),
-    ".jsonl": ("corpus", "labelled", "token-labelled"),
+    ".csv": ("labelled", "pairs", "scored-pairs"),
+    ".tsv": ("labelled", "token-labelled", "pairs", "scored-pairs"),
+    ".jsonl": ("corpus", "labelled", "token-labelled", "pairs", "scored-pairs", "retrieval"),
     ".conll": ("token-labelled",),
     ".iob": ("token-labelled",),
     ".iob2": ("token-labelled",),
     ".bio": ("token-labelled",),
     ".json": ("qa",),
+    **dict.fromkeys(ARCHIVE_SUFFIXES, ("retrieval",)),
 }
+# The columns (a .jsonl's first record's fields) that tell a kind of table from the suffix's default.
+SNIFFED_COLUMNS = (
+    ("pairs", {"anchor", "positive"}),
+    ("scored-pairs", {"sentence1", "sentence2", "score"}),
+    ("retrieval", {"query", "positive_ids"}),
+    ("token-labelled", {"tokens", "tags"}),
+    ("labelled", {"label"}),
+)
 MAX_FIELD_BYTES = 1024  # the name and kind form fields
 MAX_PARTS = 8
 FLUSH_BYTES = 1 << 20  # file data is written in ~1 MiB pieces, off the event loop
@@ -138,7 +153,7 @@ class _Upload:
 
     def _check_filename(self) -> None:
         filename = self.filename or ""
-        ext = Path(filename).suffix.lower()
+        ext = upload_suffix(filename)
         if ext not in EXTENSIONS:
             raise ServiceError("validation", f"file {filename[:80]!r}: expected a {', '.join(EXTENSIONS)} file")
         self._file = open(self.tmp_dir / f"data{ext}", "wb")  # noqa: SIM115  (open across the parser's callbacks)
@@ -189,6 +204,12 @@ class _Upload:
                 OSError
             ):  # close may flush, and fail again on a full disk: the data is unwanted anyway
                 file.close()
+
+
+def upload_suffix(filename: str) -> str:
+    """The suffix that says what a file is: its last (.csv), or its last two for a compressed tar (.tar.gz)."""
+    name = filename.lower()
+    return next((x for x in ARCHIVE_SUFFIXES if x.count(".") > 1 and name.endswith(x)), Path(name).suffix)
 
 
 def check_fields(fields: dict[str, str], data_dir: Path) -> None:
@@ -288,11 +309,13 @@ def _finish(
     """Name, kind and format checks, then meta.json and the rename into place (in a thread)."""
     assert upload.filename is not None  # _parse refuses an upload without a file
     fields = dict(upload.fields)
-    fields.setdefault("name", Path(upload.filename).stem)
+    fields.setdefault("name", Path(upload.filename).name[: -len(upload_suffix(upload.filename))])
     digest = upload.sha256.hexdigest()
     if check_room is not None:  # the uploader's disk quota, now that the size is known
         check_room(upload.file_bytes)
-    return _install(tmp, upload.filename, fields, upload.file_bytes, digest, data_dir, settings, owner, shared)
+    return _install(
+        tmp, upload.filename, fields, upload.file_bytes, digest, data_dir, settings, owner, shared, check_room
+    )
 
 
 def _install(
@@ -305,11 +328,11 @@ def _install(
     settings: Settings,
     owner: str | None = None,
     shared: bool = True,
+    check_room: Callable[[int], None] | None = None,
 ) -> dict:
     """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
-    ext = Path(filename).suffix.lower()
-    kinds = EXTENSIONS[ext]
-    fields.setdefault("kind", _sniff_jsonl_kind(tmp / f"data{ext}") if ext == ".jsonl" else kinds[0])
+    ext = upload_suffix(filename)
+    fields.setdefault("kind", _sniff_kind(tmp / f"data{ext}", EXTENSIONS[ext]))
     check_fields(fields, data_dir)
     name, kind = fields["name"], fields["kind"]
     if kind not in EXTENSIONS[ext]:
@@ -328,6 +351,8 @@ def _install(
         "shared": shared,
     }
     meta.update(check_file(kind, path, settings))
+    if check_room is not None and (unpacked := tree_bytes(tmp)) > size:  # an archive unpacked by its check
+        check_room(unpacked)
     try:
         install(data_dir, tmp, meta)
     except DatasetExists:
@@ -385,11 +410,12 @@ def add_local_dataset(
 ) -> dict[str, Any]:
     """Register a file on this machine as a dataset, with the same checks as an upload (`make run`)."""
     settings = settings or Settings()
-    if Path(src).suffix.lower() not in EXTENSIONS:
+    ext = upload_suffix(str(src))
+    if ext not in EXTENSIONS:
         raise ServiceError("validation", f"file: {src} must end in one of {', '.join(EXTENSIONS)}")
     tmp = staging_dir(data_dir, "local")
     try:
-        dst = tmp / f"data{Path(src).suffix.lower()}"
+        dst = tmp / f"data{ext}"
         shutil.copyfile(src, dst)
         digest = hashlib.sha256(dst.read_bytes()).hexdigest()
         fields = {"name": name, **({"kind": kind} if kind else {})}
@@ -399,7 +425,23 @@ def add_local_dataset(
         raise
 
 
-def _sniff_jsonl_kind(path: Path) -> str:
+def _sniff_kind(path: Path, kinds: tuple[str, ...]) -> str:
+    """The kind among `kinds` that a table's columns (a .jsonl's first record's fields) name, else the first."""
+    if len(kinds) > 1:
+        columns = (
+            _jsonl_fields(path)
+            if path.suffix == ".jsonl"
+            else _header(path)
+            if path.suffix in (".csv", ".tsv")
+            else set()
+        )
+        for kind, needed in SNIFFED_COLUMNS:
+            if kind in kinds and needed <= columns:
+                return kind
+    return kinds[0]
+
+
+def _jsonl_fields(path: Path) -> set[str]:
     with open(path, encoding="utf-8", errors="replace") as f:
         line = f.readline(MAX_EXAMPLE_CHARS + 1)
         while line and not line.strip():
@@ -407,9 +449,13 @@ def _sniff_jsonl_kind(path: Path) -> str:
     try:
         record = json.loads(line)
     except (ValueError, TypeError, RecursionError):
-        return "corpus"
-    if not isinstance(record, dict):
-        return "corpus"
-    if "tokens" in record and "tags" in record:
-        return "token-labelled"
-    return "labelled" if "label" in record else "corpus"
+        return set()
+    return set(record) if isinstance(record, dict) else set()
+
+
+def _header(path: Path) -> set[str]:
+    """The first line of a .csv/.tsv split into its columns (a CoNLL .tsv has no header: its tokens come back)."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        line = f.readline(MAX_EXAMPLE_CHARS + 1)
+    row = next(csv.reader([line], delimiter="\t" if path.suffix == ".tsv" else ","), [])
+    return {column.strip() for column in row}

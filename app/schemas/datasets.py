@@ -28,19 +28,26 @@ DATASET_UPLOAD_BODY = {
                             "description": "corpus: .txt or .jsonl (a 'text' field); labelled: .csv, .tsv or .jsonl "
                             "with 'text' and 'label' (and optionally 'text_pair'); token-labelled: CoNLL "
                             "columns (.conll, .iob, .iob2, .bio, .txt, .tsv) or .jsonl with 'tokens' and "
-                            "'tags' (IOB2); qa: SQuAD v1.1/v2.0 .json",
+                            "'tags' (IOB2); qa: SQuAD v1.1/v2.0 .json; pairs: .csv, .tsv or .jsonl with "
+                            "'anchor', 'positive' and optionally 'negative' or 'negative_1'..'negative_n'; "
+                            "scored-pairs: .csv, .tsv or .jsonl with 'sentence1', 'sentence2' and 'score' (0..1); "
+                            "retrieval (evaluation only): a .zip, .tar.gz, .tgz or .tar of a BEIR folder "
+                            "(corpus.jsonl, queries.jsonl, qrels.tsv or qrels/<split>.tsv), or one .jsonl of "
+                            "documents {'_id', 'text'} and queries {'query', 'positive_ids'}",
                         },
                         "name": {
                             "type": "string",
                             "pattern": NAME_PATTERN,
-                            "description": "Default: the file name's stem.",
+                            "description": "Default: the file name without its suffix.",
                         },
                         "kind": {
                             "type": "string",
                             "enum": list(DATASET_KINDS),
-                            "description": "Default: from the extension, the first kind it can be (.txt: corpus; .tsv: "
-                            "labelled; .jsonl: token-labelled if rows have 'tokens' and 'tags', labelled "
-                            "if 'label', else corpus).",
+                            "description": "Default: from the extension and the columns (a .jsonl's first "
+                            "record): .csv and .tsv are pairs with 'anchor' and 'positive', scored-pairs with "
+                            "'sentence1', 'sentence2' and 'score', else labelled; .jsonl is also "
+                            "token-labelled with 'tokens' and 'tags', retrieval with 'query' and "
+                            "'positive_ids', else corpus; .txt is corpus; an archive is retrieval.",
                         },
                     },
                 }
@@ -49,7 +56,7 @@ DATASET_UPLOAD_BODY = {
     }
 }
 
-DatasetKind = Literal["corpus", "labelled", "token-labelled", "qa"]
+DatasetKind = Literal["corpus", "labelled", "token-labelled", "qa", "pairs", "scored-pairs", "retrieval"]
 assert set(get_args(DatasetKind)) == set(DATASET_KINDS)
 
 
@@ -57,9 +64,9 @@ class DatasetInfo(BaseModel):
     name: str
     kind: DatasetKind
     format: str
-    file: str
+    file: str = Field(description="The data file in the dataset's folder; `data`, a folder, for a retrieval archive.")
     original_filename: str
-    bytes: int
+    bytes: int = Field(description="The size of the file as uploaded.")
     sha256: str
     created_at: str
     owner: str = Field(
@@ -69,7 +76,7 @@ class DatasetInfo(BaseModel):
     shared: bool = Field(
         True, description="Every key may train on it: an admin uploaded it. Else only its owner (and admins) see it."
     )
-    documents: int | None = None
+    documents: int | None = Field(None, description="A corpus's documents; a retrieval set's corpus documents.")
     sentences: int | None = None
     rows: int | None = None
     num_labels: int | None = Field(
@@ -85,6 +92,17 @@ class DatasetInfo(BaseModel):
     questions: int | None = None
     impossible: int | None = None
     contexts: int | None = None
+    negatives: int | None = Field(None, description="Pairs: the hard negatives of each row.")
+    ids: bool | None = Field(None, description="Pairs: whether rows carry an `id`.")
+    distinct_anchors: int | None = None
+    mean_chars: dict[str, float] | None = Field(
+        None, description="Pairs and scored pairs: the mean characters of each text column (`negative`: all negatives)."
+    )
+    mean_score: float | None = None
+    queries: int | None = Field(None, description="Retrieval: the queries its split judges.")
+    judgements: int | None = Field(None, description="Retrieval: the relevant (query, document) pairs of its split.")
+    split: str | None = Field(None, description="Retrieval: the split evaluated unless a job names one.")
+    splits: list[str] | None = Field(None, description="Retrieval: every judged split (each checked at upload).")
     disk_bytes: int | None = Field(None, description="Bytes on disk: the file, meta.json and token caches.")
 
 

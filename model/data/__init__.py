@@ -17,9 +17,14 @@
     qa = load_qa_data("train-v2.0.json")                          # SQuAD v1.1 / v2.0, checked
     batches = QABatches(qa.train, tokenizer, max_seq_len=384, doc_stride=128)  # run_qa.py's windows
 
+    pairs = load_pairs("triplets.csv")                            # anchor, positive, negative(_1..n)
+    scored = load_scored_pairs("stsb.csv")                        # sentence1, sentence2, score in 0..1
+    queries, corpus, relevant = load_retrieval("scifact/")        # a BEIR folder (its test split) or a .jsonl
+
 Modules: corpus (formats, sentence splitting, cache), store (sharded token stores), pretraining (packing, NSP, masking),
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
-question_answering (SQuAD JSON, windows, answer positions),
+question_answering (SQuAD JSON, windows, answer positions), pairs (sentence-transformers' pairs and
+scored pairs), retrieval_data (BEIR folders and retrieval JSONL: queries, corpus, relevance),
 batches (resumable batch streams), corpus_build (sharded token stores from raw text at scale), wikixml
 (Wikipedia XML dumps).
 

@@ -71,3 +71,15 @@ def test_the_job_form_offers_every_parameter_with_the_api_defaults():
     assert pretrain["precision"]["type"] == "enum" and pretrain["precision"]["enum"] == ["auto", "fp32", "bf16"]
     assert pretrain["max_runtime"]["type"] == "duration" and pretrain["nsp"]["type"] == "boolean"
     assert pretrain["lr"]["exclusiveMinimum"] == 0.0
+
+
+def test_the_job_form_names_the_dataset_kinds_of_every_task(tmp_path):
+    """The form offers a job the datasets its task trains on, as POST /jobs checks them (KINDS_OF_TASK)."""
+    from datadir.datasets import KINDS_OF_TASK
+    from model.options import TASKS
+
+    with make_client(make_data_dir(tmp_path / "data")) as client:
+        kinds = client.get("/console/job-form.json").json()["dataset_kinds"]
+    assert kinds == {"pretrain": ["corpus"], **{task: list(k) for task, k in KINDS_OF_TASK.items()}}
+    assert set(TASKS) <= set(kinds) and kinds["sequence-classification"] == ["labelled"]
+    assert not any("retrieval" in k for k in kinds.values())  # evaluation only

@@ -126,7 +126,8 @@ BAD_UPLOADS = [
         ("a.json", squad_json()),
         {"kind": "labelled"},
         "kind: a labelled dataset cannot be a .json file (corpus: .txt, "
-        ".jsonl; labelled: .csv, .tsv, .jsonl; token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json)",
+        ".jsonl; labelled: .csv, .tsv, .jsonl; token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json; "
+        "pairs: .csv, .tsv, .jsonl; scored-pairs: .csv, .tsv, .jsonl; retrieval: .jsonl, .tar, .tar.gz, .tgz, .zip)",
     ),
 ]
 

@@ -368,6 +368,36 @@ def test_job_lookups(env):
     }
 
 
+@pytest.mark.parametrize(
+    "kinds, task, message",
+    [
+        (
+            ("pairs", "scored-pairs", "labelled"),
+            "cross-encoder",
+            "dataset: 'wiki' is a corpus dataset; task cross-encoder needs a pairs, scored-pairs or labelled one",
+        ),
+        (
+            ("pairs", "scored-pairs"),
+            "sentence-embedding",
+            "dataset: 'wiki' is a corpus dataset; task sentence-embedding needs a pairs or scored-pairs one",
+        ),
+    ],
+)
+def test_a_task_that_takes_several_kinds_names_them_all(env, kinds, task, message):
+    """KINDS_OF_TASK maps a task to a tuple of kinds; the refusal names every one (the tasks need not be
+    TASKS yet: the check reads the kinds it is given)."""
+    from app.errors import ServiceError
+    from datadir.datasets import KINDS_OF_TASK
+
+    _, _, data_dir = env
+    assert KINDS_OF_TASK[task] == kinds
+    service = JobService(Settings(data_dir=data_dir, broker_url=NO_BROKER), data_dir)
+    with pytest.raises(ServiceError) as e:
+        service._dataset("wiki", kinds, task)
+    assert e.value.message == message
+    assert service._dataset("reviews", KINDS_OF_TASK["cross-encoder"], "cross-encoder")["kind"] == "labelled"
+
+
 # ---------------------------------------------------------------------------- datasets
 
 
@@ -389,7 +419,8 @@ BAD_UPLOADS = [
         ("evil.exe", b"x"),
         {},
         422,
-        "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl, .conll, .iob, .iob2, .bio, .json file",
+        "file 'evil.exe': expected a .txt, .csv, .tsv, .jsonl, .conll, .iob, .iob2, .bio, .json, .tar, .tar.gz, .tgz, "
+        ".zip file",
     ),
     (("a.csv", labelled_csv()), {"name": "../x"}, 422, f"name: '../x' {NAME_RULE}"),
     (("a.csv", labelled_csv()), {"name": "/tmp/x"}, 422, f"name: '/tmp/x' {NAME_RULE}"),
@@ -431,14 +462,15 @@ BAD_UPLOADS = [
         ("a.csv", labelled_csv()),
         {"name": "a", "kind": "images"},
         422,
-        "kind: 'images' is not one of corpus, labelled, token-labelled, qa",
+        "kind: 'images' is not one of corpus, labelled, token-labelled, qa, pairs, scored-pairs, retrieval",
     ),
     (
         ("a.txt", corpus_txt()),
         {"name": "a", "kind": "labelled"},
         422,
         "kind: a labelled dataset cannot be a .txt file (corpus: .txt, .jsonl; labelled: .csv, .tsv, .jsonl; "
-        "token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json)",
+        "token-labelled: .txt, .tsv, .jsonl, .conll, .iob, .iob2, .bio; qa: .json; pairs: .csv, .tsv, .jsonl; "
+        "scored-pairs: .csv, .tsv, .jsonl; retrieval: .jsonl, .tar, .tar.gz, .tgz, .zip)",
     ),
     (
         ("a.csv", b"text,lab\nhello,1\n"),

@@ -1,7 +1,8 @@
 """GET /console: the web console, static files from app/console/ (HTML, CSS, JavaScript and the
 vendored uPlot; no build step), and GET /console/job-form.json, the training parameters the
 new-job form offers, read off the request types of app/schemas/jobs.py (built from model/options.py) so
-its defaults and bounds are the API's and the `bert` command's.
+its defaults and bounds are the API's and the `bert` command's, and the dataset kinds each task trains on
+(datadir/datasets.py's KINDS_OF_TASK).
 
 Open without a key: none of this carries data. The page asks for the keys and sends them itself,
 as `Authorization: Bearer`, to the routes that need them. A Content-Security-Policy keeps every
@@ -19,6 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from app.errors import ServiceError, responses
 from app.schemas.jobs import FinetuneParams, PretrainParams
+from datadir.datasets import KINDS_OF_TASK
 
 router = APIRouter(tags=["console"])
 
@@ -47,8 +49,10 @@ async def console() -> FileResponse:
 
 @router.get("/console/job-form.json", include_in_schema=False)
 async def job_form() -> JSONResponse:
-    """The new-job form's parameters per kind: name, type, default (and per task), bounds, description."""
-    return JSONResponse(form_fields(), headers=HEADERS)
+    """The new-job form's parameters per kind: name, type, default (and per task), bounds, description; and
+    `dataset_kinds`, the kinds of dataset each task trains on (`pretrain`: a corpus)."""
+    kinds = {"pretrain": ["corpus"], **{task: list(k) for task, k in KINDS_OF_TASK.items()}}
+    return JSONResponse({**form_fields(), "dataset_kinds": kinds}, headers=HEADERS)
 
 
 @router.get(
