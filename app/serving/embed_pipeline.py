@@ -100,6 +100,8 @@ class EmbedPlan:
     def prepare(self, lm: LoadedModel, texts: list[str]) -> tuple[list[Row], dict]:
         """The rows (one per input, or one per window when chunking), prompts put before the texts; and the
         engine option "prompt_length" when the model's pooling leaves the prompt out."""
+        if lm.embedding_error is not None:
+            raise ServiceError("validation", f"model '{lm.name}' cannot embed: {lm.embedding_error}")
         self._check_dimensions(lm)
         self.unit_length = lm.sentence_modules.normalize if self.normalize is None else self.normalize
         prompt = prompt_text(lm, self.prompt_name, self.prompt)

@@ -57,7 +57,7 @@ from model.compute.device import return_freed_memory
 from model.compute.precision import apply_precision
 from model.model_dir import read_prompts
 from model.modeling import load_model
-from model.sentence_modules import read_sentence_modules
+from model.sentence_modules import SentenceModules, read_sentence_modules
 from model.sizing import ARCHITECTURES, engine_working_bytes, format_bytes, inference_weight_bytes, packed_weight_bytes
 from model.tokenizer import BertTokenizer
 
@@ -401,11 +401,16 @@ class ModelRegistry:
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
         try:
             prompts, default_prompt = read_prompts(entry.path)
-            sentence_modules = read_sentence_modules(entry.path)
-            sentence_modules.check_tokenizer(tokenizer.lowercase)
         except ValueError as e:
             entry.error = str(e)
             raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
+        # Modules this service cannot run (a Dense layer, ...) take the embedding routes away, not the others.
+        sentence_modules, embedding_error = SentenceModules(), None
+        try:
+            sentence_modules = read_sentence_modules(entry.path)
+            sentence_modules.check_tokenizer(tokenizer.lowercase)
+        except ValueError as e:
+            embedding_error = str(e)
         max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
         plan = kernels.warn_if_emulated(precision, self.device)  # decides the paths off the event loop
         log.info(
@@ -425,6 +430,7 @@ class ModelRegistry:
             prompts=prompts,
             default_prompt_name=default_prompt,
             sentence_modules=sentence_modules,
+            embedding_error=embedding_error,
         )
 
     def loaded_count(self) -> int:

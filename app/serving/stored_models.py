@@ -76,6 +76,7 @@ class LoadedModel:
     default_prompt_name: str | None = None  # the prompt an embedding request gets when it names none
     # its pooling and Normalize (model.sentence_modules), read once as it loads: how the embedding routes embed
     sentence_modules: SentenceModules = field(default_factory=SentenceModules)
+    embedding_error: str | None = None  # why its sentence-transformers files cannot be run (None: they can)
     weight_bytes: int = 0  # its weights' estimate, as counted against the memory budget
     working_bytes: int = 0  # its forward pass's working set, as counted
     holders: int = 0  # requests and work items running on it now (ModelRegistry.hold and release)

@@ -222,14 +222,16 @@ def test_rows_pooled_differently_share_a_forward_pass(tmp_path):
     assert np.allclose(together[1], hidden[0, 0].tolist(), rtol=0, atol=1e-5)  # cls: the [CLS] vector, as it is
 
 
-def test_a_model_whose_modules_cannot_run_is_not_served(served):
+def test_a_model_whose_modules_cannot_run_does_not_embed(served):
     url, _ = served
     message = (
-        "model 'tiny-dense' cannot be served: modules.json: module 3 is sentence_transformers.models.Dense, which "
+        "model 'tiny-dense' cannot embed: modules.json: module 3 is sentence_transformers.models.Dense, which "
         "this service cannot run (it runs a Transformer, then a Pooling, then an optional Normalize); its "
         "embeddings would differ from sentence-transformers'"
     )
     r = post(url, "/embeddings", {"inputs": "the cat", "model": "tiny-dense"})
-    assert (r.status_code, r.json()) == (503, {"error": message, "error_type": "unavailable"})
+    assert (r.status_code, r.json()) == (422, {"error": message, "error_type": "validation"})
+    r = post(url, "/v1/embeddings", {"input": "the cat", "model": "tiny-dense"})
+    assert (r.status_code, r.json()["error"]["message"]) == (422, message)
     info = httpx.get(f"{url}/models/tiny-dense").json()
     assert (info["pooling"], info["normalize"]) == (None, None)

@@ -143,6 +143,8 @@ def _prompts(entry: StoredModel) -> dict[str, str] | None:
 
 def _embedding(entry: StoredModel) -> dict[str, Any]:
     """Its pooling modes and Normalize, as loaded, else as its directory has them (None when it cannot say)."""
+    if entry.loaded is not None and entry.loaded.embedding_error is not None:
+        return {}
     try:
         modules = entry.loaded.sentence_modules if entry.loaded is not None else read_sentence_modules(entry.path)
     except ValueError:
