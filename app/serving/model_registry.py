@@ -45,6 +45,7 @@ from app.serving.stored_models import (
     LoadedModel,
     StoredModel,
     describe_failure,
+    load_stored,
     model_identity,
     read_stored_model,
 )
@@ -53,13 +54,7 @@ from datadir.jobs import steps_of
 from datadir.scheduling import job_words
 from datadir.versions import Access, read_access, resolve, version_numbers
 from model.compute import kernels
-from model.compute.device import return_freed_memory
-from model.compute.precision import apply_precision
-from model.model_dir import read_prompts
-from model.modeling import load_model
-from model.sentence_modules import SentenceModules, read_sentence_modules
 from model.sizing import ARCHITECTURES, engine_working_bytes, format_bytes, inference_weight_bytes, packed_weight_bytes
-from model.tokenizer import BertTokenizer
 
 log = logging.getLogger("bertserve.registry")
 log.addFilter(ONE_LINE)  # a model's name and path, one line each (app/errors.py)
@@ -386,52 +381,7 @@ class ModelRegistry:
         return loaded
 
     def _load(self, entry: StoredModel) -> LoadedModel:
-        precision = self.precision_of(entry.name)
-        if self.device.type == "cpu":
-            return_freed_memory()  # what unloaded models left in the C heap, before this one takes more
-        model = apply_precision(load_model(entry.path, device=self.device), precision)
-        tokenizer = BertTokenizer.from_pretrained(entry.path)
-        if tokenizer.vocab_size > model.config.vocab_size:
-            # An id past the embedding table is an IndexError for one batch on the CPU, but on CUDA a
-            # device-side assert that poisons the context for every later batch: refuse it here.
-            entry.error = (
-                f"its tokenizer has {tokenizer.vocab_size:,} tokens but the model's embeddings only "
-                f"{model.config.vocab_size:,} rows (config.json's vocab_size)"
-            )
-            raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
-        try:
-            prompts, default_prompt = read_prompts(entry.path)
-        except ValueError as e:
-            entry.error = str(e)
-            raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
-        # Modules this service cannot run (a Dense layer, ...) take the embedding routes away, not the others.
-        sentence_modules, embedding_error = SentenceModules(), None
-        try:
-            sentence_modules = read_sentence_modules(entry.path)
-            sentence_modules.check_tokenizer(tokenizer.lowercase)
-        except ValueError as e:
-            embedding_error = str(e)
-        max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
-        plan = kernels.warn_if_emulated(precision, self.device)  # decides the paths off the event loop
-        log.info(
-            "loaded model %s (%s, %s, kernels %s) on %s",
-            entry.name,
-            type(model).__name__,
-            precision,
-            plan["kernels"],
-            self.device,
-        )
-        return LoadedModel(
-            entry.name,
-            model,
-            tokenizer,
-            max_length,
-            precision,
-            prompts=prompts,
-            default_prompt_name=default_prompt,
-            sentence_modules=sentence_modules,
-            embedding_error=embedding_error,
-        )
+        return load_stored(entry, self.device, self.precision_of(entry.name))
 
     def loaded_count(self) -> int:
         return sum(e.loaded is not None for e in self._entries.values())

@@ -17,10 +17,14 @@ from pathlib import Path
 import torch
 
 import model as model_package
-from app.errors import ONE_LINE, without_data_dir
+from app.errors import ONE_LINE, ServiceError, without_data_dir
 from datadir.jobs import LEGACY_OWNER
 from datadir.versions import MODEL_JSON, Access
+from model.compute import kernels
+from model.compute.device import return_freed_memory
+from model.compute.precision import apply_precision
 from model.config import BertConfig
+from model.model_dir import read_prompts
 from model.modeling import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -30,8 +34,9 @@ from model.modeling import (
     BertModel,
     BertPreTrainedModel,
     class_for_heads,
+    load_model,
 )
-from model.sentence_modules import SentenceModules
+from model.sentence_modules import SentenceModules, read_sentence_modules
 from model.tokenizer import BertTokenizer
 from model.weights import heads_in_dir
 
@@ -182,3 +187,54 @@ def describe_failure(e: Exception, data_dir: Path) -> str:
     if raised_in is None or not raised_in.resolve().is_relative_to(MODEL_PACKAGE):
         return f"{type(e).__name__} (the service log has the details)"
     return without_data_dir(str(e), data_dir)  # ours, or an OS error from a builtin model/ called (open, stat)
+
+
+def load_stored(entry: StoredModel, device: torch.device, precision: str) -> LoadedModel:
+    """The entry's model loaded on `device` at `precision`, with its tokenizer, prompts and sentence-transformers
+    modules (in a thread: it reads files and builds the model); a ServiceError (and `entry.error`) when the
+    directory cannot be served."""
+    if device.type == "cpu":
+        return_freed_memory()  # what unloaded models left in the C heap, before this one takes more
+    model = apply_precision(load_model(entry.path, device=device), precision)
+    tokenizer = BertTokenizer.from_pretrained(entry.path)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        # An id past the embedding table is an IndexError for one batch on the CPU, but on CUDA a
+        # device-side assert that poisons the context for every later batch: refuse it here.
+        entry.error = (
+            f"its tokenizer has {tokenizer.vocab_size:,} tokens but the model's embeddings only "
+            f"{model.config.vocab_size:,} rows (config.json's vocab_size)"
+        )
+        raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
+    try:
+        prompts, default_prompt = read_prompts(entry.path)
+    except ValueError as e:
+        entry.error = str(e)
+        raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
+    # Modules this service cannot run (a Dense layer, ...) take the embedding routes away, not the others.
+    sentence_modules, embedding_error = SentenceModules(), None
+    try:
+        sentence_modules = read_sentence_modules(entry.path)
+        sentence_modules.check_tokenizer(tokenizer.lowercase)
+    except ValueError as e:
+        embedding_error = str(e)
+    max_length = min(model.config.max_position_embeddings, tokenizer.model_max_length)
+    plan = kernels.warn_if_emulated(precision, device)  # decides the paths off the event loop
+    log.info(
+        "loaded model %s (%s, %s, kernels %s) on %s",
+        entry.name,
+        type(model).__name__,
+        precision,
+        plan["kernels"],
+        device,
+    )
+    return LoadedModel(
+        entry.name,
+        model,
+        tokenizer,
+        max_length,
+        precision,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+        sentence_modules=sentence_modules,
+        embedding_error=embedding_error,
+    )
