@@ -473,7 +473,7 @@ async def test_windowed_requests_charge_their_key_each_token_once(tasks_dir, tmp
     secrets = {"metered": new_secret(), "boss": new_secret()}
     keys = {
         "metered": Key("metered", hash_secret(secrets["metered"]), frozenset({"inference"}), tokens_per_min=10**6),
-        "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin"})),
+        "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin", "inference"})),
     }
     write_keys(tmp_path / "keys.toml", keys)
     qa = {"question": [QUESTION, QUESTION], "context": [LONG_CONTEXT, LONG_CONTEXT], "model": "tiny-qa"}
@@ -487,7 +487,10 @@ async def test_windowed_requests_charge_their_key_each_token_once(tasks_dir, tmp
     settings = settings_for(tasks_dir, default_model="tiny-ner", keys_file=tmp_path / "keys.toml")
     async with serve_app(settings) as c:
         metered = {"Authorization": f"Bearer {secrets['metered']}"}
+        boss = {"Authorization": f"Bearer {secrets['boss']}"}
         for path, body in (("/question-answering", qa), ("/token-classification", ner)):
+            # loaded by another key first: a load is charged to the key whose request causes it
+            assert (await c.post(path, json=body, headers=boss)).status_code == 200
             assert (await c.post(path, json=body, headers=metered)).status_code == 200
         usage = (await c.get("/usage", headers={"Authorization": f"Bearer {secrets['boss']}"})).json()["keys"]
     ran = 2 * sum(map(len, qa_windows)) + 2 * sum(map(len, ner_windows["input_ids"]))
