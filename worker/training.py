@@ -92,6 +92,9 @@ PROGRESS_KEYS = (
 )
 
 
+NOT_STARTED = "not started: the worker is shutting down"
+
+
 class Flag(Protocol):
     def is_set(self) -> bool: ...
 
@@ -108,6 +111,12 @@ def run_delivery(
     the same, waits (a running job whose worker died among them). A job another process holds is
     skipped for the next. The job passed over keeps waiting: the message of the job that ran in its
     stead is still queued, and runs it later."""
+    if shutting_down is not None and shutting_down.is_set():
+        # A warm shutdown: this worker begins nothing more (not even the job it has just handed back, whose
+        # message may come to it again before it stops). The message goes back for the next worker.
+        if requeue is not None:
+            requeue(job_id)
+        return {"job": job_id, "outcome": NOT_STARTED}
     listed = JobRecords(settings.data_dir).list()
     # Running jobs whose lease is free lost their worker: they wait too, at their place in the order.
     order = scheduling.delivery_order(listed, runner.orphans(JobRecords(settings.data_dir), listed))

@@ -3,6 +3,8 @@ situation, the attempt limit, the soft time limit, and the recovery sweep."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ from tests.helpers import (
 from worker.celery_app import make_celery
 from worker.recovery import lost_reason, note_lost_attempt, sweep
 from worker.settings import WorkerSettings
-from worker.training import run_job
+from worker.training import run_delivery, run_job
 
 
 @pytest.fixture
@@ -109,6 +111,21 @@ def test_a_training_error_fails_the_job_with_its_message(data_dir, settings):
     record = store.read(job_id)
     assert record["state"] == "failed" and "has no data rows" in record["error"]
     assert (store.job_dir(job_id) / "error.log").is_file()
+
+
+def test_a_worker_shutting_down_begins_nothing_and_sends_the_message_back(data_dir, settings):
+    """Ctrl-C: after its warm shutdown handed a job back, a delivery of that job (its message sent again) finds
+    the worker stopping; it leaves the job as it is and sends the message on for the next worker."""
+    store = JobRecords(data_dir)
+    job_id = store.create(finetune_spec("clf"))["id"]
+    stopping, sent = threading.Event(), []
+    stopping.set()
+    assert run_delivery(job_id, settings, shutting_down=stopping, requeue=sent.append) == {
+        "job": job_id,
+        "outcome": "not started: the worker is shutting down",
+    }
+    record = store.read(job_id)
+    assert (sent, record["state"], record["attempts"]) == ([job_id], "queued", 0)
 
 
 def test_a_cancel_before_the_first_step_never_trains(data_dir, settings):
