@@ -40,9 +40,11 @@ from app.api.routes import (
 from app.api.routes.ops import version
 from app.errors import install_handlers
 from app.jobs.imports import Imports
+from app.jobs.mining import Mining
 from app.keys.keyring import Keyring
 from app.prometheus import Metrics, MetricsMiddleware
 from app.serving.batch_jobs import Batches
+from app.serving.embed_pipeline import BackgroundEmbedder
 from app.serving.service import Service
 from app.settings import Settings
 from datadir import JobRecords
@@ -76,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     keyring = Keyring(settings)  # a keys file that cannot be read: KeyFileError, the service does not start
     imports = Imports(settings.data_dir, lambda: service.registry.memory_budget)  # known once the service started
     batch_jobs = Batches(service)
+    mining = Mining(settings, lambda: BackgroundEmbedder(service), keyring.named)
 
     def tidy() -> None:
         """Batch files past BERT_BATCH_RETENTION_DAYS, checkpoints past BERT_CHECKPOINT_RETENTION_DAYS."""
@@ -96,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             try:
                 await asyncio.to_thread(imports.resume, True)
                 await batch_jobs.resume(quiet=True)
+                await mining.resume(quiet=True)
                 if time.monotonic() - tidied >= TIDY_EVERY_S:
                     tidied = time.monotonic()
                     await asyncio.to_thread(tidy)
@@ -108,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
         await asyncio.to_thread(tidy)
         await batch_jobs.resume()  # batches a stopped API left unfinished
+        await mining.resume()  # and mining jobs
         sweep = asyncio.create_task(keep_resuming(), name="resume-imports-and-batches")
         try:
             yield
@@ -115,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             sweep.cancel()
             await asyncio.gather(sweep, return_exceptions=True)
             await batch_jobs.stop()  # before the engine: a line in flight is not answered "unavailable"
+            await mining.stop()
             await service.stop()
 
     app = FastAPI(
@@ -132,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.imports = imports
     app.state.keyring = keyring
     app.state.batches = batch_jobs
+    app.state.mining = mining
     install_handlers(app)
     keyed = [Depends(require_inference)]
     routers = [

@@ -467,6 +467,47 @@ class Settings(BaseSettings):
         ge=0,
         description="Days a `/v1/files` file (batch input, output or errors) is kept before it is deleted; 0: kept until deleted.",
     )
+    # A mine-negatives job (app/jobs/mining.py) is sized from its datasets' meta.json before it is queued.
+    mine_max_anchors: int = Field(
+        100_000,
+        ge=1,
+        description=(
+            "Distinct anchors of the pairs dataset a `mine-negatives` job mines negatives for; more is a 422 at "
+            "`POST /jobs`."
+        ),
+    )
+    mine_max_corpus: int = Field(
+        1_000_000,
+        ge=1,
+        description=(
+            "Texts a `mine-negatives` job searches, counted before duplicates go: the dataset's positives and "
+            "negatives, or its `corpus` dataset's texts and the positives; more is a 422 at `POST /jobs`."
+        ),
+    )
+    mine_max_negatives: int = Field(
+        20,
+        ge=1,
+        le=100,
+        description="The most `num_negatives` a `mine-negatives` job may ask for (at most 100, a pair's bound).",
+    )
+    mine_max_range: int = Field(
+        1000,
+        ge=1,
+        description=(
+            "The deepest rank a `mine-negatives` job looks at: its `range_max`, or the default (`range_min` + "
+            "`num_negatives`, ten times `num_negatives` with a margin or `max_score`); more is a 422. Each anchor "
+            "keeps that many candidates, and one more per positive, while it is mined."
+        ),
+    )
+    mine_max_memory_gb: float = Field(
+        4.0,
+        gt=0,
+        description=(
+            "Memory a `mine-negatives` job's embeddings matrix (every anchor and corpus text, float32) and its "
+            "candidate tables may take, estimated before it is queued; more is a 422. Its embeddings are also "
+            "kept on disk while it runs, counted against its key's disk quota."
+        ),
+    )
     checkpoint_retention_days: float = Field(
         3.0,
         ge=0,

@@ -49,9 +49,13 @@ CHECKPOINTS = "checkpoints"  # a run directory's step-N checkpoints (model/train
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
 
-# import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs (app/serving/batch_jobs.py)
-JOB_KINDS = ("pretrain", "finetune", "import", "batch")
-API_KINDS = frozenset({"import", "batch"})  # run and resumed by the API process, never sent to the workers
+# import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs
+# (app/serving/batch_jobs.py); mine-negatives: hard negatives mined with a served model, published as a pairs
+# dataset (app/jobs/mining.py)
+JOB_KINDS = ("pretrain", "finetune", "import", "batch", "mine-negatives")
+API_KINDS = frozenset(
+    {"import", "batch", "mine-negatives"}
+)  # run and resumed by the API process, never sent to the workers
 TRAINING_KINDS = frozenset(JOB_KINDS) - API_KINDS  # run and resumed by the workers
 PUBLISHING_KINDS = frozenset({"pretrain", "finetune", "import"})  # jobs whose model_name is a model they will publish
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -70,7 +74,7 @@ class JobRecord(TypedDict, total=False):
     kind: str  # one of JOB_KINDS: the one place a job's kind is kept (the worker reads it here)
     model_name: str
     base_model: str | None
-    dataset: str | None  # None for an import
+    dataset: str | None  # None for an import or a batch
     source: dict[str, Any]  # an import's source: {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"}
     params: dict[str, Any]
     estimate: dict[str, Any]

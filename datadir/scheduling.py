@@ -64,7 +64,7 @@ def order_key(records: Iterable[Record] = ()) -> Callable[[Record], tuple]:
 
 
 def _scheduled(record: Record) -> bool:
-    return record.get("kind") not in API_KINDS  # imports and batches run in the API process
+    return record.get("kind") not in API_KINDS  # imports, batches and mining jobs run in the API process
 
 
 def waiting(records: Iterable[Record]) -> list[Record]:

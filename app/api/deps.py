@@ -40,7 +40,8 @@ async def get_job_service(request: Request) -> JobService:
     jobs = getattr(request.app.state, "jobs", None)
     if jobs is None:
         service = request.app.state.service
-        jobs = request.app.state.jobs = JobService(service.settings, service.settings.data_dir, service.registry)
+        settings, mining = service.settings, request.app.state.mining
+        jobs = request.app.state.jobs = JobService(settings, settings.data_dir, service.registry, mining)
     return jobs
 
 

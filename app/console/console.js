@@ -320,7 +320,8 @@ function progressOf(job) {
     return {value: done, max: total || 1, text: total ? `${fmt.bytes(done)} / ${fmt.bytes(total)}` : "–",
             label: `${fmt.bytes(done)} of ${fmt.bytes(total)} downloaded`};
   }
-  const unit = job.kind === "batch" ? "lines" : "steps";  // a batch's steps are its input lines
+  // a batch's steps are its input lines, a mining job's the texts it has embedded
+  const unit = job.kind === "batch" ? "lines" : job.kind === "mine-negatives" ? "texts" : "steps";
   return {value: job.step, max: job.total_steps, text: `${job.step} / ${job.total_steps}`,
           label: `${job.step} of ${job.total_steps} ${unit}`};
 }

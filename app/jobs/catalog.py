@@ -89,9 +89,11 @@ class Catalog:
                 )
 
     def _refuse_in_use(self, field: str, name: str, what: str) -> None:
-        """409 naming the queued or running job whose `field` (base_model, dataset) is `name`."""
+        """409 naming the queued or running job whose `field` (base_model, dataset) is `name`; a mining job's
+        corpus dataset (params.corpus) is in use as its dataset is."""
         for record in self.records.list():
-            if record.get(field) == name and record["state"] not in TERMINAL:
+            used = {record.get(field)} | ({(record.get("params") or {}).get("corpus")} if field == "dataset" else set())
+            if name in used and record["state"] not in TERMINAL:
                 raise ServiceError(
                     "conflict",
                     f"{what} '{name}' is in use by job {record['id']} ({record['state']}); "

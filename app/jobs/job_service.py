@@ -9,7 +9,8 @@ the data directory: that the dataset exists and suits the kind and that the base
 fits (sequence length, label count). Then the record is written (state "queued") and the message
 sent. If the broker cannot be reached the record is removed again and the answer is 503; if sending
 fails any other way (a bug) the record is removed too and the answer is a logged 500. So an
-accepted job (202) always has both a record and a message.
+accepted job (202) always has both a record and a message. A mining job (kind "mine-negatives") is checked
+by app/jobs/mining.py and sent nowhere: this process runs it, as it runs batches.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from kombu.exceptions import OperationalError
 
 from app.errors import ServiceError
 from app.jobs.events import EventStreams
+from app.jobs.mining import KIND as MINE_KIND
+from app.jobs.mining import Mining, mining_spec
 from app.jobs.quota import check_room, job_disk_bytes
 from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
-from app.schemas.jobs import FinetuneJobRequest, ModelSize, PretrainJobRequest
+from app.schemas.jobs import FinetuneJobRequest, MineNegativesJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
     TERMINAL,
@@ -50,7 +53,7 @@ from worker.queue import producer, send_job
 
 log = logging.getLogger("bertserve")
 
-JobRequest = PretrainJobRequest | FinetuneJobRequest
+JobRequest = PretrainJobRequest | FinetuneJobRequest  # a training job's
 
 # What sending raises when the broker is down or unreachable: kombu wraps the transport's connection
 # errors in OperationalError once its retries are spent; a socket error or timeout may also come
@@ -62,10 +65,11 @@ class JobService:
     """What the /jobs routes share: settings, the job records and the Celery publisher (models and datasets are
     administered by app/jobs/catalog.py)."""
 
-    def __init__(self, settings: Settings, data_dir: Path, registry=None):
+    def __init__(self, settings: Settings, data_dir: Path, registry=None, mining: Mining | None = None):
         self.settings, self.data_dir = settings, data_dir
         self.records = JobRecords(data_dir)
         self.registry = registry  # app.serving.model_registry.ModelRegistry, for base-model checks
+        self.mining = mining  # runs the mining jobs in this process (app/jobs/mining.py); None: refused
         self.celery = producer(settings.broker_url, data_dir)
         # Name checks and record creation, one submission at a time; the catalog's changes take it too.
         self.submit_lock = asyncio.Lock()
@@ -77,21 +81,28 @@ class JobService:
         """Send the job's id to the training queue (blocking: call in a thread)."""
         send_job(self.celery, record["id"], retries=self.settings.publish_retries)
 
-    async def submit(self, request: JobRequest, owner: Key = ANONYMOUS) -> JobRecord:
-        """Validate, write the record (owned by `owner`, the key's name), send the message; the record as
-        enqueued. 429 when the key has its `max_jobs` queued or running already."""
+    async def submit(self, request: JobRequest | MineNegativesJobRequest, owner: Key = ANONYMOUS) -> JobRecord:
+        """Validate, write the record (owned by `owner`, the key's name), send the message (or, for a mining
+        job, start it in this process); the record as enqueued. 429 when the key has its `max_jobs` queued or
+        running already."""
         async with self.submit_lock:  # this process's submissions queue here, not on the flock
             held = contextlib.ExitStack()  # the data directory's lock: other replicas' submissions too
             await asyncio.to_thread(held.enter_context, self.records.submitting())
             with held:
                 await asyncio.to_thread(self._check_job_limit, owner)
-                await asyncio.to_thread(self._check_model_name, request.model_name, owner)
-                spec = await self.validate(request, owner)
-                self._check_priority(request.priority, self.max_priority(owner), owner)
+                if isinstance(request, MineNegativesJobRequest):
+                    await asyncio.to_thread(self._check_dataset_name, request.name, owner)
+                    spec = await mining_spec(request, owner, self.settings, self.registry)
+                else:
+                    await asyncio.to_thread(self._check_model_name, request.model_name, owner)
+                    spec = await self.validate(request, owner)
+                    self._check_priority(request.priority, self.max_priority(owner), owner)
                 await asyncio.to_thread(self._check_disk, owner, spec)
                 # publish_any: an admin's job may publish a new version of any model (datadir/publish.py)
                 mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": owner.is_admin}
                 record = await asyncio.to_thread(self.records.create, {**spec, **mine})
+        if isinstance(request, MineNegativesJobRequest):
+            return await self._start_here(record)
         try:
             await asyncio.to_thread(self.publish, record)
         except BROKER_ERRORS as e:
@@ -109,9 +120,21 @@ class JobService:
             raise
         return await asyncio.to_thread(self.records.move, record["id"], jobs.enqueued)
 
+    async def _start_here(self, record: JobRecord) -> JobRecord:
+        """A job the API runs (a mining job): queued, and its task started in this process."""
+        if self.mining is None:  # a JobService without the running service (the bootstrap): never the case here
+            raise ServiceError("unavailable", "this process does not run mining jobs")
+        record = await asyncio.to_thread(self.records.move, record["id"], jobs.enqueued)
+        self.mining.start(record["id"])
+        return record
+
     def _check_disk(self, owner: Key, spec: dict) -> None:
-        """507 when the job's checkpoints and model would take the key past its disk quota."""
+        """507 when the job's checkpoints and model (a mining job: its embeddings and dataset) would take the
+        key past its disk quota."""
         kind, params = spec["kind"], spec["params"]
+        if "disk_bytes" in spec["estimate"]:
+            check_room(self.data_dir, owner, spec["estimate"]["disk_bytes"], "this job's embeddings and dataset")
+            return
         keep_last = params.get("keep_last") or defaults(kind, params.get("task"))["keep_last"]
         adding = job_disk_bytes(spec["estimate"]["parameters"], keep_last)
         check_room(self.data_dir, owner, adding, "this job's checkpoints and model")
@@ -299,6 +322,23 @@ class JobService:
             )
         if over:
             raise ServiceError("validation", "params: the job is too large: " + "; ".join(over))
+
+    def _check_dataset_name(self, name: str, caller: Key = ANONYMOUS) -> None:
+        """Two mining jobs at once may not publish one dataset name (409, naming the other job by id when it
+        is `caller`'s to see); a dataset of that name already there is mining_spec's 409."""
+        record = next(
+            (
+                r
+                for r in self.records.list()
+                if r.get("kind") == MINE_KIND and r["params"].get("name") == name and r["state"] not in TERMINAL
+            ),
+            None,
+        )
+        if record is not None:
+            job = scheduling.job_words(record, self.visible(caller))
+            raise ServiceError(
+                "conflict", f"name: {job} ({record['state']}) is already making a dataset named '{name}'"
+            )
 
     def _check_model_name(self, name: str, caller: Key = ANONYMOUS) -> None:
         """A model that exists gets the job's output as its next version; two jobs at once may not

@@ -415,14 +415,38 @@ def add_local_dataset(
         raise ServiceError("validation", f"file: {src} must end in one of {', '.join(EXTENSIONS)}")
     tmp = staging_dir(data_dir, "local")
     try:
-        dst = tmp / f"data{ext}"
-        shutil.copyfile(src, dst)
-        digest = hashlib.sha256(dst.read_bytes()).hexdigest()
-        fields = {"name": name, **({"kind": kind} if kind else {})}
-        return _install(tmp, Path(src).name, fields, dst.stat().st_size, digest, data_dir, settings)
+        shutil.copyfile(src, tmp / f"data{ext}")
+        return install_file(tmp, Path(src).name, name, kind, data_dir, settings)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def install_file(
+    tmp: Path,
+    filename: str,
+    name: str,
+    kind: str | None,
+    data_dir: Path,
+    settings: Settings,
+    owner: str | None = None,
+    shared: bool = True,
+    check_room: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Install a file already written into `tmp` (a staging_dir) as data.<the suffix of `filename`>, as an
+    upload is installed: the same name, kind and format checks, meta.json (its size and sha256 read from the
+    file) and the rename into place; `check_room(bytes)` before it. `tmp` is left for the caller to remove
+    when this raises. Blocks: call it in a thread."""
+    path = tmp / f"data{upload_suffix(filename)}"
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(FLUSH_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    if check_room is not None:
+        check_room(size)
+    fields = {"name": name, **({"kind": kind} if kind else {})}
+    return _install(tmp, filename, fields, size, digest.hexdigest(), data_dir, settings, owner, shared, check_room)
 
 
 def _sniff_kind(path: Path, kinds: tuple[str, ...]) -> str:

@@ -128,6 +128,12 @@ class Keyring:
         key = self.by_hash.get(digest)
         return key if key is not None and hmac.compare_digest(key.hash, digest) else None
 
+    def named(self, name: str) -> Key | None:
+        """The key called `name` (as the keys file has it now), else None: for work a key started that runs on
+        after its request (a job's disk quota when it publishes)."""
+        self.refresh()
+        return next((key for key in self.by_hash.values() if key.name == name), None)
+
     def authorize(self, token: str | None, scope: str, what: str) -> Key:
         """The caller's key for a request needing `scope` (`what` names the request in a 403);
         401 for a missing or unknown key, 403 for a key without the scope."""

@@ -1,11 +1,12 @@
 """The types of /jobs (app/api/routes/jobs.py): a training job's request, whose parameters are built
 from model/options.py's table (so the API, the `bert` command and the console's form share one
-declaration of each option), and a job's status as GET /jobs/{id} answers it (imports and batches are
-jobs too).
+declaration of each option), a mine-negatives job's request (sentence-transformers' mining options), and a
+job's status as GET /jobs/{id} answers it (imports, batches and mining are jobs too).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, get_args
@@ -14,13 +15,14 @@ from pydantic import AfterValidator, BaseModel, Field, create_model, model_valid
 from pydantic.json_schema import JsonDict
 
 from app.schemas.shared import Name, Strict, invalid
-from datadir import STATES
+from datadir import JOB_KINDS, STATES
 from datadir.datasets import KINDS_OF_TASK
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.data.question_answering import WindowMisfit, check_window
 from model.options import TASKS, Option, format_default, options_for
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR
+from model.training.hard_negatives import MiningOptions
 
 # -- requests ----------------------------------------------------------------------------------
 
@@ -245,7 +247,93 @@ class FinetuneJobRequest(Strict):
     priority: int = PRIORITY_FIELD
 
 
-CreateJobRequest = Annotated[PretrainJobRequest | FinetuneJobRequest, Field(discriminator="kind")]
+class MineNegativesParams(Strict):
+    """How negatives are chosen: sentence-transformers' `mine_hard_negatives` options, with its names and
+    defaults except range_min (10 here, 0 there: the nearest texts are often unlabelled positives)."""
+
+    num_negatives: int = Field(
+        3, ge=1, description="Negatives each row gets (negative_1 .. negative_n); at most BERT_MINE_MAX_NEGATIVES."
+    )
+    range_min: int = Field(10, ge=0, description="The nearest candidates skipped (after the filters), best first.")
+    range_max: int | None = Field(
+        None,
+        ge=1,
+        description="The deepest rank looked at. Default: range_min + num_negatives + the most positives an anchor "
+        "has (10 x num_negatives with a margin or max_score). At most BERT_MINE_MAX_RANGE.",
+    )
+    max_score: float | None = Field(None, description="Candidates with a higher cosine to the anchor are skipped.")
+    min_score: float | None = Field(None, description="Candidates with a lower cosine to the anchor are skipped.")
+    absolute_margin: float | None = Field(
+        None,
+        description="Candidates scoring above (the anchor's lowest positive score - absolute_margin) are skipped; "
+        "0: every negative scores below every positive.",
+    )
+    relative_margin: float | None = Field(
+        None,
+        description="Candidates scoring above (the lowest positive score - |that score| x relative_margin) are "
+        "skipped; 0.05 keeps those at least 5% below it (NV-Retriever's TopK-PercPos).",
+    )
+    sampling_strategy: Literal["top", "random"] = Field(
+        "top", description="top: the best candidates left; random: num_negatives of them drawn at random."
+    )
+    seed: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="random's generator seed. Default: drawn, and kept with the job."
+    )
+    query_prompt_name: str | None = Field(
+        None,
+        max_length=200,
+        description="The model's prompt put before each anchor. Default: its 'query' prompt if it has one, else "
+        "none, not even its default prompt (as sentence-transformers' mining embeds anchors: encode_query).",
+    )
+    query_prompt: str | None = Field(None, max_length=2000, description="A literal prompt put before each anchor.")
+    corpus_prompt_name: str | None = Field(
+        None,
+        max_length=200,
+        description="The model's prompt put before each corpus text. Default: its 'document' prompt if it has one, "
+        "else none (encode_document).",
+    )
+    corpus_prompt: str | None = Field(
+        None, max_length=2000, description="A literal prompt put before each corpus text."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        for side in ("query", "corpus"):
+            if getattr(self, f"{side}_prompt_name") is not None and getattr(self, f"{side}_prompt") is not None:
+                raise invalid(f"send {side}_prompt_name or {side}_prompt, not both")
+        try:
+            self.options(0).check()
+        except ValueError as e:
+            raise invalid(str(e)) from None
+        return self
+
+    def options(self, seed: int) -> MiningOptions:
+        return MiningOptions(
+            **self.model_dump(include=set(MINING_OPTIONS) - {"seed"}),
+            seed=self.seed if self.seed is not None else seed,
+        )
+
+
+MINING_OPTIONS = tuple(f.name for f in dataclasses.fields(MiningOptions))
+assert set(MINING_OPTIONS) <= set(MineNegativesParams.model_fields)
+
+
+class MineNegativesJobRequest(Strict):
+    kind: Literal["mine-negatives"]
+    model: Name = Field(description="The embedding model (as /embeddings embeds with it: its pooling and prompts).")
+    dataset: Name = Field(description="A pairs dataset: its anchors get negatives; its rows' positives are theirs.")
+    corpus: Name | None = Field(
+        None,
+        description="What negatives are mined from besides the positives: a pairs dataset (its positives and "
+        "negatives) or a retrieval set (its documents). Default: the dataset's own negatives.",
+    )
+    name: Name = Field(description="The pairs dataset to publish (a new name).")
+    params: MineNegativesParams = Field(default_factory=MineNegativesParams)
+
+
+CreateJobRequest = Annotated[
+    PretrainJobRequest | FinetuneJobRequest | MineNegativesJobRequest, Field(discriminator="kind")
+]
 
 CREATE_EXAMPLE = {
     "kind": "finetune",
@@ -255,11 +343,21 @@ CREATE_EXAMPLE = {
     "params": {"max_steps": 200, "batch_size": 16, "lr": 5e-5, "save_every": 50},
 }
 
+MINE_EXAMPLE = {
+    "kind": "mine-negatives",
+    "model": "minilm",
+    "dataset": "faq-pairs",
+    "name": "faq-hard",
+    "params": {"num_negatives": 3, "range_min": 0, "relative_margin": 0.05},
+}
+
 
 # -- responses ---------------------------------------------------------------------------------
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 assert set(get_args(JobState)) == set(STATES)
+JobKind = Literal["pretrain", "finetune", "import", "batch", "mine-negatives"]
+assert get_args(JobKind) == JOB_KINDS
 
 
 class CreateJobResponse(BaseModel):
@@ -272,7 +370,7 @@ class JobStatus(BaseModel):
     """A job as job.json has it, with the latest progress flattened in."""
 
     id: str
-    kind: Literal["pretrain", "finetune", "import", "batch"]
+    kind: JobKind
     state: JobState
     model_name: str
     base_model: str | None

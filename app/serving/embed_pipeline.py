@@ -25,6 +25,10 @@
   BERT_MAX_REQUEST_TOKENS before the engine sees any, and are charged to the request's key once.
 With dimensions or chunking the engine pools without normalising and `EmbedPlan.finish` (off the event
 loop) averages, cuts and normalises; otherwise the engine's vectors are the answer, as they always were.
+
+`BackgroundEmbedder` embeds many texts for a job of the API (mining hard negatives, app/jobs/mining.py) as a
+batch's lines are embedded: requests of /embeddings' own shape ("truncate": true) through one lane of the
+engine, after every online request.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from typing import Any
 import numpy as np
 
 from app.errors import ServiceError
+from app.keys.limits import CALLER
 from app.schemas.embeddings import EmbeddingsRequest, OpenAIEmbeddingsRequest
 from app.serving.forward import REQUEST_POOLINGS
 from app.serving.pipelines import Outcome, Row, _infer_many, encode
-from app.serving.service import Service, check_dropped
+from app.serving.service import LANE, Lane, Service, check_dropped
 from app.serving.stored_models import LoadedModel
 from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, window_count, with_special_tokens
 
@@ -324,3 +329,68 @@ async def _one(many: Callable, svc: Service, req: Any) -> Any:
     if isinstance(answer, Exception):
         raise answer
     return answer
+
+
+RETRY_S = 0.05  # a full engine or tokeniser queue (429): the request waits its turn, as a batch's line does
+
+
+class BackgroundEmbedder:
+    """Texts embedded for a job of the API: each request of `max_inputs` texts is embedded as /embeddings with
+    "truncate": true embeds it (the model's own pooling, Normalize and prompts; `prompt_name`, `prompt`), and
+    its rows go to the engine through this embedder's lane (LANE) as background work, after every online
+    request, a quarter of the tokeniser queue at most, as a batch's lines do (app/serving/batch_jobs.py). No
+    key is charged: the job's key was checked when it was made."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        settings = service.settings
+        self.lane = Lane(service, max(1, settings.max_tokenizer_queue // 4), cut_rows=settings.batch_concurrency)
+
+    async def embed(
+        self, model: str, texts: list[str], prompt_name: str | None = None, prompt: str | None = None
+    ) -> tuple[np.ndarray, int]:
+        """((len(texts), D) float32 vectors, the version of the model that made them). A refusal of the
+        requests (the model gone, a prompt it lacks) is raised; a full queue is waited out."""
+        lane, caller = LANE.set(self.lane), CALLER.set(None)
+        try:
+            entry = await self.service.registry.lookup(model)
+            positions = entry.config.max_position_embeddings if entry.config is not None else 512
+            settings = self.service.settings
+            size = max(1, min(settings.max_inputs, settings.max_request_tokens // positions))  # texts a request
+            groups = [texts[i : i + size] for i in range(0, len(texts), size)]
+            answers = await self._embed_groups(model, groups, prompt_name, prompt)
+        finally:
+            LANE.reset(lane)
+            CALLER.reset(caller)
+        versions = {lm.version for _, _, lm in answers}
+        if len(versions) > 1:  # promoted while these ran: not one model's vectors
+            raise ServiceError(
+                "unavailable", f"model '{model}' changed (versions {sorted(versions)}) while it embedded"
+            )
+        vectors = np.asarray([v for vs, _, _ in answers for v in vs], dtype=np.float32)
+        return vectors.reshape(len(texts), -1), versions.pop()
+
+    async def _embed_groups(
+        self, model: str, groups: list[list[str]], prompt_name: str | None, prompt: str | None
+    ) -> list[tuple[Any, int, LoadedModel]]:
+        answers: list = [None] * len(groups)
+        todo = list(range(len(groups)))
+        while todo:
+            plans = [EmbedPlan("truncate", prompt_name=prompt_name, prompt=prompt) for _ in todo]
+            try:
+                outs = await embed_many(self.service, model, [(groups[i], plan) for i, plan in zip(todo, plans)])
+            except ServiceError as e:  # the requests' together: the model, a full engine queue
+                if e.error_type != "overloaded":
+                    raise
+                outs = [e] * len(todo)
+            retry = []
+            for i, out in zip(todo, outs):
+                if isinstance(out, ServiceError) and out.error_type == "overloaded":
+                    retry.append(i)
+                elif isinstance(out, Exception):
+                    raise out
+                else:
+                    answers[i] = out
+            if todo := retry:
+                await asyncio.sleep(RETRY_S)
+        return answers

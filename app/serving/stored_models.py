@@ -85,6 +85,7 @@ class LoadedModel:
     weight_bytes: int = 0  # its weights' estimate, as counted against the memory budget
     working_bytes: int = 0  # its forward pass's working set, as counted
     holders: int = 0  # requests and work items running on it now (ModelRegistry.hold and release)
+    version: int = 1  # the version of the model it was loaded from (StoredModel.version)
 
     @property
     def config(self) -> BertConfig:
@@ -237,4 +238,5 @@ def load_stored(entry: StoredModel, device: torch.device, precision: str) -> Loa
         default_prompt_name=default_prompt,
         sentence_modules=sentence_modules,
         embedding_error=embedding_error,
+        version=entry.version,
     )

@@ -69,7 +69,7 @@ def post_job(client, body) -> tuple[int, dict]:
 BAD_JOBS = [
     (
         {"kind": "distill", "model_name": "x", "dataset": "reviews"},
-        "body: Input tag 'distill' found using 'kind' does not match any of the expected tags: 'pretrain', 'finetune'",
+        "body: Input tag 'distill' found using 'kind' does not match any of the expected tags: 'pretrain', 'finetune', 'mine-negatives'",
     ),
     ({"model_name": "x", "dataset": "reviews"}, "body: Unable to extract tag using discriminator 'kind'"),
     (finetune_request("x", dataset="nope"), "dataset: 'nope' not found (upload it with POST /datasets)"),

@@ -1,4 +1,4 @@
-"""Training jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
+"""Training and mining jobs: POST /jobs (202 + id), GET /jobs, GET /jobs/{id}, GET /jobs/{id}/metrics,
 GET /jobs/{id}/events (Server-Sent Events, app/jobs/events.py), POST /jobs/{id}/cancel, DELETE /jobs/{id}. They need
 the scope jobs; a key sees and cancels its own jobs only (another's is a 404), the scope admin every job. State lives in DATA_DIR/jobs/<id>/ (datadir);
 GET never blocks on a worker, it reads the record the worker keeps current.
@@ -20,12 +20,14 @@ from app.jobs.job_service import JobService
 from app.keys.keyring import ANONYMOUS
 from app.schemas.jobs import (
     CREATE_EXAMPLE,
+    MINE_EXAMPLE,
     CreateJobRequest,
     CreateJobResponse,
     JobMetricsResponse,
     JobsResponse,
     JobState,
     JobStatus,
+    MineNegativesJobRequest,
 )
 from app.schemas.shared import DeletedResponse
 from datadir import JOB_ID_PATTERN, JobNotFound
@@ -42,16 +44,21 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, max_length=40, description="
     responses=responses("validation", "unauthorized", "conflict", "unavailable", "insufficient_storage"),
 )
 async def create_job(
-    req: Annotated[CreateJobRequest, Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}})],
+    req: Annotated[
+        CreateJobRequest,
+        Body(openapi_examples={"finetune": {"value": CREATE_EXAMPLE}, "mine-negatives": {"value": MINE_EXAMPLE}}),
+    ],
     jobs: JobServiceDep,
     response: Response,
     caller: CallerDep,
     request: Request,
 ) -> CreateJobResponse:
-    """Queue a pretraining or fine-tuning job; everything is validated first (422), nothing half-queued."""
-    async with audited(request, "job.submit", req.model_name) as entry:
+    """Queue a pretraining, fine-tuning or mining job; everything is validated first (422), nothing half-queued."""
+    name = req.name if isinstance(req, MineNegativesJobRequest) else req.model_name  # a dataset, or a model
+    async with audited(request, "job.submit", name) as entry:
         record = await jobs.submit(req, caller)
-        entry["target"] = f"job {record['id']} ({req.kind} of model {req.model_name})"
+        made = "dataset" if isinstance(req, MineNegativesJobRequest) else "model"
+        entry["target"] = f"job {record['id']} ({req.kind} of {made} {name})"
     response.headers["Location"] = f"/jobs/{record['id']}"
     return CreateJobResponse(id=record["id"], state=record["state"], status_url=f"/jobs/{record['id']}")
 
