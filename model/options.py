@@ -22,6 +22,7 @@ KINDS = ("pretrain", "finetune")
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
+BASE_PREFIX = "base_"  # eval_on_start: an evaluation's base_<metric> is that metric of the model before training
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,11 @@ OPTIONS: tuple[Option, ...] = (
         "eval_every", int, "evaluate every N steps (0: only at the end)", default=0, minimum=0, maximum=1_000_000
     ),  # evaluation costs a pass over the held-out data
     Option(
-        "eval_on_start", bool, "also evaluate before the first step (a baseline for the curve)", default=False
+        "eval_on_start",
+        bool,
+        "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
+        "beside each later evaluation's metric",
+        default=False,
     ),  # one more pass over the eval data
     Option(
         "log_every",

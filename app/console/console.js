@@ -261,6 +261,14 @@ async function playgroundPage(name) {
   const m = await api(`/models/${encodeURIComponent(name)}`);
   const sections = [h("p", {class: "hint"}, `${m.architecture || "?"} · heads: ${m.heads.join(", ") || "none"} · `,
                         `${fmt.count(m.num_parameters)} parameters · ${m.precision}`)];
+  const beforeAfter = (m.card && m.card.before_after) || [];  // the job's metrics, base model and fine-tuned
+  if (beforeAfter.length) {
+    sections.push(h("section", {class: "card", id: "before-after"}, h("h2", {text: "Training: before and after"}),
+      h("div", {class: "table-wrap"}, h("table", {},
+        h("thead", {}, h("tr", {}, ["Metric", "Base model", "Trained"].map((t) => h("th", {scope: "col", text: t})))),
+        h("tbody", {}, beforeAfter.map((r) => h("tr", {}, h("th", {scope: "row", text: r.metric}),
+          h("td", {class: "num", text: fmt.num(r.before)}), h("td", {class: "num", text: fmt.num(r.after)}))))))));
+  }
   if (m.heads.includes("mlm")) {
     sections.push(h("section", {class: "card"}, h("h2", {text: "Fill-mask"}), form("fill-mask", [
       field("fm-text", "Texts, one per line, each with one or more [MASK]",
