@@ -14,6 +14,7 @@ runs of a thousand steps.
 
 from __future__ import annotations
 
+import builtins
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ BASE_PREFIX = "base_"  # eval_on_start: an evaluation's base_<metric> is that me
 @dataclass(frozen=True)
 class Option:
     name: str  # the TrainConfig / spec field, the job parameter, and the flag (--name-with-dashes)
-    type: type  # int, float, bool or str
+    type: type  # int, float, bool or str; list for a list of `items` (a JSON array, a comma-separated flag)
     help: str
     default: Any = None  # for every kind it applies to, unless `by_kind` says otherwise
     by_kind: dict[str, Any] = field(default_factory=dict)  # kind -> default
@@ -45,6 +46,8 @@ class Option:
     choices: tuple[str, ...] | None = None
     bounds_by_kind: dict[str, dict[str, float | None]] = field(default_factory=dict)  # kind -> bounds it changes
     flag: str | None = None  # the CLI flag when it is not --name-with-dashes
+    items: builtins.type | None = None  # a list option's items: int or str (its choices and bounds are each item's)
+    tasks: tuple[str, ...] | None = None  # the fine-tuning tasks it is for (None: all); others refuse a value
 
     def bounds(self, kind: str | None) -> dict[str, float]:
         """{minimum, maximum, above, below} of `kind` (None: without any kind's own), those that are set."""
@@ -227,6 +230,7 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
         kinds=("finetune",),
         trainer=False,
+        tasks=("sequence-classification",),
     ),  # labels are classes
     Option(
         "doc_stride",
@@ -238,6 +242,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=0,
         maximum=4096,
+        tasks=("question-answering",),
     ),  # BERT's SQuAD script: 128
     Option(
         "max_query_length",
@@ -248,6 +253,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=1,
         maximum=4096,
+        tasks=("question-answering",),
     ),
     Option(
         "max_answer_len",
@@ -258,6 +264,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=1,
         maximum=4096,
+        tasks=("question-answering",),
     ),  # BERT's SQuAD script
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
@@ -383,17 +390,52 @@ def format_default(option: Option, kind: str) -> str:
 
 def check_value(option: Option, value: Any, kind: str | None = None) -> None:
     """A ValueError quoting `value` unless `option` takes it (in `kind`): None where it is nullable, else a
-    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices.
-    For code that builds a run without the API's or the CLI's parsing (TrainConfig)."""
+    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices;
+    for a list option, a non-empty list (or tuple) of such items. For code that builds a run without the
+    API's or the CLI's parsing (TrainConfig, the run specs)."""
     if value is None and option.nullable:
         return
-    if option.choices is not None:
-        if value not in option.choices:
-            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+    if option.items is not None:
+        if not isinstance(value, (list, tuple)) or not value or not all(_takes(option, v, kind) for v in value):
+            raise ValueError(f"{option.name} must be a non-empty list of {_wanted(option, kind)}, got {value!r}")
         return
-    if not _of_type(option.type, value) or not all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items()):
-        wanted = " ".join(filter(None, (_TYPE_NAMES[option.type], bounds_text(option, kind))))
-        raise ValueError(f"{option.name} must be {wanted}, got {value!r}")
+    if not _takes(option, value, kind):
+        if option.choices is not None:
+            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+        raise ValueError(f"{option.name} must be {_wanted(option, kind)}, got {value!r}")
+
+
+def check_task_options(task: str, values: dict[str, Any]) -> None:
+    """A ValueError for an option of other fine-tuning tasks that `values` (option name -> value) gives a
+    value other than its default: `doc_stride is for task question-answering, not token-classification`."""
+    for o in OPTIONS:
+        if o.tasks and task not in o.tasks and o.name in values:
+            value, default = values[o.name], o.default_for("finetune", task)
+            if _plain(value) != _plain(default):
+                raise ValueError(f"{o.name} is for task {' or '.join(o.tasks)}, not {task}")
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _takes(option: Option, value: Any, kind: str | None) -> bool:
+    """One value (a list option's item) is of the option's type, within its bounds, or one of its choices."""
+    if option.choices is not None:
+        return value in option.choices
+    kind_of = option.items or option.type
+    return _of_type(kind_of, value) and all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items())
+
+
+def _wanted(option: Option, kind: str | None) -> str:
+    if option.choices is not None:
+        return " | ".join(option.choices)
+    return " ".join(filter(None, (_TYPE_NAMES[option.items or option.type], bounds_text(option, kind))))
+
+
+def type_name(option: Option) -> str:
+    """`int`, or `list of int` for a list option."""
+    return f"list of {option.items.__name__}" if option.items else option.type.__name__
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -420,6 +462,8 @@ def bounds_text(option: Option, kind: str | None) -> str:
 def _show(value: Any) -> str:
     if value is None:
         return "unset"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -440,7 +484,7 @@ def options_markdown() -> str:
         for o in options_for(kind):
             flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
             out.append(
-                f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
+                f"| `{o.name}` | {flag} | {type_name(o)} | {format_default(o, kind)} | "
                 f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |"
             )
         out.append("")

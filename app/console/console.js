@@ -674,6 +674,10 @@ async function newJobPage() {
       else if (spec.type === "integer" && /^-?\d+$/.test(raw)) value = Number(raw);
       else if (spec.type === "number" && raw !== "" && Number.isFinite(Number(raw))) value = Number(raw);
       else if (spec.type === "duration" && /^\d+$/.test(raw)) value = Number(raw);
+      else if (spec.type === "array") {  // comma-separated items: "384, 256" -> [384, 256]
+        value = raw.split(",").map((s) => s.trim()).filter(Boolean)
+          .map((s) => (spec.items.type === "integer" && /^-?\d+$/.test(s) ? Number(s) : s));
+      }
       const path = spec.name.split(".");
       let target = p;
       for (const part of path.slice(0, -1)) target = target[part] = target[part] || {};

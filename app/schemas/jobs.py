@@ -19,7 +19,7 @@ from datadir.datasets import KINDS_OF_TASK
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.data.question_answering import WindowMisfit, check_window
-from model.options import TASKS, Option, format_default, options_for
+from model.options import TASKS, Option, check_task_options, format_default, options_for
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR
 
 # -- requests ----------------------------------------------------------------------------------
@@ -54,27 +54,24 @@ def option_fields(kind: str, names: list[str]) -> dict[str, Any]:
 
 
 def _option_field(o: Option, kind: str) -> tuple[Any, Any]:
-    annotation: Any = Literal[o.choices] if o.choices else o.type  # a type expression built at runtime
-    if o.nullable:
-        annotation = annotation | None
+    annotation: Any = Literal[o.choices] if o.choices else o.items or o.type  # a type expression built at runtime
     b = o.bounds(kind)
     constraints: dict[str, Any] = {
-        "ge": b.get("minimum"),
-        "le": b.get("maximum"),
-        "gt": b.get("above"),
-        "lt": b.get("below"),
+        k: v
+        for k, v in {"ge": b.get("minimum"), "le": b.get("maximum"), "gt": b.get("above"), "lt": b.get("below")}.items()
+        if v is not None
     }
+    if o.items is not None:  # a list: the bounds are each item's, and it holds at least one
+        annotation = list[Annotated[annotation, Field(**constraints)]]
+        constraints = {"min_length": 1}
+    if o.nullable:
+        annotation = annotation | None
     description = o.help[0].upper() + o.help[1:] + "."
     extra: JsonDict | None = None
     if kind == "finetune" and o.by_task:
         description += f" Default: {format_default(o, kind)}."
         extra = {"x-task-defaults": {task: o.default_for(kind, task) for task in TASKS}}
-    return annotation, Field(
-        o.default_for(kind),
-        description=description,
-        json_schema_extra=extra,
-        **{k: v for k, v in constraints.items() if v is not None},
-    )
+    return annotation, Field(o.default_for(kind), description=description, json_schema_extra=extra, **constraints)
 
 
 def _job_option_names(kind: str) -> list[str]:
@@ -148,11 +145,11 @@ assert set(TASKS) <= set(KINDS_OF_TASK)  # every fine-tuning task names the data
 class _FinetuneParams(TrainParams):
     @model_validator(mode="after")
     def _task_options(self) -> Self:
-        if self.regression and self.task != "sequence-classification":
-            raise invalid(f"regression is for task sequence-classification, not {self.task}")
+        try:  # an option of another task (model/options.py's `tasks`), set to other than its default
+            check_task_options(self.task, {name: getattr(self, name) for name in self.model_fields_set})
+        except ValueError as e:
+            raise invalid(str(e)) from None
         if self.task != "question-answering":
-            if self.doc_stride is not None:
-                raise invalid(f"doc_stride is for task question-answering, not {self.task}")
             return self
         try:
             check_window(self.max_seq_len, self.max_query_length, self.doc_stride or 0)
