@@ -238,6 +238,11 @@ class FinetuneJobRequest(Strict):
     model_name: Name = Field(description="Name of the classifier to publish in DATA_DIR/models/.")
     base_model: Name = Field(description="The model whose encoder is fine-tuned.")
     dataset: Name = Field(description="A labelled dataset uploaded with POST /datasets.")
+    eval_dataset: Name | None = Field(
+        None,
+        description="Evaluate on this dataset instead of holding out params.eval_fraction of `dataset`: one of "
+        "the same kind, or (task sentence-embedding on pairs) a retrieval set.",
+    )
     params: FinetuneParams = Field(default_factory=FinetuneParams)
     priority: int = PRIORITY_FIELD
 
@@ -274,6 +279,7 @@ class JobStatus(BaseModel):
     model_name: str
     base_model: str | None
     dataset: str | None = Field(description="The training data (training jobs); null for an import or a batch.")
+    eval_dataset: str | None = Field(None, description="A fine-tuning job's evaluation data, when not held out.")
     params: dict[str, Any]
     step: int = Field(description="Optimizer steps done (as of the latest progress report).")
     total_steps: int
@@ -348,6 +354,7 @@ class JobStatus(BaseModel):
                     "model_name",
                     "base_model",
                     "dataset",
+                    "eval_dataset",
                     "params",
                     "attempts",
                     "runtime_s",
