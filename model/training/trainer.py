@@ -669,15 +669,12 @@ def _losses(out) -> dict[str, torch.Tensor]:
 
 
 def baseline_fields(base: dict[str, Any] | None, step: int) -> dict[str, Any]:
-    """`base_<metric>` for each number of the baseline evaluation `base`, for an evaluation after step 0
-    (none at step 0, which is the baseline itself, nor without one)."""
+    """`base_<metric>` for each score of the baseline evaluation `base` (a float: an integer is a count of the
+    evaluation set, the same before and after), for an evaluation after step 0 (none at step 0, which is the
+    baseline itself, nor without one)."""
     if not base or step == 0:
         return {}
-    return {
-        BASE_PREFIX + name: value
-        for name, value in base.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
+    return {BASE_PREFIX + name: value for name, value in base.items() if isinstance(value, float)}
 
 
 @dataclass
