@@ -14,8 +14,8 @@ With a run directory the trainer adds its own callbacks around the caller's: RUN
 (MetricsLogger) and RUN_DIR/training.svg (TrainingPlot). It writes checkpoints there
 (model/training/checkpoint.py: every `save_every` steps, at the end and on a stop request, keeping the last
 `keep_last` plus the best) and, when the run completes, the final model in RUN_DIR/model. Both are
-model directories, so with a run directory the model also needs a `config` (model.config.BertConfig)
-and `save_pretrained`, as every model of model/modeling.py has.
+model directories, so with a run directory the model also needs `save_pretrained` and `write_files` (the
+same files into a directory that exists: a checkpoint's), as every model of model/modeling.py has.
 
 With `eval_on_start` a fresh run first evaluates the model it starts from: that evaluation (step 0) is the
 baseline, kept in every checkpoint, and each later evaluation carries `base_<metric>` beside its `<metric>`,
