@@ -9,7 +9,10 @@ Standard library only, so `bert --help` reads it without importing torch.
 
 Defaults follow BERT (Devlin et al. 2018, appendix A): fine-tuning picks lr from {5e-5, 3e-5, 2e-5},
 batch 32, 2-4 epochs, 10% warmup; pretraining uses lr 1e-4 with 10k warmup steps of 1M, scaled here to
-runs of a thousand steps.
+runs of a thousand steps. Sentence-embedding training takes sentence-transformers 6.x's: its losses'
+defaults (scale 20, query_to_doc, joint, GradCache's mini-batch 32), and its training examples' one epoch,
+lr 2e-5 and 10% warmup, with a batch of 64 (in-batch negatives learn more from a larger one) and the
+base model evaluated first (eval_on_start), so its scores before and after training stand side by side.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("pretrain", "finetune")
-TASKS = ("sequence-classification", "token-classification", "question-answering")
+TASKS = ("sequence-classification", "token-classification", "question-answering", "sentence-embedding")
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
+DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")  # in-batch negatives' similarities
+PARTITION_MODES = ("joint", "per_direction")  # one softmax over the directions, or one per direction
 BASE_PREFIX = "base_"  # eval_on_start: an evaluation's base_<metric> is that metric of the model before training
 
 
@@ -87,6 +92,7 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
+        by_task={"sentence-embedding": 1.0},  # sentence-transformers' training examples
         above=0.0,
         maximum=1000.0,
     ),
@@ -153,6 +159,7 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "examples per micro-batch, over all devices (a step takes grad_accum_steps of them)",
         default=32,
+        by_task={"sentence-embedding": 64},  # in-batch negatives: every other row's texts are negatives
         trainer=False,
         minimum=1,
         maximum=4096,
@@ -217,7 +224,8 @@ OPTIONS: tuple[Option, ...] = (
         "task",
         str,
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
-        "by entity f1) or question-answering (SQuAD; best checkpoint by f1)",
+        "by entity f1), question-answering (SQuAD; best checkpoint by f1) or sentence-embedding (pairs or "
+        "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -253,7 +261,6 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=1,
         maximum=4096,
-        tasks=("question-answering",),
     ),
     Option(
         "max_answer_len",
@@ -264,8 +271,86 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=1,
         maximum=4096,
-        tasks=("question-answering",),
     ),  # BERT's SQuAD script
+    # -- sentence embeddings: sentence-transformers 6.x's losses (model/training/sentence_embedding.py) --------
+    Option(
+        "loss",
+        str,
+        "sentence-embedding: mnrl (in-batch negatives; pairs) or cosent (scored pairs); unset: the data's",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        choices=("mnrl", "cosent"),
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "scale",
+        float,
+        "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature)",
+        default=20.0,  # MultipleNegativesRankingLoss's and CoSENTLoss's
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=1000.0,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "directions",
+        list,
+        "sentence-embedding, mnrl: the similarities each softmax ranks the positive among: query_to_doc, and "
+        "any of query_to_query, doc_to_query, doc_to_doc (symmetric: query_to_doc,doc_to_query)",
+        default=("query_to_doc",),  # the classic in-batch negatives loss
+        kinds=("finetune",),
+        trainer=False,
+        items=str,
+        choices=DIRECTIONS,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "partition_mode",
+        str,
+        "sentence-embedding, mnrl: one softmax over every direction's similarities (joint) or one per "
+        "direction, averaged (per_direction)",
+        default="joint",
+        kinds=("finetune",),
+        trainer=False,
+        choices=PARTITION_MODES,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "cached",
+        bool,
+        "sentence-embedding, mnrl: GradCache (CachedMultipleNegativesRankingLoss): the same loss and gradients "
+        "in the memory of mini_batch_size texts, for batches of thousands",
+        default=False,
+        kinds=("finetune",),
+        trainer=False,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "mini_batch_size",
+        int,
+        "sentence-embedding, cached: texts embedded at a time",
+        default=32,  # CachedMultipleNegativesRankingLoss's
+        kinds=("finetune",),
+        trainer=False,
+        minimum=1,
+        maximum=4096,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "matryoshka_dims",
+        list,
+        "sentence-embedding: also train the embedding's first N components alone, for each N (descending, "
+        "at most the model's size; MatryoshkaLoss), e.g. 384,256,128,64",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        items=int,
+        minimum=1,
+        maximum=65536,
+        tasks=("sentence-embedding",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -287,6 +372,7 @@ OPTIONS: tuple[Option, ...] = (
         "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
         "beside each later evaluation's metric",
         default=False,
+        by_task={"sentence-embedding": True},
     ),  # one more pass over the eval data
     Option(
         "log_every",

@@ -76,6 +76,8 @@ def per_task(shown: str, task: str) -> str:
 
 
 def same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):  # a list option: JSON's list, a spec's tuple
+        return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)
     if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
         return a == b or str(a).lower() == str(b).lower()
     try:
@@ -85,6 +87,8 @@ def same(a, b) -> bool:
 
 
 def as_shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
     return "unset" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -319,7 +323,11 @@ def test_a_list_option_takes_a_non_empty_list_of_its_items_within_their_bounds_o
         check_value(modes, ["c"])
     assert str(e.value) == "modes must be a non-empty list of a | b, got ['c']"
     assert (type_name(dims), format_default(modes, "finetune")) == ("list of int", "a")
-    check_task_options("token-classification", {"regression": False, "doc_stride": None, "max_query_length": 64})
+    check_task_options("token-classification", {"regression": False, "doc_stride": None, "cached": False})
     with pytest.raises(ValueError) as e:
-        check_task_options("token-classification", {"max_query_length": 32})
-    assert str(e.value) == "max_query_length is for task question-answering, not token-classification"
+        check_task_options("token-classification", {"doc_stride": 32})
+    assert str(e.value) == "doc_stride is for task question-answering, not token-classification"
+    with pytest.raises(ValueError) as e:
+        check_task_options("question-answering", {"directions": ["query_to_doc", "doc_to_query"]})
+    assert str(e.value) == "directions is for task sentence-embedding, not question-answering"
+    check_task_options("question-answering", {"directions": ["query_to_doc"], "matryoshka_dims": None})

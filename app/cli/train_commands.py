@@ -96,7 +96,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_finetune(args: argparse.Namespace) -> int:
     if wants_launcher(args):
         return relaunch(args, args.argv)
-    from model.training.runs import FinetuneSpec, run_finetuning, task_train_config
+    from model.training.runs import FinetuneSpec, run_finetuning, task_spec_defaults, task_train_config
 
     _set_threads(args)
     task = args.task or BY_NAME["task"].default_for("finetune")
@@ -113,7 +113,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         eval_file=_existing_file(args.eval) if args.eval else None,
         resume=args.resume,
         train=_train_config(args, "finetune", task_train_config(task)),
-        **_given(args, "finetune", trainer=False),
+        **{**task_spec_defaults(task), **_given(args, "finetune", trainer=False)},
     )
     return _run_with_progress(run_finetuning, spec)
 

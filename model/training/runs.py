@@ -5,7 +5,8 @@ bar there, job-record updates in the worker):
 
     result = run_pretraining(PretrainSpec.from_dict(spec), callbacks=[progress])   # -> TrainResult
     result = run_finetuning(FinetuneSpec.from_dict(spec), callbacks=[progress])   # task: classification,
-    metrics = evaluate_model("runs/x/model", "eval.csv")                         # tagging (NER) or SQuAD QA
+    metrics = evaluate_model("runs/x/model", "eval.csv")                         # tagging (NER), SQuAD QA
+                                                                                  # or sentence embeddings
 
 A spec is a plain dataclass (JSON in, via `from_dict`) naming the data, the starting model and the
 run directory (`out`). A run directory holds metrics.jsonl, training.svg, checkpoints/step-N/ and,
@@ -118,6 +119,14 @@ class FinetuneSpec:
     doc_stride: int | None = _FT["doc_stride"]  # QA: context tokens windows share; None = 128, less in short windows
     max_query_length: int = _FT["max_query_length"]  # QA: question tokens kept
     max_answer_len: int = _FT["max_answer_len"]  # QA evaluation: longest answer in tokens
+    # sentence-embedding (model/training/sentence_embedding.py): the loss and its options
+    loss: str | None = _FT["loss"]  # None: mnrl on pairs, cosent on scored pairs
+    scale: float = _FT["scale"]
+    directions: tuple[str, ...] = _FT["directions"]
+    partition_mode: str = _FT["partition_mode"]
+    cached: bool = _FT["cached"]
+    mini_batch_size: int = _FT["mini_batch_size"]
+    matryoshka_dims: tuple[int, ...] | None = _FT["matryoshka_dims"]
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -125,10 +134,22 @@ class FinetuneSpec:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+        spec_options = options.options_for("finetune", trainer=False)
+        for option in spec_options:  # a JSON list is the tuple a spec holds
+            if isinstance(getattr(self, option.name), list):
+                setattr(self, option.name, tuple(getattr(self, option.name)))
+        options.check_task_options(self.task, {o.name: getattr(self, o.name) for o in spec_options})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinetuneSpec:
-        return _spec_from_dict(cls, data, task_train_config(data.get("task", TASKS[0])))
+        task = data.get("task", TASKS[0])
+        return _spec_from_dict(cls, {**task_spec_defaults(task), **data}, task_train_config(task))
+
+
+def task_spec_defaults(task: str) -> dict[str, Any]:
+    """The spec fields whose default for `task` is its own (model/options.py), not the default task's: what a
+    FinetuneSpec of `task` is built with unless given (sentence-embedding's batch of 64)."""
+    return {o.name: o.by_task[task] for o in options.options_for("finetune", trainer=False) if task in o.by_task}
 
 
 def task_train_config(task: str) -> TrainConfig:
@@ -137,6 +158,8 @@ def task_train_config(task: str) -> TrainConfig:
     config = TrainConfig(**options.defaults("finetune", task, trainer=True))
     if task in ("token-classification", "question-answering"):
         config = dataclasses.replace(config, best_metric="f1", greater_is_better=True)
+    if task == "sentence-embedding":  # scored pairs: spearman_cosine (_embedding_data)
+        config = dataclasses.replace(config, best_metric="cosine_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -197,11 +220,11 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
     with _user_errors():
         model_class, data, config_updates = _FINETUNE_DATA[spec.task](spec)
         seed_everything(spec.train.seed)
-        if resume_from is not None:
-            tokenizer, model = _model_from_checkpoint(resume_from)
-        else:
-            tokenizer = _tokenizer_of(spec.from_model)
-            model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
+        # A resumed run builds its model from the checkpoint as a fresh one from the start model (the trainer
+        # then restores every tensor and random state of the checkpoint).
+        source = resume_from or spec.from_model
+        tokenizer = _tokenizer_of(source)
+        model = model_class.from_pretrained(source, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
@@ -287,16 +310,58 @@ def _qa_batches(spec: FinetuneSpec, data, tokenizer):
     return train, QABatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
 
 
-# task -> (model class, data, config updates) and task -> (train batches, eval batches or None)
+def _embedding_data(spec: FinetuneSpec):
+    from model.data.pair_batches import load_embedding_data
+    from model.training.sentence_embedding import (
+        BEST_METRIC,
+        EmbeddingLoss,
+        SentenceEmbeddingModel,
+        check_embedding_options,
+        loss_for,
+    )
+
+    data = load_embedding_data(spec.train_file, spec.eval_file, spec.eval_fraction, spec.train.seed)
+    names = ("scale", "directions", "partition_mode", "cached", "mini_batch_size", "matryoshka_dims")
+    values = {"loss": loss_for(spec.loss, data.kind, spec.train_file), **{n: getattr(spec, n) for n in names}}
+    check_embedding_options(values, options.defaults("finetune", spec.task))
+    loss = EmbeddingLoss(**values)
+    if spec.train.best_metric == BEST_METRIC["pairs"]:  # the task's default follows the data
+        spec.train = dataclasses.replace(spec.train, best_metric=BEST_METRIC[data.kind])
+    return SentenceEmbeddingModel, data, {"loss": loss}
+
+
+def _embedding_batches(spec: FinetuneSpec, data, tokenizer):
+    from model.data.pair_batches import PairBatches, ScoredPairBatches, retrieval_set
+    from model.data.retrieval_data import RetrievalSet
+    from model.sentence_modules import read_sentence_modules
+    from model.training.sentence_embedding import RetrievalEvaluation, SimilarityEvaluation
+
+    modules = read_sentence_modules(spec.from_model)
+    modules.check_tokenizer(tokenizer.lowercase)
+    max_len = min(spec.max_seq_len, modules.max_seq_length or spec.max_seq_len)  # never past the model's window
+    kw: dict[str, Any] = dict(batch_size=spec.batch_size, max_seq_len=max_len)
+    if data.kind == "scored-pairs":
+        train: Any = ScoredPairBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+        return train, SimilarityEvaluation(data.eval, tokenizer, **kw) if data.eval else None
+    train = PairBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    if not data.eval:
+        return train, None
+    held = data.eval if isinstance(data.eval, RetrievalSet) else retrieval_set(data.eval)  # given, or pairs
+    return train, RetrievalEvaluation(held, tokenizer, **kw)
+
+
+# task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
     "token-classification": _tagging_data,
     "question-answering": _qa_data,
+    "sentence-embedding": _embedding_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
     "token-classification": _tagging_batches,
     "question-answering": _qa_batches,
+    "sentence-embedding": _embedding_batches,
 }
 
 
