@@ -581,7 +581,7 @@ let jobForm = null;
 async function newJobPage() {
   jobForm = jobForm || await (await fetch("/console/job-form.json", {credentials: "omit"})).json();
   const [{models}, {datasets}] = await Promise.all([api("/models"), api("/datasets")]);
-  const kind = h("select", {}, h("option", {value: "finetune", text: "fine-tune (classifier, NER tagger, QA)"}),
+  const kind = h("select", {}, h("option", {value: "finetune", text: "fine-tune (classifier, NER tagger, QA, sentence embeddings)"}),
                  h("option", {value: "pretrain", text: "pretrain (MLM, NSP)"}));
   const base = h("select", {});
   const dataset = h("select", {});

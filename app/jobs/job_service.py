@@ -45,6 +45,7 @@ from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, eval_kinds, num_labe
 from datadir.versions import access_of
 from model.config import BertConfig
 from model.options import defaults
+from model.sentence_modules import read_sentence_modules
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
@@ -224,6 +225,8 @@ class JobService:
             )
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
+        elif task == "sentence-embedding":
+            await asyncio.to_thread(_check_embedding_job, req, base, dataset)
         else:
             if not req.params.regression:  # a regressor's labels are numbers, one output
                 self._check_label_count(dataset)
@@ -386,13 +389,42 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
     }
 
 
+def _check_embedding_job(req: FinetuneJobRequest, base, dataset: dict) -> None:
+    """A sentence-embedding job's loss suits its dataset, its options go together, its Matryoshka sizes fit the
+    base model's embeddings (model/training/sentence_embedding.py's checks, as the run makes them)."""
+    from model.training.sentence_embedding import check_embedding_options, loss_for
+
+    p = req.params
+    try:
+        loss = loss_for(p.loss, dataset["kind"], f"dataset '{dataset['name']}'")
+    except ValueError as e:
+        raise ServiceError("validation", f"params.loss: {e}") from None
+    try:
+        dimension = read_sentence_modules(base.path).pooling.dimension(base.config.hidden_size)
+    except ValueError as e:
+        raise ServiceError("validation", f"base_model: '{req.base_model}' cannot embed sentences: {e}") from None
+    names = ("scale", "directions", "partition_mode", "cached", "mini_batch_size", "matryoshka_dims")
+    try:
+        check_embedding_options(
+            {"loss": loss, **{n: getattr(p, n) for n in names}}, defaults("finetune", p.task), dimension
+        )
+    except ValueError as e:
+        raise ServiceError("validation", f"params: {e}") from None
+
+
 def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
     p = req.params  # with the defaults the run will use
+    batch_size = p.batch_size
     if req.kind == "finetune":
         architecture, config = FINETUNE_ARCHITECTURES[p.task], base_config
         labels = 1 if p.regression else num_labels(dataset) or 2
-        extra = {}
+        extra: dict = {}
+        if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
+            columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
+            extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
+        if "batch_size" not in p.model_fields_set:  # the task's own default (model/options.py)
+            batch_size = defaults("finetune", p.task)["batch_size"]
     else:
         architecture = "BertForPreTraining" if p.nsp else "BertForMaskedLM"
         config = base_config or BertConfig.from_dict(
@@ -402,7 +434,7 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     return estimate_training(
         config,
         architecture,
-        batch_size=p.batch_size,
+        batch_size=batch_size,
         seq_len=p.max_seq_len,
         precision=p.precision,
         num_labels=labels,
@@ -419,6 +451,7 @@ FINETUNE_ARCHITECTURES = {
     "sequence-classification": "BertForSequenceClassification",
     "token-classification": "BertForTokenClassification",
     "question-answering": "BertForQuestionAnswering",
+    "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
 }
 
 

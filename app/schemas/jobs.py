@@ -19,8 +19,9 @@ from datadir.datasets import KINDS_OF_TASK
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.data.question_answering import WindowMisfit, check_window
-from model.options import TASKS, Option, check_task_options, format_default, options_for
+from model.options import TASKS, Option, check_task_options, defaults, format_default, options_for
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR
+from model.training.sentence_embedding import check_embedding_options
 
 # -- requests ----------------------------------------------------------------------------------
 
@@ -71,7 +72,9 @@ def _option_field(o: Option, kind: str) -> tuple[Any, Any]:
     if kind == "finetune" and o.by_task:
         description += f" Default: {format_default(o, kind)}."
         extra = {"x-task-defaults": {task: o.default_for(kind, task) for task in TASKS}}
-    return annotation, Field(o.default_for(kind), description=description, json_schema_extra=extra, **constraints)
+    default = o.default_for(kind)
+    default = list(default) if isinstance(default, tuple) else default  # a list option's default, as JSON has it
+    return annotation, Field(default, description=description, json_schema_extra=extra, **constraints)
 
 
 def _job_option_names(kind: str) -> list[str]:
@@ -149,6 +152,8 @@ class _FinetuneParams(TrainParams):
             check_task_options(self.task, {name: getattr(self, name) for name in self.model_fields_set})
         except ValueError as e:
             raise invalid(str(e)) from None
+        if self.task == "sentence-embedding":
+            return self._embedding_options()
         if self.task != "question-answering":
             return self
         try:
@@ -164,6 +169,17 @@ class _FinetuneParams(TrainParams):
                 f"of max_seq_len {self.max_seq_len} holds beside a question of max_query_length "
                 f"{self.max_query_length}"
             ) from None
+        return self
+
+    def _embedding_options(self) -> Self:
+        """What can be checked without the dataset and the base model (the job service checks the rest)."""
+        if self.cached and self.devices > 1:
+            raise invalid(f"cached (GradCache) trains in one process, not on devices {self.devices}")
+        names = ("loss", "scale", "directions", "partition_mode", "cached", "mini_batch_size", "matryoshka_dims")
+        try:
+            check_embedding_options({n: getattr(self, n) for n in names}, defaults("finetune", self.task))
+        except ValueError as e:
+            raise invalid(str(e)) from None
         return self
 
 
