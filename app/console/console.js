@@ -379,6 +379,9 @@ const CHARTS = [  // [id, title, series: [record type, key, label]]
   ["lr", "Learning rate", [["train", "lr", "lr"]]],
   ["accuracy", "Accuracy / F1", [["eval", "accuracy", "accuracy"], ["eval", "macro_f1", "macro F1"],
                                  ["eval", "mlm_accuracy", "MLM accuracy"], ["eval", "nsp_accuracy", "NSP accuracy"]]],
+  ["retrieval", "Retrieval / similarity", [["eval", "cosine_ndcg@10", "NDCG@10"], ["eval", "cosine_mrr@10", "MRR@10"],
+                                         ["eval", "cosine_recall@10", "recall@10"],
+                                         ["eval", "spearman_cosine", "Spearman"]]],
   ["throughput", "Throughput (tokens/s)", [["train", "tokens_per_s", "tokens/s"]]],
 ];
 const COLORS = ["#4c7be0", "#e0774c", "#3aa35b", "#a04ce0"];
@@ -423,7 +426,8 @@ class Curves {
       box.dataset.points = data[0].length;
       if (!this.plots[i]) {
         if (!data[0].length) {
-          box.querySelector(".plot").textContent = id === "accuracy" ? "No evaluation yet." : "No points yet.";
+          box.querySelector(".plot").textContent = ["accuracy", "retrieval"].includes(id) ? "No evaluation yet." :
+            "No points yet.";
           return;
         }
         box.querySelector(".plot").textContent = "";
