@@ -54,7 +54,7 @@ from model.data.pairs import (
 )
 from model.data.retrieval_data import RetrievalSet, load_retrieval
 
-PAIRS, SCORED_PAIRS = "pairs", "scored-pairs"  # the dataset kinds (datadir.datasets) these files are
+PAIRS, SCORED_PAIRS, RETRIEVAL = "pairs", "scored-pairs", "retrieval"  # the dataset kinds (datadir.datasets)
 TOKENIZE_CHUNK = 1024  # distinct texts tokenised per call
 
 
@@ -99,16 +99,32 @@ def load_embedding_data(
     return EmbeddingData(kind, kept, held)
 
 
-def _load_eval(path: Path, kind: str) -> list[Pair] | list[ScoredPair] | RetrievalSet:
-    """An evaluation file for training rows of `kind`: the same kind, or (pairs) a retrieval set: a BEIR
-    folder, or a JSONL file whose records are no pairs."""
+def read_eval_file(path: str | os.PathLike) -> tuple[str, list[Pair] | list[ScoredPair] | RetrievalSet]:
+    """(kind, what it holds) of evaluation data: a table of pairs or scored pairs (by its columns), or a
+    retrieval set (a BEIR folder, or a JSONL file whose records are no pairs)."""
+    path = Path(path)
     found = None if path.is_dir() else pair_file_kind(path)
-    if found == kind:
-        return load_pairs(path) if kind == PAIRS else load_scored_pairs(path)
-    if found is None and kind == PAIRS and (path.is_dir() or path.name.endswith(".jsonl")):
-        return load_retrieval(path)
-    wanted = "pairs or a retrieval set" if kind == PAIRS else "scored pairs"
-    raise ValueError(f"{path}: the model trains on {kind}, so its evaluation data must be {wanted}")
+    if found == PAIRS:
+        return PAIRS, load_pairs(path)
+    if found == SCORED_PAIRS:
+        return SCORED_PAIRS, load_scored_pairs(path)
+    if path.is_dir() or path.name.endswith(".jsonl"):
+        return RETRIEVAL, load_retrieval(path)
+    raise ValueError(f"{path}: not pairs, scored pairs nor a retrieval set")
+
+
+def _load_eval(path: Path, kind: str) -> list[Pair] | list[ScoredPair] | RetrievalSet:
+    """An evaluation file for training rows of `kind`: the same kind, or (pairs) a retrieval set."""
+    wanted = (PAIRS, RETRIEVAL) if kind == PAIRS else (SCORED_PAIRS,)
+    try:
+        found, rows = read_eval_file(path)
+    except ValueError:
+        found, rows = None, None
+    if found not in wanted:
+        words = "pairs or a retrieval set" if kind == PAIRS else "scored pairs"
+        raise ValueError(f"{path}: the model trains on {kind}, so its evaluation data must be {words}")
+    assert rows is not None
+    return rows
 
 
 def _hold_out(rows: list, fraction: float, seed: int) -> tuple[list, list]:

@@ -41,6 +41,7 @@ from model.modeling import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
     load_model,
 )
 from model.tokenizer import BertTokenizer
@@ -48,7 +49,7 @@ from model.training import checkpoint as ckpt
 from model.training import distributed
 from model.training.callbacks import Callback
 from model.training.evaluation import evaluate
-from model.training.trainer import TrainConfig, Trainer, TrainResult, seed_everything
+from model.training.trainer import EvaluationSet, TrainConfig, Trainer, TrainResult, seed_everything
 from model.weights import HEAD_NAMES, heads_in_dir
 
 log = logging.getLogger(__name__)
@@ -331,23 +332,25 @@ def _embedding_data(spec: FinetuneSpec):
 
 
 def _embedding_batches(spec: FinetuneSpec, data, tokenizer):
-    from model.data.pair_batches import PairBatches, ScoredPairBatches, retrieval_set
-    from model.data.retrieval_data import RetrievalSet
-    from model.sentence_modules import read_sentence_modules
-    from model.training.sentence_embedding import RetrievalEvaluation, SimilarityEvaluation
+    from model.data.pair_batches import PairBatches, ScoredPairBatches
+    from model.training.sentence_embedding import evaluation_for
 
-    modules = read_sentence_modules(spec.from_model)
+    kw: dict[str, Any] = dict(
+        batch_size=spec.batch_size, max_seq_len=_embedding_length(spec.from_model, tokenizer, spec.max_seq_len)
+    )
+    batches = ScoredPairBatches if data.kind == "scored-pairs" else PairBatches
+    train = batches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    return train, evaluation_for(data.eval, tokenizer, **kw) if data.eval else None
+
+
+def _embedding_length(model_dir: str | Path, tokenizer: BertTokenizer, max_seq_len: int) -> int:
+    """The tokens a text keeps: max_seq_len, but never past the model's own window (its sentence-transformers
+    max_seq_length), as SentenceTransformer would cut it."""
+    from model.sentence_modules import read_sentence_modules
+
+    modules = read_sentence_modules(model_dir)
     modules.check_tokenizer(tokenizer.lowercase)
-    max_len = min(spec.max_seq_len, modules.max_seq_length or spec.max_seq_len)  # never past the model's window
-    kw: dict[str, Any] = dict(batch_size=spec.batch_size, max_seq_len=max_len)
-    if data.kind == "scored-pairs":
-        train: Any = ScoredPairBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
-        return train, SimilarityEvaluation(data.eval, tokenizer, **kw) if data.eval else None
-    train = PairBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
-    if not data.eval:
-        return train, None
-    held = data.eval if isinstance(data.eval, RetrievalSet) else retrieval_set(data.eval)  # given, or pairs
-    return train, RetrievalEvaluation(held, tokenizer, **kw)
+    return min(max_seq_len, modules.max_seq_length or max_seq_len)
 
 
 # task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
@@ -385,7 +388,9 @@ def evaluate_model(
 ) -> dict:
     """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus or token
     store (MLM models), a labelled table (sequence classifiers), tagged sentences (token classifiers;
-    entity precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
+    entity precision, recall, f1, word accuracy), SQuAD JSON (QA models; exact_match, f1), or, for an encoder
+    without a head, its sentence embeddings on a retrieval set or pairs (retrieval metrics) or scored pairs
+    (pearson_cosine, spearman_cosine)."""
     from model.data.batches import ResumableBatches
     from model.data.corpus import TokenizedCorpus, load_corpus
     from model.data.finetune import ClassificationBatches, load_classification_data
@@ -395,7 +400,7 @@ def evaluate_model(
     from model.data.token_classification import TokenClassificationBatches, read_tagged
 
     model_dir = _model_dir_of(Path(model_dir))
-    data: ResumableBatches
+    data: ResumableBatches | EvaluationSet
     with _user_errors():
         model, tokenizer = load_model(model_dir), _tokenizer_of(model_dir)
         _check_seq_len(max_seq_len, model.config)
@@ -459,6 +464,13 @@ def evaluate_model(
                 seed=seed,
                 nsp=isinstance(model, BertForPreTraining),
             )
+        elif type(model) is BertModel:  # an encoder: its sentence embeddings, as sentence-transformers pools them
+            from model.data.pair_batches import read_eval_file
+            from model.training.sentence_embedding import SentenceEmbeddingModel, evaluation_for
+
+            model = SentenceEmbeddingModel.from_pretrained(model_dir)
+            length = _embedding_length(model_dir, tokenizer, max_seq_len)
+            data = evaluation_for(read_eval_file(data_path)[1], tokenizer, max_seq_len=length, batch_size=batch_size)
         else:
             raise UserError(f"{model_dir} has no MLM, classifier or QA head: nothing to evaluate")
         dev = resolve_device(device)

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from model.compute.precision import autocast
-from model.data.pair_batches import PAIRS, SCORED_PAIRS
-from model.data.pairs import ScoredPair
+from model.data.pair_batches import PAIRS, SCORED_PAIRS, retrieval_set
+from model.data.pairs import Pair, ScoredPair
 from model.data.retrieval_data import RetrievalSet
 from model.modeling import BertModel
 from model.sentence_modules import (
@@ -277,6 +277,18 @@ class RetrievalEvaluation(_Encoder):
             precision_recall_at_k=(1, 10, 100),
         )
         return {**{k: metrics[k] for k in RETRIEVAL_METRICS}, "queries": len(queries), "documents": len(corpus)}
+
+
+def evaluation_for(
+    data: Sequence[Pair] | Sequence[ScoredPair] | RetrievalSet, tokenizer, *, max_seq_len: int, batch_size: int = 32
+) -> RetrievalEvaluation | SimilarityEvaluation:
+    """The evaluation of held-out or given data: a retrieval set (pairs become one) or scored pairs."""
+    if isinstance(data, RetrievalSet):
+        return RetrievalEvaluation(data, tokenizer, max_seq_len=max_seq_len, batch_size=batch_size)
+    if data and isinstance(data[0], ScoredPair):
+        return SimilarityEvaluation(data, tokenizer, max_seq_len=max_seq_len, batch_size=batch_size)  # type: ignore[arg-type]
+    pairs = [p for p in data if isinstance(p, Pair)]
+    return RetrievalEvaluation(retrieval_set(pairs), tokenizer, max_seq_len=max_seq_len, batch_size=batch_size)
 
 
 class SimilarityEvaluation(_Encoder):

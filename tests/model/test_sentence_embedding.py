@@ -24,7 +24,7 @@ from model.sentence_modules import Pooling, SentenceModules, read_sentence_modul
 from model.tokenizer import BertTokenizer
 from model.training.callbacks import Callback
 from model.training.checkpoint import list_checkpoints
-from model.training.runs import FinetuneSpec, run_finetuning
+from model.training.runs import FinetuneSpec, evaluate_model, run_finetuning
 from model.training.sentence_embedding import (
     EmbeddingLoss,
     SentenceEmbeddingModel,
@@ -220,6 +220,18 @@ def test_a_run_scores_the_base_model_first_then_trains_saves_and_resumes_exactly
     a, b = load_model(straight.model_dir).state_dict(), load_model(resumed.model_dir).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.eval_metrics == straight.eval_metrics  # the baseline kept in the checkpoint
+    # `bert evaluate` of the trained encoder: held-out pairs given as a file score as the run scored them
+    rows = ["anchor,positive,negative"]
+    rows += [f"{p.anchor},{p.positive},{p.negatives[0]}" for p in PAIRS]
+    (tmp_path / "held.csv").write_text("\n".join(rows) + "\n")
+    metrics = evaluate_model(tmp_path / "a", tmp_path / "held.csv", max_seq_len=16, device="cpu")
+    assert set(metrics) == {"model", "data", "queries", "documents", *names} and metrics["queries"] == 6
+    scored = tmp_path / "sts.csv"
+    scored.write_text(
+        "sentence1,sentence2,score\n" + "".join(f"{p.sentence1},{p.sentence2},{p.score}\n" for p in SCORED)
+    )
+    metrics = evaluate_model(tmp_path / "a", scored, max_seq_len=16, device="cpu")
+    assert set(metrics) == {"model", "data", "pearson_cosine", "spearman_cosine", "pairs"}
 
 
 def test_scored_pairs_train_with_cosent_and_pick_the_best_spearman(tmp_path):
