@@ -99,32 +99,31 @@ def load_embedding_data(
     return EmbeddingData(kind, kept, held)
 
 
-def read_eval_file(path: str | os.PathLike) -> tuple[str, list[Pair] | list[ScoredPair] | RetrievalSet]:
-    """(kind, what it holds) of evaluation data: a table of pairs or scored pairs (by its columns), or a
-    retrieval set (a BEIR folder, or a JSONL file whose records are no pairs)."""
+def eval_file_kind(path: str | os.PathLike) -> str | None:
+    """PAIRS, SCORED_PAIRS (a table, by its columns), RETRIEVAL (a BEIR folder, or a JSONL file whose records
+    are no pairs) or None."""
     path = Path(path)
-    found = None if path.is_dir() else pair_file_kind(path)
-    if found == PAIRS:
-        return PAIRS, load_pairs(path)
-    if found == SCORED_PAIRS:
-        return SCORED_PAIRS, load_scored_pairs(path)
-    if path.is_dir() or path.name.endswith(".jsonl"):
-        return RETRIEVAL, load_retrieval(path)
-    raise ValueError(f"{path}: not pairs, scored pairs nor a retrieval set")
+    if path.is_dir():
+        return RETRIEVAL
+    return pair_file_kind(path) or (RETRIEVAL if path.name.endswith(".jsonl") else None)
+
+
+def read_eval_file(path: str | os.PathLike) -> tuple[str, list[Pair] | list[ScoredPair] | RetrievalSet]:
+    """(kind, what it holds) of evaluation data: pairs, scored pairs or a retrieval set (eval_file_kind)."""
+    kind = eval_file_kind(path)
+    if kind is None:
+        raise ValueError(f"{path}: not pairs, scored pairs nor a retrieval set")
+    if kind == PAIRS:
+        return kind, load_pairs(path)
+    return kind, load_scored_pairs(path) if kind == SCORED_PAIRS else load_retrieval(path)
 
 
 def _load_eval(path: Path, kind: str) -> list[Pair] | list[ScoredPair] | RetrievalSet:
     """An evaluation file for training rows of `kind`: the same kind, or (pairs) a retrieval set."""
-    wanted = (PAIRS, RETRIEVAL) if kind == PAIRS else (SCORED_PAIRS,)
-    try:
-        found, rows = read_eval_file(path)
-    except ValueError:
-        found, rows = None, None
-    if found not in wanted:
+    if eval_file_kind(path) not in ((PAIRS, RETRIEVAL) if kind == PAIRS else (SCORED_PAIRS,)):
         words = "pairs or a retrieval set" if kind == PAIRS else "scored pairs"
         raise ValueError(f"{path}: the model trains on {kind}, so its evaluation data must be {words}")
-    assert rows is not None
-    return rows
+    return read_eval_file(path)[1]
 
 
 def _hold_out(rows: list, fraction: float, seed: int) -> tuple[list, list]:

@@ -146,3 +146,11 @@ def test_an_evaluation_file_of_the_right_kind(tmp_path):
         f"{tmp_path / 'labels.csv'}: not pairs (columns anchor, positive and optionally negatives) nor scored pairs "
         "(columns sentence1, sentence2 and score)"
     )
+
+
+def test_a_bad_line_of_an_evaluation_file_is_named(tmp_path):
+    (tmp_path / "train.csv").write_text("anchor,positive\nthe cat,a cat\nthe dog,a dog\n")
+    (tmp_path / "dev.csv").write_text("anchor,positive\nthe cat,\n")
+    with pytest.raises(ValueError) as e:
+        load_embedding_data(tmp_path / "train.csv", tmp_path / "dev.csv", 0.1, seed=0)
+    assert str(e.value) == f"{tmp_path / 'dev.csv'}, line 2: 'positive' is empty or not text: ''"
