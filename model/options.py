@@ -557,6 +557,25 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+def _cell(text: str) -> str:
+    """Text for a markdown table's cell: a choice's `|` escaped, so it does not end the cell."""
+    return text.replace("|", "\\|")
+
+
+def task_options_markdown(task: str) -> str:
+    """One fine-tuning task's table: its own options (`tasks` naming it), then the defaults it changes."""
+    rows = ["| option | flag | type | default | bounds | description |", "|---|---|---|---|---|---|"]
+    own = [o for o in options_for("finetune") if o.tasks and task in o.tasks]
+    changed = [o for o in options_for("finetune") if task in o.by_task and o not in own]
+    for o in own + changed:
+        help = o.help.removeprefix(f"{task}: ").removeprefix(f"{task}, ")
+        rows.append(
+            f"| `{o.name}` | `{o.cli_flag}` | {type_name(o)} | {_show(o.default_for('finetune', task))} | "
+            f"{_cell(bounds_text(o, 'finetune'))} | {help} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def options_markdown() -> str:
     """The configuration reference: one markdown table per job kind."""
     out = []
@@ -571,7 +590,7 @@ def options_markdown() -> str:
             flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
             out.append(
                 f"| `{o.name}` | {flag} | {type_name(o)} | {format_default(o, kind)} | "
-                f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |"
+                f"{_cell(bounds_text(o, kind))} | {'yes' if o.job else 'no'} | {o.help} |"
             )
         out.append("")
     return "\n".join(out)
