@@ -7,6 +7,7 @@ A page holds a marker comment, and the build replaces it with a markdown table:
     <!-- generated: error-kinds -->        app/errors.py's STATUS table (error_type -> HTTP status)
     <!-- generated: training-options -->   model/options.py's table (bert pretrain/finetune, POST /jobs)
     <!-- generated: config-bounds -->      model/config.py's SIZE_BOUNDS (what a model's config.json may say)
+    <!-- generated: task-options TASK -->  model/options.py's options of fine-tuning task TASK, and its defaults
 
 Each settings row is the environment variable (prefix and aliases as pydantic-settings reads them),
 the type, the default and the field's description. A field without a description fails the build (a
@@ -16,6 +17,7 @@ Reference: https://www.mkdocs.org/user-guide/configuration/#hooks
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 import typing
@@ -26,13 +28,22 @@ if str(ROOT) not in sys.path:  # document this checkout, whatever else is instal
     sys.path.insert(0, str(ROOT))
 
 MARKER = "<!-- generated: {} -->"
+TASK_MARKER = re.compile(r"<!-- generated: task-options ([\w-]+) -->")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     for name, render in GENERATORS.items():
         if MARKER.format(name) in markdown:
             markdown = markdown.replace(MARKER.format(name), render())
-    return markdown
+    return TASK_MARKER.sub(lambda m: task_options(m.group(1)), markdown)
+
+
+def task_options(task: str) -> str:
+    from model.options import TASKS, task_options_markdown
+
+    if task not in TASKS:
+        raise ValueError(f"task-options names {task!r}, which is no fine-tuning task ({', '.join(TASKS)})")
+    return task_options_markdown(task)
 
 
 def service_settings() -> str:

@@ -473,14 +473,24 @@ class BertPreTrainedModel(nn.Module):
 
     def save_pretrained(self, path: str | Path, tokenizer=None) -> None:
         """Write config.json + model.safetensors (+ tokenizer files) atomically into `path`."""
-        config = BertConfig.from_dict(self.config.to_dict())
-        config.architectures = [type(self).__name__]
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
         with atomic_dir(path) as tmp:
-            config.to_json_file(tmp / "config.json")
-            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+            self.write_files(tmp, tokenizer)
+
+    @property
+    def architecture(self) -> str:
+        """The class config.json's `architectures` names: this one's."""
+        return type(self).__name__
+
+    def write_files(self, out: Path, tokenizer=None) -> None:
+        """The model directory's files, into the existing directory `out` (save_pretrained's temp directory, a
+        checkpoint's): config.json naming `architecture`, model.safetensors in fp32, the tokenizer's files."""
+        config = BertConfig.from_dict(self.config.to_dict())
+        config.architectures = [self.architecture]
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
+        config.to_json_file(out / "config.json")
+        save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
 
     # -- loading --------------------------------------------------------------------------------
 

@@ -9,25 +9,32 @@ Standard library only, so `bert --help` reads it without importing torch.
 
 Defaults follow BERT (Devlin et al. 2018, appendix A): fine-tuning picks lr from {5e-5, 3e-5, 2e-5},
 batch 32, 2-4 epochs, 10% warmup; pretraining uses lr 1e-4 with 10k warmup steps of 1M, scaled here to
-runs of a thousand steps.
+runs of a thousand steps. Sentence-embedding training takes sentence-transformers 6.x's: its losses'
+defaults (scale 20, query_to_doc, joint, GradCache's mini-batch 32), and its training examples' one epoch,
+lr 2e-5 and 10% warmup, with a batch of 64 (in-batch negatives learn more from a larger one) and the
+base model evaluated first (eval_on_start), so its scores before and after training stand side by side.
 """
 
 from __future__ import annotations
 
+import builtins
 import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("pretrain", "finetune")
-TASKS = ("sequence-classification", "token-classification", "question-answering")
+TASKS = ("sequence-classification", "token-classification", "question-answering", "sentence-embedding")
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
+DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")  # in-batch negatives' similarities
+PARTITION_MODES = ("joint", "per_direction")  # one softmax over the directions, or one per direction
+BASE_PREFIX = "base_"  # eval_on_start: an evaluation's base_<metric> is that metric of the model before training
 
 
 @dataclass(frozen=True)
 class Option:
     name: str  # the TrainConfig / spec field, the job parameter, and the flag (--name-with-dashes)
-    type: type  # int, float, bool or str
+    type: type  # int, float, bool or str; list for a list of `items` (a JSON array, a comma-separated flag)
     help: str
     default: Any = None  # for every kind it applies to, unless `by_kind` says otherwise
     by_kind: dict[str, Any] = field(default_factory=dict)  # kind -> default
@@ -44,6 +51,8 @@ class Option:
     choices: tuple[str, ...] | None = None
     bounds_by_kind: dict[str, dict[str, float | None]] = field(default_factory=dict)  # kind -> bounds it changes
     flag: str | None = None  # the CLI flag when it is not --name-with-dashes
+    items: builtins.type | None = None  # a list option's items: int or str (its choices and bounds are each item's)
+    tasks: tuple[str, ...] | None = None  # the fine-tuning tasks it is for (None: all); others refuse a value
 
     def bounds(self, kind: str | None) -> dict[str, float]:
         """{minimum, maximum, above, below} of `kind` (None: without any kind's own), those that are set."""
@@ -83,6 +92,7 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
+        by_task={"sentence-embedding": 1.0},  # sentence-transformers' training examples
         above=0.0,
         maximum=1000.0,
     ),
@@ -149,6 +159,7 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "examples per micro-batch, over all devices (a step takes grad_accum_steps of them)",
         default=32,
+        by_task={"sentence-embedding": 64},  # in-batch negatives: every other row's texts are negatives
         trainer=False,
         minimum=1,
         maximum=4096,
@@ -213,7 +224,8 @@ OPTIONS: tuple[Option, ...] = (
         "task",
         str,
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
-        "by entity f1) or question-answering (SQuAD; best checkpoint by f1)",
+        "by entity f1), question-answering (SQuAD; best checkpoint by f1) or sentence-embedding (pairs or "
+        "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -226,6 +238,7 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
         kinds=("finetune",),
         trainer=False,
+        tasks=("sequence-classification",),
     ),  # labels are classes
     Option(
         "doc_stride",
@@ -237,6 +250,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=0,
         maximum=4096,
+        tasks=("question-answering",),
     ),  # BERT's SQuAD script: 128
     Option(
         "max_query_length",
@@ -258,6 +272,85 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=4096,
     ),  # BERT's SQuAD script
+    # -- sentence embeddings: sentence-transformers 6.x's losses (model/training/sentence_embedding.py) --------
+    Option(
+        "loss",
+        str,
+        "sentence-embedding: mnrl (in-batch negatives; pairs) or cosent (scored pairs); unset: the data's",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        choices=("mnrl", "cosent"),
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "scale",
+        float,
+        "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature)",
+        default=20.0,  # MultipleNegativesRankingLoss's and CoSENTLoss's
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=1000.0,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "directions",
+        list,
+        "sentence-embedding, mnrl: the similarities each softmax ranks the positive among: query_to_doc, and "
+        "any of query_to_query, doc_to_query, doc_to_doc (symmetric: query_to_doc,doc_to_query)",
+        default=("query_to_doc",),  # the classic in-batch negatives loss
+        kinds=("finetune",),
+        trainer=False,
+        items=str,
+        choices=DIRECTIONS,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "partition_mode",
+        str,
+        "sentence-embedding, mnrl: one softmax over every direction's similarities (joint) or one per "
+        "direction, averaged (per_direction)",
+        default="joint",
+        kinds=("finetune",),
+        trainer=False,
+        choices=PARTITION_MODES,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "cached",
+        bool,
+        "sentence-embedding, mnrl: GradCache (CachedMultipleNegativesRankingLoss): the same loss and gradients "
+        "in the memory of mini_batch_size texts, for batches of thousands",
+        default=False,
+        kinds=("finetune",),
+        trainer=False,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "mini_batch_size",
+        int,
+        "sentence-embedding, cached: texts embedded at a time",
+        default=32,  # CachedMultipleNegativesRankingLoss's
+        kinds=("finetune",),
+        trainer=False,
+        minimum=1,
+        maximum=4096,
+        tasks=("sentence-embedding",),
+    ),
+    Option(
+        "matryoshka_dims",
+        list,
+        "sentence-embedding: also train the embedding's first N components alone, for each N (descending, "
+        "at most the model's size; MatryoshkaLoss), e.g. 384,256,128,64",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        items=int,
+        minimum=1,
+        maximum=65536,
+        tasks=("sentence-embedding",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -274,7 +367,12 @@ OPTIONS: tuple[Option, ...] = (
         "eval_every", int, "evaluate every N steps (0: only at the end)", default=0, minimum=0, maximum=1_000_000
     ),  # evaluation costs a pass over the held-out data
     Option(
-        "eval_on_start", bool, "also evaluate before the first step (a baseline for the curve)", default=False
+        "eval_on_start",
+        bool,
+        "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
+        "beside each later evaluation's metric",
+        default=False,
+        by_task={"sentence-embedding": True},
     ),  # one more pass over the eval data
     Option(
         "log_every",
@@ -378,17 +476,52 @@ def format_default(option: Option, kind: str) -> str:
 
 def check_value(option: Option, value: Any, kind: str | None = None) -> None:
     """A ValueError quoting `value` unless `option` takes it (in `kind`): None where it is nullable, else a
-    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices.
-    For code that builds a run without the API's or the CLI's parsing (TrainConfig)."""
+    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices;
+    for a list option, a non-empty list (or tuple) of such items. For code that builds a run without the
+    API's or the CLI's parsing (TrainConfig, the run specs)."""
     if value is None and option.nullable:
         return
-    if option.choices is not None:
-        if value not in option.choices:
-            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+    if option.items is not None:
+        if not isinstance(value, (list, tuple)) or not value or not all(_takes(option, v, kind) for v in value):
+            raise ValueError(f"{option.name} must be a non-empty list of {_wanted(option, kind)}, got {value!r}")
         return
-    if not _of_type(option.type, value) or not all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items()):
-        wanted = " ".join(filter(None, (_TYPE_NAMES[option.type], bounds_text(option, kind))))
-        raise ValueError(f"{option.name} must be {wanted}, got {value!r}")
+    if not _takes(option, value, kind):
+        if option.choices is not None:
+            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+        raise ValueError(f"{option.name} must be {_wanted(option, kind)}, got {value!r}")
+
+
+def check_task_options(task: str, values: dict[str, Any]) -> None:
+    """A ValueError for an option of other fine-tuning tasks that `values` (option name -> value) gives a
+    value other than its default: `doc_stride is for task question-answering, not token-classification`."""
+    for o in OPTIONS:
+        if o.tasks and task not in o.tasks and o.name in values:
+            value, default = values[o.name], o.default_for("finetune", task)
+            if _plain(value) != _plain(default):
+                raise ValueError(f"{o.name} is for task {' or '.join(o.tasks)}, not {task}")
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _takes(option: Option, value: Any, kind: str | None) -> bool:
+    """One value (a list option's item) is of the option's type, within its bounds, or one of its choices."""
+    if option.choices is not None:
+        return value in option.choices
+    kind_of = option.items or option.type
+    return _of_type(kind_of, value) and all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items())
+
+
+def _wanted(option: Option, kind: str | None) -> str:
+    if option.choices is not None:
+        return " | ".join(option.choices)
+    return " ".join(filter(None, (_TYPE_NAMES[option.items or option.type], bounds_text(option, kind))))
+
+
+def type_name(option: Option) -> str:
+    """`int`, or `list of int` for a list option."""
+    return f"list of {option.items.__name__}" if option.items else option.type.__name__
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -415,11 +548,32 @@ def bounds_text(option: Option, kind: str | None) -> str:
 def _show(value: Any) -> str:
     if value is None:
         return "unset"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def _cell(text: str) -> str:
+    """Text for a markdown table's cell: a choice's `|` escaped, so it does not end the cell."""
+    return text.replace("|", "\\|")
+
+
+def task_options_markdown(task: str) -> str:
+    """One fine-tuning task's table: its own options (`tasks` naming it), then the defaults it changes."""
+    rows = ["| option | flag | type | default | bounds | description |", "|---|---|---|---|---|---|"]
+    own = [o for o in options_for("finetune") if o.tasks and task in o.tasks]
+    changed = [o for o in options_for("finetune") if task in o.by_task and o not in own]
+    for o in own + changed:
+        help = o.help.removeprefix(f"{task}: ").removeprefix(f"{task}, ")
+        rows.append(
+            f"| `{o.name}` | `{o.cli_flag}` | {type_name(o)} | {_show(o.default_for('finetune', task))} | "
+            f"{_cell(bounds_text(o, 'finetune'))} | {help} |"
+        )
+    return "\n".join(rows) + "\n"
 
 
 def options_markdown() -> str:
@@ -435,8 +589,8 @@ def options_markdown() -> str:
         for o in options_for(kind):
             flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
             out.append(
-                f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
-                f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |"
+                f"| `{o.name}` | {flag} | {type_name(o)} | {format_default(o, kind)} | "
+                f"{_cell(bounds_text(o, kind))} | {'yes' if o.job else 'no'} | {o.help} |"
             )
         out.append("")
     return "\n".join(out)

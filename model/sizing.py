@@ -32,6 +32,12 @@ Peak training memory, in bytes, of one optimizer step (N parameters, N_t of them
                                                          on r = b rows (sequence classification) or
                                                          r = b s tokens (token classification)
 
+A sentence-embedding model (BertModel) embeds each of an example's c texts (columns: anchor, positive,
+hard negatives) in its own rows, so its activations are those of b c rows; with GradCache (`mini_batch_size`
+m) only m rows' at a time (each mini-batch is embedded again, with gradients, one after another). In-batch
+negatives add a (b, b (c - 1)) matrix of similarities (m rows of it at a time with GradCache), counted as
+logits above (3 * 4 bytes each); the embeddings themselves are small beside them and left out.
+
     overhead     256 MiB                                 kernels, workspaces, allocator slack (measured)
 
 with b the (micro-)batch size, s the sequence length, a the heads and e the bytes of an activation
@@ -208,10 +214,14 @@ def estimate_training(
     num_labels: int = 2,
     masked_lm_prob: float = 0.15,
     freeze_encoder: bool = False,
+    columns: int = 1,
+    mini_batch_size: int | None = None,
 ) -> TrainingSize:
     """Parameters and peak memory of training `architecture` (a model/modeling.py class name) with
     AdamW at this micro-batch size and sequence length; `precision` "fp32", "bf16" or "auto" (the
-    larger of the two). `freeze_encoder`: embeddings and encoder get no gradient (heads-only)."""
+    larger of the two). `freeze_encoder`: embeddings and encoder get no gradient (heads-only).
+    `columns`: texts per example, each embedded alone (sentence embeddings); `mini_batch_size`: GradCache's
+    rows at a time (module docstring)."""
     if precision == "auto":
         return max(
             (
@@ -224,6 +234,8 @@ def estimate_training(
                     num_labels=num_labels,
                     masked_lm_prob=masked_lm_prob,
                     freeze_encoder=freeze_encoder,
+                    columns=columns,
+                    mini_batch_size=mini_batch_size,
                 )
                 for p in ACTIVATION_BYTES
             ),
@@ -237,15 +249,18 @@ def estimate_training(
     total = count_parameters(config, architecture, num_labels)
     trainable = total - (parts["embeddings"] + parts["encoder"] if freeze_encoder else 0)
     mlm = masked_lm_prob if "mlm" in ARCHITECTURES[architecture] else None
+    logits = label_logits(architecture, batch_size, seq_len, num_labels)
+    rows = batch_size
+    if columns > 1:  # sentence embeddings: every text its own row, and the in-batch similarities
+        rows = min(mini_batch_size, batch_size) if mini_batch_size else batch_size * columns
+        logits += (min(mini_batch_size, batch_size) if mini_batch_size else batch_size) * batch_size * (columns - 1)
     return TrainingSize(
         parameters=total,
         trainable=trainable,
         weights_bytes=4 * total + (2 * total if precision == "bf16" else 0),
         gradient_bytes=4 * trainable,
         optimizer_bytes=8 * trainable,
-        activation_bytes=activation_bytes(
-            config, batch_size, seq_len, precision, mlm, label_logits(architecture, batch_size, seq_len, num_labels)
-        ),
+        activation_bytes=activation_bytes(config, rows, seq_len, precision, mlm, logits),
         precision=precision,
     )
 

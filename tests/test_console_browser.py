@@ -1,7 +1,8 @@
 """The console in a real browser, against a live server (keys set) and a real worker, tiny models:
 the key prompt refuses a wrong key; a fill-mask in the playground; a dataset uploaded; the API's 422
 shown beside the field; a fine-tune started from the form whose loss curve grows while it runs;
-a second job cancelled from its page; the pages at 390 px; and no request leaves the page's origin.
+a second job cancelled from its page; a list parameter typed comma-separated reaches the API as a list; a
+model card's before/after table in the playground; the pages at 390 px; and no request leaves the page's origin.
 Screenshots of each page go to $BERT_CONSOLE_SCREENSHOTS (else a temp folder; the path is printed).
 
 Also here, without a browser: `curl -N /jobs/{id}/events` follows a running job and closes when it ends.
@@ -368,6 +369,29 @@ def test_a_finetune_from_the_form_grows_its_curve_and_a_second_job_is_cancelled(
         "cancel requested",
         "cancelled",
     ]
+
+
+def test_a_list_parameter_goes_as_a_list_and_a_cards_before_and_after_shows(browser, stack):
+    from selenium.webdriver.support.ui import Select
+
+    from datadir.cards import update_card
+
+    b = browser
+    open_page(b, "#/new")
+    until(b, lambda d: css(b, "[id='params.task']"), what="the task select")
+    Select(css(b, "[id='params.task']")[0]).select_by_value("sentence-embedding")
+    submit_job_form(b, {"#model_name": "console-embedder", "[id='params.matryoshka_dims']": "16, 32"})
+    until(b, lambda d: text_of(b, "#err-params"), what="the params error")
+    assert text_of(b, "#err-params") == (  # the API got [16, 32]: numbers in a list
+        "finetune.params: matryoshka_dims must descend without repeats (largest first), got [16, 32]"
+    )
+    rows = [{"metric": "cosine_ndcg@10", "before": 0.5, "after": 0.75}, {"metric": "cosine_mrr@10", "before": 0.25,
+                                                                          "after": 0.5}]  # fmt: skip
+    update_card(stack.data_dir / "models" / "tiny", before_after=rows)  # as a job that scored its base model
+    open_page(b, "#/playground/tiny")
+    until(b, lambda d: css(b, "#before-after tbody tr"), what="the before and after table")
+    assert [r.text for r in css(b, "#before-after tbody tr")] == ["cosine_ndcg@10 0.5 0.75", "cosine_mrr@10 0.25 0.5"]
+    update_card(stack.data_dir / "models" / "tiny", before_after=None)
 
 
 def test_narrow_screens_and_same_origin(browser):

@@ -165,3 +165,20 @@ def test_the_models_page_shows_what_an_import_checks():
         f"at most {MAX_ARCHIVE_MEMBERS:,} members and {MAX_EXTRACT_BYTES >> 30} GiB in all",
     ):
         assert limit in " ".join(section.split()), limit
+
+
+def test_a_tasks_options_table_is_generated_from_its_options():
+    from model.options import OPTIONS
+
+    page = (ROOT / "docs" / "training.md").read_text()
+    assert "<!-- generated: task-options sentence-embedding -->" in page
+    rendered = hooks.on_page_markdown(page, None, None, None)
+    assert "<!-- generated: task-options" not in rendered
+    table = hooks.task_options("sentence-embedding")
+    for o in OPTIONS:
+        if (o.tasks and "sentence-embedding" in o.tasks) or "sentence-embedding" in o.by_task:
+            assert f"| `{o.name}` | `{o.cli_flag}` |" in table, o.name
+    assert "| `batch_size` | `--batch-size` | int | 64 |" in table and "| `doc_stride` |" not in table
+    assert "| `loss` | `--loss` | str | unset | mnrl \\| cosent |" in table  # a choice's bar does not end the cell
+    with pytest.raises(ValueError, match="no fine-tuning task"):
+        hooks.task_options("ner")

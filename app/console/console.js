@@ -261,6 +261,14 @@ async function playgroundPage(name) {
   const m = await api(`/models/${encodeURIComponent(name)}`);
   const sections = [h("p", {class: "hint"}, `${m.architecture || "?"} · heads: ${m.heads.join(", ") || "none"} · `,
                         `${fmt.count(m.num_parameters)} parameters · ${m.precision}`)];
+  const beforeAfter = (m.card && m.card.before_after) || [];  // the job's metrics, base model and fine-tuned
+  if (beforeAfter.length) {
+    sections.push(h("section", {class: "card", id: "before-after"}, h("h2", {text: "Training: before and after"}),
+      h("div", {class: "table-wrap"}, h("table", {},
+        h("thead", {}, h("tr", {}, ["Metric", "Base model", "Trained"].map((t) => h("th", {scope: "col", text: t})))),
+        h("tbody", {}, beforeAfter.map((r) => h("tr", {}, h("th", {scope: "row", text: r.metric}),
+          h("td", {class: "num", text: fmt.num(r.before)}), h("td", {class: "num", text: fmt.num(r.after)}))))))));
+  }
   if (m.heads.includes("mlm")) {
     sections.push(h("section", {class: "card"}, h("h2", {text: "Fill-mask"}), form("fill-mask", [
       field("fm-text", "Texts, one per line, each with one or more [MASK]",
@@ -372,6 +380,9 @@ const CHARTS = [  // [id, title, series: [record type, key, label]]
   ["lr", "Learning rate", [["train", "lr", "lr"]]],
   ["accuracy", "Accuracy / F1", [["eval", "accuracy", "accuracy"], ["eval", "macro_f1", "macro F1"],
                                  ["eval", "mlm_accuracy", "MLM accuracy"], ["eval", "nsp_accuracy", "NSP accuracy"]]],
+  ["retrieval", "Retrieval / similarity", [["eval", "cosine_ndcg@10", "NDCG@10"], ["eval", "cosine_mrr@10", "MRR@10"],
+                                         ["eval", "cosine_recall@10", "recall@10"],
+                                         ["eval", "spearman_cosine", "Spearman"]]],
   ["throughput", "Throughput (tokens/s)", [["train", "tokens_per_s", "tokens/s"]]],
 ];
 const COLORS = ["#4c7be0", "#e0774c", "#3aa35b", "#a04ce0"];
@@ -416,7 +427,8 @@ class Curves {
       box.dataset.points = data[0].length;
       if (!this.plots[i]) {
         if (!data[0].length) {
-          box.querySelector(".plot").textContent = id === "accuracy" ? "No evaluation yet." : "No points yet.";
+          box.querySelector(".plot").textContent = ["accuracy", "retrieval"].includes(id) ? "No evaluation yet." :
+            "No points yet.";
           return;
         }
         box.querySelector(".plot").textContent = "";
@@ -574,7 +586,7 @@ let jobForm = null;
 async function newJobPage() {
   jobForm = jobForm || await (await fetch("/console/job-form.json", {credentials: "omit"})).json();
   const [{models}, {datasets}] = await Promise.all([api("/models"), api("/datasets")]);
-  const kind = h("select", {}, h("option", {value: "finetune", text: "fine-tune (classifier, NER tagger, QA)"}),
+  const kind = h("select", {}, h("option", {value: "finetune", text: "fine-tune (classifier, NER tagger, QA, sentence embeddings)"}),
                  h("option", {value: "pretrain", text: "pretrain (MLM, NSP)"}));
   const base = h("select", {});
   const dataset = h("select", {});
@@ -667,6 +679,10 @@ async function newJobPage() {
       else if (spec.type === "integer" && /^-?\d+$/.test(raw)) value = Number(raw);
       else if (spec.type === "number" && raw !== "" && Number.isFinite(Number(raw))) value = Number(raw);
       else if (spec.type === "duration" && /^\d+$/.test(raw)) value = Number(raw);
+      else if (spec.type === "array") {  // comma-separated items: "384, 256" -> [384, 256]
+        value = raw.split(",").map((s) => s.trim()).filter(Boolean)
+          .map((s) => (spec.items.type === "integer" && /^-?\d+$/.test(s) ? Number(s) : s));
+      }
       const path = spec.name.split(".");
       let target = p;
       for (const part of path.slice(0, -1)) target = target[part] = target[part] || {};

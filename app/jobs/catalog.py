@@ -71,6 +71,7 @@ class Catalog:
         if meta is None or not may_change_dataset(caller, meta):
             raise ServiceError("not_found", f"dataset '{name}' not found")
         self._refuse_in_use("dataset", name, "dataset")
+        self._refuse_in_use("eval_dataset", name, "dataset")
         try:
             return delete_dataset(self.data_dir, name)
         except FileNotFoundError:
@@ -89,8 +90,8 @@ class Catalog:
                 )
 
     def _refuse_in_use(self, field: str, name: str, what: str) -> None:
-        """409 naming the queued or running job whose `field` (base_model, dataset) is `name`; a mining job's
-        corpus dataset (params.corpus) is in use as its dataset is."""
+        """409 naming the queued or running job whose `field` (base_model, dataset, eval_dataset) is `name`; a
+        mining job's corpus dataset (params.corpus) is in use as its dataset is."""
         for record in self.records.list():
             used = {record.get(field)} | ({(record.get("params") or {}).get("corpus")} if field == "dataset" else set())
             if name in used and record["state"] not in TERMINAL:

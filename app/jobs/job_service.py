@@ -44,10 +44,11 @@ from datadir import (
     read_meta,
     scheduling,
 )
-from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, num_labels
+from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, eval_kinds, num_labels
 from datadir.versions import access_of
 from model.config import BertConfig
 from model.options import defaults
+from model.sentence_modules import read_sentence_modules
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 
@@ -233,6 +234,11 @@ class JobService:
         needs = ("corpus",) if task is None else KINDS_OF_TASK[task]
         dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
         ownership.check_dataset(caller, dataset)
+        eval_dataset = getattr(req, "eval_dataset", None)
+        if eval_dataset is not None:
+            assert task is not None  # only a fine-tuning request has an eval_dataset
+            meta = await asyncio.to_thread(self._eval_dataset, eval_dataset, dataset, task)
+            ownership.check_dataset(caller, meta, field="eval_dataset")
         params = req.params.to_record()  # what the request set: the run's defaults apply to the rest
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
@@ -242,6 +248,8 @@ class JobService:
             )
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
+        elif task == "sentence-embedding":
+            await asyncio.to_thread(_check_embedding_job, req, base, dataset)
         else:
             if not req.params.regression:  # a regressor's labels are numbers, one output
                 self._check_label_count(dataset)
@@ -255,6 +263,7 @@ class JobService:
             "model_name": req.model_name,
             "base_model": req.base_model,
             "dataset": req.dataset,
+            **({"eval_dataset": eval_dataset} if eval_dataset is not None else {}),
             "params": params,
             "estimate": size.to_dict(),
             "priority": req.priority,
@@ -361,6 +370,19 @@ class JobService:
             raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; {needs}{only}")
         return meta
 
+    def _eval_dataset(self, name: str, dataset: dict, task: str) -> dict:
+        kinds = eval_kinds(task, dataset["kind"])
+        meta = read_meta(self.data_dir, name)
+        if meta is None:
+            raise ServiceError("validation", f"eval_dataset: '{name}' not found (upload it with POST /datasets)")
+        if meta["kind"] not in kinds:
+            raise ServiceError(
+                "validation",
+                f"eval_dataset: '{name}' is a {meta['kind']} dataset; task {task} on {dataset['kind']} dataset "
+                f"'{dataset['name']}' evaluates on a {' or '.join(kinds)} one",
+            )
+        return meta
+
     async def _base_model(self, name: str):
         try:
             entry = await self.registry.lookup(name)
@@ -407,13 +429,42 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
     }
 
 
+def _check_embedding_job(req: FinetuneJobRequest, base, dataset: dict) -> None:
+    """A sentence-embedding job's loss suits its dataset, its options go together, its Matryoshka sizes fit the
+    base model's embeddings (model/training/sentence_embedding.py's checks, as the run makes them)."""
+    from model.training.sentence_embedding import check_embedding_options, loss_for
+
+    p = req.params
+    try:
+        loss = loss_for(p.loss, dataset["kind"], f"dataset '{dataset['name']}'")
+    except ValueError as e:
+        raise ServiceError("validation", f"params.loss: {e}") from None
+    try:
+        dimension = read_sentence_modules(base.path).pooling.dimension(base.config.hidden_size)
+    except ValueError as e:
+        raise ServiceError("validation", f"base_model: '{req.base_model}' cannot embed sentences: {e}") from None
+    names = ("scale", "directions", "partition_mode", "cached", "mini_batch_size", "matryoshka_dims")
+    try:
+        check_embedding_options(
+            {"loss": loss, **{n: getattr(p, n) for n in names}}, defaults("finetune", p.task), dimension
+        )
+    except ValueError as e:
+        raise ServiceError("validation", f"params: {e}") from None
+
+
 def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
     p = req.params  # with the defaults the run will use
+    batch_size = p.batch_size
     if req.kind == "finetune":
         architecture, config = FINETUNE_ARCHITECTURES[p.task], base_config
         labels = 1 if p.regression else num_labels(dataset) or 2
-        extra = {}
+        extra: dict = {}
+        if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
+            columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
+            extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
+        if "batch_size" not in p.model_fields_set:  # the task's own default (model/options.py)
+            batch_size = defaults("finetune", p.task)["batch_size"]
     else:
         architecture = "BertForPreTraining" if p.nsp else "BertForMaskedLM"
         config = base_config or BertConfig.from_dict(
@@ -423,7 +474,7 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     return estimate_training(
         config,
         architecture,
-        batch_size=p.batch_size,
+        batch_size=batch_size,
         seq_len=p.max_seq_len,
         precision=p.precision,
         num_labels=labels,
@@ -440,6 +491,7 @@ FINETUNE_ARCHITECTURES = {
     "sequence-classification": "BertForSequenceClassification",
     "token-classification": "BertForTokenClassification",
     "question-answering": "BertForQuestionAnswering",
+    "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
 }
 
 

@@ -38,7 +38,6 @@ from safetensors.torch import load_file, save_file
 
 from datadir.files import TMP_PREFIX, atomic_dir
 from datadir.jobs import CHECKPOINTS
-from model.config import BertConfig
 
 COMPLETE = "COMPLETE"
 FORMAT_VERSION = 1
@@ -204,15 +203,8 @@ def save_checkpoint(
 
 
 def _save_model(model: torch.nn.Module, out: Path, tokenizer) -> None:
-    # What save_pretrained writes, but into our temp dir (save_pretrained makes its own atomic dir).
-    # (torch types a module's attributes as Tensor | Module; `config` is the model's BertConfig)
-    config = BertConfig.from_dict(model.config.to_dict())  # type: ignore[union-attr, operator]
-    config.architectures = [type(model).__name__]
-    config.to_json_file(out / "config.json")
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+    """What save_pretrained writes, but into our temp dir (save_pretrained makes its own atomic dir)."""
+    model.write_files(out, tokenizer)  # type: ignore[operator]  # every model of model/modeling.py has it
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from model.options import DIRECTIONS, PARTITION_MODES  # declared once, with the job options
+
 log = logging.getLogger(__name__)
 
 Features = dict[str, Tensor]  # one column's batch: input_ids, attention_mask, token_type_ids, each (B, T)
@@ -55,8 +57,6 @@ class EmbeddingsLoss(Protocol):
     def __call__(self, embeddings: list[Tensor], *, backward: bool) -> Tensor: ...
 
 
-DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
-PARTITION_MODES = ("joint", "per_direction")
 HARDNESS_MODES = (None, "in_batch_negatives", "hard_negatives", "all_negatives")
 
 

@@ -37,6 +37,8 @@ PANELS = [
             ("eval", "nsp_accuracy", "eval NSP accuracy"),
             ("eval", "accuracy", "eval accuracy"),
             ("eval", "macro_f1", "eval macro-F1"),
+            ("eval", "cosine_ndcg@10", "eval NDCG@10"),
+            ("eval", "spearman_cosine", "eval Spearman"),
         ],
     ),
 ]

@@ -5,7 +5,8 @@ bar there, job-record updates in the worker):
 
     result = run_pretraining(PretrainSpec.from_dict(spec), callbacks=[progress])   # -> TrainResult
     result = run_finetuning(FinetuneSpec.from_dict(spec), callbacks=[progress])   # task: classification,
-    metrics = evaluate_model("runs/x/model", "eval.csv")                         # tagging (NER) or SQuAD QA
+    metrics = evaluate_model("runs/x/model", "eval.csv")                         # tagging (NER), SQuAD QA
+                                                                                  # or sentence embeddings
 
 A spec is a plain dataclass (JSON in, via `from_dict`) naming the data, the starting model and the
 run directory (`out`). A run directory holds metrics.jsonl, training.svg, checkpoints/step-N/ and,
@@ -40,6 +41,7 @@ from model.modeling import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
     load_model,
 )
 from model.tokenizer import BertTokenizer
@@ -47,7 +49,7 @@ from model.training import checkpoint as ckpt
 from model.training import distributed
 from model.training.callbacks import Callback
 from model.training.evaluation import evaluate
-from model.training.trainer import TrainConfig, Trainer, TrainResult, seed_everything
+from model.training.trainer import EvaluationSet, TrainConfig, Trainer, TrainResult, seed_everything
 from model.weights import HEAD_NAMES, heads_in_dir
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,14 @@ class FinetuneSpec:
     doc_stride: int | None = _FT["doc_stride"]  # QA: context tokens windows share; None = 128, less in short windows
     max_query_length: int = _FT["max_query_length"]  # QA: question tokens kept
     max_answer_len: int = _FT["max_answer_len"]  # QA evaluation: longest answer in tokens
+    # sentence-embedding (model/training/sentence_embedding.py): the loss and its options
+    loss: str | None = _FT["loss"]  # None: mnrl on pairs, cosent on scored pairs
+    scale: float = _FT["scale"]
+    directions: tuple[str, ...] = _FT["directions"]
+    partition_mode: str = _FT["partition_mode"]
+    cached: bool = _FT["cached"]
+    mini_batch_size: int = _FT["mini_batch_size"]
+    matryoshka_dims: tuple[int, ...] | None = _FT["matryoshka_dims"]
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -125,10 +135,22 @@ class FinetuneSpec:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+        spec_options = options.options_for("finetune", trainer=False)
+        for option in spec_options:  # a JSON list is the tuple a spec holds
+            if isinstance(getattr(self, option.name), list):
+                setattr(self, option.name, tuple(getattr(self, option.name)))
+        options.check_task_options(self.task, {o.name: getattr(self, o.name) for o in spec_options})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinetuneSpec:
-        return _spec_from_dict(cls, data, task_train_config(data.get("task", TASKS[0])))
+        task = data.get("task", TASKS[0])
+        return _spec_from_dict(cls, {**task_spec_defaults(task), **data}, task_train_config(task))
+
+
+def task_spec_defaults(task: str) -> dict[str, Any]:
+    """The spec fields whose default for `task` is its own (model/options.py), not the default task's: what a
+    FinetuneSpec of `task` is built with unless given (sentence-embedding's batch of 64)."""
+    return {o.name: o.by_task[task] for o in options.options_for("finetune", trainer=False) if task in o.by_task}
 
 
 def task_train_config(task: str) -> TrainConfig:
@@ -137,6 +159,8 @@ def task_train_config(task: str) -> TrainConfig:
     config = TrainConfig(**options.defaults("finetune", task, trainer=True))
     if task in ("token-classification", "question-answering"):
         config = dataclasses.replace(config, best_metric="f1", greater_is_better=True)
+    if task == "sentence-embedding":  # scored pairs: spearman_cosine (_embedding_data)
+        config = dataclasses.replace(config, best_metric="cosine_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -197,11 +221,11 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
     with _user_errors():
         model_class, data, config_updates = _FINETUNE_DATA[spec.task](spec)
         seed_everything(spec.train.seed)
-        if resume_from is not None:
-            tokenizer, model = _model_from_checkpoint(resume_from)
-        else:
-            tokenizer = _tokenizer_of(spec.from_model)
-            model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
+        # A resumed run builds its model from the checkpoint as a fresh one from the start model (the trainer
+        # then restores every tensor and random state of the checkpoint).
+        source = resume_from or spec.from_model
+        tokenizer = _tokenizer_of(source)
+        model = model_class.from_pretrained(source, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
@@ -287,16 +311,60 @@ def _qa_batches(spec: FinetuneSpec, data, tokenizer):
     return train, QABatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
 
 
-# task -> (model class, data, config updates) and task -> (train batches, eval batches or None)
+def _embedding_data(spec: FinetuneSpec):
+    from model.data.pair_batches import load_embedding_data
+    from model.training.sentence_embedding import (
+        BEST_METRIC,
+        EmbeddingLoss,
+        SentenceEmbeddingModel,
+        check_embedding_options,
+        loss_for,
+    )
+
+    data = load_embedding_data(spec.train_file, spec.eval_file, spec.eval_fraction, spec.train.seed)
+    names = ("scale", "directions", "partition_mode", "cached", "mini_batch_size", "matryoshka_dims")
+    values = {"loss": loss_for(spec.loss, data.kind, spec.train_file), **{n: getattr(spec, n) for n in names}}
+    check_embedding_options(values, options.defaults("finetune", spec.task))
+    loss = EmbeddingLoss(**values)
+    if spec.train.best_metric == BEST_METRIC["pairs"]:  # the task's default follows the data
+        spec.train = dataclasses.replace(spec.train, best_metric=BEST_METRIC[data.kind])
+    return SentenceEmbeddingModel, data, {"loss": loss}
+
+
+def _embedding_batches(spec: FinetuneSpec, data, tokenizer):
+    from model.data.pair_batches import PairBatches, ScoredPairBatches
+    from model.training.sentence_embedding import evaluation_for
+
+    kw: dict[str, Any] = dict(
+        batch_size=spec.batch_size, max_seq_len=_embedding_length(spec.from_model, tokenizer, spec.max_seq_len)
+    )
+    batches = ScoredPairBatches if data.kind == "scored-pairs" else PairBatches
+    train = batches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    return train, evaluation_for(data.eval, tokenizer, **kw) if data.eval else None
+
+
+def _embedding_length(model_dir: str | Path, tokenizer: BertTokenizer, max_seq_len: int) -> int:
+    """The tokens a text keeps: max_seq_len, but never past the model's own window (its sentence-transformers
+    max_seq_length), as SentenceTransformer would cut it."""
+    from model.sentence_modules import read_sentence_modules
+
+    modules = read_sentence_modules(model_dir)
+    modules.check_tokenizer(tokenizer.lowercase)
+    return min(max_seq_len, modules.max_seq_length or max_seq_len)
+
+
+# task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
     "token-classification": _tagging_data,
     "question-answering": _qa_data,
+    "sentence-embedding": _embedding_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
     "token-classification": _tagging_batches,
     "question-answering": _qa_batches,
+    "sentence-embedding": _embedding_batches,
 }
 
 
@@ -320,7 +388,9 @@ def evaluate_model(
 ) -> dict:
     """Metrics of a model directory (or a run directory's model/) on data for its task: a corpus or token
     store (MLM models), a labelled table (sequence classifiers), tagged sentences (token classifiers;
-    entity precision, recall, f1, word accuracy) or SQuAD JSON (QA models; exact_match, f1)."""
+    entity precision, recall, f1, word accuracy), SQuAD JSON (QA models; exact_match, f1), or, for an encoder
+    without a head, its sentence embeddings on a retrieval set or pairs (retrieval metrics) or scored pairs
+    (pearson_cosine, spearman_cosine)."""
     from model.data.batches import ResumableBatches
     from model.data.corpus import TokenizedCorpus, load_corpus
     from model.data.finetune import ClassificationBatches, load_classification_data
@@ -330,7 +400,7 @@ def evaluate_model(
     from model.data.token_classification import TokenClassificationBatches, read_tagged
 
     model_dir = _model_dir_of(Path(model_dir))
-    data: ResumableBatches
+    data: ResumableBatches | EvaluationSet
     with _user_errors():
         model, tokenizer = load_model(model_dir), _tokenizer_of(model_dir)
         _check_seq_len(max_seq_len, model.config)
@@ -394,6 +464,13 @@ def evaluate_model(
                 seed=seed,
                 nsp=isinstance(model, BertForPreTraining),
             )
+        elif type(model) is BertModel:  # an encoder: its sentence embeddings, as sentence-transformers pools them
+            from model.data.pair_batches import read_eval_file
+            from model.training.sentence_embedding import SentenceEmbeddingModel, evaluation_for
+
+            model = SentenceEmbeddingModel.from_pretrained(model_dir)
+            length = _embedding_length(model_dir, tokenizer, max_seq_len)
+            data = evaluation_for(read_eval_file(data_path)[1], tokenizer, max_seq_len=length, batch_size=batch_size)
         else:
             raise UserError(f"{model_dir} has no MLM, classifier or QA head: nothing to evaluate")
         dev = resolve_device(device)

@@ -71,6 +71,11 @@ def test_the_job_form_offers_every_parameter_with_the_api_defaults():
     assert pretrain["precision"]["type"] == "enum" and pretrain["precision"]["enum"] == ["auto", "fp32", "bf16"]
     assert pretrain["max_runtime"]["type"] == "duration" and pretrain["nsp"]["type"] == "boolean"
     assert pretrain["lr"]["exclusiveMinimum"] == 0.0
+    finetune = {f["name"]: f for f in fields["finetune"]}  # a list option: the form splits it on commas
+    assert (finetune["matryoshka_dims"]["type"], finetune["matryoshka_dims"]["default"]) == ("array", None)
+    assert finetune["matryoshka_dims"]["items"] == {"type": "integer", "minimum": 1, "maximum": 65536}
+    assert finetune["directions"]["default"] == ["query_to_doc"]
+    assert finetune["directions"]["items"]["enum"] == ["query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc"]
 
 
 def test_the_job_form_names_the_dataset_kinds_of_every_task(tmp_path):

@@ -177,7 +177,8 @@ def test_best_checkpoint_is_the_best_f1(files, tmp_path):
 def test_user_errors(files, tmp_path):
     with pytest.raises(
         ValueError,
-        match="^unknown task 'ner'; expected one of sequence-classification, token-classification, question-answering$",
+        match="^unknown task 'ner'; expected one of sequence-classification, token-classification, question-answering, "
+        "sentence-embedding$",
     ):
         spec(files, tmp_path / "x", "ner", "ner.jsonl")
     with pytest.raises(UserError) as e:

@@ -204,3 +204,18 @@ def test_packed_bytes_are_onednns_copies_of_the_dense_weights(architecture):
     pooler = 4 * config.hidden_size**2 if "pooler" in ARCHITECTURES[architecture] else 0
     assert measured <= estimate <= measured + pooler
     assert packed_weight_bytes(config, architecture, "int8") == 0
+
+
+def test_a_sentence_embedding_job_counts_each_text_or_gradcaches_mini_batch():
+    config = BertConfig(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
+    size = estimate_training(config, "BertModel", batch_size=32, seq_len=64, precision="fp32", columns=3)
+    # every text its own row (3 x 32), and the (32, 64) in-batch similarities
+    assert size.activation_bytes == activation_bytes(config, 96, 64, "fp32", label_logits=32 * 32 * 2)
+    cached = estimate_training(
+        config, "BertModel", batch_size=1024, seq_len=64, precision="fp32", columns=3, mini_batch_size=32
+    )
+    assert cached.activation_bytes == activation_bytes(config, 32, 64, "fp32", label_logits=32 * 1024 * 2)
+    single = estimate_training(config, "BertModel", batch_size=32, seq_len=64, precision="fp32")
+    assert single.activation_bytes == activation_bytes(config, 32, 64, "fp32") < size.activation_bytes

@@ -41,3 +41,13 @@ def test_a_record_from_before_tasks_is_sequence_classification(tmp_path):
         record(task="token-classification", doc_stride=None, max_query_length=64), data_dir, tmp_path / "job", "cpu"
     )
     assert (spec.task, spec.doc_stride, spec.train.best_metric) == ("token-classification", None, "f1")
+
+
+def test_an_eval_dataset_is_the_specs_eval_file(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    write_dataset(data_dir, "squad", squad_json(), "squad.json")
+    write_dataset(data_dir, "squad-dev", squad_json(), "dev.json")
+    job = {**record(task="question-answering"), "eval_dataset": "squad-dev"}
+    spec = finetune_spec(job, data_dir, tmp_path / "job", "cpu")
+    assert spec.eval_file == str(data_dir / "datasets" / "squad-dev" / "data.json")
+    assert finetune_spec(record(), data_dir, tmp_path / "job", "cpu").eval_file is None
