@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("pretrain", "finetune")
-TASKS = ("sequence-classification", "token-classification", "question-answering")
+TASKS = ("sequence-classification", "token-classification", "question-answering", "cross-encoder")
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
 
@@ -43,6 +43,7 @@ class Option:
     below: float | None = None  # exclusive maximum
     choices: tuple[str, ...] | None = None
     bounds_by_kind: dict[str, dict[str, float | None]] = field(default_factory=dict)  # kind -> bounds it changes
+    tasks: tuple[str, ...] = ()  # fine-tuning: the tasks it is for (empty: every task)
     flag: str | None = None  # the CLI flag when it is not --name-with-dashes
 
     def bounds(self, kind: str | None) -> dict[str, float]:
@@ -83,6 +84,7 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
+        by_task={"cross-encoder": 1.0},  # sentence-transformers' reranker examples train one epoch
         above=0.0,
         maximum=1000.0,
     ),
@@ -213,7 +215,8 @@ OPTIONS: tuple[Option, ...] = (
         "task",
         str,
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
-        "by entity f1) or question-answering (SQuAD; best checkpoint by f1)",
+        "by entity f1), question-answering (SQuAD; best checkpoint by f1) or cross-encoder (a reranker: "
+        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -222,10 +225,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "regression",
         bool,
-        "sequence-classification: float labels, one output, MSE loss (e.g. a reranker's relevance score)",
+        "sequence-classification: float labels, one output, MSE loss (a reranker trains better as a cross-encoder)",
         default=False,
         kinds=("finetune",),
         trainer=False,
+        tasks=("sequence-classification",),
     ),  # labels are classes
     Option(
         "doc_stride",
@@ -237,6 +241,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=0,
         maximum=4096,
+        tasks=("question-answering",),
     ),  # BERT's SQuAD script: 128
     Option(
         "max_query_length",
@@ -258,6 +263,64 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=4096,
     ),  # BERT's SQuAD script
+    # -- cross-encoder (sentence-transformers 6's CrossEncoder losses and their defaults) ------------
+    Option(
+        "loss",
+        str,
+        "cross-encoder: bce (binary cross-entropy on each pair's label or score; a pairs file gives its positive "
+        "1 and each negative 0) or mnrl (each anchor's positive against its negatives: in-batch and given); "
+        "unset: mnrl for pairs, bce for scored and labelled pairs",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        choices=("bce", "mnrl"),
+        tasks=("cross-encoder",),
+    ),
+    Option(
+        "num_negatives",
+        int,
+        "cross-encoder mnrl: negatives drawn for each anchor from the other rows of its batch",
+        default=4,  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0,
+        maximum=1024,
+        tasks=("cross-encoder",),
+    ),
+    Option(
+        "scale",
+        float,
+        "cross-encoder mnrl: sigmoid(logit) times this are the softmax's logits",
+        default=10.0,  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=1000.0,
+        tasks=("cross-encoder",),
+    ),
+    Option(
+        "pos_weight",
+        float,
+        "cross-encoder bce: the weight of a positive's loss (e.g. the negatives per positive); unset: 1",
+        nullable=True,  # sentence-transformers' BinaryCrossEntropyLoss: None
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=10000.0,
+        tasks=("cross-encoder",),
+    ),
+    Option(
+        "retriever_model",
+        str,
+        "cross-encoder on pairs: the embedding model whose top 100 of the held-out documents the reranker "
+        "reorders in evaluation (a job: a model name, default the service's default model; `bert`: a model "
+        "directory); "
+        "unset: every held-out document is a candidate",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        tasks=("cross-encoder",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -361,6 +424,16 @@ def defaults(kind: str, task: str | None = None, *, trainer: bool | None = None)
     if task is not None and task not in TASKS:
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
     return {o.name: o.default_for(kind, task) for o in options_for(kind, trainer=trainer)}
+
+
+def misplaced_task_option(task: str, values: dict[str, Any]) -> Option | None:
+    """The first of `values` (fine-tuning options by name) that is for other tasks than `task` and is not
+    its default (the API and the CLI name it in their words), or None."""
+    for name, value in values.items():
+        o = BY_NAME.get(name)
+        if o is not None and o.tasks and task not in o.tasks and value != o.default_for("finetune"):
+            return o
+    return None
 
 
 def job_keys(kind: str, *, trainer: bool | None = None) -> tuple[str, ...]:

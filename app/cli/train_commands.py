@@ -17,7 +17,7 @@ from typing import Any
 from app.cli.launch import add_launch_options, relaunch, wants_launcher
 from app.cli.model_commands import model_dir_arg
 from model.errors import UserError
-from model.options import BY_NAME, KINDS, Option, format_default, options_for
+from model.options import BY_NAME, KINDS, Option, format_default, misplaced_task_option, options_for
 
 # torch and model.training.runs load inside the commands, so `bert finetune --help` answers without them.
 
@@ -100,8 +100,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
     _set_threads(args)
     task = args.task or BY_NAME["task"].default_for("finetune")
-    if args.regression and task != "sequence-classification":
-        raise UserError(f"--regression is for --task sequence-classification, not {task}")
+    misplaced = misplaced_task_option(task, _given(args, "finetune", trainer=False))
+    if misplaced is not None:
+        raise UserError(f"{misplaced.cli_flag} is for --task {' or '.join(misplaced.tasks)}, not {task}")
     spec = FinetuneSpec(
         train_file=_existing_file(args.train),
         from_model=args.from_model,

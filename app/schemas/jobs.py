@@ -19,7 +19,7 @@ from datadir.datasets import KINDS_OF_TASK
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.data.question_answering import WindowMisfit, check_window
-from model.options import TASKS, Option, format_default, options_for
+from model.options import TASKS, Option, format_default, misplaced_task_option, options_for
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR
 
 # -- requests ----------------------------------------------------------------------------------
@@ -148,11 +148,10 @@ assert set(TASKS) <= set(KINDS_OF_TASK)  # every fine-tuning task names the data
 class _FinetuneParams(TrainParams):
     @model_validator(mode="after")
     def _task_options(self) -> Self:
-        if self.regression and self.task != "sequence-classification":
-            raise invalid(f"regression is for task sequence-classification, not {self.task}")
+        misplaced = misplaced_task_option(self.task, {name: getattr(self, name) for name in self.model_fields_set})
+        if misplaced is not None:
+            raise invalid(f"{misplaced.name} is for task {' or '.join(misplaced.tasks)}, not {self.task}")
         if self.task != "question-answering":
-            if self.doc_stride is not None:
-                raise invalid(f"doc_stride is for task question-answering, not {self.task}")
             return self
         try:
             check_window(self.max_seq_len, self.max_query_length, self.doc_stride or 0)

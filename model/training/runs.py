@@ -100,7 +100,8 @@ TASKS = options.TASKS
 @dataclass
 class FinetuneSpec:
     # sequence-classification: CSV, TSV or JSONL with text[, text_pair], label columns;
-    # token-classification: CoNLL columns or JSONL {tokens, tags}; question-answering: SQuAD JSON.
+    # token-classification: CoNLL columns or JSONL {tokens, tags}; question-answering: SQuAD JSON;
+    # cross-encoder: pairs, scored pairs or labelled pairs (model/data/cross_encoder.py).
     # Any of them optionally .gz/.bz2.
     train_file: str
     from_model: str  # model directory to start from (with its tokenizer)
@@ -118,6 +119,11 @@ class FinetuneSpec:
     doc_stride: int | None = _FT["doc_stride"]  # QA: context tokens windows share; None = 128, less in short windows
     max_query_length: int = _FT["max_query_length"]  # QA: question tokens kept
     max_answer_len: int = _FT["max_answer_len"]  # QA evaluation: longest answer in tokens
+    loss: str | None = _FT["loss"]  # cross-encoder: bce or mnrl; None = mnrl for pairs, bce otherwise
+    num_negatives: int = _FT["num_negatives"]  # cross-encoder mnrl: in-batch negatives per anchor
+    scale: float = _FT["scale"]  # cross-encoder mnrl: sigmoid(logit) * scale into the softmax
+    pos_weight: float | None = _FT["pos_weight"]  # cross-encoder bce: a positive's weight
+    retriever_model: str | None = _FT["retriever_model"]  # cross-encoder on pairs: the first stage's model directory
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -137,6 +143,8 @@ def task_train_config(task: str) -> TrainConfig:
     config = TrainConfig(**options.defaults("finetune", task, trainer=True))
     if task in ("token-classification", "question-answering"):
         config = dataclasses.replace(config, best_metric="f1", greater_is_better=True)
+    if task == "cross-encoder":  # a pairs file's; scored and labelled pairs take spearman and f1 (the run sets them)
+        config = dataclasses.replace(config, best_metric="rerank_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -204,21 +212,39 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
             model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
-        trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
+        if spec.task == "cross-encoder":
+            evaluate_fn, loss_fn = _cross_encoder_objective(spec, data, model, tokenizer)
+            trainer = _trainer(
+                spec.train, out, model, tokenizer, train_data, eval_data, callbacks, evaluate_fn, loss_fn
+            )
+        else:
+            trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
     return trainer.fit(resume=resume_from or False)
 
 
-def _trainer(config: TrainConfig, out: Path, model, tokenizer, train_data, eval_data, callbacks) -> Trainer:
-    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py, callbacks."""
+def _trainer(
+    config: TrainConfig,
+    out: Path,
+    model,
+    tokenizer,
+    train_data,
+    eval_data,
+    callbacks,
+    evaluate_fn=evaluate,
+    loss_fn=None,
+) -> Trainer:
+    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py (or
+    the task's own), the model's own loss (or the task's loss_fn), callbacks."""
     return Trainer(
         model,
         train_data,
         config,
         run_dir=out,
         eval_data=eval_data,
-        evaluate_fn=evaluate,
+        evaluate_fn=evaluate_fn,
         tokenizer=tokenizer,
         callbacks=callbacks,
+        loss_fn=loss_fn,
     )
 
 
@@ -287,16 +313,64 @@ def _qa_batches(spec: FinetuneSpec, data, tokenizer):
     return train, QABatches(data.eval, tokenizer, shuffle=False, **kw) if data.eval else None
 
 
+def _cross_encoder_data(spec: FinetuneSpec):
+    from model.data.cross_encoder import load_cross_encoder_data
+    from model.training.cross_encoder import BEST_METRIC, CONFIG_UPDATES
+
+    data = load_cross_encoder_data(
+        spec.train_file, spec.eval_file, loss=spec.loss, eval_fraction=spec.eval_fraction, seed=spec.train.seed
+    )
+    if spec.train.best_metric == BEST_METRIC["pairs"]:  # the task's default, which follows the data
+        spec.train = dataclasses.replace(spec.train, best_metric=BEST_METRIC[data.kind], greater_is_better=True)
+    return BertForSequenceClassification, data, CONFIG_UPDATES
+
+
+def _cross_encoder_batches(spec: FinetuneSpec, data, tokenizer):
+    from model.data.cross_encoder import CrossEncoderBatches
+    from model.training.cross_encoder import CrossEncoderEvaluation, directory_encoder, first_stage_candidates
+    from model.training.losses import sample_in_batch_negatives
+
+    train = CrossEncoderBatches(
+        data.train,
+        tokenizer,
+        loss=data.loss,
+        batch_size=spec.batch_size,
+        max_seq_len=spec.max_seq_len,
+        seed=spec.train.seed,
+        num_negatives=spec.num_negatives,
+        draw_negatives=sample_in_batch_negatives,
+    )
+    if not data.eval:
+        return train, None
+    candidates = None
+    if data.kind == "pairs" and spec.retriever_model:  # the first stage is fixed: its candidates are found once
+        encode = directory_encoder(_model_dir_of(Path(spec.retriever_model)), resolve_device(spec.train.device))
+        candidates = first_stage_candidates(encode, data.eval)
+    kw: dict[str, Any] = dict(max_seq_len=spec.max_seq_len, batch_size=spec.batch_size, pos_weight=spec.pos_weight)
+    return train, CrossEncoderEvaluation(data.kind, data.eval, tokenizer, candidates=candidates, **kw)
+
+
+def _cross_encoder_objective(spec: FinetuneSpec, data, model, tokenizer):
+    """(evaluate_fn, loss_fn) of a cross-encoder run: model/training/cross_encoder.py's."""
+    from model.training.cross_encoder import CrossEncoderObjective, PairScorer, evaluate_cross_encoder, make_loss
+
+    scorer = PairScorer(model, tokenizer, max_seq_len=spec.max_seq_len)  # the loss's score_pairs, for texts
+    loss = make_loss(data.loss, scorer, num_negatives=spec.num_negatives, scale=spec.scale, pos_weight=spec.pos_weight)
+    return evaluate_cross_encoder, CrossEncoderObjective(loss)
+
+
 # task -> (model class, data, config updates) and task -> (train batches, eval batches or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
     "token-classification": _tagging_data,
     "question-answering": _qa_data,
+    "cross-encoder": _cross_encoder_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
     "token-classification": _tagging_batches,
     "question-answering": _qa_batches,
+    "cross-encoder": _cross_encoder_batches,
 }
 
 
