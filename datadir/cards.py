@@ -6,6 +6,8 @@ One JSON object whose top-level keys are each written by the part that knows the
                  (a Hub import adds repo id, revision, resolved commit sha and license; a job its id)
     evaluation   the short held-out evaluation run on import or publish (masked-token and NSP scores)
     job_eval     a fine-tuning job's own evaluation, copied from its record
+    before_after that evaluation's metrics before training (the base model's) and after, one row each,
+                 when the job evaluated its base model first
 
 `update_card` merges keys into the file and rewrites it whole (temp, fsync, rename), so a reader never
 sees half of it; a missing or unreadable card reads as {}.

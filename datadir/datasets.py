@@ -49,6 +49,14 @@ KINDS_OF_TASK: dict[str, tuple[str, ...]] = {
     "cross-encoder": ("pairs", "scored-pairs", "labelled"),
 }
 LABELLED_KINDS = ("labelled", "token-labelled")  # the kinds whose meta.json counts labels (tags)
+# A job's eval_dataset is of its training dataset's kind, or a retrieval set for the tasks (and training kinds)
+# named here, whose evaluation is retrieval: their held-out anchors search their held-out documents.
+RETRIEVAL_EVAL: dict[str, tuple[str, ...]] = {"sentence-embedding": ("pairs",)}
+
+
+def eval_kinds(task: str, kind: str) -> tuple[str, ...]:
+    """The kinds of eval_dataset a fine-tuning job of `task` on a dataset of `kind` evaluates on."""
+    return (kind, "retrieval") if kind in RETRIEVAL_EVAL.get(task, ()) else (kind,)
 
 
 class DatasetExists(FileExistsError):

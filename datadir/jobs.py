@@ -71,6 +71,7 @@ class JobRecord(TypedDict, total=False):
     model_name: str
     base_model: str | None
     dataset: str | None  # None for an import
+    eval_dataset: str  # a fine-tuning job's evaluation data when it names one (else it holds some of `dataset` out)
     source: dict[str, Any]  # an import's source: {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"}
     params: dict[str, Any]
     estimate: dict[str, Any]

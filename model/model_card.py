@@ -2,6 +2,7 @@
 
     evaluation = evaluate_card(model_dir_or_model, tokenizer=None)       # the card's "evaluation" dict
     card = write_card(model_dir, job_eval=None, source=None)             # measure, then update card.json
+    table = before_after(job_eval)                                       # the card's "before_after" rows
 
 The set, wiki-heldout-v1 (model/heldout/), is the English Wikipedia leads whose title's sha256, read as
 an integer, is divisible by 64 and that have at least two sentences: 156 leads, left out of the bootstrap
@@ -16,6 +17,10 @@ content words among them (a token that is a whole word, alphabetic and not in ST
 head's accuracy. Every draw is seeded, so a model scores the same on every run. The cost is bounded:
 MAX_SEQUENCES sequences of at most MAX_TOKENS tokens, one forward pass each.
 Reference: Devlin et al. 2018, section 3.1 (masked LM, next sentence prediction).
+
+A job that evaluated its base model before the first step (the trainer's baseline: `base_<metric>` beside
+each `<metric>` of its evaluation) also gets `before_after` on the card: one row per metric, its value
+before training and after.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 
 from datadir.cards import update_card
 from model.modeling import BertForMaskedLM, BertForPreTraining, load_model
+from model.options import BASE_PREFIX
 from model.tokenizer import BertTokenizer
 
 log = logging.getLogger("bertserve.model_card")
@@ -234,6 +240,20 @@ def write_card(
     fields: dict[str, Any] = {"evaluation": evaluation}
     if job_eval is not None:
         fields["job_eval"] = job_eval
+        if table := before_after(job_eval):
+            fields["before_after"] = table
     if source is not None:
         fields["source"] = source
     return update_card(model_dir, **fields)
+
+
+def before_after(job_eval: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """[{"metric", "before", "after"}] for each metric of a job's evaluation that has its `base_<metric>` (the
+    base model's value, before the first step), in the evaluation's order; [] without a baseline."""
+    if not job_eval:
+        return []
+    return [
+        {"metric": name, "before": job_eval[BASE_PREFIX + name], "after": value}
+        for name, value in job_eval.items()
+        if not name.startswith(BASE_PREFIX) and BASE_PREFIX + name in job_eval
+    ]

@@ -14,6 +14,7 @@ runs of a thousand steps.
 
 from __future__ import annotations
 
+import builtins
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +23,13 @@ KINDS = ("pretrain", "finetune")
 TASKS = ("sequence-classification", "token-classification", "question-answering", "cross-encoder")
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
+BASE_PREFIX = "base_"  # eval_on_start: an evaluation's base_<metric> is that metric of the model before training
 
 
 @dataclass(frozen=True)
 class Option:
     name: str  # the TrainConfig / spec field, the job parameter, and the flag (--name-with-dashes)
-    type: type  # int, float, bool or str
+    type: type  # int, float, bool or str; list for a list of `items` (a JSON array, a comma-separated flag)
     help: str
     default: Any = None  # for every kind it applies to, unless `by_kind` says otherwise
     by_kind: dict[str, Any] = field(default_factory=dict)  # kind -> default
@@ -43,8 +45,9 @@ class Option:
     below: float | None = None  # exclusive maximum
     choices: tuple[str, ...] | None = None
     bounds_by_kind: dict[str, dict[str, float | None]] = field(default_factory=dict)  # kind -> bounds it changes
-    tasks: tuple[str, ...] = ()  # fine-tuning: the tasks it is for (empty: every task)
     flag: str | None = None  # the CLI flag when it is not --name-with-dashes
+    items: builtins.type | None = None  # a list option's items: int or str (its choices and bounds are each item's)
+    tasks: tuple[str, ...] | None = None  # the fine-tuning tasks it is for (None: all); others refuse a value
 
     def bounds(self, kind: str | None) -> dict[str, float]:
         """{minimum, maximum, above, below} of `kind` (None: without any kind's own), those that are set."""
@@ -252,6 +255,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=1,
         maximum=4096,
+        tasks=("question-answering",),
     ),
     Option(
         "max_answer_len",
@@ -262,6 +266,7 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         minimum=1,
         maximum=4096,
+        tasks=("question-answering",),
     ),  # BERT's SQuAD script
     # -- cross-encoder (sentence-transformers 6's CrossEncoder losses and their defaults) ------------
     Option(
@@ -337,7 +342,11 @@ OPTIONS: tuple[Option, ...] = (
         "eval_every", int, "evaluate every N steps (0: only at the end)", default=0, minimum=0, maximum=1_000_000
     ),  # evaluation costs a pass over the held-out data
     Option(
-        "eval_on_start", bool, "also evaluate before the first step (a baseline for the curve)", default=False
+        "eval_on_start",
+        bool,
+        "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
+        "beside each later evaluation's metric",
+        default=False,
     ),  # one more pass over the eval data
     Option(
         "log_every",
@@ -426,16 +435,6 @@ def defaults(kind: str, task: str | None = None, *, trainer: bool | None = None)
     return {o.name: o.default_for(kind, task) for o in options_for(kind, trainer=trainer)}
 
 
-def misplaced_task_option(task: str, values: dict[str, Any]) -> Option | None:
-    """The first of `values` (fine-tuning options by name) that is for other tasks than `task` and is not
-    its default (the API and the CLI name it in their words), or None."""
-    for name, value in values.items():
-        o = BY_NAME.get(name)
-        if o is not None and o.tasks and task not in o.tasks and value != o.default_for("finetune"):
-            return o
-    return None
-
-
 def job_keys(kind: str, *, trainer: bool | None = None) -> tuple[str, ...]:
     """Names a job of `kind` accepts and passes to its run spec unchanged."""
     return tuple(o.name for o in options_for(kind, job=True, trainer=trainer))
@@ -451,17 +450,52 @@ def format_default(option: Option, kind: str) -> str:
 
 def check_value(option: Option, value: Any, kind: str | None = None) -> None:
     """A ValueError quoting `value` unless `option` takes it (in `kind`): None where it is nullable, else a
-    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices.
-    For code that builds a run without the API's or the CLI's parsing (TrainConfig)."""
+    value of its type (an int is a float too; a bool is neither) within its bounds, or one of its choices;
+    for a list option, a non-empty list (or tuple) of such items. For code that builds a run without the
+    API's or the CLI's parsing (TrainConfig, the run specs)."""
     if value is None and option.nullable:
         return
-    if option.choices is not None:
-        if value not in option.choices:
-            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+    if option.items is not None:
+        if not isinstance(value, (list, tuple)) or not value or not all(_takes(option, v, kind) for v in value):
+            raise ValueError(f"{option.name} must be a non-empty list of {_wanted(option, kind)}, got {value!r}")
         return
-    if not _of_type(option.type, value) or not all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items()):
-        wanted = " ".join(filter(None, (_TYPE_NAMES[option.type], bounds_text(option, kind))))
-        raise ValueError(f"{option.name} must be {wanted}, got {value!r}")
+    if not _takes(option, value, kind):
+        if option.choices is not None:
+            raise ValueError(f"{option.name} must be one of {option.choices}, got {value!r}")
+        raise ValueError(f"{option.name} must be {_wanted(option, kind)}, got {value!r}")
+
+
+def check_task_options(task: str, values: dict[str, Any]) -> None:
+    """A ValueError for an option of other fine-tuning tasks that `values` (option name -> value) gives a
+    value other than its default: `doc_stride is for task question-answering, not token-classification`."""
+    for o in OPTIONS:
+        if o.tasks and task not in o.tasks and o.name in values:
+            value, default = values[o.name], o.default_for("finetune", task)
+            if _plain(value) != _plain(default):
+                raise ValueError(f"{o.name} is for task {' or '.join(o.tasks)}, not {task}")
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _takes(option: Option, value: Any, kind: str | None) -> bool:
+    """One value (a list option's item) is of the option's type, within its bounds, or one of its choices."""
+    if option.choices is not None:
+        return value in option.choices
+    kind_of = option.items or option.type
+    return _of_type(kind_of, value) and all(_HOLDS[k](value, b) for k, b in option.bounds(kind).items())
+
+
+def _wanted(option: Option, kind: str | None) -> str:
+    if option.choices is not None:
+        return " | ".join(option.choices)
+    return " ".join(filter(None, (_TYPE_NAMES[option.items or option.type], bounds_text(option, kind))))
+
+
+def type_name(option: Option) -> str:
+    """`int`, or `list of int` for a list option."""
+    return f"list of {option.items.__name__}" if option.items else option.type.__name__
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -488,6 +522,8 @@ def bounds_text(option: Option, kind: str | None) -> str:
 def _show(value: Any) -> str:
     if value is None:
         return "unset"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -508,7 +544,7 @@ def options_markdown() -> str:
         for o in options_for(kind):
             flag = f"`{o.cli_flag}`" if o.cli else "`--warmup`"
             out.append(
-                f"| `{o.name}` | {flag} | {o.type.__name__} | {format_default(o, kind)} | "
+                f"| `{o.name}` | {flag} | {type_name(o)} | {format_default(o, kind)} | "
                 f"{bounds_text(o, kind)} | {'yes' if o.job else 'no'} | {o.help} |"
             )
         out.append("")

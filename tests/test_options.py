@@ -296,3 +296,30 @@ def test_the_same_fine_tune_through_bert_finetune_and_post_jobs_trains_the_same(
     for (_, _, _, lr_api, loss_api), (_, _, _, lr_cli, loss_cli) in zip(api, cli):
         assert lr_api == pytest.approx(lr_cli, rel=1e-9, abs=0) if lr_cli is not None else lr_api is None
         assert loss_api == pytest.approx(loss_cli, rel=1e-5, abs=1e-6)
+
+
+def test_a_list_option_takes_a_non_empty_list_of_its_items_within_their_bounds_or_choices():
+    from model.options import Option, check_task_options, check_value, format_default, type_name
+
+    dims = Option("dims", list, "dims", items=int, minimum=1, nullable=True)
+    modes = Option("modes", list, "modes", items=str, choices=("a", "b"), default=("a",))
+    for value in (None, [4, 1], (8,)):
+        check_value(dims, value)
+    for value, message in (
+        ([], "dims must be a non-empty list of an integer >= 1, got []"),
+        ([2, 0], "dims must be a non-empty list of an integer >= 1, got [2, 0]"),
+        ([True], "dims must be a non-empty list of an integer >= 1, got [True]"),
+        ("4", "dims must be a non-empty list of an integer >= 1, got '4'"),
+    ):
+        with pytest.raises(ValueError) as e:
+            check_value(dims, value)
+        assert str(e.value) == message
+    check_value(modes, ["b", "a"])
+    with pytest.raises(ValueError) as e:
+        check_value(modes, ["c"])
+    assert str(e.value) == "modes must be a non-empty list of a | b, got ['c']"
+    assert (type_name(dims), format_default(modes, "finetune")) == ("list of int", "a")
+    check_task_options("token-classification", {"regression": False, "doc_stride": None, "max_query_length": 64})
+    with pytest.raises(ValueError) as e:
+        check_task_options("token-classification", {"max_query_length": 32})
+    assert str(e.value) == "max_query_length is for task question-answering, not token-classification"

@@ -73,8 +73,10 @@ def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
 def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> FinetuneSpec:
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
+    eval_file = dataset_file(data_dir, record["eval_dataset"])[0] if record.get("eval_dataset") else None
     spec = dict(
         train_file=str(table),
+        eval_file=str(eval_file) if eval_file is not None else None,
         from_model=str(base_model_dir(data_dir, record["base_model"])),
         out=str(job_dir),
         **spec_params(p, "finetune"),

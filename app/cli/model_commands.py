@@ -158,7 +158,11 @@ def _print_card(card: dict) -> None:
             f"top-1 {_pct(ev['content_top1'])}, top-5 {_pct(ev['content_top5'])}"
         )
         print(f"    next sentence: {_pct(ev['nsp_accuracy'])}")
-    if card.get("job_eval"):
+    if card.get("before_after"):
+        print("  job's evaluation, before -> after training:")
+        for row in card["before_after"]:
+            print(f"    {row['metric'] + ':':20} {row['before']:.4g} -> {row['after']:.4g}")
+    elif card.get("job_eval"):
         scores = ", ".join(f"{k} {v:.4g}" for k, v in card["job_eval"].items() if isinstance(v, (int, float)))
         print(f"  job's evaluation: {scores}")
 

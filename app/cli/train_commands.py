@@ -17,7 +17,7 @@ from typing import Any
 from app.cli.launch import add_launch_options, relaunch, wants_launcher
 from app.cli.model_commands import model_dir_arg
 from model.errors import UserError
-from model.options import BY_NAME, KINDS, Option, format_default, misplaced_task_option, options_for
+from model.options import BY_NAME, KINDS, OPTIONS, Option, format_default, options_for
 
 # torch and model.training.runs load inside the commands, so `bert finetune --help` answers without them.
 
@@ -100,9 +100,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
     _set_threads(args)
     task = args.task or BY_NAME["task"].default_for("finetune")
-    misplaced = misplaced_task_option(task, _given(args, "finetune", trainer=False))
-    if misplaced is not None:
-        raise UserError(f"{misplaced.cli_flag} is for --task {' or '.join(misplaced.tasks)}, not {task}")
+    for o in OPTIONS:  # an option of another task (model/options.py's `tasks`) given other than its default
+        if not o.tasks or task in o.tasks or not o.cli:
+            continue
+        value = getattr(args, o.name, None)
+        if value is not None and value != o.default_for("finetune", task):
+            raise UserError(f"{o.cli_flag} is for --task {' or '.join(o.tasks)}, not {task}")
     spec = FinetuneSpec(
         train_file=_existing_file(args.train),
         from_model=args.from_model,
@@ -215,6 +218,9 @@ def add_option_flag(g, o: Option, kind: str, default: Any = None, help: str | No
     if o.type is bool:
         g.add_argument(o.cli_flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default, help=help)
         return
+    if o.items is not None:  # comma-separated: --matryoshka-dims 384,256,128
+        g.add_argument(o.cli_flag, dest=o.name, type=_list_of(o), default=default, help=help, metavar=o.name.upper())
+        return
     g.add_argument(
         o.cli_flag,
         dest=o.name,
@@ -224,6 +230,25 @@ def add_option_flag(g, o: Option, kind: str, default: Any = None, help: str | No
         help=help,
         metavar=None if o.choices else o.name.upper(),
     )
+
+
+def _list_of(o: Option):
+    """argparse's `type` for a list option: comma-separated items, each of the option's item type and choices."""
+    item = o.items
+    assert item is not None
+
+    def parse(text: str) -> list:
+        try:
+            values = [item(part.strip()) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a comma-separated list of {item.__name__}: {text!r}") from None
+        bad = [v for v in values if o.choices is not None and v not in o.choices]
+        if not values or bad:
+            wanted = f" of {', '.join(o.choices)}" if o.choices else ""
+            raise argparse.ArgumentTypeError(f"not a comma-separated list{wanted}: {text!r}")
+        return values
+
+    return parse
 
 
 def _add_warmup(g, kind: str) -> None:

@@ -261,6 +261,14 @@ async function playgroundPage(name) {
   const m = await api(`/models/${encodeURIComponent(name)}`);
   const sections = [h("p", {class: "hint"}, `${m.architecture || "?"} · heads: ${m.heads.join(", ") || "none"} · `,
                         `${fmt.count(m.num_parameters)} parameters · ${m.precision}`)];
+  const beforeAfter = (m.card && m.card.before_after) || [];  // the job's metrics, base model and fine-tuned
+  if (beforeAfter.length) {
+    sections.push(h("section", {class: "card", id: "before-after"}, h("h2", {text: "Training: before and after"}),
+      h("div", {class: "table-wrap"}, h("table", {},
+        h("thead", {}, h("tr", {}, ["Metric", "Base model", "Trained"].map((t) => h("th", {scope: "col", text: t})))),
+        h("tbody", {}, beforeAfter.map((r) => h("tr", {}, h("th", {scope: "row", text: r.metric}),
+          h("td", {class: "num", text: fmt.num(r.before)}), h("td", {class: "num", text: fmt.num(r.after)}))))))));
+  }
   if (m.heads.includes("mlm")) {
     sections.push(h("section", {class: "card"}, h("h2", {text: "Fill-mask"}), form("fill-mask", [
       field("fm-text", "Texts, one per line, each with one or more [MASK]",
@@ -666,6 +674,10 @@ async function newJobPage() {
       else if (spec.type === "integer" && /^-?\d+$/.test(raw)) value = Number(raw);
       else if (spec.type === "number" && raw !== "" && Number.isFinite(Number(raw))) value = Number(raw);
       else if (spec.type === "duration" && /^\d+$/.test(raw)) value = Number(raw);
+      else if (spec.type === "array") {  // comma-separated items: "384, 256" -> [384, 256]
+        value = raw.split(",").map((s) => s.trim()).filter(Boolean)
+          .map((s) => (spec.items.type === "integer" && /^-?\d+$/.test(s) ? Number(s) : s));
+      }
       const path = spec.name.split(".");
       let target = p;
       for (const part of path.slice(0, -1)) target = target[part] = target[part] || {};

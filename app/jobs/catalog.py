@@ -72,6 +72,7 @@ class Catalog:
         if meta is None or not may_change_dataset(caller, meta):
             raise ServiceError("not_found", f"dataset '{name}' not found")
         self._refuse_in_use("dataset", name, "dataset")
+        self._refuse_in_use("eval_dataset", name, "dataset")
         try:
             return delete_dataset(self.data_dir, name)
         except FileNotFoundError:
@@ -90,7 +91,8 @@ class Catalog:
                 )
 
     def _refuse_in_use(self, field: str, name: str, what: str) -> None:
-        """409 naming the queued or running job whose `field` (base_model, dataset, params.retriever_model) is `name`."""
+        """409 naming the queued or running job whose `field` (base_model, dataset, eval_dataset,
+        params.retriever_model) is `name`."""
         for record in self.records.list():
             if _field_of(record, field) == name and record["state"] not in TERMINAL:
                 raise ServiceError(

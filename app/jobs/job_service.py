@@ -41,7 +41,7 @@ from datadir import (
     read_meta,
     scheduling,
 )
-from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, num_labels
+from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, eval_kinds, num_labels
 from datadir.versions import access_of
 from model.config import BertConfig
 from model.options import defaults
@@ -210,6 +210,11 @@ class JobService:
         needs = ("corpus",) if task is None else KINDS_OF_TASK[task]
         dataset = await asyncio.to_thread(self._dataset, req.dataset, needs, task)
         ownership.check_dataset(caller, dataset)
+        eval_dataset = getattr(req, "eval_dataset", None)
+        if eval_dataset is not None:
+            assert task is not None  # only a fine-tuning request has an eval_dataset
+            meta = await asyncio.to_thread(self._eval_dataset, eval_dataset, dataset, task)
+            ownership.check_dataset(caller, meta, field="eval_dataset")
         params = req.params.to_record()  # what the request set: the run's defaults apply to the rest
         if req.base_model is not None:
             base = await self._base_model(req.base_model)
@@ -234,6 +239,7 @@ class JobService:
             "model_name": req.model_name,
             "base_model": req.base_model,
             "dataset": req.dataset,
+            **({"eval_dataset": eval_dataset} if eval_dataset is not None else {}),
             "params": params,
             "estimate": size.to_dict(),
             "priority": req.priority,
@@ -339,6 +345,19 @@ class JobService:
             needs = f"task {task} needs a {wanted} one" if task else f"this job needs a {wanted} one"
             only = " (a retrieval dataset is for evaluation only)" if meta["kind"] == "retrieval" else ""
             raise ServiceError("validation", f"dataset: '{name}' is a {meta['kind']} dataset; {needs}{only}")
+        return meta
+
+    def _eval_dataset(self, name: str, dataset: dict, task: str) -> dict:
+        kinds = eval_kinds(task, dataset["kind"])
+        meta = read_meta(self.data_dir, name)
+        if meta is None:
+            raise ServiceError("validation", f"eval_dataset: '{name}' not found (upload it with POST /datasets)")
+        if meta["kind"] not in kinds:
+            raise ServiceError(
+                "validation",
+                f"eval_dataset: '{name}' is a {meta['kind']} dataset; task {task} on {dataset['kind']} dataset "
+                f"'{dataset['name']}' evaluates on a {' or '.join(kinds)} one",
+            )
         return meta
 
     async def _base_model(self, name: str):

@@ -71,6 +71,6 @@ def check_publish(key: Key, name: str, access: Access | None) -> None:
         raise ServiceError("forbidden", f"model_name: model '{name}' belongs to another key: {OWNER_RULE}")
 
 
-def check_dataset(key: Key, meta: Mapping[str, Any]) -> None:
+def check_dataset(key: Key, meta: Mapping[str, Any], field: str = "dataset") -> None:
     if not may_read_dataset(key, meta):
-        raise ServiceError("forbidden", f"dataset: '{meta['name']}' is not this key's to use: {DATASET_RULE}")
+        raise ServiceError("forbidden", f"{field}: '{meta['name']}' is not this key's to use: {DATASET_RULE}")

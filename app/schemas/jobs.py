@@ -19,7 +19,7 @@ from datadir.datasets import KINDS_OF_TASK
 from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.data.question_answering import WindowMisfit, check_window
-from model.options import TASKS, Option, format_default, misplaced_task_option, options_for
+from model.options import TASKS, Option, check_task_options, format_default, options_for
 from model.tokenizer import SPECIAL_TOKENS_IN_A_PAIR
 
 # -- requests ----------------------------------------------------------------------------------
@@ -54,27 +54,24 @@ def option_fields(kind: str, names: list[str]) -> dict[str, Any]:
 
 
 def _option_field(o: Option, kind: str) -> tuple[Any, Any]:
-    annotation: Any = Literal[o.choices] if o.choices else o.type  # a type expression built at runtime
-    if o.nullable:
-        annotation = annotation | None
+    annotation: Any = Literal[o.choices] if o.choices else o.items or o.type  # a type expression built at runtime
     b = o.bounds(kind)
     constraints: dict[str, Any] = {
-        "ge": b.get("minimum"),
-        "le": b.get("maximum"),
-        "gt": b.get("above"),
-        "lt": b.get("below"),
+        k: v
+        for k, v in {"ge": b.get("minimum"), "le": b.get("maximum"), "gt": b.get("above"), "lt": b.get("below")}.items()
+        if v is not None
     }
+    if o.items is not None:  # a list: the bounds are each item's, and it holds at least one
+        annotation = list[Annotated[annotation, Field(**constraints)]]
+        constraints = {"min_length": 1}
+    if o.nullable:
+        annotation = annotation | None
     description = o.help[0].upper() + o.help[1:] + "."
     extra: JsonDict | None = None
     if kind == "finetune" and o.by_task:
         description += f" Default: {format_default(o, kind)}."
         extra = {"x-task-defaults": {task: o.default_for(kind, task) for task in TASKS}}
-    return annotation, Field(
-        o.default_for(kind),
-        description=description,
-        json_schema_extra=extra,
-        **{k: v for k, v in constraints.items() if v is not None},
-    )
+    return annotation, Field(o.default_for(kind), description=description, json_schema_extra=extra, **constraints)
 
 
 def _job_option_names(kind: str) -> list[str]:
@@ -148,9 +145,10 @@ assert set(TASKS) <= set(KINDS_OF_TASK)  # every fine-tuning task names the data
 class _FinetuneParams(TrainParams):
     @model_validator(mode="after")
     def _task_options(self) -> Self:
-        misplaced = misplaced_task_option(self.task, {name: getattr(self, name) for name in self.model_fields_set})
-        if misplaced is not None:
-            raise invalid(f"{misplaced.name} is for task {' or '.join(misplaced.tasks)}, not {self.task}")
+        try:  # an option of another task (model/options.py's `tasks`), set to other than its default
+            check_task_options(self.task, {name: getattr(self, name) for name in self.model_fields_set})
+        except ValueError as e:
+            raise invalid(str(e)) from None
         if self.task != "question-answering":
             return self
         try:
@@ -240,6 +238,11 @@ class FinetuneJobRequest(Strict):
     model_name: Name = Field(description="Name of the classifier to publish in DATA_DIR/models/.")
     base_model: Name = Field(description="The model whose encoder is fine-tuned.")
     dataset: Name = Field(description="A labelled dataset uploaded with POST /datasets.")
+    eval_dataset: Name | None = Field(
+        None,
+        description="Evaluate on this dataset instead of holding out params.eval_fraction of `dataset`: one of "
+        "the same kind, or (task sentence-embedding on pairs) a retrieval set.",
+    )
     params: FinetuneParams = Field(default_factory=FinetuneParams)
     priority: int = PRIORITY_FIELD
 
@@ -276,6 +279,7 @@ class JobStatus(BaseModel):
     model_name: str
     base_model: str | None
     dataset: str | None = Field(description="The training data (training jobs); null for an import or a batch.")
+    eval_dataset: str | None = Field(None, description="A fine-tuning job's evaluation data, when not held out.")
     params: dict[str, Any]
     step: int = Field(description="Optimizer steps done (as of the latest progress report).")
     total_steps: int
@@ -350,6 +354,7 @@ class JobStatus(BaseModel):
                     "model_name",
                     "base_model",
                     "dataset",
+                    "eval_dataset",
                     "params",
                     "attempts",
                     "runtime_s",

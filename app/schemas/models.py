@@ -61,7 +61,8 @@ class ModelInfo(BaseModel):
         description="The model's card.json, if it has one: `source` (where it came from), `evaluation` (scores "
         "on the held-out Wikipedia set wiki-heldout-v1: sequences, tokens, masked_tokens, mlm_top1, mlm_top5, "
         "content_top1, content_top5, nsp_accuracy; `skipped` without MLM and NSP heads, `error` if it failed) "
-        "and `job_eval` (a training job's own evaluation).",
+        "`job_eval` (a training job's own evaluation) and `before_after` (when the job evaluated its base model "
+        "first: [{metric, before, after}], each metric before training and after).",
     )
     prompts: dict[str, str] | None = Field(
         None,

@@ -17,6 +17,9 @@ model's outputs itself: `evaluate` runs the rows in order and hands each row's o
 `data.score(outputs)` (TokenClassificationBatches: predicted tag ids -> precision, recall, f1 of
 entities and word accuracy; QABatches: start and end logits -> exact_match and f1, model/scores.py),
 then adds `loss` (the batches' losses averaged, each weighted by its rows) and the row count.
+
+Data that is not batches of rows but a whole evaluation set (model.training.trainer.EvaluationSet: a
+retrieval set, similarity-scored pairs) computes its metrics itself: `evaluate` hands it the model.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from model.modeling import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from model.training.trainer import EvaluationStopped
+from model.training.trainer import EvaluationSet, EvaluationStopped
 
 if TYPE_CHECKING:
     from model.training.trainer import BatchSource
@@ -44,18 +47,23 @@ if TYPE_CHECKING:
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    data: BatchSource,
+    data: BatchSource | EvaluationSet,
     *,
     device: str | torch.device | None = None,
     precision: str = "fp32",
     max_batches: int | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
-    """Metrics of `model` on epoch 0 of `data`, chosen by the model: classification or (masked) LM."""
+    """Metrics of `model` on epoch 0 of `data`, chosen by the model: classification or (masked) LM; or, for
+    data that evaluates a model itself (an EvaluationSet), what its `evaluate_model` says."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
+        if isinstance(data, EvaluationSet):
+            return data.evaluate_model(
+                model, device=device, precision=precision, max_batches=max_batches, should_stop=should_stop
+            )
         batches = _forward(model, data, device, precision, max_batches, should_stop)
         if isinstance(model, (BertForTokenClassification, BertForQuestionAnswering)):
             return _scored_by_data(model, data, batches)

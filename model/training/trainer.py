@@ -19,6 +19,11 @@ With a run directory the trainer adds its own callbacks around the caller's: RUN
 model directories, so with a run directory the model also needs a `config` (model.config.BertConfig)
 and `save_pretrained`, as every model of model/modeling.py has.
 
+With `eval_on_start` a fresh run first evaluates the model it starts from: that evaluation (step 0) is the
+baseline, kept in every checkpoint, and each later evaluation carries `base_<metric>` beside its `<metric>`,
+so the final metrics (the job's, the model card's) say what training changed, whatever task's evaluate_fn
+computed them.
+
 Data is anything with `num_batches(epoch) -> int` and `iter_batches(epoch, start_batch) -> iterator of
 dict[str, Tensor]` whose batches are a pure function of (seed, epoch, batch index): the checkpoint
 stores (epoch, batch), the RNG states and the optimizer, so a resumed run is bit-identical on CPU.
@@ -57,7 +62,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -67,7 +72,7 @@ from datadir.files import METRICS_FILE
 from model.compute.device import resolve_device
 from model.compute.precision import autocast, resolve_precision
 from model.modeling import IGNORE_INDEX
-from model.options import TRAINER_OPTIONS, check_value, defaults
+from model.options import BASE_PREFIX, TRAINER_OPTIONS, check_value, defaults
 from model.training import checkpoint as ckpt
 from model.training import distributed
 from model.training.callbacks import PLOT_FILE, Callback, MetricsLogger, TrainingPlot
@@ -159,6 +164,22 @@ class BatchSource(Protocol):
     def iter_batches(self, epoch: int, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]: ...
 
 
+@runtime_checkable
+class EvaluationSet(Protocol):
+    """Evaluation data that scores a model itself, whole (a retrieval or similarity set embeds its own texts):
+    model.training.evaluation.evaluate hands such data the model."""
+
+    def evaluate_model(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: torch.device,
+        precision: str,
+        max_batches: int | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> dict[str, Any]: ...
+
+
 @dataclass
 class TrainResult:
     status: str  # "completed" or "stopped"
@@ -225,7 +246,7 @@ class Trainer:
         config: TrainConfig,
         *,
         run_dir: str | Path | None = None,
-        eval_data: BatchSource | None = None,
+        eval_data: BatchSource | EvaluationSet | None = None,
         tokenizer=None,
         callbacks: Sequence[Callback] = (),
         evaluate_fn: EvaluateFn | None = None,
@@ -261,6 +282,7 @@ class Trainer:
         self.step, self.epoch, self.batch = 0, 0, 0
         self.last_checkpoint: str | None = None
         self.last_eval: dict[str, Any] | None = None
+        self.base_eval: dict[str, Any] | None = None  # the model before its first step (eval_on_start)
         self.tokens_seen = 0
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -367,6 +389,7 @@ class Trainer:
         self.step, self.epoch, self.batch = t["step"], d["epoch"], d["batch"]
         self.rotation.best_value, self.rotation.best_checkpoint = t["best_value"], t["best_checkpoint"]
         self.tokens_seen, self.last_eval = t["tokens_seen"], t["last_eval"]
+        self.base_eval = t.get("base_eval")  # checkpoints from before baselines have none
         self.last_checkpoint = str(path)
 
     def _micro_batches(self):
@@ -506,7 +529,9 @@ class Trainer:
         except EvaluationStopped as e:
             log.info("step %d: %s", self.step, e)
             return False, True
-        self.last_eval = {"type": "eval", "step": self.step, **metrics}
+        if self.step == 0:  # before the first step: the base model's scores, the baseline of every later one
+            self.base_eval = metrics
+        self.last_eval = {"type": "eval", "step": self.step, **metrics, **baseline_fields(self.base_eval, self.step)}
         self._emit("on_eval", self.last_eval)
         return True, False
 
@@ -540,6 +565,7 @@ class Trainer:
             "best_checkpoint": self.rotation.best_checkpoint,
             "tokens_seen": self.tokens_seen,
             "last_eval": self.last_eval,
+            "base_eval": self.base_eval,
             "config": self.config.to_dict(),
             "world_size": self.dist.world,
         }
@@ -646,6 +672,18 @@ def _losses(out) -> dict[str, torch.Tensor]:
         name: value
         for name, value in vars(out).items()
         if name.endswith("loss") and isinstance(value, torch.Tensor) and value.dim() == 0
+    }
+
+
+def baseline_fields(base: dict[str, Any] | None, step: int) -> dict[str, Any]:
+    """`base_<metric>` for each number of the baseline evaluation `base`, for an evaluation after step 0
+    (none at step 0, which is the baseline itself, nor without one)."""
+    if not base or step == 0:
+        return {}
+    return {
+        BASE_PREFIX + name: value
+        for name, value in base.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
     }
 
 

@@ -246,3 +246,35 @@ def test_accepted_jobs_are_sized_as_their_tasks_model(env, monkeypatch):
         assert job["estimate"]["parameters"] == sum(p.numel() for p in model.parameters())
     for record in client.get("/jobs").json()["jobs"]:
         shutil.rmtree(data_dir / "jobs" / record["id"])
+
+
+def test_an_eval_dataset_is_of_the_training_datasets_kind_and_in_use_while_its_job_waits(env, monkeypatch):
+    from tests.app.test_jobs_api import accept_without_a_broker
+
+    client, _, data_dir = env
+    assert upload(client, "ner-dev.conll", tagged_conll(1), name="ner-dev").status_code == 201
+    request = {**finetune_request("tagger-dev", dataset="ner", task="token-classification"), "eval_dataset": "reviews"}
+    assert post_job(client, request) == (
+        422,
+        {
+            "error": "eval_dataset: 'reviews' is a labelled dataset; task token-classification on token-labelled "
+            "dataset 'ner' evaluates on a token-labelled one",
+            "error_type": "validation",
+        },
+    )
+    assert post_job(client, {**request, "eval_dataset": "nothing"}) == (
+        422,
+        {"error": "eval_dataset: 'nothing' not found (upload it with POST /datasets)", "error_type": "validation"},
+    )
+    accept_without_a_broker(monkeypatch)
+    status, body = post_job(client, {**request, "eval_dataset": "ner-dev"})
+    assert status == 202, body
+    assert client.get(body["status_url"]).json()["eval_dataset"] == "ner-dev"
+    r = client.delete("/datasets/ner-dev")
+    assert (r.status_code, r.json()["error"]) == (
+        409,
+        f"dataset 'ner-dev' is in use by job {body['id']} (queued); delete it once the job has finished (or cancel "
+        "the job)",
+    )
+    shutil.rmtree(data_dir / "jobs" / body["id"])
+    assert client.delete("/datasets/ner-dev").status_code == 200

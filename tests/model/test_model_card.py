@@ -14,6 +14,7 @@ from datadir.cards import read_card
 from model.config import BertConfig
 from model.model_card import (
     SET_NAME,
+    before_after,
     build_sequences,
     evaluate_card,
     heldout_leads,
@@ -133,3 +134,18 @@ def test_write_card_records_a_failure_and_keeps_the_rest(tmp_path, tokenizer):
     _model(BertForPreTraining, tokenizer).save_pretrained(good, tokenizer=tokenizer)
     evaluation = write_card(good)["evaluation"]
     assert evaluation == read_card(good)["evaluation"] and evaluation["sequences"] == 128
+
+
+def test_a_job_that_evaluated_its_base_model_gets_a_before_and_after_table(tmp_path, tokenizer):
+    job_eval = {"type": "eval", "step": 30, "cosine_ndcg@10": 0.8, "queries": 5, "base_cosine_ndcg@10": 0.6}
+    job_eval["base_queries"] = 5
+    assert before_after(job_eval) == [
+        {"metric": "cosine_ndcg@10", "before": 0.6, "after": 0.8},
+        {"metric": "queries", "before": 5, "after": 5},
+    ]
+    assert before_after({"accuracy": 0.5}) == [] and before_after(None) == []
+    for name in ("m", "n"):
+        _model(BertForPreTraining, tokenizer).save_pretrained(tmp_path / name, tokenizer=tokenizer)
+    card = write_card(tmp_path / "n", job_eval=job_eval)
+    assert read_card(tmp_path / "n")["before_after"] == before_after(job_eval) == card["before_after"]
+    assert "before_after" not in write_card(tmp_path / "m", job_eval={"accuracy": 0.5})

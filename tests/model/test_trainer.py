@@ -426,3 +426,49 @@ def test_a_compiled_step_trains_like_the_eager_one(tiny_tokenizer):
 
     eager, compiled = losses(False), losses(True)
     assert compiled == pytest.approx(eager, rel=1e-4)
+
+
+class ScoredSet:
+    """An EvaluationSet: scores the model itself (as a retrieval set does), a score per call from `scores`."""
+
+    def __init__(self, scores):
+        self.scores, self.modes = iter(scores), []
+
+    def evaluate_model(self, model, *, device, precision, max_batches, should_stop):
+        self.modes.append(model.training)
+        return {"ndcg": next(self.scores), "queries": 4}
+
+
+def test_the_base_model_is_evaluated_first_and_every_later_evaluation_carries_its_metrics(
+    tmp_path, corpus, tiny_tokenizer
+):
+    data, scores = pretraining_data(corpus, tiny_tokenizer), ScoredSet([0.25, 0.5, 0.75, 0.875])
+    config = TrainConfig(max_steps=4, eval_every=2, eval_on_start=True, save_every=2, log_every=1)
+    rec = Recorder(stop_at=2)
+    trainer = Trainer(
+        tiny_model(), data, config, run_dir=tmp_path, eval_data=scores, evaluate_fn=evaluate, callbacks=[rec]
+    )
+    assert trainer.fit().status == "stopped"
+    assert rec.evals == [
+        {"type": "eval", "step": 0, "ndcg": 0.25, "queries": 4},  # the baseline: the curve's first point
+        {"type": "eval", "step": 2, "ndcg": 0.5, "queries": 4, "base_ndcg": 0.25, "base_queries": 4},
+    ]
+    assert scores.modes == [False, False]  # evaluate hands an EvaluationSet the model in eval mode
+    # A resumed run keeps the baseline of its checkpoint and does not evaluate the base model again.
+    rec = Recorder()
+    resumed = Trainer(
+        tiny_model(5), data, config, run_dir=tmp_path, eval_data=scores, evaluate_fn=evaluate, callbacks=[rec]
+    ).fit(resume=True)
+    assert resumed.eval_metrics == {
+        "type": "eval", "step": 4, "ndcg": 0.75, "queries": 4, "base_ndcg": 0.25, "base_queries": 4,
+    }  # fmt: skip
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["step"]) for r in lines if r["type"] == "eval"] == [("eval", 0), ("eval", 2), ("eval", 4)]
+
+
+def test_without_eval_on_start_there_is_no_baseline(corpus, tiny_tokenizer):
+    data = pretraining_data(corpus, tiny_tokenizer)
+    result = Trainer(
+        tiny_model(), data, TrainConfig(max_steps=1), eval_data=ScoredSet([0.5]), evaluate_fn=evaluate
+    ).fit()
+    assert result.eval_metrics == {"type": "eval", "step": 1, "ndcg": 0.5, "queries": 4}

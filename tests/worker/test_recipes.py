@@ -60,3 +60,13 @@ def test_a_cross_encoder_jobs_retriever_is_its_models_directory(tmp_path):
         f"retriever_model: model 'gone' is no longer in {data_dir / 'models'}; the reranking evaluation needs it "
         "as its first stage (restart the job once it is back)"
     )
+
+
+def test_an_eval_dataset_is_the_specs_eval_file(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    write_dataset(data_dir, "squad", squad_json(), "squad.json")
+    write_dataset(data_dir, "squad-dev", squad_json(), "dev.json")
+    job = {**record(task="question-answering"), "eval_dataset": "squad-dev"}
+    spec = finetune_spec(job, data_dir, tmp_path / "job", "cpu")
+    assert spec.eval_file == str(data_dir / "datasets" / "squad-dev" / "data.json")
+    assert finetune_spec(record(), data_dir, tmp_path / "job", "cpu").eval_file is None

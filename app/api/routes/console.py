@@ -91,6 +91,9 @@ def _fields(schema: dict, prefix: str = "", defs: dict | None = None) -> list[di
         for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum"):
             if key in prop:
                 field[key] = prop[key]
+        array = next((v for v in variants if v.get("type") == "array"), None)
+        if array is not None:  # a list option: its items' type, bounds or choices (the form splits on commas)
+            field["items"] = array["items"]
         if "x-task-defaults" in prop:  # a fine-tuning option whose default depends on the task
             field["task_defaults"] = prop["x-task-defaults"]
         fields.append(field)

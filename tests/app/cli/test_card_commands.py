@@ -34,6 +34,17 @@ def test_evaluate_card_then_info(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"    masked LM:  top-1 {100 * ev['mlm_top1']:.1f}%, top-5 {100 * ev['mlm_top5']:.1f}%\n" in out
     assert "  job's evaluation: accuracy 0.75, loss 0.5\n" in out
+    rows = [
+        {"metric": "cosine_ndcg@10", "before": 0.61234, "after": 0.8},
+        {"metric": "queries", "before": 5, "after": 5},
+    ]
+    update_card(model_dir, before_after=rows)  # a job that evaluated its base model first
+    assert main(["info", str(model_dir)]) == 0
+    assert (
+        "  job's evaluation, before -> after training:\n"
+        "    cosine_ndcg@10:      0.6123 -> 0.8\n"
+        "    queries:             5 -> 5\n"
+    ) in capsys.readouterr().out
 
 
 def test_evaluate_card_refuses_what_is_not_a_model(tmp_path, capsys):
