@@ -347,6 +347,7 @@ OPTIONS: tuple[Option, ...] = (
         "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
         "beside each later evaluation's metric",
         default=False,
+        by_task={"cross-encoder": True},  # a reranker's job shows what it gained over its start
     ),  # one more pass over the eval data
     Option(
         "log_every",

@@ -5,7 +5,11 @@ service does: sigmoid(logit), what /rerank answers.
     loss_fn = CrossEncoderObjective(loss)                     # the trainer's loss_fn; loss: one of
     out = loss_fn(model, batch)                               # model/training/losses.py's cross-encoder losses
     evaluation = CrossEncoderEvaluation(data.kind, data.eval, tokenizer, candidates=first_stage)
-    metrics = evaluate_cross_encoder(model, evaluation, device="cpu")   # the trainer's evaluate_fn
+    metrics = evaluate_cross_encoder(model, evaluation, device="cpu")
+
+A CrossEncoderEvaluation is the trainer's eval data: an EvaluationSet (model/training/trainer.py), which
+model.training.evaluation.evaluate hands the model; with eval_on_start (the task's default) the first
+evaluation is the base model's, and every later one carries base_<metric> beside <metric>.
 
 The batches are model/data/cross_encoder.py's: (B, T) pairs with labels (bce) or (B, C, T) candidates, the
 positive first (mnrl), whose (B * C, T) forward gives the (B, C) logits the loss ranks. The output's
@@ -150,6 +154,21 @@ class CrossEncoderEvaluation:
     def __post_init__(self) -> None:
         if not self.rows:
             raise ValueError("no held-out rows to evaluate a cross-encoder on")
+
+    def evaluate_model(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: torch.device,
+        precision: str,
+        max_batches: int | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> dict[str, Any]:
+        """The trainer's EvaluationSet hook (model.training.evaluation.evaluate hands it the model)."""
+        assert isinstance(model, BertForSequenceClassification)
+        return evaluate_cross_encoder(
+            model, self, device=device, precision=precision, max_batches=max_batches, should_stop=should_stop
+        )
 
 
 def reranking_set(rows: Sequence[Pair]) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:

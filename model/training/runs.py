@@ -212,36 +212,23 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
             model = model_class.from_pretrained(spec.from_model, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
-        if spec.task == "cross-encoder":
-            evaluate_fn, loss_fn = _cross_encoder_objective(spec, data, model, tokenizer)
-            trainer = _trainer(
-                spec.train, out, model, tokenizer, train_data, eval_data, callbacks, evaluate_fn, loss_fn
-            )
-        else:
-            trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
+        loss_fn = _cross_encoder_loss(spec, data, model, tokenizer) if spec.task == "cross-encoder" else None
+        trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks, loss_fn)
     return trainer.fit(resume=resume_from or False)
 
 
 def _trainer(
-    config: TrainConfig,
-    out: Path,
-    model,
-    tokenizer,
-    train_data,
-    eval_data,
-    callbacks,
-    evaluate_fn=evaluate,
-    loss_fn=None,
+    config: TrainConfig, out: Path, model, tokenizer, train_data, eval_data, callbacks, loss_fn=None
 ) -> Trainer:
-    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py (or
-    the task's own), the model's own loss (or the task's loss_fn), callbacks."""
+    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py (a
+    task's own evaluation set scores the model itself), the model's own loss or the task's loss_fn, callbacks."""
     return Trainer(
         model,
         train_data,
         config,
         run_dir=out,
         eval_data=eval_data,
-        evaluate_fn=evaluate_fn,
+        evaluate_fn=evaluate,
         tokenizer=tokenizer,
         callbacks=callbacks,
         loss_fn=loss_fn,
@@ -350,13 +337,13 @@ def _cross_encoder_batches(spec: FinetuneSpec, data, tokenizer):
     return train, CrossEncoderEvaluation(data.kind, data.eval, tokenizer, candidates=candidates, **kw)
 
 
-def _cross_encoder_objective(spec: FinetuneSpec, data, model, tokenizer):
-    """(evaluate_fn, loss_fn) of a cross-encoder run: model/training/cross_encoder.py's."""
-    from model.training.cross_encoder import CrossEncoderObjective, PairScorer, evaluate_cross_encoder, make_loss
+def _cross_encoder_loss(spec: FinetuneSpec, data, model, tokenizer):
+    """The trainer's loss_fn of a cross-encoder run (model/training/cross_encoder.py)."""
+    from model.training.cross_encoder import CrossEncoderObjective, PairScorer, make_loss
 
     scorer = PairScorer(model, tokenizer, max_seq_len=spec.max_seq_len)  # the loss's score_pairs, for texts
     loss = make_loss(data.loss, scorer, num_negatives=spec.num_negatives, scale=spec.scale, pos_weight=spec.pos_weight)
-    return evaluate_cross_encoder, CrossEncoderObjective(loss)
+    return CrossEncoderObjective(loss)
 
 
 # task -> (model class, data, config updates) and task -> (train batches, eval batches or None)
