@@ -115,11 +115,11 @@ class CrossEncoderObjective:
     def __call__(self, forward: Callable[..., Any], batch: dict[str, torch.Tensor]) -> SequenceClassifierOutput:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
         if isinstance(self.loss, BinaryCrossEntropyLoss):
-            logits = forward(**inputs).logits  # (B, 1)
+            logits = forward(**inputs).logits.float()  # (B, 1), in fp32 under bf16 autocast too
             return SequenceClassifierOutput(logits, self.loss.loss_from_logits(logits, batch["labels"]))
         B, C, T = inputs["input_ids"].shape
         logits = forward(**{k: v.reshape(B * C, T) for k, v in inputs.items()}).logits  # (B, C, T) -> (B * C, T)
-        logits = logits.view(B, C)  # (B * C, 1) -> (B, C): column 0 the positive
+        logits = logits.float().view(B, C)  # (B * C, 1) -> (B, C): column 0 the positive; sigmoid * scale in fp32
         return SequenceClassifierOutput(logits, self.loss.loss_from_logits(logits))
 
 
