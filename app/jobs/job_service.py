@@ -469,7 +469,7 @@ def _cross_encoder_loss(p, dataset: dict) -> str:
 
 
 def _check_cross_encoder(p, base, dataset: dict) -> None:
-    """What a cross-encoder job's loss, dataset and base model must agree on (model/data/cross_encoder.py)."""
+    """What a cross-encoder job's loss, dataset and base model must agree on (model/data/cross_encoder_data.py)."""
     name, kind, loss = dataset["name"], dataset["kind"], _cross_encoder_loss(p, dataset)
     if loss == "mnrl" and kind != "pairs":
         raise ServiceError(

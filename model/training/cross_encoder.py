@@ -11,9 +11,10 @@ A CrossEncoderEvaluation is the trainer's eval data: an EvaluationSet (model/tra
 model.training.evaluation.evaluate hands the model; with eval_on_start (the task's default) the first
 evaluation is the base model's, and every later one carries base_<metric> beside <metric>.
 
-The batches are model/data/cross_encoder.py's: (B, T) pairs with labels (bce) or (B, C, T) candidates, the
-positive first (mnrl), whose (B * C, T) forward gives the (B, C) logits the loss ranks. The output's
-`loss` is the loss module's `loss_from_logits`, so it equals the module called on the same texts.
+The batches are model/data/cross_encoder_data.py's: (B, T) pairs with labels (bce) or (B, C, T)
+candidates, the positive first (mnrl), whose (B * C, T) forward gives the (B, C) logits the loss ranks.
+The output's `loss` is the loss module's `loss_from_logits`, so it equals the module called on the same
+texts.
 
 Evaluation, by the held-out rows' kind (keys as sentence-transformers' CrossEncoder evaluators name them):
 

@@ -101,7 +101,7 @@ TASKS = options.TASKS
 class FinetuneSpec:
     # sequence-classification: CSV, TSV or JSONL with text[, text_pair], label columns;
     # token-classification: CoNLL columns or JSONL {tokens, tags}; question-answering: SQuAD JSON;
-    # cross-encoder: pairs, scored pairs or labelled pairs (model/data/cross_encoder.py).
+    # cross-encoder: pairs, scored pairs or labelled pairs (model/data/cross_encoder_data.py).
     # Any of them optionally .gz/.bz2.
     train_file: str
     from_model: str  # model directory to start from (with its tokenizer)
@@ -301,7 +301,7 @@ def _qa_batches(spec: FinetuneSpec, data, tokenizer):
 
 
 def _cross_encoder_data(spec: FinetuneSpec):
-    from model.data.cross_encoder import load_cross_encoder_data
+    from model.data.cross_encoder_data import load_cross_encoder_data
     from model.training.cross_encoder import BEST_METRIC, CONFIG_UPDATES
 
     data = load_cross_encoder_data(
@@ -313,7 +313,7 @@ def _cross_encoder_data(spec: FinetuneSpec):
 
 
 def _cross_encoder_batches(spec: FinetuneSpec, data, tokenizer):
-    from model.data.cross_encoder import CrossEncoderBatches
+    from model.data.cross_encoder_data import CrossEncoderBatches
     from model.training.cross_encoder import CrossEncoderEvaluation, directory_encoder, first_stage_candidates
     from model.training.losses import sample_in_batch_negatives
 

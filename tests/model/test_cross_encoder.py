@@ -1,4 +1,4 @@
-"""The cross-encoder task (model/data/cross_encoder.py, model/training/cross_encoder.py): its batches are a pure
+"""The cross-encoder task (model/data/cross_encoder_data.py, model/training/cross_encoder.py): its batches are a pure
 function of (seed, epoch, batch), so a resumed run draws the same in-batch negatives and ends with the same
 weights; the training output's loss is the loss module's on the same texts; the saved directory scores in
 sentence-transformers' CrossEncoder as our model does (sigmoid of the logit); the held-out metrics."""
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from sentence_transformers import CrossEncoder
 
 from model.config import BertConfig
-from model.data.cross_encoder import CrossEncoderBatches, batch_generator, load_cross_encoder_data
+from model.data.cross_encoder_data import CrossEncoderBatches, batch_generator, load_cross_encoder_data
 from model.data.pairs import Pair
 from model.errors import UserError
 from model.modeling import BertForSequenceClassification, BertModel
