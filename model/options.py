@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("pretrain", "finetune")
-TASKS = ("sequence-classification", "token-classification", "question-answering", "sentence-embedding")
+TASKS = (
+    "sequence-classification",
+    "token-classification",
+    "question-answering",
+    "sentence-embedding",
+    "cross-encoder",
+)
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
 DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")  # in-batch negatives' similarities
@@ -92,7 +98,7 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-        by_task={"sentence-embedding": 1.0},  # sentence-transformers' training examples
+        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0},  # sentence-transformers' training examples
         above=0.0,
         maximum=1000.0,
     ),
@@ -224,8 +230,9 @@ OPTIONS: tuple[Option, ...] = (
         "task",
         str,
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
-        "by entity f1), question-answering (SQuAD; best checkpoint by f1) or sentence-embedding (pairs or "
-        "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine)",
+        "by entity f1), question-answering (SQuAD; best checkpoint by f1), sentence-embedding (pairs or "
+        "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine) or cross-encoder (a reranker: "
+        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -234,7 +241,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "regression",
         bool,
-        "sequence-classification: float labels, one output, MSE loss (e.g. a reranker's relevance score)",
+        "sequence-classification: float labels, one output, MSE loss (a reranker trains better as a cross-encoder)",
         default=False,
         kinds=("finetune",),
         trainer=False,
@@ -272,27 +279,44 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=4096,
     ),  # BERT's SQuAD script
-    # -- sentence embeddings: sentence-transformers 6.x's losses (model/training/sentence_embedding.py) --------
+    # -- sentence embeddings and cross-encoders: sentence-transformers 6.x's losses and their defaults --------
+    # (model/training/sentence_embedding.py and model/training/cross_encoder.py)
     Option(
         "loss",
         str,
-        "sentence-embedding: mnrl (in-batch negatives; pairs) or cosent (scored pairs); unset: the data's",
+        "sentence-embedding: mnrl (in-batch negatives; pairs) or cosent (scored pairs); cross-encoder: bce "
+        "(binary cross-entropy on each pair's label or score; a pairs file gives its positive 1 and each "
+        "negative 0) or mnrl (each anchor's positive against its negatives: in-batch and given); unset: mnrl "
+        "for pairs, cosent (sentence-embedding) or bce (cross-encoder) otherwise",
         nullable=True,
         kinds=("finetune",),
         trainer=False,
-        choices=("mnrl", "cosent"),
-        tasks=("sentence-embedding",),
+        choices=("mnrl", "cosent", "bce"),
+        tasks=("sentence-embedding", "cross-encoder"),
+    ),
+    Option(
+        "num_negatives",
+        int,
+        "cross-encoder mnrl: negatives drawn for each anchor from the other rows of its batch",
+        default=4,  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0,
+        maximum=1024,
+        tasks=("cross-encoder",),
     ),
     Option(
         "scale",
         float,
-        "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature)",
+        "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature); cross-encoder "
+        "mnrl: sigmoid(logit) times this are the softmax's logits",
         default=20.0,  # MultipleNegativesRankingLoss's and CoSENTLoss's
+        by_task={"cross-encoder": 10.0},  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
         kinds=("finetune",),
         trainer=False,
         above=0.0,
         maximum=1000.0,
-        tasks=("sentence-embedding",),
+        tasks=("sentence-embedding", "cross-encoder"),
     ),
     Option(
         "directions",
@@ -351,6 +375,29 @@ OPTIONS: tuple[Option, ...] = (
         maximum=65536,
         tasks=("sentence-embedding",),
     ),
+    Option(
+        "pos_weight",
+        float,
+        "cross-encoder bce: the weight of a positive's loss (e.g. the negatives per positive); unset: 1",
+        nullable=True,  # sentence-transformers' BinaryCrossEntropyLoss: None
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=10000.0,
+        tasks=("cross-encoder",),
+    ),
+    Option(
+        "retriever_model",
+        str,
+        "cross-encoder on pairs: the embedding model whose top 100 of the held-out documents the reranker "
+        "reorders in evaluation (a job: a model name, default the service's default model; `bert`: a model "
+        "directory); "
+        "unset: every held-out document is a candidate",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        tasks=("cross-encoder",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -372,7 +419,7 @@ OPTIONS: tuple[Option, ...] = (
         "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
         "beside each later evaluation's metric",
         default=False,
-        by_task={"sentence-embedding": True},
+        by_task={"sentence-embedding": True, "cross-encoder": True},  # a job shows what it gained over its start
     ),  # one more pass over the eval data
     Option(
         "log_every",

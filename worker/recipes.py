@@ -20,6 +20,7 @@ from typing import Any
 from datadir import DataDir, dataset_file, model_dir_for
 from datadir.files import atomic_dir, atomic_write_bytes
 from model.data.corpus import read_documents
+from model.errors import UserError
 from model.options import job_keys
 from model.tokenizer import BertTokenizer
 from model.training.callbacks import Callback
@@ -73,16 +74,17 @@ def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
     p = record["params"]
     table, _ = dataset_file(data_dir, record["dataset"])
     eval_file = dataset_file(data_dir, record["eval_dataset"])[0] if record.get("eval_dataset") else None
-    return FinetuneSpec.from_dict(
-        dict(
-            train_file=str(table),
-            eval_file=str(eval_file) if eval_file is not None else None,
-            from_model=str(base_model_dir(data_dir, record["base_model"])),
-            out=str(job_dir),
-            **spec_params(p, "finetune"),
-            train=train_overrides(p, device),
-        )
+    spec = dict(
+        train_file=str(table),
+        eval_file=str(eval_file) if eval_file is not None else None,
+        from_model=str(base_model_dir(data_dir, record["base_model"])),
+        out=str(job_dir),
+        **spec_params(p, "finetune"),
+        train=train_overrides(p, device),
     )
+    if p.get("retriever_model"):  # a model's name in the job, its directory in the run
+        spec["retriever_model"] = str(retriever_dir(data_dir, p["retriever_model"]))
+    return FinetuneSpec.from_dict(spec)
 
 
 def base_model_dir(data_dir: Path, name: str) -> Path:
@@ -90,6 +92,18 @@ def base_model_dir(data_dir: Path, name: str) -> Path:
     found = model_dir_for(data_dir, name)
     if found is None:
         raise FileNotFoundError(f"base model '{name}' not found in {DataDir(data_dir).models}")
+    return found
+
+
+def retriever_dir(data_dir: Path, name: str) -> Path:
+    """The directory of a cross-encoder job's first-stage model; a UserError (the job fails before its first
+    step) when it is gone: the API checked it at submission, and refuses to delete it while the job waits."""
+    found = model_dir_for(data_dir, name)
+    if found is None:
+        raise UserError(
+            f"retriever_model: model '{name}' is no longer in {DataDir(data_dir).models}; the reranking evaluation "
+            "needs it as its first stage (restart the job once it is back)"
+        )
     return found
 
 

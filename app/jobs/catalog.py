@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class Catalog:
             if version is None or numbers == [version]:  # the whole model would go
                 self._refuse_default(name)
             await asyncio.to_thread(self._refuse_in_use, "base_model", name, "model")
+            await asyncio.to_thread(self._refuse_in_use, "params.retriever_model", name, "model")
             if version is None:
                 return await asyncio.to_thread(_data_call, versions.delete_model, self.data_dir, name)
             return await asyncio.to_thread(_data_call, versions.delete_version, self.data_dir, name, version)
@@ -90,16 +91,23 @@ class Catalog:
                 )
 
     def _refuse_in_use(self, field: str, name: str, what: str) -> None:
-        """409 naming the queued or running job whose `field` (base_model, dataset, eval_dataset) is `name`; a
-        mining job's corpus dataset (params.corpus) is in use as its dataset is."""
+        """409 naming the queued or running job whose `field` (base_model, dataset, eval_dataset,
+        params.retriever_model) is `name`; a mining job's corpus dataset (params.corpus) is in use as its dataset is."""
         for record in self.records.list():
-            used = {record.get(field)} | ({(record.get("params") or {}).get("corpus")} if field == "dataset" else set())
+            used = {_field_of(record, field)} | ({_field_of(record, "params.corpus")} if field == "dataset" else set())
             if name in used and record["state"] not in TERMINAL:
                 raise ServiceError(
                     "conflict",
                     f"{what} '{name}' is in use by job {record['id']} ({record['state']}); "
                     "delete it once the job has finished (or cancel the job)",
                 )
+
+
+def _field_of(record: Mapping[str, Any], field: str) -> Any:
+    """A record's `field`, or its params' for a "params." name."""
+    if field.startswith("params."):
+        return (record.get("params") or {}).get(field.removeprefix("params."))
+    return record.get(field)
 
 
 def _data_call(call: Callable[..., Any], *args: Any) -> Any:

@@ -250,10 +250,12 @@ class JobService:
             params = _pretrain_params(req, params)
         elif task == "sentence-embedding":
             await asyncio.to_thread(_check_embedding_job, req, base, dataset)
-        else:
-            if not req.params.regression:  # a regressor's labels are numbers, one output
-                self._check_label_count(dataset)
-                _check_labels(base, dataset)
+        elif task == "cross-encoder":
+            _check_cross_encoder(req.params, base, dataset)
+            params = await self._with_retriever(req.params, params, dataset, caller)
+        elif not req.params.regression:  # a regressor's labels are numbers, one output
+            self._check_label_count(dataset)
+            _check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
         self._check_devices(params["devices"])
         size = _training_size(req, base.config if req.base_model is not None else None, dataset)
@@ -268,6 +270,24 @@ class JobService:
             "estimate": size.to_dict(),
             "priority": req.priority,
         }
+
+    async def _with_retriever(self, p, params: dict, dataset: dict, caller: Key) -> dict:
+        """A cross-encoder on pairs: params with retriever_model, the first stage of its reranking evaluation
+        (the one named, else the service's default model, else none: every held-out document a candidate)."""
+        if dataset["kind"] != "pairs":
+            if p.retriever_model is not None:
+                raise ServiceError(
+                    "validation",
+                    f"params.retriever_model: the first stage of the reranking evaluation of pairs; dataset "
+                    f"'{dataset['name']}' is {dataset['kind']}",
+                )
+            return params
+        name = p.retriever_model or self.registry.default()
+        if name is None:
+            return params
+        entry = await self._model(name, "params.retriever_model")
+        ownership.check_model(caller, name, entry.access, field="params.retriever_model")
+        return {**params, "retriever_model": name}
 
     def _check_label_count(self, dataset: dict) -> None:
         have, limit = num_labels(dataset), self.settings.max_labels
@@ -384,12 +404,16 @@ class JobService:
         return meta
 
     async def _base_model(self, name: str):
+        return await self._model(name, "base_model")
+
+    async def _model(self, name: str, field: str):
+        """The registry's entry of a model a job names in `field`; 422 when there is none or it cannot be used."""
         try:
             entry = await self.registry.lookup(name)
         except ServiceError:
-            raise ServiceError("validation", f"base_model: model '{name}' not found in DATA_DIR/models") from None
+            raise ServiceError("validation", f"{field}: model '{name}' not found in DATA_DIR/models") from None
         if entry.error is not None:
-            raise ServiceError("validation", f"base_model: model '{name}' cannot be used: {entry.error}")
+            raise ServiceError("validation", f"{field}: model '{name}' cannot be used: {entry.error}")
         return entry
 
 
@@ -458,13 +482,15 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     batch_size = p.batch_size
     if req.kind == "finetune":
         architecture, config = FINETUNE_ARCHITECTURES[p.task], base_config
-        labels = 1 if p.regression else num_labels(dataset) or 2
+        labels = 1 if p.regression or p.task == "cross-encoder" else num_labels(dataset) or 2
         extra: dict = {}
+        if "batch_size" not in p.model_fields_set:  # the task's own default (model/options.py)
+            batch_size = defaults("finetune", p.task)["batch_size"]
         if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
             columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
             extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
-        if "batch_size" not in p.model_fields_set:  # the task's own default (model/options.py)
-            batch_size = defaults("finetune", p.task)["batch_size"]
+        if p.task == "cross-encoder" and _cross_encoder_loss(p, dataset) == "mnrl":  # an anchor's 1 + k + n pairs
+            batch_size *= 1 + p.num_negatives + (dataset.get("negatives") or 0)
     else:
         architecture = "BertForPreTraining" if p.nsp else "BertForMaskedLM"
         config = base_config or BertConfig.from_dict(
@@ -492,6 +518,7 @@ FINETUNE_ARCHITECTURES = {
     "token-classification": "BertForTokenClassification",
     "question-answering": "BertForQuestionAnswering",
     "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
+    "cross-encoder": "BertForSequenceClassification",  # one label
 }
 
 
@@ -506,3 +533,56 @@ def _check_labels(base, dataset: dict) -> None:
             "validation",
             f"base_model: '{base.name}' is a classifier with {have} labels; dataset '{dataset['name']}' has {want}",
         )
+
+
+def _cross_encoder_loss(p, dataset: dict) -> str:
+    """The loss a cross-encoder job trains with: the one asked, else mnrl for pairs and bce for the others."""
+    return p.loss or ("mnrl" if dataset["kind"] == "pairs" else "bce")
+
+
+def _check_cross_encoder(p, base, dataset: dict) -> None:
+    """What a cross-encoder job's loss, dataset and base model must agree on (model/data/cross_encoder_data.py)."""
+    name, kind, loss = dataset["name"], dataset["kind"], _cross_encoder_loss(p, dataset)
+    if loss == "mnrl" and kind != "pairs":
+        raise ServiceError(
+            "validation",
+            f"params.loss: mnrl ranks each anchor's positive above its negatives, so it trains on a pairs dataset; "
+            f"'{name}' is {kind}: use bce",
+        )
+    if loss == "bce" and kind == "pairs" and not dataset.get("negatives"):
+        raise ServiceError(
+            "validation",
+            f"params.loss: bce on pairs labels each positive 1 and each hard negative 0, and dataset '{name}' has "
+            "no negatives: use mnrl (its negatives come from the batch), or upload pairs with negatives",
+        )
+    if kind == "labelled":
+        _check_pair_labels(dataset)
+    if "classifier" in base.heads and base.config.num_labels != 1:
+        raise ServiceError(
+            "validation",
+            f"base_model: '{base.name}' is a classifier with {base.config.num_labels} labels; a cross-encoder has one "
+            "(start from an encoder, such as an embedding model, or from a reranker)",
+        )
+
+
+def _check_pair_labels(dataset: dict) -> None:
+    """A labelled dataset a cross-encoder trains on: text pairs, labels 0 or 1 or scores in 0..1."""
+    if not dataset.get("is_pair"):
+        raise ServiceError(
+            "validation",
+            f"dataset: '{dataset['name']}' has no text_pair column: a cross-encoder scores (text, text_pair) pairs",
+        )
+    bad = [label for label in dataset.get("labels") or () if not _in_unit_range(label)]
+    if bad:
+        raise ServiceError(
+            "validation",
+            f"dataset: '{dataset['name']}' has labels {', '.join(map(repr, bad[:5]))}: a cross-encoder's labels are "
+            "0 or 1, or scores in 0..1",
+        )
+
+
+def _in_unit_range(label: str) -> bool:
+    try:
+        return 0.0 <= float(label) <= 1.0
+    except ValueError:
+        return False

@@ -24,7 +24,8 @@
 Modules: corpus (formats, sentence splitting, cache), store (sharded token stores), pretraining (packing, NSP, masking),
 finetune (tables, labels, splits), token_classification (CoNLL/JSONL tags, IOB2, word alignment),
 question_answering (SQuAD JSON, windows, answer positions), pairs (sentence-transformers' pairs and
-scored pairs), retrieval_data (BEIR folders and retrieval JSONL: queries, corpus, relevance),
+scored pairs), cross_encoder_data (a reranker's pairs and their batches, in-batch negatives included),
+retrieval_data (BEIR folders and retrieval JSONL: queries, corpus, relevance),
 batches (resumable batch streams), corpus_build (sharded token stores from raw text at scale), wikixml
 (Wikipedia XML dumps).
 

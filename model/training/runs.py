@@ -102,7 +102,8 @@ TASKS = options.TASKS
 @dataclass
 class FinetuneSpec:
     # sequence-classification: CSV, TSV or JSONL with text[, text_pair], label columns;
-    # token-classification: CoNLL columns or JSONL {tokens, tags}; question-answering: SQuAD JSON.
+    # token-classification: CoNLL columns or JSONL {tokens, tags}; question-answering: SQuAD JSON;
+    # cross-encoder: pairs, scored pairs or labelled pairs (model/data/cross_encoder_data.py).
     # Any of them optionally .gz/.bz2.
     train_file: str
     from_model: str  # model directory to start from (with its tokenizer)
@@ -120,14 +121,17 @@ class FinetuneSpec:
     doc_stride: int | None = _FT["doc_stride"]  # QA: context tokens windows share; None = 128, less in short windows
     max_query_length: int = _FT["max_query_length"]  # QA: question tokens kept
     max_answer_len: int = _FT["max_answer_len"]  # QA evaluation: longest answer in tokens
-    # sentence-embedding (model/training/sentence_embedding.py): the loss and its options
-    loss: str | None = _FT["loss"]  # None: mnrl on pairs, cosent on scored pairs
-    scale: float = _FT["scale"]
+    # sentence-embedding (model/training/sentence_embedding.py) and cross-encoder (model/training/cross_encoder.py)
+    loss: str | None = _FT["loss"]  # None: mnrl on pairs; cosent (sentence-embedding) or bce (cross-encoder) otherwise
+    scale: float = _FT["scale"]  # the similarity scale; cross-encoder mnrl: sigmoid(logit) * scale into the softmax
     directions: tuple[str, ...] = _FT["directions"]
     partition_mode: str = _FT["partition_mode"]
     cached: bool = _FT["cached"]
     mini_batch_size: int = _FT["mini_batch_size"]
     matryoshka_dims: tuple[int, ...] | None = _FT["matryoshka_dims"]
+    num_negatives: int = _FT["num_negatives"]  # cross-encoder mnrl: in-batch negatives per anchor
+    pos_weight: float | None = _FT["pos_weight"]  # cross-encoder bce: a positive's weight
+    retriever_model: str | None = _FT["retriever_model"]  # cross-encoder on pairs: the first stage's model directory
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -161,6 +165,8 @@ def task_train_config(task: str) -> TrainConfig:
         config = dataclasses.replace(config, best_metric="f1", greater_is_better=True)
     if task == "sentence-embedding":  # scored pairs: spearman_cosine (_embedding_data)
         config = dataclasses.replace(config, best_metric="cosine_ndcg@10", greater_is_better=True)
+    if task == "cross-encoder":  # a pairs file's; scored and labelled pairs take spearman and f1 (the run sets them)
+        config = dataclasses.replace(config, best_metric="rerank_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -228,12 +234,16 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
         model = model_class.from_pretrained(source, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
-        trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
+        loss_fn = _cross_encoder_loss(spec, data, model, tokenizer) if spec.task == "cross-encoder" else None
+        trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks, loss_fn)
     return trainer.fit(resume=resume_from or False)
 
 
-def _trainer(config: TrainConfig, out: Path, model, tokenizer, train_data, eval_data, callbacks) -> Trainer:
-    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py, callbacks."""
+def _trainer(
+    config: TrainConfig, out: Path, model, tokenizer, train_data, eval_data, callbacks, loss_fn=None
+) -> Trainer:
+    """The trainer both run functions use: the run directory, evaluation by model/training/evaluation.py (a
+    task's own evaluation set scores the model itself), the model's own loss or the task's loss_fn, callbacks."""
     return Trainer(
         model,
         train_data,
@@ -243,6 +253,7 @@ def _trainer(config: TrainConfig, out: Path, model, tokenizer, train_data, eval_
         evaluate_fn=evaluate,
         tokenizer=tokenizer,
         callbacks=callbacks,
+        loss_fn=loss_fn,
     )
 
 
@@ -353,18 +364,66 @@ def _embedding_length(model_dir: str | Path, tokenizer: BertTokenizer, max_seq_l
     return min(max_seq_len, modules.max_seq_length or max_seq_len)
 
 
+def _cross_encoder_data(spec: FinetuneSpec):
+    from model.data.cross_encoder_data import load_cross_encoder_data
+    from model.training.cross_encoder import BEST_METRIC, CONFIG_UPDATES
+
+    data = load_cross_encoder_data(
+        spec.train_file, spec.eval_file, loss=spec.loss, eval_fraction=spec.eval_fraction, seed=spec.train.seed
+    )
+    if spec.train.best_metric == BEST_METRIC["pairs"]:  # the task's default, which follows the data
+        spec.train = dataclasses.replace(spec.train, best_metric=BEST_METRIC[data.kind], greater_is_better=True)
+    return BertForSequenceClassification, data, CONFIG_UPDATES
+
+
+def _cross_encoder_batches(spec: FinetuneSpec, data, tokenizer):
+    from model.data.cross_encoder_data import CrossEncoderBatches
+    from model.training.cross_encoder import CrossEncoderEvaluation, directory_encoder, first_stage_candidates
+    from model.training.losses import sample_in_batch_negatives
+
+    train = CrossEncoderBatches(
+        data.train,
+        tokenizer,
+        loss=data.loss,
+        batch_size=spec.batch_size,
+        max_seq_len=spec.max_seq_len,
+        seed=spec.train.seed,
+        num_negatives=spec.num_negatives,
+        draw_negatives=sample_in_batch_negatives,
+    )
+    if not data.eval:
+        return train, None
+    candidates = None
+    if data.kind == "pairs" and spec.retriever_model:  # the first stage is fixed: its candidates are found once
+        encode = directory_encoder(_model_dir_of(Path(spec.retriever_model)), resolve_device(spec.train.device))
+        candidates = first_stage_candidates(encode, data.eval)
+    kw: dict[str, Any] = dict(max_seq_len=spec.max_seq_len, batch_size=spec.batch_size, pos_weight=spec.pos_weight)
+    return train, CrossEncoderEvaluation(data.kind, data.eval, tokenizer, candidates=candidates, **kw)
+
+
+def _cross_encoder_loss(spec: FinetuneSpec, data, model, tokenizer):
+    """The trainer's loss_fn of a cross-encoder run (model/training/cross_encoder.py)."""
+    from model.training.cross_encoder import CrossEncoderObjective, PairScorer, make_loss
+
+    scorer = PairScorer(model, tokenizer, max_seq_len=spec.max_seq_len)  # the loss's score_pairs, for texts
+    loss = make_loss(data.loss, scorer, num_negatives=spec.num_negatives, scale=spec.scale, pos_weight=spec.pos_weight)
+    return CrossEncoderObjective(loss)
+
+
 # task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
     "token-classification": _tagging_data,
     "question-answering": _qa_data,
     "sentence-embedding": _embedding_data,
+    "cross-encoder": _cross_encoder_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
     "token-classification": _tagging_batches,
     "question-answering": _qa_batches,
     "sentence-embedding": _embedding_batches,
+    "cross-encoder": _cross_encoder_batches,
 }
 
 

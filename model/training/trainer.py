@@ -2,6 +2,8 @@
 
 The loop knows only that `model(**batch)` returns an object whose `loss` is a scalar to minimise;
 it also reports every other scalar field named "*loss" (BERT pretraining's mlm_loss and nsp_loss).
+A loss the model does not compute itself (a cross-encoder's ranking loss over each anchor's candidates)
+comes in as `loss_fn(forward, batch)`, which calls the model and returns its output with `loss` set.
 Everything else enters through arguments: evaluation is the caller's `evaluate_fn` (for BERT,
 model.training.evaluation.evaluate), and progress, a tqdm bar, a Celery update, a stop request, go through
 `Callback` objects (model/training/callbacks.py), so model/ never learns about the CLI or the worker:
@@ -80,6 +82,10 @@ log = logging.getLogger(__name__)
 FINAL_MODEL = "model"
 _DEFAULT = defaults("pretrain", trainer=True)  # model/options.py: a field's default and the reason for it
 
+
+# loss_fn(forward, batch) -> the model's output with `loss` set, where `forward(**inputs)` runs the model
+# (through DDP and torch.compile when the run uses them); None: forward(**batch) computes its own loss.
+LossFn = Callable[[Callable[..., Any], dict[str, torch.Tensor]], Any]
 
 # evaluate_fn(model, eval_data, *, device, precision, max_batches, should_stop) -> metrics
 # (model.training.evaluation.evaluate); it may raise model.training.evaluation.EvaluationStopped when should_stop() says so.
@@ -244,6 +250,7 @@ class Trainer:
         tokenizer=None,
         callbacks: Sequence[Callback] = (),
         evaluate_fn: EvaluateFn | None = None,
+        loss_fn: LossFn | None = None,
     ):
         if eval_data is not None and evaluate_fn is None:
             raise ValueError("eval_data needs an evaluate_fn (for BERT models: model.training.evaluation.evaluate)")
@@ -256,7 +263,7 @@ class Trainer:
         self.ddp = self._wrap(self.model)
         self.forward = torch.compile(self.ddp) if config.compile else self.ddp
         self.train_data, self.eval_data = train_data, eval_data
-        self.tokenizer, self.evaluate_fn = tokenizer, evaluate_fn
+        self.tokenizer, self.evaluate_fn, self.loss_fn = tokenizer, evaluate_fn, loss_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.callbacks = list(callbacks)
         if self.run_dir is not None and self.dist.is_main:
@@ -417,7 +424,7 @@ class Trainer:
             # sync is False only with ranks, where _wrap made self.ddp a DistributedDataParallel.
             with contextlib.nullcontext() if sync else cast(DistributedDataParallel, self.ddp).no_sync():
                 with autocast(self.device, self.precision):
-                    out = self.forward(**local)
+                    out = self.forward(**local) if self.loss_fn is None else self.loss_fn(self.forward, local)
                 loss, reported = self._weighted_losses(out, batch, local, factor)
                 (loss / accum).backward()
             for name, value in reported.items():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from model.errors import UserError
 from tests.helpers import make_data_dir, squad_json, write_dataset
 from worker.recipes import finetune_spec
 
@@ -41,6 +44,22 @@ def test_a_record_from_before_tasks_is_sequence_classification(tmp_path):
         record(task="token-classification", doc_stride=None, max_query_length=64), data_dir, tmp_path / "job", "cpu"
     )
     assert (spec.task, spec.doc_stride, spec.train.best_metric) == ("token-classification", None, "f1")
+
+
+def test_a_cross_encoder_jobs_retriever_is_its_models_directory(tmp_path):
+    data_dir = make_data_dir(tmp_path / "data")
+    write_dataset(data_dir, "squad", squad_json(), "squad.json")  # the spec names the file; the run reads it
+    job = record(task="cross-encoder", loss="bce", num_negatives=2, scale=5.0, pos_weight=3.0, retriever_model="tiny")
+    spec = finetune_spec(job, data_dir, tmp_path / "job", "cpu")
+    assert (spec.loss, spec.num_negatives, spec.scale, spec.pos_weight) == ("bce", 2, 5.0, 3.0)
+    assert spec.retriever_model == str(data_dir / "models" / "tiny")
+    assert (spec.train.best_metric, spec.train.greater_is_better, spec.train.epochs) == ("rerank_ndcg@10", True, None)
+    with pytest.raises(UserError) as e:
+        finetune_spec(record(task="cross-encoder", retriever_model="gone"), data_dir, tmp_path / "job", "cpu")
+    assert str(e.value) == (
+        f"retriever_model: model 'gone' is no longer in {data_dir / 'models'}; the reranking evaluation needs it "
+        "as its first stage (restart the job once it is back)"
+    )
 
 
 def test_an_eval_dataset_is_the_specs_eval_file(tmp_path):
