@@ -121,7 +121,7 @@ BAD = [
     ),
     (
         finetune_request("x", dataset="faq", loss="bce"),
-        "finetune.params: loss is for task cross-encoder, not sequence-classification",
+        "finetune.params: loss is for task sentence-embedding or cross-encoder, not sequence-classification",
     ),
 ]
 

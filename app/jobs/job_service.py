@@ -543,6 +543,8 @@ def _cross_encoder_loss(p, dataset: dict) -> str:
 def _check_cross_encoder(p, base, dataset: dict) -> None:
     """What a cross-encoder job's loss, dataset and base model must agree on (model/data/cross_encoder_data.py)."""
     name, kind, loss = dataset["name"], dataset["kind"], _cross_encoder_loss(p, dataset)
+    if loss not in ("bce", "mnrl"):
+        raise ServiceError("validation", f"params.loss: a cross-encoder trains with bce or mnrl, not {loss}")
     if loss == "mnrl" and kind != "pairs":
         raise ServiceError(
             "validation",

@@ -144,7 +144,7 @@ TrainParams = create_model(
     **option_fields("pretrain", _SHARED),
 )
 
-assert set(TASKS) <= set(KINDS_OF_TASK)  # every fine-tuning task names the dataset kinds it trains on
+assert set(TASKS) == set(KINDS_OF_TASK)  # every fine-tuning task names the dataset kinds it trains on, and no more
 
 
 class _FinetuneParams(TrainParams):

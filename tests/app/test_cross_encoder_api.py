@@ -62,6 +62,7 @@ def test_cross_encoder_jobs_on_its_three_kinds_pass_validation(env, request_):
 
 
 BAD_JOBS = [
+    (ce("pairs", loss="cosent"), "params.loss: a cross-encoder trains with bce or mnrl, not cosent"),
     (
         ce("squad"),
         "dataset: 'squad' is a qa dataset; task cross-encoder needs a pairs, scored-pairs or labelled one",
@@ -93,7 +94,7 @@ BAD_JOBS = [
     ),
     (
         ce("pairs", loss="hinge"),
-        "finetune.params.loss: Input should be 'bce' or 'mnrl'",
+        "finetune.params.loss: Input should be 'mnrl', 'cosent' or 'bce'",
     ),
     (ce("pairs", num_negatives=-1), "finetune.params.num_negatives: Input should be greater than or equal to 0"),
     (ce("pairs", scale=0), "finetune.params.scale: Input should be greater than 0"),
@@ -104,7 +105,7 @@ BAD_JOBS = [
     ),
     (
         finetune_request("x", dataset="pair-labels", loss="bce"),
-        "finetune.params: loss is for task cross-encoder, not sequence-classification",
+        "finetune.params: loss is for task sentence-embedding or cross-encoder, not sequence-classification",
     ),
     (
         ce("pair-labels", regression=True),

@@ -229,8 +229,8 @@ def test_the_best_checkpoint_follows_the_datas_metric(files, tmp_path):
     assert {"rerank_map", "rerank_mrr@10", "rerank_ndcg@10", "queries"} <= pairs.eval_metrics.keys()
     assert not any(k.startswith("rerank_base_") for k in pairs.eval_metrics)  # no first stage: every document
     scored = run(files, tmp_path / "s", "scored.csv", train={"max_steps": 2, "eval_every": 1})
-    measured = {"loss", "pearson", "spearman", "pairs"}  # and the base model's, evaluated before the first step
-    assert set(scored.eval_metrics) == {"type", "step", *measured, *(f"base_{k}" for k in measured)}
+    measured = {"loss", "pearson", "spearman"}  # and the base model's, evaluated before the first step
+    assert set(scored.eval_metrics) == {"type", "step", "pairs", *measured, *(f"base_{k}" for k in measured)}
     curve = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in curve if r["type"] == "eval")
     assert first["step"] == 0 and scored.eval_metrics["base_spearman"] == first["spearman"]
