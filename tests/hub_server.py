@@ -341,7 +341,7 @@ CONLL_REPO = "eriktks/conll2003"  # a loading script on main, the data in refs/c
 SQUAD_REPO = "rajpurkar/squad"  # answers as datasets has them: {text: [...], answer_start: [...]}
 NLI_REPO = "sentence-transformers/all-nli"  # four subsets, none the default
 NQ_REPO = "sentence-transformers/natural-questions"  # pairs under other names: query, answer
-JSONL_DATASET = "acme/reviews-jsonl"  # no card: JSON Lines and CSV named by split; branches main and v2
+JSONL_DATASET = "acme/reviews-jsonl"  # no card: JSON Lines and CSV named by split; branches main, v2 and broken
 GATED_DATASET = "acme/gated-reviews"
 SCRIPT_DATASET = "acme/script-only"  # a loading script and no Parquet export
 IMDB_LABELS = ["neg", "pos"]
@@ -377,7 +377,7 @@ def imdb_rows() -> dict[str, list[dict]]:
     with open(EXAMPLES / "reviews.csv", newline="") as f:
         train = [{"text": r["text"], "label": 0 if r["label"] == "negative" else 1} for r in csv.DictReader(f)]
     unlabelled = [{"text": r["text"], "label": -1} for r in train[:4]]
-    return {"train": train, "test": train[::4], "unsupervised": unlabelled}
+    return {"train": train, "test": train[:10], "unsupervised": unlabelled}
 
 
 def conll_rows() -> list[dict]:
@@ -588,7 +588,8 @@ def _add_jsonl(hub: HubServer) -> None:
 
     main = {"data/train.jsonl": jsonl(rows[:30]), "data/dev.csv": csv_bytes(rows[30:]), "notes.md": b"no card\n"}
     v2 = {"data/train.jsonl": jsonl(rows[:20]), "data/test.jsonl": jsonl(rows[20:])}
-    hub.add(JSONL_DATASET, {"main": main, "v2": v2}, repo_type="dataset")
+    broken = {"data/train.jsonl": jsonl([*rows[:3], {"text": "", "label": "positive"}, *rows[3:6]])}  # row 3
+    hub.add(JSONL_DATASET, {"main": main, "v2": v2, "broken": broken}, repo_type="dataset")
     hub.add(GATED_DATASET, {"main": main}, gated=True, repo_type="dataset")
     script = {"README.md": _card("license: mit", "A script"), "loader.py": b"# never run\n"}
     hub.add(SCRIPT_DATASET, {"main": script}, repo_type="dataset")

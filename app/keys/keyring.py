@@ -128,6 +128,11 @@ class Keyring:
         key = self.by_hash.get(digest)
         return key if key is not None and hmac.compare_digest(key.hash, digest) else None
 
+    def named(self, name: str) -> Key | None:
+        """The key called `name` (a job's owner), as the keys file has it now; None when there is none."""
+        self.refresh()
+        return self.file_keys.get(name) or next((k for k in self._built_in if k.name == name), None)
+
     def authorize(self, token: str | None, scope: str, what: str) -> Key:
         """The caller's key for a request needing `scope` (`what` names the request in a 403);
         401 for a missing or unknown key, 403 for a key without the scope."""
