@@ -22,6 +22,7 @@ from typing import Any
 from app.errors import ServiceError
 from app.jobs.uploads import _install, check_fields
 from app.settings import Settings
+from datadir import DataDir
 from datadir.datasets import staging_dir
 from model.data.hub_rows import importable_kinds, lines_as_rows, write_split
 from model.dataset_sources import fetch_split
@@ -75,17 +76,25 @@ def import_dataset(
     check_room: Callable[[int], None] | None = None,
     progress: Progress | None = None,
     on_rows: Callable[[int], None] | None = None,
+    staging: Path | None = None,
 ) -> dict[str, Any]:
     """Import `request` as dataset `request.name` (owned by `owner`; `shared`: every key may train on it) and
     return its meta.json. `check_room(bytes)` refuses it (the key's disk quota) before the download and before
     the install; `progress(done, total)` gets the bytes downloaded and `on_rows(rows)` the rows written (either
-    may raise to stop it). A ServiceError (a 409 for a name taken, a 422 for the rest) or a UserError says why not."""
+    may raise to stop it). The dataset is built in `staging` (a new folder, inside DATA_DIR: an import job's own,
+    so that a killed attempt's is found again; default: a hidden one beside the datasets) and renamed into place.
+    A ServiceError (a 409 for a name taken, a 422 for the rest) or a UserError says why not."""
     if request.kind is not None and request.kind not in importable_kinds():
         raise ServiceError(
             "validation", f"kind: a Hub dataset imports as {', '.join(importable_kinds())}, not {request.kind}"
         )
     check_fields({"name": request.name}, data_dir)  # the name's rule, and not taken, before any download
-    tmp = staging_dir(data_dir, "hub-import")
+    if staging is None:
+        tmp = staging_dir(data_dir, "hub-import")
+    else:
+        DataDir(data_dir).datasets.mkdir(parents=True, exist_ok=True)  # where it is renamed to
+        staging.mkdir()
+        tmp = staging
     try:
         fetched = fetch_split(
             request.repo,

@@ -54,6 +54,7 @@ log = logging.getLogger("bertserve")
 
 KIND = "import"
 UPLOAD = "upload"  # the archive's file name in the job directory: upload<suffix>
+STAGING = "dataset"  # the folder in the job directory a dataset import builds its dataset in
 PROGRESS_EVERY_S = 0.25
 
 
@@ -228,6 +229,8 @@ class Imports:
         key = self.key_named(record.get("owner") or "")
         room = None if key is None else (lambda n: check_room(self.data_dir, key, n, "this dataset"))
         owner = record.get("owner")
+        staging = self.records.job_dir(job_id) / STAGING
+        shutil.rmtree(staging, ignore_errors=True)  # what an attempt that did not finish left
         try:
             meta = import_dataset(
                 self.data_dir,
@@ -238,6 +241,7 @@ class Imports:
                 check_room=room,
                 progress=self._progress(job_id),
                 on_rows=lambda rows: self._cancel_point(job_id),
+                staging=staging,
             )
         except ImportCancelled:
             return attempt.cancel("cancelled while importing")

@@ -44,7 +44,9 @@ async def imported(client, body: dict) -> dict:
 
 
 def leftovers(tmp_path) -> list[str]:
-    return [p.name for p in (tmp_path / "data" / "datasets").glob(".tmp*")]
+    """Staging folders left: hidden ones beside the datasets, and the import jobs' own."""
+    data = tmp_path / "data"
+    return [p.name for p in (data / "datasets").glob(".tmp*")] + [str(p) for p in data.glob("jobs/*/dataset")]
 
 
 async def test_each_id_of_the_documentation_gives_a_dataset_its_fine_tune_accepts(hub, hub_env, tmp_path):
@@ -106,7 +108,7 @@ async def test_each_id_of_the_documentation_gives_a_dataset_its_fine_tune_accept
     assert listed["conll"]["source"]["revision"] == H.PARQUET_EXPORT and listed["conll"]["source"]["columns"] == {
         "ner_tags": "tags"
     }
-    assert listed["conll"]["labels"] == ["B-LOC", "B-ORG", "B-PER", "I-LOC", "I-ORG", "I-PER", "O"]
+    assert listed["conll"]["labels"] == sorted(H.CONLL_TAGS)
     squad = listed["squad"]
     assert (squad["questions"], squad["impossible"], squad["source"]["license"]) == (48, 0, "cc-by-sa-4.0")
     assert (listed["nli"]["rows"], listed["nli"]["negatives"]) == (8, 1)
@@ -295,15 +297,26 @@ async def test_a_name_taken_or_being_imported_is_a_conflict(hub_env, tmp_path):
 
 
 async def test_an_unfinished_import_resumes_when_the_api_starts(hub, hub_env, tmp_path):
+    """A queued import, and one whose process died while writing (its lease free, half a dataset staged in its job's
+    folder), run when the API starts: the staged half is dropped, the datasets made whole."""
+    from datadir import jobs as transitions
+
     s = settings(tmp_path)
-    queued = Imports(s.data_dir).submit_dataset(
-        DatasetImport("later", H.IMDB_REPO, split="test"), ANONYMOUS, start=False
-    )
+    imports = Imports(s.data_dir)
+    queued = imports.submit_dataset(DatasetImport("later", H.IMDB_REPO, split="test"), ANONYMOUS, start=False)
+    died = imports.submit_dataset(DatasetImport("again", H.CONLL_REPO, split="train"), ANONYMOUS, start=False)
+    imports.records.move(died["id"], transitions.start, "a-dead-api:1")
+    half = imports.records.job_dir(died["id"]) / "dataset"
+    half.mkdir()
+    (half / "data.jsonl").write_text('{"tokens": ["half"], "tags": ["O"]}\n')
     async with serve_app(s, wait_ready=False) as client:
         client.app.state.imports.wait(timeout=120)
-        done = (await client.get(f"/jobs/{queued['id']}")).json()
-        assert done["state"] == "succeeded", done["error"]
-        assert (await client.get("/datasets/later")).json()["rows"] == 10
+        for record, name, rows in ((queued, "later", 10), (died, "again", 26)):
+            done = (await client.get(f"/jobs/{record['id']}")).json()
+            assert done["state"] == "succeeded", done["error"]
+            assert (await client.get(f"/datasets/{name}")).json()["sentences" if name == "again" else "rows"] == rows
+        assert done["attempts"] == 2 and "attempt did not finish" in [e["event"] for e in done["events"]]
+    assert leftovers(tmp_path) == []
 
 
 def test_a_cancel_stops_the_rows_being_written(hub, hub_env, tmp_path, monkeypatch):
@@ -325,6 +338,7 @@ def test_a_cancel_stops_the_rows_being_written(hub, hub_env, tmp_path, monkeypat
     assert (after["state"], checked) == ("cancelled", [record["id"]])
     assert after["events"][-1]["event"] == "cancelled"
     assert [p.name for p in (tmp_path / "datasets").iterdir()] == []
+    assert not (imports.records.job_dir(record["id"]) / "dataset").exists()
 
 
 async def test_offline_an_import_comes_from_the_cache(hub, hub_env, tmp_path, monkeypatch):

@@ -521,3 +521,11 @@ def test_offline_from_the_cache(hub, hub_env, monkeypatch):
     with pytest.raises(UserError, match=f"^HF_HUB_OFFLINE is set and {H.SQUAD_REPO} is not in the Hugging Face cache"):
         fetch(repo=H.SQUAD_REPO, split="train")
     assert hub.requests[before:] == []
+
+
+def test_a_gated_repo_with_a_token(hub, hub_env, monkeypatch):
+    with pytest.raises(UserError, match=f"^{H.GATED_DATASET} is a gated repo: accept its terms on the Hub"):
+        fetch(repo=H.GATED_DATASET, split="train")
+    monkeypatch.setenv("HF_TOKEN", H.TOKEN)
+    fetched = fetch(repo=H.GATED_DATASET, split="train")
+    assert [f.name for f in fetched.files] == ["data/train.jsonl"]
