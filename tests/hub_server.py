@@ -381,17 +381,23 @@ def imdb_rows() -> dict[str, list[dict]]:
 
 
 def conll_rows() -> list[dict]:
+    """ner.conll's sentences, and two with CoNLL-2003's fourth type (MISC), so every one of its tags is there."""
     from model.data.token_classification import read_tagged
 
+    tagged = [(s.tokens, s.tags) for s in read_tagged(EXAMPLES / "ner.conll")]
+    tagged += [
+        (["Dutch", "cheese", "sells", "well", "."], ["B-MISC", "O", "O", "O", "O"]),
+        (["Anna", "won", "the", "Tour", "de", "France", "."], ["B-PER", "O", "O", "B-MISC", "I-MISC", "I-MISC", "O"]),
+    ]
     return [
         {
             "id": str(i),
-            "tokens": s.tokens,
-            "pos_tags": [0] * len(s.tokens),
-            "chunk_tags": [0] * len(s.tokens),
-            "ner_tags": [CONLL_TAGS.index(t) for t in s.tags],
+            "tokens": tokens,
+            "pos_tags": [0] * len(tokens),
+            "chunk_tags": [0] * len(tokens),
+            "ner_tags": [CONLL_TAGS.index(t) for t in tags],
         }
-        for i, s in enumerate(read_tagged(EXAMPLES / "ner.conll"))
+        for i, (tokens, tags) in enumerate(tagged)
     ]
 
 

@@ -69,8 +69,8 @@ def cmd_datasets_import(args: argparse.Namespace) -> int:
     _audit(data_dir, "dataset.import", f"{args.name} from {args.repo}")
     source = meta["source"]
     print(
-        f"imported {args.repo} (subset {source['subset']}, split {source['split']}, commit {source['sha'][:12]}) as "
-        f"dataset '{args.name}' ({meta['kind']}, {meta['format']}): {summary(meta)}"
+        f"imported {args.repo} (subset {source['subset']}, split {source['split']}) as dataset '{args.name}' "
+        f"({meta['kind']}, {meta['format']}): {summary(meta)}"
     )
     return 0
 

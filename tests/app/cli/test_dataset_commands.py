@@ -160,7 +160,7 @@ def test_import_a_hub_datasets_split(hub, hub_env, tmp_path, capsys):
     sha = hub.datasets[H.NLI_REPO].refs["main"]
     assert (code, err) == (0, "")
     assert out == (
-        f"imported {H.NLI_REPO} (subset pair-class, split train[:6], commit {sha[:12]}) as dataset 'nli' "
+        f"imported {H.NLI_REPO} (subset pair-class, split train[:6]) as dataset 'nli' "
         "(labelled, jsonl): 6 rows, 3 labels (text pairs)\n"
     )
     meta = read_meta(data, "nli")
