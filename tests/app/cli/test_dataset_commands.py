@@ -205,3 +205,37 @@ def test_import_a_hub_datasets_split(hub, hub_env, tmp_path, capsys):
         ("dataset.import", f"dataset nli from {H.NLI_REPO}", "cli")
     ]
     assert sorted(p.name for p in (data / "datasets").iterdir()) == ["nli"]
+
+
+@pytest.mark.parametrize(
+    "args, kind",
+    [
+        (["stanfordnlp/imdb", "--split", "train"], "labelled"),
+        (["eriktks/conll2003", "--split", "train"], "token-labelled"),
+        (["rajpurkar/squad", "--split", "train"], "qa"),
+        (["sentence-transformers/all-nli", "--subset", "triplet", "--split", "train"], "pairs"),
+        (["sentence-transformers/all-nli", "--subset", "pair-score", "--split", "train"], "scored-pairs"),
+        (["sentence-transformers/natural-questions", "--kind", "pairs"], "pairs"),
+    ],
+)
+def test_each_id_imports_as_its_fine_tune_reads_it(hub, hub_env, tmp_path, capsys, args, kind):
+    """What `bert datasets import` makes of each id the documentation names, read by the reader its training runs."""
+    from model.data.finetune import load_classification_data
+    from model.data.pairs import load_pairs, load_scored_pairs
+    from model.data.question_answering import load_qa_data
+    from model.data.token_classification import load_token_classification_data
+
+    data = tmp_path / "data"
+    code, out, err = bert(capsys, "datasets", "import", *args, "--name", "d", "--data-dir", data)
+    assert (code, err) == (0, ""), err
+    meta = read_meta(data, "d")
+    assert meta["kind"] == kind and out.startswith(f"imported {args[0]} (subset ")
+    path = data / "datasets" / "d" / meta["file"]
+    readers = {
+        "labelled": lambda: load_classification_data(path).id2label == {0: "neg", 1: "pos"},
+        "token-labelled": lambda: len(load_token_classification_data(path).id2label) == 9,
+        "qa": lambda: len(load_qa_data(path).train) > 0,
+        "pairs": lambda: len(load_pairs(path)) == meta["rows"],
+        "scored-pairs": lambda: len(load_scored_pairs(path)) == meta["rows"],
+    }
+    assert readers[kind]()
