@@ -76,7 +76,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     service = Service(settings, metrics)
 
     keyring = Keyring(settings)  # a keys file that cannot be read: KeyFileError, the service does not start
-    imports = Imports(settings.data_dir, lambda: service.registry.memory_budget)  # known once the service started
+    # the memory budget is known once the service started; a dataset import's owner's disk quota when it runs
+    imports = Imports(settings.data_dir, lambda: service.registry.memory_budget, settings, keyring.named)
     batch_jobs = Batches(service)
     mining = Mining(settings, lambda: BackgroundEmbedder(service), keyring.named)
 

@@ -321,6 +321,15 @@ class Settings(BaseSettings):
             "413 at the limit."
         ),
     )
+    max_dataset_import_bytes: int = Field(
+        1024**3,
+        ge=1,
+        description=(
+            "Largest download of a dataset import from the Hugging Face Hub (`POST /datasets` with a repo id, `bert "
+            "datasets import`): the files of the split it imports, by the sizes the Hub lists, refused before any of "
+            "them downloads. The file the import writes is bounded by `BERT_MAX_DATASET_BYTES`, as an upload is."
+        ),
+    )
     dataset_check_seconds: float = Field(
         300.0,
         gt=0,

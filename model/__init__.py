@@ -3,6 +3,7 @@ Importable on its own: it never imports app/ or worker/, nor a web, queue or CLI
 
     modeling.py, config.py, tokenizer.py, weights.py   the BERT, its hyper-parameters, WordPiece, HF weight files
     model_dir.py, model_card.py, sources.py            a model directory, its measured card, where an import comes from
+    dataset_sources.py                                 where an imported dataset comes from: a Hub dataset's split
     sentence_modules.py                                a model's sentence-transformers modules: its pooling, Normalize
     options.py, sizing.py, qa_spans.py, scores.py      training options, sizes from a config, QA answers, task scores
     errors.py                                          errors a user can fix

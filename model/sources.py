@@ -353,13 +353,13 @@ def fetch_hub(
         else:
             snapshot, info = _download(repo, revision, progress, memory_budget)
     except Exception as e:
-        raise _hub_error(e, repo, revision) from None
+        raise hub_error(e, repo, revision) from None
     for path in snapshot.rglob("*"):
         if path.is_file():
             (dest / path.relative_to(snapshot)).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(path.resolve(), dest / path.relative_to(snapshot))
     _check_files(repo, sorted(str(p.relative_to(dest)) for p in dest.rglob("*")))
-    license = _license(info.card_data) if info is not None else None
+    license = card_license(info.card_data) if info is not None else None
     source = {"kind": "hub", "repo": repo, "revision": revision or "main", "sha": snapshot.name, "license": license}
     return Fetched(dest, source)
 
@@ -375,7 +375,7 @@ def _download(
     names = [f for f in HUB_FILES if f in sizes]
     _check_files(repo, list(sizes))
     names.append(next(w for w in WEIGHTS if w in sizes))
-    bar = _progress_class(sum(sizes[n] for n in names), progress)
+    bar = progress_class(sum(sizes[n] for n in names), progress)
     config = Path(hf_hub_download(repo, "config.json", revision=revision, tqdm_class=bar))
     # before the weights: a GPT, or a BERT too big for this service, is refused at once
     _check_config(repo, config, names[-1], sizes[names[-1]], memory_budget)
@@ -441,14 +441,14 @@ def _check_modules(repo: str, snapshot: Path) -> None:
         raise UserError(f"{repo}: {e}") from None
 
 
-def _license(card_data: Any) -> str | None:
+def card_license(card_data: Any) -> str | None:
     if card_data is None:
         return None
     value = card_data.get("license") if hasattr(card_data, "get") else None
     return value if isinstance(value, str) else None
 
 
-def _progress_class(total: int, progress: Progress | None) -> Any:
+def progress_class(total: int, progress: Progress | None) -> Any:
     """huggingface_hub's tqdm (its bar, or none when HF_HUB_DISABLE_PROGRESS_BARS) that also reports
     the bytes of all files together to `progress`."""
     from huggingface_hub.utils import tqdm
@@ -466,8 +466,9 @@ def _progress_class(total: int, progress: Progress | None) -> Any:
     return Bar
 
 
-def _hub_error(e: Exception, repo: str, revision: str | None) -> Exception:
-    """A Hub failure as the one-line UserError a user can act on; anything unexpected unchanged."""
+def hub_error(e: Exception, repo: str, revision: str | None, repo_type: str = "model") -> Exception:
+    """A Hub failure as the one-line UserError a user can act on (`repo_type`: "model" or "dataset"); anything
+    unexpected unchanged."""
     from huggingface_hub import constants, errors
 
     at = f" at revision {revision!r}" if revision else ""
@@ -481,7 +482,8 @@ def _hub_error(e: Exception, repo: str, revision: str | None) -> Exception:
         return UserError(f"{repo} has no revision {revision!r} on {constants.ENDPOINT}")
     if isinstance(e, errors.RepositoryNotFoundError):
         return UserError(
-            f"no model repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with access)"
+            f"no {repo_type} repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with "
+            "access)"
         )
     if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
         return UserError(f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache (HF_HOME)")
@@ -506,7 +508,7 @@ def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
     try:
         HfApi().model_info(repo, timeout=timeout)
     except Exception as e:
-        error = _hub_error(e, repo, None)
+        error = hub_error(e, repo, None)
         return str(error) if isinstance(error, UserError) else f"{type(e).__name__}: {e}"
     return None
 

@@ -6,6 +6,10 @@ repo and download its files, served from memory by a threading http.server on lo
                                                the Hub) answer 302 to a "CDN" on another host name
                                                (localhost) with X-Linked-Etag and X-Linked-Size
     GET  /{repo}/resolve/{rev}/{file}          the same, with the bytes
+    GET  /api/datasets/{repo}[/revision/{rev}] dataset_info, the same for a dataset repo (cardData: its
+                                               README.md's YAML); a revision may hold slashes, sent as %2F
+                                               (refs/convert/parquet, the Hub's Parquet export)
+    HEAD, GET /datasets/{repo}/resolve/{rev}/{file}   a dataset repo's files (Parquet files are LFS)
     GET  /cdn/{sha256}                          an LFS file's bytes
 
 Failures answer as the Hub does: 401 + X-Error-Code RepoNotFound for a repo that does not exist, 404
@@ -25,7 +29,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 TOKEN = "hf_test_token_with_access"
-LFS_SUFFIXES = (".safetensors", ".bin")
+LFS_SUFFIXES = (".safetensors", ".bin", ".parquet")
 
 
 @dataclass
@@ -44,6 +48,7 @@ class HubServer:
 
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
+        self.datasets: dict[str, Repo] = {}
         self.blobs: dict[str, bytes] = {}
         self.requests: list[tuple[str, str]] = []
         self._httpd: ThreadingHTTPServer | None = None
@@ -54,9 +59,12 @@ class HubServer:
         revisions: dict[str, dict[str, bytes]],
         gated: bool = False,
         license: str | None = "apache-2.0",
+        repo_type: str = "model",
     ) -> Repo:
-        """Repo `repo_id` with one commit per branch name in `revisions` ({branch: {path: bytes}})."""
-        repo = self.repos.setdefault(repo_id, Repo(gated=gated, license=license))
+        """Repo `repo_id` (a model's, or a dataset's) with one commit per branch name in `revisions`
+        ({branch: {path: bytes}})."""
+        repos = self.datasets if repo_type == "dataset" else self.repos
+        repo = repos.setdefault(repo_id, Repo(gated=gated, license=license))
         for branch, files in revisions.items():
             sha = hashlib.sha1(repr((repo_id, branch, sorted(files.items()))).encode()).hexdigest()
             repo.refs[branch], repo.commits[sha] = sha, dict(files)
@@ -115,8 +123,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._route(body=True)
 
     def _route(self, body: bool) -> None:
-        path = unquote(urlsplit(self.path).path)
+        raw = urlsplit(self.path).path
+        path = unquote(raw)
         self.server_hub.requests.append((self.command, path))
+        hub = self.server_hub
+        if m := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)(?:/revision/([^/]+))?", raw):
+            return self._model_info(unquote(m[1]), unquote(m[2] or "main"), body, hub.datasets)
+        if m := re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", raw):
+            return self._resolve(unquote(m[1]), unquote(m[2]), unquote(m[3]), body, hub.datasets)
         if m := re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path):
             return self._model_info(m[1], m[2] or "main", body)
         if m := re.fullmatch(r"/cdn/([0-9a-f]{64})", path):
@@ -128,8 +142,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._resolve(m[1], m[2], m[3], body)
         self._error(404, None, "not found", body)
 
-    def _model_info(self, repo_id: str, rev: str, body: bool) -> None:
-        repo = self.server_hub.repos.get(repo_id)
+    def _model_info(self, repo_id: str, rev: str, body: bool, repos: dict[str, Repo] | None = None) -> None:
+        is_dataset = repos is not None
+        repo = (self.server_hub.repos if repos is None else repos).get(repo_id)
         if repo is None:
             return self._error(401, "RepoNotFound", "Repository not found", body)
         sha = repo.resolve(rev)
@@ -150,10 +165,15 @@ class _Handler(BaseHTTPRequestHandler):
             "cardData": {"license": repo.license} if repo.license else {},
             "siblings": siblings,
         }
+        if is_dataset:
+            for key in ("modelId", "pipeline_tag", "library_name"):
+                del info[key]
+            info["tags"] = []
+            info["cardData"] = _front_matter(repo.commits[sha].get("README.md", b""))
         self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
 
-    def _resolve(self, repo_id: str, rev: str, name: str, body: bool) -> None:
-        repo = self.server_hub.repos.get(repo_id)
+    def _resolve(self, repo_id: str, rev: str, name: str, body: bool, repos: dict[str, Repo] | None = None) -> None:
+        repo = (self.server_hub.repos if repos is None else repos).get(repo_id)
         if repo is None:
             return self._error(401, "RepoNotFound", "Repository not found", body)
         if repo.gated and self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -193,6 +213,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body:
             self.wfile.write(content)
+
+
+def _front_matter(readme: bytes) -> dict | None:
+    """A card's YAML, as the Hub's API gives it (cardData)."""
+    import yaml
+
+    m = re.match(rb"^---\n(.*?)\n---", readme, re.S)
+    return yaml.safe_load(m[1]) if m else None
 
 
 def _git_sha(content: bytes) -> str:
@@ -255,6 +283,7 @@ def tiny_hub(root: Path) -> HubServer:
     )
     hub.add(NO_WEIGHTS_REPO, {"main": text})
     hub.add(SHARDED_REPO, {"main": {**text, "model.safetensors.index.json": b'{"weight_map": {}}'}})
+    add_dataset_repos(hub)
     return hub.start()
 
 
@@ -299,7 +328,277 @@ def docs_hub(root: Path) -> HubServer:
     save("cross-encoder/ms-marco-MiniLM-L-6-v2", ranker, lowercase=True)
     nli = BertForSequenceClassification(tiny_config(**labelled(NLI_LABELS)))
     save("ynie/bert-large-uncased-snli_mnli_fever_anli_R1_R2_R3-nli", nli, lowercase=True)
+    add_dataset_repos(hub)
     return hub.start()
+
+
+# -- dataset repos: stand-ins for the Hub datasets the documentation imports (their layout, cards, columns and
+# ClassLabel names, the rows of examples/data), and repos for the import's other paths ---------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
+IMDB_REPO = "stanfordnlp/imdb"  # a card with configs (plain_text: train, test, unsupervised) and ClassLabel names
+CONLL_REPO = "eriktks/conll2003"  # a loading script on main, the data in refs/convert/parquet; names on the card
+SQUAD_REPO = "rajpurkar/squad"  # answers as datasets has them: {text: [...], answer_start: [...]}
+NLI_REPO = "sentence-transformers/all-nli"  # four subsets, none the default
+NQ_REPO = "sentence-transformers/natural-questions"  # pairs under other names: query, answer
+JSONL_DATASET = "acme/reviews-jsonl"  # no card: JSON Lines and CSV named by split; branches main, v2 and broken
+GATED_DATASET = "acme/gated-reviews"
+SCRIPT_DATASET = "acme/script-only"  # a loading script and no Parquet export
+IMDB_LABELS = ["neg", "pos"]
+CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+PARQUET_EXPORT = "refs/convert/parquet"
+
+
+def parquet_bytes(rows: list[dict], features: dict | None = None) -> bytes:
+    """A Parquet file of `rows`, with `datasets`' features in its schema metadata when given."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows)
+    if features is not None:
+        table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _card(yaml_text: str, title: str) -> bytes:
+    return f"---\n{yaml_text.strip()}\n---\n\n# {title}\n".encode()
+
+
+def _class_label_yaml(names: list[str], indent: int) -> str:
+    pad = " " * indent
+    return "".join(f"{pad}'{i}': {name}\n" for i, name in enumerate(names))
+
+
+def imdb_rows() -> dict[str, list[dict]]:
+    import csv
+
+    with open(EXAMPLES / "reviews.csv", newline="") as f:
+        train = [{"text": r["text"], "label": 0 if r["label"] == "negative" else 1} for r in csv.DictReader(f)]
+    unlabelled = [{"text": r["text"], "label": -1} for r in train[:4]]
+    return {"train": train, "test": train[:10], "unsupervised": unlabelled}
+
+
+def conll_rows() -> list[dict]:
+    """ner.conll's sentences, and two with CoNLL-2003's fourth type (MISC), so every one of its tags is there."""
+    from model.data.token_classification import read_tagged
+
+    tagged = [(s.tokens, s.tags) for s in read_tagged(EXAMPLES / "ner.conll")]
+    tagged += [
+        (["Dutch", "cheese", "sells", "well", "."], ["B-MISC", "O", "O", "O", "O"]),
+        (["Anna", "won", "the", "Tour", "de", "France", "."], ["B-PER", "O", "O", "B-MISC", "I-MISC", "I-MISC", "O"]),
+    ]
+    return [
+        {
+            "id": str(i),
+            "tokens": tokens,
+            "pos_tags": [0] * len(tokens),
+            "chunk_tags": [0] * len(tokens),
+            "ner_tags": [CONLL_TAGS.index(t) for t in tags],
+        }
+        for i, (tokens, tags) in enumerate(tagged)
+    ]
+
+
+def squad_rows(path: Path) -> list[dict]:
+    """The answerable questions of a SQuAD file, one row each, as rajpurkar/squad's Parquet holds them."""
+    doc = json.loads(path.read_text())
+    return [
+        {
+            "id": qa["id"],
+            "title": article["title"],
+            "context": paragraph["context"],
+            "question": qa["question"],
+            "answers": {
+                "text": [a["text"] for a in qa["answers"]],
+                "answer_start": [a["answer_start"] for a in qa["answers"]],
+            },
+        }
+        for article in doc["data"]
+        for paragraph in article["paragraphs"]
+        for qa in paragraph["qas"]
+        if qa["answers"]
+    ]
+
+
+def table_rows(name: str) -> list[dict]:
+    import csv
+
+    with open(EXAMPLES / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def add_dataset_repos(hub: HubServer) -> None:
+    """The dataset repos above, in `hub`."""
+    _add_imdb(hub)
+    _add_conll(hub)
+    _add_squad(hub)
+    _add_nli(hub)
+    nq = [{"query": r["anchor"], "answer": r["positive"]} for r in table_rows("pairs.csv")]
+    nq_card = "configs:\n- config_name: pair\n  data_files:\n  - split: train\n    path: pair/train-*\n"
+    files = {"README.md": _card(nq_card, "Natural Questions"), "pair/train-00000-of-00001.parquet": parquet_bytes(nq)}
+    hub.add(NQ_REPO, {"main": files}, repo_type="dataset")
+    _add_jsonl(hub)
+
+
+def _add_imdb(hub: HubServer) -> None:
+    features = {"text": {"dtype": "string", "_type": "Value"}, "label": {"names": IMDB_LABELS, "_type": "ClassLabel"}}
+    card = f"""
+license: other
+dataset_info:
+  config_name: plain_text
+  features:
+  - name: text
+    dtype: string
+  - name: label
+    dtype:
+      class_label:
+        names:
+{_class_label_yaml(IMDB_LABELS, 10)}configs:
+- config_name: plain_text
+  data_files:
+  - split: train
+    path: plain_text/train-*
+  - split: test
+    path: plain_text/test-*
+  - split: unsupervised
+    path: plain_text/unsupervised-*
+  default: true
+"""
+    files = {"README.md": _card(card, "IMDB")}
+    for split, rows in imdb_rows().items():
+        files[f"plain_text/{split}-00000-of-00001.parquet"] = parquet_bytes(rows, features)
+    hub.add(IMDB_REPO, {"main": files}, repo_type="dataset")
+
+
+def _add_conll(hub: HubServer) -> None:
+    card = f"""
+license: other
+dataset_info:
+  config_name: conll2003
+  features:
+  - name: id
+    dtype: string
+  - name: tokens
+    sequence: string
+  - name: pos_tags
+    sequence:
+      class_label:
+        names:
+          '0': NN
+  - name: chunk_tags
+    sequence:
+      class_label:
+        names:
+          '0': O
+  - name: ner_tags
+    sequence:
+      class_label:
+        names:
+{_class_label_yaml(CONLL_TAGS, 10)}"""
+    main = {"README.md": _card(card, "CoNLL-2003"), "conll2003.py": b"# a loading script: never run\n"}
+    rows = conll_rows()
+    export = {
+        f"conll2003/{split}/0000.parquet": parquet_bytes(part)
+        for split, part in (("train", rows), ("validation", rows[:6]), ("test", rows[-6:]))
+    }
+    hub.add(CONLL_REPO, {"main": main, PARQUET_EXPORT: export}, repo_type="dataset")
+
+
+def _add_squad(hub: HubServer) -> None:
+    card = """
+license: cc-by-sa-4.0
+dataset_info:
+  config_name: plain_text
+  features:
+  - name: id
+    dtype: string
+  - name: title
+    dtype: string
+  - name: context
+    dtype: string
+  - name: question
+    dtype: string
+  - name: answers
+    sequence:
+    - name: text
+      dtype: string
+    - name: answer_start
+      dtype: int32
+configs:
+- config_name: plain_text
+  data_files:
+  - split: train
+    path: plain_text/train-*
+  - split: validation
+    path: plain_text/validation-*
+  default: true
+"""
+    files = {
+        "README.md": _card(card, "SQuAD"),
+        "plain_text/train-00000-of-00001.parquet": parquet_bytes(squad_rows(EXAMPLES / "squad-train.json")),
+        "plain_text/validation-00000-of-00001.parquet": parquet_bytes(squad_rows(EXAMPLES / "squad-dev.json")),
+    }
+    hub.add(SQUAD_REPO, {"main": files}, repo_type="dataset")
+
+
+def _add_nli(hub: HubServer) -> None:
+    triplets = table_rows("pairs.csv")
+    scored = [{**r, "score": float(r["score"])} for r in table_rows("stsb.csv")]
+    classes = [{"premise": r["sentence1"], "hypothesis": r["sentence2"], "label": i % 3} for i, r in enumerate(scored)]
+    subsets = {
+        "pair": [{"anchor": r["anchor"], "positive": r["positive"]} for r in triplets],
+        "pair-class": classes,
+        "pair-score": scored,
+        "triplet": triplets,
+    }
+    card = f"""
+dataset_info:
+- config_name: pair-class
+  features:
+  - name: premise
+    dtype: string
+  - name: hypothesis
+    dtype: string
+  - name: label
+    dtype:
+      class_label:
+        names:
+{_class_label_yaml(NLI_LABELS, 10)}configs:
+"""
+    files = {}
+    for subset, rows in subsets.items():
+        card += f"- config_name: {subset}\n  data_files:\n"
+        for split, part in (("train", rows), ("dev", rows[:3]), ("test", rows[-3:])):
+            card += f"  - split: {split}\n    path: {subset}/{split}-*\n"
+            files[f"{subset}/{split}-00000-of-00001.parquet"] = parquet_bytes(part)
+    hub.add(NLI_REPO, {"main": {"README.md": _card(card, "AllNLI"), **files}}, repo_type="dataset")
+
+
+def _add_jsonl(hub: HubServer) -> None:
+    rows = table_rows("reviews.csv")
+
+    def jsonl(part: list[dict]) -> bytes:
+        return "".join(json.dumps(r) + "\n" for r in part).encode()
+
+    def csv_bytes(part: list[dict]) -> bytes:
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=["text", "label"])
+        writer.writeheader()
+        writer.writerows(part)
+        return out.getvalue().encode()
+
+    main = {"data/train.jsonl": jsonl(rows[:30]), "data/dev.csv": csv_bytes(rows[30:]), "notes.md": b"no card\n"}
+    v2 = {"data/train.jsonl": jsonl(rows[:20]), "data/test.jsonl": jsonl(rows[20:])}
+    broken = {"data/train.jsonl": jsonl([*rows[:3], {"text": "", "label": "positive"}, *rows[3:6]])}  # row 3
+    hub.add(JSONL_DATASET, {"main": main, "v2": v2, "broken": broken}, repo_type="dataset")
+    hub.add(GATED_DATASET, {"main": main}, gated=True, repo_type="dataset")
+    script = {"README.md": _card("license: mit", "A script"), "loader.py": b"# never run\n"}
+    hub.add(SCRIPT_DATASET, {"main": script}, repo_type="dataset")
 
 
 if __name__ == "__main__":  # a docs Hub to try the pages by hand: python -m tests.hub_server DIR

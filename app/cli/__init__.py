@@ -4,7 +4,7 @@
     bert pretrain | finetune | evaluate        app/cli/train_commands.py  (model/training/runs.py, with a progress bar)
     bert serve | up | worker                   app/cli/service_commands.py
     bert corpus build                          app/cli/corpus_commands.py  (model/data/corpus_build.py)
-    bert datasets upload | list | show | delete  app/cli/dataset_commands.py  (DATA_DIR/datasets, app/jobs/uploads.py)
+    bert datasets upload | import | list | show | delete  app/cli/dataset_commands.py  (DATA_DIR/datasets, app/jobs/uploads.py)
     bert keys add | list | revoke | rotate     app/cli/key_commands.py  (app/keys/keyfile.py)
 
 Every command is a function `cmd_<name>(args) -> int`; a model.errors.UserError prints one line and

@@ -1,7 +1,9 @@
-"""`bert datasets upload | list | show | delete`: the datasets of DATA_DIR, on the machine that holds it, as
-`bert import` adds models there. An upload goes through the checks of POST /datasets (app/jobs/uploads.py:
-the same kinds, bounds and meta.json, the check in a child process); a deletion through the catalog's
-(refused while a queued or running job uses the dataset, under the data directory's submission lock).
+"""`bert datasets upload | import | list | show | delete`: the datasets of DATA_DIR, on the machine that holds it,
+as `bert import` adds models there. An upload goes through the checks of POST /datasets (app/jobs/uploads.py:
+the same kinds, bounds and meta.json, the check in a child process), an import of a Hugging Face Hub dataset's
+split through those of POST /datasets with a repo id (app/jobs/dataset_imports.py), at once rather than as a job;
+a deletion through the catalog's (refused while a queued or running job uses the dataset, under the data
+directory's submission lock).
 The datasets they add are an admin's, shared with every key, as `bert import`'s models are; each upload
 and deletion is a line in the audit log."""
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from datadir.datasets import DATASET_KINDS
+from model.data.hub_rows import importable_kinds
 from model.errors import UserError
 
 
@@ -45,6 +48,30 @@ def cmd_datasets_upload(args: argparse.Namespace) -> int:
         raise UserError(e.message) from None
     _audit(data_dir, "dataset.upload", name)
     print(f"added dataset '{name}' ({meta['kind']}, {meta['format']}): {summary(meta)}")
+    return 0
+
+
+def cmd_datasets_import(args: argparse.Namespace) -> int:
+    from app.errors import ServiceError
+    from app.jobs.dataset_imports import DatasetImport, import_dataset, parse_columns
+    from app.settings import Settings
+
+    data_dir = _data_dir(args)
+    try:
+        columns = parse_columns(args.columns) if args.columns else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    request = DatasetImport(args.name, args.repo, args.revision, args.subset, args.split, columns, args.kind)
+    try:
+        meta = import_dataset(data_dir, Settings(data_dir=data_dir), request)
+    except ServiceError as e:
+        raise UserError(e.message) from None
+    _audit(data_dir, "dataset.import", f"{args.name} from {args.repo}")
+    source = meta["source"]
+    print(
+        f"imported {args.repo} (subset {source['subset']}, split {source['split']}) as dataset '{args.name}' "
+        f"({meta['kind']}, {meta['format']}): {summary(meta)}"
+    )
     return 0
 
 
@@ -133,7 +160,7 @@ def _size(n: int) -> str:
 
 def add_commands(sub) -> None:
     """Register `datasets` (upload, list, show, delete) on the `bert` command's subparsers."""
-    datasets = sub.add_parser("datasets", help="upload, list, show and delete the datasets of DATA_DIR")
+    datasets = sub.add_parser("datasets", help="upload, import, list, show and delete the datasets of DATA_DIR")
     datasets_sub = datasets.add_subparsers(dest="datasets_command", required=True, metavar="SUBCOMMAND")
 
     def parser(name: str, help: str, func) -> argparse.ArgumentParser:
@@ -149,6 +176,28 @@ def add_commands(sub) -> None:
         "--kind",
         choices=DATASET_KINDS,
         help="what the file holds (default: from its suffix and columns, as an upload's)",
+    )
+    p = parser(
+        "import",
+        "import a split of a Hugging Face Hub dataset into DATA_DIR/datasets, checked as an upload of its rows",
+        cmd_datasets_import,
+    )
+    p.add_argument("repo", metavar="REPO", help="a Hub dataset repo id, e.g. stanfordnlp/imdb")
+    p.add_argument("--name", required=True, help="the dataset's name")
+    p.add_argument("--subset", help="the subset (the card's config_name; default: its default, or the only one)")
+    p.add_argument(
+        "--split", help="the split, optionally a slice of its rows: train, train[:10000] (default: the only one)"
+    )
+    p.add_argument("--revision", help="a branch, tag or commit (default: main)")
+    p.add_argument(
+        "--columns",
+        metavar="SOURCE=COLUMN,...",
+        help="rename the split's columns to a kind's: query=anchor,answer=positive (default: none renamed)",
+    )
+    p.add_argument(
+        "--kind",
+        choices=importable_kinds(),
+        help="what the split holds (default: what its columns name, as an upload's header does)",
     )
     p = parser("list", "list the datasets: name, kind and format, counts, size on disk", cmd_datasets_list)
     p.add_argument("--json", action="store_true", help="print each dataset's meta.json (and disk_bytes) as JSON")

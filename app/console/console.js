@@ -174,7 +174,7 @@ async function modelsPage() {
   let producedBy = {};
   try {  // the job that published each model: needs the admin key; without it, no links
     const {jobs} = await api("/jobs?state=succeeded", {quiet: true});
-    for (const job of jobs) if (!(job.model_name in producedBy)) producedBy[job.model_name] = job.id;
+    for (const job of jobs) if (job.model_name && !(job.model_name in producedBy)) producedBy[job.model_name] = job.id;
   } catch (err) { producedBy = {}; }
   const rows = models.map((m) => h("tr", {},
     h("td", {}, h("a", {href: `#/playground/${encodeURIComponent(m.name)}`, text: m.name}),
@@ -354,7 +354,7 @@ async function jobsPage() {
       const {jobs} = await api("/jobs");
       body.replaceChildren(...jobs.map((j) => h("tr", {"data-job": j.id},
         h("td", {}, h("a", {href: `#/jobs/${j.id}`, text: j.id}), h("div", {class: "hint", text: j.kind})),
-        h("td", {text: j.model_name}),
+        h("td", {text: j.model_name ?? `dataset ${j.dataset}`}),  // a dataset import publishes no model
         h("td", {}, stateBadge(j.state)),
         h("td", {}, progressCell(j)),
         h("td", {class: "num", text: progressOf(j).text}),
@@ -510,7 +510,7 @@ async function jobPage(jobId) {
     current = j;
     const fact = (label, value) => h("div", {}, h("dt", {text: label}), h("dd", {}, value));
     facts.replaceChildren(
-      fact("State", stateBadge(j.state)), fact("Kind", j.kind), fact("Model", j.model_name),
+      fact("State", stateBadge(j.state)), fact("Kind", j.kind), fact("Model", j.model_name ?? "–"),
       fact("Base model", j.base_model || "from scratch"), fact("Dataset", j.dataset),
       fact(j.kind === "import" ? "Downloaded" : j.kind === "batch" ? "Lines" : "Step", progressOf(j).text), fact("Loss", fmt.num(j.loss)), fact("Learning rate", fmt.num(j.lr, 3)),
       fact("Throughput", fmt.rate(j.tokens_per_s)), fact("ETA", fmt.duration(j.eta_s)),
@@ -526,7 +526,8 @@ async function jobPage(jobId) {
     const finished = ["succeeded", "failed", "cancelled"].includes(j.state);
     cancel.disabled = finished || j.cancel_requested;
     cancel.textContent = j.cancel_requested && !finished ? "Cancel requested…" : "Cancel job";
-    const result = j.result ? ` · published ${j.result.model || j.model_name}` : "";
+    const result = !j.result ? "" : j.result.dataset ? ` · imported dataset ${j.result.dataset}`
+      : ` · published ${j.result.model || j.model_name}`;
     checkpoint.textContent = `Latest checkpoint: ${j.latest_checkpoint || "none yet"}${result}` +
       (j.error ? ` · error: ${j.error}` : "");
     events.replaceChildren(...j.events.slice().reverse().map((e) => h("tr", {},

@@ -1,5 +1,7 @@
-"""Model imports the API runs itself: POST /models queues a job record of kind "import" and a thread of
-the API process runs it (a download does not wait behind training on the workers).
+"""Imports the API runs itself: POST /models queues a job record of kind "import" and a thread of the API
+process runs it (a download does not wait behind training on the workers); POST /datasets with a Hub repo id
+queues one too, whose `dataset` names the dataset it makes (app/jobs/dataset_imports.py) and whose
+`model_name` is null.
 
 The record lives in DATA_DIR/jobs/<id>/ like a training job's and moves through the same named
 transitions (datadir/jobs.py); GET /jobs/{id} shows it and POST /jobs/{id}/cancel stops it
@@ -8,10 +10,13 @@ worker does, so at API start every queued or running import whose lease is free 
 cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran. An import
 is checked against the model memory budget (model.model_dir.check_config) before its weights are read.
 
-    params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}
-    source   {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"} (upload: job dir file)
+    params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}; a dataset's adds
+             "subset", "split", "columns" and "kind"
+    source   {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"} (upload: job dir file);
+             {"kind": "hub-dataset", "shared"} for a dataset (what to import is in params)
     progress {"downloaded_bytes", "total_bytes"} (written at most PROGRESS_EVERY_S apart)
-    result   {"model", "version", "path", "source"} (the card's source, with the resolved commit)
+    result   {"model", "version", "path", "source"} (the card's source, with the resolved commit);
+             {"dataset", "kind", "source"} for a dataset (its meta.json's source)
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import parse_options_header
 
 from app.errors import ServiceError, without_data_dir
 from app.jobs import uploads
+from app.jobs.dataset_imports import SOURCE_KIND, DatasetImport, import_dataset
+from app.jobs.quota import check_job_limit, check_room
+from app.keys.keyfile import Key
 from app.schemas.models import ImportModelRequest
 from app.settings import Settings
 from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, runner, valid_name
@@ -46,6 +54,7 @@ log = logging.getLogger("bertserve")
 
 KIND = "import"
 UPLOAD = "upload"  # the archive's file name in the job directory: upload<suffix>
+STAGING = "dataset"  # the folder in the job directory a dataset import builds its dataset in
 PROGRESS_EVERY_S = 0.25
 
 
@@ -55,11 +64,20 @@ class ImportCancelled(Exception):
 
 class Imports:
     """Queue, run (one thread per import) and resume the import jobs of one data directory; `memory_budget`
-    says the bytes the service's models may take when an import runs (None: not known, the fixed cap)."""
+    says the bytes the service's models may take when an import runs (None: not known, the fixed cap);
+    `settings` bound a dataset import, and `key_named` finds its owner's key (its disk quota) when it runs."""
 
-    def __init__(self, data_dir: str | Path, memory_budget: Callable[[], int | None] = lambda: None):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        memory_budget: Callable[[], int | None] = lambda: None,
+        settings: Settings | None = None,
+        key_named: Callable[[str], Key | None] = lambda name: None,
+    ):
         self.data_dir = Path(data_dir)
         self.memory_budget = memory_budget
+        self.settings = settings or Settings(data_dir=self.data_dir)
+        self.key_named = key_named
         self.records = JobRecords(data_dir)
         self.threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()  # one name's conflict check and record creation at a time
@@ -85,6 +103,40 @@ class Imports:
             if running is not None:
                 raise ServiceError("conflict", f"model '{name}' is being imported by job {running['id']}")
             record = self._create(name, source, upload, owner)
+        if start:
+            self.start(record["id"])
+        return record
+
+    def unfinished_dataset(self, name: str) -> JobRecord | None:
+        """The queued or running import of dataset `name`, if there is one."""
+        return next(
+            (
+                r
+                for r in self.records.list()
+                if r.get("kind") == KIND and r.get("dataset") == name and r["state"] not in TERMINAL
+            ),
+            None,
+        )
+
+    def submit_dataset(self, request: DatasetImport, owner: Key, start: bool = True) -> JobRecord:
+        """Write a dataset import's record and start its thread: 409 while another import of the name is
+        unfinished or a dataset has it, 429 when `owner` has its max_jobs queued or running."""
+        with self._lock, self.records.submitting():
+            running = self.unfinished_dataset(request.name)
+            if running is not None:
+                raise ServiceError("conflict", f"dataset '{request.name}' is being imported by job {running['id']}")
+            uploads.check_fields({"name": request.name}, self.data_dir)
+            check_job_limit(self.records, owner)
+            spec = {
+                "kind": KIND,
+                "model_name": None,
+                "base_model": None,
+                "dataset": request.name,
+                "params": request.params(),
+                "source": {"kind": SOURCE_KIND, "shared": owner.is_admin},  # an admin's datasets serve every key
+                "owner": owner.name,
+            }
+            record = self.records.create(spec)
         if start:
             self.start(record["id"])
         return record
@@ -142,6 +194,8 @@ class Imports:
         job_id, source = record["id"], record["source"]
         if record["attempts"] > 1:
             log.info("import %s: resuming (the process that ran it stopped)", job_id)
+        if source["kind"] == SOURCE_KIND:
+            return self._import_dataset(attempt, record)
         try:
             if source["kind"] == "archive":
                 uploads = list(self.records.job_dir(job_id).glob(f"{UPLOAD}.*"))
@@ -169,6 +223,37 @@ class Imports:
             for upload in self.records.job_dir(job_id).glob(f"{UPLOAD}.*"):
                 upload.unlink(missing_ok=True)
         return self._succeed(attempt, record["model_name"], version)
+
+    def _import_dataset(self, attempt: runner.Attempt, record: JobRecord) -> str:
+        job_id, request = record["id"], DatasetImport.from_record(dict(record))
+        key = self.key_named(record.get("owner") or "")
+        room = None if key is None else (lambda n: check_room(self.data_dir, key, n, "this dataset"))
+        owner = record.get("owner")
+        staging = self.records.job_dir(job_id) / STAGING
+        shutil.rmtree(staging, ignore_errors=True)  # what an attempt that did not finish left
+        try:
+            meta = import_dataset(
+                self.data_dir,
+                self.settings,
+                request,
+                owner=owner,
+                shared=bool(record["source"].get("shared")),
+                check_room=room,
+                progress=self._progress(job_id),
+                on_rows=lambda rows: self._cancel_point(job_id),
+                staging=staging,
+            )
+        except ImportCancelled:
+            return attempt.cancel("cancelled while importing")
+        except (UserError, ServiceError) as e:
+            message = e.message if isinstance(e, ServiceError) else str(e)
+            return attempt.fail(without_data_dir(message, self.data_dir))
+        result = {"dataset": meta["name"], "kind": meta["kind"], "source": meta.get("source")}
+        return attempt.succeed(result, f"imported dataset '{meta['name']}' ({meta['kind']})")
+
+    def _cancel_point(self, job_id: str) -> None:
+        if self.records.cancel_requested(job_id):
+            raise ImportCancelled
 
     def _succeed(self, attempt: runner.Attempt, name: str, version: Path) -> str:
         from datadir.cards import read_card
@@ -198,6 +283,28 @@ class Imports:
 # -- POST /models's body: a Hub repo as JSON, or an archive as multipart ------------------------------
 
 MAX_JSON_BYTES = 16 * 1024
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def json_body(request: Request, schema: type[Body]) -> Body:
+    """A JSON body of at most MAX_JSON_BYTES (POST /models' and POST /datasets' imports, whose routes take
+    multipart too), validated as `schema` with FastAPI's 422."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_JSON_BYTES:
+            raise ServiceError("too_large", f"request body is larger than the limit of {MAX_JSON_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        where = f" (character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
+        raise ServiceError("validation", f"the body is not valid JSON{where}") from None
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(
+            [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        ) from None
 
 
 async def receive_request(
@@ -206,22 +313,7 @@ async def receive_request(
     """(name, source, uploaded archive or None) from POST /models's body, the archive streamed to disk."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type == b"application/json":
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_JSON_BYTES:
-                raise ServiceError("too_large", f"request body is larger than the limit of {MAX_JSON_BYTES} bytes")
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            where = f" (character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
-            raise ServiceError("validation", f"the body is not valid JSON{where}") from None
-        try:
-            req = ImportModelRequest.model_validate(data)
-        except ValidationError as e:
-            raise RequestValidationError(
-                [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
-            ) from None
+        req = await json_body(request, ImportModelRequest)
         return req.name, {"kind": "hub", "repo": req.source, "revision": req.revision}, None
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
         raise ServiceError(

@@ -27,14 +27,13 @@ from app.errors import ServiceError
 from app.jobs.events import EventStreams
 from app.jobs.mining import KIND as MINE_KIND
 from app.jobs.mining import Mining, mining_spec
-from app.jobs.quota import check_room, job_disk_bytes
+from app.jobs.quota import check_job_limit, check_room, job_disk_bytes
 from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
 from app.schemas.jobs import FinetuneJobRequest, MineNegativesJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
-    TERMINAL,
     JobFinished,
     JobNotFound,
     JobRecord,
@@ -141,15 +140,7 @@ class JobService:
         check_room(self.data_dir, owner, adding, "this job's checkpoints and model")
 
     def _check_job_limit(self, owner: Key) -> None:
-        if owner.max_jobs is None:
-            return
-        running = [r for r in self.records.list() if r["state"] not in TERMINAL and jobs.owner_of(r) == owner.name]
-        if len(running) >= owner.max_jobs:
-            raise ServiceError(
-                "overloaded",
-                f"key '{owner.name}' has {len(running)} jobs queued or running, its limit (max_jobs); "
-                "submit again when one has finished",
-            )
+        check_job_limit(self.records, owner)
 
     def visible(self, caller: Key) -> Callable[[Mapping], bool]:
         """Which records `caller` sees, and may see named by id: a key with the scope admin every job, any

@@ -243,7 +243,8 @@ async def receive_upload(
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
         raise ServiceError(
             "validation",
-            "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME -F kind=labelled)",
+            "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME -F kind=labelled), or JSON "
+            '{"name": ..., "source": "<Hub dataset repo id>"} to import one',
         )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes + 64 * 1024:
@@ -329,8 +330,10 @@ def _install(
     owner: str | None = None,
     shared: bool = True,
     check_room: Callable[[int], None] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict:
-    """Check a dataset file already in `tmp` as data.<ext>, write meta.json, rename into place."""
+    """Check a dataset file already in `tmp` as data.<ext>, write meta.json (with `extra`: an import's
+    original_filename and source), rename into place."""
     ext = upload_suffix(filename)
     fields.setdefault("kind", _sniff_kind(tmp / f"data{ext}", EXTENSIONS[ext]))
     check_fields(fields, data_dir)
@@ -349,6 +352,7 @@ def _install(
         "created_at": now_iso(),
         **({"owner": owner} if owner is not None else {}),
         "shared": shared,
+        **(extra or {}),
     }
     meta.update(check_file(kind, path, settings))
     if check_room is not None and (unpacked := tree_bytes(tmp)) > size:  # an archive unpacked by its check

@@ -1,22 +1,86 @@
-"""The types of /datasets (app/api/routes/datasets.py): a dataset's description (its meta.json) and the
-OpenAPI description of the upload's multipart body."""
+"""The types of /datasets (app/api/routes/datasets.py): a dataset's description (its meta.json, with the card of
+a dataset imported from the Hub), an import from the Hub (which answers a job: jobs.py's JobStatus) and the
+OpenAPI description of POST /datasets' two bodies."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
+from app.schemas.models import Revision
+from app.schemas.shared import STRICT, Name, invalid
 from datadir import NAME_PATTERN
 from datadir.datasets import DATASET_KINDS, LISTED_LABELS
 from datadir.jobs import LEGACY_OWNER
+from model.data.hub_layout import parse_split
+from model.data.hub_rows import importable_kinds
+from model.errors import UserError
+from model.sources import HUB_ID_PATTERN
 
-# POST /datasets is parsed by app/jobs/uploads.py as it streams in, so FastAPI never sees a body model;
-# this is its OpenAPI description.
+ImportableKind = Literal["labelled", "token-labelled", "qa", "pairs", "scored-pairs", "corpus"]
+assert set(get_args(ImportableKind)) == set(importable_kinds())
+
+
+def _check_split(value: str) -> str:
+    try:
+        parse_split(value)
+    except UserError as e:
+        raise invalid(str(e)) from None
+    return value
+
+
+ColumnName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class ImportDatasetRequest(BaseModel):
+    """POST /datasets as JSON: one split of a Hugging Face Hub dataset repo (a file is sent as multipart instead)."""
+
+    model_config = STRICT
+
+    name: Name = Field(description="The dataset's name in DATA_DIR/datasets/ (a name is never reused).")
+    source: str = Field(
+        pattern=HUB_ID_PATTERN,
+        max_length=200,
+        description="A Hugging Face Hub dataset repo id, e.g. stanfordnlp/imdb (never a path on the server).",
+    )
+    revision: Revision | None = Field(None, description="A branch, tag or commit; default main.")
+    subset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The subset (the card's config_name); default: the card's default, or the only one.",
+    )
+    split: Annotated[str, AfterValidator(_check_split)] | None = Field(
+        None,
+        max_length=200,
+        description="The split, optionally with a slice of rows (train[:10000]); default: the only one. Several "
+        "splits and none named is a 422 that lists them (and the subsets).",
+        examples=["train", "train[:10000]"],
+    )
+    columns: dict[ColumnName, ColumnName] | None = Field(
+        None,
+        max_length=100,
+        description="Columns renamed to a kind's before anything is read, {source: column}: "
+        '{"query": "anchor", "answer": "positive"}.',
+    )
+    kind: ImportableKind | None = Field(
+        None, description="What the split holds; default: what its columns name (as an upload's header does)."
+    )
+
+
+IMPORT_DATASET_EXAMPLE = {"name": "imdb", "source": "stanfordnlp/imdb", "split": "train"}
+
+# POST /datasets is parsed by the route (JSON: an import) or by app/jobs/uploads.py as it streams in (multipart:
+# an upload), so FastAPI never sees a body model; this is its OpenAPI description.
 DATASET_UPLOAD_BODY = {
     "requestBody": {
         "required": True,
         "content": {
+            "application/json": {
+                "schema": ImportDatasetRequest.model_json_schema(),
+                "examples": {"hub": {"value": IMPORT_DATASET_EXAMPLE}},
+            },
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
@@ -51,7 +115,7 @@ DATASET_UPLOAD_BODY = {
                         },
                     },
                 }
-            }
+            },
         },
     }
 }
@@ -60,13 +124,28 @@ DatasetKind = Literal["corpus", "labelled", "token-labelled", "qa", "pairs", "sc
 assert set(get_args(DatasetKind)) == set(DATASET_KINDS)
 
 
+class DatasetSource(BaseModel):
+    """The card of a dataset imported from the Hugging Face Hub."""
+
+    kind: Literal["hub"] = "hub"
+    repo: str
+    revision: str = Field(description="As asked (main by default; refs/convert/parquet for a loading script's repo).")
+    sha: str = Field(description="The commit the files came from.")
+    subset: str
+    split: str = Field(description="As asked, with its slice of rows if any: train, train[:10000].")
+    license: str | None = Field(None, description="The card's license, if it names one.")
+    rows: int = Field(description="Rows read from the split (a tagged sentence, a question, a pair each).")
+    columns: dict[str, str] | None = Field(None, description="The split's columns that were renamed: {source: column}.")
+    files: list[str] = Field(description="The split's files in the repo.")
+
+
 class DatasetInfo(BaseModel):
     name: str
     kind: DatasetKind
     format: str
     file: str = Field(description="The data file in the dataset's folder; `data`, a folder, for a retrieval archive.")
-    original_filename: str
-    bytes: int = Field(description="The size of the file as uploaded.")
+    original_filename: str = Field(description="The file uploaded; an import's files in the repo.")
+    bytes: int = Field(description="The size of the file as uploaded (an import: as written).")
     sha256: str
     created_at: str
     owner: str = Field(
@@ -104,6 +183,7 @@ class DatasetInfo(BaseModel):
     split: str | None = Field(None, description="Retrieval: the split evaluated unless a job names one.")
     splits: list[str] | None = Field(None, description="Retrieval: every judged split (each checked at upload).")
     disk_bytes: int | None = Field(None, description="Bytes on disk: the file, meta.json and token caches.")
+    source: DatasetSource | None = Field(None, description="Imported from the Hugging Face Hub: where from.")
 
 
 class DatasetsResponse(BaseModel):

@@ -390,9 +390,12 @@ class JobStatus(BaseModel):
     id: str
     kind: JobKind
     state: JobState
-    model_name: str
+    model_name: str | None = Field(description="The model it publishes, or a batch runs on; null for a dataset import.")
     base_model: str | None
-    dataset: str | None = Field(description="The training data (training jobs); null for an import or a batch.")
+    dataset: str | None = Field(
+        description="The training data (training jobs), the dataset a dataset import makes; null for a model import "
+        "or a batch."
+    )
     eval_dataset: str | None = Field(None, description="A fine-tuning job's evaluation data, when not held out.")
     params: dict[str, Any]
     step: int = Field(description="Optimizer steps done (as of the latest progress report).")

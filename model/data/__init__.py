@@ -27,7 +27,8 @@ question_answering (SQuAD JSON, windows, answer positions), pairs (sentence-tran
 scored pairs), cross_encoder_data (a reranker's pairs and their batches, in-batch negatives included),
 retrieval_data (BEIR folders and retrieval JSONL: queries, corpus, relevance),
 batches (resumable batch streams), corpus_build (sharded token stores from raw text at scale), wikixml
-(Wikipedia XML dumps).
+(Wikipedia XML dumps), hub_layout (a Hub dataset repo's subsets, splits and ClassLabel names), hub_rows (a Hub
+split's Parquet, JSON Lines or CSV rows written as an upload's file of a kind).
 
 Import from the module that defines a name (`from model.data.corpus import load_corpus`): this package
 imports nothing itself, so a process that needs only the corpus readers (a `bert corpus build` worker)

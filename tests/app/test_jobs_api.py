@@ -707,9 +707,17 @@ def test_upload_kinds_and_names(env):
     assert not (outer / "escape.jsonl").exists() and not (outer.parent / "escape.jsonl").exists()
     r = upload(client, "notes.jsonl", b'{"text": "The cat sat. The dog ran."}\n')
     assert (r.status_code, r.json()["kind"], r.json()["sentences"]) == (201, "corpus", 2)
-    r = client.post("/datasets", json={"file": "x"})
+    r = client.post("/datasets", content=b"file=x", headers={"content-type": "text/plain"})
     assert r.json() == {
-        "error": "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME -F kind=labelled)",
+        "error": "send the dataset as multipart/form-data (curl -F file=@data.csv -F name=NAME -F kind=labelled), or "
+        'JSON {"name": ..., "source": "<Hub dataset repo id>"} to import one',
+        "error_type": "validation",
+    }
+    r = client.post(
+        "/datasets", json={"file": "x"}
+    )  # JSON: an import from the Hub (tests/app/test_dataset_import_api.py)
+    assert r.json() == {
+        "error": "name: Field required; source: Field required; file: Extra inputs are not permitted",
         "error_type": "validation",
     }
 

@@ -1,5 +1,5 @@
-"""Training data: POST /datasets (multipart upload), GET /datasets, GET and DELETE /datasets/{name}.
-They need the scope jobs (admin holds it too). Each dataset records the name of the key that uploaded it
+"""Training data: POST /datasets (a multipart upload, or JSON naming a Hugging Face Hub dataset repo: an import
+job), GET /datasets, GET and DELETE /datasets/{name}. They need the scope jobs (admin holds it too). Each dataset records the name of the key that uploaded it
 (`owner`): a key lists, reads and trains on its own and those an admin uploaded, and deletes its own; another
 key's is a 404, as its jobs are (app/keys/ownership.py). An admin sees and deletes every dataset."""
 
@@ -8,14 +8,19 @@ import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi.responses import JSONResponse
+from python_multipart.multipart import parse_options_header
 
 from app.api.auditing import audited
-from app.api.deps import CallerDep, CatalogDep, require_jobs
+from app.api.deps import CallerDep, CatalogDep, ImportsDep, require_jobs
 from app.errors import ServiceError, responses
 from app.jobs import uploads
+from app.jobs.dataset_imports import DatasetImport
+from app.jobs.imports import json_body
 from app.jobs.quota import check_room
 from app.keys.ownership import may_read_dataset
-from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse
+from app.schemas.datasets import DATASET_UPLOAD_BODY, DatasetInfo, DatasetsResponse, ImportDatasetRequest
+from app.schemas.jobs import JobStatus
 from app.schemas.shared import DeletedResponse
 from datadir import NAME_MAX_LENGTH, NAME_PATTERN, read_meta
 from datadir.datasets import dataset_bytes
@@ -30,10 +35,18 @@ DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=NAME_MAX_LENG
     status_code=201,
     response_model=DatasetInfo,
     openapi_extra=DATASET_UPLOAD_BODY,
-    responses=responses("validation", "unauthorized", "conflict", "too_large", "insufficient_storage"),
+    responses={
+        202: {"model": JobStatus, "description": "An import from the Hub, queued as a job (GET /jobs/{id})."},
+        **responses("validation", "unauthorized", "conflict", "too_large", "overloaded", "insufficient_storage"),
+    },
 )
-async def upload_dataset(request: Request, catalog: CatalogDep, caller: CallerDep) -> dict[str, Any]:
-    """Upload a training file (multipart: file, name, kind); size-capped, format-checked, stored whole."""
+async def upload_dataset(
+    request: Request, catalog: CatalogDep, imports: ImportsDep, caller: CallerDep
+) -> dict[str, Any] | Response:
+    """Upload a training file (multipart: file, name, kind), or import a Hub dataset's split (JSON) as a job."""
+    content_type, _ = parse_options_header(request.headers.get("content-type", ""))
+    if content_type == b"application/json":
+        return await _import(request, imports, caller)
     async with audited(request, "dataset.upload", "dataset") as entry:
         room = functools.partial(check_room, catalog.data_dir, caller, what="this dataset")
         declared = request.headers.get("content-length", "")
@@ -43,6 +56,17 @@ async def upload_dataset(request: Request, catalog: CatalogDep, caller: CallerDe
         )
         entry["target"] = f"dataset {meta['name']}"
     return {**meta, "disk_bytes": await asyncio.to_thread(dataset_bytes, catalog.data_dir, meta["name"])}
+
+
+async def _import(request: Request, imports: ImportsDep, caller: CallerDep) -> Response:
+    async with audited(request, "dataset.import", "dataset") as entry:
+        req = await json_body(request, ImportDatasetRequest)
+        entry["target"] = f"dataset {req.name} from {req.source}"
+        what = DatasetImport(req.name, req.source, req.revision, req.subset, req.split, req.columns, req.kind)
+        record = await asyncio.to_thread(imports.submit_dataset, what, caller)
+        entry["target"] = f"dataset {req.name} from {req.source} (job {record['id']})"
+    body = JobStatus.from_record(record).model_dump(mode="json")
+    return JSONResponse(body, status_code=202, headers={"Location": f"/jobs/{record['id']}"})
 
 
 @router.get("/datasets", response_model=DatasetsResponse, responses=responses("unauthorized"))

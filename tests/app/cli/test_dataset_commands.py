@@ -146,3 +146,96 @@ def test_the_command_as_a_user_runs_it(tmp_path):
     assert run("list").stdout.startswith("sts  scored-pairs (csv)  8 rows, mean score 0.640  ")
     proc = run("delete", "sts")
     assert proc.returncode == 0 and proc.stdout.startswith("deleted dataset 'sts' (")
+
+
+def test_import_a_hub_datasets_split(hub, hub_env, tmp_path, capsys):
+    """`bert datasets import` makes the dataset POST /datasets' import does (its meta.json and card), at once."""
+    from tests import hub_server as H
+
+    data = tmp_path / "data"
+    code, out, err = bert(
+        capsys, "datasets", "import", H.NLI_REPO, "--name", "nli", "--subset", "pair-class", "--split", "train[:6]",
+        "--columns", "premise=text, hypothesis=text_pair", "--data-dir", data,
+    )  # fmt: skip
+    sha = hub.datasets[H.NLI_REPO].refs["main"]
+    assert (code, err) == (0, "")
+    assert out == (
+        f"imported {H.NLI_REPO} (subset pair-class, split train[:6]) as dataset 'nli' "
+        "(labelled, jsonl): 6 rows, 3 labels (text pairs)\n"
+    )
+    meta = read_meta(data, "nli")
+    assert (meta["labels"], meta.get("owner"), meta["shared"]) == (
+        ["contradiction", "entailment", "neutral"],
+        None,
+        True,
+    )
+    assert meta["source"] == {
+        "kind": "hub",
+        "repo": H.NLI_REPO,
+        "revision": "main",
+        "sha": sha,
+        "subset": "pair-class",
+        "split": "train[:6]",
+        "license": None,
+        "files": ["pair-class/train-00000-of-00001.parquet"],
+        "rows": 6,
+        "columns": {"premise": "text", "hypothesis": "text_pair"},
+    }
+    assert bert(capsys, "datasets", "import", H.NLI_REPO, "--name", "x", "--data-dir", data) == (
+        2,
+        "",
+        f"bert datasets: error: {H.NLI_REPO} has several subsets and none is its default; name one as the subset: "
+        "pair (train, dev, test), pair-class (train, dev, test), pair-score (train, dev, test), triplet (train, dev, "
+        "test)\n",
+    )
+    assert bert(
+        capsys, "datasets", "import", H.NLI_REPO, "--name", "x", "--columns", "premise", "--data-dir", data
+    ) == (
+        2,
+        "",
+        "bert datasets: error: columns: give them as SOURCE=COLUMN pairs, comma-separated (query=anchor,answer=positive), "
+        "not 'premise'\n",
+    )
+    assert bert(capsys, "datasets", "import", H.NLI_REPO, "--name", "nli", "--data-dir", data)[2] == (
+        "bert datasets: error: name: dataset 'nli' already exists (datasets are never replaced; upload under another "
+        "name, or delete it first)\n"
+    )
+    entries = [json.loads(line) for line in audit.audit_path(data).open()]
+    assert [(e["action"], e["target"], e["source"]) for e in entries] == [
+        ("dataset.import", f"dataset nli from {H.NLI_REPO}", "cli")
+    ]
+    assert sorted(p.name for p in (data / "datasets").iterdir()) == ["nli"]
+
+
+@pytest.mark.parametrize(
+    "args, kind",
+    [
+        (["stanfordnlp/imdb", "--split", "train"], "labelled"),
+        (["eriktks/conll2003", "--split", "train"], "token-labelled"),
+        (["rajpurkar/squad", "--split", "train"], "qa"),
+        (["sentence-transformers/all-nli", "--subset", "triplet", "--split", "train"], "pairs"),
+        (["sentence-transformers/all-nli", "--subset", "pair-score", "--split", "train"], "scored-pairs"),
+        (["sentence-transformers/natural-questions", "--kind", "pairs"], "pairs"),
+    ],
+)
+def test_each_id_imports_as_its_fine_tune_reads_it(hub, hub_env, tmp_path, capsys, args, kind):
+    """What `bert datasets import` makes of each id the documentation names, read by the reader its training runs."""
+    from model.data.finetune import load_classification_data
+    from model.data.pairs import load_pairs, load_scored_pairs
+    from model.data.question_answering import load_qa_data
+    from model.data.token_classification import load_token_classification_data
+
+    data = tmp_path / "data"
+    code, out, err = bert(capsys, "datasets", "import", *args, "--name", "d", "--data-dir", data)
+    assert (code, err) == (0, ""), err
+    meta = read_meta(data, "d")
+    assert meta["kind"] == kind and out.startswith(f"imported {args[0]} (subset ")
+    path = data / "datasets" / "d" / meta["file"]
+    readers = {
+        "labelled": lambda: load_classification_data(path).id2label == {0: "neg", 1: "pos"},
+        "token-labelled": lambda: len(load_token_classification_data(path).id2label) == 9,
+        "qa": lambda: len(load_qa_data(path).train) > 0,
+        "pairs": lambda: len(load_pairs(path)) == meta["rows"],
+        "scored-pairs": lambda: len(load_scored_pairs(path)) == meta["rows"],
+    }
+    assert readers[kind]()
