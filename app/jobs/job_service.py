@@ -34,6 +34,7 @@ from app.keys.keyring import ANONYMOUS
 from app.schemas.jobs import FinetuneJobRequest, MineNegativesJobRequest, ModelSize, PretrainJobRequest
 from app.settings import Settings
 from datadir import (
+    TERMINAL,
     JobFinished,
     JobNotFound,
     JobRecord,
