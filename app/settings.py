@@ -454,7 +454,7 @@ class Settings(BaseSettings):
         ),
     )
     batch_pass_tokens: int = Field(
-        512,
+        384,
         ge=1,
         description=(
             "Padded tokens in a forward pass of batch lines while online requests come (one in the last second), "

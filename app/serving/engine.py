@@ -3,10 +3,10 @@
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
 "classify", "token_classify", "qa"). The inference thread runs one forward pass at a time and chooses each pass afresh:
 it starts from the oldest queued item that has not run yet, else from the item whose last pass
-is the longest ago; a batch job's items (`background`) only when no online item waits, and in a
-shared pass after the online ones. While online requests come (one in the last ONLINE_RECENT_S), a pass
-that starts from a batch job's item holds at most `background_pass_tokens`, so an online request that arrives
-meanwhile waits behind a short pass, not a full one; with no online traffic, batches fill whole passes. So a new request waits for the pass under way and for the first pass of each
+is the longest ago; a batch job's items (`background`) only when no online item waits, in passes of their
+own. While online requests come (one in the last ONLINE_RECENT_S), a batch job's pass holds at most
+`background_pass_tokens`, so an online request that arrives meanwhile waits behind a short pass, not a full
+one, and its own pass carries no batch rows; with no online traffic, batches fill whole passes. So a new request waits for the pass under way and for the first pass of each
 request queued before it that has not started, never for the rest of a large one; requests that
 have started take turns, one pass each (round robin), so none is starved. With batching on it
 first lets a new item wait up to `max_wait_ms` for company while other requests are still being
@@ -284,11 +284,16 @@ class Engine:
             self._set_depth()
 
     def _companions(self, first: WorkItem) -> list[WorkItem]:
-        """`first`, then (batching on) the other items of its model and task, in the same order;
-        each marked running as it joins (a cancelled one is left out, and dropped next time)."""
+        """`first`, then (batching on) the other items of its model and task, in the same order (an online
+        item's pass takes online items only: a batch job's rows would make it longer); each marked running as
+        it joins (a cancelled one is left out, and dropped next time)."""
         items = [first]
         if self.batching:
-            others = [i for i in self._pending if i is not first and i.key == first.key]
+            others = [
+                i
+                for i in self._pending
+                if i is not first and i.key == first.key and (first.background or not i.background)
+            ]
             items += sorted(others, key=_priority)
         return [i for i in items if i.claim()]
 

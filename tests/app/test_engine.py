@@ -36,9 +36,9 @@ def test_plan_batch_fills_a_pass_from_later_items_in_order():
     assert small.todo == [] and len(big.todo) == 3
 
 
-def test_online_items_go_before_a_batch_jobs_and_share_a_pass_ahead_of_them():
+def test_online_items_go_before_a_batch_jobs_in_passes_of_their_own():
     """The engine's order (Engine._take), on items queued before its thread starts: a batch job's items
-    (background) wait while any online item waits, and in a shared pass their rows come after."""
+    (background) wait while any online item waits, and an online item's pass takes no batch rows."""
     from types import SimpleNamespace
 
     from app.serving.engine import Engine
@@ -53,9 +53,9 @@ def test_online_items_go_before_a_batch_jobs_and_share_a_pass_ahead_of_them():
     for item in (batch_a, other_model, batch_b, online):
         engine.submit(item)
     assert [it for it, _, _ in engine._take()] == [other_model]  # the oldest online item, not the batch's
-    shared = engine._take()  # the next online item, the batch's rows of its model and task after it
-    assert [(it is online, it is batch_a) for it, _, _ in shared] == [(True, False)] + [(False, True)] * 3
-    assert [it for it, _, _ in engine._take()] == [batch_b, batch_b]  # no online item waits: the batch's turn
+    assert [it for it, _, _ in engine._take()] == [online]  # alone, though batch_a is of its model and task
+    assert [it for it, _, _ in engine._take()] == [batch_a] * 3  # no online item waits: the batches' turn
+    assert [it for it, _, _ in engine._take()] == [batch_b] * 2
 
 
 def test_a_batch_jobs_pass_is_short_while_online_requests_come_and_whole_without_them():
