@@ -179,6 +179,8 @@ def test_a_tasks_options_table_is_generated_from_its_options():
         if (o.tasks and "sentence-embedding" in o.tasks) or "sentence-embedding" in o.by_task:
             assert f"| `{o.name}` | `{o.cli_flag}` |" in table, o.name
     assert "| `batch_size` | `--batch-size` | int | 64 |" in table and "| `doc_stride` |" not in table
-    assert "| `loss` | `--loss` | str | unset | mnrl \\| cosent \\| bce |" in table  # a choice's bar does not end the cell
+    assert (
+        "| `loss` | `--loss` | str | unset | mnrl \\| cosent \\| bce |" in table
+    )  # a choice's bar does not end the cell
     with pytest.raises(ValueError, match="no fine-tuning task"):
         hooks.task_options("ner")
