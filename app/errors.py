@@ -210,9 +210,20 @@ def responses(*error_types: str, openai: bool = False) -> dict:
     return {STATUS[k]: {"model": model, "description": k.replace("_", " ")} for k in error_types}
 
 
-def _describe_validation(exc: RequestValidationError) -> str:
+# What a JSON route makes of a body sent without a JSON Content-Type (curl -d's default is a form's): no object.
+NOT_AN_OBJECT = {"model_attributes_type", "dict_type", "model_type"}
+
+
+def _describe_validation(exc: RequestValidationError, content_type: str = "") -> str:
     parts = []
     for err in exc.errors():
+        if tuple(err.get("loc", ())) == ("body",) and err.get("type") in NOT_AN_OBJECT and "json" not in content_type:
+            sent = content_type.split(";")[0].strip() or "none"
+            parts.append(
+                f"the body must be a JSON object sent with the header 'Content-Type: application/json' (this request's "
+                f"Content-Type: {sent}; with curl, add -H 'Content-Type: application/json')"
+            )
+            continue
         if err.get("type") == "json_invalid":
             detail = (err.get("ctx") or {}).get("error", "invalid")
             parts.append(f"the body is not valid JSON: {detail} (character {err['loc'][-1]})")
@@ -236,7 +247,8 @@ async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     loc = [p for p in (exc.errors()[0].get("loc", ()) if exc.errors() else ()) if p != "body"]
     param = str(loc[0]) if loc else None  # OpenAI's `param`: the request field at fault
-    return error_response("validation", _describe_validation(exc), path=request.url.path, openai={"param": param})
+    message = _describe_validation(exc, request.headers.get("content-type", ""))
+    return error_response("validation", message, path=request.url.path, openai={"param": param})
 
 
 def allowed_methods(request: Request) -> list[str]:

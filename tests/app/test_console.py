@@ -45,6 +45,14 @@ def test_only_the_console_files_are_served(tmp_path):
             assert r.json()["error_type"] == "not_found"
 
 
+def test_a_trailing_slash_leads_to_the_page(tmp_path):
+    with make_client(make_data_dir(tmp_path / "data"), **KEYS) as client:
+        r = client.get("/console/", follow_redirects=False)
+        assert (r.status_code, r.headers["location"]) == (308, "/console")
+        page = client.get("/console/")  # followed
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
 def test_our_files_name_no_other_host():
     for name in ("index.html", "console.js", "console.css"):  # the browser test watches every request too
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", (ROOT / name).read_text()), name

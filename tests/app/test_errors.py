@@ -174,6 +174,21 @@ async def test_invalid_json_and_too_many_inputs(client):
     assert r.json() == err("validation", "at most 64 inputs per request, got 65")
 
 
+async def test_a_body_without_a_json_content_type_names_the_header(client):
+    """curl -d sends a form's Content-Type: the 422 says which header to send (and on /v1/*, in OpenAI's shape)."""
+    body, form = b'{"inputs": "the cat"}', {"content-type": "application/x-www-form-urlencoded"}
+    message = (
+        "the body must be a JSON object sent with the header 'Content-Type: application/json' (this request's "
+        "Content-Type: application/x-www-form-urlencoded; with curl, add -H 'Content-Type: application/json')"
+    )
+    r = await client.post("/embeddings", content=body, headers=form)
+    assert (r.status_code, r.json()) == (422, err("validation", message))
+    r = await client.post("/v1/embeddings", content=b'{"input": "the cat"}', headers=form)
+    assert (r.status_code, r.json()["error"]["message"]) == (422, message)
+    r = await client.post("/embeddings", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200  # the same body, with the header
+
+
 async def test_routing_errors(client):
     r = await client.get("/nowhere")
     assert r.status_code == 404 and r.json() == err("not_found", "no route /nowhere")

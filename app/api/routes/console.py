@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
 from app.errors import ServiceError, responses
 from app.schemas.jobs import FinetuneParams, PretrainParams
@@ -58,8 +58,10 @@ async def job_form() -> JSONResponse:
 @router.get(
     "/console/{asset:path}", response_class=FileResponse, include_in_schema=False, responses=responses("not_found")
 )
-async def console_asset(asset: str) -> FileResponse:
-    """One of the console's static files."""
+async def console_asset(asset: str) -> Response:
+    """One of the console's static files; `/console/` (a trailing slash) leads to the page."""
+    if asset == "":
+        return RedirectResponse("/console", status_code=308)
     if asset not in ASSETS:
         raise ServiceError("not_found", f"no route /console/{asset}")
     return FileResponse(ROOT / asset, media_type=ASSETS[asset], headers=HEADERS)
