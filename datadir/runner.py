@@ -234,6 +234,26 @@ def _fail(attempt: Attempt, error: Exception) -> str:
 # -- resuming ---------------------------------------------------------------------------------------
 
 
+async def resume_here(
+    records: JobRecords, kinds: Collection[str], running: Collection[str], start: Callable[[str], Any]
+) -> list[str]:
+    """For the jobs an API process runs as tasks (batches, mining): `start` each unfinished job of `kinds` that no
+    process runs (`resumable`; `running`: the ids of this process's tasks), oldest first; their ids."""
+    found = await asyncio.to_thread(resumable, records, kinds, here=running.__contains__)
+    ids = sorted(r["id"] for r in found if r["id"] not in running)  # started here meanwhile: not again
+    for job_id in ids:
+        start(job_id)
+    return ids
+
+
+async def stop_tasks(tasks: Collection[asyncio.Task]) -> None:
+    """Cancel an API process's job tasks and wait for them: each attempt hands its job back (run_async)."""
+    running = [t for t in tasks if not t.done()]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 def resumable(
     records: JobRecords,
     kinds: Collection[str],

@@ -277,20 +277,14 @@ class Mining:
     async def resume(self, quiet: bool = False) -> list[str]:
         """Start every unfinished mining job no process runs (runner.resumable), at start and every
         RESUME_EVERY_S while serving (`quiet`), as the batches are."""
-        found = await asyncio.to_thread(runner.resumable, self.records, {KIND}, here=self.tasks.__contains__)
-        ids = sorted(r["id"] for r in found if r["id"] not in self.tasks)
-        for job_id in ids:
-            self.start(job_id)
+        ids = await runner.resume_here(self.records, {KIND}, self.tasks, self.start)
         if ids and not quiet:
             log.info("resuming %d mining job(s): %s", len(ids), ", ".join(ids))
         return ids
 
     async def stop(self) -> None:
         """Stop the runs (before the engine stops): each hands its job back, its uncounted chunk dropped."""
-        tasks = [t for t in self.tasks.values() if not t.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.stop_tasks(self.tasks.values())
 
     async def run(self, job_id: str) -> str:
         """One attempt, through the runner; the embeddings file goes once the job has ended."""

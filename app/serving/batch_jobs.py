@@ -229,20 +229,14 @@ class Batches:
     async def resume(self, quiet: bool = False) -> list[str]:
         """Start every unfinished batch no process runs (runner.resumable: not here, its lease free). At start,
         and every RESUME_EVERY_S while serving (`quiet`), so the batches of a replica that died go on in another."""
-        found = await asyncio.to_thread(runner.resumable, self.records, {KIND}, here=self.tasks.__contains__)
-        ids = sorted(r["id"] for r in found if r["id"] not in self.tasks)  # oldest first; started here meanwhile: not
-        for job_id in ids:
-            self.start(job_id)
+        ids = await runner.resume_here(self.records, {KIND}, self.tasks, self.start)
         if ids and not quiet:
             log.info("resuming %d batch(es): %s", len(ids), ", ".join(ids))
         return ids
 
     async def stop(self) -> None:
         """Stop the runs (before the engine stops): each hands its job back, its unfinished chunk uncounted."""
-        tasks = [t for t in self.tasks.values() if not t.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.stop_tasks(self.tasks.values())
 
     async def run(self, job_id: str, lines: CheckedLines | None = None) -> str:
         """One attempt at the batch, through the runner (lease, begin, heartbeat, end); cancelling the task
