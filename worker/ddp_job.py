@@ -17,7 +17,7 @@ import threading
 
 from datadir import JobRecords, runner
 from model.training.callbacks import Callback
-from model.training.distributed import die_with_parent, env_dist
+from model.training.distributed import destroy, die_with_parent, env_dist
 from worker import recipes
 from worker.settings import WorkerSettings
 from worker.training import train
@@ -57,6 +57,7 @@ def main(argv: list[str]) -> int:
         log.info("job %s: %s", job_id, outcome)
     else:
         recipes.run(record, settings.data_dir, records.job_dir(job_id), settings.worker_device, [flag])
+    destroy()  # leave the process group before exiting (app/cli/train_commands.py says why)
     return 0
 
 

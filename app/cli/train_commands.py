@@ -27,7 +27,7 @@ def _run_with_progress(run, spec) -> int:
     from app.cli.progress import ProgressBar, SignalStop
     from model.training import checkpoint as ckpt
     from model.training.callbacks import format_metrics
-    from model.training.distributed import env_dist, launched
+    from model.training.distributed import destroy, env_dist, launched
 
     main_rank = env_dist().is_main
     # The run functions and the data pipeline log what they do (tokenising, warm start) at INFO.
@@ -42,6 +42,10 @@ def _run_with_progress(run, spec) -> int:
             result = run(spec, callbacks=[bar, stop] if main_rank else [stop])
         finally:
             bar.close()
+    # A rank leaves its process group before it exits: one left to the interpreter's teardown can abort the
+    # rank (gloo's threads still hold tensors), and torchrun then calls a finished run failed. Only after a
+    # run that returned: with a peer gone, destroying could wait on it.
+    destroy()
     if not main_rank:
         return 0
     if result.stopped:

@@ -114,6 +114,7 @@ def runs(files):
         code, out, err = finished(proc)
         assert code == 0, err
         assert f"done: {STEPS} steps" in out
+        assert "terminate called" not in err  # each rank left its process group before exiting
     return one, two
 
 
