@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        log.info("%s", keyring.describe())
         await service.start()
         await asyncio.to_thread(imports.resume)  # imports a stopped API left unfinished
         await asyncio.to_thread(tidy)

@@ -1,11 +1,14 @@
 """`bert keys add | list | revoke | rotate`: the keys file (BERT_KEYS_FILE, else DATA_DIR/keys.toml)
 that the service re-reads within a second of a change. A new secret is printed once, alone on the last
-line, and only its sha256 is stored (app/keys/keyfile.py); every change is a line in the audit log."""
+line, and only its sha256 is stored (app/keys/keyfile.py); every change is a line in the audit log. The
+file's first key comes with a warning on stderr: the service now refuses requests without a key."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import shlex
+import sys
 from pathlib import Path
 
 from model.errors import UserError
@@ -19,17 +22,18 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
     return (Path(args.file) if args.file else settings.keys_path()), settings.data_dir
 
 
-def _change(path: Path, data_dir: Path, action: str, name: str, edit) -> None:
+def _change(path: Path, data_dir: Path, action: str, name: str, edit):
     """Apply `edit` to the keys file (keyfile.change: locked, atomic), then record it in the audit log;
-    a refusal is the command's error."""
+    what `edit` returned. A refusal is the command's error."""
     from app.keys.keyfile import KeyFileError, change
     from datadir import audit
 
     try:
-        change(path, edit)
+        result = change(path, edit)
     except KeyFileError as e:
         raise UserError(str(e)) from None
     audit.append(data_dir, "cli", action, f"key {name}", user=getpass.getuser(), source="cli")
+    return result
 
 
 def _describe(key) -> str:
@@ -65,16 +69,40 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
     except KeyFileError as e:
         raise UserError(str(e)) from None
 
-    def add(keys: dict) -> None:
+    def add(keys: dict) -> bool:
+        """Add the key; whether it is the file's first."""
         if key.name in keys:
             raise KeyFileError(f"key '{key.name}' exists: `bert keys rotate {key.name}` gives it a new secret")
         keys[key.name] = key
+        return len(keys) == 1
 
-    _change(path, data_dir, "key.add", key.name, add)
-    print(f"added key '{key.name}' to {path}: {_describe(key)}")
+    first = _change(path, data_dir, "key.add", key.name, add)
+    print(f"added key '{key.name}' to {path}: {_describe(key)}", flush=True)
+    if first:
+        print(first_key_warning(key, path, args), file=sys.stderr)
     print("its secret, shown only this once (send it as 'Authorization: Bearer <secret>'):")
     print(secret)
     return 0
+
+
+def first_key_warning(key, path: Path, args: argparse.Namespace) -> str:
+    """What `bert keys add` says on stderr when the file had no key: the service it keys now refuses every
+    request without one, its owner's included, so the owner needs a key too."""
+    lines = [
+        f"bert keys: warning: '{key.name}' is the first key in {path}: a service that reads this file (BERT_KEYS_FILE, "
+        "by default DATA_DIR/keys.toml) now needs a key on every route but /health and /ready, within a second and "
+        "without a restart; a request without one gets 401"
+    ]
+    if not key.is_admin:
+        owner = "owner" if key.name != "owner" else "owner-admin"
+        options = (("--file", args.file), ("--data-dir", args.data_dir))
+        where = "".join(f" {option} {shlex.quote(value)}" for option, value in options if value)
+        lines.append(
+            f"bert keys: '{key.name}' lacks the scope admin, so it opens no /jobs, /datasets or model management; "
+            f"make yourself a key that does: bert keys add {owner} --scope admin --scope inference --scope metrics"
+            f"{where}"
+        )
+    return "\n".join(lines)
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:

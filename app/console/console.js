@@ -113,20 +113,28 @@ async function useKeys(event) {
   event.preventDefault();
   const apiKey = document.getElementById("api-key").value.trim();
   const admin = document.getElementById("admin-key").value.trim();
-  keys.save(apiKey, admin);
-  // Try them before closing: a wrong key is refused here, with the service's words.
+  // Try them before keeping them: a key the service does not know is refused here, with its words. /info
+  // takes any key it knows, whatever its scopes; a page a key's scopes do not open says so itself (403).
   try {
-    await probe("/models");
-    if (admin) await probe("/jobs?state=running");
+    await probe(apiKey);
+    if (admin) await probe(admin);
   } catch (err) {
     document.getElementById("keys-reason").textContent = `Refused: ${err.message}`;
     return;
   }
+  keys.save(apiKey, admin);
   dialog().close();
   route();
 }
 
-async function probe(path) { return api(path, {quiet: true}); }
+async function probe(key) {
+  const headers = key ? {Authorization: `Bearer ${key}`} : {};
+  const r = await fetch("/info", {headers, cache: "no-store", credentials: "omit"});
+  if (r.status !== 401) return;
+  let data = null;
+  try { data = await r.json(); } catch (e) { data = null; }
+  throw new ApiError(r.status, data);
+}
 
 // -- routing ---------------------------------------------------------------------------------------
 

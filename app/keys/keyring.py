@@ -29,7 +29,10 @@ log = logging.getLogger("bertserve")
 RECHECK_S = 0.5
 ANY = ""  # the scope of /info, /docs and paths without a route: any key will do
 ANONYMOUS = Key(name="anonymous", hash="", scopes=frozenset(SCOPES))  # a caller where no key is needed
-KEYS_REFUSAL = "missing, unknown or revoked key: send 'Authorization: Bearer <key>'"
+KEYS_REFUSAL = (
+    "missing, unknown or revoked key: this service requires a key, as it has a keys file (BERT_KEYS_FILE); "
+    "send 'Authorization: Bearer <key>' with the secret `bert keys add` printed"
+)
 API_REFUSAL = "missing or wrong API key: send 'Authorization: Bearer <BERT_API_KEY>'"
 
 
@@ -159,6 +162,18 @@ class Keyring:
         if held is None or held[0] != key:
             held = self._buckets[key.name] = (key, request_bucket(key), token_bucket(key))
         return held[1], held[2]
+
+    def describe(self) -> str:
+        """The start log's line: whether requests need a key, and which keys there are (never a secret)."""
+        where = f"{self.path} (BERT_KEYS_FILE{'' if self.settings.keys_file else ' unset'})"
+        built_in = " and ".join(f"BERT_{k.name.upper()}_KEY" for k in self._built_in)
+        if self.keyed:
+            count = f"{len(self.file_keys)} key{'' if len(self.file_keys) == 1 else 's'}"
+            also = f", plus {built_in}" if built_in else ""
+            return f"keys: required on every route but /health and /ready: {count} from {where}{also}"
+        if built_in:
+            return f"keys: {built_in} only, no keys file at {where}"
+        return f"keys: none, every route is open: no keys file at {where}, BERT_API_KEY and BERT_ADMIN_KEY unset"
 
     def summary(self) -> dict:
         """What /info shows: the file, how many keys, and the error of its last change if any."""

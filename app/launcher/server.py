@@ -98,15 +98,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     headers (from connecting, or from the end of its previous answer), may pause at most
     `body_timeout` seconds between two reads of a body, and one connection past `max_connections`
     is answered 503 and closed. A timed-out connection is closed; a handler still reading that body
-    sees the client disconnect. A request answered before its body was read (a 401, a 413) has the
-    rest of its body discarded for a moment and its connection closed, as nginx's lingering close
-    does, so a client cannot keep it open by trickling the body it declared. `serving(settings)`
-    makes the subclass with the settings' values. While the service drains (SIGTERM), each answer
-    closes its connection, so a balancer's next request opens a new one, to a replica still in rotation."""
+    sees the client disconnect. A request answered before its body was read (a 401, a 429 from the
+    headers alone) keeps its connection, as nginx's discarded body does: the rest of a body of a declared
+    length up to `max_body_bytes` is read and dropped, within `body_timeout` in all, and the next request
+    follows on the same connection; a client that keeps its connection (httpx, requests, the openai
+    client) gets the answer and goes on. Any other body (larger, chunked, or awaiting 100-continue) is
+    discarded for a moment and its connection closed, as nginx's lingering close does, so a client
+    cannot keep it open by trickling the body it declared. `serving(settings)` makes the subclass with
+    the settings' values. While the service drains (SIGTERM), each answer closes its connection, so a
+    balancer's next request opens a new one, to a replica still in rotation."""
 
     header_timeout = 10.0
     body_timeout = 30.0
     max_connections = 1000
+    max_body_bytes = 1 << 20
     service: Service | None = None
     _timer: asyncio.TimerHandle | None = None
     _reading_body = False
@@ -120,11 +125,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 "header_timeout": settings.header_timeout,
                 "body_timeout": settings.body_timeout,
                 "max_connections": settings.max_connections,
+                "max_body_bytes": settings.max_body_bytes,
                 "service": service,
             },
         )
 
     _closing = False  # answered for good: what the client still sends is read and dropped
+    _discarding = False  # answered before its body was read: the rest is read and dropped, the connection kept
+    _declared: int | None = None  # the request body's Content-Length, when it declares one it may send
 
     # (the signature of uvicorn's HttpToolsProtocol, narrower than asyncio's BaseProtocol)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -154,27 +162,45 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
+        self._unset_keepalive_if_required()  # (armed by _await_next_request: this request came in the same read)
         super().on_headers_complete()
         if self.service is not None and self.service.draining:
             self.cycle.keep_alive = False  # uvicorn answers with `connection: close` and closes
         self._reading_body = True
+        self._declared = _discardable_length(self.headers)
         self._arm(self.body_timeout)
 
     def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        self._arm(self.body_timeout)
+        super().on_body(body)  # (dropped by uvicorn once the answer is complete)
+        if not self._discarding:  # a discarded rest has one deadline in all
+            self._arm(self.body_timeout)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._reading_body = False
-        self._arm(None)
+        if self._discarding:  # the rest of an answered request's body is read: the connection is ready again
+            self._discarding = False
+            self._await_next_request()
+        else:
+            self._arm(None)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._reading_body:  # answered before the body was read: the rest is not wanted
-            self._linger_and_close()
-        elif not self._closing:
+        if self._closing or self.transport.is_closing():
+            return
+        if not self._reading_body:
             self._arm(self.header_timeout)
+        elif self._declared is not None and self._declared <= self.max_body_bytes:
+            self._discarding = True  # answered before the body was read: read the rest and drop it
+            self._arm(self.body_timeout)
+        else:  # a body too large to read in vain, or one that may never come
+            self._linger_and_close()
+
+    def _await_next_request(self) -> None:
+        """The connection's next request: headers within header_timeout, and uvicorn's keep-alive timeout."""
+        self._arm(self.header_timeout)
+        self._unset_keepalive_if_required()
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def _arm(self, seconds: float | None) -> None:
         if self._timer is not None:
@@ -190,6 +216,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 "its body stalled" if self._reading_body else "its request headers were too slow",
             )
             self.transport.close()
+
+
+def _discardable_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body's declared Content-Length, or None when the rest of it cannot be read and dropped: no length
+    (chunked), or a client waiting for `100 Continue` before it sends the body (it may never send it)."""
+    fields = dict(headers)  # (uvicorn's names, lowercased)
+    length = fields.get(b"content-length", b"")
+    if not length.isdigit() or fields.get(b"expect", b"").lower() == b"100-continue":
+        return None
+    return int(length)
 
 
 def _connection_limit_answer(limit: int) -> bytes:

@@ -32,7 +32,11 @@ KEYS = {
     "thrifty": Key("thrifty", hash_secret(SECRETS["thrifty"]), frozenset({"inference"}), tokens_per_min=60),
     "quick": Key("quick", hash_secret(SECRETS["quick"]), frozenset({"inference"}), rps=0.5, burst=2),
 }
-REFUSAL = {"error": "missing, unknown or revoked key: send 'Authorization: Bearer <key>'", "error_type": "unauthorized"}
+REFUSAL = {
+    "error": "missing, unknown or revoked key: this service requires a key, as it has a keys file (BERT_KEYS_FILE); "
+    "send 'Authorization: Bearer <key>' with the secret `bert keys add` printed",
+    "error_type": "unauthorized",
+}
 
 
 def auth(name: str) -> dict:
@@ -49,6 +53,8 @@ def keys_file(tmp_path):
 async def test_unknown_keys_are_401_and_scopes_403_naming_scope_and_key(data_dir, keys_file, caplog):
     caplog.set_level("INFO", logger="bertserve")
     async with serve_app(settings_for(data_dir, keys_file=keys_file)) as c:
+        starting = f"keys: required on every route but /health and /ready: 6 keys from {keys_file} (BERT_KEYS_FILE)"
+        assert starting in [r.getMessage() for r in caplog.records]
         for headers in ({}, {"Authorization": "Bearer bsk_nothing"}, {"Authorization": f"Basic {SECRETS['reader']}"}):
             r = await c.post("/embeddings", json={"inputs": "the cat"}, headers=headers)
             assert (r.status_code, r.json()) == (401, REFUSAL)
@@ -169,9 +175,14 @@ async def test_revoking_the_last_key_or_deleting_the_file_never_opens_the_servic
         assert (r.status_code, r.json()) == (401, REFUSAL)
 
 
-async def test_without_a_keys_file_the_service_is_open_as_before(data_dir, tmp_path):
+async def test_without_a_keys_file_the_service_is_open_as_before(data_dir, tmp_path, caplog):
+    caplog.set_level("INFO", logger="bertserve")
     async with serve_app(settings_for(data_dir, keys_file=tmp_path / "none.toml")) as c:
         assert (await c.post("/embeddings", json={"inputs": "hi"})).status_code == 200
+    assert (
+        f"keys: none, every route is open: no keys file at {tmp_path / 'none.toml'} (BERT_KEYS_FILE), "
+        "BERT_API_KEY and BERT_ADMIN_KEY unset"
+    ) in [r.getMessage() for r in caplog.records]
 
 
 def test_a_broken_file_at_start_is_a_startup_error(data_dir, tmp_path):
@@ -184,9 +195,15 @@ def test_a_broken_file_at_start_is_a_startup_error(data_dir, tmp_path):
         create_app(settings_for(data_dir, keys_file=path))
 
 
-async def test_the_built_in_keys_work_beside_the_file(data_dir, keys_file):
+async def test_the_built_in_keys_work_beside_the_file(data_dir, keys_file, caplog):
+    caplog.set_level("INFO", logger="bertserve")
     settings = settings_for(data_dir, keys_file=keys_file, api_key="api-key-0123456789", admin_key="admin-0123456789")
     async with serve_app(settings) as c:
+        assert (
+            f"keys: required on every route but /health and /ready: 6 keys from {keys_file} (BERT_KEYS_FILE), "
+            "plus BERT_ADMIN_KEY and BERT_API_KEY"
+        ) in [r.getMessage() for r in caplog.records]
+        assert "api-key-0123456789" not in caplog.text and "admin-0123456789" not in caplog.text
         api, admin = {"Authorization": "Bearer api-key-0123456789"}, {"Authorization": "Bearer admin-0123456789"}
         assert (await c.post("/embeddings", json={"inputs": "the cat"}, headers=api)).status_code == 200
         assert (await c.get("/jobs", headers=admin)).status_code == 200

@@ -184,7 +184,8 @@ def test_a_revoked_or_rotated_key_is_refused_at_the_next_check(system):
         assert time.monotonic() - started < TAKEN_WITHIN_S, "the revoked key still works after `bert keys revoke`"
         time.sleep(0.05)
     assert r.json() == {
-        "error": "missing, unknown or revoked key: send 'Authorization: Bearer <key>'",
+        "error": "missing, unknown or revoked key: this service requires a key, as it has a keys file "
+        "(BERT_KEYS_FILE); send 'Authorization: Bearer <key>' with the secret `bert keys add` printed",
         "error_type": "unauthorized",
     }
 

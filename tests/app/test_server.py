@@ -9,11 +9,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
 
+from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
 from app.launcher.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, serve
 from app.settings import Settings
 from tests.app.test_inference import embed_reference
@@ -253,6 +255,89 @@ def test_slow_clients_are_cut_off_and_connections_capped(data_dir):
         r = httpx.get(f"http://127.0.0.1:{port}/info/", headers={"Host": "evil.example"})
         assert r.status_code == 404 and "location" not in r.headers
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # still serving
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _answer(conn: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP answer read off `conn` (its head and its Content-Length of body); b"" for both at EOF."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        if not (chunk := conn.recv(65536)):
+            return b"", b""
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(
+        next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length"))
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head, body
+
+
+@pytest.mark.slow
+def test_a_rate_limited_request_keeps_its_connection(data_dir, tmp_path):
+    """A 429 is decided from the headers, before the body is read: the rest of the body is read and dropped,
+    and the connection serves the next request. Back-to-back posts on one kept-alive httpx connection, half
+    of them sending their body after a pause (the refusal goes out before it arrives): every one a 200 or a
+    429 with Retry-After, all on that one connection, as many 429s as the server counted. Then, byte by
+    byte: the headers, the 429, the body after it, and the next request on the same socket."""
+    secrets = {name: new_secret() for name in ("steady", "spent", "boss")}
+    write_keys(
+        tmp_path / "keys.toml",
+        {
+            "steady": Key("steady", hash_secret(secrets["steady"]), frozenset({"inference"}), rps=0.05, burst=5),
+            "spent": Key("spent", hash_secret(secrets["spent"]), frozenset({"inference"}), rps=0.001, burst=1),
+            "boss": Key("boss", hash_secret(secrets["boss"]), frozenset({"admin"})),
+        },
+    )
+    port = free_port()
+    proc = start_server(data_dir, port, BERT_KEYS_FILE=str(tmp_path / "keys.toml"))
+    body = json.dumps({"inputs": "the cat sat"}).encode()
+
+    def late_body():
+        time.sleep(0.05)  # (only makes the refusal likely to go out first; nothing is timed)
+        yield body
+
+    def remember_connection(response: httpx.Response) -> None:
+        response.extensions["local"] = response.extensions["network_stream"].get_extra_info("client_addr")
+
+    headers = {
+        "Authorization": f"Bearer {secrets['steady']}",
+        "Content-Type": "application/json",
+        "Content-Length": str(len(body)),  # (httpx sends a generator's body chunked otherwise)
+    }
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            client.event_hooks["response"] = [remember_connection]
+            responses = [
+                client.post("/embeddings", content=late_body() if i % 2 else body, headers=headers) for i in range(40)
+            ]
+            statuses = Counter(r.status_code for r in responses)
+            assert set(statuses) == {200, 429}, statuses  # (5 at once, then one in 20 s: most are refused)
+            for r in responses:
+                if r.status_code == 429:
+                    assert int(r.headers["retry-after"]) >= 1 and r.json()["error_type"] == "overloaded", r.headers
+            assert len({r.extensions["local"] for r in responses}) == 1  # one connection throughout
+            usage = client.get("/usage", headers={"Authorization": f"Bearer {secrets['boss']}"}).json()["keys"]
+            assert (usage["steady"]["requests"], usage["steady"]["rate_limited"]) == (40, statuses[429])
+
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            head = (
+                f"POST /embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secrets['spent']}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            conn.sendall(head + body)
+            assert _answer(conn)[0].startswith(b"HTTP/1.1 200")  # the key's one request; its bucket is empty now
+            conn.sendall(head)
+            answer, _ = _answer(conn)  # from the headers alone, before the body was sent
+            assert answer.startswith(b"HTTP/1.1 429") and b"retry-after: " in answer, answer
+            conn.sendall(body)
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer, payload = _answer(conn)  # the connection serves on
+            assert answer.startswith(b"HTTP/1.1 200") and payload == b'{"status":"ok"}', answer
+        assert proc.poll() is None
     finally:
         proc.kill()
         proc.wait(10)
