@@ -106,12 +106,22 @@ RETRY_AFTER_S = {429: 1, 503: 5}
 
 
 class JobProgress(BaseModel):
-    """The job a 503 names: one still producing the model, or the cancelled or failed one that was to."""
+    """The job making a model that is not there yet (a 503's `job`, /ready's `mlm_job`): one still producing
+    it, or the cancelled or failed one that was to (app/serving/model_jobs.py)."""
 
     id: str
+    model_name: str = Field(description="The model it makes.")
     state: str
     step: int
     total_steps: int
+    phase: str | None = Field(
+        description="What it does before its first step report, e.g. 'tokenising the corpus: 1,048,576 of "
+        "4,825,178 bytes read'; null once it reports steps, and when it is not running."
+    )
+    eta_s: float | None = Field(
+        description="Seconds to go at the pace of its latest step report; null before its first one, and when it "
+        "is not running."
+    )
     status_url: str
 
 

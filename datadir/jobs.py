@@ -379,6 +379,24 @@ def steps_of(record: Mapping[str, Any]) -> tuple[int, int]:
     return progress.get("step") or 0, progress.get("total_steps") or record["params"].get("max_steps") or 0
 
 
+def with_phase(progress: Mapping[str, Any], phase: str, done: int | None = None, total: int | None = None) -> dict:
+    """A record's `progress` while its attempt gets ready to train: `phase`, what it does in words, and how
+    far where it can tell (`phase_done` of `phase_total` bytes read). The steps of an earlier attempt stay;
+    their ETA goes, as it no longer holds. The first step report replaces the whole (the phase with it)."""
+    return {**progress, "eta_s": None, "phase": phase, "phase_done": done, "phase_total": total}
+
+
+def phase_of(record: Mapping[str, Any]) -> str | None:
+    """What a running job does before its first step report, in words ('tokenising the corpus: 1,048,576 of
+    4,825,178 bytes read'); None once it reports steps, and for a job that is not running."""
+    progress = record.get("progress") or {}
+    phase = progress.get("phase")
+    if not phase or record.get("state") != "running":
+        return None
+    done, total = progress.get("phase_done"), progress.get("phase_total")
+    return f"{phase}: {done:,} of {total:,} bytes read" if done is not None and total else phase
+
+
 def _ended_before(record: Mapping[str, Any], cutoff: dt.datetime) -> bool:
     ended = record.get("finished_at")
     if not isinstance(ended, str):

@@ -290,7 +290,7 @@ def test_examples_run_and_print_what_the_page_shows(system, page):
 
 
 def test_the_readme_tours_every_route_family():
-    """README's five-minute tour: one curl at least for each family of routes."""
+    """README's tour: one curl at least for each family of routes."""
     curls = " ".join(cmd for pairs in console_blocks((ROOT / "README.md").read_text()) for cmd, _ in pairs)
     for route in (
         "/fill-mask",

@@ -50,7 +50,9 @@ def _pick(params: dict, keys: Sequence[str]) -> dict:
     return {k: params[k] for k in keys if k in params}
 
 
-def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str) -> PretrainSpec:
+def pretrain_spec(
+    record: Mapping[str, Any], data_dir: Path, job_dir: Path, device: str, callbacks: Sequence[Callback] = ()
+) -> PretrainSpec:
     p = record["params"]
     corpus, meta = dataset_file(data_dir, record["dataset"])
     spec = dict(
@@ -63,7 +65,7 @@ def pretrain_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
     if record.get("base_model"):
         spec["from_model"] = str(base_model_dir(data_dir, record["base_model"]))
     else:
-        spec["vocab"] = str(corpus_tokenizer(job_dir / TOKENIZER_DIR, corpus, meta, p))
+        spec["vocab"] = str(corpus_tokenizer(job_dir / TOKENIZER_DIR, corpus, meta, p, callbacks))
         config = job_dir / SCRATCH_CONFIG
         atomic_write_bytes(config, json.dumps(p["config"], indent=1).encode())
         spec["config"] = str(config)
@@ -119,16 +121,18 @@ def run(
 ) -> TrainResult:
     """Train (or resume) the job in `job_dir`; raises model.errors.UserError for bad data or options."""
     if record["kind"] == "pretrain":
-        return run_pretraining(pretrain_spec(record, Path(data_dir), Path(job_dir), device), callbacks)
+        return run_pretraining(pretrain_spec(record, Path(data_dir), Path(job_dir), device, callbacks), callbacks)
     if record["kind"] == "finetune":
         return run_finetuning(finetune_spec(record, Path(data_dir), Path(job_dir), device), callbacks)
     raise ValueError(f"unknown job kind {record['kind']!r}")
 
 
-def corpus_tokenizer(out: Path, corpus: Path, meta: dict, params: dict) -> Path:
+def corpus_tokenizer(out: Path, corpus: Path, meta: dict, params: dict, callbacks: Sequence[Callback] = ()) -> Path:
     """The job's own WordPiece vocabulary: learnt from the corpus on the first attempt, then reused."""
     if (out / "vocab.txt").is_file():
         return out
+    for cb in callbacks:
+        cb.on_prepare("learning the vocabulary")
     with atomic_dir(out) as tmp:
         text = tmp / "corpus.txt"  # plain text for the WordPiece trainer (a JSONL corpus is not)
         with open(text, "w", encoding="utf-8") as f:

@@ -59,7 +59,7 @@ from datadir import (
     runner,
     scheduling,
 )
-from datadir.jobs import CANCEL, JobRecord
+from datadir.jobs import CANCEL, JobRecord, with_phase
 from datadir.publish import NotOwner, audit_publish
 from model.errors import UserError
 from model.model_card import write_card
@@ -93,6 +93,7 @@ PROGRESS_KEYS = (
 
 
 NOT_STARTED = "not started: the worker is shutting down"
+TRAINING = "training"  # the phase from the loop's start to its first step report (at step log_every)
 
 
 class Flag(Protocol):
@@ -195,6 +196,10 @@ class JobReporter(Callback):
     """Trainer callbacks: progress and runtime into job.json (throttled); stop on cancel, worker
     shutdown, the job's max_runtime or the worker's soft time limit.
 
+    Before its first step report the attempt's progress says what it does (datadir.jobs.with_phase): loading
+    the model, tokenising the corpus (bytes read of all), then training until that report, which comes
+    at once, however recent the last write.
+
     Runtime is the wall-clock time of the job's attempts, summed: this attempt's clock starts before
     the run loads its data (so learning a vocabulary counts) and job.json's `runtime_s` is brought up
     to date with each progress write and at least every BERT_JOB_HEARTBEAT_S, so a killed attempt
@@ -219,16 +224,29 @@ class JobReporter(Callback):
         self.stop_reason: str | None = None
         self.making_way_for: Mapping[str, Any] | None = None  # the job of higher priority this one stops for
         self._last_write = self._last_runtime_write = self._last_queue_look = 0.0
+        self._phase: str | None = None  # what the record's progress says the attempt does, until its first step
 
     def runtime(self) -> float:
         """Seconds of training of this job so far, every attempt included."""
         return self.runtime_before + (time.monotonic() - self.started)
 
+    def on_prepare(self, phase: str, done: int | None = None, total: int | None = None) -> None:
+        now = time.monotonic()
+        if phase == self._phase and now - self._last_write < self.interval and done != total:
+            return
+        self._phase, self._last_write = phase, now
+        self.records.update(
+            self.job_id, lambda r: r.__setitem__("progress", with_phase(r.get("progress") or {}, phase, done, total))
+        )
+
+    def on_fit_start(self, step: int, resumed: bool) -> None:
+        self.on_prepare(TRAINING)
+
     def on_step(self, state: dict[str, Any]) -> None:
         now = time.monotonic()
-        if now - self._last_write < self.interval and state["step"] < state["total_steps"]:
+        if self._phase is None and now - self._last_write < self.interval and state["step"] < state["total_steps"]:
             return
-        self._last_write = self._last_runtime_write = now
+        self._phase, self._last_write, self._last_runtime_write = None, now, now
         progress, runtime = {k: state.get(k) for k in PROGRESS_KEYS}, round(self.runtime(), 3)
         self.records.update(self.job_id, lambda r: r.update({"progress": progress, "runtime_s": runtime}))
 

@@ -525,6 +525,7 @@ async function jobPage(jobId) {
       fact("Attempts", String(j.attempts)), fact("Runtime", fmt.duration(j.runtime_s)),
       fact("Created", fmt.time(j.created_at)), fact("Finished", fmt.time(j.finished_at)),
       fact("Priority", String(j.priority)),
+      ...(j.phase ? [fact("Doing", j.phase)] : []),  // before its first step report
       ...(j.queue_position ? [fact("In line", `#${j.queue_position}, waiting for ${j.waiting_for}` +
         (j.start_estimate_s == null ? "" : ` (starts in about ${fmt.duration(j.start_estimate_s)})`))] : []));
     const p = progressOf(j);

@@ -48,9 +48,10 @@ from model.sources import hub_model_name, hub_unreachable
 ENCODER = "minilm"
 CORPUS = "wiki"
 BOOTSTRAP_MODEL = "wiki-mlm"
-# Five to ten minutes on two CPU cores: whole-model continued pretraining (MLM + NSP), which beat
-# heads-only training on a frozen encoder at equal time (docs/training.md, "The bootstrap
-# model"); checkpoints every 25 steps so a restart loses little.
+# Whole-model continued pretraining (MLM + NSP), which beat heads-only training on a frozen encoder at
+# equal time (docs/training.md, "The bootstrap model"): minutes on idle CPU cores, several times that
+# on busy ones; checkpoints every 25 steps so a restart loses little; every step reported, so the job's
+# pace (its ETA, in GET /jobs/{id}, /ready and the 503 of /fill-mask) is known after its first step.
 BOOTSTRAP_PARAMS = dict(
     max_steps=200,
     batch_size=16,
@@ -60,7 +61,7 @@ BOOTSTRAP_PARAMS = dict(
     save_every=25,
     eval_every=0,
     eval_fraction=0.02,
-    log_every=5,
+    log_every=1,
     seed=0,
 )
 
@@ -162,5 +163,4 @@ def bootstrap_params(steps: int | None) -> dict:
         "max_steps": steps,
         "warmup_steps": min(BOOTSTRAP_PARAMS["warmup_steps"], steps // 10),
         "save_every": min(BOOTSTRAP_PARAMS["save_every"], steps),
-        "log_every": 1,
     }

@@ -17,7 +17,7 @@ from pydantic.json_schema import JsonDict
 from app.schemas.shared import Name, Strict, invalid
 from datadir import JOB_KINDS, STATES
 from datadir.datasets import KINDS_OF_TASK
-from datadir.jobs import LEGACY_OWNER, owner_of, steps_of
+from datadir.jobs import LEGACY_OWNER, owner_of, phase_of, steps_of
 from datadir.scheduling import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from model.data.question_answering import WindowMisfit, check_window
 from model.options import TASKS, Option, check_task_options, defaults, format_default, options_for
@@ -404,6 +404,11 @@ class JobStatus(BaseModel):
     lr: float | None
     tokens_per_s: float | None
     eta_s: float | None = Field(description="Seconds to go at the current pace (running jobs only).")
+    phase: str | None = Field(
+        None,
+        description="What a running job does before its first step report: loading the model, learning the "
+        "vocabulary, tokenising the corpus (with the bytes read of all), training until that report; null after.",
+    )
     epoch: float | None
     rank_tokens_per_s: list[float] | None = Field(
         None, description="Tokens/s of each process, rank 0 first (jobs with devices > 1)."
@@ -498,6 +503,7 @@ class JobStatus(BaseModel):
             lr=progress.get("lr"),
             tokens_per_s=progress.get("tokens_per_s"),
             eta_s=progress.get("eta_s") if running else None,
+            phase=phase_of(record),
             epoch=progress.get("epoch"),
             rank_tokens_per_s=progress.get("rank_tokens_per_s"),
             downloaded_bytes=progress.get("downloaded_bytes"),

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.errors import JobProgress
+
 
 class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
@@ -15,7 +17,17 @@ class ReadyResponse(BaseModel):
     status: Literal["ready"] = "ready"
     model: str
     mlm_model: str | None = Field(
-        None, description="The model /fill-mask and /nsp use when a request names none (null: `model`)."
+        None,
+        description="The model /fill-mask and /nsp answer with now when a request names none: the default MLM "
+        "model once it is there (else `model`, when there is no default MLM model and `model` has an MLM head); "
+        "null while none can, e.g. while the bootstrap job still trains `wiki-mlm` (`mlm_job`).",
+    )
+    mlm_job: JobProgress | None = Field(
+        None,
+        description="The job making the default MLM model while it is not there (the bootstrap job, or the import "
+        "of BERT_MLM_MODEL): its state, step of total, phase and ETA; or the one that was to and was cancelled or "
+        "failed. Null when there is none, and where /fill-mask needs a key (its 503 shows the job to a key that may see "
+        "it).",
     )
 
 

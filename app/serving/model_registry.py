@@ -30,9 +30,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -40,6 +39,7 @@ from app.errors import ONE_LINE, ServiceError
 from app.keys import ownership
 from app.keys.limits import CALLER
 from app.prometheus import Metrics
+from app.serving import model_jobs
 from app.serving.stored_models import (
     HEAD_TITLES,
     LoadedModel,
@@ -50,8 +50,7 @@ from app.serving.stored_models import (
     read_stored_model,
 )
 from datadir import DataDir, JobRecords, valid_name
-from datadir.jobs import steps_of
-from datadir.scheduling import job_words
+from datadir.jobs import JobRecord
 from datadir.versions import Access, read_access, resolve, version_numbers
 from model.compute import kernels
 from model.sizing import ARCHITECTURES, engine_working_bytes, format_bytes, inference_weight_bytes, packed_weight_bytes
@@ -63,13 +62,6 @@ log.addFilter(ONE_LINE)  # a model's name and path, one line each (app/errors.py
 RECENT_USERS_S = 60.0
 
 
-def _caller_sees(record: Mapping[str, Any]) -> bool:
-    """Whether the request being served may see this job by its id: its key's own, or any job for a key
-    with the scope admin, or where the service has no keys (app/keys/limits.py's CALLER)."""
-    caller = CALLER.get()
-    return caller is None or caller.sees_job(record)
-
-
 def _usable(entries: list[StoredModel]) -> list[str]:
     """The names of those the request's key may use: a key is told of its own, the shared ones and, when it is
     limited to some models, of those alone (app/keys/ownership.py)."""
@@ -77,22 +69,6 @@ def _usable(entries: list[StoredModel]) -> list[str]:
     if caller is None:
         return [e.name for e in entries]
     return caller.usable([e.name for e in entries if ownership.may_read_model(caller.key, e.name, e.access)])
-
-
-def _job_detail(record: Mapping[str, Any], step: int, total: int) -> dict[str, Any]:
-    """The `job` of a 503's body (ErrorResponse): a job the request's key may see; else none."""
-    if not _caller_sees(record):
-        return {}
-    status_url = f"/jobs/{record['id']}"
-    return {
-        "job": {
-            "id": record["id"],
-            "state": record["state"],
-            "step": step,
-            "total_steps": total,
-            "status_url": status_url,
-        }
-    }
 
 
 class ModelRegistry:
@@ -234,50 +210,43 @@ class ModelRegistry:
             await asyncio.to_thread(self.scan)
             entry = self._entries.get(name)
         if entry is None:
-            await asyncio.to_thread(self._raise_if_training, name)
-            if defaulted:
-                await asyncio.to_thread(self._raise_if_job_ended, name)
+            await asyncio.to_thread(self._raise_if_making, name, defaulted)
             known = ", ".join(_usable([self._entries[n] for n in sorted(self._entries)])) or "none"
             raise ServiceError("not_found", f"model '{name}' not found (available: {known})")
         return entry
 
-    def _raise_if_training(self, name: str) -> None:
-        """503 saying which job will publish a model called `name`, when a queued or running one will (by
-        its id, and with its `job` in the body, when the request's key may see that job)."""
-        record = self.jobs.unfinished_job_for_model(name)
+    def _raise_if_making(self, name: str, defaulted: bool) -> None:
+        """503 naming the job that will publish a model called `name`, when a queued or running one will; for
+        the default MLM model (`defaulted`), also the job that was to and was cancelled or failed, and what
+        answers meanwhile (app/serving/model_jobs.py)."""
+        record = self.jobs.unfinished_job_for_model(name) if not defaulted else model_jobs.making(self.jobs, name)
+        if record is not None and record["state"] in model_jobs.ENDED:
+            raise model_jobs.ended(name, record)
         if record is not None:
-            step, total = steps_of(record)
-            who = job_words(record, _caller_sees)
-            if record.get("kind") == "import":
-                progress = record.get("progress") or {}
-                done = f", {progress['downloaded_bytes']:,} of {progress['total_bytes']:,} bytes" if progress else ""
-                doing = f"being imported by {who} ({record['state']}{done})"
-            else:
-                doing = f"still being trained by {who} ({record['state']}, step {step}/{total})"
-            raise ServiceError(
-                "unavailable",
-                f"model '{name}' is {doing}; it is served as soon as the job finishes",
-                **_job_detail(record, step, total),
-            )
+            raise model_jobs.still_making(name, record, self._meanwhile() if defaulted else "")
 
-    def _raise_if_job_ended(self, name: str) -> None:
-        """503 naming the job, and how to start it again, when the default MLM model `name` is missing
-        because the job that was to make it (the bootstrap job, or its import) was cancelled or failed."""
-        record = next((r for r in self.jobs.list() if r.get("model_name") == name), None)  # newest first
-        if record is None or record["state"] not in ("cancelled", "failed"):
-            return
-        step, total = steps_of(record)
-        seen = _caller_sees(record)
-        how = "`bert init`, or by starting `bert up` (`make run`) again"
-        if record.get("kind") != "import" and record.get("latest_checkpoint") and seen:
-            how += f", which resumes it from {record['latest_checkpoint']}"
-        why = f": {record['error']}" if record["state"] == "failed" and record.get("error") and seen else ""
-        raise ServiceError(
-            "unavailable",
-            f"model '{name}', the default for /fill-mask and /nsp, is missing: {job_words(record, _caller_sees)} "
-            f"that makes it was {record['state']} at step {step} of {total}{why}; start it again with {how}",
-            **_job_detail(record, step, total),
-        )
+    def _meanwhile(self) -> str:
+        """What a request for the missing default MLM model can use until it is there: the default model."""
+        default = self.default()
+        entry = self._entries.get(default) if default else None
+        if entry is None or entry.error is not None or not _usable([entry]):
+            return ""
+        return f"; meanwhile /embeddings and /similarity answer with model '{default}'"
+
+    async def mlm_status(self) -> tuple[str | None, JobRecord | None]:
+        """(the model /fill-mask and /nsp answer with now when a request names none, None when none can; the job
+        making the default MLM model while it is missing, None when there is none)."""
+        name = self.default_mlm_name
+        if not name:
+            default = self.default()
+            entry = self._entries.get(default) if default else None
+            return (default if entry is not None and entry.error is None and "mlm" in entry.heads else None), None
+        if self._entries.get(name) is None:
+            await asyncio.to_thread(self.scan)
+        entry = self._entries.get(name)
+        if entry is not None:
+            return (name if entry.error is None and "mlm" in entry.heads else None), None
+        return None, await asyncio.to_thread(model_jobs.making, self.jobs, name)
 
     async def get(
         self,

@@ -335,12 +335,15 @@ def _paragraphs(path, format, text_field, byte_range, errors, on_read, stats, bo
 
 
 def read_documents(
-    path: str | os.PathLike, format: str | None = None, text_field: str = "text", bounds: Bounds = Bounds()
+    path: str | os.PathLike,
+    format: str | None = None,
+    text_field: str = "text",
+    bounds: Bounds = Bounds(),
+    on_read: Callable[[int], None] | None = None,
 ) -> Iterator[list[str]]:
-    """Stream the documents (lists of sentence strings) of a corpus file."""
-    return (
-        [s for paragraph in doc for s in paragraph] for doc in read_paragraphs(path, format, text_field, bounds=bounds)
-    )
+    """Stream the documents (lists of sentence strings) of a corpus file (`on_read`: as read_paragraphs)."""
+    paragraphs = read_paragraphs(path, format, text_field, bounds=bounds, on_read=on_read)
+    return ([s for paragraph in doc for s in paragraph] for doc in paragraphs)
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -494,8 +497,10 @@ def load_corpus(
     format: str | None = None,
     text_field: str = "text",
     cache_dir: str | os.PathLike | None = None,
+    on_tokenise: Callable[[int, int], None] | None = None,
 ) -> TokenizedCorpus:
-    """Tokenised corpus from its cache, building the cache first if missing or stale."""
+    """Tokenised corpus from its cache, building the cache first if missing or stale. While it builds,
+    `on_tokenise(done, total)` hears the bytes of the file read so far (0 first) and its size."""
     path = Path(path)
     format = format or detect_format(path)
     if format not in READ_FORMATS:
@@ -509,7 +514,7 @@ def load_corpus(
     corpus = _load_cached(path, format, paths)
     if corpus is None:
         log.info("tokenising %s (%s format) into %s", path, format, paths["tokens"])
-        _build_cache(path, format, text_field, tokenizer, paths)
+        _build_cache(path, format, text_field, tokenizer, paths, on_tokenise)
         corpus = _load_cached(path, format, paths)
         assert corpus is not None, "freshly built cache did not validate"
     return corpus
@@ -541,8 +546,16 @@ def _load_cached(path: Path, format: str, paths: dict[str, Path]) -> TokenizedCo
     return TokenizedCorpus(path, format, arrays["tokens"], arrays["sentences"], arrays["documents"])
 
 
-def _build_cache(path: Path, format: str, text_field: str, tokenizer, paths: dict[str, Path]) -> None:
+def _build_cache(
+    path: Path,
+    format: str,
+    text_field: str,
+    tokenizer,
+    paths: dict[str, Path],
+    on_tokenise: Callable[[int, int], None] | None = None,
+) -> None:
     before = _stat_key(path)
+    on_read = _bytes_read(on_tokenise, before["corpus_size"]) if on_tokenise is not None else None
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
     if not os.access(paths["tokens"].parent, os.W_OK):
         raise PermissionError(f"cannot write the token cache in {paths['tokens'].parent}; pass cache_dir=")
@@ -555,7 +568,7 @@ def _build_cache(path: Path, format: str, text_field: str, tokenizer, paths: dic
     writers["sentences"].append([0])
     writers["documents"].append([0])
     try:
-        for chunk in _chunks(read_documents(path, format, text_field), CHUNK_SENTENCES):
+        for chunk in _chunks(read_documents(path, format, text_field, on_read=on_read), CHUNK_SENTENCES):
             _write_chunk(chunk, tokenizer, writers, state, min_sentences=2 if format == "pairs" else 1)
         n_docs = writers["documents"].count - 1
         if n_docs == 0:
@@ -578,6 +591,19 @@ def _build_cache(path: Path, format: str, text_field: str, tokenizer, paths: dic
         "dtype": np.dtype(dtype).name,
     }
     atomic_write_bytes(paths["meta"], json.dumps(meta, indent=1).encode())
+
+
+def _bytes_read(report: Callable[[int, int], None], total: int) -> Callable[[int], None]:
+    """An `on_read` that tells `report` the bytes read so far of `total`; it hears (0, total) at once."""
+    done = 0
+
+    def on_read(n: int) -> None:
+        nonlocal done
+        done += n
+        report(done, total)
+
+    report(0, total)
+    return on_read
 
 
 def _chunks(documents: Iterator[list[str]], max_sentences: int) -> Iterator[list[list[str]]]:

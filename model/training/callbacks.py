@@ -23,7 +23,12 @@ PLOT_FILE = "training.svg"
 
 
 class Callback:
-    """Hooks the loop calls; override what you need. All run in the training thread, in list order."""
+    """Hooks the loop calls (on_prepare: the run functions of model/training/runs.py, before it); override what
+    you need. All run in the training thread, in list order."""
+
+    def on_prepare(self, phase: str, done: int | None = None, total: int | None = None) -> None:
+        """Before `fit`, while the run gets ready: what it does, in words ("loading the model", "tokenising the
+        corpus"), and how far where it can tell (`done` of `total` bytes read). Again as it goes on."""
 
     def on_fit_start(self, step: int, resumed: bool) -> None:
         """Once `fit` has restored its state, before the first step: the step it starts from, and

@@ -211,9 +211,10 @@ def run_pretraining(spec: PretrainSpec, callbacks: Sequence[Callback] = ()) -> T
     out = Path(spec.out)
     resume_from = _resume_point(out, spec.resume)
     with _user_errors():
+        _prepare(callbacks, "loading the model")
         tokenizer, model = _pretraining_model(spec, resume_from)
         with _main_rank_first(spec.train):
-            train_data, eval_data = _pretraining_data(spec, tokenizer)
+            train_data, eval_data = _pretraining_data(spec, tokenizer, callbacks)
             train_data.num_batches(0)  # plans the first epoch now, so a corpus too small is a user error
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks)
     return trainer.fit(resume=resume_from or False)
@@ -225,18 +226,26 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
     out = Path(spec.out)
     resume_from = _resume_point(out, spec.resume)
     with _user_errors():
+        _prepare(callbacks, "reading the training data")
         model_class, data, config_updates = _FINETUNE_DATA[spec.task](spec)
         seed_everything(spec.train.seed)
         # A resumed run builds its model from the checkpoint as a fresh one from the start model (the trainer
         # then restores every tensor and random state of the checkpoint).
         source = resume_from or spec.from_model
         tokenizer = _tokenizer_of(source)
+        _prepare(callbacks, "loading the model")
         model = model_class.from_pretrained(source, init_missing_heads=True, **config_updates)
         _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         loss_fn = _cross_encoder_loss(spec, data, model, tokenizer) if spec.task == "cross-encoder" else None
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks, loss_fn)
     return trainer.fit(resume=resume_from or False)
+
+
+def _prepare(callbacks: Sequence[Callback], phase: str, done: int | None = None, total: int | None = None) -> None:
+    """Tell the callbacks what the run does before it trains (Callback.on_prepare)."""
+    for cb in callbacks:
+        cb.on_prepare(phase, done, total)
 
 
 def _trainer(
@@ -658,12 +667,12 @@ def _cache_dir(explicit: str | None, corpus: Path, out: Path | None) -> Path | N
     return out / "cache"
 
 
-def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
+def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer, callbacks: Sequence[Callback] = ()):
     from model.data.pretraining import PretrainingData
 
-    corpus, eval_corpus = _open_corpus(spec.corpus, spec, tokenizer), None
+    corpus, eval_corpus = _open_corpus(spec.corpus, spec, tokenizer, callbacks), None
     if spec.eval_corpus:
-        eval_corpus = _open_corpus(spec.eval_corpus, spec, tokenizer)
+        eval_corpus = _open_corpus(spec.eval_corpus, spec, tokenizer, callbacks)
     elif spec.eval_fraction > 0:
         corpus, eval_corpus = holdout_documents(
             corpus, spec.eval_fraction, spec.eval_max_documents, min_documents=2 if spec.nsp else 1
@@ -680,8 +689,9 @@ def _pretraining_data(spec: PretrainSpec, tokenizer: BertTokenizer):
     return train, PretrainingData(eval_corpus, tokenizer, **kw) if eval_corpus is not None else None
 
 
-def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
-    """A token store directory (model/data/store.py), else a text corpus tokenised through its cache."""
+def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer, callbacks: Sequence[Callback] = ()):
+    """A token store directory (model/data/store.py), else a text corpus tokenised through its cache (the
+    callbacks hear how far while the cache is built)."""
     from model.data.corpus import load_corpus
     from model.data.store import open_store
 
@@ -697,6 +707,7 @@ def _open_corpus(path: str, spec: PretrainSpec, tokenizer: BertTokenizer):
         format=spec.corpus_format,
         text_field=spec.text_field,
         cache_dir=_cache_dir(spec.cache_dir, Path(path), Path(spec.out)),
+        on_tokenise=lambda done, total: _prepare(callbacks, "tokenising the corpus", done, total),
     )
 
 

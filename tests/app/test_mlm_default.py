@@ -34,7 +34,7 @@ async def test_the_hub_model_is_imported_and_serves_fill_mask(hub, hub_env, tmp_
         r = await client.post("/fill-mask", json={"inputs": "the [MASK] sat"})
         assert r.status_code == 200, r.text
         ready = (await client.get("/ready")).json()
-        assert ready == {"status": "ready", "model": "bert-tiny", "mlm_model": "bert-tiny"}
+        assert ready == {"status": "ready", "model": "bert-tiny", "mlm_model": "bert-tiny", "mlm_job": None}
         assert client.app.state.service.mlm_model_words() == (
             "'bert-tiny' (chosen at first start: DATA_DIR/defaults.json)"
         )

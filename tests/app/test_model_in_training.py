@@ -1,6 +1,7 @@
-"""A model that a training job is still producing answers 503 naming the job, then is served as soon
-as the job publishes it; /fill-mask and /nsp may default to another model than /embeddings, and when
-the job that was to make their default ended without it, they name the job and how to start it again."""
+"""A model that a training job is still producing answers 503 naming the job (its progress: step, phase, time
+to go), then is served as soon as the job publishes it; /fill-mask and /nsp may default to another model than
+/embeddings, and when the job that was to make their default ended without it, they name the job and how to
+start it again. /ready names no fill-mask model until there is one, and shows the job."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from datadir import JobRecords, jobs
 from datadir.defaults import set_default
 from model.modeling import BertForPreTraining
 from tests.app.conftest import save_tiny, serve_app, settings_for
+from worker.settings import WorkerSettings
+from worker.training import JobReporter
 
 pytestmark = pytest.mark.anyio
 
@@ -30,40 +33,88 @@ def wiki_mlm_job(store: JobRecords, max_steps: int) -> dict:
     return store.create({**spec, "params": {"max_steps": max_steps}})
 
 
-async def test_model_in_training_is_503_with_the_job_then_served(own_data_dir):
+def job_body(record: dict, state: str, step: int, phase: str | None = None, eta_s: float | None = None) -> dict:
+    """The `job` of a 503 and /ready's `mlm_job` (app/errors.py's JobProgress)."""
+    return {
+        "id": record["id"],
+        "model_name": record["model_name"],
+        "state": state,
+        "step": step,
+        "total_steps": record["params"]["max_steps"],
+        "phase": phase,
+        "eta_s": eta_s,
+        "status_url": f"/jobs/{record['id']}",
+    }
+
+
+def reporter(data_dir, store: JobRecords, record: dict) -> JobReporter:
+    """The worker's progress reporter for the job, as its attempt writes the record (worker/training.py)."""
+    store.move(record["id"], jobs.start, "host:1")
+    return JobReporter(store, store.read(record["id"]), WorkerSettings(data_dir=data_dir, job_progress_interval_s=0))
+
+
+async def test_ready_and_the_503_tell_the_job_its_progress_and_what_answers_meanwhile(own_data_dir):
+    """While the default MLM model's job is queued, gets ready (a phase, no pace yet) and trains (a pace):
+    /ready names no fill-mask model and shows the job; the 503 says the same in words, with what works now."""
     store = JobRecords(own_data_dir)
     record = wiki_mlm_job(store, 300)
     settings = settings_for(own_data_dir, default_model="tiny-enc", default_mlm_model="wiki-mlm")
+    meanwhile = "; meanwhile /embeddings and /similarity answer with model 'tiny-enc'"
+    tokenising = "tokenising the corpus: 1,048,576 of 4,825,178 bytes read"
+    seen = [
+        ("queued, step 0 of 300, not started yet", job_body(record, "queued", 0)),
+        (
+            f"running, step 0 of 300, {tokenising}, no time estimate before its first step report",
+            job_body(record, "running", 0, phase=tokenising),
+        ),
+        (
+            "running, step 45 of 300, about 19 min to go at its current pace",
+            job_body(record, "running", 45, eta_s=1140.0),
+        ),
+    ]
     async with serve_app(settings) as client:
-        r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
-        assert r.status_code == 503
-        assert r.json() == {
-            "error": f"model 'wiki-mlm' is still being trained by job {record['id']} (queued, step 0/300); "
-            "it is served as soon as the job finishes",
-            "error_type": "unavailable",
-            "job": {
-                "id": record["id"],
-                "state": "queued",
-                "step": 0,
-                "total_steps": 300,
-                "status_url": f"/jobs/{record['id']}",
-            },
-        }
+        for i, (words, job) in enumerate(seen):
+            if i == 1:
+                report = reporter(own_data_dir, store, record)
+                report.on_prepare("loading the model")
+                report.on_prepare("tokenising the corpus", 1_048_576, 4_825_178)
+            elif i == 2:
+                report.on_fit_start(0, False)
+                report.on_step({"step": 45, "total_steps": 300, "loss": 7.1, "lr": 1e-4, "eta_s": 1140.0})
+            assert (await client.get("/ready")).json() == {
+                "status": "ready",
+                "model": "tiny-enc",
+                "mlm_model": None,
+                "mlm_job": job,
+            }
+            r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
+            assert (r.status_code, r.json()) == (
+                503,
+                {
+                    "error": f"model 'wiki-mlm' is still being trained by job {record['id']} ({words}); "
+                    f"it is served as soon as the job finishes{meanwhile}",
+                    "error_type": "unavailable",
+                    "job": job,
+                },
+            )
+            assert (await client.get(f"/jobs/{record['id']}")).json()["phase"] == job["phase"]
         r = await client.post("/nsp", json={"inputs": {"text_a": "the cat sat.", "text_b": "it ran."}})
-        assert r.status_code == 503 and r.json()["job"]["id"] == record["id"]
+        assert r.status_code == 503 and r.json()["job"] == seen[-1][1]
         # The encoder default is unaffected.
         assert (await client.post("/embeddings", json={"inputs": "the cat"})).status_code == 200
 
-        store.update(record["id"], lambda r: r.update(state="running", progress={"step": 120, "total_steps": 300}))
-        r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat."})
-        assert r.status_code == 503 and "(running, step 120/300)" in r.json()["error"]
-
-        # The job publishes its model: served at once, no restart.
+        # The job publishes its model: served at once, no restart, and /ready names it.
         save_tiny(own_data_dir / "models" / "wiki-mlm", BertForPreTraining)
         store.update(record["id"], lambda r: r.update(state="succeeded"))
         r = await client.post("/fill-mask", json={"inputs": "the cat [MASK] on the mat.", "top_k": 2})
         assert r.status_code == 200 and len(r.json()) == 2
         assert (await client.post("/nsp", json={"inputs": {"text_a": "a", "text_b": "b"}})).status_code == 200
+        assert (await client.get("/ready")).json() == {
+            "status": "ready",
+            "model": "tiny-enc",
+            "mlm_model": "wiki-mlm",
+            "mlm_job": None,
+        }
 
 
 async def test_a_failed_job_leaves_a_plain_404(own_data_dir):
@@ -105,15 +156,15 @@ async def test_a_default_mlm_model_whose_job_ended_names_the_job_and_how_to_star
                     f"that makes it was {ended} at step 22 of 200{why}; start it again with `bert init`, or by "
                     "starting `bert up` (`make run`) again, which resumes it from checkpoints/step-22",
                     "error_type": "unavailable",
-                    "job": {
-                        "id": record["id"],
-                        "state": ended,
-                        "step": 22,
-                        "total_steps": 200,
-                        "status_url": f"/jobs/{record['id']}",
-                    },
+                    "job": job_body(record, ended, 22),
                 },
             )
+        assert (await client.get("/ready")).json() == {
+            "status": "ready",
+            "model": "tiny-enc",
+            "mlm_model": None,
+            "mlm_job": job_body(record, ended, 22),
+        }
 
 
 async def test_the_503_names_another_keys_job_without_its_id(own_data_dir, tmp_path):
@@ -137,8 +188,8 @@ async def test_the_503_names_another_keys_job_without_its_id(own_data_dir, tmp_p
     assert (answers["reader"].status_code, answers["reader"].json()) == (
         503,
         {
-            "error": "model 'later' is still being trained by another key's job (queued, step 0/300); "
-            "it is served as soon as the job finishes",
+            "error": "model 'later' is still being trained by another key's job (queued, step 0 of 300, not started "
+            "yet); it is served as soon as the job finishes",
             "error_type": "unavailable",
         },
     )
@@ -160,6 +211,8 @@ async def test_a_default_mlm_model_whose_job_ended_is_told_to_another_key_withou
     settings = settings_for(own_data_dir, default_model="tiny-enc", keys_file=tmp_path / "keys.toml")
     async with serve_app(settings) as client:
         r = await client.post("/fill-mask", json={"inputs": "a [MASK]"}, headers={"Authorization": f"Bearer {secret}"})
+        ready = (await client.get("/ready")).json()  # open, while /fill-mask needs a key: no job
+    assert ready == {"status": "ready", "model": "tiny-enc", "mlm_model": None, "mlm_job": None}
     assert (r.status_code, r.json()) == (
         503,
         {

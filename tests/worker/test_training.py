@@ -3,6 +3,7 @@ situation, the attempt limit, the soft time limit, and the recovery sweep."""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from app.schemas.jobs import PretrainParams
 from datadir import JobRecords
 from datadir.cards import read_card
+from datadir.jobs import phase_of
 from model.model_card import evaluate_card
 from model.modeling import BertForSequenceClassification, load_model
 from model.training.checkpoint import is_complete, load_checkpoint
@@ -73,6 +75,41 @@ def test_a_pretrained_model_is_published_with_its_heldout_scores(data_dir, setti
     assert (evaluation["sequences"], evaluation["set"]) == (128, "wiki-heldout-v1") and 0 <= evaluation[
         "nsp_accuracy"
     ] <= 1
+
+
+def test_a_job_says_what_it_does_before_its_first_step(data_dir, settings, monkeypatch):
+    """Loading the model, tokenising the corpus (bytes read of all), then training: each is in the record's
+    progress before the first step report, which replaces it."""
+    corpus = write_dataset(data_dir, "wiki", corpus_txt(), "wiki.txt") / "data.txt"
+    store = JobRecords(data_dir)
+    params = PretrainParams(max_steps=2, batch_size=8, max_seq_len=32, log_every=1).to_record()
+    job_id = store.create(
+        {"kind": "pretrain", "model_name": "mlm", "base_model": "tiny", "dataset": "wiki", "params": params}
+    )["id"]
+    written: list[dict] = []
+    update = JobRecords.update
+
+    def noting(self, job_id, change):  # every write of the record, as it was written
+        record = update(self, job_id, change)
+        written.append(copy.deepcopy(record["progress"]))
+        return record
+
+    monkeypatch.setattr(JobRecords, "update", noting)
+    assert run_job(job_id, settings)["outcome"] == "succeeded"
+    changes = [p for i, p in enumerate(written) if p and (i == 0 or p != written[i - 1])]
+    first_step = next(i for i, p in enumerate(changes) if p.get("step"))
+    size = corpus.stat().st_size
+    assert [(p["phase"], p["phase_done"], p["phase_total"]) for p in changes[:first_step]] == [
+        ("loading the model", None, None),
+        ("tokenising the corpus", 0, size),
+        ("tokenising the corpus", size, size),
+        ("training", None, None),
+    ]
+    assert changes[first_step]["step"] == 1 and "phase" not in changes[first_step]
+    assert (
+        phase_of({"state": "running", "progress": changes[2]})
+        == f"tokenising the corpus: {size:,} of {size:,} bytes read"
+    )
 
 
 def test_a_delivery_while_another_process_trains_does_nothing(data_dir, settings):

@@ -11,8 +11,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.api.deps import JobServiceDep, ServiceDep
 from app.api.routes.usage import count_job_seconds
-from app.errors import ServiceError, responses
+from app.errors import JobProgress, ServiceError, responses
 from app.schemas.ops import HealthResponse, InfoResponse, ReadyResponse
+from app.serving import model_jobs
 from model.compute import kernels
 
 router = APIRouter(tags=["operations"])
@@ -34,12 +35,17 @@ async def health() -> HealthResponse:
 
 
 @router.get("/ready", response_model=ReadyResponse, responses=responses("unavailable"))
-async def ready(service: ServiceDep) -> ReadyResponse:
-    """Readiness: the default model is loaded and a warm-up forward pass succeeded (else 503)."""
+async def ready(service: ServiceDep, request: Request) -> ReadyResponse:
+    """Readiness: the default model is loaded and a warm-up forward pass succeeded (else 503); which model
+    answers /fill-mask now, and the job still making it."""
     reason = await service.not_ready_reason()
     if reason is not None:
         raise ServiceError("unavailable", reason)
-    return ReadyResponse(model=service.registry.default(), mlm_model=service.registry.default_mlm_name)
+    mlm_model, job = await service.registry.mlm_status()
+    if not request.app.state.keyring.is_open("inference"):  # shown as /fill-mask's 503 shows it to a reader
+        job = None  # without a key, the one an open route has
+    mlm_job = None if job is None else JobProgress(**model_jobs.progress(job))
+    return ReadyResponse(model=service.registry.default(), mlm_model=mlm_model, mlm_job=mlm_job)
 
 
 @metrics_router.get(
