@@ -481,6 +481,14 @@ BAD_UPLOADS = [
     ),
     (("a.csv", b"text,label\nhello,1\nbye,1\n"), {}, 422, "file: a classifier needs at least 2 labels, found ['1']"),
     (
+        ("a.csv", b'text,label\n"hello,1\nbye,2\n'),
+        {},
+        422,
+        "file: not a usable labelled table (columns text, label and optionally text_pair): the file, line 2: a quoted "
+        'field opens here and is never closed (the file ends inside it); close the field with a " (a " inside a '
+        'quoted field is written "")',
+    ),
+    (
         ("a.jsonl", b'{"text": "ok"}\nnot json\n'),
         {"kind": "corpus"},
         422,
