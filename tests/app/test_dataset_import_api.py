@@ -267,6 +267,10 @@ async def test_two_revisions_and_a_slice(hub, hub_env, tmp_path):
         ),
         ({"name": "x", "source": H.IMDB_REPO, "columns": {"a": 1}}, "columns.a: Input should be a valid string"),
         ({"name": "x", "source": H.IMDB_REPO, "path": "/data"}, "path: Extra inputs are not permitted"),
+        (
+            {"name": "x", "source": H.IMDB_REPO, "splt": "train"},
+            "splt: Extra inputs are not permitted (did you mean 'split'?)",
+        ),
         ({"name": "../x", "source": H.IMDB_REPO}, "name: must be a plain name"),
     ],
 )

@@ -79,6 +79,10 @@ async def test_failures_are_in_the_record(hub, hub_env, tmp_path):
         ({"name": "x", "source": "../models/x"}, "source: String should match pattern"),
         ({"name": "tmp1", "source": H.TINY_REPO}, None),
         ({"name": "x", "source": H.TINY_REPO, "path": "/data"}, "path: Extra inputs are not permitted"),
+        (
+            {"name": "x", "sorce": H.TINY_REPO},
+            "source: Field required; sorce: Extra inputs are not permitted (did you mean 'source'?)",
+        ),
     ],
 )
 async def test_bad_requests(hub_env, tmp_path, body, message):

@@ -106,6 +106,14 @@ BAD_JOBS = [
     (finetune_request("x", lr="0.1"), "finetune.params.lr: Input should be a valid number"),
     (finetune_request("x", seed=-3), "finetune.params.seed: Input should be greater than or equal to 0"),
     (finetune_request("x", momentum=0.9), "finetune.params.momentum: Extra inputs are not permitted"),
+    (
+        finetune_request("x", max_step=3),
+        "finetune.params.max_step: Extra inputs are not permitted (did you mean 'max_steps'?)",
+    ),
+    (
+        {**pretrain_request("x"), "modle_name": "y"},
+        "pretrain.modle_name: Extra inputs are not permitted (did you mean 'model_name'?)",
+    ),
     (finetune_request("x", epochs=0.0), "finetune.params.epochs: Input should be greater than 0"),
     (
         finetune_request("x", task="token-classification", regression=True),
