@@ -5,6 +5,7 @@ FastAPI's request validation (422), routing misses (404/405) and unexpected exce
 /v1/* paths (OpenAI's API) the same failure, with the same status, answers in OpenAI's shape instead,
 `{"error": {"message", "type", "param", "code"}}`, so OpenAI's client libraries raise their own errors
 (openai.NotFoundError, ...) with our message; `type` is invalid_request_error (4xx) or server_error (5xx).
+An unknown field of a request names the known field it looks like, if one does (`suggest_fields`).
 429 and 503 say when to come back (Retry-After); 405 lists every method the path has (Allow), and
 OPTIONS on a path that exists answers 204 with that list. Bodies carry our own words only: an
 unexpected exception's text stays in the log, and a path on the server is told by its place in
@@ -18,16 +19,18 @@ Pattern after text-embeddings-inference's router (one ErrorType -> StatusCode ta
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
+from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("bertserve")
@@ -220,13 +223,64 @@ def responses(*error_types: str, openai: bool = False) -> dict:
     return {STATUS[k]: {"model": model, "description": k.replace("_", " ")} for k in error_types}
 
 
+def suggest_fields(errors: Sequence[Mapping[str, Any]], schema: Any, under: tuple = ()) -> list[dict]:
+    """pydantic's `errors` for a value of type `schema` found at `under` in their locs, with the known field
+    that an unknown one (extra_forbidden) is a misspelling of named in its message: `max_step: Extra inputs
+    are not permitted (did you mean 'max_steps'?)`."""
+    adapter: TypeAdapter | None = None
+    out = []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        if err.get("type") == "extra_forbidden" and loc[: len(under)] == under and len(loc) > len(under):
+            adapter = adapter or TypeAdapter(schema)
+            fields = _fields_at(adapter.core_schema, loc[len(under) : -1], {})
+            close = difflib.get_close_matches(str(loc[-1]), fields or [], n=1)
+            if close:
+                err = {**err, "msg": f"{err['msg']} (did you mean '{close[0]}'?)"}
+        out.append(dict(err))
+    return out
+
+
+def _fields_at(schema: Mapping[str, Any], loc: tuple, defs: dict) -> list[str] | None:
+    """The field names of the model at `loc` in a value that pydantic's core `schema` validates (the schema
+    its errors' locs follow), or None where no model is."""
+    kind = schema["type"]
+    if kind == "definitions":
+        defs = {**defs, **{d["ref"]: d for d in schema["definitions"]}}
+    elif kind == "definition-ref":
+        target = defs.get(schema["schema_ref"])
+        return _fields_at(target, loc, defs) if target is not None else None
+    elif kind == "model-fields":
+        names = {f.get("validation_alias") or name: f for name, f in schema["fields"].items()}
+        if not loc:
+            return list(names)
+        return _fields_at(names[loc[0]]["schema"], loc[1:], defs) if loc[0] in names else None
+    elif kind == "tagged-union":  # the loc names the tag
+        return _fields_at(schema["choices"][loc[0]], loc[1:], defs) if loc and loc[0] in schema["choices"] else None
+    elif kind == "union":  # the loc names the choice (a model's by its class name), else the first that has loc
+        choices = [c if isinstance(c, tuple) else (c, _model_name(c, defs)) for c in schema["choices"]]
+        named = [c for c, label in choices if loc and label == loc[0]] or [c for c, _ in choices]
+        return next((f for c in named if loc and (f := _fields_at(c, loc[1:], defs)) is not None), None)
+    elif kind in ("list", "set", "frozenset", "dict"):  # the loc names the item (index or key)
+        items = schema.get("items_schema") or schema.get("values_schema")
+        return _fields_at(items, loc[1:], defs) if items and loc else None
+    return _fields_at(schema["schema"], loc, defs) if "schema" in schema else None
+
+
+def _model_name(schema: Mapping[str, Any], defs: dict) -> str | None:
+    """The label pydantic gives a union's choice that is a model: its class name."""
+    if schema["type"] == "definition-ref":
+        schema = defs.get(schema["schema_ref"], schema)
+    return schema["cls"].__name__ if schema["type"] == "model" else None
+
+
 # What a JSON route makes of a body sent without a JSON Content-Type (curl -d's default is a form's): no object.
 NOT_AN_OBJECT = {"model_attributes_type", "dict_type", "model_type"}
 
 
-def _describe_validation(exc: RequestValidationError, content_type: str = "") -> str:
+def _describe_validation(errors: Sequence[Mapping[str, Any]], content_type: str = "") -> str:
     parts = []
-    for err in exc.errors():
+    for err in errors:
         if tuple(err.get("loc", ())) == ("body",) and err.get("type") in NOT_AN_OBJECT and "json" not in content_type:
             sent = content_type.split(";")[0].strip() or "none"
             parts.append(
@@ -255,10 +309,21 @@ async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    loc = [p for p in (exc.errors()[0].get("loc", ()) if exc.errors() else ()) if p != "body"]
+    errors = list(exc.errors())
+    body = getattr(request.scope.get("route"), "body_field", None)  # FastAPI's field for the route's JSON body
+    if body is not None:
+        errors = suggest_fields(errors, _body_type(body.field_info), under=("body",))
+    loc = [p for p in (errors[0].get("loc", ()) if errors else ()) if p != "body"]
     param = str(loc[0]) if loc else None  # OpenAI's `param`: the request field at fault
-    message = _describe_validation(exc, request.headers.get("content-type", ""))
+    message = _describe_validation(errors, request.headers.get("content-type", ""))
     return error_response("validation", message, path=request.url.path, openai={"param": param})
+
+
+def _body_type(info: FieldInfo) -> Any:
+    """The type a route's body is validated as: its annotation, with the discriminator of a tagged union."""
+    return (
+        Annotated[info.annotation, Field(discriminator=info.discriminator)] if info.discriminator else info.annotation
+    )
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -31,7 +31,16 @@ from model.data.hub_layout import (
 )
 from model.data.hub_rows import SourceFile
 from model.errors import UserError
-from model.sources import REVISION_RULE, Progress, card_license, hub_error, is_hub_id, progress_class, valid_revision
+from model.sources import (
+    REVISION_RULE,
+    Progress,
+    card_license,
+    hub_error,
+    hub_instead,
+    is_hub_id,
+    progress_class,
+    valid_revision,
+)
 
 CARD = "README.md"
 MAX_CARD_BYTES = 1 << 20  # a dataset card; the largest real ones are tens of KB
@@ -173,7 +182,7 @@ def _choose(layout: Layout, repo: str, subset: str | None, request: SplitRequest
             raise
         raise UserError(
             f"HF_HUB_OFFLINE is set and the Hugging Face cache (HF_HOME) holds only what earlier imports "
-            f"downloaded: {e}"
+            f"downloaded: {e}; {hub_instead('dataset', offline=True)}"
         ) from None
 
 
@@ -181,7 +190,7 @@ def _missing(repo: str, subset: str, split: str, offline: bool) -> str:
     if offline:
         return (
             f"HF_HUB_OFFLINE is set and split {split} of {repo} (subset {subset}) is not in the Hugging Face cache "
-            "(HF_HOME)"
+            f"(HF_HOME); {hub_instead('dataset', offline=True)}"
         )
     return f"{repo}: the card's data_files for split {split} of subset {subset} match no file of the repo"
 

@@ -466,9 +466,12 @@ def progress_class(total: int, progress: Progress | None) -> Any:
     return Bar
 
 
-def hub_error(e: Exception, repo: str, revision: str | None, repo_type: str = "model") -> Exception:
+def hub_error(
+    e: Exception, repo: str, revision: str | None, repo_type: str = "model", *, instead: bool = True
+) -> Exception:
     """A Hub failure as the one-line UserError a user can act on (`repo_type`: "model" or "dataset"); anything
-    unexpected unchanged."""
+    unexpected unchanged. A Hub out of reach (or, offline, a cache without the repo) also says where else the
+    import may come from (`instead`)."""
     from huggingface_hub import constants, errors
 
     at = f" at revision {revision!r}" if revision else ""
@@ -485,15 +488,35 @@ def hub_error(e: Exception, repo: str, revision: str | None, repo_type: str = "m
             f"no {repo_type} repo {repo} on {constants.ENDPOINT} (a private repo needs HF_TOKEN set to a token with "
             "access)"
         )
-    if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
-        return UserError(f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache (HF_HOME)")
+    if isinstance(e, errors.OfflineModeIsEnabled) or (
+        isinstance(e, errors.LocalEntryNotFoundError) and constants.is_offline_mode()
+    ):
+        fix = f"; {hub_instead(repo_type, offline=True)}" if instead else ""
+        return UserError(f"HF_HUB_OFFLINE is set and {repo}{at} is not in the Hugging Face cache (HF_HOME){fix}")
+    if isinstance(e, errors.LocalEntryNotFoundError):  # online: the Hub did not answer, and the cache lacks it
+        e = e.__cause__ if isinstance(e.__cause__, Exception) else e
     if isinstance(e, errors.HfHubHTTPError):
         return UserError(f"the Hub refused {repo}{at}: {str(e).splitlines()[0]}")
     if isinstance(e, OSError) and e.filename is not None:  # this machine's disk, not the network
         return UserError(f"cannot keep {repo}{at} in the Hugging Face cache (HF_HOME): {e.strerror}")
     if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore") or isinstance(e, OSError):
-        return UserError(f"cannot reach the Hub at {constants.ENDPOINT} for {repo}: {type(e).__name__}: {e}")
+        fix = f"; {hub_instead(repo_type, offline=False)}" if instead else ""
+        return UserError(f"cannot reach the Hub at {constants.ENDPOINT} for {repo}: {type(e).__name__}: {e}{fix}")
     return e
+
+
+def hub_instead(repo_type: str, offline: bool) -> str:
+    """Where else an import of a `repo_type` ("model" or "dataset") may come from than a Hub it cannot have it from,
+    and how to have the Hub (`offline`: HF_HUB_OFFLINE is set)."""
+    if repo_type == "model":
+        other = (
+            f"import a local directory or an archive ({', '.join(ARCHIVE_SUFFIXES)}) of the model instead "
+            "(bert import PATH, or the archive sent to POST /models)"
+        )
+    else:
+        other = "upload the data file instead (bert datasets upload FILE, or the file sent to POST /datasets)"
+    hub = "unset HF_HUB_OFFLINE to download it" if offline else "set HF_ENDPOINT to a Hub mirror this machine can reach"
+    return f"{other}, or {hub}"
 
 
 def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
@@ -508,7 +531,7 @@ def hub_unreachable(repo: str, timeout: float = 3.0) -> str | None:
     try:
         HfApi().model_info(repo, timeout=timeout)
     except Exception as e:
-        error = hub_error(e, repo, None)
+        error = hub_error(e, repo, None, instead=False)  # a reason the start logs: it falls back by itself
         return str(error) if isinstance(error, UserError) else f"{type(e).__name__}: {e}"
     return None
 

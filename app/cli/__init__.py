@@ -15,6 +15,7 @@ so `bert --help` and every `bert COMMAND --help` answer at once; every option's 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -43,11 +44,25 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose subcommands' parsers (of the same class) use HelpFormatter."""
+    """An ArgumentParser whose subcommands' parsers (of the same class) use HelpFormatter, and whose commands
+    refuse an unknown option themselves, naming the option it looks like (argparse does from Python 3.12)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a command's own parser, not `bert`'s (which would not say which)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
+        return namespace, extras
+
+    def _suggestion(self, extras: list[str]) -> str:
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for option in (e.split("=", 1)[0] for e in extras if e.startswith("--")):
+            if close := difflib.get_close_matches(option, known, n=1):
+                return f" (did you mean {close[0]}?)"
+        return ""
 
 
 def package_version() -> str:

@@ -37,7 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import parse_options_header
 
-from app.errors import ServiceError, without_data_dir
+from app.errors import ServiceError, suggest_fields, without_data_dir
 from app.jobs import uploads
 from app.jobs.dataset_imports import SOURCE_KIND, DatasetImport, import_dataset
 from app.jobs.quota import check_job_limit, check_room
@@ -302,9 +302,8 @@ async def json_body(request: Request, schema: type[Body]) -> Body:
     try:
         return schema.model_validate(data)
     except ValidationError as e:
-        raise RequestValidationError(
-            [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
-        ) from None
+        errors = suggest_fields(e.errors(include_url=False), schema)
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in errors]) from None
 
 
 async def receive_request(

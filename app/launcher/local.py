@@ -20,7 +20,7 @@ from typing import Any
 from app.errors import ServiceError
 from app.launcher.bootstrap import ENCODER, initialize
 from app.launcher.demo_data import AssetMissingError
-from app.launcher.server import exposure_refusal, serve
+from app.launcher.server import exposure_refusal, listen_refusal, serve
 from app.settings import Settings
 from model.errors import UserError
 
@@ -69,7 +69,7 @@ def up(
     bootstrap_steps: int | None = None,
 ) -> int:
     settings, env = local_settings(Path(data_dir).resolve(), host, port)
-    refusal = exposure_refusal(settings, settings.host)
+    refusal = exposure_refusal(settings, settings.host) or listen_refusal(settings.host, settings.port)
     if refusal:  # before anything is written or started
         print(refusal, file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """`bert serve`: run the app under uvicorn, on loopback unless told otherwise.
 
 Listening beyond loopback (127.0.0.0/8, ::1, localhost) without BERT_API_KEY is refused (exit code
-2) unless allow_public, and so is a key (API or admin) shorter than MIN_PUBLIC_KEY_LENGTH there. In
+2) unless allow_public, and so is a key (API or admin) shorter than MIN_PUBLIC_KEY_LENGTH there; so is
+an address uvicorn could not listen on (a port in use), before the slow start rather than after it. In
 a container the address judged is the one its port is published on (BERT_PUBLISHED_HOST), not the
 0.0.0.0 it must listen on. uvicorn runs with the client limits it lacks itself (GuardedHttpProtocol):
 a deadline for a request's headers, an idle timeout while its body arrives, and a cap on open
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import ipaddress
 import json
@@ -89,6 +91,29 @@ def exposure_refusal(settings: Settings, host: str, allow_public: bool = False) 
     for name, key in (("BERT_API_KEY", settings.api_key_value()), ("BERT_ADMIN_KEY", settings.admin_key_value())):
         if key is not None and len(key) < MIN_PUBLIC_KEY_LENGTH:
             return SHORT_KEY.format(host=exposed, name=name)
+    return None
+
+
+def listen_refusal(host: str, port: int) -> str | None:
+    """Why uvicorn could not listen on host:port (a port in use, an address not this machine's), or None: a
+    bind as asyncio's create_server makes for uvicorn (SO_REUSEADDR, IPv6 only on an IPv6 socket), tried
+    before the slow start (model loads, the Hub) rather than after it. Another process may still take the
+    port in between; uvicorn's own error says so then."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in addresses:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+    except OSError as e:  # socket.gaierror too: a host name that does not resolve
+        another_port = "choose another port with --port or BERT_PORT"
+        if e.errno == errno.EADDRINUSE:
+            return f"refusing to start: {where} is already in use; {another_port}"
+        fix = another_port if e.errno == errno.EACCES else "choose an address of this machine with --host or BERT_HOST"
+        return f"refusing to start: cannot listen on {where}: {e.strerror}; {fix}"  # EACCES: a port below 1024
     return None
 
 
@@ -288,12 +313,12 @@ def freeze_startup_heap() -> None:
 def serve(
     host: str | None = None, port: int | None = None, allow_public: bool = False, settings: Settings | None = None
 ) -> int:
-    """Run the service until SIGINT/SIGTERM; 0 after a clean stop. Exits with code 2 if the bind
-    would be unsafe. Arguments left None come from `settings` (BERT_HOST, BERT_PORT, ...)."""
+    """Run the service until SIGINT/SIGTERM; 0 after a clean stop. Exits with code 2 if the bind would be
+    unsafe or cannot be made (the port in use). Arguments left None come from `settings` (BERT_HOST, ...)."""
     settings = settings or Settings()
     host = host or settings.host
     port = settings.port if port is None else port
-    if (why := exposure_refusal(settings, host, allow_public)) is not None:
+    if (why := exposure_refusal(settings, host, allow_public) or listen_refusal(host, port)) is not None:
         print(why, file=sys.stderr)
         raise SystemExit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

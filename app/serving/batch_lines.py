@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from app.errors import ServiceError
+from app.errors import ServiceError, suggest_fields
 from app.schemas.classify import ClassifyRequest, ClassifyResponse
 from app.schemas.embeddings import (
     EmbeddingsRequest,
@@ -190,7 +190,8 @@ def _parse_line(number: int, raw: bytes, ep: Endpoint, endpoint: str, seen: set[
             line.request = ep.request.model_validate(data.get("body"))
         except ValidationError as e:
             where = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors(include_url=False)
+                f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+                for err in suggest_fields(e.errors(include_url=False), ep.request)
             )
             line.error = ("invalid_body", f"line {number}: body: {where}")
     return line

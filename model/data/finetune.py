@@ -13,7 +13,9 @@ import csv
 import gzip
 import io
 import os
+import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,17 +94,88 @@ def read_table(path: str | os.PathLike) -> list[tuple[int, dict]]:
         if fmt == "jsonl":
             rows = list(iter_jsonl_objects(f, path))
         else:
-            reader = csv.DictReader(f, delimiter="," if fmt == "csv" else "\t")
-            rows = []
-            for row in reader:
-                if None in row:
-                    raise ValueError(f"{path}, line {reader.line_num}: more fields than the header has columns")
-                rows.append((reader.line_num, row))
-            if reader.fieldnames is None:
-                raise ValueError(f"{path} is empty")
+            rows = list(iter_csv_rows(f, path, delimiter="," if fmt == "csv" else "\t"))
     if not rows:
         raise ValueError(f"{path} has no data rows")
     return rows
+
+
+class _RowLines:
+    """A file's lines, keeping those read since `taken()` was last called: csv reads a row's lines one by one."""
+
+    def __init__(self, f) -> None:
+        self._f, self._read = f, list[str]()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._f)
+        self._read.append(line)
+        return line
+
+    def taken(self) -> list[str]:
+        lines, self._read = self._read, []
+        blank = next((i for i, line in enumerate(lines) if line.strip("\r\n")), len(lines))
+        return lines[blank:] or lines  # the blank lines csv skipped before the row are not the row's
+
+
+def iter_csv_rows(f, path: str | os.PathLike, delimiter: str = ",") -> Iterator[tuple[int, dict]]:
+    """(line number of the row's last line, {column: value}) for each row of a CSV/TSV file with a header; a
+    row with more fields than the header, or a quote that is never closed (or closed before other text, so
+    that the row ran on over the lines below), is a ValueError naming `path` and the line."""
+    lines = _RowLines(f)
+    reader = csv.DictReader(lines, delimiter=delimiter)
+    row_lines: list[str] = []
+    try:
+        if reader.fieldnames is None:  # an empty file: no rows
+            return
+        _check_quotes(path, lines.taken(), reader.line_num, delimiter)
+        for row in reader:
+            row_lines = lines.taken()
+            if len(row_lines) > 1:
+                _check_quotes(path, row_lines, reader.line_num, delimiter)
+            if None in row:
+                raise ValueError(f"{path}, line {reader.line_num}: more fields than the header has columns")
+            yield reader.line_num, row
+    except csv.Error as e:  # a field over csv's size limit
+        raise ValueError(f"{path}, line {reader.line_num}: {e}") from None
+    if len(row_lines) == 1:  # a quote left open on the file's last line
+        _check_quotes(path, row_lines, reader.line_num, delimiter)
+
+
+_CLOSE_IT = 'close the field with a " (a " inside a quoted field is written "")'
+
+
+def _check_quotes(path: str | os.PathLike, row_lines: list[str], last_line: int, delimiter: str) -> None:
+    """Python's csv reads a quoted field that is never closed to the end of the file, and one whose closing
+    quote other text follows on to the next quote: either makes one row of many lines, whose last field
+    or label is then at fault for no reason a reader could see. Name the line where the field opens."""
+    first_line = last_line - len(row_lines) + 1
+    fields = _last_row(row_lines, delimiter)
+    if fields and _last_row([*row_lines, "\n"], delimiter)[-1] != fields[-1]:  # still open: it took the line in
+        breaks = re.findall(r"\r\n|\r|\n", fields[-1])
+        opens = last_line - len(breaks) + (fields[-1].endswith(("\n", "\r")))  # the last line's own break aside
+        raise ValueError(
+            f"{path}, line {opens}: a quoted field opens here and is never closed (the file ends inside it); "
+            f"{_CLOSE_IT}"
+        )
+    if len(row_lines) > 1:
+        strict = csv.reader(row_lines, delimiter=delimiter, strict=True)
+        try:
+            for _ in strict:
+                pass
+        except csv.Error:
+            raise ValueError(
+                f"{path}, line {first_line}: a quoted field opens in this row and is not closed where the field "
+                f'ends: the row runs on to the " on line {first_line + strict.line_num - 1}, which other text '
+                f"follows; {_CLOSE_IT}"
+            ) from None
+
+
+def _last_row(lines: list[str], delimiter: str) -> list[str]:
+    rows = [row for row in csv.reader(lines, delimiter=delimiter) if row]
+    return rows[-1] if rows else []
 
 
 def _check_columns(path: Path, rows: list[tuple[int, dict]], needed: list[str]) -> None:

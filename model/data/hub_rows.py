@@ -420,15 +420,16 @@ def _jsonl_rows(file: SourceFile) -> Iterator[dict]:
 
 
 def _csv_rows(file: SourceFile) -> Iterator[dict]:
+    from model.data.finetune import iter_csv_rows
+
     with _open(file) as f:
-        reader = csv.DictReader(f, delimiter=_delimiter(file))
         try:
-            for row in reader:
-                if None in row:
-                    raise UserError(f"{file.name}, line {reader.line_num}: more fields than the header has columns")
+            for _, row in iter_csv_rows(f, file.name, _delimiter(file)):
                 yield row
-        except (csv.Error, UnicodeDecodeError) as e:
-            raise UserError(f"{file.name}, line {reader.line_num}: {e}") from None
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"{file.name} is not UTF-8: {e}") from None
 
 
 def _open(file: SourceFile):

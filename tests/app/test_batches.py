@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from app.serving.batch_lines import CheckedLines
 from model.modeling import BertForPreTraining, BertModel
 from tests.app.conftest import WORDS, save_tiny
 from tests.helpers import start_server, wait_for
@@ -141,6 +142,15 @@ def test_bad_lines_go_to_the_error_file(served):
     assert errors[0]["error"]["message"] == "line 2 is not valid JSON"
     assert errors[4]["error"]["message"] == "line 6: body: input: Field required"
     assert errors[5]["error"]["message"].startswith("model 'nope' not found")
+
+
+def test_a_misspelled_field_of_a_line_is_named_with_the_field_it_looks_like(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(jsonl([line("a", {"inputs": "the [MASK]", "topk": 3}, url="/fill-mask")]))
+    checked = CheckedLines.scan(path, "/fill-mask", 10_000)
+    assert [(n, line.error) for n, line in checked.errors.items()] == [
+        (0, ("invalid_body", "line 1: body: topk: Extra inputs are not permitted (did you mean 'top_k'?)"))
+    ]
 
 
 def test_file_routes_and_refusals(served):

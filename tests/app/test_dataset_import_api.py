@@ -21,6 +21,7 @@ from model.data import hub_rows
 from tests import hub_server as H
 from tests.app.conftest import serve_app, settings_for
 from tests.helpers import BASE_MODEL, finetune_request, make_data_dir
+from tests.model.test_hub_datasets import DATASET_INSTEAD_OFFLINE
 
 pytestmark = pytest.mark.anyio
 
@@ -267,6 +268,10 @@ async def test_two_revisions_and_a_slice(hub, hub_env, tmp_path):
         ),
         ({"name": "x", "source": H.IMDB_REPO, "columns": {"a": 1}}, "columns.a: Input should be a valid string"),
         ({"name": "x", "source": H.IMDB_REPO, "path": "/data"}, "path: Extra inputs are not permitted"),
+        (
+            {"name": "x", "source": H.IMDB_REPO, "splt": "train"},
+            "splt: Extra inputs are not permitted (did you mean 'split'?)",
+        ),
         ({"name": "../x", "source": H.IMDB_REPO}, "name: must be a plain name"),
     ],
 )
@@ -356,7 +361,7 @@ async def test_offline_an_import_comes_from_the_cache(hub, hub_env, tmp_path, mo
     assert (missing["state"], missing["error"]) == (
         "failed",
         f"HF_HUB_OFFLINE is set and split validation of {H.SQUAD_REPO} (subset plain_text) is not in the Hugging "
-        "Face cache (HF_HOME)",
+        f"Face cache (HF_HOME); {DATASET_INSTEAD_OFFLINE}",
     )
     assert hub.requests[before:] == []
 

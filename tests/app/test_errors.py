@@ -76,7 +76,8 @@ async def test_missing_head_is_422_naming_it(client, path, body, message):
             {"inputs": "the [MASK]", "model": "../etc"},
             "model: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'",
         ),
-        ({"inputs": "the [MASK]", "topk": 3}, "topk: Extra inputs are not permitted"),
+        ({"inputs": "the [MASK]", "topk": 3}, "topk: Extra inputs are not permitted (did you mean 'top_k'?)"),
+        ({"inputs": "the [MASK]", "temperature": 3}, "temperature: Extra inputs are not permitted"),  # like nothing
         ({}, "inputs: Field required"),
         ({"inputs": "the [MASK]", "targets": []}, "targets: List should have at least 1 item after validation, not 0"),
         ({"inputs": "the [MASK]", "targets": [" "]}, "none of the targets is a token of the model's vocabulary"),
@@ -100,6 +101,13 @@ async def test_bad_requests_are_422(client, body, message):
             {"inputs": {"text_a": "a", "text_b": "b", "label": 0}},
             "inputs.TextPair.label: Extra inputs are not "
             "permitted; inputs.list[TextPair]: Input should be a valid list",
+        ),
+        (
+            "/nsp",
+            {"inputs": [{"text_a": "a", "text_b": "b", "txt_b": "c"}]},
+            "inputs.TextPair: Input should be a valid dictionary or object to extract fields from; "
+            "inputs.list[TextPair].0.txt_b: "
+            "Extra inputs are not permitted (did you mean 'text_b'?)",
         ),
     ],
 )

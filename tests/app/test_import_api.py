@@ -18,6 +18,8 @@ from datadir.cards import read_card
 from model.sources import valid_revision
 from tests import hub_server as H
 from tests.app.conftest import serve_app, settings_for
+from tests.helpers import free_port
+from tests.model.test_sources import MODEL_INSTEAD
 
 pytestmark = pytest.mark.anyio
 
@@ -72,6 +74,22 @@ async def test_failures_are_in_the_record(hub, hub_env, tmp_path):
         assert not (tmp_path / "data" / "models" / "g").exists()
 
 
+async def test_an_unreachable_hub_fails_the_import_naming_what_to_do_instead(hub_env, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setattr(constants, "ENDPOINT", dead)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", dead + "/{repo_id}/resolve/{revision}/{filename}")
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        job = (await client.post("/models", json={"name": "t", "source": H.TINY_REPO})).json()
+        done = await finished(client, job["id"])
+    assert (done["state"], done["error"]) == (
+        "failed",
+        f"cannot reach the Hub at {dead} for {H.TINY_REPO}: ConnectError: [Errno 111] Connection refused; "
+        f"{MODEL_INSTEAD}, or set HF_ENDPOINT to a Hub mirror this machine can reach",
+    )
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -79,6 +97,10 @@ async def test_failures_are_in_the_record(hub, hub_env, tmp_path):
         ({"name": "x", "source": "../models/x"}, "source: String should match pattern"),
         ({"name": "tmp1", "source": H.TINY_REPO}, None),
         ({"name": "x", "source": H.TINY_REPO, "path": "/data"}, "path: Extra inputs are not permitted"),
+        (
+            {"name": "x", "sorce": H.TINY_REPO},
+            "source: Field required; sorce: Extra inputs are not permitted (did you mean 'source'?)",
+        ),
     ],
 )
 async def test_bad_requests(hub_env, tmp_path, body, message):

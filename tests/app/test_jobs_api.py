@@ -106,6 +106,14 @@ BAD_JOBS = [
     (finetune_request("x", lr="0.1"), "finetune.params.lr: Input should be a valid number"),
     (finetune_request("x", seed=-3), "finetune.params.seed: Input should be greater than or equal to 0"),
     (finetune_request("x", momentum=0.9), "finetune.params.momentum: Extra inputs are not permitted"),
+    (
+        finetune_request("x", max_step=3),
+        "finetune.params.max_step: Extra inputs are not permitted (did you mean 'max_steps'?)",
+    ),
+    (
+        {**pretrain_request("x"), "modle_name": "y"},
+        "pretrain.modle_name: Extra inputs are not permitted (did you mean 'model_name'?)",
+    ),
     (finetune_request("x", epochs=0.0), "finetune.params.epochs: Input should be greater than 0"),
     (
         finetune_request("x", task="token-classification", regression=True),
@@ -480,6 +488,14 @@ BAD_UPLOADS = [
         "optionally text_pair): the file: missing column(s) ['label']; found ['lab', 'text']",
     ),
     (("a.csv", b"text,label\nhello,1\nbye,1\n"), {}, 422, "file: a classifier needs at least 2 labels, found ['1']"),
+    (
+        ("a.csv", b'text,label\n"hello,1\nbye,2\n'),
+        {},
+        422,
+        "file: not a usable labelled table (columns text, label and optionally text_pair): the file, line 2: a quoted "
+        'field opens here and is never closed (the file ends inside it); close the field with a " (a " inside a '
+        'quoted field is written "")',
+    ),
     (
         ("a.jsonl", b'{"text": "ok"}\nnot json\n'),
         {"kind": "corpus"},

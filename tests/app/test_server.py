@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app.keys.keyfile import Key, hash_secret, new_secret, write_keys
-from app.launcher.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, serve
+from app.launcher.server import MIN_PUBLIC_KEY_LENGTH, exposure_refusal, is_loopback, listen_refusal, serve
 from app.settings import Settings
 from tests.app.test_inference import embed_reference
 
@@ -130,6 +130,23 @@ def test_refuses_public_bind_without_a_key(capsys):
         serve(host="0.0.0.0", port=free_port(), allow_public=False, settings=Settings(api_key=None, allow_public=False))
     assert exit_info.value.code == 2
     assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_an_address_it_cannot_listen_on_is_refused_naming_the_setting_to_change(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        in_use = f"refusing to start: 127.0.0.1:{port} is already in use; choose another port with --port or BERT_PORT"
+        assert listen_refusal("127.0.0.1", port) == in_use
+        assert listen_refusal("localhost", port) == in_use.replace("127.0.0.1", "localhost")  # one of its addresses
+        with pytest.raises(SystemExit) as exit_info:
+            serve(port=port, settings=Settings(host="127.0.0.1"))
+        assert (exit_info.value.code, capsys.readouterr().err) == (2, in_use + "\n")
+    assert listen_refusal("192.0.2.1", port) == (  # TEST-NET-1: no machine's own address
+        f"refusing to start: cannot listen on 192.0.2.1:{port}: Cannot assign requested address; choose an address "
+        "of this machine with --host or BERT_HOST"
+    )
 
 
 def test_loopback_detection():

@@ -424,6 +424,42 @@ def test_finetune_errors_name_the_problem(tmp_path):
         load_classification_data(train, regression=True)
 
 
+CLOSE_IT = 'close the field with a " (a " inside a quoted field is written "")'
+NEVER_CLOSED = f"a quoted field opens here and is never closed (the file ends inside it); {CLOSE_IT}"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # csv would read lines 2-4 as one row whose label is missing (an empty label on line 4)
+        ('text,label\n"hello,pos\nworld,neg\nfoo,pos\n', f"line 2: {NEVER_CLOSED}"),
+        ('text,label\r\n"hello,pos\r\nworld,neg', f"line 2: {NEVER_CLOSED}"),
+        ('text,label\nok,pos\n"hello,pos\n\n', f"line 3: {NEVER_CLOSED}"),  # on the last line
+        ('text,"label\nok,pos\n', f"line 1: {NEVER_CLOSED}"),  # in the header
+        ('text,label\n"a\nb",pos\nok,neg\nx,"never\n', f"line 5: {NEVER_CLOSED}"),  # after a row of two lines
+        # a quote-everything file: the stray quote pairs with the next one, and csv would join rows 3 and 4
+        (
+            'text,label\n"hello",pos\n"oops,neg\n"world",pos\n"x",neg\n',
+            "line 3: a quoted field opens in this row and is not closed where the field ends: the row runs on to the "
+            f'" on line 4, which other text follows; {CLOSE_IT}',
+        ),
+    ],
+)
+def test_an_unclosed_quote_is_named_where_it_opens(tmp_path, text, message):
+    path = tmp_path / "train.csv"
+    path.write_bytes(text.encode())
+    with pytest.raises(ValueError) as e:
+        load_classification_data(path)
+    assert str(e.value) == f"{path}, {message}"
+
+
+def test_quoted_fields_over_lines_are_read(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text('text,label\n"two\n\nparagraphs",pos\n\n"a ""quote""",neg\n"ends in a break\n",pos')
+    data = load_classification_data(path, eval_fraction=0.5)
+    assert sorted(e.text for e in data.train + data.eval) == ['a "quote"', "ends in a break\n", "two\n\nparagraphs"]
+
+
 def test_group_split_keeps_groups_on_one_side(tmp_path):
     rows = [(f"review {i}", ["fresh", "rotten"][i % 2], f"film{i % 23}") for i in range(400)]
     path = tmp_path / "train.tsv"

@@ -28,10 +28,17 @@ from model.data.question_answering import read_squad
 from model.data.token_classification import read_tagged
 from model.errors import UserError
 from tests import hub_server as H
+from tests.helpers import free_port
 
 # -- subsets and splits ----------------------------------------------------------------------------
 
 NLI_FILES = [f"{s}/{split}-00000-of-00001.parquet" for s in ("pair", "triplet") for split in ("train", "dev", "test")]
+
+# where else a dataset may come from, when HF_HUB_OFFLINE is set and the cache lacks it
+DATASET_INSTEAD_OFFLINE = (
+    "upload the data file instead (bert datasets upload FILE, or the file sent to POST /datasets), or unset "
+    "HF_HUB_OFFLINE to download it"
+)
 
 
 def test_the_cards_configs_in_each_form():
@@ -506,7 +513,7 @@ def test_offline_from_the_cache(hub, hub_env, monkeypatch):
         fetch(repo=H.CONLL_REPO, split="test")  # the Parquet export's folders: the cache holds train's alone
     assert str(e.value) == (
         "HF_HUB_OFFLINE is set and the Hugging Face cache (HF_HOME) holds only what earlier imports downloaded: "
-        f"{H.CONLL_REPO} (subset conll2003) has no split 'test'; its splits: train"
+        f"{H.CONLL_REPO} (subset conll2003) has no split 'test'; its splits: train; {DATASET_INSTEAD_OFFLINE}"
     )
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     fetch(repo=H.IMDB_REPO, split="train")
@@ -515,12 +522,30 @@ def test_offline_from_the_cache(hub, hub_env, monkeypatch):
         fetch(repo=H.IMDB_REPO, split="test")  # the card declares test; its file is not in the cache
     assert str(e.value) == (
         f"HF_HUB_OFFLINE is set and split test of {H.IMDB_REPO} (subset plain_text) is not in the Hugging Face "
-        "cache (HF_HOME)"
+        f"cache (HF_HOME); {DATASET_INSTEAD_OFFLINE}"
     )
     before = len(hub.requests)
-    with pytest.raises(UserError, match=f"^HF_HUB_OFFLINE is set and {H.SQUAD_REPO} is not in the Hugging Face cache"):
+    with pytest.raises(UserError) as e:
         fetch(repo=H.SQUAD_REPO, split="train")
+    assert str(e.value) == (
+        f"HF_HUB_OFFLINE is set and {H.SQUAD_REPO} is not in the Hugging Face cache (HF_HOME); {DATASET_INSTEAD_OFFLINE}"
+    )
     assert hub.requests[before:] == []
+
+
+def test_an_unreachable_hub_names_what_to_do_instead(hub_env, monkeypatch):
+    from huggingface_hub import constants
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setattr(constants, "ENDPOINT", dead)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", dead + "/{repo_id}/resolve/{revision}/{filename}")
+    with pytest.raises(UserError) as e:
+        fetch(repo=H.IMDB_REPO, split="train")
+    assert str(e.value) == (
+        f"cannot reach the Hub at {dead} for {H.IMDB_REPO}: ConnectError: [Errno 111] Connection refused; upload the "
+        "data file instead (bert datasets upload FILE, or the file sent to POST /datasets), or set HF_ENDPOINT to a "
+        "Hub mirror this machine can reach"
+    )
 
 
 def test_a_gated_repo_with_a_token(hub, hub_env, monkeypatch):

@@ -17,6 +17,12 @@ from model.errors import UserError
 from model.sources import extract_archive, import_source, source_kind
 from tests import hub_server as H
 
+# where else a model may come from, when the Hub cannot give it
+MODEL_INSTEAD = (
+    "import a local directory or an archive (.tar, .tar.gz, .tgz, .zip) of the model instead (bert import PATH, or "
+    "the archive sent to POST /models)"
+)
+
 
 def same_tensors(a: Path, b: Path) -> bool:
     x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
@@ -106,8 +112,12 @@ def test_offline_uses_the_cache(hub, hub_env, tmp_path, monkeypatch):
     assert len(hub.requests) == before  # nothing asked of the Hub
     assert same_tensors(first, again)
     assert read_card(again)["source"]["sha"] == hub.repos[H.TINY_REPO].refs["main"]
-    with pytest.raises(UserError, match=f"HF_HUB_OFFLINE is set and {H.BIN_REPO} is not in the Hugging Face cache"):
+    with pytest.raises(UserError) as e:
         import_source(tmp_path / "data", H.BIN_REPO, "bin")
+    assert str(e.value) == (
+        f"HF_HUB_OFFLINE is set and {H.BIN_REPO} is not in the Hugging Face cache (HF_HOME); {MODEL_INSTEAD}, or "
+        "unset HF_HUB_OFFLINE to download it"
+    )
 
 
 def test_unreachable_hub(hub_env, tmp_path, monkeypatch):
@@ -118,8 +128,12 @@ def test_unreachable_hub(hub_env, tmp_path, monkeypatch):
     dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setattr(constants, "ENDPOINT", dead)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", dead + "/{repo_id}/resolve/{revision}/{filename}")
-    with pytest.raises(UserError, match=f"cannot reach the Hub at {dead} for {H.TINY_REPO}"):
+    with pytest.raises(UserError) as e:
         import_source(tmp_path / "data", H.TINY_REPO, "m")
+    assert str(e.value) == (
+        f"cannot reach the Hub at {dead} for {H.TINY_REPO}: ConnectError: [Errno 111] Connection refused; "
+        f"{MODEL_INSTEAD}, or set HF_ENDPOINT to a Hub mirror this machine can reach"
+    )
 
 
 def _tar(members: dict[str, bytes], path: Path, link: str | None = None) -> Path:

@@ -88,6 +88,15 @@ def test_uploads_are_refused_as_post_datasets_refuses_them(data, capsys, tmp_pat
         "the file, line 3: 'score' is '4.2', not a number in 0..1 (scale scores given on another range, such as "
         "STS-B's 0-5, to 0..1)\n",
     )
+    unclosed = tmp_path / "reviews.csv"
+    unclosed.write_text('text,label\n"a fine film,pos\na dull one,neg\n')
+    assert bert(capsys, "datasets", "upload", unclosed, "--data-dir", data) == (
+        2,
+        "",
+        "bert datasets: error: file: not a usable labelled table (columns text, label and optionally text_pair): "
+        "the file, line 2: a quoted field opens here and is never closed (the file ends inside it); close the "
+        'field with a " (a " inside a quoted field is written "")\n',
+    )
     good = EXAMPLES / "pairs.csv"
     assert bert(capsys, "datasets", "upload", good, "--data-dir", data) == (
         2,

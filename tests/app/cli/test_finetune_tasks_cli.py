@@ -107,6 +107,34 @@ def test_bad_task_is_refused_by_the_parser(files, tmp_path, capsys, args, messag
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["finetune", "--max-stesp", "3"],
+            "bert finetune: error: unrecognized arguments: --max-stesp 3 (did you mean --max-steps?)",
+        ),
+        (
+            ["pretrain", "--max_steps=3"],
+            "bert pretrain: error: unrecognized arguments: --max_steps=3 (did you mean --max-steps?)",
+        ),
+        (["finetune", "--momentum", "3"], "bert finetune: error: unrecognized arguments: --momentum 3"),
+        (
+            ["datasets", "list", "--jsn"],
+            "bert datasets list: error: unrecognized arguments: --jsn (did you mean --json?)",
+        ),
+    ],
+)
+def test_an_unknown_option_is_refused_by_its_command_naming_the_one_it_looks_like(tmp_path, capsys, args, message):
+    required = {
+        "finetune": ["--train", "t.csv", "--from", "m", "--out", "o"],
+        "pretrain": ["--corpus", "c.txt", "--out", "o"],
+    }
+    with pytest.raises(SystemExit) as e:
+        main([*args, *required.get(args[0], [])])
+    assert (e.value.code, capsys.readouterr().err.splitlines()[-1]) == (2, message)
+
+
 def test_user_errors_are_one_line(files, tmp_path, capsys):  # noqa: F811
     assert finetune(files, tmp_path / "r", "token-classification", "ner.jsonl", "--regression") == 2
     assert capsys.readouterr().err == (

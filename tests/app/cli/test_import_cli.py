@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from datadir.cards import read_card
 from tests import hub_server as H
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
+from tests.model.test_sources import MODEL_INSTEAD
 
 pytestmark = pytest.mark.slow  # the bert command in subprocesses
 
@@ -39,7 +40,15 @@ def test_import_by_id_then_offline(hub, hub_env, tmp_path):
     proc = bert(offline, "import", H.BIN_REPO, "--name", "bin", "--data-dir", data)
     assert proc.returncode == 2
     assert proc.stderr == (
-        f"bert import: error: HF_HUB_OFFLINE is set and {H.BIN_REPO} is not in the Hugging Face cache (HF_HOME)\n"
+        f"bert import: error: HF_HUB_OFFLINE is set and {H.BIN_REPO} is not in the Hugging Face cache (HF_HOME); "
+        f"{MODEL_INSTEAD}, or unset HF_HUB_OFFLINE to download it\n"
+    )
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = bert({**hub_env, "HF_ENDPOINT": dead}, "import", H.BIN_REPO, "--name", "bin", "--data-dir", data)
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        f"bert import: error: cannot reach the Hub at {dead} for {H.BIN_REPO}: ConnectError: [Errno 111] Connection "
+        f"refused; {MODEL_INSTEAD}, or set HF_ENDPOINT to a Hub mirror this machine can reach\n",
     )
 
 

@@ -1,9 +1,11 @@
 """`bert init` (the compose stack's first start) and the key guard of `bert init` / `bert up`, as
 subprocesses with a real Redis: an empty DATA_DIR is filled once, however often and however many
-at once it runs, and a service published beyond loopback without a key writes and starts nothing."""
+at once it runs, and a service published beyond loopback without a key, or on a port in use, writes and
+starts nothing."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -107,4 +109,24 @@ def test_published_beyond_loopback_without_a_key_nothing_is_written_or_started(t
     code, _, err = finish(bert(data_dir, command, BERT_HOST="0.0.0.0", BERT_PUBLISHED_HOST="0.0.0.0"))
     assert code == 2
     assert "refusing to serve: the port is published on 0.0.0.0" in err and "BERT_API_KEY" in err
+    assert list(data_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["serve", "up"])
+@pytest.mark.parametrize("by_setting", [False, True], ids=["--port", "BERT_PORT"])
+def test_a_port_in_use_is_refused_before_anything_starts(tmp_path, command, by_setting):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args, env = ([command], {"BERT_PORT": port}) if by_setting else ([command, "--port", port], {})
+        code, out, err = finish(bert(data_dir, *args, **env))
+    # one line, and no other: nothing was loaded, probed (the Hub) or started before it
+    assert (code, out, err) == (
+        2,
+        "",
+        f"refusing to start: 127.0.0.1:{port} is already in use; choose another port with --port or BERT_PORT\n",
+    )
     assert list(data_dir.iterdir()) == []
