@@ -1,7 +1,8 @@
 """The documentation's own rules, checked without a server (tests/test_readme.py runs the examples):
 every shell block is a ```console block that runs or carries a skip marker its commands justify, the
 files the examples name exist, the generated tables are what the code renders and cover its settings and
-error kinds, the pages speak to users only, and the site builds with `mkdocs build --strict`."""
+error kinds, README and the home page link every page, the pages speak to users only, and the site builds
+with `mkdocs build --strict`."""
 
 from __future__ import annotations
 
@@ -128,6 +129,24 @@ def test_the_error_table_lists_every_kind_of_the_code():
     rows = re.findall(r"^\| `(\w+)` \| (\d+) \|", table, re.M)
     assert {kind: int(status) for kind, status in rows} == STATUS
     assert "| `conflict` | 409 |" in table
+
+
+def section(text: str, heading: str) -> str:
+    """A page's text from `heading` to the next heading of its level."""
+    level = heading.split(" ")[0] + " "
+    start = text.index(f"\n{heading}\n")
+    end = text.find(f"\n{level}", start + len(heading) + 2)
+    return text[start : end if end != -1 else len(text)]
+
+
+@pytest.mark.parametrize(
+    ("home", "heading", "prefix"), [("README.md", "## Documentation", "docs/"), ("docs/index.md", "## The pages", "")]
+)
+def test_the_front_pages_list_every_page_of_the_site(home, heading, prefix):
+    """README's list of pages and the home page's table name every page of mkdocs.yml's nav, in its order."""
+    listed = re.findall(rf"\]\({re.escape(prefix)}([\w-]+\.md)\)", section((ROOT / home).read_text(), heading))
+    nav = [page.name for page in PAGES[1:] if page.name != Path(home).name]  # the home page lists the others
+    assert listed == nav, f"{home}'s {heading!r} lists {listed}; mkdocs.yml's nav has {nav}"
 
 
 HISTORY = [
