@@ -57,6 +57,7 @@ STABLE_KEYS = {
     "format",
     "labels",
     "index",
+    "bytes",  # a file's size
 }
 # Present, but their value, length or null-ness depends on timing (a job record read mid-run).
 LOOSE_KEYS = {
