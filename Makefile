@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: install demo-data test test-fast lint lint-imports format docs run bench bench-full lock image compose-test \
+.PHONY: install demo-data test test-fast lint lint-imports format docs docs-tables run bench bench-full lock image compose-test \
         k8s-tools k8s-check k8s-tools-lock clean
 
 TORCH_VERSION ?= 2.13.0
@@ -119,10 +119,15 @@ test: $(STAMP) $(DEMO_STAMP) $(TOOLS_STAMP) lint
 test-fast: $(STAMP) $(DEMO_STAMP) lint
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docker"
 
-# The documentation site (mkdocs.yml, docs/), into site/; the configuration and error tables are
-# rendered from the code by docs/hooks.py.
+# The documentation site (mkdocs.yml, docs/), into site/.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The pages' reference tables (settings, error kinds, training options, config bounds), rewritten from the
+# code between their `<!-- generated: NAME -->` and `<!-- end generated -->` lines (docs/tables.py);
+# tests/test_docs.py fails while a page's table differs from what the code says.
+docs-tables: $(STAMP)
+	$(BIN)/python -m docs.tables
 
 # Everything on this machine without Docker or Redis: API on 127.0.0.1:8000 plus one worker.
 run: $(STAMP) $(DEMO_STAMP)

@@ -1,6 +1,6 @@
 """Service settings: one pydantic-settings object, read from BERT_* environment variables.
 
-Every field's description is the documentation's configuration table (docs/hooks.py renders it); the
+Every field's description is the documentation's configuration table (docs/tables.py writes it); the
 limits are enforced where they are used (app/serving/engine.py, app/api/middleware.py,
 app/serving/service.py, app/jobs/uploads.py). Reference:
 https://docs.pydantic.dev/latest/concepts/pydantic_settings/

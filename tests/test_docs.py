@@ -1,10 +1,12 @@
 """The documentation's own rules, checked without a server (tests/test_readme.py runs the examples):
 every shell block is a ```console block that runs or carries a skip marker its commands justify, the
-files the examples name exist, the generated tables cover the code's settings and error kinds, the
-pages speak to users only, and the site builds with `mkdocs build --strict`."""
+files the examples name exist, the generated tables are what the code renders and cover its settings and
+error kinds, README and the home page link every page, the pages speak to users only, and the site builds
+with `mkdocs build --strict`."""
 
 from __future__ import annotations
 
+import difflib
 import re
 import subprocess
 import sys
@@ -14,11 +16,9 @@ import pytest
 
 from app.errors import STATUS
 from app.settings import Settings
+from docs import tables
 from tests.test_readme import ROOT, SKIP_REASONS, commands, fenced_blocks, pages
 from worker.settings import WorkerSettings
-
-sys.path.insert(0, str(ROOT / "docs"))
-import hooks  # noqa: E402  (docs/hooks.py, the MkDocs hook)
 
 PAGES = pages()
 PROMPT = re.compile(r"^\$ ", re.M)
@@ -67,10 +67,32 @@ def test_the_example_files_exist(page):
         assert (ROOT / path).exists(), f"{page.name} names {path}, which the repository does not have"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_the_generated_tables_are_what_the_code_renders(page):
+    text = page.read_text()
+    fresh = tables.render_page(text, page.name)
+    diff = difflib.unified_diff(text.splitlines(), fresh.splitlines(), "page", "code", n=0, lineterm="")
+    shown = "\n".join(list(diff)[:20])
+    assert fresh == text, f"{page.name}: its generated tables differ from the code: run `{tables.COMMAND}`\n{shown}"
+
+
+def test_a_stale_or_unclosed_table_is_caught():
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    row = "| `BERT_MAX_BATCH_TOKENS` | integer | `4096` |"
+    stale = page.replace(row, row.replace("4096", "2048"))
+    assert stale != page and tables.render_page(stale) == page
+    with pytest.raises(ValueError, match="without its `<!-- end generated -->` line"):
+        tables.render_page(page.replace("<!-- end generated -->", "", 1))
+    with pytest.raises(ValueError, match="names no table"):
+        tables.render_page("<!-- generated: settings -->\n<!-- end generated -->\n")
+    quoted = "Tables sit between\n`<!-- generated: NAME -->` and `<!-- end generated -->` lines.\n"
+    assert tables.render_page(quoted) == quoted  # a marker quoted in a sentence is prose
+
+
 def test_the_configuration_page_is_generated_from_both_settings_objects():
     page = (ROOT / "docs" / "configuration.md").read_text()
     assert "<!-- generated: service-settings -->" in page and "<!-- generated: worker-settings -->" in page
-    service, worker = hooks.service_settings(), hooks.worker_settings()
+    service, worker = tables.service_settings(), tables.worker_settings()
     for name in Settings.model_fields:
         assert f"`BERT_{name.upper()}`" in service, name
     for name in WorkerSettings.model_fields:
@@ -87,7 +109,7 @@ def test_the_service_and_the_workers_read_a_shared_setting_alike(name):
     assert (service.annotation, service.validation_alias) == (worker.annotation, worker.validation_alias)
     assert service.get_default(call_default_factory=True) == worker.get_default(call_default_factory=True)
     assert service.description != worker.description
-    for table in (hooks.service_settings(), hooks.worker_settings()):
+    for table in (tables.service_settings(), tables.worker_settings()):
         assert table.count(f"`BERT_{name.upper()}`") == 1
 
 
@@ -98,15 +120,33 @@ def test_a_setting_without_a_description_fails_the_build():
         knob: int = 3
 
     with pytest.raises(ValueError, match="knob has no description"):
-        hooks.settings_table(Undocumented)
+        tables.settings_table(Undocumented)
 
 
 def test_the_error_table_lists_every_kind_of_the_code():
     assert "<!-- generated: error-kinds -->" in (ROOT / "docs" / "using.md").read_text()
-    table = hooks.error_kinds()
+    table = tables.error_kinds()
     rows = re.findall(r"^\| `(\w+)` \| (\d+) \|", table, re.M)
     assert {kind: int(status) for kind, status in rows} == STATUS
     assert "| `conflict` | 409 |" in table
+
+
+def section(text: str, heading: str) -> str:
+    """A page's text from `heading` to the next heading of its level."""
+    level = heading.split(" ")[0] + " "
+    start = text.index(f"\n{heading}\n")
+    end = text.find(f"\n{level}", start + len(heading) + 2)
+    return text[start : end if end != -1 else len(text)]
+
+
+@pytest.mark.parametrize(
+    ("home", "heading", "prefix"), [("README.md", "## Documentation", "docs/"), ("docs/index.md", "## The pages", "")]
+)
+def test_the_front_pages_list_every_page_of_the_site(home, heading, prefix):
+    """README's list of pages and the home page's table name every page of mkdocs.yml's nav, in its order."""
+    listed = re.findall(rf"\]\({re.escape(prefix)}([\w-]+\.md)\)", section((ROOT / home).read_text(), heading))
+    nav = [page.name for page in PAGES[1:] if page.name != Path(home).name]  # the home page lists the others
+    assert listed == nav, f"{home}'s {heading!r} lists {listed}; mkdocs.yml's nav has {nav}"
 
 
 HISTORY = [
@@ -144,7 +184,7 @@ def test_the_configuration_page_shows_the_training_options_table():
     from model.options import OPTIONS
 
     assert "<!-- generated: training-options -->" in (ROOT / "docs" / "configuration.md").read_text()
-    table = hooks.training_options()
+    table = tables.training_options()
     assert {f"`{o.name}`" for o in OPTIONS} <= {cell.strip() for line in table.splitlines() for cell in line.split("|")}
 
 
@@ -155,7 +195,7 @@ def test_the_models_page_shows_what_an_import_checks():
 
     page = (ROOT / "docs" / "models.md").read_text()
     assert "<!-- generated: config-bounds -->" in page
-    table = hooks.config_bounds()
+    table = tables.config_bounds()
     assert all(f"`{name}`" in table and f"| {most:,} |" in table for name, (most, _) in SIZE_BOUNDS.items())
     section = page[page.index("## What an import checks") :]
     for limit in (
@@ -172,9 +212,8 @@ def test_a_tasks_options_table_is_generated_from_its_options():
 
     page = (ROOT / "docs" / "training.md").read_text()
     assert "<!-- generated: task-options sentence-embedding -->" in page
-    rendered = hooks.on_page_markdown(page, None, None, None)
-    assert "<!-- generated: task-options" not in rendered
-    table = hooks.task_options("sentence-embedding")
+    table = tables.task_options("sentence-embedding")
+    assert table.strip() in page
     for o in OPTIONS:
         if (o.tasks and "sentence-embedding" in o.tasks) or "sentence-embedding" in o.by_task:
             assert f"| `{o.name}` | `{o.cli_flag}` |" in table, o.name
@@ -183,4 +222,4 @@ def test_a_tasks_options_table_is_generated_from_its_options():
         "| `loss` | `--loss` | str | unset | mnrl \\| cosent \\| bce |" in table
     )  # a choice's bar does not end the cell
     with pytest.raises(ValueError, match="no fine-tuning task"):
-        hooks.task_options("ner")
+        tables.task_options("ner")

@@ -5,10 +5,12 @@ way `make run` starts it.
 the bootstrap job shortened to a few steps). Every ```console block runs, command by command, in one
 bash process, in a scratch folder that holds the system's `data/` and links to the repository's
 `examples/` and `.venv` (so `.venv/bin/bert` and `data/models/minilm` mean what they mean after
-`make run`), with the port swapped for the test's. The Hugging Face Hub is tests/hub_server.py's, serving tiny
-models under the repo ids the pages import (with their heads, labels and casing). Each command must succeed and print what the page
-shows: the same JSON shape (keys, lengths, types) and the same values for the keys that do not vary
-from run to run; text output line by line, numbers aside, a `...` line standing for any lines.
+`make run`), with the port swapped for the test's. That folder stands for the repository's root, where a
+reader runs the examples: what a page's examples leave there must be what git ignores (`runs/`, `data/`).
+The Hugging Face Hub is tests/hub_server.py's, serving tiny models under the repo ids the pages import
+(with their heads, labels and casing). Each command must succeed and print what the page shows: the
+same JSON shape (keys, lengths, types) and the same values for the keys that do not vary from run to
+run; text output line by line, numbers aside, a `...` line standing for any lines.
 
 The pages run in the order of README.md, then mkdocs.yml's nav, each page's blocks top to bottom, as a
 reader following them would. A block that cannot run here carries a skip marker on the line above it,
@@ -55,6 +57,7 @@ STABLE_KEYS = {
     "format",
     "labels",
     "index",
+    "bytes",  # a file's size
 }
 # Present, but their value, length or null-ness depends on timing (a job record read mid-run).
 LOOSE_KEYS = {
@@ -277,16 +280,59 @@ def check_output(command: str, documented: str, got: str) -> None:
         raise AssertionError(f"{command}\nthe page shows:\n{documented}\ngot:\n{got[:3000]}\n{e}") from None
 
 
+# The scratch folder's own entries: links into the repository, the Hub's cache (HF_HOME), bert up's log.
+SCRATCH_OWN = {"examples", ".venv", "hf", "bert-up.log"}
+
+
+def not_ignored(scratch: Path) -> list[str]:
+    """The entries of the scratch folder, beside its own, that git would list as untracked in the repository."""
+    names = [
+        p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+        for p in scratch.iterdir()
+        if p.name not in SCRATCH_OWN
+    ]
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=ROOT,
+        input="\n".join(names),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 1: none ignored
+    return sorted(set(names) - set(proc.stdout.splitlines()))
+
+
+def examples_status() -> str:
+    """`git status` of examples/, which the scratch folder links to: the pages read it and never write there."""
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--", "examples"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
 def test_examples_run_and_print_what_the_page_shows(system, page):
     port, scratch = system
     blocks = console_blocks(page.read_text())
+    examples_before = examples_status()
     for pairs in blocks:
         for (command, status, got), (_, documented) in zip(run_block(pairs, port, scratch), pairs):
             assert status == 0, f"{page.name}: {command}\nexit {status}: {got[:2000]}"
             if documented:
                 check_output(command, documented, got)
+    left = not_ignored(scratch)
+    assert not left, (
+        f"{page.name}: its examples leave {left} in the folder a reader runs them in (the repository's root), "
+        "which git does not ignore: write under runs/ or a temporary directory"
+    )
+    assert examples_status() == examples_before, f"{page.name}: its examples changed examples/"
+
+
+def test_the_leftover_check_sees_what_git_would_show(tmp_path):
+    for name in ("runs", "data", "hf"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "corpus.txt").write_text("a corpus")
+    assert not_ignored(tmp_path) == ["corpus.txt"]
 
 
 def test_the_readme_tours_every_route_family():

@@ -3,7 +3,7 @@
 The broker URL is the only thing that differs between a Redis deployment and the embedded
 (server-less) one: `redis://host:6379/0`, `sqla+sqlite:////data/broker.sqlite` or `filesystem://`
 (messages in DATA_DIR/broker, or `filesystem:///some/dir`). Every field's description is the
-documentation's configuration table (docs/hooks.py renders it).
+documentation's configuration table (docs/tables.py writes it).
 Reference: https://docs.pydantic.dev/latest/concepts/pydantic_settings/
 """
 

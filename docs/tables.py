@@ -1,6 +1,8 @@
-"""MkDocs hook: the reference tables that are declared in code are rendered from it at build time.
+"""The documentation's reference tables, rendered from the code that declares them and written into the pages.
 
-A page holds a marker comment, and the build replaces it with a markdown table:
+A table sits between two marker comments, so a page reads whole as a file (on a code host too), and
+`make docs-tables` (`python -m docs.tables`) rewrites what lies between them; tests/test_docs.py fails
+when a page's table is not what the code renders:
 
     <!-- generated: service-settings -->   app/settings.py's Settings (bert serve, bert up)
     <!-- generated: worker-settings -->    worker/settings.py's WorkerSettings (bert worker)
@@ -8,11 +10,12 @@ A page holds a marker comment, and the build replaces it with a markdown table:
     <!-- generated: training-options -->   model/options.py's table (bert pretrain/finetune, POST /jobs)
     <!-- generated: config-bounds -->      model/config.py's SIZE_BOUNDS (what a model's config.json may say)
     <!-- generated: task-options TASK -->  model/options.py's options of fine-tuning task TASK, and its defaults
+    ...the table...
+    <!-- end generated -->
 
 Each settings row is the environment variable (prefix and aliases as pydantic-settings reads them),
-the type, the default and the field's description. A field without a description fails the build (a
-ValueError stops MkDocs): the text belongs beside the field, not here.
-Reference: https://www.mkdocs.org/user-guide/configuration/#hooks
+the type, the default and the field's description. A field without a description is a ValueError:
+the text belongs beside the field, not here.
 """
 
 from __future__ import annotations
@@ -27,15 +30,35 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # document this checkout, whatever else is installed
     sys.path.insert(0, str(ROOT))
 
-MARKER = "<!-- generated: {} -->"
-TASK_MARKER = re.compile(r"<!-- generated: task-options ([\w-]+) -->")
+COMMAND = "make docs-tables"
+# A marker opens a line; one quoted in a sentence (in `code`) is prose.
+REGION = re.compile(r"^(<!-- generated: ([\w -]+?) -->\n)(.*?)^(<!-- end generated -->)$", re.M | re.S)
+START = re.compile(r"^<!-- generated: ", re.M)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    for name, render in GENERATORS.items():
-        if MARKER.format(name) in markdown:
-            markdown = markdown.replace(MARKER.format(name), render())
-    return TASK_MARKER.sub(lambda m: task_options(m.group(1)), markdown)
+def render(spec: str) -> str:
+    """The table a marker names: `service-settings`, or `task-options TASK`."""
+    name, *args = spec.split()
+    if name not in GENERATORS:
+        raise ValueError(f"<!-- generated: {spec} --> names no table; known: {', '.join(GENERATORS)}")
+    return GENERATORS[name](*args).strip()
+
+
+def render_page(text: str, where: str = "the page") -> str:
+    """The page with every generated region holding what the code renders now."""
+    if len(START.findall(text)) != len(REGION.findall(text)):
+        raise ValueError(f"{where}: a `<!-- generated: NAME -->` line without its `<!-- end generated -->` line")
+    return REGION.sub(lambda m: f"{m.group(1)}\n{render(m.group(2))}\n\n{m.group(4)}", text)
+
+
+def main() -> None:
+    """Rewrite the tables of every page of docs/ whose tables differ from what the code renders."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        fresh = render_page(text, page.name)
+        if fresh != text:
+            page.write_text(fresh)
+            print(f"rewrote the tables of {page.relative_to(ROOT)}")
 
 
 def task_options(task: str) -> str:
@@ -143,4 +166,9 @@ GENERATORS = {
     "error-kinds": error_kinds,
     "training-options": training_options,
     "config-bounds": config_bounds,
+    "task-options": task_options,
 }
+
+
+if __name__ == "__main__":
+    main()
