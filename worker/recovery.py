@@ -37,23 +37,32 @@ _timer_stop = threading.Event()
 shutting_down = multiprocessing.Event()
 
 
+# What the sweep found a job to be, by its record's state: the job's event and the log line say it.
+FOUND = {
+    "queued": "queued, waiting for a worker; sent again in case the broker lost the message",
+    "running": "left running by a worker that stopped; sent again to resume from the latest checkpoint",
+}
+
+
 def sweep(
     records: JobRecords, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")
 ) -> list[str]:
     """Send again every training job in `states` whose lease is free (runner.resumable; the API runs imports
-    and batches and resumes them itself); returns their ids."""
-    sent = []
+    and batches and resumes them itself); returns their ids. One log line per state found says what
+    happened: a queued job was only waiting (on a first start, the bootstrap job is queued before the
+    worker exists), a running one lost its worker."""
+    sent: dict[str, list[str]] = {}
     for record in runner.resumable(records, TRAINING_KINDS, states):
         send(record["id"])
-        detail = f"recovery sweep (state was {record['state']}, lease free)"
         try:
-            records.move(record["id"], jobs.requeued, detail)
+            records.move(record["id"], jobs.requeued, f"recovery sweep: {FOUND[record['state']]}")
         except (JobNotFound, IllegalTransition):  # removed, or finished by its delivery, since the listing
             continue
-        sent.append(record["id"])
-    if sent:
-        log.info("recovery sweep re-enqueued %d job(s): %s", len(sent), ", ".join(sent))
-    return sent
+        sent.setdefault(record["state"], []).append(record["id"])
+    for state, ids in ((s, sent[s]) for s in FOUND if s in sent):
+        count = f"{len(ids)} job" if len(ids) == 1 else f"{len(ids)} jobs"
+        log.info("recovery sweep: %s %s: %s", count, FOUND[state], ", ".join(ids))
+    return [job_id for ids in sent.values() for job_id in ids]
 
 
 def lost_reason(error: BaseException | str) -> str:
