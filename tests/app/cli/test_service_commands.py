@@ -12,9 +12,16 @@ import pytest
 import redis
 
 from datadir import JobRecords
+from datadir.cards import CARD, read_card
+from tests.conftest import MINILM_DIR
 from tests.helpers import REDIS_URL, ROOT, child_env, flush_redis
 
 pytestmark = pytest.mark.slow
+# The bundled encoder's card: where it came from, and its held-out evaluation (none: it has no MLM or NSP head).
+MINILM_CARD = {
+    "source": {"kind": "directory", "path": str(MINILM_DIR.resolve())},
+    "evaluation": {"set": "wiki-heldout-v1", "skipped": "BertModel has no masked-LM or next-sentence head"},
+}
 
 
 def bert(data_dir: Path, *args: str, **env: str) -> subprocess.Popen:
@@ -43,10 +50,13 @@ def test_init_fills_an_empty_data_dir_once_even_when_run_twice_at_once(tmp_path)
     assert [j["model_name"] for j in jobs] == ["wiki-mlm"], "one bootstrap job, not one per run"
     assert jobs[0]["params"]["max_steps"] == 3
     assert (data_dir / "models" / "minilm" / "config.json").is_file()
+    assert read_card(data_dir / "models" / "minilm") == MINILM_CARD  # the card `bert import` of its directory makes
     assert (data_dir / "datasets" / "wiki" / "meta.json").is_file()
 
+    (data_dir / "models" / "minilm" / CARD).unlink()  # as an earlier start's import left it: the next start adds it
     code, out, _ = finish(bert(data_dir, "init"))
     assert code == 0 and f"bootstrap job {jobs[0]['id']} (queued)" in out
+    assert read_card(data_dir / "models" / "minilm") == MINILM_CARD
     assert len(JobRecords(data_dir).list()) == 1
     assert jobs[0]["priority"] == -10  # the lowest: any job a person submits goes first
 
