@@ -19,11 +19,12 @@ import contextlib
 import logging
 import multiprocessing
 import re
+import signal
 import socket
 import threading
 from collections.abc import Callable
 
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from datadir import TRAINING_KINDS, IllegalTransition, JobNotFound, JobRecords, jobs, runner
 from worker.queue import send_job
@@ -37,23 +38,32 @@ _timer_stop = threading.Event()
 shutting_down = multiprocessing.Event()
 
 
+# What the sweep found a job to be, by its record's state: the job's event and the log line say it.
+FOUND = {
+    "queued": "queued, waiting for a worker; sent again in case the broker lost the message",
+    "running": "left running by a worker that stopped; sent again to resume from the latest checkpoint",
+}
+
+
 def sweep(
     records: JobRecords, send: Callable[[str], None], states: tuple[str, ...] = ("queued", "running")
 ) -> list[str]:
     """Send again every training job in `states` whose lease is free (runner.resumable; the API runs imports
-    and batches and resumes them itself); returns their ids."""
-    sent = []
+    and batches and resumes them itself); returns their ids. One log line per state found says what
+    happened: a queued job was only waiting (on a first start, the bootstrap job is queued before the
+    worker exists), a running one lost its worker."""
+    sent: dict[str, list[str]] = {}
     for record in runner.resumable(records, TRAINING_KINDS, states):
         send(record["id"])
-        detail = f"recovery sweep (state was {record['state']}, lease free)"
         try:
-            records.move(record["id"], jobs.requeued, detail)
+            records.move(record["id"], jobs.requeued, f"recovery sweep: {FOUND[record['state']]}")
         except (JobNotFound, IllegalTransition):  # removed, or finished by its delivery, since the listing
             continue
-        sent.append(record["id"])
-    if sent:
-        log.info("recovery sweep re-enqueued %d job(s): %s", len(sent), ", ".join(sent))
-    return sent
+        sent.setdefault(record["state"], []).append(record["id"])
+    for state, ids in ((s, sent[s]) for s in FOUND if s in sent):
+        count = f"{len(ids)} job" if len(ids) == 1 else f"{len(ids)} jobs"
+        log.info("recovery sweep: %s %s: %s", count, FOUND[state], ", ".join(ids))
+    return [job_id for ids in sent.values() for job_id in ids]
 
 
 def lost_reason(error: BaseException | str) -> str:
@@ -103,7 +113,8 @@ def _periodic(app, records: JobRecords, interval: float) -> None:
 
 
 def install(settings: WorkerSettings) -> None:
-    """Connect the sweep to worker start-up and the flag to worker shutdown (Celery signals)."""
+    """Connect the sweep to worker start-up, the flag to worker shutdown and the pool processes' SIGTERM
+    disposition to their start (Celery signals)."""
 
     def on_worker_ready(sender, **kwargs) -> None:
         app = sender.app
@@ -122,8 +133,21 @@ def install(settings: WorkerSettings) -> None:
 
     worker_ready.connect(on_worker_ready, weak=False)
     worker_shutting_down.connect(_on_shutdown, weak=False)
+    worker_process_init.connect(_on_pool_process_start, weak=False)
 
 
 def _on_shutdown(**kwargs) -> None:
     _timer_stop.set()
     shutting_down.set()
+
+
+def _on_pool_process_start(**kwargs) -> None:
+    """A pool process ignores SIGTERM: the worker's main process turns its own SIGTERM into the flag above, and
+    the job hands back at its next step. systemd's stop (and a kill of the whole process group) sends SIGTERM
+    to every process at once; billiard's handler made the pool process exit mid-step, the job lost its
+    hand-back, and its main process's SIGTERM to the exiting process could kill it while it held the lock of
+    its result pipe, so the main process's shutdown then waited on that lock for good. billiard leaves an
+    ignored SIGTERM alone (as in its REMAP_SIGTERM mode); its own stops do not need it: a hung step is killed
+    with SIGKILL after the SIGTERM, and a cold shutdown sets the flag too. torchrun and the ranks of a
+    data-parallel job install their own SIGTERM handlers (worker/ddp_job.py)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -4,7 +4,7 @@
 `initialize`, which
 
 - imports the bundled all-MiniLM-L6-v2 encoder as model `minilm` (the default model: /embeddings
-  works as soon as the server is up),
+  works as soon as the server is up), with the card an import of its directory gets,
 - registers the Wikipedia demo corpus as dataset `wiki`, and
 - makes a model for /fill-mask and /nsp: when the Hugging Face Hub answers, an import of BERT_MLM_MODEL
   (google-bert/bert-base-uncased) queued as an import job the API runs (app/jobs/imports.py);
@@ -117,11 +117,13 @@ def _exclusive(path: Path) -> Iterator[None]:
 
 
 def prepare(data_dir: Path, log: Callable[[str], None] = print) -> None:
-    """The MiniLM encoder and the Wikipedia corpus in DATA_DIR, once."""
-    if model_dir_for(data_dir, ENCODER) is None:
+    """The MiniLM encoder (with its card) and the Wikipedia corpus in DATA_DIR, once."""
+    encoder, found = DataDir(data_dir).model(ENCODER), model_dir_for(data_dir, ENCODER)
+    if found is None:
         log(f"importing all-MiniLM-L6-v2 as model '{ENCODER}' ...")
+    if found in (None, encoder):  # absent, or the bundled one (an earlier start's import may lack its card)
         # a flat directory (one version, 1), so data/models/minilm is a model directory the CLI takes
-        ensure_minilm(DataDir(data_dir).model(ENCODER))
+        ensure_minilm(encoder)
     if read_meta(data_dir, CORPUS) is None:
         log(f"registering the Wikipedia demo corpus as dataset '{CORPUS}' ...")
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=TMP_PREFIX) as staging:

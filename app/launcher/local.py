@@ -6,10 +6,15 @@ server (kombu's SQLAlchemy transport on a sqlite file in DATA_DIR). The same `be
 stack's `init` service (app/launcher/bootstrap.py): MiniLM as model `minilm`, the Wikipedia corpus as dataset
 `wiki`, and the model for /fill-mask and /nsp (BERT_MLM_MODEL from the Hub, or the bootstrap job that
 trains `wiki-mlm`).
+
+A stop (Ctrl-C, or SIGTERM to this process alone or to every process at once, as systemd sends it) ends
+the API as `bert serve` does, then the worker, which hands its job back within WORKER_STOP_GRACE_S;
+SIGTERM's exit status is 0, Ctrl-C's 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +28,10 @@ from app.launcher.demo_data import AssetMissingError
 from app.launcher.server import exposure_refusal, listen_refusal, serve
 from app.settings import Settings
 from model.errors import UserError
+
+# Seconds the worker gets to hand its job back (its step, a checkpoint) once the API has stopped: compose's
+# stop_grace_period for a worker, and the time to give `docker run --stop-timeout` or systemd's TimeoutStopSec.
+WORKER_STOP_GRACE_S = 120.0
 
 
 def local_settings(data_dir: Path, host: str | None, port: int | None) -> tuple[Settings, dict]:
@@ -50,15 +59,27 @@ def start_worker(env: dict) -> subprocess.Popen:
     )
 
 
-def stop_worker(worker: subprocess.Popen, grace_s: float = 120.0) -> None:
-    """SIGTERM: the worker finishes its step, checkpoints and hands the job back (resumed next time)."""
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGTERM)
-        try:
+def stop_worker(worker: subprocess.Popen, grace_s: float = WORKER_STOP_GRACE_S) -> None:
+    """SIGTERM: the worker finishes its step, checkpoints and hands the job back (resumed next time); SIGKILL to
+    its process group after `grace_s`, or at once on Ctrl-C meanwhile. Another SIGTERM changes nothing: the
+    stop is under way (systemd sends one to every process, and a person may send one more)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
             worker.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+    except subprocess.TimeoutExpired:
+        _kill_group(worker)
+    except KeyboardInterrupt:
+        _kill_group(worker)
+        raise
+
+
+def _kill_group(worker: subprocess.Popen) -> None:
+    """SIGKILL to the worker's process group: its main process and its pool process."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
 
 
 def up(
@@ -77,9 +98,10 @@ def up(
         initialize(settings, bootstrap=False)  # the models and corpus, before anything starts
     except AssetMissingError as e:
         raise UserError(str(e)) from None
-    # uvicorn re-raises the SIGTERM it caught once it has shut down; turn it into an exception so
-    # the `finally` below still stops the worker (the default action would kill us first).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # A SIGTERM before the server runs, or the one uvicorn re-raises once it has shut down (without a drain), ends
+    # in the `finally` below, which stops the worker (the default action would kill us first). A stop by SIGTERM
+    # is a clean one: exit status 0, as after the drain.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     worker = start_worker(env)
     try:
         if bootstrap:

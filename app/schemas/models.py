@@ -36,8 +36,9 @@ class ModelInfo(BaseModel):
     )
     why: str | None = Field(
         None,
-        description="Once loaded, why those kernels: what this CPU or GPU has, e.g. "
-        '"cpu AVX2, no native bf16, no VNNI", and what is emulated.',
+        description="Once loaded, why this precision and those kernels: the setting that chose the precision "
+        "(for auto, why auto means it on this device), then what this CPU or GPU has and what is emulated, e.g. "
+        '"fp32 by BERT_PRECISION=auto (on a CPU, bf16 and int8 are opt-in: ...); cpu AVX2, no native bf16, no VNNI".',
     )
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
     pinned: bool = Field(

@@ -31,7 +31,7 @@ from app.settings import Settings
 from datadir.defaults import read_defaults
 from model.compute import kernels
 from model.compute.device import memory_bytes, resolve_device
-from model.compute.precision import recommended_precision
+from model.compute.precision import recommendation
 from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
 
 log = logging.getLogger("bertserve")
@@ -321,11 +321,19 @@ class Service:
                 log.error("%s", e.message)
 
     def precision_for(self, name: str) -> str:
-        """The precision model `name` is served in: BERT_MODEL_PRECISION's entry, else BERT_PRECISION;
-        "auto" is model.compute.precision's recommendation for this device (bf16 on a CUDA GPU with native
-        bf16, fp32 otherwise)."""
+        """The precision model `name` is served in (precision_choice)."""
+        return self.precision_choice(name)[0]
+
+    def precision_choice(self, name: str) -> tuple[str, str]:
+        """The precision model `name` is served in, and why in words: BERT_MODEL_PRECISION's entry, else
+        BERT_PRECISION; "auto" is model.compute.precision's recommendation for this device (bf16 on a CUDA
+        GPU with native bf16, fp32 otherwise), with its reason."""
+        setting = "BERT_MODEL_PRECISION" if name in self.settings.model_precision else "BERT_PRECISION"
         precision = self.settings.model_precision.get(name, self.settings.precision)
-        return recommended_precision(self.device) if precision == "auto" else precision
+        if precision != "auto":
+            return precision, f"{precision} by {setting}"
+        auto, why = recommendation(self.device)
+        return auto, f"{auto} by {setting}=auto ({why})"
 
     # -- work -----------------------------------------------------------------------------------
 

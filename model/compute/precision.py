@@ -1,5 +1,6 @@
 """Reduced precision for inference, chosen per model: "fp32", "bf16" or "int8";
-`recommended_precision(device)` picks one for a device (what a serving "auto" setting means).
+`recommended_precision(device)` picks one for a device (what a serving "auto" setting means; `recommendation`
+adds why).
 
     from model.compute.precision import apply_precision
     model = apply_precision(BertModel.from_pretrained(path), "bf16")
@@ -203,12 +204,21 @@ def bf16_native(device: str | torch.device = "cpu") -> bool:
 
 
 def recommended_precision(device: str | torch.device = "cpu") -> str:
-    """The default a service should use ("auto"): bf16 on a CUDA GPU with native bf16, fp32 anywhere
-    else. Never bf16 or int8 on a CPU, even one where they are faster: neither keeps fill-mask's top-1
-    on every input (bench/precision_bench.py), so both stay opt-in there. Never initialises CUDA when
-    torch sees none."""
+    """The default a service should use ("auto"): recommendation's choice."""
+    return recommendation(device)[0]
+
+
+def recommendation(device: str | torch.device = "cpu") -> tuple[str, str]:
+    """What "auto" serves on `device`, and why in words (GET /models says it): bf16 on a CUDA GPU with
+    native bf16, fp32 anywhere else. Never bf16 or int8 on a CPU, even one where they are faster: neither
+    keeps fill-mask's top-1 on every input (bench/precision_bench.py), so both stay opt-in there. Never
+    initialises CUDA when torch sees none."""
     device = torch.device(device)
-    return "bf16" if device.type == "cuda" and bf16_native(device) else "fp32"
+    if device.type != "cuda":
+        return "fp32", "on a CPU, bf16 and int8 are opt-in: neither keeps fill-mask's top-1 on every input"
+    if bf16_native(device):
+        return "bf16", "this GPU has native bf16"
+    return "fp32", "this GPU has no native bf16"
 
 
 # -- internals --------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ async def test_bf16_on_a_cpu_without_bf16_serves_emulated(data_dir, kernel_paths
     why = "cpu AVX2, no native bf16, no VNNI: bf16 weights, GEMMs in fp32, emulated and slower than fp32"
     for model in models.values():
         assert (model["loaded"], model["error"], model["precision"]) == (True, None, "bf16")
-        assert model["kernels"] == "bf16-emulated (onednn-fp32)" and model["why"] == why
+        assert model["kernels"] == "bf16-emulated (onednn-fp32)" and model["why"] == f"bf16 by BERT_PRECISION; {why}"
     assert info["cpu"].endswith(": cpu AVX2, no native bf16, no VNNI")
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warned == [f"bf16 is emulated on this machine, and slower than fp32: {why}"]
@@ -84,6 +84,10 @@ async def test_the_default_precision_serves_on_a_cpu_without_bf16(data_dir, kern
     torch.testing.assert_close(got["embeddings"], ref["embeddings"], atol=1e-5, rtol=0)
     fp32 = "onednn-fp32" if onednn.available() else "torch-fp32"
     assert {(m["precision"], m["kernels"], m["error"]) for m in models.values()} == {("fp32", fp32, None)}
+    assert {m["why"] for m in models.values()} == {
+        "fp32 by BERT_PRECISION=auto (on a CPU, bf16 and int8 are opt-in: neither keeps fill-mask's top-1 on every "
+        "input); cpu AVX2, no native bf16, no VNNI"
+    }
 
 
 async def test_bf16_kernels_that_raise_on_a_request_fall_back_for_it(data_dir, kernel_paths, every_size, monkeypatch):

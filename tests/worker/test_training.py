@@ -277,19 +277,39 @@ def test_lost_reasons():
     )
 
 
-def test_the_sweep_resends_jobs_whose_lease_is_free(data_dir):
+def test_the_sweep_resends_jobs_whose_lease_is_free_and_says_what_each_was(data_dir, caplog):
     store = JobRecords(data_dir)
-    ids = {name: store.create(finetune_spec(name))["id"] for name in ("queued", "orphan", "alive", "done")}
+    names = ("queued", "queued-too", "orphan", "alive", "done")
+    ids = {name: store.create(finetune_spec(name))["id"] for name in names}
     for name, state in (("orphan", "running"), ("alive", "running"), ("done", "succeeded")):
         store.update(ids[name], lambda r, s=state: r.update(state=s))
     holder = LeaseHolder(data_dir, ids["alive"])
     sent = []
     try:
-        assert set(sweep(store, sent.append)) == {ids["queued"], ids["orphan"]}
-        assert sweep(store, lambda *a: None, states=("running",)) == [ids["orphan"]]
+        with caplog.at_level("INFO", logger="bertserve.worker"):
+            assert set(sweep(store, sent.append)) == {ids["queued"], ids["queued-too"], ids["orphan"]}
+        waiting = ", ".join(r["id"] for r in store.list("queued"))  # the sweep's order: the listing's
+        assert [r.getMessage() for r in caplog.records] == [
+            f"recovery sweep: 2 jobs queued, waiting for a worker; sent again in case the broker lost the message: "
+            f"{waiting}",
+            f"recovery sweep: 1 job left running by a worker that stopped; sent again to resume from the latest "
+            f"checkpoint: {ids['orphan']}",
+        ]
+        caplog.clear()
+        with caplog.at_level("INFO", logger="bertserve.worker"):
+            assert sweep(store, lambda *a: None, states=("running",)) == [ids["orphan"]]
+        assert [r.getMessage() for r in caplog.records] == [
+            f"recovery sweep: 1 job left running by a worker that stopped; sent again to resume from the latest "
+            f"checkpoint: {ids['orphan']}"
+        ]
     finally:
         holder.kill()
-    assert sorted(sent) == sorted([ids["queued"], ids["orphan"]])
+    assert sorted(sent) == sorted([ids["queued"], ids["queued-too"], ids["orphan"]])
+    event = store.read(ids["queued"])["events"][-1]
+    assert (event["event"], event["detail"]) == (
+        "re-enqueued",
+        "recovery sweep: queued, waiting for a worker; sent again in case the broker lost the message",
+    )
     assert store.read(ids["orphan"])["events"][-1]["event"] == "re-enqueued"
 
 

@@ -33,7 +33,6 @@ from app.schemas.models import (
     ShareRequest,
 )
 from app.schemas.shared import DeletedResponse
-from app.serving.model_registry import ModelRegistry
 from app.serving.service import Service
 from app.serving.stored_models import StoredModel
 from datadir import NAME_MAX_LENGTH, NAME_PATTERN, list_versions
@@ -98,10 +97,10 @@ async def import_model(request: Request, imports: ImportsDep, response: Response
     return JobStatus.from_record(record)
 
 
-def model_info(entry: StoredModel, registry: ModelRegistry, device: torch.device, bytes_on_disk: int = 0) -> ModelInfo:
+def model_info(entry: StoredModel, service: Service, bytes_on_disk: int = 0) -> ModelInfo:
     """(Reads the model's card.json: call it off the event loop.)"""
-    config = entry.config
-    default, precision = registry.default(), registry.precision_of(entry.name)
+    config, registry = entry.config, service.registry
+    default, (precision, chosen) = registry.default(), service.precision_choice(entry.name)
     labels = None
     if config is not None and config.id2label and {"classifier", "token_classifier"} & set(entry.heads):
         labels = [config.id2label[i] for i in sorted(config.id2label)]
@@ -127,8 +126,14 @@ def model_info(entry: StoredModel, registry: ModelRegistry, device: torch.device
         card=read_card(entry.path) or None,
         prompts=_prompts(entry),
         **_embedding(entry),
-        **(kernels.describe(entry.loaded.precision, device) if entry.loaded is not None else {}),
+        **(_kernels(entry.loaded.precision, service.device, chosen) if entry.loaded is not None else {}),
     )
+
+
+def _kernels(precision: str, device: torch.device, chosen: str) -> dict[str, str]:
+    """The loaded model's kernels, and why: the setting that chose its precision, then what the machine has."""
+    plan = kernels.describe(precision, device)
+    return {"kernels": plan["kernels"], "why": f"{chosen}; {plan['why']}"}
 
 
 def _prompts(entry: StoredModel) -> dict[str, str] | None:
@@ -160,7 +165,7 @@ async def list_models(service: ServiceDep, caller: CallerDep) -> ModelsResponse:
     entries = [e for e in await asyncio.to_thread(registry.scan) if may_read_model(caller, e.name, e.access)]
     sizes = await asyncio.to_thread(lambda: [disk_bytes(service.settings.data_dir, e.name) for e in entries])
     models = await asyncio.to_thread(
-        lambda: [model_info(e, registry, service.device, size) for e, size in zip(entries, sizes, strict=True)]
+        lambda: [model_info(e, service, size) for e, size in zip(entries, sizes, strict=True)]
     )
     counted, working = registry.memory_in_use()
     held = registry.held_bytes()
@@ -250,5 +255,5 @@ async def _detail(service: Service, name: str, caller: Key = ANONYMOUS) -> Model
         for v in versions
     ]
     size = await asyncio.to_thread(disk_bytes, service.settings.data_dir, name)
-    info = await asyncio.to_thread(model_info, entry, service.registry, service.device, size)
+    info = await asyncio.to_thread(model_info, entry, service, size)
     return ModelDetail(**{**info.model_dump(), "num_versions": len(listed)}, versions=listed)
