@@ -450,7 +450,10 @@ def _mark_resume(records: JobRecords, record: JobRecord) -> None:
 
 
 def _stopped(attempt: runner.Attempt, reporter: JobReporter, result) -> str:
-    job_dir, reason = attempt.records.job_dir(attempt.job_id), reporter.stop_reason or "stopped"
+    # A stop with no reason of this process's own is another rank's: the ranks of a data-parallel job stop
+    # together when any asks (model.training.distributed.any_rank), and the other ranks' one reason is their
+    # SIGTERM, the warm shutdown's, which may reach them before rank 0's own handler has run: a hand-back.
+    job_dir, reason = attempt.records.job_dir(attempt.job_id), reporter.stop_reason or "shutdown"
     checkpoint = _relative(job_dir, result.checkpoint)
     where = f"at step {result.step}, checkpoint {checkpoint}"
     runtime = round(reporter.runtime(), 3)

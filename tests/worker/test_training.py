@@ -165,6 +165,21 @@ def test_a_worker_shutting_down_begins_nothing_and_sends_the_message_back(data_d
     assert (sent, record["state"], record["attempts"]) == ([job_id], "queued", 0)
 
 
+def test_a_stop_another_rank_asked_for_hands_the_job_back(data_dir, settings, monkeypatch):
+    """Data parallel: the ranks stop together when any of them asks, and another rank's SIGTERM (the worker's warm
+    shutdown, sent to every rank) may be seen before rank 0's own handler has run. Rank 0 then stops with no
+    reason of its own: the job is handed back, not failed as if by a time limit."""
+    from model.training import distributed
+
+    asked = iter([False, False, True])  # another rank asks at step 3
+    monkeypatch.setattr(distributed, "any_rank", lambda flag, d: flag or next(asked, True))
+    store = JobRecords(data_dir)
+    job_id = store.create(finetune_spec("clf", max_steps=50))["id"]
+    assert run_job(job_id, settings)["outcome"] == "handed back"
+    record = store.read(job_id)
+    assert (record["state"], record["attempts"], record["latest_checkpoint"]) == ("queued", 0, "checkpoints/step-3")
+
+
 def test_a_cancel_before_the_first_step_never_trains(data_dir, settings):
     store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf"))["id"]
