@@ -78,6 +78,8 @@ LOOSE_KEYS = {
     "queue_position",
     "waiting_for",
     "start_estimate_s",
+    "phase",  # what a job does before its first step report: null when it is queued or already stepping
+    "runtime_s",
 }
 MORE = "__more__"
 HUB_ENV: dict[str, str] = {}  # huggingface_hub's settings for every command: the docs' fake Hub
