@@ -76,8 +76,9 @@ class ModelInfo(BaseModel):
         None,
         description=(
             "How the embedding routes pool its last hidden states: the modes of its sentence-transformers Pooling "
-            'module (1_Pooling/config.json), several concatenated in this order; ["mean"] without modules.json. '
-            "Null when its files cannot say (`error`)."
+            'module (1_Pooling/config.json), several concatenated in this order; ["mean"] without modules.json; '
+            '["splade"] for a sparse encoder (a SpladePooling module, or imported with pooling splade), which '
+            "/embed_sparse serves and the dense embedding routes refuse. Null when its files cannot say (`error`)."
         ),
     )
     normalize: bool | None = Field(
