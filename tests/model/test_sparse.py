@@ -138,3 +138,20 @@ def test_sparse_files_that_cannot_run_are_refused(mlm_dir, tmp_path):
     assert str(e.value) == (
         "sentence_bert_config.json: a SpladePooling needs transformer_task fill-mask, got 'feature-extraction'"
     )
+
+
+def test_import_pooling_splade_needs_a_masked_lm_head(tmp_path):
+    from model.errors import UserError
+    from model.model_dir import import_model
+    from model.modeling import BertModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(**tiny_config_dict())).save_pretrained(
+        tmp_path / "enc", tokenizer=BertTokenizer.from_vocab(TINY_VOCAB)
+    )
+    with pytest.raises(UserError) as e:
+        import_model(tmp_path / "enc", tmp_path / "dst", label="acme/enc", pooling="splade")
+    assert str(e.value) == (
+        "SPLADE pooling needs a masked-LM head (cls.predictions.*), and the weights load as a BertModel without one"
+    )
+    assert not (tmp_path / "dst").exists()
