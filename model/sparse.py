@@ -38,26 +38,24 @@ def splade_vectors(
 ) -> torch.Tensor:
     """(B, T, H) last hidden states and their (B, T) attention mask (on any device: read where it is)
     -> (B, V) float32 SPLADE vectors, the MLM `head` run over the kept tokens in chunks of at most
-    `chunk_values` logits."""
+    `chunk_values` logits. With "max", the logits are max-reduced first and activated once: the
+    activation is non-decreasing, so the max of the activations is the activation of the max (and the
+    log1p of a (B, V) vector, not of every token's)."""
     B, T, H = hidden.shape
     V = head.bias.shape[0]
     rows = attention_mask.reshape(-1).nonzero().squeeze(1).to(hidden.device)  # (B, T) -> kept flat indices
     owners = rows // T  # each kept token's batch row
     tokens = hidden.reshape(B * T, H).index_select(0, rows)  # (B, T, H) -> (N, H)
-    out = torch.zeros(B, V, device=hidden.device)
+    out = torch.zeros(B, V, device=hidden.device)  # 0: relu's floor, so the max needs no relu of its own
     step = max(1, chunk_values // V)
     for start in range(0, tokens.shape[0], step):
         logits = head(tokens[start : start + step]).float()  # (n, H) -> (n, V)
-        _reduce(out, owners[start : start + step], activate(logits, splade.activation), splade.strategy)
-    return out
-
-
-def _reduce(out: torch.Tensor, owners: torch.Tensor, weights: torch.Tensor, strategy: str) -> None:
-    """Fold a chunk's (n, V) weights into their rows of (B, V) `out` (weights are >= 0, `out` starts at 0)."""
-    if strategy == "sum":
-        out.index_add_(0, owners, weights)
-    else:
-        out.scatter_reduce_(0, owners[:, None].expand_as(weights), weights, "amax")  # (n,) -> (n, V) row indices
+        index = owners[start : start + step, None].expand_as(logits)  # (n,) -> (n, V): each value's row
+        if splade.strategy == "sum":
+            out.scatter_add_(0, index, activate(logits, splade.activation))
+        else:
+            out.scatter_reduce_(0, index, logits, "amax")
+    return out if splade.strategy == "sum" else activate(out, splade.activation)
 
 
 def sparse_entries(
