@@ -329,7 +329,7 @@ NLI_LABELS = ["entailment", "neutral", "contradiction"]
 
 
 def docs_hub(root: Path) -> HubServer:
-    """A started HubServer holding tiny stand-ins for the Hub models docs/models.md imports."""
+    """A started HubServer holding tiny stand-ins for the Hub models docs/models.md and docs/retrieval.md import."""
     import torch
 
     from model.modeling import (
@@ -363,6 +363,9 @@ def docs_hub(root: Path) -> HubServer:
     save("cross-encoder/ms-marco-MiniLM-L-6-v2", ranker, lowercase=True)
     nli = BertForSequenceClassification(tiny_config(**labelled(NLI_LABELS)))
     save("ynie/bert-large-uncased-snli_mnli_fever_anli_R1_R2_R3-nli", nli, lowercase=True)
+    sparse, plain = splade_dirs(root)  # docs/retrieval.md's SPLADE models
+    hub.add_dir(SPLADE_REPO, {"main": sparse})
+    hub.add_dir(SPLADE_PLAIN_REPO, {"main": plain})
     add_dataset_repos(hub)
     return hub.start()
 
