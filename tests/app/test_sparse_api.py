@@ -223,3 +223,50 @@ async def test_decode_equals_the_tokenizers_decode(client, sparse_dir):
     r = await client.post("/decode", json={"ids": [[2]] * 65})
     assert r.status_code == 422
     assert r.json() == err("at most 64 inputs per request, got 65")
+
+
+def test_requests_with_different_options_share_one_pass(sparse_dir):
+    """Three work items (threshold, top_k, neither), ragged, queued before the engine starts: one pass runs
+    them all, and each row gets its own options, equal to transformers' logits pooled."""
+    from app.serving.engine import Engine, WorkItem
+    from app.serving.forward import run_sparse_encode
+    from app.serving.stored_models import LoadedModel
+    from model.modeling import load_model
+    from model.sentence_modules import read_sentence_modules
+    from model.tokenizer import BertTokenizer
+
+    path = sparse_dir / "models" / "tiny-splade"
+    tok = BertTokenizer.from_pretrained(path)
+    lm = LoadedModel("tiny-splade", load_model(path).eval(), tok, MAX_POSITIONS)
+    lm.sentence_modules = read_sentence_modules(path)
+    rows = [(ids, [0] * len(ids)) for ids in (tok.encode(t)["input_ids"] for t in TEXTS)]
+    params = [{"threshold": 1.0}, {"threshold": 0.0, "top_k": 4}, {"threshold": 0.0}]
+    items = [WorkItem("sparse_encode", lm, rows[i : i + 2], p) for i, p in zip((0, 2, 4), params)]
+    passes = []
+
+    def runner(lm, batch):
+        passes.append(len(batch.origin))
+        return run_sparse_encode(lm, batch)
+
+    engine = Engine(
+        torch.device("cpu"),
+        {"sparse_encode": runner},
+        max_batch_tokens=4096,
+        max_queue=8,
+        max_wait_ms=50.0,
+        batching=True,
+    )
+    futures = [engine.submit(item) for item in items]
+    engine.start()
+    try:
+        answers = [f.result(timeout=30) for f in futures]
+    finally:
+        engine.stop(5.0)
+    assert passes == [len(TEXTS)]
+    expected = reference(path, TEXTS)
+    by_threshold = [{i: v for i, v in e.items() if v > 1.0} for e in expected[:2]]
+    best = [dict(sorted(e.items(), key=lambda x: (-x[1], x[0]))[:4]) for e in expected[2:4]]
+    for (indices, values), want in zip([*answers[0], *answers[2]], [*by_threshold, expected[4]]):
+        assert indices == sorted(want) and values == pytest.approx([want[i] for i in indices], abs=1e-5)
+    for (indices, values), want in zip(answers[1], best):
+        assert indices == list(want) and values == pytest.approx(list(want.values()), abs=1e-5)
