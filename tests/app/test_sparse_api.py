@@ -107,6 +107,15 @@ async def test_long_inputs_truncate_at_the_window_as_asked(client, sparse_dir):
     cut = tok.decode(tok(long, truncation=True, max_length=MAX_POSITIONS)["input_ids"], skip_special_tokens=True)
     for answer, want in zip(r.json(), reference(sparse_dir / "models" / "tiny-splade", [cut, "a dog"])):
         assert_matches(answer, want)
+    body = {"inputs": [long + " paris", "a dog"], "truncate": True, "truncation_direction": "Left"}
+    r = await client.post("/embed_sparse", json=body)
+    tok.truncation_side = "left"
+    cut = tok.decode(
+        tok(long + " paris", truncation=True, max_length=MAX_POSITIONS)["input_ids"], skip_special_tokens=True
+    )
+    assert cut.endswith("mat paris")
+    for answer, want in zip(r.json(), reference(sparse_dir / "models" / "tiny-splade", [cut, "a dog"])):
+        assert_matches(answer, want)
 
 
 async def test_threshold_top_k_and_tokens(client, sparse_dir):
