@@ -82,3 +82,23 @@ def sparse_entries(
             values_r, indices_r = vectors[r].sort(descending=True, stable=True)  # equal values: lower index first
             out[r] = (indices_r[:n].tolist(), values_r[:n].tolist())
     return out
+
+
+def splade_entries(
+    head: BertLMPredictionHead,
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    splade: Splade,
+    thresholds: list[float],
+    top_ks: list[int | None],
+    chunk_values: int = CHUNK_VALUES,
+) -> list[tuple[list[int], list[float]]]:
+    """sparse_entries of splade_vectors, a group of rows at a time: a pass of many short rows never holds
+    (B, V) floats at once, only a group's (at most `chunk_values`, or one row)."""
+    rows = max(1, chunk_values // head.bias.shape[0])
+    out: list[tuple[list[int], list[float]]] = []
+    for start in range(0, hidden.shape[0], rows):
+        group = slice(start, start + rows)
+        vectors = splade_vectors(head, hidden[group], attention_mask[group], splade, chunk_values)
+        out += sparse_entries(vectors, thresholds[group], top_ks[group])
+    return out

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from app.serving.engine import Runner
 from model.sentence_modules import Pooling, pool
-from model.sparse import SPLADE, sparse_entries, splade_vectors
+from model.sparse import SPLADE, splade_entries
 
 # An embedding request's explicit `pooling` (app/schemas/embeddings.py), instead of the model's own: one
 # mode over every token the mask keeps, a prompt's included
@@ -146,8 +146,9 @@ def run_sparse_encode(lm, batch) -> list[tuple[list[int], list[float]]]:
     "top_k" largest, largest first; pooled as the model's SpladePooling says (SPLADE v2's without one)."""
     hidden = lm.encoder(batch.input_ids, batch.model_mask, batch.token_type_ids).last_hidden_state
     mask = batch.host_mask if batch.host_mask is not None else batch.attention_mask
-    vectors = splade_vectors(lm.model.cls.predictions, hidden, mask, lm.sentence_modules.splade or SPLADE)
-    return sparse_entries(vectors, [p["threshold"] for p in batch.params], [p.get("top_k") for p in batch.params])
+    splade, params = lm.sentence_modules.splade or SPLADE, batch.params
+    thresholds, top_ks = [p["threshold"] for p in params], [p.get("top_k") for p in params]
+    return splade_entries(lm.model.cls.predictions, hidden, mask, splade, thresholds, top_ks)
 
 
 def run_token_encode(lm, batch) -> list[list[list[float]]]:

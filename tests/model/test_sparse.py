@@ -12,7 +12,7 @@ import torch
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, load_model
 from model.sentence_modules import SentenceModules, Splade, read_sentence_modules, write_sentence_modules
-from model.sparse import sparse_entries, splade_vectors
+from model.sparse import sparse_entries, splade_entries, splade_vectors
 from model.tokenizer import BertTokenizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict
 
@@ -155,3 +155,18 @@ def test_import_pooling_splade_needs_a_masked_lm_head(tmp_path):
         "SPLADE pooling needs a masked-LM head (cls.predictions.*), and the weights load as a BertModel without one"
     )
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("chunk_values", [len(TINY_VOCAB), 2 * len(TINY_VOCAB) + 1, 1 << 22])  # 1, 2 rows, all
+def test_splade_entries_a_group_of_rows_at_a_time_equal_the_whole_batchs(mlm_dir, chunk_values):
+    model = load_model(mlm_dir).eval()
+    ids, mask = ragged_batch(len(TINY_VOCAB))
+    thresholds, top_ks = [0.0, 0.5, 0.0], [None, None, 3]
+    with torch.no_grad():
+        hidden = model.bert(ids, mask).last_hidden_state
+        whole = sparse_entries(splade_vectors(model.cls.predictions, hidden, mask), thresholds, top_ks)
+        grouped = splade_entries(model.cls.predictions, hidden, mask, Splade(), thresholds, top_ks, chunk_values)
+    assert [indices for indices, _ in grouped] == [indices for indices, _ in whole]
+    for (_, values), (_, expected) in zip(grouped, whole):  # the head's chunks differ: the last bit may
+        assert values == pytest.approx(expected, abs=1e-6)
+    assert [len(indices) for indices, _ in whole][2] == 3
