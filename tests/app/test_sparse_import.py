@@ -5,6 +5,9 @@ pooled give on the imported weights."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+
 import pytest
 
 from app.cli import main
@@ -77,3 +80,32 @@ def test_bert_import_pooling_splade(hub, hub_env, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["import", H.SPLADE_PLAIN_REPO, "--name", "pp", "--pooling", "mean", "--data-dir", str(data)])
     assert "argument --pooling: invalid choice: 'mean' (choose from 'splade')" in capsys.readouterr().err
+
+
+def _tar_of_dir(path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(path, arcname="model")
+    return buf.getvalue()
+
+
+async def test_an_archive_says_pooling_splade_in_a_form_field(hub_env, tmp_path):
+    _, plain = H.splade_dirs(tmp_path / "src")
+    body = _tar_of_dir(plain)
+    async with serve_app(settings(tmp_path), wait_ready=False) as client:
+        r = await client.post("/models", files={"file": ("pp.tar.gz", body)}, data={"name": "pp", "pooling": "max"})
+        assert r.status_code == 422
+        assert r.json() == {
+            "error": "pooling: 'max' is not one of splade (or leave it out)",
+            "error_type": "validation",
+        }
+        r = await client.post("/models", files={"file": ("pp.tar.gz", body)}, data={"name": "pp", "pooling": "splade"})
+        assert r.status_code == 202, r.text
+        client.app.state.imports.wait(timeout=60)
+        done = (await client.get(f"/jobs/{r.json()['id']}")).json()
+        assert done["state"] == "succeeded", done["error"]
+        assert done["params"] == {"source": "pp.tar.gz", "revision": None, "pooling": "splade"}
+        assert (await client.get("/models/pp")).json()["pooling"] == ["splade"]
+        r = await client.post("/embed_sparse", json={"inputs": TEXTS, "model": "pp"})
+        for answer, want in zip(r.json(), reference(tmp_path / "data" / "models" / "pp" / "v1", TEXTS)):
+            assert_matches(answer, want)
