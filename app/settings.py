@@ -208,6 +208,15 @@ class Settings(BaseSettings):
             "with at most this many, else the best this many. A larger `top_k` is a 422."
         ),
     )
+    max_answer_values: int = Field(
+        4_194_304,
+        ge=1,
+        description=(
+            "Numbers in one `/embed_all` answer (every input's tokens x the hidden size) or entries in one "
+            "`/embed_sparse` answer (inputs x the vocabulary size, or x `top_k` when it is smaller); more is a 422 "
+            "that never reaches the model."
+        ),
+    )
     max_queue: int = Field(
         256, ge=1, description="Requests waiting for the inference thread; one more is a 429 (with `Retry-After`)."
     )

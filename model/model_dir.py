@@ -6,7 +6,9 @@ tokenizer.json beside vocab.txt, so a directory written here also loads in trans
 sentence-transformers model's named prompts are read from its config_sentence_transformers.json, as
 sentence-transformers reads them (SentenceTransformer.__init__: "prompts", "default_prompt_name"), and its
 modules (pooling, Normalize) by model/sentence_modules.py, which refuses modules this project cannot run
-and writes them into the imported directory.
+and writes them into the imported directory. A sparse encoder's (a SpladePooling) are kept the same way;
+`pooling="splade"` (`bert import --pooling splade`) makes a masked-LM model whose files do not say it one,
+such as SPLADE checkpoints published as a plain BertForMaskedLM.
 
 An import validates before it allocates: the config's sizes are within model.config's bounds, the
 model it describes fits the memory budget (model/sizing.py's count, in fp32), the files read into
@@ -24,9 +26,12 @@ from datadir.files import atomic_write_bytes
 from model.config import BertConfig
 from model.errors import UserError
 from model.modeling import class_for_heads
+from model.options import IMPORT_POOLINGS
 from model.sentence_modules import (
     MODULES_FILE,
     SENTENCE_TRANSFORMERS_CONFIG,
+    SentenceModules,
+    Splade,
     read_sentence_modules,
     write_sentence_modules,
 )
@@ -53,7 +58,12 @@ TEXT_FILES = (TOKENIZER_FILE, VOCAB_FILE, CONFIG_FILE, SENTENCE_TRANSFORMERS_CON
 
 
 def import_model(
-    src: str | Path, dst: str | Path, *, label: str | None = None, memory_budget: int | None = None
+    src: str | Path,
+    dst: str | Path,
+    *,
+    label: str | None = None,
+    memory_budget: int | None = None,
+    pooling: str | None = None,
 ) -> dict:
     """Validate any HF BERT directory and write it in the project's layout; returns `summarize(dst)`.
 
@@ -63,9 +73,12 @@ def import_model(
     load is refused before anything is written), and out as safetensors with tokenizer.json beside
     them, and the modules beside those (write_sentence_modules) when it has a modules.json. `label` names the
     source in errors instead of `src` (whose path they never show then); `memory_budget`: the bytes
-    the service's models may take, which the model's weights may not exceed.
+    the service's models may take, which the model's weights may not exceed; `pooling` "splade": a sparse
+    encoder, whatever its files say (it needs a masked-LM head; a SpladePooling's own settings are kept).
     """
     src, dst = Path(src), Path(dst)
+    if pooling is not None and pooling not in IMPORT_POOLINGS:
+        raise UserError(f"pooling must be one of {', '.join(IMPORT_POOLINGS)}, got {pooling!r}")
     if not src.is_dir():
         raise UserError(f"{label or src} is not a directory")
     if not (src / "config.json").is_file():
@@ -75,7 +88,7 @@ def import_model(
         check_text_files(src)
         tokenizer = BertTokenizer.from_pretrained(src)
         prompts, _ = read_prompts(src)
-        modules = read_sentence_modules(src)
+        modules = _with_pooling(read_sentence_modules(src), pooling)
         modules.check_tokenizer(tokenizer.lowercase)
         if tokenizer.vocab_size != config.vocab_size:
             raise ValueError(
@@ -84,15 +97,30 @@ def import_model(
         check_weights(src, config)
         state = normalize_state_dict(load_state_dict(src))
         model = class_for_heads(heads_of_keys(state), config.architectures)._from_state(src, state, "cpu", False, {})
+        if modules.splade is not None and "mlm" not in model.heads:
+            raise ValueError(
+                f"SPLADE pooling needs a masked-LM head (cls.predictions.*), and the weights load as a "
+                f"{type(model).__name__} without one"
+            )
     except (ValueError, FileNotFoundError) as e:
         raise UserError(_relative(str(e), src, label)) from None
     model.save_pretrained(dst, tokenizer=tokenizer)
     sentence_model = (src / MODULES_FILE).is_file()
     if prompts or (sentence_model and (src / SENTENCE_TRANSFORMERS_CONFIG).is_file()):  # its prompts travel with it
         atomic_write_bytes(dst / SENTENCE_TRANSFORMERS_CONFIG, (src / SENTENCE_TRANSFORMERS_CONFIG).read_bytes())
-    if sentence_model:  # as read (and checked) above, in the files' plain form
+    if sentence_model or modules.splade is not None:  # as read (and checked) above, in the files' plain form
         write_sentence_modules(dst, modules)
     return summarize(dst)
+
+
+def _with_pooling(modules: SentenceModules, pooling: str | None) -> SentenceModules:
+    """The modules an import writes: the source's, or with `pooling` "splade" a sparse encoder's (its own
+    SpladePooling if it has one, else SPLADE v2's), with the source's window and case."""
+    if pooling != "splade" or modules.splade is not None:
+        return modules
+    return SentenceModules(
+        normalize=False, max_seq_length=modules.max_seq_length, do_lower_case=modules.do_lower_case, splade=Splade()
+    )
 
 
 def _relative(message: str, src: Path, label: str | None) -> str:

@@ -31,6 +31,7 @@ TASKS = (
     "cross-encoder",
 )
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
+IMPORT_POOLINGS = ("splade",)  # what an import may say of a model whose files do not (model.model_dir.import_model)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
 DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")  # in-batch negatives' similarities
 PARTITION_MODES = ("joint", "per_direction")  # one softmax over the directions, or one per direction

@@ -8,6 +8,11 @@ pooling itself.
     sentence_bert_config.json           the Transformer's max_seq_length and do_lower_case
     config_sentence_transformers.json   the named prompts (model.model_dir.read_prompts), kept as they are
 
+A sparse encoder (sentence-transformers' SparseEncoder, model_type "SparseEncoder") lists a Transformer
+(`transformer_task` "fill-mask" in sentence_bert_config.json) or an MLMTransformer, then a SpladePooling
+(1_SpladePooling/config.json: pooling_strategy, activation_function): its `SentenceModules.splade` says
+so, and its embeddings are model/sparse.py's, one weight per vocabulary token.
+
 `read_sentence_modules(path)` gives a `SentenceModules`; `write_sentence_modules(path, modules)` writes these
 files so that `sentence_transformers.SentenceTransformer(path)` loads the directory and encodes as
 `SentenceModules.embed` does. A directory without modules.json gets `SentenceModules()`: mean pooling
@@ -55,7 +60,11 @@ LEGACY_POOLING_KEYS = {
 # The module types a model may list (the class name after any sentence_transformers module path, old or new),
 # in the one order this project runs them.
 TRANSFORMER, POOLING, NORMALIZE = "Transformer", "Pooling", "Normalize"
-RUNNABLE = "a Transformer, then a Pooling, then an optional Normalize"
+MLM_TRANSFORMER, SPLADE_POOLING = "MLMTransformer", "SpladePooling"
+RUNNABLE = "a Transformer, then a Pooling, then an optional Normalize"  # (or a sparse encoder's two: _read_sparse)
+SPLADE_DIR = "1_SpladePooling"
+SPLADE_STRATEGIES = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,21 @@ class Pooling:
 
 
 @dataclass(frozen=True)
+class Splade:
+    """sentence-transformers' SpladePooling: how the MLM logits become one weight per vocabulary token."""
+
+    strategy: str = "max"  # over the tokens: "max" (SPLADE v2) or "sum"
+    activation: str = "relu"  # "relu": log(1 + relu(logit)); "log1p_relu": log1p of that once more
+
+    def __post_init__(self) -> None:
+        if self.strategy not in SPLADE_STRATEGIES or self.activation not in SPLADE_ACTIVATIONS:
+            raise ValueError(
+                f"SPLADE pooling_strategy must be one of {', '.join(SPLADE_STRATEGIES)} and activation_function "
+                f"one of {', '.join(SPLADE_ACTIVATIONS)}, got {self.strategy!r} and {self.activation!r}"
+            )
+
+
+@dataclass(frozen=True)
 class SentenceModules:
     """What a model's sentence-transformers modules do after the encoder; the defaults are a directory's
     without modules.json."""
@@ -85,6 +109,12 @@ class SentenceModules:
     normalize: bool = True  # a Normalize module: each vector scaled to unit L2 norm
     max_seq_length: int | None = None  # sentence-transformers' window in tokens (None: the tokenizer's)
     do_lower_case: bool = False  # sentence-transformers lowercases each text before its tokenizer sees it
+    splade: Splade | None = None  # a sparse encoder's SpladePooling (then `pooling` and `normalize` are unused)
+
+    @property
+    def pooling_names(self) -> list[str]:
+        """What its embeddings are pooled by, as GET /models shows it: the Pooling's modes, or ["splade"]."""
+        return ["splade"] if self.splade is not None else list(self.pooling.modes)
 
     def embed(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int | None = None
@@ -174,6 +204,8 @@ def read_sentence_modules(path: str | Path) -> SentenceModules:
     ):
         raise ValueError(f"{MODULES_FILE} must be a list of modules, each with a type and a path; got {listed!r}")
     kinds = [_runnable_kind(i, m["type"]) for i, m in enumerate(listed)]
+    if kinds in ([TRANSFORMER, SPLADE_POOLING], [MLM_TRANSFORMER, SPLADE_POOLING]):
+        return _read_sparse(path, *(_module_dir(m) for m in listed))
     if kinds not in ([TRANSFORMER, POOLING], [TRANSFORMER, POOLING, NORMALIZE]):
         raise ValueError(
             f"{MODULES_FILE} lists {', '.join(kinds) or 'no modules'}: this service runs {RUNNABLE}, in that order"
@@ -194,11 +226,42 @@ def _runnable_kind(index: int, module_type: str) -> str:
     """Transformer, Pooling or Normalize for a sentence-transformers module of one of those classes
     (`sentence_transformers.models.Pooling`, or a newer module path to the same class); else a ValueError."""
     kind = module_type.rsplit(".", 1)[-1]
-    if module_type.startswith("sentence_transformers.") and kind in (TRANSFORMER, POOLING, NORMALIZE):
+    if module_type.startswith("sentence_transformers.") and kind in (
+        TRANSFORMER,
+        POOLING,
+        NORMALIZE,
+        MLM_TRANSFORMER,
+        SPLADE_POOLING,
+    ):
         return kind
     raise ValueError(
         f"{MODULES_FILE}: module {index} is {module_type}, which this service cannot run "
         f"(it runs {RUNNABLE}); its embeddings would differ from sentence-transformers'"
+    )
+
+
+def _read_sparse(path: Path, transformer_dir: str, pooling_dir: str) -> SentenceModules:
+    """A sparse encoder's modules: its SpladePooling's config, and its transformer's window and case (a
+    Transformer's `transformer_task` must be fill-mask: its output is then the MLM logits)."""
+    bert_config = _read_json(path, f"{transformer_dir}{SENTENCE_BERT_CONFIG}", missing={})
+    if not isinstance(bert_config, dict):
+        raise ValueError(f"{SENTENCE_BERT_CONFIG} must be a JSON object, got {bert_config!r}")
+    task = bert_config.get("transformer_task", "fill-mask")
+    if task != "fill-mask":
+        raise ValueError(f"{SENTENCE_BERT_CONFIG}: a SpladePooling needs transformer_task fill-mask, got {task!r}")
+    name = f"{pooling_dir}config.json"
+    config = _read_json(path, name, missing={})
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} must be a JSON object, got {config!r}")
+    try:
+        splade = Splade(config.get("pooling_strategy", "max"), config.get("activation_function", "relu"))
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    return SentenceModules(
+        normalize=False,
+        max_seq_length=_max_seq_length(bert_config),
+        do_lower_case=_boolean(bert_config, "do_lower_case", False, SENTENCE_BERT_CONFIG),
+        splade=splade,
     )
 
 
@@ -270,6 +333,8 @@ def write_sentence_modules(path: str | Path, modules: SentenceModules) -> None:
     text-embeddings-inference read; the pooling modes are its pooling_mode_* flags when they are in
     the order those flags concatenate, else (sentence-transformers 6.0's form) a `pooling_mode` list."""
     path = Path(path)
+    if modules.splade is not None:
+        return _write_sparse(path, modules)
     hidden_size = BertConfig.from_json_file(path / "config.json").hidden_size
     listed = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -288,6 +353,37 @@ def write_sentence_modules(path: str | Path, modules: SentenceModules) -> None:
         raise ValueError(f"{SENTENCE_TRANSFORMERS_CONFIG} must be a JSON object, got {kept!r}")
     _write_json(path / SENTENCE_TRANSFORMERS_CONFIG, {"prompts": {}, "default_prompt_name": None, **kept})
     _write_json(path / MODULES_FILE, listed)  # last: a directory with modules.json has every file it names
+
+
+def _write_sparse(path: Path, modules: SentenceModules) -> None:
+    """A sparse encoder's files, with sentence-transformers 5's module names (6.x reads them too)."""
+    assert modules.splade is not None
+    vocab_size = BertConfig.from_json_file(path / "config.json").vocab_size
+    listed = [
+        {"idx": 0, "name": "0", "path": "", "type": f"sentence_transformers.sparse_encoder.models.{MLM_TRANSFORMER}"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": SPLADE_DIR,
+            "type": f"sentence_transformers.sparse_encoder.models.{SPLADE_POOLING}",
+        },
+    ]
+    (path / SPLADE_DIR).mkdir(exist_ok=True)
+    splade = {
+        "pooling_strategy": modules.splade.strategy,
+        "activation_function": modules.splade.activation,
+        "embedding_dimension": vocab_size,
+    }
+    _write_json(path / SPLADE_DIR / "config.json", splade)
+    _write_json(
+        path / SENTENCE_BERT_CONFIG, {"max_seq_length": modules.max_seq_length, "do_lower_case": modules.do_lower_case}
+    )
+    kept = _read_json(path, SENTENCE_TRANSFORMERS_CONFIG, missing={})
+    if not isinstance(kept, dict):
+        raise ValueError(f"{SENTENCE_TRANSFORMERS_CONFIG} must be a JSON object, got {kept!r}")
+    sparse = {"prompts": {}, "default_prompt_name": None, **kept, "model_type": "SparseEncoder"}
+    _write_json(path / SENTENCE_TRANSFORMERS_CONFIG, sparse)
+    _write_json(path / MODULES_FILE, listed)
 
 
 def pooling_config(pooling: Pooling, hidden_size: int) -> dict:

@@ -67,6 +67,7 @@ HUB_FILES = (
     "sentence_bert_config.json",
     "config_sentence_transformers.json",
     "1_Pooling/config.json",
+    "1_SpladePooling/config.json",  # a sparse encoder's (sentence-transformers' SparseEncoder)
 )
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in order of preference
 SHARDED = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -121,6 +122,7 @@ def import_source(
     progress: Progress | None = None,
     card_source: dict[str, Any] | None = None,
     memory_budget: int | None = None,
+    pooling: str | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Import `source` (of `kind`, else `source_kind(source)`) as the next version of model `name`.
 
@@ -128,7 +130,8 @@ def import_source(
     is published unless the whole model converted; temp files live in DATA_DIR under TMP_PREFIX and
     are removed either way. `import_id` makes a retried publish idempotent (a job id, for API imports);
     `card_source` adds to (or replaces) the card's source fields (an upload's own file name);
-    `memory_budget` is the bytes the service's models may take (model.model_dir.check_config).
+    `memory_budget` is the bytes the service's models may take (model.model_dir.check_config); `pooling`
+    "splade" imports a masked-LM model as a sparse encoder (model.model_dir.import_model).
     Errors name the source as the user does (an archive by its file name, a repo by its id) and the
     files in it by their path inside it, never by where they are on this machine.
     """
@@ -157,7 +160,7 @@ def import_source(
         )
         staged = Path(work) / "model"
         try:
-            summary = import_model(fetched.path, staged, label=label, memory_budget=memory_budget)
+            summary = import_model(fetched.path, staged, label=label, memory_budget=memory_budget, pooling=pooling)
         except pickle.UnpicklingError:  # torch.load(weights_only=True) met more than tensors
             raise UserError(
                 f"{label}: pytorch_model.bin is not plain weights: loading it would unpickle code, which is refused "

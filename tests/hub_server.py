@@ -243,6 +243,10 @@ GATED_REPO = "acme/bert-gated"
 NOT_BERT_REPO = "acme/gpt-tiny"
 NO_WEIGHTS_REPO = "acme/bert-no-weights"
 SHARDED_REPO = "acme/bert-sharded"
+# SPLADE checkpoints as the Hub has them: a BertForMaskedLM with a sentence-transformers SparseEncoder's files
+# (MLMTransformer, SpladePooling), and a plain BertForMaskedLM with LayerNorm.gamma/beta names and no such files
+SPLADE_REPO = "naver/splade-cocondenser-ensembledistil"
+SPLADE_PLAIN_REPO = "prithivida/Splade_PP_en_v1"
 
 
 def tiny_model_dir(root: Path, seed: int) -> Path:
@@ -283,8 +287,39 @@ def tiny_hub(root: Path) -> HubServer:
     )
     hub.add(NO_WEIGHTS_REPO, {"main": text})
     hub.add(SHARDED_REPO, {"main": {**text, "model.safetensors.index.json": b'{"weight_map": {}}'}})
+    sparse, plain = splade_dirs(root)
+    hub.add_dir(SPLADE_REPO, {"main": sparse})
+    hub.add_dir(SPLADE_PLAIN_REPO, {"main": plain})
     add_dataset_repos(hub)
     return hub.start()
+
+
+def splade_dirs(root: Path) -> tuple[Path, Path]:
+    """(a tiny BertForMaskedLM with a SparseEncoder's files, the same weights as a plain checkpoint whose
+    LayerNorms are named gamma and beta); root/splade-mlm holds the weights as saved."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from model.modeling import BertForMaskedLM
+    from model.sentence_modules import SentenceModules, Splade, write_sentence_modules
+    from model.tokenizer import BertTokenizer
+    from tests.helpers import VOCAB, tiny_config
+
+    torch.manual_seed(5)
+    saved, sparse, plain = root / "splade-mlm", root / "splade-st", root / "splade-plain"
+    BertForMaskedLM(tiny_config()).save_pretrained(saved, tokenizer=BertTokenizer.from_vocab(VOCAB))
+    shutil.copytree(saved, sparse)
+    write_sentence_modules(sparse, SentenceModules(normalize=False, splade=Splade()))
+    shutil.copytree(saved, plain)
+    weights = load_file(saved / "model.safetensors")
+    legacy = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in weights.items()
+    }
+    save_file(legacy, plain / "model.safetensors")
+    return sparse, plain
 
 
 # -- the repos the documentation imports, as tiny models with the real ones' heads, labels and casing --
@@ -294,7 +329,7 @@ NLI_LABELS = ["entailment", "neutral", "contradiction"]
 
 
 def docs_hub(root: Path) -> HubServer:
-    """A started HubServer holding tiny stand-ins for the Hub models docs/models.md imports."""
+    """A started HubServer holding tiny stand-ins for the Hub models docs/models.md and docs/retrieval.md import."""
     import torch
 
     from model.modeling import (
@@ -328,6 +363,9 @@ def docs_hub(root: Path) -> HubServer:
     save("cross-encoder/ms-marco-MiniLM-L-6-v2", ranker, lowercase=True)
     nli = BertForSequenceClassification(tiny_config(**labelled(NLI_LABELS)))
     save("ynie/bert-large-uncased-snli_mnli_fever_anli_R1_R2_R3-nli", nli, lowercase=True)
+    sparse, plain = splade_dirs(root)  # docs/retrieval.md's SPLADE models
+    hub.add_dir(SPLADE_REPO, {"main": sparse})
+    hub.add_dir(SPLADE_PLAIN_REPO, {"main": plain})
     add_dataset_repos(hub)
     return hub.start()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from datadir.cards import CARD, read_card
 from datadir.versions import served_dir
 from model.errors import UserError
-from model.options import PRECISIONS
+from model.options import IMPORT_POOLINGS, PRECISIONS
 
 
 def model_dir_arg(value: str) -> str:
@@ -45,7 +45,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from model.sources import import_source
 
     data_dir = Path(args.data_dir) if args.data_dir else Settings().data_dir
-    version, info = import_source(data_dir, args.source, args.name, revision=args.revision)
+    version, info = import_source(data_dir, args.source, args.name, revision=args.revision, pooling=args.pooling)
     print(
         f"imported {args.source}{f' at {args.revision}' if args.revision else ''} as model '{args.name}' -> {version}"
     )
@@ -61,7 +61,7 @@ def _import_to_directory(args: argparse.Namespace) -> int:
     dst = Path(args.dst)
     if dst.exists() and not args.force:
         raise UserError(f"{dst} exists; pass --force to replace it")
-    info = _servable(import_model(args.source, dst))
+    info = _servable(import_model(args.source, dst, pooling=args.pooling))
     print(f"imported {args.source} -> {dst}")
     _print_summary(info)
     return 0
@@ -216,6 +216,12 @@ def add_commands(sub) -> None:
         help="the model's name in DATA_DIR/models, imported as its next version (no default: required without DST)",
     )
     p.add_argument("--revision", help="a Hub branch, tag or commit (default: the repo's main branch)")
+    p.add_argument(
+        "--pooling",
+        choices=IMPORT_POOLINGS,
+        help="splade: a sparse encoder served by /embed_sparse, for a masked-LM model whose files do not say so "
+        "(default: as its files say)",
+    )
     p.add_argument("--data-dir", help="default BERT_DATA_DIR or ./data")
     p.add_argument("--force", action="store_true", help="with DST: replace an existing destination")
     p.set_defaults(func=cmd_import)

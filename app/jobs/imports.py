@@ -10,9 +10,11 @@ worker does, so at API start every queued or running import whose lease is free 
 cache makes a restart cheap. An uploaded archive is kept in the job's directory until it ran. An import
 is checked against the model memory budget (model.model_dir.check_config) before its weights are read.
 
-    params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}; a dataset's adds
+    params   {"source": "<repo id or archive file name>", "revision": "<rev or null>"}, and "pooling" when
+             the request sent it ("splade": model.model_dir.import_model); a dataset's adds
              "subset", "split", "columns" and "kind"
-    source   {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"} (upload: job dir file);
+    source   {"kind": "hub", "repo", "revision"} or {"kind": "archive", "file"} (upload: job dir file), each
+             with "pooling" when sent;
              {"kind": "hub-dataset", "shared"} for a dataset (what to import is in params)
     progress {"downloaded_bytes", "total_bytes"} (written at most PROGRESS_EVERY_S apart)
     result   {"model", "version", "path", "source"} (the card's source, with the resolved commit);
@@ -48,6 +50,7 @@ from datadir import NAME_RULE, TERMINAL, JobRecord, JobRecords, runner, valid_na
 from datadir.datasets import staging_dir
 from datadir.publish import audit_publish, version_of
 from model.errors import UserError
+from model.options import IMPORT_POOLINGS
 from model.sources import ARCHIVE_SUFFIXES, import_source
 
 log = logging.getLogger("bertserve")
@@ -148,7 +151,8 @@ class Imports:
             "model_name": name,
             "base_model": None,
             "dataset": None,
-            "params": {"source": label, "revision": source.get("revision")},
+            "params": {"source": label, "revision": source.get("revision")}
+            | ({"pooling": source["pooling"]} if source.get("pooling") else {}),
             "source": source,
             "owner": owner,  # the key that asked for it
             "publish_any": True,  # imports need the admin scope: an admin may publish over any name
@@ -214,6 +218,7 @@ class Imports:
                 progress=self._progress(job_id),
                 card_source={"file": source["file"]} if source["kind"] == "archive" else None,
                 memory_budget=self.memory_budget(),
+                pooling=source.get("pooling"),
             )
         except ImportCancelled:
             return attempt.cancel("cancelled while downloading")
@@ -313,7 +318,8 @@ async def receive_request(
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type == b"application/json":
         req = await json_body(request, ImportModelRequest)
-        return req.name, {"kind": "hub", "repo": req.source, "revision": req.revision}, None
+        source = {"kind": "hub", "repo": req.source, "revision": req.revision}
+        return req.name, source | ({"pooling": req.pooling} if req.pooling else {}), None
     if content_type != b"multipart/form-data" or not options.get(b"boundary"):
         raise ServiceError(
             "validation",
@@ -332,7 +338,9 @@ async def receive_request(
             raise ServiceError("validation", "name: send the model's name in the form field 'name'")
         assert upload.filename is not None  # _parse refuses an upload without a file
         path = next(tmp.iterdir())
-        return name, {"kind": "archive", "file": Path(upload.filename).name}, path
+        source = {"kind": "archive", "file": Path(upload.filename).name}
+        pooling = upload.fields.get("pooling")
+        return name, source | ({"pooling": pooling} if pooling else {}), path
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in uploads.DISK_FULL:
@@ -345,7 +353,7 @@ async def receive_request(
 class _ArchiveUpload(uploads._Upload):
     """A model archive and its name, streamed to disk under BERT_MAX_MODEL_UPLOAD_BYTES."""
 
-    FIELDS = ("name",)
+    FIELDS = ("name", "pooling")
     LIMIT = "archive is larger than the limit of {} bytes (BERT_MAX_MODEL_UPLOAD_BYTES)"
 
     def _check_filename(self) -> None:
@@ -361,3 +369,8 @@ class _ArchiveUpload(uploads._Upload):
         name = self.fields.get("name")
         if name is not None and not valid_name(name):
             raise ServiceError("validation", f"name: {name[:80]!r} {NAME_RULE}")
+        pooling = self.fields.get("pooling")
+        if pooling is not None and pooling not in IMPORT_POOLINGS:
+            raise ServiceError(
+                "validation", f"pooling: {pooling[:80]!r} is not one of {', '.join(IMPORT_POOLINGS)} (or leave it out)"
+            )

@@ -4,7 +4,7 @@ memory budget, a promotion, and an import from the Hugging Face Hub (which answe
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -76,8 +76,9 @@ class ModelInfo(BaseModel):
         None,
         description=(
             "How the embedding routes pool its last hidden states: the modes of its sentence-transformers Pooling "
-            'module (1_Pooling/config.json), several concatenated in this order; ["mean"] without modules.json. '
-            "Null when its files cannot say (`error`)."
+            'module (1_Pooling/config.json), several concatenated in this order; ["mean"] without modules.json; '
+            '["splade"] for a sparse encoder (a SpladePooling module, or imported with pooling splade), which '
+            "/embed_sparse serves and the dense embedding routes refuse. Null when its files cannot say (`error`)."
         ),
     )
     normalize: bool | None = Field(
@@ -159,6 +160,11 @@ class ImportModelRequest(BaseModel):
         description="A Hugging Face Hub repo id, e.g. google-bert/bert-base-uncased (never a path on the server).",
     )
     revision: Revision | None = Field(None, description=f"A branch, tag or commit; default main. It {REVISION_RULE}.")
+    pooling: Literal["splade"] | None = Field(
+        None,
+        description='"splade": import a masked-LM model as a sparse encoder (/embed_sparse) when its files do not '
+        "say so (a sentence-transformers SparseEncoder's do). Default: as its files say.",
+    )
 
 
 IMPORT_EXAMPLE = {"name": "bert-base", "source": "google-bert/bert-base-uncased"}

@@ -1,10 +1,11 @@
 """text-embeddings-inference's request and response shapes (app/api/routes/tei.py): those of
-huggingface/text-embeddings-inference's router (router/src/http/types.rs: EmbedRequest, PredictRequest,
-RerankRequest, TokenizeRequest, SimilarityRequest and their responses), so a TEI client works unchanged.
+huggingface/text-embeddings-inference's router (router/src/http/types.rs: EmbedRequest, EmbedSparseRequest,
+EmbedAllRequest, PredictRequest, RerankRequest, TokenizeRequest, DecodeRequest, SimilarityRequest and their
+responses), so a TEI client works unchanged.
 
 As /v1/embeddings, these ignore unknown fields: TEI itself does (serde's default), so clients written
 against it may send fields we do not read. `model` is ours (TEI serves one model); omitted,
-BERT_DEFAULT_MODEL (/embed, /similarity, /tokenize), BERT_PREDICT_MODEL (/predict) or BERT_RERANK_MODEL
+BERT_DEFAULT_MODEL (/embed, /embed_sparse, /embed_all, /similarity, /tokenize, /decode), BERT_PREDICT_MODEL (/predict) or BERT_RERANK_MODEL
 (/rerank) serves the request.
 """
 
@@ -52,6 +53,71 @@ class EmbedRequest(Strict):
 
 
 EmbedResponse = list[list[float]]  # one vector per input, a list even for one input (as TEI)
+
+
+class EmbedSparseRequest(Strict):
+    """TEI's POST /embed_sparse: each text's SPLADE vector (at most BERT_MAX_INPUTS texts), as its nonzero
+    entries, from a model whose files say SPLADE pooling (or any masked-LM model with "pooling": "splade")."""
+
+    model_config = {
+        **examples(
+            one_text={"inputs": "What is Deep Learning?"},
+            best_ten={"inputs": ["first text", "second text"], "top_k": 10, "return_tokens": True},
+        ),
+        "extra": "ignore",
+    }
+    inputs: str | Annotated[list[str], Field(min_length=1)]
+    truncate: TeiTruncate = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: PromptName = None
+    model: ModelName | None = None
+    top_k: int | None = Field(None, ge=1, description="Keep each vector's k largest entries, largest first.")
+    threshold: float = Field(0.0, ge=0.0, description="Drop the entries whose value is at most this (0: the zeros).")
+    return_tokens: bool = Field(False, description="Add each entry's vocabulary token beside its index.")
+    pooling: Literal["splade"] | None = Field(
+        None,
+        description='"splade": SPLADE pooling over the MLM logits of a model whose files do not say it '
+        "(any model with a masked-LM head).",
+    )
+
+
+class SparseValue(BaseModel):
+    index: int = Field(description="The vocabulary token's id.")
+    value: float
+    token: str | None = Field(None, description="The vocabulary token, with return_tokens.")
+
+
+# one list per input (as TEI), by index, or largest first with top_k
+EmbedSparseResponse = list[list[SparseValue]]
+
+
+class EmbedAllRequest(Strict):
+    """TEI's POST /embed_all: every token's last hidden state, per text (BERT_MAX_ANSWER_VALUES bounds them)."""
+
+    model_config = {**examples(one_text={"inputs": "What is Deep Learning?"}), "extra": "ignore"}
+    inputs: str | Annotated[list[str], Field(min_length=1)]
+    truncate: TeiTruncate = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: PromptName = None
+    model: ModelName | None = None
+
+
+EmbedAllResponse = list[list[list[float]]]  # per input, per token ([CLS] and [SEP] included): its vector
+
+
+class DecodeRequest(Strict):
+    """TEI's POST /decode: token ids back to text, one list of ids or several."""
+
+    model_config = {
+        **examples(one={"ids": [101, 3231, 102]}, several={"ids": [[101, 3231, 102]], "skip_special_tokens": False}),
+        "extra": "ignore",
+    }
+    ids: list[Annotated[int, Field(ge=0)]] | Annotated[list[list[Annotated[int, Field(ge=0)]]], Field(min_length=1)]
+    skip_special_tokens: bool = True
+    model: ModelName | None = None
+
+
+DecodeResponse = list[str]  # one text per list of ids, a list even for one (as TEI)
 
 # TEI's PredictInput: a string, a pair [a, b], or a batch of [text] / [a, b] lists.
 PredictSequence = Annotated[list[str], Field(min_length=1, max_length=2)]

@@ -107,6 +107,12 @@ class EmbedPlan:
         engine option "prompt_length" when the model's pooling leaves the prompt out."""
         if lm.embedding_error is not None:
             raise ServiceError("validation", f"model '{lm.name}' cannot embed: {lm.embedding_error}")
+        if lm.sentence_modules.splade is not None:
+            raise ServiceError(
+                "validation",
+                f"model '{lm.name}' is a sparse (SPLADE) encoder: its embeddings hold one weight per vocabulary "
+                f"token ({lm.config.vocab_size:,}), which POST /embed_sparse answers, not the dense embedding routes",
+            )
         self._check_dimensions(lm)
         self.unit_length = lm.sentence_modules.normalize if self.normalize is None else self.normalize
         prompt = prompt_text(lm, self.prompt_name, self.prompt)

@@ -7,7 +7,8 @@ softmax of BertForPreTraining's seq_relationship logits, embeddings = BertModel'
 pooled (and normalised) as the model's sentence-transformers modules do, classify = BertForSequenceClassification logits through the function transformers'
 TextClassificationPipeline would apply, token_classify = softmax of BertForTokenClassification logits
 per token (as TokenClassificationPipeline), qa = BertForQuestionAnswering's start and end logits
-(scored by app/serving/qa_pipeline.py, which needs each window's own).
+(scored by app/serving/qa_pipeline.py, which needs each window's own), sparse_encode = SPLADE over the MLM
+head's logits (model/sparse.py, chunked), token_encode = BertModel's last_hidden_state per real token.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from app.serving.engine import Runner
 from model.sentence_modules import Pooling, pool
+from model.sparse import SPLADE, splade_entries
 
 # An embedding request's explicit `pooling` (app/schemas/embeddings.py), instead of the model's own: one
 # mode over every token the mask keeps, a prompt's included
@@ -139,6 +141,22 @@ def run_qa(lm, batch) -> list[tuple[list[float], list[float]]]:
     return list(zip(_unpadded(batch, out.start_logits.float()), _unpadded(batch, out.end_logits.float())))
 
 
+def run_sparse_encode(lm, batch) -> list[tuple[list[int], list[float]]]:
+    """Per row, its SPLADE vector's entries above its params' "threshold" (indices, values), by index, or its
+    "top_k" largest, largest first; pooled as the model's SpladePooling says (SPLADE v2's without one)."""
+    hidden = lm.encoder(batch.input_ids, batch.model_mask, batch.token_type_ids).last_hidden_state
+    mask = batch.host_mask if batch.host_mask is not None else batch.attention_mask
+    splade, params = lm.sentence_modules.splade or SPLADE, batch.params
+    thresholds, top_ks = [p["threshold"] for p in params], [p.get("top_k") for p in params]
+    return splade_entries(lm.model.cls.predictions, hidden, mask, splade, thresholds, top_ks)
+
+
+def run_token_encode(lm, batch) -> list[list[list[float]]]:
+    """Per row, per real token: its last hidden state."""
+    hidden = lm.encoder(batch.input_ids, batch.model_mask, batch.token_type_ids).last_hidden_state
+    return _unpadded(batch, hidden.float())
+
+
 RUNNERS: dict[str, Runner] = {
     "encode": run_encode,
     "mlm": run_mlm,
@@ -146,4 +164,6 @@ RUNNERS: dict[str, Runner] = {
     "classify": run_classify,
     "token_classify": run_token_classify,
     "qa": run_qa,
+    "sparse_encode": run_sparse_encode,
+    "token_encode": run_token_encode,
 }

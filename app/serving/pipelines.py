@@ -41,6 +41,8 @@ TASKS = {
     "classify": ("classifier", "/classify"),
     "token_classify": ("token_classifier", "/token-classification"),
     "qa": ("qa", "/question-answering"),
+    "sparse_encode": ("mlm", "/embed_sparse"),
+    "token_encode": (None, "/embed_all"),
 }
 
 

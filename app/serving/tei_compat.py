@@ -1,5 +1,6 @@
-"""text-embeddings-inference (TEI) compatibility: /embed, /predict, /rerank, /similarity and /tokenize answer as
-TEI's router does, computed by this service's own tasks (encode and classify, batched by the engine).
+"""text-embeddings-inference (TEI) compatibility: /embed, /embed_sparse, /embed_all, /predict, /rerank, /similarity,
+/tokenize and /decode answer as TEI's router does, computed by this service's own tasks (encode, sparse_encode,
+token_encode and classify, batched by the engine).
 
 What is followed, from huggingface/text-embeddings-inference:
 - router/src/http/types.rs: the request and response shapes (app/schemas/tei.py). /embed and /tokenize
@@ -21,6 +22,14 @@ What is followed, from huggingface/text-embeddings-inference:
 - router/src/http/server.rs `tokenize`: each token's id, special flag and character offsets from
   the tokenizer's Encoding; a special token's text is its own, with null offsets; any other's is
   the input's characters start:stop.
+- router/src/http/server.rs `embed_sparse`: per input, its SPLADE vector's nonzero entries {index, value} by
+  index (TEI's `--pooling splade`; here a model whose sentence-transformers files say SpladePooling, or any
+  masked-LM model with "pooling": "splade"). Ours: `threshold` (entries at most it dropped), `top_k` (the k
+  largest, largest first), `return_tokens` (each entry's vocabulary token), all chosen in the inference
+  thread (app/serving/forward.py run_sparse_encode), so only the kept entries leave it. POST / of such a
+  model is /embed_sparse, and the dense routes refuse it (app/serving/embed_pipeline.py).
+- router/src/http/server.rs `embed_all`: per input, every token's last hidden state ([CLS] and [SEP]
+  included), bounded by BERT_MAX_ANSWER_VALUES numbers; `decode`: the tokenizer's decode of each id list.
 - truncation_direction: tokenizers' truncation direction, longest_first for pairs.
 What is ours: errors keep this service's body and status (422 for an input too long, where TEI
 answers 413), the request limits (BERT_MAX_INPUTS, BERT_MAX_REQUEST_TOKENS) and the API key apply
@@ -43,7 +52,10 @@ from pydantic import BaseModel, ValidationError
 from app.errors import ServiceError
 from app.schemas.shared import TextPair
 from app.schemas.tei import (
+    DecodeRequest,
+    EmbedAllRequest,
     EmbedRequest,
+    EmbedSparseRequest,
     PredictRequest,
     RerankRequest,
     SimilarityParameters,
@@ -110,6 +122,8 @@ def root_route(lm: LoadedModel, body: dict) -> str:
     when `inputs` is {source_sentence, sentences} (TEI does that with TASK=sentence-similarity)."""
     if isinstance(lm.model, BertForSequenceClassification):
         return "/rerank" if lm.config.num_labels == 1 else "/predict"
+    if lm.sentence_modules.splade is not None:
+        return "/embed_sparse"
     return "/similarity" if isinstance(body.get("inputs"), dict) else "/embed"
 
 
@@ -273,9 +287,97 @@ def _tokenize(lm: LoadedModel, texts: list[str], add_special_tokens: bool, promp
     return out
 
 
+# -- /embed_sparse, /embed_all, /decode -------------------------------------------------------------
+
+
+async def embed_sparse(svc: Service, req: EmbedSparseRequest) -> list[list[dict]]:
+    params = {"threshold": req.threshold, "top_k": req.top_k}
+    limit = svc.settings.max_answer_values
+    outcome = await _infer(svc, "sparse_encode", req.model, req.inputs, _prepare_sparse, req, limit, params=params)
+    return await svc.off_loop(_sparse_answer, outcome.lm, outcome.results, req.return_tokens)
+
+
+def _prepare_sparse(lm: LoadedModel, texts: list[str], req: EmbedSparseRequest, limit: int) -> tuple[list[Row], dict]:
+    """The rows, once the model pools by SPLADE (its files say so, or the request) and the answer's most
+    entries (inputs x the vocabulary, or x top_k) are within `limit`."""
+    if lm.sentence_modules.splade is None and req.pooling is None:
+        why = f"its files cannot say: {lm.embedding_error}" if lm.embedding_error else "/embed pools its embeddings"
+        raise ServiceError(
+            "validation",
+            f'model \'{lm.name}\' is not a SPLADE model ({why}); send "pooling": "splade" to pool its '
+            "masked-LM logits so anyway",
+        )
+    vocab = lm.config.vocab_size
+    per_input = min(req.top_k or vocab, vocab)
+    if len(texts) * per_input > limit:
+        which = "top_k" if per_input < vocab else "the vocabulary's tokens"
+        raise ServiceError(
+            "validation",
+            f"the answer may hold {len(texts) * per_input:,} entries ({len(texts)} inputs x {per_input:,}, {which}), "
+            f"more than the {limit:,} BERT_MAX_ANSWER_VALUES allows; send fewer inputs or a smaller top_k",
+        )
+    return _encode(lm, _prompted(lm, texts, req.prompt_name), req.truncate, req.truncation_direction), {}
+
+
+def _prompted(lm: LoadedModel, texts: list[str], prompt_name: str | None) -> list[str]:
+    prompt = prompt_text(lm, prompt_name, None)
+    return [prompt + text for text in texts] if prompt else texts
+
+
+def _sparse_answer(lm: LoadedModel, results: list, return_tokens: bool) -> list[list[dict]]:
+    """TEI's SparseValue lists, each entry's vocabulary token beside it with return_tokens."""
+    if not return_tokens:
+        return [[{"index": i, "value": v} for i, v in zip(indices, values)] for indices, values in results]
+    tok = lm.tokenizer
+    return [
+        [{"index": i, "value": v, "token": t} for i, v, t in zip(indices, values, tok.convert_ids_to_tokens(indices))]
+        for indices, values in results
+    ]
+
+
+async def embed_all(svc: Service, req: EmbedAllRequest) -> list[list[list[float]]]:
+    limit = svc.settings.max_answer_values
+    outcome = await _infer(svc, "token_encode", req.model, req.inputs, _prepare_embed_all, req, limit)
+    return outcome.results
+
+
+def _prepare_embed_all(lm: LoadedModel, texts: list[str], req: EmbedAllRequest, limit: int) -> tuple[list[Row], dict]:
+    """The rows, once their tokens x the hidden size are within `limit` numbers."""
+    rows = _encode(lm, _prompted(lm, texts, req.prompt_name), req.truncate, req.truncation_direction)
+    tokens, hidden = sum(len(ids) for ids, _ in rows), lm.config.hidden_size
+    if tokens * hidden > limit:
+        raise ServiceError(
+            "validation",
+            f"the answer would hold {tokens * hidden:,} numbers ({tokens:,} tokens x {hidden} hidden size), more "
+            f"than the {limit:,} BERT_MAX_ANSWER_VALUES allows; send fewer or shorter inputs",
+        )
+    return rows, {}
+
+
+async def decode(svc: Service, req: DecodeRequest) -> list[str]:
+    lm = await svc.loaded_model(req.model, None, "/decode")
+    batch = req.ids if req.ids and isinstance(req.ids[0], list) else [req.ids]
+    svc.check_count(len(batch))
+    svc.check_tokens(sum(len(ids) for ids in batch))
+    return await svc.off_loop(_decode, lm, batch, req.skip_special_tokens)
+
+
+def _decode(lm: LoadedModel, batch: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    vocab = lm.tokenizer.vocab_size
+    for i, ids in enumerate(batch):
+        if ids and max(ids) >= vocab:
+            raise ServiceError(
+                "validation",
+                f"ids {i}: {max(ids)} is not a token id of model '{lm.name}', whose vocabulary has "
+                f"{vocab:,} tokens (ids 0 to {vocab - 1:,})",
+            )
+    return [lm.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch]
+
+
 # route -> (request type, its handler)
 ROOT_ROUTES: dict[str, tuple[type[BaseModel], Callable[[Service, Any], Awaitable[list]]]] = {
     "/embed": (EmbedRequest, embed),
+    "/embed_sparse": (EmbedSparseRequest, embed_sparse),
     "/similarity": (SimilarityRequest, similarity),
     "/predict": (PredictRequest, predict),
     "/rerank": (RerankRequest, rerank),

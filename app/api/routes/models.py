@@ -147,14 +147,14 @@ def _prompts(entry: StoredModel) -> dict[str, str] | None:
 
 
 def _embedding(entry: StoredModel) -> dict[str, Any]:
-    """Its pooling modes and Normalize, as loaded, else as its directory has them (None when it cannot say)."""
+    """Its pooling modes (["splade"]: a sparse encoder) and Normalize, as loaded, else as its directory has them (None when it cannot say)."""
     if entry.loaded is not None and entry.loaded.embedding_error is not None:
         return {}
     try:
         modules = entry.loaded.sentence_modules if entry.loaded is not None else read_sentence_modules(entry.path)
     except ValueError:
         return {}
-    return {"pooling": list(modules.pooling.modes), "normalize": modules.normalize}
+    return {"pooling": modules.pooling_names, "normalize": modules.normalize}
 
 
 @router.get("/models", response_model=ModelsResponse, responses=responses("unauthorized"))

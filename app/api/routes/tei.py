@@ -1,4 +1,5 @@
-"""text-embeddings-inference's routes: POST /embed, /predict, /rerank, /similarity, /tokenize and / in
+"""text-embeddings-inference's routes: POST /embed, /embed_sparse, /embed_all, /predict, /rerank, /similarity,
+/tokenize, /decode and / in
 TEI's shapes (app/serving/tei_compat.py says what is followed), for TEI's clients."""
 
 from typing import Annotated, Any
@@ -9,8 +10,14 @@ from app.api.deps import ServiceDep
 from app.api.inference import INFERENCE_ERRORS, InferenceRouter, ok
 from app.schemas.shared import body_examples
 from app.schemas.tei import (
+    DecodeRequest,
+    DecodeResponse,
+    EmbedAllRequest,
+    EmbedAllResponse,
     EmbedRequest,
     EmbedResponse,
+    EmbedSparseRequest,
+    EmbedSparseResponse,
     PredictRequest,
     PredictResponse,
     RerankRequest,
@@ -27,6 +34,9 @@ EmbedBody = Annotated[EmbedRequest, Body(openapi_examples=body_examples(EmbedReq
 PredictBody = Annotated[PredictRequest, Body(openapi_examples=body_examples(PredictRequest))]
 RerankBody = Annotated[RerankRequest, Body(openapi_examples=body_examples(RerankRequest))]
 SimilarityBody = Annotated[SimilarityRequest, Body(openapi_examples=body_examples(SimilarityRequest))]
+EmbedSparseBody = Annotated[EmbedSparseRequest, Body(openapi_examples=body_examples(EmbedSparseRequest))]
+EmbedAllBody = Annotated[EmbedAllRequest, Body(openapi_examples=body_examples(EmbedAllRequest))]
+DecodeBody = Annotated[DecodeRequest, Body(openapi_examples=body_examples(DecodeRequest))]
 TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(TokenizeRequest))]
 
 
@@ -34,6 +44,23 @@ TokenizeBody = Annotated[TokenizeRequest, Body(openapi_examples=body_examples(To
 async def embed(req: EmbedBody, service: ServiceDep) -> list[list[float]]:
     """TEI's /embed: one vector per input, pooled as the model says (unit length unless normalize is false)."""
     return await tei_compat.embed(service, req)
+
+
+@router.post(
+    "/embed_sparse",
+    response_model=EmbedSparseResponse,
+    response_model_exclude_none=True,
+    responses={**INFERENCE_ERRORS, **ok([[{"index": 2003, "value": 0.83}, {"index": 4083, "value": 2.21}]])},
+)
+async def embed_sparse(req: EmbedSparseBody, service: ServiceDep) -> list[list[dict]]:
+    """TEI's /embed_sparse: each input's SPLADE vector as its nonzero entries (a SPLADE or masked-LM model)."""
+    return await tei_compat.embed_sparse(service, req)
+
+
+@router.post("/embed_all", response_model=EmbedAllResponse, responses={**INFERENCE_ERRORS, **ok([[[0.12, -0.4]]])})
+async def embed_all(req: EmbedAllBody, service: ServiceDep) -> list[list[list[float]]]:
+    """TEI's /embed_all: every token's last hidden state, per input ([CLS] and [SEP] included)."""
+    return await tei_compat.embed_all(service, req)
 
 
 @router.post(
@@ -84,9 +111,15 @@ async def tokenize(req: TokenizeBody, service: ServiceDep) -> list[list[dict]]:
     return await tei_compat.tokenize(service, req)
 
 
+@router.post("/decode", response_model=DecodeResponse, responses={**INFERENCE_ERRORS, **ok(["test"])})
+async def decode(req: DecodeBody, service: ServiceDep) -> list[str]:
+    """TEI's /decode: the text of each list of token ids (special tokens skipped unless skip_special_tokens is false)."""
+    return await tei_compat.decode(service, req)
+
+
 @router.post(
     "/",
-    response_model=EmbedResponse | SimilarityResponse | PredictResponse | RerankResponse,
+    response_model=EmbedResponse | EmbedSparseResponse | SimilarityResponse | PredictResponse | RerankResponse,
     response_model_exclude_none=True,
     responses={**INFERENCE_ERRORS, **ok([[0.0123, -0.0456, 0.0789]])},
 )
@@ -105,5 +138,5 @@ async def root(
     ],
     service: ServiceDep,
 ) -> list:
-    """TEI's POST /: /embed, /predict or /rerank by the model's type (BERT_DEFAULT_MODEL unless `model`)."""
+    """TEI's POST /: /embed, /embed_sparse, /predict or /rerank by the model's type (BERT_DEFAULT_MODEL unless `model`)."""
     return await tei_compat.root(service, body)
