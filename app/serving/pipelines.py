@@ -41,6 +41,7 @@ TASKS = {
     "classify": ("classifier", "/classify"),
     "token_classify": ("token_classifier", "/token-classification"),
     "qa": ("qa", "/question-answering"),
+    "late_interaction": (None, "/embed_multi"),  # a ColBERT's (app/serving/colbert_pipeline.py checks it is one)
 }
 
 
