@@ -14,6 +14,7 @@ import torch
 from model.late_interaction import maxsim
 from model.model_dir import import_model
 from model.modeling import BertForPreTraining, BertForSequenceClassification
+from tests import hub_server as H
 from tests.app.conftest import save_tiny, serve_app, settings_for
 from tests.hub_server import COLBERT_DIM, tiny_colbert_dir
 from tests.model.test_late_interaction import DOCUMENTS, QUERIES, encode
@@ -109,3 +110,21 @@ async def test_the_request_token_bound_counts_the_query_expansion(data_dir):
         )
         r = await client.post("/embed_multi", json={"inputs": ["a", "b", "c"], "model": "colbert"})
         assert r.status_code == 200  # documents: their own tokens, 4 each
+
+
+@pytest.mark.parametrize("repo", [H.COLBERT_REPO, H.COLBERT_IR_REPO])
+async def test_import_by_hub_id_then_serve(hub, hub_env, tmp_path, repo):
+    """Either layout imported from the (fake) Hub by its id, stored as PyLate's, answers /embed_multi as the
+    checkpoint computes."""
+    settings = settings_for(tmp_path / "data", default_model=None, load="lazy")
+    async with serve_app(settings, wait_ready=False) as client:
+        job = (await client.post("/models", json={"name": "cb", "source": repo})).json()
+        client.app.state.imports.wait(timeout=60)
+        done = (await client.get(f"/jobs/{job['id']}")).json()
+        assert done["state"] == "succeeded", done["error"]
+        stored = tmp_path / "data" / "models" / "cb" / "v1"
+        assert (stored / "1_Dense" / "model.safetensors").is_file()
+        r = await client.post("/embed_multi", json={"inputs": QUERIES, "is_query": True, "model": "cb"})
+        assert r.status_code == 200, r.text
+        for got, want in zip(r.json(), encode(stored, QUERIES, True)):
+            assert close(got, want)
