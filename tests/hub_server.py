@@ -265,10 +265,12 @@ COLBERT_DIM = 16
 COLBERT_MARKERS = ["[unused0]", "[unused1]", "[Q] ", "[D] "]  # after the tiny vocabulary
 
 
-def tiny_colbert_dir(root: Path, layout: str, seed: int = 0, **settings) -> Path:
+def tiny_colbert_dir(
+    root: Path, layout: str, seed: int = 0, dim: int = COLBERT_DIM, positions: int = 64, **settings
+) -> Path:
     """A random tiny ColBERT in PyLate's layout ("pylate") or colbert-ir's ("colbert-ir"): a BertModel of the
-    tiny config whose vocabulary has both layouts' markers, and a (COLBERT_DIM, 32) projection; `settings`
-    change the ColBERT options (query_length 8 and document_length 12 unless given)."""
+    tiny config (with `positions` positions) whose vocabulary has both layouts' markers, and a (dim, 32)
+    projection; `settings` change the ColBERT options (query_length 8 and document_length 12 unless given)."""
     import torch
     from safetensors.torch import save_file
 
@@ -280,9 +282,9 @@ def tiny_colbert_dir(root: Path, layout: str, seed: int = 0, **settings) -> Path
     torch.manual_seed(seed)
     vocab = VOCAB + COLBERT_MARKERS
     path = root / f"colbert-{layout}-{seed}"
-    model = BertModel(tiny_config(vocab_size=len(vocab)), add_pooling_layer=False)
+    model = BertModel(tiny_config(vocab_size=len(vocab), max_position_embeddings=positions), add_pooling_layer=False)
     model.save_pretrained(path, tokenizer=BertTokenizer.from_vocab(vocab))
-    weight = torch.randn(COLBERT_DIM, model.config.hidden_size) / model.config.hidden_size**0.5
+    weight = torch.randn(dim, model.config.hidden_size) / model.config.hidden_size**0.5
     options = {"query_length": 8, "document_length": 12, **settings}
     if layout == "pylate":
         write_late_interaction(path, LateInteraction(ColBERTSettings(**options), weight))
@@ -298,7 +300,7 @@ def tiny_colbert_dir(root: Path, layout: str, seed: int = 0, **settings) -> Path
         "doc_token_id": "[unused1]",
         "query_maxlen": options["query_length"],
         "doc_maxlen": options["document_length"],
-        "dim": COLBERT_DIM,
+        "dim": dim,
         "attend_to_mask_tokens": options.get("attend_to_expansion_tokens", False),
         "similarity": "cosine",
         "mask_punctuation": True,
@@ -378,6 +380,9 @@ def docs_hub(root: Path) -> HubServer:
     save("cross-encoder/ms-marco-MiniLM-L-6-v2", ranker, lowercase=True)
     nli = BertForSequenceClassification(tiny_config(**labelled(NLI_LABELS)))
     save("ynie/bert-large-uncased-snli_mnli_fever_anli_R1_R2_R3-nli", nli, lowercase=True)
+    real = {"dim": 128, "positions": 512, "query_length": 32, "document_length": 180}  # colbertv2.0's shapes
+    for repo, layout in (("lightonai/colbertv2.0", "pylate"), ("colbert-ir/colbertv2.0", "colbert-ir")):
+        hub.add_dir(repo, {"main": tiny_colbert_dir(root, layout, **real)})  # type: ignore[arg-type]
     add_dataset_repos(hub)
     return hub.start()
 
