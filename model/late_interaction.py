@@ -131,14 +131,22 @@ class LateInteraction:
     def encode(self, tokenizer, text: str, is_query: bool) -> tuple[list[int], int]:
         """One text's input ids as PyLate tokenizes it, and how many of them are attended to (the rest are
         the query's [MASK] expansion)."""
-        s, ids = self.settings, self.token_ids(tokenizer)
-        prefix = ids["query" if is_query else "document"]
-        length = s.query_length if is_query else s.document_length
-        room = length - 1 if prefix is not None else length
-        row = tokenizer.encode(text, max_length=room, truncation=True)["input_ids"]
+        s, known = self.settings, self.token_ids(tokenizer)
+        room = (s.query_length if is_query else s.document_length) - (
+            known["query" if is_query else "document"] is not None
+        )
+        return self.row(tokenizer, tokenizer.encode(text, max_length=room, truncation=True)["input_ids"], is_query)
+
+    def row(self, tokenizer, ids: list[int], is_query: bool) -> tuple[list[int], int]:
+        """`encode` of a text tokenized already ([CLS] text [SEP], cut anywhere past the row's length): cut
+        to query_length or document_length less the marker, [SEP] kept, as the tokenizer's truncation cuts."""
+        s, known = self.settings, self.token_ids(tokenizer)
+        prefix = known["query" if is_query else "document"]
+        room = (s.query_length if is_query else s.document_length) - (prefix is not None)
+        row = list(ids) if len(ids) <= room else [*ids[: room - 1], ids[-1]]
         attended = len(row) + (prefix is not None)
         if is_query and s.do_query_expansion:
-            row = row + [ids["mask"]] * (room - len(row))
+            row = row + [known["mask"]] * (room - len(row))
         if prefix is not None:
             row = row[:1] + [prefix] + row[1:]
         if is_query and s.attend_to_expansion_tokens:

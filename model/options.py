@@ -29,6 +29,7 @@ TASKS = (
     "question-answering",
     "sentence-embedding",
     "cross-encoder",
+    "late-interaction",
 )
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
@@ -98,7 +99,7 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0},  # sentence-transformers' training examples
+        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0, "late-interaction": 1.0},  # their examples
         above=0.0,
         maximum=1000.0,
     ),
@@ -232,7 +233,8 @@ OPTIONS: tuple[Option, ...] = (
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
         "by entity f1), question-answering (SQuAD; best checkpoint by f1), sentence-embedding (pairs or "
         "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine) or cross-encoder (a reranker: "
-        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1)",
+        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1) or late-interaction "
+        "(a ColBERT, as PyLate trains one: pairs; best checkpoint by MaxSim_ndcg@10)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -309,14 +311,16 @@ OPTIONS: tuple[Option, ...] = (
         "scale",
         float,
         "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature); cross-encoder "
-        "mnrl: sigmoid(logit) times this are the softmax's logits",
+        "mnrl: sigmoid(logit) times this are the softmax's logits; late-interaction: MaxSim scores times this "
+        "(PyLate's Contrastive temperature is 1 / scale)",
         default=20.0,  # MultipleNegativesRankingLoss's and CoSENTLoss's
-        by_task={"cross-encoder": 10.0},  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
+        # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss; PyLate's Contrastive (temperature 1)
+        by_task={"cross-encoder": 10.0, "late-interaction": 1.0},
         kinds=("finetune",),
         trainer=False,
         above=0.0,
         maximum=1000.0,
-        tasks=("sentence-embedding", "cross-encoder"),
+        tasks=("sentence-embedding", "cross-encoder", "late-interaction"),
     ),
     Option(
         "directions",
@@ -419,7 +423,8 @@ OPTIONS: tuple[Option, ...] = (
         "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
         "beside each later evaluation's metric",
         default=False,
-        by_task={"sentence-embedding": True, "cross-encoder": True},  # a job shows what it gained over its start
+        # a job shows what it gained over its start
+        by_task={"sentence-embedding": True, "cross-encoder": True, "late-interaction": True},
     ),  # one more pass over the eval data
     Option(
         "log_every",

@@ -478,6 +478,8 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
         extra: dict = {}
         if "batch_size" not in p.model_fields_set:  # the task's own default (model/options.py)
             batch_size = defaults("finetune", p.task)["batch_size"]
+        if p.task == "late-interaction":  # each text of a row encoded alone, as sentence-embedding's
+            extra = {"columns": 2 + int(dataset.get("negatives") or 0)}
         if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
             columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
             extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
@@ -511,6 +513,7 @@ FINETUNE_ARCHITECTURES = {
     "question-answering": "BertForQuestionAnswering",
     "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
     "cross-encoder": "BertForSequenceClassification",  # one label
+    "late-interaction": "BertModel",  # and a ColBERT projection (model/training/colbert.py)
 }
 
 
