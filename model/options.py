@@ -402,6 +402,17 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         tasks=("cross-encoder",),
     ),
+    Option(
+        "teacher_model",
+        str,
+        "late-interaction: a cross-encoder (a one-label classifier) whose logits for each anchor's positive and "
+        "negatives the model learns, by PyLate's Distillation loss (KL divergence from the teacher's scores) "
+        "instead of its Contrastive loss (a job: a model name; `bert`: a model directory); unset: Contrastive",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        tasks=("late-interaction",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",

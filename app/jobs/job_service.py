@@ -245,6 +245,8 @@ class JobService:
         elif task == "cross-encoder":
             _check_cross_encoder(req.params, base, dataset)
             params = await self._with_retriever(req.params, params, dataset, caller)
+        elif task == "late-interaction" and req.params.teacher_model is not None:
+            await self._check_teacher(req.params.teacher_model, caller)
         elif not req.params.regression:  # a regressor's labels are numbers, one output
             self._check_label_count(dataset)
             _check_labels(base, dataset)
@@ -280,6 +282,17 @@ class JobService:
         entry = await self._model(name, "params.retriever_model")
         ownership.check_model(caller, name, entry.access, field="params.retriever_model")
         return {**params, "retriever_model": name}
+
+    async def _check_teacher(self, name: str, caller: Key) -> None:
+        """A late-interaction job's teacher_model: a cross-encoder (one-label classifier) the caller may use."""
+        entry = await self._model(name, "params.teacher_model")
+        ownership.check_model(caller, name, entry.access, field="params.teacher_model")
+        if "classifier" not in entry.heads or entry.config is None or entry.config.num_labels != 1:
+            raise ServiceError(
+                "validation",
+                f"params.teacher_model: '{name}' is not a cross-encoder (a sequence classifier with one label), "
+                "whose scores a late-interaction model could learn",
+            )
 
     def _check_label_count(self, dataset: dict) -> None:
         have, limit = num_labels(dataset), self.settings.max_labels

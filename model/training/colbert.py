@@ -40,6 +40,7 @@ from model.late_interaction import (
     ColBERTSettings,
     LateInteraction,
     contrastive_loss,
+    distillation_loss,
     maxsim,
     read_late_interaction,
     token_vectors,
@@ -74,6 +75,7 @@ class ColBERTModel(BertModel):
         self.settings = ColBERTSettings()
         self.tokenizer: BertTokenizer | None = None
         self.temperature = 1.0
+        self.distill = False  # learn a teacher's scores (the batch's "scores") by PyLate's Distillation loss
 
     @property
     def architecture(self) -> str:
@@ -86,6 +88,7 @@ class ColBERTModel(BertModel):
         """The encoder of a model directory and its ColBERT head (its own, else a new one); `temperature` for
         the loss."""
         temperature = overrides.pop("temperature", 1.0)
+        distill = overrides.pop("distill", False)
         model = super().from_pretrained(path, "cpu", False, **overrides)
         model.tokenizer = BertTokenizer.from_pretrained(path)
         late = read_late_interaction(path)
@@ -112,7 +115,7 @@ class ColBERTModel(BertModel):
                 f"query_length {s.query_length} or document_length {s.document_length} is more than the model's "
                 f"max_position_embeddings {positions}"
             )
-        model.temperature = float(temperature)
+        model.temperature, model.distill = float(temperature), bool(distill)
         model.late.token_ids(model.tokenizer)  # the markers are tokens of its vocabulary
         return model.to(device)
 
@@ -134,9 +137,15 @@ class ColBERTModel(BertModel):
         return token_vectors(self, self.late, input_ids, mask, token_type_ids)
 
     def forward(  # type: ignore[override]  # a batch of columns in, a loss out
-        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None, **_: Any
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+        scores: Tensor | None = None,
+        **_: Any,
     ) -> ColBERTOutput:
-        """PyLate's Contrastive loss of (B, C, T) columns: the anchors (query rows) and C - 1 documents each."""
+        """PyLate's Contrastive loss of (B, C, T) columns: the anchors (query rows) and C - 1 documents each; with
+        `distill`, its Distillation loss from the teacher's (B, C - 1) `scores` of each row's own documents."""
         if input_ids.dim() != 3 or input_ids.shape[1] < 2:
             raise ValueError(f"input_ids must be (batch, columns >= 2, seq_len), got {tuple(input_ids.shape)}")
         assert self.tokenizer is not None
@@ -151,7 +160,14 @@ class ColBERTModel(BertModel):
         queries_mask = None if s.do_query_expansion else q_mask.bool()
         kept = late.kept(self.tokenizer, d_ids, d_mask, is_query=False)
         documents = documents.view(B, C - 1, *documents.shape[1:])  # (B*(C-1), T, dim) -> (B, C-1, T, dim)
-        loss = contrastive_loss(queries, documents, queries_mask, kept.view(B, C - 1, -1), self.temperature)
+        if self.distill:
+            if scores is None:
+                raise ValueError("a distilling ColBERT needs the teacher's scores of each row's documents")
+            loss = distillation_loss(
+                queries, documents, queries_mask, kept.view(B, C - 1, -1), scores.to(queries.device)
+            )
+        else:
+            loss = contrastive_loss(queries, documents, queries_mask, kept.view(B, C - 1, -1), self.temperature)
         return ColBERTOutput(loss=loss)
 
     def write_files(self, out: Path, tokenizer=None) -> None:
@@ -173,12 +189,23 @@ class ColBERTBatches(PairBatches):
     anchor a query padded to query_length, each other text a document padded to document_length, every pad a
     [MASK] with attention 0 (PyLate's collator with pad=True); (B, C, max(query_length, document_length))."""
 
-    def __init__(self, pairs: Sequence[Pair], tokenizer, late: LateInteraction, *, batch_size: int, seed: int = 0):
+    def __init__(
+        self,
+        pairs: Sequence[Pair],
+        tokenizer,
+        late: LateInteraction,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        scores: Sequence[Sequence[float]] | None = None,
+    ):
         s = late.settings
         super().__init__(
             pairs, tokenizer, batch_size=batch_size, max_seq_len=max(s.query_length, s.document_length), seed=seed
         )
         self.tokenizer, self.late = tokenizer, late
+        # a teacher's scores of each row's documents (positive, then negatives): (N, C - 1)
+        self.teacher = None if scores is None else torch.tensor([list(s) for s in scores], dtype=torch.float32)
 
     def collate(self, rows: np.ndarray) -> dict[str, Tensor]:
         s, mask_id = self.late.settings, self.tokenizer.mask_token_id
@@ -192,11 +219,42 @@ class ColBERTBatches(PairBatches):
                 ids.append(made + [mask_id] * (length - len(made)))
                 attention.append([1] * attended + [0] * (length - attended))
         input_ids = pad(ids, mask_id).view(len(rows), self.num_columns, -1)  # (B * C, T) -> (B, C, T)
-        return {
+        batch = {
             "input_ids": input_ids,
             "token_type_ids": torch.zeros_like(input_ids),
             "attention_mask": pad(attention, 0).view_as(input_ids),
         }
+        if self.teacher is not None:
+            batch["scores"] = self.teacher[torch.as_tensor(rows)]  # (B, C - 1)
+        return batch
+
+
+@torch.no_grad()
+def teacher_scores(
+    model_dir: Path, pairs: Sequence[Pair], tokenizer, device, batch_size: int = 32
+) -> list[list[float]]:
+    """A cross-encoder's logit for each (anchor, document) of each row, its positive then its negatives: the
+    teacher's scores a distilling run learns (as PyLate's distillation data holds a teacher's scores)."""
+    from model.modeling import BertForSequenceClassification, load_model
+
+    teacher = load_model(model_dir, device=device).eval()
+    if not isinstance(teacher, BertForSequenceClassification) or teacher.config.num_labels != 1:
+        raise ValueError("teacher_model must be a cross-encoder: a sequence classifier with one label")
+    own = BertTokenizer.from_pretrained(model_dir)
+    flat = [(p.anchor, d) for p in pairs for d in (p.positive, *p.negatives)]
+    window = min(own.model_max_length, teacher.config.max_position_embeddings)
+    logits: list[float] = []
+    for start in range(0, len(flat), batch_size):
+        chunk = flat[start : start + batch_size]
+        enc = own([a for a, _ in chunk], [d for _, d in chunk], truncation=True, max_length=window)
+        enc = {k: v.to(device) for k, v in enc.items()}
+        logits += teacher(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).logits[:, 0].float().tolist()
+    out, at = [], 0
+    for p in pairs:
+        n = 1 + len(p.negatives)
+        out.append(logits[at : at + n])
+        at += n
+    return out
 
 
 # ---------------------------------------------------------------------------- evaluation

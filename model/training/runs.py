@@ -132,6 +132,7 @@ class FinetuneSpec:
     num_negatives: int = _FT["num_negatives"]  # cross-encoder mnrl: in-batch negatives per anchor
     pos_weight: float | None = _FT["pos_weight"]  # cross-encoder bce: a positive's weight
     retriever_model: str | None = _FT["retriever_model"]  # cross-encoder on pairs: the first stage's model directory
+    teacher_model: str | None = _FT["teacher_model"]  # late-interaction: a cross-encoder's directory (distillation)
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -429,17 +430,24 @@ def _colbert_data(spec: FinetuneSpec):
     data = load_embedding_data(spec.train_file, spec.eval_file, spec.eval_fraction, spec.train.seed)
     if data.kind != "pairs":
         raise UserError(f"{spec.train_file}: a late-interaction model trains on pairs (anchor, positive[, negatives])")
-    return ColBERTModel, data, {"temperature": 1.0 / spec.scale}
+    return ColBERTModel, data, {"temperature": 1.0 / spec.scale, "distill": spec.teacher_model is not None}
 
 
 def _colbert_batches(spec: FinetuneSpec, data, tokenizer):
     from model.data.pair_batches import retrieval_set
     from model.data.retrieval_data import RetrievalSet
     from model.late_interaction import read_late_interaction
-    from model.training.colbert import ColBERTBatches, ColBERTModel, ColBERTRetrievalEvaluation
+    from model.training.colbert import ColBERTBatches, ColBERTModel, ColBERTRetrievalEvaluation, teacher_scores
 
     late = read_late_interaction(spec.from_model) or ColBERTModel.from_pretrained(spec.from_model).late
-    train = ColBERTBatches(data.train, tokenizer, late, batch_size=spec.batch_size, seed=spec.train.seed)
+    teacher = None
+    if spec.teacher_model:  # each row's documents scored once by the cross-encoder
+        teacher = teacher_scores(
+            _model_dir_of(Path(spec.teacher_model)), data.train, tokenizer, resolve_device(spec.train.device)
+        )
+    train = ColBERTBatches(
+        data.train, tokenizer, late, batch_size=spec.batch_size, seed=spec.train.seed, scores=teacher
+    )
     if not data.eval:
         return train, None
     held_out = data.eval if isinstance(data.eval, RetrievalSet) else retrieval_set(data.eval)

@@ -106,3 +106,38 @@ def test_a_plain_bert_gets_pylates_new_head(tmp_path):
     assert (model.settings.query_prefix, model.settings.document_prefix) == ("[Q] ", "[D] ")  # in its vocabulary
     assert model.linear.weight.shape == (128, 32) and model.linear.bias is None
     assert (model.settings.query_length, model.settings.document_length) == (32, 180)
+
+
+def test_distillation_batches_carry_the_teachers_scores_and_learn_them(tmp_path):
+    from model.late_interaction import distillation_loss
+    from model.modeling import BertForSequenceClassification
+    from model.tokenizer import BertTokenizer
+    from model.training.colbert import teacher_scores
+    from tests.helpers import VOCAB, tiny_config
+    from tests.model.test_late_interaction import TEACHER
+
+    path = start(tmp_path)
+    model = ColBERTModel.from_pretrained(path, distill=True).eval()
+    batches = ColBERTBatches(TEXT_PAIRS, model.tokenizer, model.late, batch_size=3, seed=0, scores=TEACHER)
+    batch = batches.collate(torch.arange(3).numpy())
+    assert torch.equal(batch["scores"], torch.tensor(TEACHER))
+    with torch.no_grad():
+        loss = model(**batch).loss.item()
+    q, qmask, docs, dmask = loss_batch(path, QUERIES, [DOCUMENTS, DOCUMENTS[::-1]])
+    assert loss == pytest.approx(distillation_loss(q, docs, qmask, dmask, torch.tensor(TEACHER)).item(), abs=1e-5)
+    if PYLATE:  # PyLate's Distillation on the same anchors, candidates and teacher scores
+        pairs = {"anchor": QUERIES, "positive": DOCUMENTS, "negative": DOCUMENTS[::-1], "teacher": TEACHER}
+        ref = pylate({"model": str(path), "queries": QUERIES, "documents": DOCUMENTS, "pairs": pairs})
+        assert loss == pytest.approx(ref["distillation"], abs=1e-5)
+    teacher = tmp_path / "teacher"
+    torch.manual_seed(3)
+    cross = BertForSequenceClassification(tiny_config(id2label={0: "LABEL_0"})).eval()
+    cross.save_pretrained(teacher, tokenizer=BertTokenizer.from_vocab(VOCAB))
+    scores = teacher_scores(teacher, TEXT_PAIRS[:1], BertTokenizer.from_vocab(VOCAB), torch.device("cpu"))
+    tok = BertTokenizer.from_vocab(VOCAB)
+    with torch.no_grad():
+        expected = [cross(**tok([QUERIES[0]], [d])).logits[0, 0].item() for d in (DOCUMENTS[0], DOCUMENTS[-1])]
+    assert scores == [pytest.approx(expected, abs=1e-5)]
+    data = pairs_csv(tmp_path / "pairs.csv")
+    result = run_finetuning(spec(tmp_path, tmp_path / "run", data, teacher_model=str(teacher)))
+    assert result.status == "completed" and read_late_interaction(result.model_dir) is not None
