@@ -25,6 +25,7 @@ from app.api.routes import (
     classify,
     console,
     datasets,
+    embed_multi,
     embeddings,
     fill_mask,
     jobs,
@@ -149,7 +150,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         (ops.protected, [Depends(require_key)]),
         *(
             (module.router, keyed)
-            for module in (fill_mask, nsp, embeddings, classify, token_tasks, tei, models, openai_models)
+            for module in (
+                fill_mask,
+                nsp,
+                embeddings,
+                classify,
+                token_tasks,
+                tei,
+                embed_multi,
+                models,
+                openai_models,
+            )
         ),
         # their routers demand their scopes themselves (app/api/deps.py): jobs, admin
         *((module.router, []) for module in (jobs, datasets, openai_batches, usage)),

@@ -8,7 +8,8 @@ sentence-transformers reads them (SentenceTransformer.__init__: "prompts", "defa
 modules (pooling, Normalize) by model/sentence_modules.py, which refuses modules this project cannot run
 and writes them into the imported directory. A sparse encoder's (a SpladePooling) are kept the same way;
 `pooling="splade"` (`bert import --pooling splade`) makes a masked-LM model whose files do not say it one,
-such as SPLADE checkpoints published as a plain BertForMaskedLM.
+such as SPLADE checkpoints published as a plain BertForMaskedLM. A ColBERT (late interaction) in PyLate's
+layout or colbert-ir's is stored in PyLate's (model/late_interaction.py).
 
 An import validates before it allocates: the config's sizes are within model.config's bounds, the
 model it describes fits the memory budget (model/sizing.py's count, in fp32), the files read into
@@ -25,6 +26,7 @@ from pathlib import Path
 from datadir.files import atomic_write_bytes
 from model.config import BertConfig
 from model.errors import UserError
+from model.late_interaction import LINEAR_KEY, late_interaction_layout, read_late_interaction, write_late_interaction
 from model.modeling import class_for_heads
 from model.options import IMPORT_POOLINGS
 from model.sentence_modules import (
@@ -88,16 +90,27 @@ def import_model(
         check_text_files(src)
         tokenizer = BertTokenizer.from_pretrained(src)
         prompts, _ = read_prompts(src)
-        modules = _with_pooling(read_sentence_modules(src), pooling)
-        modules.check_tokenizer(tokenizer.lowercase)
+        colbert = late_interaction_layout(src)  # a ColBERT's modules are PyLate's (model.late_interaction)
+        if colbert is not None and pooling is not None:
+            raise ValueError(f"a ColBERT (late interaction) model takes no pooling, got pooling {pooling!r}")
+        modules = _with_pooling(read_sentence_modules(src), pooling) if colbert is None else None
+        if modules is not None:
+            modules.check_tokenizer(tokenizer.lowercase)
         if tokenizer.vocab_size != config.vocab_size:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {config.vocab_size}"
             )
         check_weights(src, config)
         state = normalize_state_dict(load_state_dict(src))
+        late = read_late_interaction(src, state) if colbert else None
+        if late is not None and late.weight.shape[1] != config.hidden_size:
+            raise ValueError(
+                f"the ColBERT projection takes vectors of {late.weight.shape[1]}, but the model's hidden_size is "
+                f"{config.hidden_size}"
+            )
+        state.pop("bert." + LINEAR_KEY, None)  # colbert-ir's projection: written as PyLate's Dense below
         model = class_for_heads(heads_of_keys(state), config.architectures)._from_state(src, state, "cpu", False, {})
-        if modules.splade is not None and "mlm" not in model.heads:
+        if modules is not None and modules.splade is not None and "mlm" not in model.heads:
             raise ValueError(
                 f"SPLADE pooling needs a masked-LM head (cls.predictions.*), and the weights load as a "
                 f"{type(model).__name__} without one"
@@ -108,7 +121,9 @@ def import_model(
     sentence_model = (src / MODULES_FILE).is_file()
     if prompts or (sentence_model and (src / SENTENCE_TRANSFORMERS_CONFIG).is_file()):  # its prompts travel with it
         atomic_write_bytes(dst / SENTENCE_TRANSFORMERS_CONFIG, (src / SENTENCE_TRANSFORMERS_CONFIG).read_bytes())
-    if sentence_model or modules.splade is not None:  # as read (and checked) above, in the files' plain form
+    if late is not None:  # either ColBERT layout is stored as PyLate's
+        write_late_interaction(dst, late)
+    elif modules is not None and (sentence_model or modules.splade is not None):  # as read (and checked) above
         write_sentence_modules(dst, modules)
     return summarize(dst)
 

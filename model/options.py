@@ -29,6 +29,7 @@ TASKS = (
     "question-answering",
     "sentence-embedding",
     "cross-encoder",
+    "late-interaction",
 )
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 IMPORT_POOLINGS = ("splade",)  # what an import may say of a model whose files do not (model.model_dir.import_model)
@@ -99,7 +100,7 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0},  # sentence-transformers' training examples
+        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0, "late-interaction": 1.0},  # their examples
         above=0.0,
         maximum=1000.0,
     ),
@@ -233,7 +234,8 @@ OPTIONS: tuple[Option, ...] = (
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
         "by entity f1), question-answering (SQuAD; best checkpoint by f1), sentence-embedding (pairs or "
         "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine) or cross-encoder (a reranker: "
-        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1)",
+        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1) or late-interaction "
+        "(a ColBERT, as PyLate trains one: pairs; best checkpoint by MaxSim_ndcg@10)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -310,14 +312,16 @@ OPTIONS: tuple[Option, ...] = (
         "scale",
         float,
         "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature); cross-encoder "
-        "mnrl: sigmoid(logit) times this are the softmax's logits",
+        "mnrl: sigmoid(logit) times this are the softmax's logits; late-interaction: MaxSim scores times this "
+        "(PyLate's Contrastive temperature is 1 / scale)",
         default=20.0,  # MultipleNegativesRankingLoss's and CoSENTLoss's
-        by_task={"cross-encoder": 10.0},  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
+        # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss; PyLate's Contrastive (temperature 1)
+        by_task={"cross-encoder": 10.0, "late-interaction": 1.0},
         kinds=("finetune",),
         trainer=False,
         above=0.0,
         maximum=1000.0,
-        tasks=("sentence-embedding", "cross-encoder"),
+        tasks=("sentence-embedding", "cross-encoder", "late-interaction"),
     ),
     Option(
         "directions",
@@ -399,6 +403,17 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         tasks=("cross-encoder",),
     ),
+    Option(
+        "teacher_model",
+        str,
+        "late-interaction: a cross-encoder (a one-label classifier) whose logits for each anchor's positive and "
+        "negatives the model learns, by PyLate's Distillation loss (KL divergence from the teacher's scores) "
+        "instead of its Contrastive loss (a job: a model name; `bert`: a model directory); unset: Contrastive",
+        nullable=True,
+        kinds=("finetune",),
+        trainer=False,
+        tasks=("late-interaction",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -420,7 +435,8 @@ OPTIONS: tuple[Option, ...] = (
         "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
         "beside each later evaluation's metric",
         default=False,
-        by_task={"sentence-embedding": True, "cross-encoder": True},  # a job shows what it gained over its start
+        # a job shows what it gained over its start
+        by_task={"sentence-embedding": True, "cross-encoder": True, "late-interaction": True},
     ),  # one more pass over the eval data
     Option(
         "log_every",

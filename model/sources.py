@@ -68,6 +68,9 @@ HUB_FILES = (
     "config_sentence_transformers.json",
     "1_Pooling/config.json",
     "1_SpladePooling/config.json",  # a sparse encoder's (sentence-transformers' SparseEncoder)
+    "1_Dense/config.json",  # a ColBERT's (model/late_interaction.py): PyLate's projection
+    "1_Dense/model.safetensors",
+    "artifact.metadata",  # colbert-ir's settings
 )
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in order of preference
 SHARDED = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -435,11 +438,16 @@ def _check_config(repo: str, path: Path, weights: str, weights_size: int, memory
 
 
 def _check_modules(repo: str, snapshot: Path) -> None:
-    """The repo's sentence-transformers modules are ones this project runs (model.sentence_modules)."""
+    """The repo's sentence-transformers modules are ones this project runs (model.sentence_modules), or a
+    PyLate ColBERT's (model.late_interaction)."""
+    from model.late_interaction import late_interaction_layout, read_late_interaction
     from model.sentence_modules import read_sentence_modules
 
     try:
-        read_sentence_modules(snapshot)
+        if late_interaction_layout(snapshot) == "pylate":
+            read_late_interaction(snapshot)
+        else:
+            read_sentence_modules(snapshot)
     except ValueError as e:
         raise UserError(f"{repo}: {e}") from None
 

@@ -263,6 +263,56 @@ def tiny_model_dir(root: Path, seed: int) -> Path:
     return path
 
 
+COLBERT_REPO = "lightonai/colbert-tiny"  # PyLate's layout: Transformer + pylate Dense, [Q] / [D] markers
+COLBERT_IR_REPO = "colbert-ir/colbert-tiny"  # colbert-ir's: a BertModel with linear.weight, artifact.metadata
+COLBERT_DIM = 16
+COLBERT_MARKERS = ["[unused0]", "[unused1]", "[Q] ", "[D] "]  # after the tiny vocabulary
+
+
+def tiny_colbert_dir(
+    root: Path, layout: str, seed: int = 0, dim: int = COLBERT_DIM, positions: int = 64, **settings
+) -> Path:
+    """A random tiny ColBERT in PyLate's layout ("pylate") or colbert-ir's ("colbert-ir"): a BertModel of the
+    tiny config (with `positions` positions) whose vocabulary has both layouts' markers, and a (dim, 32)
+    projection; `settings` change the ColBERT options (query_length 8 and document_length 12 unless given)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from model.late_interaction import ColBERTSettings, LateInteraction, write_late_interaction
+    from model.modeling import BertModel
+    from model.tokenizer import BertTokenizer
+    from tests.helpers import VOCAB, tiny_config
+
+    torch.manual_seed(seed)
+    vocab = VOCAB + COLBERT_MARKERS
+    path = root / f"colbert-{layout}-{seed}"
+    model = BertModel(tiny_config(vocab_size=len(vocab), max_position_embeddings=positions), add_pooling_layer=False)
+    model.save_pretrained(path, tokenizer=BertTokenizer.from_vocab(vocab))
+    weight = torch.randn(dim, model.config.hidden_size) / model.config.hidden_size**0.5
+    options = {"query_length": 8, "document_length": 12, **settings}
+    if layout == "pylate":
+        write_late_interaction(path, LateInteraction(ColBERTSettings(**options), weight))
+        return path
+    from safetensors.torch import load_file
+
+    state = {f"bert.{k}": v for k, v in load_file(path / "model.safetensors").items()}
+    save_file({**state, "linear.weight": weight.contiguous()}, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"]}, indent=2))
+    meta = {
+        "query_token_id": "[unused0]",
+        "doc_token_id": "[unused1]",
+        "query_maxlen": options["query_length"],
+        "doc_maxlen": options["document_length"],
+        "dim": dim,
+        "attend_to_mask_tokens": options.get("attend_to_expansion_tokens", False),
+        "similarity": "cosine",
+        "mask_punctuation": True,
+    }
+    (path / "artifact.metadata").write_text(json.dumps(meta, indent=2))
+    return path
+
+
 def tiny_hub(root: Path) -> HubServer:
     """A started HubServer holding the test repos above (built in `root`)."""
     import argparse
@@ -290,6 +340,8 @@ def tiny_hub(root: Path) -> HubServer:
     sparse, plain = splade_dirs(root)
     hub.add_dir(SPLADE_REPO, {"main": sparse})
     hub.add_dir(SPLADE_PLAIN_REPO, {"main": plain})
+    hub.add_dir(COLBERT_REPO, {"main": tiny_colbert_dir(root, "pylate")})
+    hub.add_dir(COLBERT_IR_REPO, {"main": tiny_colbert_dir(root, "colbert-ir")})
     add_dataset_repos(hub)
     return hub.start()
 
@@ -366,6 +418,9 @@ def docs_hub(root: Path) -> HubServer:
     sparse, plain = splade_dirs(root)  # docs/retrieval.md's SPLADE models
     hub.add_dir(SPLADE_REPO, {"main": sparse})
     hub.add_dir(SPLADE_PLAIN_REPO, {"main": plain})
+    real = {"dim": 128, "positions": 512, "query_length": 32, "document_length": 180}  # colbertv2.0's shapes
+    for repo, layout in (("lightonai/colbertv2.0", "pylate"), ("colbert-ir/colbertv2.0", "colbert-ir")):
+        hub.add_dir(repo, {"main": tiny_colbert_dir(root, layout, **real)})  # type: ignore[arg-type]
     add_dataset_repos(hub)
     return hub.start()
 

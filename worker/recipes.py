@@ -86,6 +86,8 @@ def finetune_spec(record: Mapping[str, Any], data_dir: Path, job_dir: Path, devi
     )
     if p.get("retriever_model"):  # a model's name in the job, its directory in the run
         spec["retriever_model"] = str(retriever_dir(data_dir, p["retriever_model"]))
+    if p.get("teacher_model"):  # the same for a late-interaction job's teacher
+        spec["teacher_model"] = str(retriever_dir(data_dir, p["teacher_model"], "teacher_model"))
     return FinetuneSpec.from_dict(spec)
 
 
@@ -97,14 +99,20 @@ def base_model_dir(data_dir: Path, name: str) -> Path:
     return found
 
 
-def retriever_dir(data_dir: Path, name: str) -> Path:
-    """The directory of a cross-encoder job's first-stage model; a UserError (the job fails before its first
-    step) when it is gone: the API checked it at submission, and refuses to delete it while the job waits."""
+def retriever_dir(data_dir: Path, name: str, field: str = "retriever_model") -> Path:
+    """The directory of a cross-encoder job's first-stage model (or a late-interaction job's teacher_model); a
+    UserError (the job fails before its first step) when it is gone: the API checked it at submission, and refuses
+    to delete it while the job waits."""
     found = model_dir_for(data_dir, name)
     if found is None:
+        needs = (
+            "the reranking evaluation needs it as its first stage"
+            if field == "retriever_model"
+            else ("the distillation needs its scores")
+        )
         raise UserError(
-            f"retriever_model: model '{name}' is no longer in {DataDir(data_dir).models}; the reranking evaluation "
-            "needs it as its first stage (restart the job once it is back)"
+            f"{field}: model '{name}' is no longer in {DataDir(data_dir).models}; {needs} "
+            "(restart the job once it is back)"
         )
     return found
 

@@ -52,6 +52,7 @@ class Catalog:
                 self._refuse_default(name)
             await asyncio.to_thread(self._refuse_in_use, "base_model", name, "model")
             await asyncio.to_thread(self._refuse_in_use, "params.retriever_model", name, "model")
+            await asyncio.to_thread(self._refuse_in_use, "params.teacher_model", name, "model")
             if version is None:
                 return await asyncio.to_thread(_data_call, versions.delete_model, self.data_dir, name)
             return await asyncio.to_thread(_data_call, versions.delete_version, self.data_dir, name, version)
@@ -92,7 +93,7 @@ class Catalog:
 
     def _refuse_in_use(self, field: str, name: str, what: str) -> None:
         """409 naming the queued or running job whose `field` (base_model, dataset, eval_dataset,
-        params.retriever_model) is `name`; a mining job's corpus dataset (params.corpus) is in use as its dataset is."""
+        params.retriever_model, params.teacher_model) is `name`; a mining job's corpus dataset (params.corpus) is in use as its dataset is."""
         for record in self.records.list():
             used = {_field_of(record, field)} | ({_field_of(record, "params.corpus")} if field == "dataset" else set())
             if name in used and record["state"] not in TERMINAL:

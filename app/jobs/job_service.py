@@ -245,6 +245,8 @@ class JobService:
         elif task == "cross-encoder":
             _check_cross_encoder(req.params, base, dataset)
             params = await self._with_retriever(req.params, params, dataset, caller)
+        elif task == "late-interaction" and req.params.teacher_model is not None:
+            await self._check_teacher(req.params.teacher_model, caller)
         elif not req.params.regression:  # a regressor's labels are numbers, one output
             self._check_label_count(dataset)
             _check_labels(base, dataset)
@@ -280,6 +282,17 @@ class JobService:
         entry = await self._model(name, "params.retriever_model")
         ownership.check_model(caller, name, entry.access, field="params.retriever_model")
         return {**params, "retriever_model": name}
+
+    async def _check_teacher(self, name: str, caller: Key) -> None:
+        """A late-interaction job's teacher_model: a cross-encoder (one-label classifier) the caller may use."""
+        entry = await self._model(name, "params.teacher_model")
+        ownership.check_model(caller, name, entry.access, field="params.teacher_model")
+        if "classifier" not in entry.heads or entry.config is None or entry.config.num_labels != 1:
+            raise ServiceError(
+                "validation",
+                f"params.teacher_model: '{name}' is not a cross-encoder (a sequence classifier with one label), "
+                "whose scores a late-interaction model could learn",
+            )
 
     def _check_label_count(self, dataset: dict) -> None:
         have, limit = num_labels(dataset), self.settings.max_labels
@@ -478,6 +491,8 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
         extra: dict = {}
         if "batch_size" not in p.model_fields_set:  # the task's own default (model/options.py)
             batch_size = defaults("finetune", p.task)["batch_size"]
+        if p.task == "late-interaction":  # each text of a row encoded alone, as sentence-embedding's
+            extra = {"columns": 2 + int(dataset.get("negatives") or 0)}
         if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
             columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
             extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
@@ -511,6 +526,7 @@ FINETUNE_ARCHITECTURES = {
     "question-answering": "BertForQuestionAnswering",
     "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
     "cross-encoder": "BertForSequenceClassification",  # one label
+    "late-interaction": "BertModel",  # and a ColBERT projection (model/training/colbert.py)
 }
 
 

@@ -1,7 +1,7 @@
 """The batching engine: one inference thread per device, fed by a bounded queue of work items.
 
 A work item is one request's tokenised inputs for one model and one task ("encode", "mlm", "nsp",
-"classify", "token_classify", "qa", "sparse_encode", "token_encode"). The inference thread runs one forward pass at a time and chooses each pass afresh:
+"classify", "token_classify", "qa", "sparse_encode", "token_encode", "late_interaction"). The inference thread runs one forward pass at a time and chooses each pass afresh:
 it starts from the oldest queued item that has not run yet, else from the item whose last pass
 is the longest ago; a batch job's items (`background`) only when no online item waits, in passes of their
 own. While online requests come (one in the last ONLINE_RECENT_S), a batch job's pass holds at most

@@ -9,6 +9,8 @@ TextClassificationPipeline would apply, token_classify = softmax of BertForToken
 per token (as TokenClassificationPipeline), qa = BertForQuestionAnswering's start and end logits
 (scored by app/serving/qa_pipeline.py, which needs each window's own), sparse_encode = SPLADE over the MLM
 head's logits (model/sparse.py, chunked), token_encode = BertModel's last_hidden_state per real token.
+(scored by app/serving/qa_pipeline.py, which needs each window's own), late_interaction = a ColBERT's kept
+token vectors as PyLate's ColBERT.encode gives them (model/late_interaction.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from app.serving.engine import Runner
+from model.late_interaction import token_vectors
 from model.sentence_modules import Pooling, pool
 from model.sparse import SPLADE, splade_entries
 
@@ -157,6 +160,22 @@ def run_token_encode(lm, batch) -> list[list[list[float]]]:
     return _unpadded(batch, hidden.float())
 
 
+def run_late_interaction(lm, batch) -> list[list[list[float]]]:
+    """Per row, its kept unit token vectors: each row's item says (is_query, tokens attended) in "late"; the
+    rest of a query's row (its [MASK] expansion) is masked out of the attention but keeps its vectors."""
+    li, late = lm.late_interaction, [item.params["late"][i] for item, i in batch.origin]
+    positions = torch.arange(batch.input_ids.shape[1])[None, :]  # (1, T)
+    mask = (positions < torch.tensor([attended for _, attended in late])[:, None]).long()  # (B, T), on the host
+    vectors = token_vectors(lm.encoder, li, batch.input_ids, mask.to(batch.input_ids.device), batch.token_type_ids)
+    queries = torch.tensor([query for query, _ in late])[:, None]  # (B, 1)
+    real = (positions < torch.tensor(batch.lengths)[:, None]).long()  # (B, T): a row's own tokens, expansion too
+    ids = batch.input_ids.cpu()
+    as_query = li.kept(lm.tokenizer, ids, real, True) & real.bool()  # the batch's padding is no row's
+    kept = torch.where(queries, as_query, li.kept(lm.tokenizer, ids, mask, False))
+    vectors = vectors.cpu()
+    return [vectors[r][kept[r]].tolist() for r in range(len(late))]
+
+
 RUNNERS: dict[str, Runner] = {
     "encode": run_encode,
     "mlm": run_mlm,
@@ -166,4 +185,5 @@ RUNNERS: dict[str, Runner] = {
     "qa": run_qa,
     "sparse_encode": run_sparse_encode,
     "token_encode": run_token_encode,
+    "late_interaction": run_late_interaction,
 }

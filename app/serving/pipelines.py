@@ -43,6 +43,7 @@ TASKS = {
     "qa": ("qa", "/question-answering"),
     "sparse_encode": ("mlm", "/embed_sparse"),
     "token_encode": (None, "/embed_all"),
+    "late_interaction": (None, "/embed_multi"),  # a ColBERT's (app/serving/colbert_pipeline.py checks it is one)
 }
 
 

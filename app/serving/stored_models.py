@@ -24,6 +24,7 @@ from model.compute import kernels
 from model.compute.device import return_freed_memory
 from model.compute.precision import apply_precision
 from model.config import BertConfig
+from model.late_interaction import LateInteraction, read_late_interaction
 from model.model_dir import read_prompts
 from model.modeling import (
     BertForMaskedLM,
@@ -82,6 +83,7 @@ class LoadedModel:
     # its pooling and Normalize (model.sentence_modules), read once as it loads: how the embedding routes embed
     sentence_modules: SentenceModules = field(default_factory=SentenceModules)
     embedding_error: str | None = None  # why its sentence-transformers files cannot be run (None: they can)
+    late_interaction: LateInteraction | None = None  # a ColBERT's projection and settings (/embed_multi, /rerank)
     weight_bytes: int = 0  # its weights' estimate, as counted against the memory budget
     working_bytes: int = 0  # its forward pass's working set, as counted
     holders: int = 0  # requests and work items running on it now (ModelRegistry.hold and release)
@@ -212,8 +214,23 @@ def load_stored(entry: StoredModel, device: torch.device, precision: str) -> Loa
         entry.error = str(e)
         raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
     # Modules this service cannot run (a Dense layer, ...) take the embedding routes away, not the others.
-    sentence_modules, embedding_error = SentenceModules(), None
+    sentence_modules, embedding_error, late = SentenceModules(), None, None
     try:
+        late = read_late_interaction(entry.path)
+        if late is not None:
+            late.token_ids(tokenizer)  # its markers are tokens of the vocabulary
+            if max(late.settings.query_length, late.settings.document_length) > model.config.max_position_embeddings:
+                raise ValueError(
+                    f"its query_length {late.settings.query_length} or document_length "
+                    f"{late.settings.document_length} is more than max_position_embeddings "
+                    f"{model.config.max_position_embeddings}"
+                )
+    except ValueError as e:
+        entry.error = str(e)
+        raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}") from None
+    try:
+        if late is not None:
+            raise ValueError("a late-interaction (ColBERT) model: its token vectors come from /embed_multi")
         sentence_modules = read_sentence_modules(entry.path)
         sentence_modules.check_tokenizer(tokenizer.lowercase)
     except ValueError as e:
@@ -238,5 +255,6 @@ def load_stored(entry: StoredModel, device: torch.device, precision: str) -> Loa
         default_prompt_name=default_prompt,
         sentence_modules=sentence_modules,
         embedding_error=embedding_error,
+        late_interaction=late,
         version=entry.version,
     )

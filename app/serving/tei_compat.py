@@ -12,7 +12,8 @@ What is followed, from huggingface/text-embeddings-inference:
   that many), scored and chosen in the inference thread (app/serving/forward.py).
 - router/src/http/server.rs `rerank`: one (query, text) pair per text through a one-label
   classifier, sigmoid unless raw_scores, ranks sorted best first (a stable ascending sort reversed,
-  so ties keep TEI's order); `text` only with return_text.
+  so ties keep TEI's order); `text` only with return_text. A late-interaction (ColBERT) model ranks by
+  MaxSim instead (app/serving/colbert_pipeline.py).
 - router/src/http/server.rs `similarity`: the source sentence and the sentences embedded as one
   /embed batch (so they count together against the input limit), then the cosine similarity of the
   source's vector with each sentence's, in the sentences' order; `parameters` holds the options.
@@ -62,7 +63,7 @@ from app.schemas.tei import (
     SimilarityRequest,
     TokenizeRequest,
 )
-from app.serving import embed_pipeline
+from app.serving import colbert_pipeline, embed_pipeline
 from app.serving.embed_pipeline import EmbedPlan, prompt_text
 from app.serving.pipelines import Row, _infer, as_list, encode, label_scores, scores_per_input, too_long
 from app.serving.service import Service, check_dropped
@@ -205,10 +206,13 @@ def _prepare_predict(
 
 
 async def rerank(svc: Service, req: RerankRequest) -> list[dict]:
+    name = req.model or svc.settings.rerank_model
+    if await colbert_pipeline.is_late(svc, name, "/rerank"):  # a ColBERT ranks by MaxSim
+        return await colbert_pipeline.rerank(svc, req, name)
     outcome = await _infer(
         svc,
         "classify",
-        req.model or svc.settings.rerank_model,
+        name,
         req.texts,
         _prepare_rerank,
         req.query,

@@ -137,6 +137,18 @@ def information_retrieval(
     return {f"{SIMILARITY}_{key}": value for key, value in ranking_metrics(hits, n_relevant, **ks).items()}
 
 
+def ranking_from_scores(scores: torch.Tensor, relevant: Sequence[set[int]], **ks: Sequence[int]) -> dict[str, float]:
+    """`ranking_metrics` (unprefixed keys) of a (Q, D) matrix of any scores, higher better (a late-interaction
+    model's MaxSim: model/training/colbert.py), with relevant corpus rows per query (rows past D: unfindable);
+    equal scores rank the lower row first, as `search`."""
+    if len(relevant) != scores.shape[0] or not all(relevant):
+        raise ValueError(f"relevant must give each of the {scores.shape[0]} queries at least one row")
+    max_k = max(max(values) for values in ks.values()) if ks else 100
+    _, rows = _top_k(scores.float(), max(max_k, 100))
+    hits = np.array([[r in relevant[q] for r in found] for q, found in enumerate(rows.tolist())], dtype=bool)
+    return ranking_metrics(hits, np.array([len(r) for r in relevant]), **ks)
+
+
 def _row_set(ids: Iterable[int], query: int) -> set[int]:
     try:
         return {operator.index(i) for i in ids}

@@ -132,6 +132,7 @@ class FinetuneSpec:
     num_negatives: int = _FT["num_negatives"]  # cross-encoder mnrl: in-batch negatives per anchor
     pos_weight: float | None = _FT["pos_weight"]  # cross-encoder bce: a positive's weight
     retriever_model: str | None = _FT["retriever_model"]  # cross-encoder on pairs: the first stage's model directory
+    teacher_model: str | None = _FT["teacher_model"]  # late-interaction: a cross-encoder's directory (distillation)
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -167,6 +168,8 @@ def task_train_config(task: str) -> TrainConfig:
         config = dataclasses.replace(config, best_metric="cosine_ndcg@10", greater_is_better=True)
     if task == "cross-encoder":  # a pairs file's; scored and labelled pairs take spearman and f1 (the run sets them)
         config = dataclasses.replace(config, best_metric="rerank_ndcg@10", greater_is_better=True)
+    if task == "late-interaction":
+        config = dataclasses.replace(config, best_metric="MaxSim_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -235,7 +238,8 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
         tokenizer = _tokenizer_of(source)
         _prepare(callbacks, "loading the model")
         model = model_class.from_pretrained(source, init_missing_heads=True, **config_updates)
-        _check_seq_len(spec.max_seq_len, model.config)
+        if spec.task != "late-interaction":  # a ColBERT's rows are its query_length and document_length long
+            _check_seq_len(spec.max_seq_len, model.config)
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         loss_fn = _cross_encoder_loss(spec, data, model, tokenizer) if spec.task == "cross-encoder" else None
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks, loss_fn)
@@ -419,6 +423,37 @@ def _cross_encoder_loss(spec: FinetuneSpec, data, model, tokenizer):
     return CrossEncoderObjective(loss)
 
 
+def _colbert_data(spec: FinetuneSpec):
+    from model.data.pair_batches import load_embedding_data
+    from model.training.colbert import ColBERTModel
+
+    data = load_embedding_data(spec.train_file, spec.eval_file, spec.eval_fraction, spec.train.seed)
+    if data.kind != "pairs":
+        raise UserError(f"{spec.train_file}: a late-interaction model trains on pairs (anchor, positive[, negatives])")
+    return ColBERTModel, data, {"temperature": 1.0 / spec.scale, "distill": spec.teacher_model is not None}
+
+
+def _colbert_batches(spec: FinetuneSpec, data, tokenizer):
+    from model.data.pair_batches import retrieval_set
+    from model.data.retrieval_data import RetrievalSet
+    from model.late_interaction import read_late_interaction
+    from model.training.colbert import ColBERTBatches, ColBERTModel, ColBERTRetrievalEvaluation, teacher_scores
+
+    late = read_late_interaction(spec.from_model) or ColBERTModel.from_pretrained(spec.from_model).late
+    teacher = None
+    if spec.teacher_model:  # each row's documents scored once by the cross-encoder
+        teacher = teacher_scores(
+            _model_dir_of(Path(spec.teacher_model)), data.train, tokenizer, resolve_device(spec.train.device)
+        )
+    train = ColBERTBatches(
+        data.train, tokenizer, late, batch_size=spec.batch_size, seed=spec.train.seed, scores=teacher
+    )
+    if not data.eval:
+        return train, None
+    held_out = data.eval if isinstance(data.eval, RetrievalSet) else retrieval_set(data.eval)
+    return train, ColBERTRetrievalEvaluation(held_out, tokenizer, batch_size=spec.batch_size)
+
+
 # task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
@@ -426,6 +461,7 @@ _FINETUNE_DATA = {
     "question-answering": _qa_data,
     "sentence-embedding": _embedding_data,
     "cross-encoder": _cross_encoder_data,
+    "late-interaction": _colbert_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
@@ -433,6 +469,7 @@ _FINETUNE_BATCHES = {
     "question-answering": _qa_batches,
     "sentence-embedding": _embedding_batches,
     "cross-encoder": _cross_encoder_batches,
+    "late-interaction": _colbert_batches,
 }
 
 

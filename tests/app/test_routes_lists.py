@@ -45,7 +45,7 @@ def inference_routers() -> dict[str, InferenceRouter]:
 
 def test_the_deadline_covers_the_routes_of_the_inference_routers_and_nothing_else(service_app):
     routers = inference_routers()
-    assert set(routers) == {"fill_mask", "nsp", "embeddings", "classify", "token_tasks", "tei"}
+    assert set(routers) == {"fill_mask", "nsp", "embeddings", "classify", "token_tasks", "tei", "embed_multi"}
     routes = [route for router in routers.values() for route in router.routes]
     assert all(route in service_app.state.routes for route in routes)  # every one of them is served
     assert all(route.methods == {"POST"} for route in routes)

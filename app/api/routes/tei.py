@@ -80,7 +80,7 @@ async def predict(req: PredictBody, service: ServiceDep) -> list:
     responses={**INFERENCE_ERRORS, **ok([{"index": 0, "score": 0.98}, {"index": 1, "score": 0.01}])},
 )
 async def rerank(req: RerankBody, service: ServiceDep) -> list[dict]:
-    """TEI's /rerank: the texts by a cross-encoder's relevance to the query, best first (one-label classifier)."""
+    """TEI's /rerank: the texts by relevance to the query, best first (a cross-encoder's, or a ColBERT's MaxSim)."""
     return await tei_compat.rerank(service, req)
 
 
