@@ -135,8 +135,10 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         x = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids[:seq_len])
-        if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]  # every token in segment A
+        if token_type_ids is None or self.token_type_embeddings.num_embeddings == 1:
+            # Every token in segment A; a model with one segment (type_vocab_size 1) was trained so, and a pair's
+            # type 1 would be past its table (an IndexError on the CPU, a context-poisoning assert on CUDA).
+            x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
