@@ -132,6 +132,13 @@ class Settings(BaseSettings):
             "layers; CPU only). On a CPU without native bf16 (or VNNI) those two run emulated, slower than fp32."
         ),
     )
+    tf32: bool = Field(
+        True,
+        description=(
+            "On a CUDA GPU, fp32 models' matmuls through TF32 tensor cores (Ampere and later; fp32's range, "
+            "10 bits of mantissa); `false`: full fp32 GEMMs."
+        ),
+    )
     model_precision: dict[str, Precision] = Field(
         default_factory=dict,
         description=(

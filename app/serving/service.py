@@ -31,7 +31,7 @@ from app.settings import Settings
 from datadir.defaults import read_defaults
 from model.compute import kernels
 from model.compute.device import memory_bytes, resolve_device
-from model.compute.precision import recommendation
+from model.compute.precision import recommendation, use_tf32
 from model.tokenizer import SPECIAL_TOKENS_IN_ONE_TEXT, with_special_tokens
 
 log = logging.getLogger("bertserve")
@@ -227,7 +227,8 @@ def check_precisions(settings: Settings, device: torch.device) -> None:
 
 def memory_budget(settings: Settings, device: torch.device) -> int:
     """Bytes the loaded models may take together: BERT_MODEL_MEMORY_GB, else DEFAULT_MEMORY_SHARE of the
-    device's memory (model.compute.device.memory_bytes: RAM or the container's limit, or the GPU's memory)."""
+    device's memory (model.compute.device.memory_bytes: RAM or the container's limit, or the GPU's free memory at
+    start)."""
     if settings.model_memory_gb is not None:
         return int(settings.model_memory_gb * 1024**3)
     return int(DEFAULT_MEMORY_SHARE.get(device.type, 0.5) * memory_bytes(device))
@@ -239,6 +240,7 @@ class Service:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         check_precisions(settings, self.device)
+        use_tf32(self.device, settings.tf32)
         self.registry = ModelRegistry(
             settings.data_dir,
             settings.default_model,

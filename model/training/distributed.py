@@ -89,7 +89,9 @@ def init(device: torch.device, timeout_s: float = 1800.0) -> Dist:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":  # before the group exists, so NCCL's first collective uses this rank's GPU
             torch.cuda.set_device(d.local_rank)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        # device_id binds the group to this rank's GPU (NCCL connects eagerly, no guessing from the current device)
+        bound = torch.device("cuda", d.local_rank) if device.type == "cuda" else None
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), device_id=bound)
     if dist.get_world_size() != d.world or dist.get_rank() != d.rank:
         raise RuntimeError(
             f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "

@@ -70,7 +70,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from datadir.files import METRICS_FILE
 from model.compute.device import resolve_device
-from model.compute.precision import autocast, resolve_precision
+from model.compute.precision import autocast, resolve_precision, use_tf32
 from model.modeling import IGNORE_INDEX
 from model.options import BASE_PREFIX, TRAINER_OPTIONS, check_value, defaults
 from model.training import checkpoint as ckpt
@@ -130,6 +130,9 @@ class TrainConfig:
     # shape until shapes are marked dynamic, pay for compiling; bench/train_bench.py --compile says
     # whether it pays for a given model and device.
     compile: bool = _DEFAULT["compile"]
+    # On CUDA, fp32 matmuls (an fp32 run's, and those autocast leaves in fp32) through TF32 tensor cores;
+    # False: full fp32 GEMMs (model.compute.precision.use_tf32, for the process).
+    tf32: bool = True
 
     def __post_init__(self) -> None:
         self.adam_betas = cast(tuple[float, float], tuple(self.adam_betas))  # a JSON round trip gives a list
@@ -259,6 +262,7 @@ class Trainer:
         self.dist = distributed.init(self.device)
         self.device = distributed.rank_device(self.device, self.dist)
         self.precision = resolve_precision(config.precision, self.device)
+        use_tf32(self.device, config.tf32)
         self.model = model.to(self.device)
         self.ddp = self._wrap(self.model)
         self.forward = torch.compile(self.ddp) if config.compile else self.ddp

@@ -90,7 +90,7 @@ def test_precision_settings_resolve_per_device_and_say_why(data_dir, monkeypatch
     }
     assert resolved("cpu", model_precision={"tiny-enc": "int8"})["tiny-enc"] == ("int8", "int8 by BERT_MODEL_PRECISION")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: native_bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if native_bf16 else (7, 5))
     assert resolved("cuda") == {
         "tiny-pt": (auto, f"{auto} by BERT_PRECISION=auto ({gpu_auto})"),
         "tiny-enc": (auto, f"{auto} by BERT_PRECISION=auto ({gpu_auto})"),
