@@ -94,3 +94,25 @@ def test_the_review_names_the_kernel_paths_it_runs_through(tmp_path):
     ]
     assert all(r.result.startswith(("on: ", "off: ")) for r in rows[:3]), rows
     assert rows[3].result.startswith(("onednn-bf16", "bf16-emulated")), rows
+
+
+def test_rows_are_written_as_each_check_ends(tmp_path, monkeypatch):
+    """A run cut short (a call's time limit) leaves the rows of the checks it finished."""
+
+    def second(ctx):
+        record = json.loads((tmp_path / "gpu_check.json").read_text())
+        assert [r["check"] for r in record["rows"]] == ["first"] and record["done"] is False
+        assert "| first | ok | - | PASS |" in (tmp_path / "gpu_check.md").read_text()
+        return [Row("second", "ok", "-", "PASS")]
+
+    monkeypatch.setattr(gpu_check, "CHECKS", {"first": lambda ctx: [Row("first", "ok", "-", "PASS")], "second": second})
+    assert gpu_check.main(["--device", "cpu", "--checks", "first", "second", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["done"] is True
+
+
+def test_our_training_batch_is_the_trainers_layout(tmp_path):
+    """Item B of the read-through: ours gets the host mask and host masked positions, as Trainer._to_device
+    leaves them; transformers gets its own batch (it takes no masked_positions)."""
+    hf, ours = gpu_check.pretraining_batch(2, 16, 2000, torch.device("cpu"))  # ids from 1000 (train_bench)
+    assert "masked_positions" not in hf and torch.equal(ours["masked_positions"], ours["labels"] != -100)
+    assert all(torch.equal(hf[k], ours[k]) for k in hf)
