@@ -136,6 +136,14 @@ def all_reduce_sum(values: torch.Tensor, d: Dist) -> torch.Tensor:
     return values
 
 
+def all_reduce_in_place(values: torch.Tensor, d: Dist) -> torch.Tensor:
+    """`values` summed over ranks where it lives (a CUDA tensor with NCCL, a CPU one with gloo), never read: with
+    NCCL the reduction is queued on the GPU's stream, and nothing on the host waits for it."""
+    if d.enabled:
+        dist.all_reduce(values)
+    return values
+
+
 def any_rank(flag: bool, d: Dist) -> bool:
     """True on every rank when `flag` is True on any: a stop request reaches all ranks at the same step."""
     if not d.enabled:
