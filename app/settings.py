@@ -151,7 +151,8 @@ class Settings(BaseSettings):
         ge=1,
         description=(
             "Padded tokens (rows x longest row) in one forward pass. It bounds activation memory, and how long a "
-            "small request can wait behind a large one (one pass). On a GPU a larger budget may batch better."
+            "small request can wait behind a large one (one pass). Unset on a CUDA device: 16384 (a GPU pass is so "
+            "short that larger passes keep it busy)."
         ),
     )
     model_memory_gb: float | None = Field(

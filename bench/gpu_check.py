@@ -60,7 +60,7 @@ import transformers
 
 from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
 from model.compute import kernels
-from model.compute.precision import apply_precision, autocast
+from model.compute.precision import apply_precision, autocast, use_tf32
 from model.config import BertConfig
 from model.modeling import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, BertModel
 
@@ -158,12 +158,11 @@ def row_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
 def check_parity(ctx: Context, cfg: dict | None = None, batch: int = 4, seq: int = 64) -> list[Row]:
     """fp32 max |diff| and bf16 cosine of our three pretraining-family classes against transformers."""
     cfg = cfg or config_for(ctx, "small")
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity means true fp32 GEMMs
+    use_tf32(ctx.device, False)  # fp32 parity means true fp32 GEMMs
     try:
         return parity_rows(ctx, cfg, *padded_batch(batch, seq, cfg["vocab_size"], ctx.device))
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        use_tf32(ctx.device, True)  # as the service and the trainer run fp32 on a GPU
 
 
 def parity_rows(ctx: Context, cfg: dict, ids, mask, types) -> list[Row]:

@@ -38,6 +38,7 @@ log = logging.getLogger("bertserve")
 # BERT_MODEL_MEMORY_GB unset: the share of the device's memory the models may take. A CPU's RAM also holds
 # the process, its tokenisers and the page cache; a GPU's holds little but the models and the CUDA context.
 DEFAULT_MEMORY_SHARE = {"cpu": 0.5, "cuda": 0.8}
+GPU_MAX_BATCH_TOKENS = 16384  # BERT_MAX_BATCH_TOKENS on a CUDA device when it is not set
 # Longest warm-up row: long enough for the kernels a real batch takes, short enough to cost ~nothing.
 WARM_UP_TOKENS = 128
 # Set in an off_loop job's thread: its request is gone (deadline or disconnect), so the job should stop.
@@ -236,9 +237,12 @@ def memory_budget(settings: Settings, device: torch.device) -> int:
 
 class Service:
     def __init__(self, settings: Settings, metrics: Metrics):
-        self.settings = settings
         self.metrics = metrics
         self.device = resolve_device(settings.device)
+        if self.device.type == "cuda" and "max_batch_tokens" not in settings.model_fields_set:
+            # A GPU pass of MiniLM at 4096 tokens is well under a millisecond: the host's per-pass work would rule.
+            settings = settings.model_copy(update={"max_batch_tokens": GPU_MAX_BATCH_TOKENS})
+        self.settings = settings
         check_precisions(settings, self.device)
         use_tf32(self.device, settings.tf32)
         self.registry = ModelRegistry(

@@ -201,7 +201,11 @@ def use_tf32(device: str | torch.device, on: bool = True) -> bool:
     the whole process. Whether TF32 is on now; a no-op (False) off CUDA."""
     if torch.device(device).type != "cuda":
         return False
-    torch.set_float32_matmul_precision("high" if on else "highest")
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; its legacy allow_tf32 mixed with it raises
+        matmul.fp32_precision = "tf32" if on else "ieee"
+    else:
+        matmul.allow_tf32 = on
     return on
 
 

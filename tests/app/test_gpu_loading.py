@@ -70,3 +70,18 @@ async def test_an_unload_empties_the_cuda_cache_off_the_event_loop(tmp_path, mon
     registry.unload(StoredModel(name="m", path=tmp_path, identity=(0, 0)))
     assert await asyncio.to_thread(emptied.wait, 30)
     assert threads and threads[0] is not threading.main_thread()
+
+
+def test_a_gpu_gets_larger_passes_unless_the_setting_is_given(tmp_path, monkeypatch, tf32_given_back):
+    from app.prometheus import Metrics
+    from app.serving.service import GPU_MAX_BATCH_TOKENS, Service
+    from app.settings import Settings
+    from tests.app.conftest import settings_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    given = settings_for(tmp_path, device="cuda")  # max_batch_tokens=4096, given
+    unset = Settings(**given.model_dump(exclude={"max_batch_tokens"}))
+    assert Service(unset, Metrics()).settings.max_batch_tokens == GPU_MAX_BATCH_TOKENS == 16384
+    assert Service(given, Metrics()).settings.max_batch_tokens == 4096
+    assert Service(Settings(**{**unset.model_dump(), "device": "cpu"}), Metrics()).settings.max_batch_tokens == 4096

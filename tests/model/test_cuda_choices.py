@@ -45,14 +45,15 @@ def test_auto_is_bf16_only_on_a_gpu_with_native_bf16_for_serving_and_training(tw
 
 
 def test_tf32_is_set_for_cuda_runs_only_and_can_be_turned_off():
-    before = torch.get_float32_matmul_precision()
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
     try:
-        torch.set_float32_matmul_precision("highest")
-        assert use_tf32("cpu") is False and torch.get_float32_matmul_precision() == "highest"
-        assert use_tf32("cuda:0") is True and torch.get_float32_matmul_precision() == "high"
-        assert use_tf32("cuda:0", on=False) is False and torch.get_float32_matmul_precision() == "highest"
+        matmul.fp32_precision = "ieee"
+        assert use_tf32("cpu") is False and matmul.fp32_precision == "ieee"
+        assert use_tf32("cuda:0") is True and matmul.fp32_precision == "tf32"
+        assert use_tf32("cuda:0", on=False) is False and matmul.fp32_precision == "ieee"
     finally:
-        torch.set_float32_matmul_precision(before)
+        matmul.fp32_precision = before
 
 
 def test_the_varlen_probe_runs_on_the_models_gpu(monkeypatch):
