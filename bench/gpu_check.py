@@ -17,22 +17,37 @@ Checks (each isolated: an exception is a FAIL row naming it, and the others stil
   pretrain    a MiniLM-warm-started pretraining run (model.training.runs.run_pretraining) on the Wikipedia
               leads, its held-out MLM and NSP accuracy, and the host syncs per step of the trainer;
   review      cheap items of the GPU review: head_dim 25 and 512 models in padded bf16 eval (no crash,
-              cosine to fp32), the peak GPU memory of an encode at max_batch_tokens (16384), and the
-              host syncs of a padded bf16 forward with the mask on the host (item 5: none expected).
+              cosine to fp32), the peak GPU memory of an encode at max_batch_tokens (16384), the
+              host syncs of a padded bf16 forward with the mask on the host (none expected) and of a
+              fill-mask pass as the service runs it (app/serving/forward.py: its answers' copy only).
 
-It needs nothing from the network: models are built from configs or read from the MiniLM package,
-the text from the Wikipedia-leads package, transformers is the reference. Files written to --out
-(default $OUT, else a temporary folder), at most 4 small ones: gpu_check.md (the table),
-gpu_check.json (rows and machine), pretrain_metrics.jsonl, pretrain_eval.json.
+It needs nothing from the network: models are built from configs or read from the MiniLM package, the text
+from the Wikipedia-leads package, transformers is the reference. Files written to --out (default $OUT, else a
+temporary folder), each as soon as there is something to write: gpu_check.md (the table so far), gpu_check.json
+(rows and machine), server.log (the service check's server), pretrain_metrics.jsonl, pretrain_eval.json; and
+gpu_check.log (all it printed) when bench/gpu_check runs it with $OUT set.
 
-    .venv/bin/python -m bench.gpu_check --device cpu --quick    # ~3-4 minutes on 2 CPU cores
-    .venv/bin/python -m bench.gpu_check                         # on a GPU: everything, sized for < 8 minutes
+    bench/gpu_check --device cpu --quick    # ~2.5 minutes on 2 CPU cores
+    bench/gpu_check                         # on a GPU: everything, sized for about 5 minutes
+    bench/gpu_check --dry-run               # the bare-machine call below, on the CPU at --tiny sizes (~130 s)
 
-Sizing of the full CUDA run on an H100/H200 (estimated, not yet measured): parity ~10 s; inference
-3 shapes x 2 contenders x ~2 s of turns ~20 s (base config); training small + base, 2 contenders,
-~20 s each ~40 s (batch 64 x 128); service start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500
-steps of MiniLM at batch 64 x 128 (~30 ms a step) ~60 s plus tokenising the leads ~40 s; review ~10 s;
-imports and CUDA start-up ~20 s: about 4-5 minutes in all.
+A bare GPU machine with no network (python3 with torch's CUDA build and transformers, nothing else of ours):
+  1. here, with PyPI:  bench/gpu_check --prepare        (fills the git-ignored .gpu-carry/, ~55 MiB; with the
+     working tree it must stay within the 64 MiB one call carries, and says so)
+  2. there, in the repository root, with .gpu-carry carried:  bench/gpu_check
+     (installs .gpu-carry's wheels with no network into a venv that sees the machine's torch, puts MiniLM and
+     the leads where the checks read them, runs every check; results under $OUT). With the device tool:
+     run(command="bench/gpu_check", carry=[".gpu-carry"], timeout_s=420): the rows written so far come back
+     even if it is cut short. Then read $OUT/gpu_check.md; gpu_check.log has the install's and checks' output.
+Which rows run from random weights: parity, inference, training and review (random weights by design, as both
+sides share them), and the service's models (random weights on MiniLM's vocabulary); pretraining warm-starts
+from MiniLM's real weights (carried in bf16, trained in fp32 with bf16 autocast).
+
+Sizing of the full CUDA run on an H100/H200 (estimated, not yet measured): the install ~25 s; parity ~10 s;
+inference 3 shapes x 2 contenders ~20-30 s (base config); training small + base ~40 s (batch 64 x 128); service
+start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500 steps of MiniLM at batch 64 x 128
+(~30 ms a step) ~60 s plus tokenising the leads ~40 s; review ~10 s; imports and CUDA start-up ~20 s: about
+4-5 minutes in all.
 """
 
 from __future__ import annotations
@@ -546,8 +561,47 @@ def kernel_rows(ctx: Context) -> list[Row]:
     return rows
 
 
+def fill_mask_sync_row(ctx: Context) -> Row:
+    """A fill-mask pass as the service runs it (engine's batch layout, app/serving/forward.py's run_mlm, with
+    targets): host syncs per pass. The answers' copy back is the one expected; two .cpu() calls may count."""
+    if not ctx.cuda:
+        return Row("host syncs in a fill-mask pass (the service's)", "no GPU here", "<= 2 per pass", "n/a")
+    from types import SimpleNamespace
+
+    from app.serving.engine import Batch
+    from app.serving.forward import run_mlm
+
+    cfg = config_for(ctx, "small")
+    model = apply_precision(BertForMaskedLM(BertConfig(**cfg)).eval().to(ctx.device), "bf16")
+    ids, mask, types = padded_batch(16, 128, cfg["vocab_size"], torch.device("cpu"))
+    ids[:, 5] = 103  # one [MASK] a row
+    lm = SimpleNamespace(model=model, mask_token_id=103, config=model.config)
+    params = [{"top_k": 5, **({"target_ids": [2000, 2001, 2002]} if r % 2 else {})} for r in range(16)]
+    pinned = [t.pin_memory() for t in (ids, types, mask)]
+
+    def one_pass():
+        batch = Batch(
+            *(t.to(ctx.device, non_blocking=True) for t in pinned),
+            [(SimpleNamespace(params=p), 0) for p in params],
+            int(mask.sum()),
+        )
+        batch.host_ids, batch.host_mask = pinned[0], pinned[2]
+        with torch.inference_mode():
+            run_mlm(lm, batch)
+
+    one_pass()  # kernels loaded outside the count
+    n = count_syncs(one_pass, 3)
+    return Row(
+        "host syncs in a fill-mask pass (the service's)",
+        f"{n / 3:.1f} per pass (3 passes)",
+        "<= 2 per pass",
+        verdict(n <= 6),
+    )
+
+
 def check_review(ctx: Context) -> list[Row]:
-    return odd_head_rows(ctx) + [memory_row(ctx), packed_sync_row(ctx)] + kernel_rows(ctx)
+    rows = [memory_row(ctx), packed_sync_row(ctx), fill_mask_sync_row(ctx)]
+    return odd_head_rows(ctx) + rows + kernel_rows(ctx)
 
 
 # -- the run ----------------------------------------------------------------------------------

@@ -116,3 +116,19 @@ def test_our_training_batch_is_the_trainers_layout(tmp_path):
     hf, ours = gpu_check.pretraining_batch(2, 16, 2000, torch.device("cpu"))  # ids from 1000 (train_bench)
     assert "masked_positions" not in hf and torch.equal(ours["masked_positions"], ours["labels"] != -100)
     assert all(torch.equal(hf[k], ours[k]) for k in hf)
+
+
+def test_the_fill_mask_sync_row_runs_a_pass_as_the_service_does(tmp_path, monkeypatch):
+    """Its CUDA path on the CPU (pinning and the sync count faked): the pass runs and the row is named."""
+    assert gpu_check.fill_mask_sync_row(context(tmp_path)).verdict == "n/a"
+    ctx = context(tmp_path)
+    ctx.tiny = True
+    passes = []
+    monkeypatch.setattr(Context, "cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    monkeypatch.setattr(gpu_check, "count_syncs", lambda fn, times: [fn() for _ in range(times)] and 0)
+    monkeypatch.setattr(gpu_check, "apply_precision", lambda model, p: passes.append(p) or model)
+    row = gpu_check.fill_mask_sync_row(ctx)
+    assert row == Row(
+        "host syncs in a fill-mask pass (the service's)", "0.0 per pass (3 passes)", "<= 2 per pass", "PASS"
+    )
