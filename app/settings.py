@@ -132,6 +132,13 @@ class Settings(BaseSettings):
             "layers; CPU only). On a CPU without native bf16 (or VNNI) those two run emulated, slower than fp32."
         ),
     )
+    tf32: bool = Field(
+        True,
+        description=(
+            "On a CUDA GPU, fp32 models' matmuls through TF32 tensor cores (Ampere and later; fp32's range, "
+            "10 bits of mantissa); `false`: full fp32 GEMMs."
+        ),
+    )
     model_precision: dict[str, Precision] = Field(
         default_factory=dict,
         description=(
@@ -144,7 +151,8 @@ class Settings(BaseSettings):
         ge=1,
         description=(
             "Padded tokens (rows x longest row) in one forward pass. It bounds activation memory, and how long a "
-            "small request can wait behind a large one (one pass). On a GPU a larger budget may batch better."
+            "small request can wait behind a large one (one pass). Unset on a CUDA device: 16384 (a GPU pass is so "
+            "short that larger passes keep it busy)."
         ),
     )
     model_memory_gb: float | None = Field(

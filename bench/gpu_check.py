@@ -17,22 +17,37 @@ Checks (each isolated: an exception is a FAIL row naming it, and the others stil
   pretrain    a MiniLM-warm-started pretraining run (model.training.runs.run_pretraining) on the Wikipedia
               leads, its held-out MLM and NSP accuracy, and the host syncs per step of the trainer;
   review      cheap items of the GPU review: head_dim 25 and 512 models in padded bf16 eval (no crash,
-              cosine to fp32), the peak GPU memory of an encode at max_batch_tokens (16384), and the
-              host syncs of a padded bf16 forward with the mask on the host (item 5: none expected).
+              cosine to fp32), the peak GPU memory of an encode at max_batch_tokens (16384), the
+              host syncs of a padded bf16 forward with the mask on the host (none expected) and of a
+              fill-mask pass as the service runs it (app/serving/forward.py: its answers' copy only).
 
-It needs nothing from the network: models are built from configs or read from the MiniLM package,
-the text from the Wikipedia-leads package, transformers is the reference. Files written to --out
-(default $OUT, else a temporary folder), at most 4 small ones: gpu_check.md (the table),
-gpu_check.json (rows and machine), pretrain_metrics.jsonl, pretrain_eval.json.
+It needs nothing from the network: models are built from configs or read from the MiniLM package, the text
+from the Wikipedia-leads package, transformers is the reference. Files written to --out (default $OUT, else a
+temporary folder), each as soon as there is something to write: gpu_check.md (the table so far), gpu_check.json
+(rows and machine), server.log (the service check's server), pretrain_metrics.jsonl, pretrain_eval.json; and
+gpu_check.log (all it printed) when bench/gpu_check runs it with $OUT set.
 
-    .venv/bin/python -m bench.gpu_check --device cpu --quick    # ~3-4 minutes on 2 CPU cores
-    .venv/bin/python -m bench.gpu_check                         # on a GPU: everything, sized for < 8 minutes
+    bench/gpu_check --device cpu --quick    # ~2.5 minutes on 2 CPU cores
+    bench/gpu_check                         # on a GPU: everything, sized for about 5 minutes
+    bench/gpu_check --dry-run               # the bare-machine call below, on the CPU at --tiny sizes (~130 s)
 
-Sizing of the full CUDA run on an H100/H200 (estimated, not yet measured): parity ~10 s; inference
-3 shapes x 2 contenders x ~2 s of turns ~20 s (base config); training small + base, 2 contenders,
-~20 s each ~40 s (batch 64 x 128); service start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500
-steps of MiniLM at batch 64 x 128 (~30 ms a step) ~60 s plus tokenising the leads ~40 s; review ~10 s;
-imports and CUDA start-up ~20 s: about 4-5 minutes in all.
+A bare GPU machine with no network (python3 with torch's CUDA build and transformers, nothing else of ours):
+  1. here, with PyPI:  bench/gpu_check --prepare        (fills the git-ignored .gpu-carry/, ~55 MiB; with the
+     working tree it must stay within the 64 MiB one call carries, and says so)
+  2. there, in the repository root, with .gpu-carry carried:  bench/gpu_check
+     (installs .gpu-carry's wheels with no network into a venv that sees the machine's torch, puts MiniLM and
+     the leads where the checks read them, runs every check; results under $OUT). With the device tool:
+     run(command="bench/gpu_check", carry=[".gpu-carry"], timeout_s=420): the rows written so far come back
+     even if it is cut short. Then read $OUT/gpu_check.md; gpu_check.log has the install's and checks' output.
+Which rows run from random weights: parity, inference, training and review (random weights by design, as both
+sides share them), and the service's models (random weights on MiniLM's vocabulary); pretraining warm-starts
+from MiniLM's real weights (carried in bf16, trained in fp32 with bf16 autocast).
+
+Sizing of the full CUDA run on an H100/H200 (estimated, not yet measured): the install ~25 s; parity ~10 s;
+inference 3 shapes x 2 contenders ~20-30 s (base config); training small + base ~40 s (batch 64 x 128); service
+start (model load, warm-up) ~30 s + 2 endpoints x 6 s; pretraining 1,500 steps of MiniLM at batch 64 x 128
+(~30 ms a step) ~60 s plus tokenising the leads ~40 s; review ~10 s; imports and CUDA start-up ~20 s: about
+4-5 minutes in all.
 """
 
 from __future__ import annotations
@@ -60,13 +75,16 @@ import transformers
 
 from bench.common import CONFIGS, interleaved, make_inputs, markdown_table, si
 from model.compute import kernels
-from model.compute.precision import apply_precision, autocast
+from model.compute.precision import apply_precision, autocast, use_tf32
 from model.config import BertConfig
-from model.modeling import BertForMaskedLM, BertForPreTraining, BertModel
+from model.modeling import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, BertModel
 
 H100_CLASS_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 / H200 SXM (NVIDIA's data sheets)
 INFERENCE_SHAPES = [(1, 16), (32, 128), (64, 512)]
 MAX_BATCH_TOKENS = 16384
+# --tiny (the CPU dry run: bench/gpu_prepare.py): every check at this size, to prove it runs, never to measure.
+TINY = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=30522)
+TINY_SHAPES = [(1, 16), (4, 32)]
 
 
 @dataclass
@@ -83,10 +101,15 @@ class Context:
     quick: bool
     out: Path
     work: Path  # scratch space for models and runs (not --out: that is for the few result files)
+    tiny: bool = False  # every check at a toy size (the CPU dry run)
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+
+def config_for(ctx: Context, kind: str) -> dict:
+    return TINY if ctx.tiny else CONFIGS[kind]
 
 
 def verdict(ok: bool) -> str:
@@ -149,13 +172,12 @@ def row_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
 
 def check_parity(ctx: Context, cfg: dict | None = None, batch: int = 4, seq: int = 64) -> list[Row]:
     """fp32 max |diff| and bf16 cosine of our three pretraining-family classes against transformers."""
-    cfg = cfg or CONFIGS["small"]
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity means true fp32 GEMMs
+    cfg = cfg or config_for(ctx, "small")
+    use_tf32(ctx.device, False)  # fp32 parity means true fp32 GEMMs
     try:
         return parity_rows(ctx, cfg, *padded_batch(batch, seq, cfg["vocab_size"], ctx.device))
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        use_tf32(ctx.device, True)  # as the service and the trainer run fp32 on a GPU
 
 
 def parity_rows(ctx: Context, cfg: dict, ids, mask, types) -> list[Row]:
@@ -188,19 +210,18 @@ def timed(contenders: dict, device: torch.device, quick: bool) -> dict:
 
 def check_inference(ctx: Context) -> list[Row]:
     """Encoder tokens/s, ours vs transformers, same weights; bf16 on CUDA (as the service runs), fp32 on CPU."""
-    kind = "base" if ctx.cuda else "small"
-    hf, ours = twin("BertModel", CONFIGS[kind], ctx.device)
+    kind = "tiny" if ctx.tiny else "base" if ctx.cuda else "small"
+    hf, ours = twin("BertModel", config_for(ctx, kind), ctx.device)
     if ctx.cuda:
         hf, ours = hf.to(torch.bfloat16), apply_precision(ours, "bf16")
     rows = []
-    for batch, seq in INFERENCE_SHAPES:
+    for batch, seq in TINY_SHAPES if ctx.tiny else INFERENCE_SHAPES:
         ids = torch.randint(1000, 30000, (batch, seq), device=ctx.device)
-        mask = torch.ones_like(ids)
-        with torch.inference_mode():
+        with torch.inference_mode():  # full rows: no mask, as the service's engine passes none for them
             t = timed(
                 {
-                    "hf": lambda ids=ids, mask=mask: hf(input_ids=ids, attention_mask=mask),
-                    "ours": lambda ids=ids, mask=mask: ours(ids, mask),
+                    "hf": lambda ids=ids: hf(input_ids=ids),
+                    "ours": lambda ids=ids: ours(ids),
                 },
                 ctx.device,
                 ctx.quick,
@@ -222,10 +243,20 @@ def check_inference(ctx: Context) -> list[Row]:
 # -- 3. training ------------------------------------------------------------------------------
 
 
-def pretraining_batch(batch: int, seq: int, vocab: int, device: torch.device, seed: int = 0) -> dict:
+def pretraining_batch(batch: int, seq: int, vocab: int, device: torch.device, seed: int = 0) -> tuple[dict, dict]:
+    """(transformers' batch, ours) of the same random MLM + NSP batch. transformers' all on the device; ours as
+    Trainer._to_device leaves it: the attention mask and the MLM head's masked positions on the host (the model
+    reads there whether to mask and which rows the head takes, with no device sync), the rest copied
+    asynchronously from pinned memory."""
     from bench.train_bench import random_batch
 
-    return {k: v.to(device) for k, v in random_batch(batch, seq, vocab, seed).items()}
+    host = random_batch(batch, seq, vocab, seed)
+    hf = {k: v.to(device) for k, v in host.items()}
+    host["masked_positions"] = host["labels"] != IGNORE_INDEX
+    if device.type != "cuda":
+        return hf, host
+    kept = ("attention_mask", "masked_positions")
+    return hf, {k: v if k in kept else v.pin_memory().to(device, non_blocking=True) for k, v in host.items()}
 
 
 def train_step(model, batch: dict, device: torch.device):
@@ -268,15 +299,18 @@ def count_syncs(fn, times: int) -> int:
 def check_training(ctx: Context) -> list[Row]:
     """Training tokens/s ours vs transformers for the small and base configs, MFU on CUDA."""
     sizes = (
-        {"small": (64, 128), "base": (64, 128)}
+        {"tiny": (4, 32)}
+        if ctx.tiny
+        else {"small": (64, 128), "base": (64, 128)}
         if ctx.cuda
         else {"small": (8, 128) if ctx.quick else (32, 128), "base": (2, 128) if ctx.quick else (8, 128)}
     )
     rows, peak = [], peak_flops(ctx.device)
     for kind, (b, s) in sizes.items():
-        hf, ours = (m.train() for m in twin("BertForPreTraining", CONFIGS[kind], ctx.device))
-        batch = pretraining_batch(b, s, CONFIGS[kind]["vocab_size"], ctx.device)
-        steps = {"hf": train_step(hf, batch, ctx.device), "ours": train_step(ours, batch, ctx.device)}
+        cfg = config_for(ctx, kind)
+        hf, ours = (m.train() for m in twin("BertForPreTraining", cfg, ctx.device))
+        hf_batch, batch = pretraining_batch(b, s, cfg["vocab_size"], ctx.device)
+        steps = {"hf": train_step(hf, hf_batch, ctx.device), "ours": train_step(ours, batch, ctx.device)}
         t = timed(steps, ctx.device, ctx.quick)
         tokens, params = b * s, sum(p.numel() for p in ours.parameters())
         ours_tps, hf_tps = tokens / t["ours"].median, tokens / t["hf"].median
@@ -289,7 +323,7 @@ def check_training(ctx: Context) -> list[Row]:
                 verdict(ours_tps >= 0.9 * hf_tps),
             )
         )
-        if ctx.cuda and kind == "small":
+        if ctx.cuda and kind in ("small", "tiny"):
             n = count_syncs(steps["ours"], 3)
             rows.append(
                 Row(
@@ -324,8 +358,8 @@ def check_service(ctx: Context) -> list[Row]:
     data_dir = ctx.work / "serve"
     tokenizer = live.save_models(data_dir)
     save_bad_vocab_model(data_dir)
-    proc, port = live.start_server(data_dir, DEVICE=str(ctx.device), MAX_QUEUE="1024")
-    rows, seconds = [], 2.0 if ctx.quick else 5.0
+    proc, port = live.start_server(data_dir, log=ctx.out / "server.log", DEVICE=str(ctx.device), MAX_QUEUE="1024")
+    rows, seconds = [], 1.0 if ctx.tiny else 2.0 if ctx.quick else 5.0
     try:
         status, body = asyncio.run(
             live.one_request(
@@ -377,22 +411,22 @@ def check_pretrain(ctx: Context) -> list[Row]:
     from model.training.trainer import TrainConfig
 
     corpus = ctx.work / "wiki.txt"
-    prepare_wiki(corpus, limit=1500 if ctx.quick else None)
-    steps, batch, seq = PRETRAIN_SIZES[ctx.cuda, ctx.quick]
+    prepare_wiki(corpus, limit=300 if ctx.tiny else 1500 if ctx.quick else None)
+    steps, batch, seq = (6, 8, 32) if ctx.tiny else PRETRAIN_SIZES[ctx.cuda, ctx.quick]
     spec = PretrainSpec(
         corpus=str(corpus),
         out=str(ctx.work / "pretrain"),
         from_model=str(find_asset("minilm")),
         batch_size=batch,
         max_seq_len=seq,
-        eval_max_documents=100 if ctx.quick else 500,
+        eval_max_documents=50 if ctx.tiny else 100 if ctx.quick else 500,
         train=TrainConfig(
             max_steps=steps,
             lr=1e-4,
             warmup_ratio=0.05,
             log_every=10,
             device=str(ctx.device),
-            max_eval_batches=10 if ctx.quick else 50,
+            max_eval_batches=5 if ctx.tiny else 10 if ctx.quick else 50,
         ),
     )
     start = time.perf_counter()
@@ -418,8 +452,8 @@ def check_pretrain(ctx: Context) -> list[Row]:
             f"pretraining MiniLM warm start, {steps} steps of {batch}x{seq}",
             f"held-out MLM accuracy {m.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
             f"{m.get('nsp_accuracy', float('nan')):.3f}, {seconds:.0f} s",
-            target if not ctx.quick else "(quick: too short to judge)",
-            verdict(ok) if not ctx.quick else "info",
+            target if not (ctx.quick or ctx.tiny) else "(too short to judge)",
+            verdict(ok) if not (ctx.quick or ctx.tiny) else "info",
         )
     ]
     if ctx.cuda:
@@ -527,8 +561,47 @@ def kernel_rows(ctx: Context) -> list[Row]:
     return rows
 
 
+def fill_mask_sync_row(ctx: Context) -> Row:
+    """A fill-mask pass as the service runs it (engine's batch layout, app/serving/forward.py's run_mlm, with
+    targets): host syncs per pass. The answers' copy back is the one expected; two .cpu() calls may count."""
+    if not ctx.cuda:
+        return Row("host syncs in a fill-mask pass (the service's)", "no GPU here", "<= 2 per pass", "n/a")
+    from types import SimpleNamespace
+
+    from app.serving.engine import Batch
+    from app.serving.forward import run_mlm
+
+    cfg = config_for(ctx, "small")
+    model = apply_precision(BertForMaskedLM(BertConfig(**cfg)).eval().to(ctx.device), "bf16")
+    ids, mask, types = padded_batch(16, 128, cfg["vocab_size"], torch.device("cpu"))
+    ids[:, 5] = 103  # one [MASK] a row
+    lm = SimpleNamespace(model=model, mask_token_id=103, config=model.config)
+    params = [{"top_k": 5, **({"target_ids": [2000, 2001, 2002]} if r % 2 else {})} for r in range(16)]
+    pinned = [t.pin_memory() for t in (ids, types, mask)]
+
+    def one_pass():
+        batch = Batch(
+            *(t.to(ctx.device, non_blocking=True) for t in pinned),
+            [(SimpleNamespace(params=p), 0) for p in params],
+            int(mask.sum()),
+        )
+        batch.host_ids, batch.host_mask = pinned[0], pinned[2]
+        with torch.inference_mode():
+            run_mlm(lm, batch)
+
+    one_pass()  # kernels loaded outside the count
+    n = count_syncs(one_pass, 3)
+    return Row(
+        "host syncs in a fill-mask pass (the service's)",
+        f"{n / 3:.1f} per pass (3 passes)",
+        "<= 2 per pass",
+        verdict(n <= 6),
+    )
+
+
 def check_review(ctx: Context) -> list[Row]:
-    return odd_head_rows(ctx) + [memory_row(ctx), packed_sync_row(ctx)] + kernel_rows(ctx)
+    rows = [memory_row(ctx), packed_sync_row(ctx), fill_mask_sync_row(ctx)]
+    return odd_head_rows(ctx) + rows + kernel_rows(ctx)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -568,9 +641,29 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda, cuda:N or cpu")
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer iterations")
+    p.add_argument("--tiny", action="store_true", help="toy sizes: proves every check runs (the CPU dry run)")
     p.add_argument("--out", default=os.environ.get("OUT") or None, help="result folder (default $OUT, else a temp dir)")
     p.add_argument("--checks", nargs="+", choices=list(CHECKS), default=list(CHECKS))
     return p.parse_args(argv)
+
+
+def write_results(out: Path, args, device: torch.device, rows: list[Row], wall: float, done: bool) -> str:
+    """gpu_check.md and gpu_check.json as they stand: written after each check, so a run cut short (a call's time
+    limit) still leaves the rows of the checks it finished. The markdown, for printing."""
+    table = markdown_table(
+        ["check", "result", "target", "verdict"], [[r.check, r.result, r.target, r.verdict] for r in rows]
+    )
+    size = "tiny" if args.tiny else "quick" if args.quick else "full"
+    header = (
+        f"## GPU check ({size}, --device {device})\n\n{machine(device)}; wall time {wall:.0f} s"
+        f"{'' if done else ' so far (still running, or cut short)'}\n"
+    )
+    (out / "gpu_check.md").write_text(header + "\n" + table + "\n")
+    record = {"machine": machine(device), "quick": args.quick, "tiny": args.tiny, "wall_s": round(wall, 1)}
+    (out / "gpu_check.json").write_text(
+        json.dumps({**record, "done": done, "rows": [asdict(r) for r in rows]}, indent=1)
+    )
+    return header + "\n" + table
 
 
 def main(argv=None) -> int:
@@ -578,31 +671,14 @@ def main(argv=None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="gpu-check-"))
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
-    start = time.perf_counter()
+    start, rows = time.perf_counter(), []
+    print(f"[gpu_check] {machine(device)}; results in {out}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-work-") as work:
-        ctx = Context(device, args.quick, out, Path(work))
-        rows = [row for name in args.checks for row in run_check(name, ctx)]
-    wall = time.perf_counter() - start
-    table = markdown_table(
-        ["check", "result", "target", "verdict"], [[r.check, r.result, r.target, r.verdict] for r in rows]
-    )
-    header = (
-        f"## GPU check ({'quick' if args.quick else 'full'}, --device {device})\n\n{machine(device)}; "
-        f"wall time {wall:.0f} s\n"
-    )
-    print(header + "\n" + table)
-    (out / "gpu_check.md").write_text(header + "\n" + table + "\n")
-    (out / "gpu_check.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(device),
-                "quick": args.quick,
-                "wall_s": round(wall, 1),
-                "rows": [asdict(r) for r in rows],
-            },
-            indent=1,
-        )
-    )
+        ctx = Context(device, args.quick or args.tiny, out, Path(work), tiny=args.tiny)
+        for name in args.checks:
+            rows += run_check(name, ctx)
+            write_results(out, args, device, rows, time.perf_counter() - start, done=False)
+    print(write_results(out, args, device, rows, time.perf_counter() - start, done=True))
     print(f"\nresults in {out}", file=sys.stderr)
     return 1 if any(r.verdict == "FAIL" for r in rows) else 0
 

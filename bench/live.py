@@ -11,6 +11,7 @@ labels negative/positive; random weights, the all-MiniLM-L6-v2 WordPiece vocabul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -61,11 +62,17 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, root: Path = ROOT, process_env: dict[str, str] | None = None, ready: str = "/ready", **env: str
+    data_dir: Path,
+    root: Path = ROOT,
+    process_env: dict[str, str] | None = None,
+    ready: str = "/ready",
+    log: Path | None = None,
+    **env: str,
 ) -> tuple[subprocess.Popen, int]:
     """`python -m app.launcher.server` from `root`, BERT_* settings from `env` (names without the prefix) and
     other environment variables (MALLOC_ARENA_MAX, ...) from `process_env`; started once GET `ready` answers
-    200 (`/health` for a server that loads nothing before its first request)."""
+    200 (`/health` for a server that loads nothing before its first request). Its output goes to `log` (appended),
+    else nowhere; a server that exits before it is ready names the log."""
     port = free_port()
     settings = {
         "DATA_DIR": str(data_dir),
@@ -82,14 +89,18 @@ def start_server(
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         **(process_env or {}),
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.launcher.server", "--port", str(port)],
-        cwd=root,
-        env=full_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_ready(proc, port, path=ready)
+    with open(log, "ab") if log is not None else contextlib.nullcontext(subprocess.DEVNULL) as output:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.launcher.server", "--port", str(port)],
+            cwd=root,
+            env=full_env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_ready(proc, port, path=ready)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e} (its log: {log})" if log is not None else str(e)) from None
     return proc, port
 
 

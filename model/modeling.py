@@ -135,8 +135,10 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         x = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids[:seq_len])
-        if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]  # every token in segment A
+        if token_type_ids is None or self.token_type_embeddings.num_embeddings == 1:
+            # Every token in segment A; a model with one segment (type_vocab_size 1) was trained so, and a pair's
+            # type 1 would be past its table (an IndexError on the CPU, a context-poisoning assert on CUDA).
+            x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
@@ -204,10 +206,18 @@ def should_unpad(mask: torch.Tensor, hidden: torch.Tensor, dropout_p: float, hea
         return False
     if hidden.is_cuda:
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
-        return varlen_fits(dtype, head_size, dropout_p) and kernels.enabled("flash-varlen")
+        return varlen_fits(dtype, head_size, dropout_p) and kernels.enabled("flash-varlen", hidden.device)
     if hidden.device.type != "cpu":
         return False
     return 1.0 - mask.float().mean().item() >= CPU_UNPAD_MIN_PADDING
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device` without waiting: a host tensor bound for a GPU goes through pinned memory, since CUDA
+    stages a copy from pageable memory synchronously (a wait that sync-debug mode does not report)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -225,12 +235,12 @@ class Packed:
         lengths = keep.sum(1, dtype=torch.int32)  # (B, T) bool -> (B,)
         cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
         offsets = tuple(cu_seqlens.tolist())
-        cu_seqlens = cu_seqlens.to(device or keep.device, non_blocking=True)
+        cu_seqlens = upload(cu_seqlens, device or keep.device)
         return cls(cu_seqlens, offsets, max(b - a for a, b in zip(offsets, offsets[1:])))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """Attention within each sequence of packed (N, nh, hs) q, k, v."""
-        if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p) and kernels.enabled("flash-varlen"):
+        if q.is_cuda and varlen_fits(q.dtype, q.shape[-1], dropout_p) and kernels.enabled("flash-varlen", q.device):
             try:
                 # (torch's stub also allows the (out, aux) pair that only return_aux asks for)
                 out = _varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len)
@@ -608,14 +618,14 @@ class BertModel(BertPreTrainedModel):
         if mask is not None and should_unpad(mask, x, dropout_p, self.config.head_size):
             hidden = self._encode_packed(x, mask[:, 0, 0])
         else:
-            hidden = self.encoder(x, None if mask is None else mask.to(x.device, non_blocking=True))
+            hidden = self.encoder(x, None if mask is None else upload(mask, x.device))
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
 
     def _encode_packed(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """The encoder on the real tokens only; padded positions of the result are zeros."""
         B, T, H = x.shape
-        rows = keep.reshape(-1).nonzero().squeeze(1).to(x.device, non_blocking=True)  # (B, T) -> real token indices
+        rows = upload(keep.reshape(-1).nonzero().squeeze(1), x.device)  # (B, T) -> real token indices
         packed = self.encoder(x.reshape(B * T, H).index_select(0, rows), Packed.from_mask(keep, x.device))  # (N, H)
         return x.new_zeros(B * T, H).index_copy(0, rows, packed).view(B, T, H)
 
@@ -657,7 +667,7 @@ def _rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"masked_positions shape {tuple(positions.shape)} does not match the batch {tuple(hidden.shape[:2])}"
         )
-    return positions.reshape(-1).nonzero().squeeze(1).to(hidden.device, non_blocking=True)
+    return upload(positions.reshape(-1).nonzero().squeeze(1), hidden.device)
 
 
 def _mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

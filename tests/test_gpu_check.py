@@ -94,3 +94,41 @@ def test_the_review_names_the_kernel_paths_it_runs_through(tmp_path):
     ]
     assert all(r.result.startswith(("on: ", "off: ")) for r in rows[:3]), rows
     assert rows[3].result.startswith(("onednn-bf16", "bf16-emulated")), rows
+
+
+def test_rows_are_written_as_each_check_ends(tmp_path, monkeypatch):
+    """A run cut short (a call's time limit) leaves the rows of the checks it finished."""
+
+    def second(ctx):
+        record = json.loads((tmp_path / "gpu_check.json").read_text())
+        assert [r["check"] for r in record["rows"]] == ["first"] and record["done"] is False
+        assert "| first | ok | - | PASS |" in (tmp_path / "gpu_check.md").read_text()
+        return [Row("second", "ok", "-", "PASS")]
+
+    monkeypatch.setattr(gpu_check, "CHECKS", {"first": lambda ctx: [Row("first", "ok", "-", "PASS")], "second": second})
+    assert gpu_check.main(["--device", "cpu", "--checks", "first", "second", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["done"] is True
+
+
+def test_our_training_batch_is_the_trainers_layout(tmp_path):
+    """Item B of the read-through: ours gets the host mask and host masked positions, as Trainer._to_device
+    leaves them; transformers gets its own batch (it takes no masked_positions)."""
+    hf, ours = gpu_check.pretraining_batch(2, 16, 2000, torch.device("cpu"))  # ids from 1000 (train_bench)
+    assert "masked_positions" not in hf and torch.equal(ours["masked_positions"], ours["labels"] != -100)
+    assert all(torch.equal(hf[k], ours[k]) for k in hf)
+
+
+def test_the_fill_mask_sync_row_runs_a_pass_as_the_service_does(tmp_path, monkeypatch):
+    """Its CUDA path on the CPU (pinning and the sync count faked): the pass runs and the row is named."""
+    assert gpu_check.fill_mask_sync_row(context(tmp_path)).verdict == "n/a"
+    ctx = context(tmp_path)
+    ctx.tiny = True
+    passes = []
+    monkeypatch.setattr(Context, "cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    monkeypatch.setattr(gpu_check, "count_syncs", lambda fn, times: [fn() for _ in range(times)] and 0)
+    monkeypatch.setattr(gpu_check, "apply_precision", lambda model, p: passes.append(p) or model)
+    row = gpu_check.fill_mask_sync_row(ctx)
+    assert row == Row(
+        "host syncs in a fill-mask pass (the service's)", "0.0 per pass (3 passes)", "<= 2 per pass", "PASS"
+    )

@@ -109,6 +109,11 @@ class Batch:
         return [item.params for item, _ in self.origin]
 
     host_mask: torch.Tensor | None = None  # attention_mask as built, on the CPU, once it has moved
+    host_ids: torch.Tensor | None = None  # input_ids as built, on the CPU: runners read them there (no sync)
+
+    @property
+    def ids_on_host(self) -> torch.Tensor:
+        return self.host_ids if self.host_ids is not None else self.input_ids
 
     @property
     def model_mask(self) -> torch.Tensor | None:
@@ -329,28 +334,24 @@ class Engine:
                 _settle(item.future, result=item.results)
 
     def _pad(self, planned: list[tuple[WorkItem, int, int]]) -> Batch:
+        """The rows padded into three tensors, each built once from Python lists; on a GPU straight into pinned
+        memory (torch caches pinned blocks), so the copies to the device are asynchronous."""
         pad_id = planned[0][0].lm.pad_token_id
         longest = max(n for _, _, n in planned)
-        ids = torch.full((len(planned), longest), pad_id, dtype=torch.long)
-        types = torch.zeros((len(planned), longest), dtype=torch.long)
-        mask = torch.zeros((len(planned), longest), dtype=torch.long)
-        for r, (item, i, n) in enumerate(planned):
+        ids, types, mask = [], [], []
+        for item, i, n in planned:
             row_ids, row_types = item.rows[i]
-            ids[r, :n] = torch.tensor(row_ids)
-            types[r, :n] = torch.tensor(row_types)
-            mask[r, :n] = 1
-        return Batch(ids, types, mask, [(item, i) for item, i, _ in planned], sum(n for _, _, n in planned))
+            ids.append([*row_ids, *[pad_id] * (longest - n)])
+            types.append([*row_types, *[0] * (longest - n)])
+            mask.append([1] * n + [0] * (longest - n))
+        pin = self.device.type == "cuda"
+        ids_t, types_t, mask_t = (torch.tensor(t, dtype=torch.long, pin_memory=pin) for t in (ids, types, mask))
+        return Batch(ids_t, types_t, mask_t, [(item, i) for item, i, _ in planned], sum(n for _, _, n in planned))
 
     def _forward(self, first: WorkItem, batch: Batch) -> list:
         if self.metrics is not None:
             self.metrics.observe_batch(first.lm.name, first.task, batch)
-        if (
-            self.device.type == "cuda"
-        ):  # a copy from pageable memory is not asynchronous: pin (torch caches pinned blocks)
-            batch.input_ids, batch.token_type_ids, batch.attention_mask = (
-                t.pin_memory() for t in (batch.input_ids, batch.token_type_ids, batch.attention_mask)
-            )
-        batch.input_ids = batch.input_ids.to(self.device, non_blocking=True)
+        batch.host_ids, batch.input_ids = batch.input_ids, batch.input_ids.to(self.device, non_blocking=True)
         batch.token_type_ids = batch.token_type_ids.to(self.device, non_blocking=True)
         batch.host_mask = batch.attention_mask
         batch.attention_mask = batch.attention_mask.to(self.device, non_blocking=True)

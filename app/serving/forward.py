@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from app.serving.engine import Runner
 from model.late_interaction import token_vectors
+from model.modeling import upload
 from model.sentence_modules import Pooling, pool
 from model.sparse import SPLADE, splade_entries
 
@@ -41,7 +42,7 @@ def run_encode(lm, batch) -> list[list[float]]:
     out: list = [None] * len(batch.params)
     for (asked, prompt_length, normalize), rows in groups.items():
         pooling = REQUEST_POOLINGS[asked] if asked else modules.pooling
-        index = torch.tensor(rows, device=hidden.device) if len(groups) > 1 else slice(None)
+        index = upload(torch.tensor(rows), hidden.device) if len(groups) > 1 else slice(None)
         pooled = pool(hidden[index], batch.attention_mask[index], pooling, None if asked else prompt_length)
         pooled = F.normalize(pooled, dim=-1) if normalize else pooled
         for row, vector in zip(rows, pooled.cpu().tolist()):
@@ -50,8 +51,9 @@ def run_encode(lm, batch) -> list[list[float]]:
 
 
 def run_mlm(lm, batch) -> list[list[tuple[list[float], list[int]]]]:
-    """Per row, per [MASK] (in position order): (top-k probabilities, token ids), best first."""
-    masked = batch.input_ids == lm.mask_token_id  # (B, T); the decoder runs only here
+    """Per row, per [MASK] (in position order): (top-k probabilities, token ids), best first. The masks are found
+    on the host ids (the model takes its rows there, no sync), and one copy per pass brings the answers back."""
+    masked = batch.ids_on_host == lm.mask_token_id  # (B, T); the decoder runs only here
     out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids, masked_positions=masked)
     logits = out.logits if hasattr(out, "logits") else out.prediction_logits  # (N, V), row-major (b, t)
     probs = logits.float().softmax(-1)
@@ -65,23 +67,38 @@ def run_mlm(lm, batch) -> list[list[tuple[list[float], list[int]]]]:
             [(values[j][: p["top_k"]], ids[j][: p["top_k"]]) for j in range(s, s + n)]
             for p, s, n in zip(params, starts, counts)
         ]
-    return [_top_k(probs[s : s + n], p) for p, s, n in zip(params, starts, counts)]
+    targets = upload(torch.tensor([t for p in params for t in p.get("target_ids") or []]), probs.device)
+    picked, first = [], 0
+    for p, s, n in zip(params, starts, counts):
+        picked.append(_top_k(probs[s : s + n], p, targets[first : first + len(p.get("target_ids") or [])]))
+        first += len(p.get("target_ids") or [])
+    # (values, ids) of every row, as float64 (ids are exact there), brought back in one copy
+    flat = torch.cat([t.reshape(-1).double() for pair in picked for t in pair]).cpu().tolist()
+    answers, at = [], 0
+    for values, _ in picked:
+        size = values.numel()
+        rows = [flat[at + r * values.shape[1] : at + (r + 1) * values.shape[1]] for r in range(values.shape[0])]
+        ids = [
+            flat[at + size + r * values.shape[1] : at + size + (r + 1) * values.shape[1]]
+            for r in range(values.shape[0])
+        ]
+        answers.append([(v, [int(i) for i in row_ids]) for v, row_ids in zip(rows, ids)])
+        at += 2 * size
+    return answers
 
 
-def _top_k(probs: torch.Tensor, p: dict) -> list[tuple[list[float], list[int]]]:
-    targets = p.get("target_ids")
-    if not targets:
-        values, ids = probs.topk(min(p["top_k"], probs.shape[-1]), dim=-1)
-    else:  # scores stay full-vocabulary probabilities, as transformers reports them
-        target_ids = torch.tensor(targets, device=probs.device)
-        values, idx = probs[:, target_ids].topk(min(p["top_k"], len(targets)), dim=-1)
-        ids = target_ids[idx]
-    return list(zip(values.cpu().tolist(), ids.cpu().tolist()))
+def _top_k(probs: torch.Tensor, p: dict, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-k probabilities, token ids) of one row's masks, on the device."""
+    if not p.get("target_ids"):
+        return probs.topk(min(p["top_k"], probs.shape[-1]), dim=-1)
+    # scores stay full-vocabulary probabilities, as transformers reports them
+    values, idx = probs[:, target_ids].topk(min(p["top_k"], len(target_ids)), dim=-1)
+    return values, target_ids[idx]
 
 
 def run_nsp(lm, batch) -> list[float]:
     """P(B follows A) per row: softmax(seq_relationship_logits)[0] (label 0 = "is next")."""
-    none = torch.zeros_like(batch.input_ids, dtype=torch.bool)  # skip the MLM decoder entirely
+    none = torch.zeros_like(batch.ids_on_host, dtype=torch.bool)  # skip the MLM decoder entirely (on the host)
     out = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids, masked_positions=none)
     return out.seq_relationship_logits.float().softmax(-1)[:, 0].cpu().tolist()
 
@@ -93,18 +110,18 @@ def run_classify(lm, batch) -> list:
     its k best instead, best first: a model with many labels answers a few, chosen here."""
     logits = lm.model(batch.input_ids, batch.model_mask, batch.token_type_ids).logits.float()  # (B, L)
     kinds = [p.get("scoring") or ("logits" if p.get("logits") else "pipeline") for p in batch.params]
-    scored = {kind: SCORINGS[kind](logits, lm.config) for kind in set(kinds)}
+    scored = {kind: SCORINGS[kind](logits, lm.config).cpu() for kind in set(kinds)}  # (B, L) each: one copy
     ks = [p.get("top_k") or logits.shape[-1] for p in batch.params]
     if len(scored) == 1 and all(k >= logits.shape[-1] for k in ks):
-        return next(iter(scored.values())).cpu().tolist()
+        return next(iter(scored.values())).tolist()
     out = []
     for row, (kind, k) in enumerate(zip(kinds, ks)):
-        scores = scored[kind][row]
+        scores = scored[kind][row]  # on the host: a row's top-k is no device round trip
         if k < scores.shape[-1]:
             values, ids = scores.topk(k)
-            out.append((values.cpu().tolist(), ids.cpu().tolist()))
+            out.append((values.tolist(), ids.tolist()))
         else:
-            out.append(scores.cpu().tolist())
+            out.append(scores.tolist())
     return out
 
 

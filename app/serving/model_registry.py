@@ -494,8 +494,16 @@ class ModelRegistry:
         if self.metrics is not None:
             self.metrics.model_unloads.labels(entry.name).inc()
         if self.device.type == "cuda" and (loaded is None or not loaded.holders):
-            torch.cuda.empty_cache()  # what no tensor holds any more goes back to the device
+            self._empty_cache()  # what no tensor holds any more goes back to the device
         self._changed()
+
+    def _empty_cache(self) -> None:
+        """torch.cuda.empty_cache in a thread: cudaFree waits for the device, and the event loop must not wait for
+        the pass running meanwhile."""
+        try:
+            asyncio.get_running_loop().run_in_executor(None, torch.cuda.empty_cache)
+        except RuntimeError:  # no loop here (a test, a thread): nothing to keep waiting
+            torch.cuda.empty_cache()
 
     # -- holders: the requests and work items running on a loaded model ----------------------------
 
@@ -512,7 +520,7 @@ class ModelRegistry:
             self._prune()
             log.info("model %s: the last request on it ended; its memory is free", loaded.name)
             if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+                self._empty_cache()
             self._changed()
 
     def _prune(self) -> list[tuple[StoredModel, LoadedModel]]:

@@ -198,7 +198,9 @@ def load_stored(entry: StoredModel, device: torch.device, precision: str) -> Loa
     directory cannot be served."""
     if device.type == "cpu":
         return_freed_memory()  # what unloaded models left in the C heap, before this one takes more
-    model = apply_precision(load_model(entry.path, device=device), precision)
+    # Read, checked and cast on the host, then moved: a GPU holds the weights once, at their precision (not fp32
+    # weights cast in place, a transient twice a bf16 model's reserved size), and never a model refused below.
+    model = apply_precision(load_model(entry.path, device="cpu"), precision)
     tokenizer = BertTokenizer.from_pretrained(entry.path)
     if tokenizer.vocab_size > model.config.vocab_size:
         # An id past the embedding table is an IndexError for one batch on the CPU, but on CUDA a
@@ -208,6 +210,7 @@ def load_stored(entry: StoredModel, device: torch.device, precision: str) -> Loa
             f"{model.config.vocab_size:,} rows (config.json's vocab_size)"
         )
         raise ServiceError("unavailable", f"model '{entry.name}' cannot be served: {entry.error}")
+    model = model.to(device)
     try:
         prompts, default_prompt = read_prompts(entry.path)
     except ValueError as e:

@@ -44,14 +44,15 @@ CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memo
 
 
 def memory_bytes(device: torch.device) -> int:
-    """The memory a process can use on `device`: a CUDA device's total memory; on the CPU the physical
-    RAM, or the cgroup's memory limit (a container's) when that is smaller."""
+    """The memory a process can use on `device`: a CUDA device's free memory now (torch.cuda.mem_get_info: its
+    total less what other processes, a worker's job beside `bert up`'s service say, already hold); on the CPU
+    the physical RAM, or the cgroup's memory limit (a container's) when that is smaller."""
     import os
 
     import torch
 
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        return torch.cuda.mem_get_info(device)[0]
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for path in CGROUP_MEMORY_LIMITS:
         try:

@@ -35,6 +35,7 @@ torch.ops.mkldnn._is_mkldnn_bf16_supported; oneDNN's CPU dispatcher control (ONE
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -270,8 +271,9 @@ def _probe_int8_vnni() -> None:
 def _probe_flash_varlen() -> None:
     from torch.nn.attention.varlen import varlen_attn
 
-    q, k, v = _inputs((8, 2, 16), (8, 2, 16), (8, 2, 16), dtype=torch.bfloat16, device="cuda")
-    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda")
+    here = torch.device("cuda", torch.cuda.current_device())  # enabled()'s device, set around the probe
+    q, k, v = _inputs((8, 2, 16), (8, 2, 16), (8, 2, 16), dtype=torch.bfloat16, device=here)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=here)
     got = varlen_attn(q, k, v, cu, cu, 5, 5)
     want = torch.cat(
         [
@@ -306,13 +308,15 @@ PATHS: dict[str, _Path] = {
 # ---------------------------------------------------------------------------------------------
 
 
-def enabled(name: str) -> bool:
-    """Whether path `name` runs now; its first call asks the machine and runs the probe."""
+def enabled(name: str, device: torch.device | None = None) -> bool:
+    """Whether path `name` runs now; its first call asks the machine and runs the probe, on `device` when it is
+    a GPU (the model's own: `cuda:1` is probed there, not on the current device, GPU 0)."""
     path = PATHS[name]
     if path.forced is not None:
         return path.forced
     if path.decided is None:
-        _decide(name, path)
+        with torch.cuda.device(device) if device is not None and device.type == "cuda" else contextlib.nullcontext():
+            _decide(name, path)
     return bool(path.decided)
 
 
@@ -327,9 +331,9 @@ def expected(name: str) -> bool:
     return path.needs() is None
 
 
-def status(name: str) -> tuple[bool, str]:
-    """(on, why) for path `name`, deciding it first if it is not yet decided."""
-    on, path = enabled(name), PATHS[name]
+def status(name: str, device: torch.device | None = None) -> tuple[bool, str]:
+    """(on, why) for path `name`, deciding it first (on `device`, as enabled) if it is not yet decided."""
+    on, path = enabled(name, device), PATHS[name]
     return on, (f"forced {'on' if on else 'off'}" if path.forced is not None else path.why)
 
 
@@ -410,7 +414,7 @@ def _describe_cuda(precision: str, device: torch.device) -> dict[str, str]:
     where = f"cuda sm_{major}{minor} ({torch.cuda.get_device_name(device)})"
     if precision != "bf16":
         return {"kernels": f"cuda-{precision}", "why": where}
-    on, why = status("flash-varlen")
+    on, why = status("flash-varlen", device)
     kernels = "cuda-bf16, flash-varlen" if on else "cuda-bf16, padded SDPA"
     return {"kernels": kernels, "why": where if on else f"{where}; flash varlen off: {why}"}
 

@@ -184,8 +184,8 @@ def autocast(device_type: str | torch.device, precision: str = "bf16"):
 
 def resolve_precision(precision: str, device: str | torch.device) -> str:
     """A training precision setting for `device`: "auto" is bf16 autocast on CUDA, fp32 elsewhere."""
-    if precision == "auto":
-        return "bf16" if torch.device(device).type == "cuda" else "fp32"
+    if precision == "auto":  # bf16 only where the GPU computes it in hardware: emulated bf16 is slower than fp32
+        return "bf16" if torch.device(device).type == "cuda" and bf16_native(device) else "fp32"
     if check_precision(precision) == "bf16" and torch.device(device).type == "cpu" and not bf16_native("cpu"):
         log.warning(
             "bf16 autocast on this CPU (%s) runs bf16 GEMMs without hardware support, slower than "
@@ -195,11 +195,27 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
     return precision
 
 
+def use_tf32(device: str | torch.device, on: bool = True) -> bool:
+    """On a CUDA device, fp32 matmuls through TF32 tensor cores (Ampere and later: fp32's range, 10 bits of
+    mantissa, several times the speed of full fp32 GEMMs) when `on`, else full fp32; torch's own setting, so for
+    the whole process. Whether TF32 is on now; a no-op (False) off CUDA."""
+    if torch.device(device).type != "cuda":
+        return False
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; its legacy allow_tf32 mixed with it raises
+        matmul.fp32_precision = "tf32" if on else "ieee"
+    else:
+        matmul.allow_tf32 = on
+    return on
+
+
 def bf16_native(device: str | torch.device = "cpu") -> bool:
-    """Whether `device` computes bf16 in hardware (else bf16 is emulated and slower than fp32)."""
+    """Whether `device` computes bf16 in hardware (else bf16 is emulated and slower than fp32). For a GPU, its
+    own compute capability (`cuda:1`'s, not the current device's): sm_80 (Ampere) or newer. Not
+    torch.cuda.is_bf16_supported(), which counts emulation (a T4 or V100 says True)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
     return device.type == "cpu" and kernels.cpu().bf16_native
 
 

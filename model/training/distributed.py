@@ -89,7 +89,9 @@ def init(device: torch.device, timeout_s: float = 1800.0) -> Dist:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":  # before the group exists, so NCCL's first collective uses this rank's GPU
             torch.cuda.set_device(d.local_rank)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        # device_id binds the group to this rank's GPU (NCCL connects eagerly, no guessing from the current device)
+        bound = torch.device("cuda", d.local_rank) if device.type == "cuda" else None
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), device_id=bound)
     if dist.get_world_size() != d.world or dist.get_rank() != d.rank:
         raise RuntimeError(
             f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
@@ -131,6 +133,14 @@ def all_reduce_sum(values: torch.Tensor, d: Dist) -> torch.Tensor:
         dist.all_reduce(on_gpu)
         return on_gpu.cpu()
     dist.all_reduce(values)
+    return values
+
+
+def all_reduce_in_place(values: torch.Tensor, d: Dist) -> torch.Tensor:
+    """`values` summed over ranks where it lives (a CUDA tensor with NCCL, a CPU one with gloo), never read: with
+    NCCL the reduction is queued on the GPU's stream, and nothing on the host waits for it."""
+    if d.enabled:
+        dist.all_reduce(values)
     return values
 
 

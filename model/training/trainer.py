@@ -70,7 +70,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from datadir.files import METRICS_FILE
 from model.compute.device import resolve_device
-from model.compute.precision import autocast, resolve_precision
+from model.compute.precision import autocast, resolve_precision, use_tf32
 from model.modeling import IGNORE_INDEX
 from model.options import BASE_PREFIX, TRAINER_OPTIONS, check_value, defaults
 from model.training import checkpoint as ckpt
@@ -130,6 +130,9 @@ class TrainConfig:
     # shape until shapes are marked dynamic, pay for compiling; bench/train_bench.py --compile says
     # whether it pays for a given model and device.
     compile: bool = _DEFAULT["compile"]
+    # On CUDA, fp32 matmuls (an fp32 run's, and those autocast leaves in fp32) through TF32 tensor cores;
+    # False: full fp32 GEMMs (model.compute.precision.use_tf32, for the process).
+    tf32: bool = True
 
     def __post_init__(self) -> None:
         self.adam_betas = cast(tuple[float, float], tuple(self.adam_betas))  # a JSON round trip gives a list
@@ -259,6 +262,7 @@ class Trainer:
         self.dist = distributed.init(self.device)
         self.device = distributed.rank_device(self.device, self.dist)
         self.precision = resolve_precision(config.precision, self.device)
+        use_tf32(self.device, config.tf32)
         self.model = model.to(self.device)
         self.ddp = self._wrap(self.model)
         self.forward = torch.compile(self.ddp) if config.compile else self.ddp
@@ -289,8 +293,10 @@ class Trainer:
         """DDP around the model when there are ranks (it broadcasts rank 0's weights now); else the model."""
         if not self.dist.enabled:
             return model
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # device_ids None: the module is already on its GPU, and the inputs stay where _to_device put them (with
+        # device_ids, DDP would copy each one to the GPU in forward, blocking on the host mask and masked positions
+        # that the model reads on the host; torch's DistributedDataParallel documents None for this case).
+        return DistributedDataParallel(model)
 
     def _total_steps(self) -> int:
         if self.config.max_steps is not None:
@@ -320,16 +326,21 @@ class Trainer:
         status = "completed"
         while self.step < self.total_steps:
             lr = float(self.scheduler.get_last_lr()[0])
-            losses, rank_tokens, grad_norm = self._optimizer_step(stream)
+            losses, tokens, grad_norm = self._optimizer_step(stream)
             self.step += 1
+            last = self.step == self.total_steps
+            asked = self.dist.enabled and not last and self._should_stop()  # one process: asked after evaluating
+            losses, rank_tokens, asked = self._sum_over_ranks(losses, tokens, asked)
             self.tokens_seen += sum(rank_tokens)
             window.add(losses, rank_tokens)
-            last = self.step == self.total_steps
             if self.step % self.config.log_every == 0 or last:
                 self._log_step(window, lr, grad_norm)
             evaluated, cut_short = self._maybe_evaluate(last)
             # A stop request cut the evaluation short: stop even at the last step (no unevaluated final model).
-            stop = distributed.any_rank(cut_short or (not last and self._should_stop()), self.dist)
+            # Rank 0 evaluates alone; at the steps it may, every rank learns whether its evaluation was cut short.
+            if self.dist.enabled and self._evaluation_step(last):
+                cut_short = distributed.any_rank(cut_short, self.dist)
+            stop = asked or cut_short or (not self.dist.enabled and not last and self._should_stop())
             if last or stop or (self.config.save_every and self.step % self.config.save_every == 0):
                 self._check_finite(window)  # never a checkpoint of weights a non-finite loss has reached
                 self._save_checkpoint(evaluated)
@@ -404,9 +415,10 @@ class Trainer:
             return _Inline(batches)
         return _Prefetcher(batches, depth, (lambda b: {k: v.pin_memory() for k, v in b.items()}) if pin else None)
 
-    def _optimizer_step(self, stream) -> tuple[dict[str, Loss], list[int], torch.Tensor | None]:
-        """One optimizer step over `grad_accum_steps` micro-batches; returns the global batch's mean losses,
-        the tokens each rank trained on, and the gradient norm before clipping."""
+    def _optimizer_step(self, stream) -> tuple[dict[str, Loss], int, torch.Tensor | None]:
+        """One optimizer step over `grad_accum_steps` micro-batches; returns this rank's shares of the global
+        batch's mean losses (device tensors: nothing read here), the tokens it trained on, and the gradient norm
+        before clipping."""
         accum, tokens = self.config.grad_accum_steps, 0
         losses: dict[str, Loss] = {}
         if self.dist.enabled:
@@ -418,25 +430,24 @@ class Trainer:
             tokens += 0 if factor == 0 else int(mask.sum()) if mask is not None else local["input_ids"].numel()
             if "labels" in local and getattr(self.model, "takes_host_masked_positions", False):
                 local["masked_positions"] = local["labels"] != IGNORE_INDEX  # found on the host: no sync
-            local = self._to_device(local)
+            host_local, local = local, self._to_device(local)
             # DDP all-reduces gradients on the last micro-batch only (the others accumulate locally).
             sync = i == accum - 1 or not self.dist.enabled
             # sync is False only with ranks, where _wrap made self.ddp a DistributedDataParallel.
             with contextlib.nullcontext() if sync else cast(DistributedDataParallel, self.ddp).no_sync():
                 with autocast(self.device, self.precision):
                     out = self.forward(**local) if self.loss_fn is None else self.loss_fn(self.forward, local)
-                loss, reported = self._weighted_losses(out, batch, local, factor)
+                loss, reported = self._weighted_losses(out, batch, host_local, factor)  # labels counted on the host
                 (loss / accum).backward()
             for name, value in reported.items():
                 losses[name] = losses.get(name, 0.0) + value / accum
-        losses, rank_tokens = self._sum_over_ranks(losses, tokens)
         grad_norm = None
         if self.config.max_grad_norm is not None:  # a 0-dim tensor, read at the next log line
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return losses, rank_tokens, grad_norm
+        return losses, tokens, grad_norm
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The batch on the training device; on CUDA through pinned memory, so the copies are asynchronous,
@@ -462,24 +473,28 @@ class Trainer:
         weights = distributed.loss_weights(batch, local, parts, self.dist, factor)
         weighted = [found[name] * weights[name] for name in parts]
         loss = sum(weighted[1:], weighted[0])  # started from the first: a tensor, never the int 0
-        reported = {name: found[name].item() * weights[name] / self.dist.world for name in parts}
+        reported = {name: found[name].detach() * (weights[name] / self.dist.world) for name in parts}
         if "loss" not in reported:  # the total of the parts, as the model sums them
-            reported = {"loss": sum(reported.values()), **reported}
+            shares = list(reported.values())
+            reported = {"loss": sum(shares[1:], shares[0]), **reported}
         return loss, {name: reported[name] for name in found}
 
-    def _sum_over_ranks(self, losses: dict[str, Loss], tokens: int) -> tuple[dict[str, Loss], list[int]]:
-        """Each rank's shares summed into the global batch's losses, and the tokens of each rank; one
-        all-reduce of a small vector (every rank has the same loss names in the same order)."""
+    def _sum_over_ranks(
+        self, losses: dict[str, Loss], tokens: int, asked: bool
+    ) -> tuple[dict[str, Loss], list[int], bool]:
+        """Each rank's shares summed into the global batch's losses, the tokens of each rank, and whether any rank
+        was asked to stop (every rank has the same loss names in the same order). The losses are all-reduced where
+        they are (with NCCL, queued on the GPU: nothing waits for them until a log line reads them); the tokens
+        and the stop flag in one small host vector: the step's one wait."""
         if not self.dist.enabled:
-            return losses, [tokens]
-        losses = {n: float(v) for n, v in losses.items()}
-        world, names = self.dist.world, list(losses)
-        vector = torch.zeros(len(names) + world, dtype=torch.float64)
-        vector[: len(names)] = torch.tensor([losses[n] for n in names], dtype=torch.float64)
-        vector[len(names) + self.dist.rank] = tokens
-        vector = distributed.all_reduce_sum(vector, self.dist)
-        summed: dict[str, Loss] = {n: float(v) for n, v in zip(names, vector[: len(names)].tolist())}
-        return summed, [int(t) for t in vector[len(names) :].tolist()]
+            return losses, [tokens], asked
+        names = list(losses)
+        shares = torch.stack([torch.as_tensor(losses[n]).to(torch.float64) for n in names])
+        shares = distributed.all_reduce_in_place(shares, self.dist)
+        host = torch.zeros(self.dist.world + 1, dtype=torch.float64)
+        host[self.dist.rank], host[-1] = tokens, float(asked)
+        counts = distributed.all_reduce_sum(host, self.dist).tolist()
+        return {n: shares[i] for i, n in enumerate(names)}, [int(t) for t in counts[:-1]], counts[-1] > 0
 
     def _check_finite(self, window: _Window) -> None:
         """Raise when the loss went non-finite since the last log line (one device read, not one per step)."""
@@ -516,6 +531,11 @@ class Trainer:
 
     def _epoch_progress(self) -> float:
         return self.epoch + self.batch / max(1, self.train_data.num_batches(self.epoch))
+
+    def _evaluation_step(self, last: bool) -> bool:
+        """Whether rank 0 may evaluate at this step (the same answer on every rank)."""
+        every = self.config.eval_every
+        return last or bool(every and self.step % every == 0)
 
     def _maybe_evaluate(self, last: bool, force: bool = False) -> tuple[bool, bool]:
         """(evaluated, a stop request cut the evaluation short)."""

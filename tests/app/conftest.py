@@ -126,3 +126,12 @@ def anyio_backend():
 async def client(data_dir):
     async with serve_app(settings_for(data_dir)) as c:
         yield c
+
+
+@pytest.fixture
+def tf32_given_back():
+    """A Service on a faked GPU turns TF32 on for the process (model.compute.precision.use_tf32): set back after."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    yield
+    matmul.fp32_precision = before

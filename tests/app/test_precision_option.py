@@ -69,7 +69,9 @@ async def test_auto_is_the_default_and_serves_fp32_on_cpu(data_dir):
     "native_bf16, auto, gpu_auto",
     [(True, "bf16", "this GPU has native bf16"), (False, "fp32", "this GPU has no native bf16")],
 )
-def test_precision_settings_resolve_per_device_and_say_why(data_dir, monkeypatch, native_bf16, auto, gpu_auto):
+def test_precision_settings_resolve_per_device_and_say_why(
+    data_dir, monkeypatch, tf32_given_back, native_bf16, auto, gpu_auto
+):
     """An explicit setting is served as given on any device; "auto" is bf16 only on a CUDA GPU with
     native bf16. Each choice names the setting that made it, and for auto why auto means it there.
     CUDA is faked (the resolver only asks torch.cuda these two questions)."""
@@ -90,7 +92,7 @@ def test_precision_settings_resolve_per_device_and_say_why(data_dir, monkeypatch
     }
     assert resolved("cpu", model_precision={"tiny-enc": "int8"})["tiny-enc"] == ("int8", "int8 by BERT_MODEL_PRECISION")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: native_bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if native_bf16 else (7, 5))
     assert resolved("cuda") == {
         "tiny-pt": (auto, f"{auto} by BERT_PRECISION=auto ({gpu_auto})"),
         "tiny-enc": (auto, f"{auto} by BERT_PRECISION=auto ({gpu_auto})"),

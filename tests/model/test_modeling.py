@@ -400,7 +400,9 @@ def test_flash_varlen_attention_only_for_head_sizes_its_kernel_takes(monkeypatch
     assert not modeling.varlen_fits(torch.float32, 64, 0.0)
     assert not modeling.varlen_fits(bf16, 64, 0.1)
     mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)[:, None, None, :]
-    on_cuda = SimpleNamespace(is_cuda=True, dtype=bf16)  # what should_unpad reads of the hidden states
+    on_cuda = SimpleNamespace(
+        is_cuda=True, dtype=bf16, device=torch.device("cuda")
+    )  # what should_unpad reads of the hidden states
     assert modeling.should_unpad(mask, on_cuda, 0.0, 64)
     assert not modeling.should_unpad(mask, on_cuda, 0.0, 12)
     assert modeling.should_unpad(mask, torch.zeros(2, 4, 48), 0.0, 12)  # CPU: SDPA per sequence, any size
