@@ -45,6 +45,7 @@ COPY pyproject.toml README.md /opt/src/
 COPY datadir /opt/src/datadir
 COPY model /opt/src/model
 COPY app /opt/src/app
+COPY telemetry /opt/src/telemetry
 COPY worker /opt/src/worker
 RUN pip install --no-deps --no-build-isolation /opt/src && rm -rf /opt/src
 

@@ -36,6 +36,7 @@ from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS, ANY, Keyring
 from app.keys.limits import CALLER, Caller, TokenBucket
 from app.prometheus import DISCONNECTED, Metrics
+from telemetry import logs
 
 log = logging.getLogger("bertserve")
 Guard = tuple[re.Pattern, frozenset[str], str | None]  # a route's path regex, its methods, the scope it needs
@@ -74,6 +75,7 @@ class KeyMiddleware:
                 await self._rate_limited(key, requests, wait, path)(scope, receive, send)
                 return
         scope[CALLER_KEY] = key
+        logs.note(key=key.name)
         reset = CALLER.set(Caller(key, tokens, self._count_tokens, self._count_refusal))
         try:
             await self.app(scope, receive, _adding_headers(send, headers))
