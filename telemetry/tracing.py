@@ -143,6 +143,13 @@ def traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
+def job_fields() -> dict[str, str]:
+    """What a new job's record keeps of the request that submits it: {"trace": its traceparent} (tracing on),
+    so the job's run, however much later and wherever it starts, continues the request's trace."""
+    tp = traceparent()
+    return {"trace": tp} if tp else {}
+
+
 def current() -> SpanContext | None:
     """The current span's context (None when tracing is off): what a work item keeps to link to."""
     if not _enabled:
@@ -171,7 +178,7 @@ def trace_id_of(traceparent: str | None) -> str:
 
 
 @contextlib.contextmanager
-def span(name: str, parent: otel_context.Context | None = None, **attributes: Any) -> Iterator[Span | None]:
+def span(name: str, parent: otel_context.Context | None = None, /, **attributes: Any) -> Iterator[Span | None]:
     """A span, current inside the block (None and nothing else when tracing is off). An exception marks it
     failed and is recorded on it."""
     if not _enabled:
@@ -181,9 +188,22 @@ def span(name: str, parent: otel_context.Context | None = None, **attributes: An
         yield s
 
 
-def start(name: str, **attributes: Any) -> Span | None:
+def start(name: str, /, **attributes: Any) -> Span | None:
     """A child of the current span that the caller ends (`.end()`), never made current (None when off)."""
     return tracer().start_span(name, attributes=_clean(attributes)) if _enabled else None
+
+
+@contextlib.contextmanager
+def job_span(record: Mapping[str, Any], name: str, parent: str | None = None) -> Iterator[Span | None]:
+    """An attempt at a job, in the trace of the request that submitted it (its record's `trace`; `parent`: a
+    traceparent that overrides it, a data-parallel rank's)."""
+    if not _enabled:
+        yield None
+        return
+    attributes = {"bertserve.job_id": record.get("id"), "bertserve.job_kind": record.get("kind")}
+    attributes |= {"bertserve.attempt": record.get("attempts"), "bertserve.model": record.get("model_name")}
+    with span(name, extract(parent or record.get("trace")), **attributes) as s:
+        yield s
 
 
 def annotate(**attributes: Any) -> None:
@@ -197,15 +217,19 @@ def fail(s: Span | None, message: str) -> None:
         s.set_status(Status(StatusCode.ERROR, message))
 
 
-def ended_span(name: str, parent: SpanContext, start_ns: int, end_ns: int | None = None, **attributes: Any) -> None:
-    """A span that already happened (waiting in the queue): started at `start_ns`, ended at `end_ns` or now,
-    as a child of `parent` (a span context kept from another thread)."""
-    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+def ended_span(
+    name: str, parent: SpanContext | None, start_ns: int, end_ns: int | None = None, /, **attributes: Any
+) -> None:
+    """A span that already happened (waiting in the queue, an evaluation): started at `start_ns`, ended at
+    `end_ns` or now, as a child of `parent` (a span context kept from another thread; None: the current span)."""
+    if not _enabled:
+        return
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent is not None else None
     s = tracer().start_span(name, context=ctx, start_time=start_ns, attributes=_clean(attributes))
     s.end(end_time=end_ns)
 
 
-def linked_span(name: str, parents: Sequence[SpanContext], **attributes: Any) -> Span:
+def linked_span(name: str, parents: Sequence[SpanContext], /, **attributes: Any) -> Span:
     """A span of work shared by many requests (one forward pass): a child of the first, linked to each."""
     ctx = trace.set_span_in_context(trace.NonRecordingSpan(parents[0]))
     links = [Link(p) for p in {(p.trace_id, p.span_id): p for p in parents}.values()]

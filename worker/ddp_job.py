@@ -18,6 +18,7 @@ import threading
 from datadir import JobRecords, runner
 from model.training.callbacks import Callback
 from model.training.distributed import destroy, die_with_parent, env_dist
+from telemetry import tracing
 from worker import recipes
 from worker.settings import WorkerSettings
 from worker.training import train
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
     die_with_parent()  # before anything: no rank outlives the launcher (worker/training.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(rank)s %(message)s")
     job_id, settings, flag = argv[0], WorkerSettings(), SignalFlag()
+    tracing.configure("bertserve-worker")  # rank 0's spans join its launcher's (TRACEPARENT, worker/training.py)
     records, d = JobRecords(settings.data_dir), env_dist()
 
     def tag_rank(record: logging.LogRecord) -> bool:

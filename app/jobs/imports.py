@@ -49,6 +49,7 @@ from datadir.datasets import staging_dir
 from datadir.publish import audit_publish, version_of
 from model.errors import UserError
 from model.sources import ARCHIVE_SUFFIXES, import_source
+from telemetry import logs, tracing
 
 log = logging.getLogger("bertserve")
 
@@ -135,6 +136,7 @@ class Imports:
                 "params": request.params(),
                 "source": {"kind": SOURCE_KIND, "shared": owner.is_admin},  # an admin's datasets serve every key
                 "owner": owner.name,
+                **tracing.job_fields(),  # the import continues this request's trace
             }
             record = self.records.create(spec)
         if start:
@@ -152,6 +154,7 @@ class Imports:
             "source": source,
             "owner": owner,  # the key that asked for it
             "publish_any": True,  # imports need the admin scope: an admin may publish over any name
+            **tracing.job_fields(),  # the import continues this request's trace
         }
         record = self.records.create(spec)
         if upload is not None:
@@ -189,6 +192,11 @@ class Imports:
         return runner.run(self.records, job_id, self._import, wait_s=1.0)
 
     def _import(self, attempt: runner.Attempt) -> str:
+        assert attempt.record is not None
+        with tracing.job_span(attempt.record, "import"), logs.bound(job_id=attempt.job_id):
+            return self._import_attempt(attempt)
+
+    def _import_attempt(self, attempt: runner.Attempt) -> str:
         record = attempt.record
         assert record is not None
         job_id, source = record["id"], record["source"]

@@ -50,6 +50,7 @@ from model.config import BertConfig
 from model.options import defaults
 from model.sentence_modules import read_sentence_modules
 from model.sizing import GB, TrainingSize, estimate_training, format_count
+from telemetry import tracing
 from worker.queue import producer, send_job
 
 log = logging.getLogger("bertserve")
@@ -101,6 +102,7 @@ class JobService:
                 await asyncio.to_thread(self._check_disk, owner, spec)
                 # publish_any: an admin's job may publish a new version of any model (datadir/publish.py)
                 mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": owner.is_admin}
+                mine |= tracing.job_fields()  # the run continues this request's trace
                 record = await asyncio.to_thread(self.records.create, {**spec, **mine})
         if isinstance(request, MineNegativesJobRequest):
             return await self._start_here(record)

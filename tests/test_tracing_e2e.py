@@ -1,0 +1,156 @@
+"""Traces end to end: a real uvicorn and a real worker send their spans over OTLP/HTTP to a real receiver
+(tests/otlp_receiver.py, protobuf decoded with opentelemetry-proto). An embedding and a fill-mask request
+each give one trace (the caller's, when it sends traceparent): the request's span, its tokenize, queue
+and write spans below it, and one forward span per pass, linked to every request it carried rows of. A
+fine-tune job's spans, from the submitting request to the publish, are one trace too.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from tests.helpers import (
+    REDIS_URL,
+    finetune_request,
+    flush_redis,
+    labelled_csv,
+    make_data_dir,
+    start_server,
+    start_worker,
+    wait_state,
+)
+from tests.otlp_receiver import OtlpReceiver, Span
+
+pytestmark = pytest.mark.slow
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    flush_redis()
+    root = tmp_path_factory.mktemp("traced")
+    data_dir = make_data_dir(root / "data")
+    otel = dict(OTEL_EXPORTER_OTLP_ENDPOINT="", OTEL_BSP_SCHEDULE_DELAY="50", OTEL_SERVICE_NAME="")
+    with OtlpReceiver() as receiver:
+        otel.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_SERVICE_NAME="bertserve-test")
+        server, url = start_server(data_dir, REDIS_URL, root, **otel)
+        otel.pop("OTEL_SERVICE_NAME")  # the worker's default name
+        worker = start_worker(data_dir, REDIS_URL, "traced", root, **otel)
+        client = httpx.Client(base_url=url, timeout=60)
+        try:
+            yield SimpleNamespace(client=client, receiver=receiver, data_dir=data_dir)
+        finally:
+            client.close()
+            worker.stop()
+            server.stop()
+            flush_redis()
+
+
+def _trace(spans: list[Span], trace_id: str) -> dict[str, Span]:
+    return {s.span_id: s for s in spans if s.trace_id == trace_id}
+
+
+def _children(trace: dict[str, Span], parent: Span) -> dict[str, Span]:
+    return {s.name: s for s in trace.values() if s.parent_id == parent.span_id}
+
+
+def _request_spans_are_whole(spans: list[Span], trace_id: str) -> bool:
+    names = {s.name for s in spans if s.trace_id == trace_id}
+    return {"tokenize", "queue", "forward", "write"} <= names and any(" /" in n for n in names)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "route", "task"),
+    [
+        ("/embeddings", {"inputs": ["good day", "a bad film"]}, "/embeddings", "encode"),
+        ("/fill-mask", {"inputs": "the cat [MASK] on the mat ."}, "/fill-mask", "mlm"),
+    ],
+)
+def test_a_request_is_one_trace_with_its_steps_below_it(traced, path, body, route, task):
+    parent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    r = traced.client.post(path, json=body, headers={"traceparent": parent, "x-request-id": f"req-{task}"})
+    assert r.status_code == 200, r.text
+    assert r.headers["trace-id"] == CALLER_TRACE
+    spans = traced.receiver.wait_for(
+        lambda s: (
+            _request_spans_are_whole(s, CALLER_TRACE)
+            and any(x.attributes.get("bertserve.request_id") == f"req-{task}" for x in s)
+        ),
+        what=f"the spans of {path}",
+    )
+    trace = _trace(spans, CALLER_TRACE)
+    (request,) = [s for s in trace.values() if s.attributes.get("bertserve.request_id") == f"req-{task}"]
+    assert request.name == f"POST {route}" and request.parent_id == CALLER_SPAN
+    assert request.service == "bertserve-test"
+    attributes = request.attributes
+    assert attributes["http.route"] == route and attributes["http.response.status_code"] == 200
+    assert (attributes["bertserve.model"], attributes["bertserve.version"]) == ("tiny", 1)
+    assert attributes["bertserve.precision"] == "fp32" and attributes["bertserve.task"] == task
+    assert attributes["bertserve.tokens"] > 0
+    children = _children(trace, request)
+    assert {"tokenize", "queue", "forward", "write"} <= set(children)
+    forward = children["forward"]
+    assert (CALLER_TRACE, request.span_id) in forward.links
+    rows = len(body["inputs"]) if isinstance(body["inputs"], list) else 1
+    assert forward.attributes["bertserve.batch_size"] >= rows
+    assert forward.attributes["bertserve.padded_tokens"] >= forward.attributes["bertserve.tokens"]
+
+
+def test_a_pass_shared_by_requests_is_one_span_linked_to_each(traced):
+    """Requests that run in one pass: one forward span (a child of one of them), linked to both."""
+    import concurrent.futures
+
+    def ask(i: int) -> httpx.Response:
+        return traced.client.post("/embeddings", json={"inputs": ["good day"] * 8, "model": "tiny"})
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(16)))
+    assert {a.status_code for a in answers} == {200}
+    trace_ids = {a.headers["trace-id"] for a in answers}
+    assert len(trace_ids) == 16  # each request its own trace
+
+    def linked(spans: list[Span]) -> list[Span]:
+        return [s for s in spans if s.name == "forward" and {t for t, _ in s.links} & trace_ids]
+
+    def all_linked(spans: list[Span]) -> bool:
+        return {t for s in linked(spans) for t, _ in s.links} >= trace_ids
+
+    spans = traced.receiver.wait_for(all_linked, what="the forward spans of 16 requests")
+    for forward in linked(spans):
+        assert forward.trace_id in {t for t, _ in forward.links}  # a child of one of the requests it served
+        assert forward.attributes["bertserve.requests"] == len(forward.links)
+    # with 16 requests at once, some pass carried more than one of them (the engine batches): its one span
+    # is linked to each; which passes did is the scheduler's choice, so only that it happened is asserted
+    assert max(len(s.links) for s in linked(spans)) > 1
+
+
+def test_a_finetune_job_continues_the_submitting_requests_trace_to_its_publish(traced):
+    c = traced.client
+    r = c.post(
+        "/datasets", files={"file": ("reviews.csv", labelled_csv())}, data={"name": "reviews", "kind": "labelled"}
+    )
+    assert r.status_code == 201, r.text
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    request = finetune_request("traced-clf", max_steps=6, batch_size=8, eval_every=3, save_every=3)
+    r = c.post("/jobs", json=request, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert wait_state(c, job_id, {"succeeded", "failed"}, timeout=120)["state"] == "succeeded"
+
+    spans = traced.receiver.wait_for(lambda s: any(x.name == "publish" and x.trace_id == trace_id for x in s))
+    trace = _trace(spans, trace_id)
+    (submit,) = [s for s in trace.values() if s.name == "POST /jobs"]
+    (run,) = [s for s in trace.values() if s.name == "train"]
+    assert run.service == "bertserve-worker" and submit.service == "bertserve-test"
+    assert run.parent_id == submit.span_id  # the record kept the request's context for the worker
+    assert (run.attributes["bertserve.job_id"], run.attributes["bertserve.outcome"]) == (job_id, "succeeded")
+    below = [s for s in trace.values() if s.parent_id == run.span_id]
+    names = [s.name for s in below]
+    assert "prepare" in names and "publish" in names
+    assert names.count("evaluate") >= 2 and names.count("checkpoint") >= 2
+    phases = {s.attributes["bertserve.phase"] for s in below if s.name == "prepare"}
+    assert "loading the model" in phases
