@@ -20,7 +20,7 @@ import time
 
 from fastapi import Depends, FastAPI
 
-from app.api.deps import require_inference, require_key, require_metrics
+from app.api.deps import CALLER_KEY, require_inference, require_key, require_metrics
 from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, deadline_paths, key_guards
 from app.api.request_context import TracingMiddleware
 from app.api.routes import (
@@ -176,7 +176,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models", "/v1/files")
     )
     app.add_middleware(KeyMiddleware, keyring=keyring, guards=key_guards(routers), metrics=metrics)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(
+        MetricsMiddleware, metrics=metrics, key_of=lambda scope: getattr(scope.get(CALLER_KEY), "name", None)
+    )
     app.add_middleware(TracingMiddleware)  # added last = outermost: the request's id, span and log fields
     return app
 

@@ -64,6 +64,8 @@ class KeyMiddleware:
         if key is ANONYMOUS:
             await self.app(scope, receive, send)
             return
+        scope[CALLER_KEY] = key  # before its rate is checked: a 429 is counted against it too
+        logs.note(key=key.name)
         self.metrics.key_requests.labels(key.name).inc()
         requests, tokens = self.keyring.buckets(key)
         headers = []
@@ -74,8 +76,6 @@ class KeyMiddleware:
             if wait > 0:
                 await self._rate_limited(key, requests, wait, path)(scope, receive, send)
                 return
-        scope[CALLER_KEY] = key
-        logs.note(key=key.name)
         reset = CALLER.set(Caller(key, tokens, self._count_tokens, self._count_refusal))
         try:
             await self.app(scope, receive, _adding_headers(send, headers))

@@ -195,10 +195,11 @@ class JobService:
             raise ServiceError("not_found", f"job '{job_id}' not found")
         return record
 
-    def job_seconds(self) -> dict[str, float]:
-        """Worker time of every key's jobs, in seconds, from the records (blocking: call in a thread)."""
+    def job_seconds(self, records: list[JobRecord] | None = None) -> dict[str, float]:
+        """Worker time of every key's jobs, in seconds, from the records (read here when not given: blocking,
+        call in a thread)."""
         seconds: dict[str, float] = {}
-        for record in self.records.list():
+        for record in self.records.list() if records is None else records:
             owner = jobs.owner_of(record)
             seconds[owner] = seconds.get(owner, 0.0) + float(record.get("runtime_s") or 0.0)
         return seconds

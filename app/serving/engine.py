@@ -267,6 +267,8 @@ class Engine:
                 budget = self.background_pass_tokens if first.background and online_recent else self.max_batch_tokens
                 planned = plan_batch(self._companions(first), budget)
                 for item, _, _ in planned:
+                    if not item.last_pass and self.metrics is not None:  # its first pass: it waited until now
+                        self.metrics.queue_wait.labels(item.lm.name, item.task).observe(now - item.enqueued)
                     item.last_pass = now
                 self._pending = deque(i for i in self._pending if i.todo)
                 self._set_depth()
