@@ -19,7 +19,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -177,15 +177,17 @@ def trace_id_of(traceparent: str | None) -> str:
 # -- spans ----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def span(name: str, parent: otel_context.Context | None = None, /, **attributes: Any) -> Iterator[Span | None]:
+_OFF: contextlib.nullcontext[None] = contextlib.nullcontext()  # what span() and job_span() give with tracing off
+
+
+def span(
+    name: str, parent: otel_context.Context | None = None, /, **attributes: Any
+) -> contextlib.AbstractContextManager[Span | None]:
     """A span, current inside the block (None and nothing else when tracing is off). An exception marks it
     failed and is recorded on it."""
     if not _enabled:
-        yield None
-        return
-    with tracer().start_as_current_span(name, context=parent, attributes=_clean(attributes)) as s:
-        yield s
+        return _OFF
+    return tracer().start_as_current_span(name, context=parent, attributes=_clean(attributes))
 
 
 def start(name: str, /, **attributes: Any) -> Span | None:
@@ -193,17 +195,16 @@ def start(name: str, /, **attributes: Any) -> Span | None:
     return tracer().start_span(name, attributes=_clean(attributes)) if _enabled else None
 
 
-@contextlib.contextmanager
-def job_span(record: Mapping[str, Any], name: str, parent: str | None = None) -> Iterator[Span | None]:
+def job_span(
+    record: Mapping[str, Any], name: str, parent: str | None = None
+) -> contextlib.AbstractContextManager[Span | None]:
     """An attempt at a job, in the trace of the request that submitted it (its record's `trace`; `parent`: a
     traceparent that overrides it, a data-parallel rank's)."""
     if not _enabled:
-        yield None
-        return
+        return _OFF
     attributes = {"bertserve.job_id": record.get("id"), "bertserve.job_kind": record.get("kind")}
     attributes |= {"bertserve.attempt": record.get("attempts"), "bertserve.model": record.get("model_name")}
-    with span(name, extract(parent or record.get("trace")), **attributes) as s:
-        yield s
+    return span(name, extract(parent or record.get("trace")), **attributes)
 
 
 def annotate(**attributes: Any) -> None:
