@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import atexit
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -368,6 +369,22 @@ def print_tracing_table(results: dict, levels: list[int], names: list[str]) -> N
                 ratios = [f"{median[name] / median['tracing off']:.3f}" for name in names if name != "tracing off"]
                 p50 = " / ".join(f"{statistics_median(results[e, length, c, name]):.1f}" for name in names)
                 print(f"| {e} | {length} ({n} tok) | {c} | " + " | ".join(cells + ratios) + f" | {p50} |")
+    print()
+    for name in names:
+        if name != "tracing off":  # the geometric mean of the cells' ratios of median turns
+            logs = [
+                math.log(_median_rps(results[key]) / _median_rps(results[key[:3] + ("tracing off",)]))
+                for key in results
+                if key[3] == name
+            ]
+            print(
+                f"- {name} / tracing off, geometric mean over {len(logs)} cells: {math.exp(sum(logs) / len(logs)):.3f}"
+            )
+
+
+def _median_rps(turns: list) -> float:
+    rps = sorted(r.rps for r in turns)
+    return rps[len(rps) // 2]
 
 
 def statistics_median(turns: list) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -68,7 +69,8 @@ def configure(service_name: str, env: Mapping[str, str] = os.environ) -> bool:
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: service_name}))
-    _provider = TracerProvider(resource=resource, sampler=None if env.get("OTEL_TRACES_SAMPLER") else _sampler(env))
+    sampler = None if env.get("OTEL_TRACES_SAMPLER") else _sampler(env)
+    _provider = TracerProvider(resource=resource, sampler=sampler, id_generator=_system_ids())
     for exporter in exporters:
         _provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(_provider)
@@ -89,6 +91,24 @@ def _exporter(name: str, env: Mapping[str, str]) -> Any:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()
+
+
+def _system_ids() -> Any:
+    """Trace and span ids from the operating system's randomness. The SDK's default draws them from the `random`
+    module, which a training run seeds (model/training/trainer.py): every run of one seed would then make the
+    same span ids, and a collector would keep one of each."""
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+    system = random.SystemRandom()
+
+    class SystemIds(IdGenerator):
+        def generate_span_id(self) -> int:
+            return system.getrandbits(64) or 1
+
+        def generate_trace_id(self) -> int:
+            return system.getrandbits(128) or 1
+
+    return SystemIds()
 
 
 def _sampler(env: Mapping[str, str]) -> Any:

@@ -37,11 +37,17 @@ def _value(v):
 class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[Span] = []
+        self._seen: set[tuple[bytes, bytes]] = set()
+        self.duplicates = 0
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # keep-alive, as a collector does: the exporter reuses its connection, and one this server had
+            # closed would fail the exporter's next send, which may then be sent twice or dropped
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
@@ -78,6 +84,10 @@ class OtlpReceiver:
                 resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for s in scope_spans.spans:
+                        if (s.trace_id, s.span_id) in self._seen:
+                            self.duplicates += 1  # an id made twice, or an export sent again
+                            continue
+                        self._seen.add((s.trace_id, s.span_id))
                         self.spans.append(
                             Span(
                                 name=s.name,

@@ -2,7 +2,8 @@
 (tests/otlp_receiver.py, protobuf decoded with opentelemetry-proto). An embedding and a fill-mask request
 each give one trace (the caller's, when it sends traceparent): the request's span, its tokenize, queue
 and write spans below it, and one forward span per pass, linked to every request it carried rows of. A
-fine-tune job's spans, from the submitting request to the publish, are one trace too.
+fine-tune job's spans, from the submitting request to the publish, are one trace too, and stay one when the job
+is handed back and resumed by another worker.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from tests.helpers import (
     flush_redis,
     labelled_csv,
     make_data_dir,
+    read_record,
     start_server,
     start_worker,
+    wait_for,
     wait_state,
 )
 from tests.otlp_receiver import OtlpReceiver, Span
@@ -39,13 +42,18 @@ def traced(tmp_path_factory):
         otel.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_SERVICE_NAME="bertserve-test")
         server, url = start_server(data_dir, REDIS_URL, root, **otel)
         otel.pop("OTEL_SERVICE_NAME")  # the worker's default name
-        worker = start_worker(data_dir, REDIS_URL, "traced", root, **otel)
+        workers = [start_worker(data_dir, REDIS_URL, "traced", root, **otel)]
         client = httpx.Client(base_url=url, timeout=60)
         try:
-            yield SimpleNamespace(client=client, receiver=receiver, data_dir=data_dir)
+            r = client.post("/datasets", files={"file": ("reviews.csv", labelled_csv())}, data={"name": "reviews"})
+            assert r.status_code == 201, r.text
+            yield SimpleNamespace(
+                client=client, receiver=receiver, data_dir=data_dir, workers=workers, otel=otel, root=root
+            )
         finally:
             client.close()
-            worker.stop()
+            for worker in workers:
+                worker.stop()
             server.stop()
             flush_redis()
 
@@ -130,10 +138,6 @@ def test_a_pass_shared_by_requests_is_one_span_linked_to_each(traced):
 
 def test_a_finetune_job_continues_the_submitting_requests_trace_to_its_publish(traced):
     c = traced.client
-    r = c.post(
-        "/datasets", files={"file": ("reviews.csv", labelled_csv())}, data={"name": "reviews", "kind": "labelled"}
-    )
-    assert r.status_code == 201, r.text
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     request = finetune_request("traced-clf", max_steps=6, batch_size=8, eval_every=3, save_every=3)
     r = c.post("/jobs", json=request, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
@@ -154,3 +158,46 @@ def test_a_finetune_job_continues_the_submitting_requests_trace_to_its_publish(t
     assert names.count("evaluate") >= 2 and names.count("checkpoint") >= 2
     phases = {s.attributes["bertserve.phase"] for s in below if s.name == "prepare"}
     assert "loading the model" in phases
+
+
+def test_a_job_handed_back_and_resumed_elsewhere_stays_in_one_trace(traced):
+    """The worker stops (warm shutdown) mid-run and hands the job back; another resumes it from its checkpoint:
+    both attempts are children of the submitting request's span. (Runs last: it replaces the module's worker.)"""
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
+    request = finetune_request("traced-resumed", max_steps=200, batch_size=8, save_every=50)
+    r = traced.client.post("/jobs", json=request, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    wait_for(lambda: read_record(traced.data_dir, job_id)["progress"].get("step", 0) >= 5, 60, "training")
+    traced.workers[0].stop(timeout=60)
+    assert read_record(traced.data_dir, job_id)["state"] == "queued"
+    traced.workers.append(start_worker(traced.data_dir, REDIS_URL, "resumer", traced.root, **traced.otel))
+    assert wait_state(traced.client, job_id, {"succeeded", "failed"}, timeout=180)["state"] == "succeeded"
+
+    def both_attempts(spans: list[Span]) -> bool:
+        return len([s for s in spans if s.trace_id == trace_id and s.name == "train"]) == 2 and any(
+            s.trace_id == trace_id and s.name == "publish" for s in spans
+        )
+
+    spans = traced.receiver.wait_for(both_attempts, what="both attempts' spans")
+    print(
+        [
+            (s.name, s.span_id, s.parent_id, s.attributes)
+            for s in spans
+            if s.trace_id == trace_id and s.name in ("train", "POST /jobs")
+        ]
+    )
+    trace = _trace(spans, trace_id)
+    (submit,) = [s for s in trace.values() if s.name == "POST /jobs"]
+    first, second = sorted(
+        (s for s in trace.values() if s.name == "train"), key=lambda s: s.attributes["bertserve.resumed"]
+    )
+    assert first.parent_id == second.parent_id == submit.span_id
+    assert (first.attributes["bertserve.resumed"], second.attributes["bertserve.resumed"]) == (False, True)
+    assert first.attributes["bertserve.outcome"] == "handed back"  # not counted as an attempt: both are attempt 1
+    assert first.attributes["bertserve.attempt"] == second.attributes["bertserve.attempt"] == 1
+    assert second.attributes["bertserve.outcome"] == "succeeded"
+    (publish,) = [s for s in trace.values() if s.name == "publish"]
+    assert publish.parent_id == second.span_id
+    # both attempts seeded `random` alike (the trainer does): their spans' ids still differ
+    assert traced.receiver.duplicates == 0

@@ -82,3 +82,15 @@ def test_a_traceparent_is_read_or_ignored():
         assert tracing.extract(bad) is None
         made = tracing.trace_id_of(bad)
         assert len(made) == 32 and int(made, 16) > 0  # a new id, for the answer's header and the log lines
+
+
+def test_span_ids_do_not_follow_a_seeded_random_module():
+    """A training run seeds `random` (model/training/trainer.py); span ids must not repeat run after run."""
+    import random
+
+    ids = tracing._system_ids()
+    random.seed(0)
+    first = [ids.generate_span_id() for _ in range(3)]
+    random.seed(0)
+    assert [ids.generate_span_id() for _ in range(3)] != first
+    assert ids.generate_trace_id() != ids.generate_trace_id()
