@@ -8,6 +8,7 @@ is handed back and resumed by another worker.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import httpx
@@ -158,6 +159,35 @@ def test_a_finetune_job_continues_the_submitting_requests_trace_to_its_publish(t
     assert names.count("evaluate") >= 2 and names.count("checkpoint") >= 2
     phases = {s.attributes["bertserve.phase"] for s in below if s.name == "prepare"}
     assert "loading the model" in phases
+
+
+def test_an_openai_batch_continues_the_trace_of_the_request_that_created_it(traced):
+    c = traced.client
+    lines = b"".join(
+        json.dumps(
+            {"custom_id": f"l{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": "tiny", "input": text}}
+        ).encode()
+        + b"\n"
+        for i, text in enumerate(["good day", "a bad film", "i love this film"])
+    )
+    r = c.post("/v1/files", files={"file": ("in.jsonl", lines)}, data={"purpose": "batch"})
+    assert r.status_code == 200, r.text
+    trace_id = "6bf92f3577b34da6a3ce929d0e0e4736"
+    body = {"input_file_id": r.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    r = c.post("/v1/batches", json=body, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    assert r.status_code == 200, r.text
+    batch_id = r.json()["id"]
+    wait_for(lambda: c.get(f"/v1/batches/{batch_id}").json()["status"] == "completed", 60, "the batch")
+
+    def whole(spans: list[Span]) -> bool:
+        return {"batch", "forward"} <= {s.name for s in spans if s.trace_id == trace_id}
+
+    trace = _trace(traced.receiver.wait_for(whole, what="the batch's spans"), trace_id)
+    (create,) = [s for s in trace.values() if s.name == "POST /v1/batches"]
+    (batch,) = [s for s in trace.values() if s.name == "batch"]
+    assert batch.parent_id == create.span_id and batch.attributes["bertserve.job_kind"] == "batch"
+    forwards = [s for s in trace.values() if s.name == "forward"]
+    assert all((trace_id, batch.span_id) in f.links for f in forwards)  # its lines' passes, linked to it
 
 
 def test_a_job_handed_back_and_resumed_elsewhere_stays_in_one_trace(traced):
