@@ -13,7 +13,7 @@ DATA_DIR (`without_data_dir`).
 
 The service's log lines quote what requests sent (paths, names, file names): `escape_for_log` keeps each
 record one line, so a path with %0A in it cannot forge a line; `OneLine` applies it to every record of
-the `bertserve` logger.
+the `bertserve` logger (both live in worker/telemetry/logs.py, with the log formats).
 Pattern after text-embeddings-inference's router (one ErrorType -> StatusCode table).
 """
 
@@ -33,29 +33,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.telemetry.logs import OneLine
+
 log = logging.getLogger("bertserve")
-
-# What a log line never carries raw: the C0 and C1 controls (line feeds among them) and DEL, and the
-# Unicode line and paragraph separators, at which some log readers start a new line.
-_LOG_ESCAPES: dict[int, str] = {
-    **{c: f"\\u{c:04x}" for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]},
-    **{ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"},
-}
-
-
-def escape_for_log(value: object) -> str:
-    """`value` as text that stays on its log line: `\\n`, `\\r` and `\\t` for those, `\\uXXXX` for the other
-    controls and for U+2028 and U+2029."""
-    return str(value).translate(_LOG_ESCAPES)
-
-
-class OneLine(logging.Filter):
-    """Makes each record's message (its arguments formatted in) one line, with escape_for_log. A traceback
-    is not the message: the formatter adds it below, as before."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = escape_for_log(record.getMessage()), None
-        return True
 
 
 def without_data_dir(message: str, data_dir: Path) -> str:

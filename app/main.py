@@ -1,6 +1,7 @@
 """The FastAPI app: `create_app(settings)` (factory) and `app` (settings from the environment).
 
-Middleware, outermost first: metrics (times everything), keys (401 or 403 from the headers, and
+Middleware, outermost first: tracing (the request id, its span, the trace-id header, its log fields),
+metrics (times everything), keys (401 or 403 from the headers, and
 each key's request rate, before the body is read), body limit (413 before the body is read), deadline (inference routes: 503 past
 BERT_REQUEST_TIMEOUT, work dropped when the client goes). Routers: operations (open: /health,
 /ready; /metrics too when BERT_METRICS_PUBLIC); inference and /models need the scope inference, /metrics
@@ -19,8 +20,9 @@ import time
 
 from fastapi import Depends, FastAPI
 
-from app.api.deps import require_inference, require_key, require_metrics
+from app.api.deps import CALLER_KEY, require_inference, require_key, require_metrics
 from app.api.middleware import BodyLimitMiddleware, DeadlineMiddleware, KeyMiddleware, deadline_paths, key_guards
+from app.api.request_context import TracingMiddleware
 from app.api.routes import (
     classify,
     console,
@@ -49,6 +51,7 @@ from app.serving.embed_pipeline import BackgroundEmbedder
 from app.serving.service import Service
 from app.settings import Settings
 from datadir import JobRecords
+from worker.telemetry import logs, tracing
 
 DESCRIPTION = """Self-hosted BERT inference: fill-mask, next-sentence prediction, embeddings
 (also in OpenAI's format), fine-tuned classifiers, token classification and extractive question
@@ -73,6 +76,9 @@ TIDY_EVERY_S = 3600.0
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    if settings.log_format == "json":  # `bert serve` installs either format; uvicorn --factory has its own
+        logs.install("json")
+    tracing.configure("bertserve")  # only when OTEL_* asks for traces (worker/telemetry/tracing.py)
     metrics = Metrics()
     service = Service(settings, metrics)
 
@@ -135,6 +141,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
         openapi_url=None,  # /docs, /openapi.json: routes/ops.py
         redirect_slashes=False,
+        # FastAPI's own spans and metrics off: a request's span is app/api/tracing.py's, with the engine's below it
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.service = service
@@ -179,7 +187,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=("/datasets", "/models", "/v1/files")
     )
     app.add_middleware(KeyMiddleware, keyring=keyring, guards=key_guards(routers), metrics=metrics)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last = outermost
+    app.add_middleware(
+        MetricsMiddleware, metrics=metrics, key_of=lambda scope: getattr(scope.get(CALLER_KEY), "name", None)
+    )
+    app.add_middleware(TracingMiddleware)  # added last = outermost: the request's id, span and log fields
     return app
 
 

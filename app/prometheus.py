@@ -4,13 +4,20 @@ Requests and latency are counted per route template (not per raw path, which wou
 create unbounded label values) and status; the engine reports batch sizes, padded batch tokens,
 queue depth and tokens processed; each key's requests, tokens, rate-limit refusals and job-seconds;
 the model registry, model loads, unloads, load time and the
-memory it counts against its budget.
+memory it counts against its budget; how long requests wait for their first pass; each key's 429s and
+5xx answers; whether this replica is ready.
+
+Jobs by state and each running job's heartbeat age are read from the shared job records at each scrape
+(`observe_jobs`), so every replica exports the same values: a dashboard or an alert takes max() over the
+replicas, never sum(), which would count a job once per replica.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -20,6 +27,7 @@ DISCONNECTED = "bertserve.disconnected"  # scope key: the client left before its
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 if TYPE_CHECKING:
@@ -70,6 +78,26 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("bert_queue_depth", "Requests waiting for the inference thread.", registry=r)
+        self.queue_wait = Histogram(
+            "bert_queue_wait_seconds",
+            "Time a request's work waits in the engine's queue before its first forward pass.",
+            ["model", "task"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.ready = Gauge("bert_ready", "1 while this replica is ready (GET /ready answers 200), else 0.", registry=r)
+        self.jobs = Gauge(
+            "bert_jobs",
+            "Jobs by state and kind, from the shared job records (every replica exports the same: take max()).",
+            ["state", "kind"],
+            registry=r,
+        )
+        self.job_heartbeat_age = Gauge(
+            "bert_job_heartbeat_age_seconds",
+            "Seconds since each running job's last lease heartbeat, from its record (every replica exports the same).",
+            ["job_id", "kind"],  # not "job": Prometheus's own label for the scrape target's job
+            registry=r,
+        )
         self.models_loaded = Gauge("bert_models_loaded", "Models in memory.", registry=r)
         self.model_loads = Counter(
             "bert_model_loads_total", "Models loaded (and warmed up) into memory.", ["model"], registry=r
@@ -110,6 +138,12 @@ class Metrics:
             ["key", "limit"],
             registry=r,
         )
+        self.key_errors = Counter(
+            "bert_key_errors_total",
+            "Answers of status 429 or 5xx to each key's requests (anonymous: no key), by status.",
+            ["key", "status"],
+            registry=r,
+        )
         self.key_job_seconds = Gauge(
             "bert_key_job_seconds",
             "Worker time of each key's jobs, in seconds (from the job records).",
@@ -122,6 +156,21 @@ class Metrics:
         self.batch_size.labels(model, task).observe(rows)
         self.batch_tokens.labels(model, task).observe(rows * longest)
         self.tokens.labels(model, task).inc(batch.tokens)
+
+    def observe_jobs(self, records: Iterable[Mapping[str, Any]], now: dt.datetime | None = None) -> None:
+        """Jobs by state and kind, and each running job's heartbeat age, as the records have them now."""
+        now = now or dt.datetime.now(dt.UTC)
+        counts: dict[tuple[str, str], int] = {}
+        self.job_heartbeat_age.clear()  # a job that ended leaves the gauge
+        for record in records:
+            state, kind = record.get("state", "unknown"), record.get("kind", "unknown")
+            counts[state, kind] = counts.get((state, kind), 0) + 1
+            if state == "running" and (beat := record.get("heartbeat_at") or record.get("started_at")):
+                age = (now - dt.datetime.fromisoformat(beat.replace("Z", "+00:00"))).total_seconds()
+                self.job_heartbeat_age.labels(record["id"], kind).set(max(age, 0.0))
+        self.jobs.clear()
+        for (state, kind), n in counts.items():
+            self.jobs.labels(state, kind).set(n)
 
     def per_key(self) -> dict[str, dict[str, float]]:
         """Each key's requests, tokens, rate-limit refusals and job-seconds, as the counters have them."""
@@ -149,9 +198,10 @@ class Metrics:
 class MetricsMiddleware:
     """Pure ASGI: time every HTTP request and count it by route template and status."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: Metrics, key_of: Callable[[Scope], str | None] = lambda scope: None):
         self.app = app
         self.metrics = metrics
+        self.key_of = key_of  # the name of the request's key, once the key middleware has checked it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -176,3 +226,5 @@ class MetricsMiddleware:
             labels = (path, scope["method"], str(status))
             self.metrics.requests.labels(*labels).inc()
             self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+            if status == 429 or 500 <= status < 600:
+                self.metrics.key_errors.labels(self.key_of(scope) or "anonymous", str(status)).inc()

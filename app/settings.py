@@ -18,7 +18,7 @@ from datadir.scheduling import PRIORITY_MAX, PRIORITY_MIN
 from model.compute.device import DEVICE_PATTERN
 from model.config import MAX_LABELS
 from model.options import PRECISIONS
-from worker.queue import BrokerUrlSetting, DataDirSetting
+from worker.queue import BrokerUrlSetting, DataDirSetting, LogFormatSetting
 
 Precision = Literal[
     "auto", "fp32", "bf16", "int8"
@@ -109,6 +109,7 @@ class Settings(BaseSettings):
     metrics_public: bool = Field(
         False, description="Serve `/metrics` without the API key (a Prometheus scraper on a trusted network)."
     )
+    log_format: LogFormatSetting
     load: Literal["startup", "lazy"] = Field(
         "startup",
         description=(

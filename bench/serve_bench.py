@@ -19,6 +19,12 @@ clients with batching on, 1 with it off).
     .venv/bin/python bench/serve_bench.py                 # full run, a few minutes
     .venv/bin/python bench/serve_bench.py --duration 1 --clients 1,8
     .venv/bin/python bench/serve_bench.py --endpoints embeddings,embed_sparse --batching on   # sparse vs dense
+    .venv/bin/python bench/serve_bench.py --tracing --baseline DIR   # what tracing costs, off and on
+
+With --tracing it compares, batching on, three servers running at once and measured in turns (the same
+neighbours' load for each): this tree with no OTEL_* variable (tracing off), this tree sending every span to
+a local OTLP/HTTP sink (tracing on, sampled 100%), and, with --baseline, another checkout of the project
+(e.g. `git archive <commit> | tar -x -C DIR`: the service before tracing existed).
 
 OMP_WAIT_POLICY defaults to PASSIVE here (for this process and the server alike, unless already
 set): with OpenMP's spinning waits, on a machine whose cores are shared, both the service and the
@@ -31,6 +37,7 @@ import argparse
 import asyncio
 import atexit
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -57,6 +64,7 @@ from model.tokenizer import BertTokenizer  # noqa: E402
 LENGTHS = {"short": 10, "long": 128}  # tokens, [CLS] and [SEP] included
 SPARSE_SHIFT = 1.2  # about 3.7 standard deviations of this random head's logits
 ENDPOINTS = ("embeddings", "fill-mask", "embed_sparse")
+TRACED = ("embeddings", "fill-mask")  # --tracing's routes: a --baseline checkout may predate the others
 BODIES = {"fill-mask": {"top_k": 5}, "embed_sparse": {"pooling": "splade"}}  # beside "inputs"
 
 
@@ -226,7 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--batching", choices=("on", "off", "both"), default="both", help="servers to run (default both)"
     )
+    parser.add_argument("--tracing", action="store_true", help="compare tracing off, on, and --baseline")
+    parser.add_argument("--baseline", type=Path, help="with --tracing: a checkout to serve beside this tree")
+    parser.add_argument("--rounds", type=int, default=3, help="with --tracing: turns per cell (default 3)")
     args = parser.parse_args(argv)
+    if args.tracing:
+        compare_tracing(args)
+        return
     levels = [int(c) for c in args.clients.split(",")]
     endpoints = [e for e in args.endpoints.split(",") if e]
     if unknown := set(endpoints) - set(ENDPOINTS):
@@ -307,6 +321,106 @@ def print_table(results: dict, bare: dict, levels: list[int], endpoints: list[st
             f"= {on.rps / off.rps:.2f}x (target >= 2x); long inputs: service {long_on.tps:.0f} tokens/s = "
             f"{100 * long_on.tps / bare[e, 'long', top, True]:.0f}% of bare forward (target >= 70%)"
         )
+
+
+# -- what tracing costs -------------------------------------------------------------------------
+
+
+class OtlpSink:
+    """A local OTLP/HTTP endpoint that answers every export 200 and keeps nothing (the "tracing on" server's)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def compare_tracing(args) -> None:
+    levels = [int(c) for c in args.clients.split(",")]
+    data_dir = Path(tempfile.mkdtemp(prefix="bertserve-bench-"))
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
+    _, tokenizer = build_model(data_dir)
+    inputs = {(e, n): make_inputs(tokenizer, 64, n, masked=e == "fill-mask") for e in TRACED for n in LENGTHS.values()}
+    sink = OtlpSink()
+    off = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    on = {**off, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_TRACES_SAMPLER": "always_on"}
+    variants = {"tracing off": (ROOT, off), "tracing on": (ROOT, on)}
+    if args.baseline:
+        variants = {"baseline": (args.baseline.resolve(), off), **variants}
+    print(f"{machine_line()}, {os.cpu_count()} CPUs, {args.duration:g} s per turn, {args.rounds} turns", flush=True)
+    servers = {}
+    try:
+        for name, (root, env) in variants.items():
+            servers[name] = live.start_server(data_dir, root, process_env=env, MAX_QUEUE="1024")
+        results: dict = {}
+        for e in TRACED:
+            for length, n in LENGTHS.items():
+                for c in levels:
+                    for _ in range(args.rounds):  # in turns: a neighbour's burst falls on every variant alike
+                        for name, (_, port) in servers.items():
+                            r = asyncio.run(load(port, e, inputs[e, n], n, c, args.duration))
+                            results.setdefault((e, length, c, name), []).append(r)
+    finally:
+        for proc, _ in servers.values():
+            stop_server(proc)
+    print_tracing_table(results, levels, list(variants))
+
+
+def print_tracing_table(results: dict, levels: list[int], names: list[str]) -> None:
+    """Each variant's requests/s (the median turn; min-max beside it) and p50, as a ratio to tracing off."""
+    print(
+        "| endpoint | input | clients | "
+        + " | ".join(f"{n} req/s (min-max)" for n in names)
+        + " | "
+        + " | ".join(f"{n} / off" for n in names if n != "tracing off")
+        + " | p50 ms "
+        + " / ".join(names)
+        + " |"
+    )
+    print("|---|---|---:|" + "---:|" * (2 * len(names)))
+    for e in TRACED:
+        for length, n in LENGTHS.items():
+            for c in levels:
+                turns = {name: sorted(r.rps for r in results[e, length, c, name]) for name in names}
+                median = {name: t[len(t) // 2] for name, t in turns.items()}
+                cells = [f"{median[name]:.1f} ({t[0]:.1f}-{t[-1]:.1f})" for name, t in turns.items()]
+                ratios = [f"{median[name] / median['tracing off']:.3f}" for name in names if name != "tracing off"]
+                p50 = " / ".join(f"{statistics_median(results[e, length, c, name]):.1f}" for name in names)
+                print(f"| {e} | {length} ({n} tok) | {c} | " + " | ".join(cells + ratios) + f" | {p50} |")
+    print()
+    for name in names:
+        if name != "tracing off":  # the geometric mean of the cells' ratios of median turns
+            logs = [
+                math.log(_median_rps(results[key]) / _median_rps(results[key[:3] + ("tracing off",)]))
+                for key in results
+                if key[3] == name
+            ]
+            print(
+                f"- {name} / tracing off, geometric mean over {len(logs)} cells: {math.exp(sum(logs) / len(logs)):.3f}"
+            )
+
+
+def _median_rps(turns: list) -> float:
+    rps = sorted(r.rps for r in turns)
+    return rps[len(rps) // 2]
+
+
+def statistics_median(turns: list) -> float:
+    lat = sorted(x for r in turns for x in r.latencies)
+    return 1000 * lat[len(lat) // 2] if lat else float("nan")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ def audit_path(data_dir: Path) -> Path:
     return Path(data_dir) / AUDIT_FILE
 
 
+def json_line(entry: dict) -> str:
+    """`entry` as one line of JSON for every reader (the service's JSON log lines are written so too)."""
+    return json.dumps(entry, ensure_ascii=False, separators=(", ", ": ")).translate(_LINE_BREAKS)
+
+
 def append(data_dir: Path, key: str, action: str, target: str, outcome: str = "ok", **extra: str | None) -> None:
     """Add one line (blocking: call in a thread from async code)."""
     entry = {
@@ -39,8 +44,7 @@ def append(data_dir: Path, key: str, action: str, target: str, outcome: str = "o
         "outcome": outcome,
         **extra,
     }
-    text = json.dumps(entry, ensure_ascii=False, separators=(", ", ": ")).translate(_LINE_BREAKS)
-    line = (text + "\n").encode()
+    line = (json_line(entry) + "\n").encode()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     fd = os.open(audit_path(data_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

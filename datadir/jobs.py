@@ -101,6 +101,7 @@ class JobRecord(TypedDict, total=False):
     priority: int  # the queue's order (datadir/scheduling.py); absent in older records: 0
     worker_share: float | None  # the owner's key's share of worker time when it submitted the job
     preempted_for: str | None  # the job this one last handed itself back for, while it waits again
+    trace: str  # the W3C traceparent of the request that submitted it (with tracing on): its run's spans join it
 
 
 LEGACY_OWNER = "admin"  # the owner of a record without one: it was made with the admin key, or with none

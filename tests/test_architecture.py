@@ -103,7 +103,7 @@ BROKEN_TREE = {
     "datadir/jobs.py": "from model import modeling\n",  # the ground floor reaches up into model/ (and torch)
     "app/__init__.py": "",
     "app/jobs/__init__.py": "",
-    "app/jobs/job_service.py": "import worker.queue\n",  # the allowed crossings: the publisher ...
+    "app/jobs/job_service.py": "import worker.queue\nfrom worker.telemetry import tracing\n",  # the allowed crossings ...
     # ... and the settings both sides read; then a shared type reaches up to the CLI
     "app/settings.py": "import worker.queue\nfrom app.cli import main\n",
     "app/serving/__init__.py": "",
@@ -114,7 +114,12 @@ BROKEN_TREE = {
     "worker/queue.py": "from . import settings\n",  # the queue module is not a leaf
     "worker/settings.py": "",
     "worker/training.py": "import app.jobs.job_service\n",  # worker imports app
-    **{f"worker/{name}.py": "" for name in ("celery_app", "tasks", "recipes", "recovery")},
+    "worker/telemetry/__init__.py": "",
+    "worker/telemetry/tracing.py": "from worker import settings\n",  # the shared helpers reach into the worker
+    **{
+        f"worker/{name}.py": ""
+        for name in ("celery_app", "tasks", "recipes", "recovery", "ddp_job", "health", "job_trace")
+    },
 }
 
 
@@ -130,7 +135,7 @@ def broken_tree(tmp_path_factory) -> Path:
 def test_each_contract_catches_its_violation(broken_tree):
     proc = lint_imports(broken_tree, broken_tree)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Contracts: 0 kept, 7 broken." in proc.stdout, proc.stdout
+    assert "Contracts: 0 kept, 8 broken." in proc.stdout, proc.stdout
 
 
 def test_the_cycle_check_sees_function_level_imports(broken_tree, monkeypatch):
@@ -140,16 +145,19 @@ def test_the_cycle_check_sees_function_level_imports(broken_tree, monkeypatch):
     assert import_cycles(*PACKAGES) == [["model.training.runs", "model.training.trainer"]]
 
 
-def test_the_app_reaches_into_worker_only_through_a_leaf_queue_module():
-    """Beyond the named contracts: whatever worker/ grows, app/ imports only worker.queue, and that
-    module imports nothing of the project."""
+def test_the_app_reaches_into_worker_only_through_leaf_modules():
+    """Beyond the named contracts: whatever worker/ grows, app/ imports only worker.queue, which imports
+    nothing of the project, and worker.telemetry, which imports only datadir and itself."""
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     app_modules = [m for m in graph.modules if m.split(".")[0] == "app"]
     reached = {
         n for m in app_modules for n in graph.find_modules_directly_imported_by(m) if n.split(".")[0] == "worker"
     }
-    assert reached == {"worker.queue"}
+    assert reached - {"worker.telemetry"} == {"worker.queue", "worker.telemetry.logs", "worker.telemetry.tracing"}
     assert not {n for n in graph.find_modules_directly_imported_by("worker.queue") if n.split(".")[0] in PACKAGES}
+    telemetry = [m for m in graph.modules if m.startswith("worker.telemetry")]
+    beyond = {n for m in telemetry for n in graph.find_modules_directly_imported_by(m) if n.split(".")[0] in PACKAGES}
+    assert {n for n in beyond if not n.startswith("worker.telemetry")} <= {"datadir.audit"}
 
 
 def test_the_data_directory_contract_loads_no_framework_and_no_torch():
@@ -214,6 +222,8 @@ ONE_HOME = {
     "VISIBILITY_TIMEOUT_S": "worker/queue.py",  # the broker's, for the workers and the publisher
     "DataDirSetting": "worker/queue.py",  # BERT_DATA_DIR, for the service's settings and the workers'
     "BrokerUrlSetting": "worker/queue.py",  # BERT_BROKER_URL (or REDIS_URL), the same
+    "LogFormatSetting": "worker/queue.py",  # BERT_LOG_FORMAT, the same
+    "escape_for_log": "worker/telemetry/logs.py",  # a log line's controls and line separators, escaped
 }
 
 

@@ -9,11 +9,12 @@ Redis broker's caveats (visibility timeout), and Flask's Celery example (tasks a
 
 from __future__ import annotations
 
-from celery import Celery
+from celery import Celery, signals
 
 from worker import recovery
 from worker.queue import TRAINING_QUEUE, broker_transport_options, has_fanout
 from worker.settings import WorkerSettings
+from worker.telemetry import logs, tracing
 
 
 def make_celery(settings: WorkerSettings | None = None) -> Celery:
@@ -60,6 +61,15 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
     return app
 
 
+@signals.after_setup_logger.connect
+def _log_lines(logger, format: str, **_) -> None:
+    """BERT_LOG_FORMAT for the worker's lines: Celery's own text format with the job's ids after the message,
+    or JSON lines (worker/telemetry/logs.py)."""
+    for handler in logger.handlers:
+        handler.setFormatter(logs.LogFormatter(settings.log_format, format))
+
+
 settings = WorkerSettings()
+tracing.configure("bertserve-worker")  # only when OTEL_* asks for traces; the pool processes inherit it
 app = make_celery(settings)
 recovery.install(settings)  # the recovery sweep at start-up and on a timer, the shutdown flag

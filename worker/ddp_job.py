@@ -20,6 +20,7 @@ from model.training.callbacks import Callback
 from model.training.distributed import destroy, die_with_parent, env_dist
 from worker import recipes
 from worker.settings import WorkerSettings
+from worker.telemetry import tracing
 from worker.training import train
 
 log = logging.getLogger("bertserve.worker")
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
     die_with_parent()  # before anything: no rank outlives the launcher (worker/training.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(rank)s %(message)s")
     job_id, settings, flag = argv[0], WorkerSettings(), SignalFlag()
+    tracing.configure("bertserve-worker")  # rank 0's spans join its launcher's (TRACEPARENT, worker/training.py)
     records, d = JobRecords(settings.data_dir), env_dist()
 
     def tag_rank(record: logging.LogRecord) -> bool:

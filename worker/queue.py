@@ -1,5 +1,5 @@
 """The training queue as both sides see it: task names, the queue, kombu's transport options, the two
-settings both read (the broker URL and DATA_DIR), and sending a job. The one module of worker/ that the
+settings both read (the broker URL, DATA_DIR and the log format), and sending a job. The one module of worker/ that the
 app imports (it publishes jobs; it never imports the worker's Celery app or its training code).
 
 A message is one task, `bert.train`, with one argument, the job id: everything else, the job's kind
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AliasChoices, Field
 
@@ -34,6 +34,16 @@ DataDirSetting = Annotated[Path, Field(default_factory=lambda: Path("./data"))]
 BrokerUrlSetting = Annotated[
     str,
     Field(default="redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BERT_BROKER_URL", "REDIS_URL")),
+]
+LogFormatSetting = Annotated[
+    Literal["text", "json"],
+    Field(
+        default="text",
+        description=(
+            "Log lines: `text`, or `json` (one object per line: time, level, logger, message, and the request id, "
+            "trace and span ids, key name and job id where known)."
+        ),
+    ),
 ]
 _REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
 _FANOUT_SCHEMES = (*_REDIS_SCHEMES, "amqp", "amqps", "pyamqp")

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from datadir.runner import HEARTBEAT_S
 from model.compute.device import DEVICE_PATTERN
-from worker.queue import VISIBILITY_TIMEOUT_S, BrokerUrlSetting, DataDirSetting
+from worker.queue import VISIBILITY_TIMEOUT_S, BrokerUrlSetting, DataDirSetting, LogFormatSetting
 
 DAY = 24 * 3600
 
@@ -34,6 +34,7 @@ class WorkerSettings(BaseSettings):
             "`filesystem://` (messages in `DATA_DIR/broker`)."
         ),
     )
+    log_format: LogFormatSetting
     visibility_timeout: int = Field(
         VISIBILITY_TIMEOUT_S,  # why a redelivery is harmless, and what it is for: worker/queue.py
         ge=10,

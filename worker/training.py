@@ -68,7 +68,9 @@ from model.training.callbacks import Callback
 from model.training.distributed import is_peer_failure, launched, torchrun_command
 from model.training.trainer import FINAL_MODEL
 from worker import recipes
+from worker.job_trace import TraceCallback
 from worker.settings import WorkerSettings
+from worker.telemetry import logs, tracing
 
 log = logging.getLogger("bertserve.worker")
 
@@ -125,7 +127,8 @@ def run_delivery(
         order.append(job_id)  # finished or unknown: run_job says so
     result: dict[str, Any] = {"job": job_id, "outcome": "nothing to run"}
     for candidate in order:
-        result = run_job(candidate, settings, shutting_down=shutting_down, requeue=requeue)
+        with logs.bound(job_id=candidate):
+            result = run_job(candidate, settings, shutting_down=shutting_down, requeue=requeue)
         if result["outcome"] != runner.RUNNING_ELSEWHERE:
             break
     return result
@@ -297,7 +300,20 @@ class JobReporter(Callback):
 
 
 def train(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag | None = None) -> str:
-    """Run (or resume) the training of a job whose attempt has begun, and end it; returns the outcome."""
+    """Run (or resume) the training of a job whose attempt has begun, and end it; returns the outcome. With
+    tracing on, in a span of the trace of the request that submitted it (a rank: of its launcher's span)."""
+    assert attempt.record is not None
+    parent = os.environ.get("TRACEPARENT") if launched() else None
+    with tracing.job_span(attempt.record, "train", parent) as span:
+        outcome = _train(attempt, settings, shutting_down)
+        tracing.annotate(**{"bertserve.outcome": outcome})
+        if outcome == "failed":
+            tracing.fail(span, "the job failed")
+    tracing.flush()  # a pool process may be ended before the exporter's next batch
+    return outcome
+
+
+def _train(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag | None) -> str:
     records, record = attempt.records, attempt.record
     assert record is not None
     if record["params"].get("devices", 1) > 1 and not launched():
@@ -306,7 +322,8 @@ def train(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag
     reporter = JobReporter(records, record, settings, shutting_down)
     try:
         _mark_resume(records, record)
-        result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, [reporter])
+        callbacks = [reporter, *([TraceCallback()] if tracing.enabled() else [])]
+        result = recipes.run(record, settings.data_dir, job_dir, settings.worker_device, callbacks)
     except Exception as e:
         if launched() and is_peer_failure(e):  # another rank died: this attempt is lost (train_ranks), not failed
             raise
@@ -315,7 +332,8 @@ def train(attempt: runner.Attempt, settings: WorkerSettings, shutting_down: Flag
         return _stopped(attempt, reporter, result)
     _write_card(job_dir / FINAL_MODEL, job_id, result.eval_metrics)
     try:
-        published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
+        with tracing.span("publish", **{"bertserve.model": record["model_name"]}):
+            published = publish_model(settings.data_dir, job_id, job_dir / FINAL_MODEL, record["model_name"])
     except Exception as e:
         return _fail(attempt, e, reporter.runtime())
     summary = {
@@ -406,6 +424,8 @@ def check_devices(devices: int, settings: WorkerSettings) -> None:
 def _rank_env(settings: WorkerSettings) -> dict[str, str]:
     """The ranks read this worker's settings from the environment, as this process did."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if (traceparent := tracing.traceparent()) is not None:  # the ranks' spans continue this attempt's
+        env["TRACEPARENT"] = traceparent
     for name, value in settings.model_dump().items():
         if value is not None:
             env[f"BERT_{name.upper()}"] = str(value)

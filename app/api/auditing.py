@@ -20,10 +20,15 @@ from datadir import audit
 
 log = logging.getLogger("bertserve")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # fullmatch: `$` would let a final newline in
+REQUEST_ID_KEY = (
+    "bertserve.request_id"  # scope key: the id the outermost middleware gave the request (app/api/tracing.py)
+)
 
 
 def request_id(request: Request) -> str:
-    """The client's X-Request-ID when it is a plain one, else a new id."""
+    """The request's id (app/api/tracing.py): the client's X-Request-ID when it is a plain one, else a new id."""
+    if (known := request.scope.get(REQUEST_ID_KEY)) is not None:
+        return known
     given = request.headers.get("x-request-id", "")
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 

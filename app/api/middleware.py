@@ -36,6 +36,7 @@ from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS, ANY, Keyring
 from app.keys.limits import CALLER, Caller, TokenBucket
 from app.prometheus import DISCONNECTED, Metrics
+from worker.telemetry import logs
 
 log = logging.getLogger("bertserve")
 Guard = tuple[re.Pattern, frozenset[str], str | None]  # a route's path regex, its methods, the scope it needs
@@ -63,6 +64,8 @@ class KeyMiddleware:
         if key is ANONYMOUS:
             await self.app(scope, receive, send)
             return
+        scope[CALLER_KEY] = key  # before its rate is checked: a 429 is counted against it too
+        logs.note(key=key.name)
         self.metrics.key_requests.labels(key.name).inc()
         requests, tokens = self.keyring.buckets(key)
         headers = []
@@ -73,7 +76,6 @@ class KeyMiddleware:
             if wait > 0:
                 await self._rate_limited(key, requests, wait, path)(scope, receive, send)
                 return
-        scope[CALLER_KEY] = key
         reset = CALLER.set(Caller(key, tokens, self._count_tokens, self._count_refusal))
         try:
             await self.app(scope, receive, _adding_headers(send, headers))

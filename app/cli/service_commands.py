@@ -98,6 +98,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     ]
     if args.hostname:
         argv += ["--hostname", args.hostname]
+    from app.settings import Settings
+
+    if Settings().log_format == "json":
+        argv.insert(1, "--quiet")  # JSON lines only: Celery prints its start-up banner, it does not log it
     os.execv(celery, argv)
 
 

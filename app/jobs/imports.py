@@ -52,6 +52,7 @@ from datadir.publish import audit_publish, version_of
 from model.errors import UserError
 from model.options import IMPORT_POOLINGS
 from model.sources import ARCHIVE_SUFFIXES, import_source
+from worker.telemetry import logs, tracing
 
 log = logging.getLogger("bertserve")
 
@@ -138,6 +139,7 @@ class Imports:
                 "params": request.params(),
                 "source": {"kind": SOURCE_KIND, "shared": owner.is_admin},  # an admin's datasets serve every key
                 "owner": owner.name,
+                **tracing.job_fields(),  # the import continues this request's trace
             }
             record = self.records.create(spec)
         if start:
@@ -156,6 +158,7 @@ class Imports:
             "source": source,
             "owner": owner,  # the key that asked for it
             "publish_any": True,  # imports need the admin scope: an admin may publish over any name
+            **tracing.job_fields(),  # the import continues this request's trace
         }
         record = self.records.create(spec)
         if upload is not None:
@@ -193,6 +196,11 @@ class Imports:
         return runner.run(self.records, job_id, self._import, wait_s=1.0)
 
     def _import(self, attempt: runner.Attempt) -> str:
+        assert attempt.record is not None
+        with tracing.job_span(attempt.record, "import"), logs.bound(job_id=attempt.job_id):
+            return self._import_attempt(attempt)
+
+    def _import_attempt(self, attempt: runner.Attempt) -> str:
         record = attempt.record
         assert record is not None
         job_id, source = record["id"], record["source"]

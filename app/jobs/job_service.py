@@ -51,6 +51,7 @@ from model.options import defaults
 from model.sentence_modules import read_sentence_modules
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
+from worker.telemetry import tracing
 
 log = logging.getLogger("bertserve")
 
@@ -101,6 +102,7 @@ class JobService:
                 await asyncio.to_thread(self._check_disk, owner, spec)
                 # publish_any: an admin's job may publish a new version of any model (datadir/publish.py)
                 mine = {"owner": owner.name, "worker_share": owner.worker_share, "publish_any": owner.is_admin}
+                mine |= tracing.job_fields()  # the run continues this request's trace
                 record = await asyncio.to_thread(self.records.create, {**spec, **mine})
         if isinstance(request, MineNegativesJobRequest):
             return await self._start_here(record)
@@ -193,10 +195,10 @@ class JobService:
             raise ServiceError("not_found", f"job '{job_id}' not found")
         return record
 
-    def job_seconds(self) -> dict[str, float]:
-        """Worker time of every key's jobs, in seconds, from the records (blocking: call in a thread)."""
+    def job_seconds(self, records: list[JobRecord] | None = None) -> dict[str, float]:
+        """Worker time of every key's jobs in seconds, from the records (read here if not given: in a thread)."""
         seconds: dict[str, float] = {}
-        for record in self.records.list():
+        for record in self.records.list() if records is None else records:
             owner = jobs.owner_of(record)
             seconds[owner] = seconds.get(owner, 0.0) + float(record.get("runtime_s") or 0.0)
         return seconds

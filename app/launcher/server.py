@@ -37,6 +37,7 @@ from app.keys.keyfile import KeyFileError, read_keys
 from app.main import create_app
 from app.serving.service import Service
 from app.settings import Settings
+from worker.telemetry import logs
 
 log = logging.getLogger("bertserve")
 
@@ -321,7 +322,7 @@ def serve(
     if (why := exposure_refusal(settings, host, allow_public) or listen_refusal(host, port)) is not None:
         print(why, file=sys.stderr)
         raise SystemExit(2)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.install(settings.log_format)  # BERT_LOG_FORMAT: text or JSON lines (worker/telemetry/logs.py)
     try:
         app = create_app(settings)
     except ValueError as e:  # a device torch cannot see, int8 on a GPU: one line, not a traceback
@@ -333,6 +334,8 @@ def serve(
         host=host,
         port=port,
         log_level="info",
+        # JSON lines: uvicorn's own loggers reach the root's handler too, not their own text one
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         # (uvicorn types it int; it is awaited as a float of seconds)
         timeout_graceful_shutdown=settings.graceful_timeout,  # type: ignore[arg-type]
         access_log=False,

@@ -54,6 +54,7 @@ from datadir import JobRecord, JobRecords, now_iso, runner
 from datadir import jobs as transitions
 from datadir.batch_files import FileNotFound, Files, file_owner
 from datadir.jobs import owner_of
+from worker.telemetry import logs, tracing
 
 log = logging.getLogger("bertserve")
 
@@ -169,6 +170,7 @@ class Batches:
                 "refused_models": refused,  # and the same lines refused
             },
             "owner": caller.name,
+            **tracing.job_fields(),  # the batch continues this request's trace
         }
         record = self.records.create(spec)
         job_dir = self.records.job_dir(record["id"])
@@ -243,8 +245,10 @@ class Batches:
         hands the job back, its unfinished chunk uncounted."""
 
         async def body(attempt: runner.Attempt) -> str:
-            await asyncio.to_thread(self._prepare, attempt)
-            return await self._run(attempt, lines)
+            assert attempt.record is not None
+            with tracing.job_span(attempt.record, "batch"), logs.bound(job_id=job_id):
+                await asyncio.to_thread(self._prepare, attempt)
+                return await self._run(attempt, lines)
 
         async with self._running:  # at most BERT_BATCH_MAX_RUNNING at once; the others wait, queued, in turn
             return await runner.run_async(self.records, job_id, body, wait_s=1.0, may_cancel=_unstarted)

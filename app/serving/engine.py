@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from app.errors import ServiceError
+from worker.telemetry import tracing
 
 log = logging.getLogger("bertserve.engine")
 
@@ -68,6 +69,8 @@ class WorkItem:
     remaining: int = field(init=False)  # rows without a result yet
     todo: list[int] = field(init=False)  # row indices not yet in a pass, shortest first
     last_pass: float = 0.0  # when a pass last took rows of this item (0: none yet): the scheduler's order
+    trace: Any = field(default_factory=tracing.current)  # its request's span context (None: tracing off)
+    traced_wait: bool = False  # its `queue` span was sent (tracing on: its first pass)
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.rows)
@@ -269,6 +272,8 @@ class Engine:
                 budget = self.background_pass_tokens if first.background and online_recent else self.max_batch_tokens
                 planned = plan_batch(self._companions(first), budget)
                 for item, _, _ in planned:
+                    if not item.last_pass and self.metrics is not None:  # its first pass: it waited until now
+                        self.metrics.queue_wait.labels(item.lm.name, item.task).observe(now - item.enqueued)
                     item.last_pass = now
                 self._pending = deque(i for i in self._pending if i.todo)
                 self._set_depth()
@@ -320,13 +325,18 @@ class Engine:
         if not planned:
             return
         batch = self._pad(planned)
+        span = _traced_pass(planned[0][0], batch) if tracing.enabled() else None
         try:
             results = self._forward(planned[0][0], batch)
         except Exception as e:  # one bad batch fails its requests, not the thread
             log.exception("forward pass failed")
+            tracing.fail(span, f"{type(e).__name__}: {e}")
             for item, _ in batch.origin:
                 _settle(item.future, exc=e)
             return
+        finally:
+            if span is not None:
+                span.end()
         for (item, i), result in zip(batch.origin, results):
             item.results[i] = result
             item.remaining -= 1
@@ -361,6 +371,41 @@ class Engine:
         if self.metrics is not None:
             self.metrics.forward_seconds.labels(first.lm.name, first.task).observe(time.perf_counter() - start)
         return results
+
+
+def _traced_pass(first: WorkItem, batch: Batch) -> Any:
+    """_trace_pass, whose failure (a bug) is logged and costs the pass its span, never its requests."""
+    try:
+        return _trace_pass(first, batch)
+    except Exception:
+        log.exception("tracing a forward pass failed")
+        return None
+
+
+def _trace_pass(first: WorkItem, batch: Batch) -> Any:
+    """Tracing on: a `queue` span for each request whose first pass this is (queued until now), and the pass's
+    one `forward` span, linked to the span of every request it carries rows of (a child of the first's)."""
+    now = time.time_ns()
+    items = list({id(item): item for item, _ in batch.origin if item.trace is not None}.values())
+    for item in items:
+        if not item.traced_wait:
+            item.traced_wait = True
+            tracing.ended_span("queue", item.trace, tracing.wall_ns(item.enqueued), now)
+    if not items:
+        return None
+    rows, longest = batch.input_ids.shape
+    return tracing.linked_span(
+        "forward",
+        [item.trace for item in items],
+        **{
+            "bertserve.model": first.lm.name,
+            "bertserve.task": first.task,
+            "bertserve.batch_size": rows,
+            "bertserve.padded_tokens": rows * longest,
+            "bertserve.tokens": batch.tokens,
+            "bertserve.requests": len(items),
+        },
+    )
 
 
 def _priority(item: WorkItem) -> tuple:

@@ -28,6 +28,7 @@ from app.serving.engine import WorkItem
 from app.serving.service import Service, WorkDropped, check_dropped
 from app.serving.stored_models import LoadedModel
 from app.settings import Settings
+from worker.telemetry import tracing
 
 Row = tuple[list[int], list[int]]  # (input_ids, token_type_ids)
 _UNLIMITED = 10**9
@@ -138,12 +139,19 @@ async def _infer_many(
         errors: list[Exception | None] = [_checked(svc.check_count, len(items)) for items, _ in asked]
         todo = [i for i, error in enumerate(errors) if error is None]
         jobs = [(asked[i][0], requests[i][1]) for i in todo]
-        prepared = dict(zip(todo, await svc.off_loop(_prepare_each, lm, jobs) if jobs else []))
+        if tracing.enabled():
+            tracing.annotate(
+                **{"bertserve.model": lm.name, "bertserve.version": lm.version, "bertserve.precision": lm.precision}
+            )
+        with tracing.span("tokenize"):
+            prepared = dict(zip(todo, await svc.off_loop(_prepare_each, lm, jobs) if jobs else []))
         for i, p in prepared.items():
             errors[i] = p if isinstance(p, Exception) else _checked(svc.check_tokens, sum(len(ids) for ids, _ in p[0]))
     ready = {i: prepared[i] for i, error in enumerate(errors) if error is None}
     rows = [row for request_rows, _ in ready.values() for row in request_rows]
     options = next(iter(ready.values()))[1] if ready else {}
+    if tracing.enabled():
+        tracing.annotate(**{"bertserve.task": task, "bertserve.tokens": sum(len(ids) for ids, _ in rows)})
     assert all(o == options for _, o in ready.values()), "requests run together are prepared with the same options"
     results = await svc.run(WorkItem(task, lm, rows, {**(params or {}), **options})) if rows else []
     outcomes: list[Outcome | Exception] = []

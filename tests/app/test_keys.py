@@ -122,6 +122,7 @@ async def test_the_token_rate_counts_tokens_after_tokenising(data_dir, keys_file
         assert metrics["thrifty"] == {"requests": 2, "tokens": 80, "rate_limited": 1, "job_seconds": 0.0}
         text = (await c.get("/metrics", headers=auth("boss"))).text
         assert 'bert_key_rate_limited_total{key="thrifty",limit="tokens"} 1.0' in text
+        assert 'bert_key_errors_total{key="thrifty",status="429"} 1.0' in text  # the dashboard's 429s by key
         assert 'bert_key_tokens_total{key="thrifty"} 80.0' in text
 
 
@@ -141,6 +142,7 @@ async def test_the_request_rate_answers_429_with_its_headers(data_dir, keys_file
         assert usage["quick"] == {"requests": 3, "tokens": 0, "rate_limited": 1, "job_seconds": 0.0}
         text = (await c.get("/metrics", headers=auth("boss"))).text
         assert 'bert_key_rate_limited_total{key="quick",limit="requests"} 1.0' in text
+        assert 'bert_key_errors_total{key="quick",status="429"} 1.0' in text  # refused before the app: its key still
         assert SECRETS["quick"] not in text and KEYS["quick"].hash.split(":")[1] not in text
 
 

@@ -54,9 +54,10 @@ async def ready(service: ServiceDep, request: Request) -> ReadyResponse:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **responses("unauthorized")},
 )
 async def metrics(service: ServiceDep, jobs: JobServiceDep) -> Response:
-    """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth, tokens,
-    and each key's requests, tokens, 429s and job-seconds."""
+    """Prometheus metrics: requests and latency per route and status, batch sizes, queue depth and wait, tokens,
+    each key's requests, tokens, 429s, 5xx and job-seconds, jobs by state, their heartbeats, and readiness."""
     await count_job_seconds(jobs, service.metrics)
+    service.metrics.ready.set(0 if await service.not_ready_reason() is not None else 1)
     return Response(service.metrics.render(), media_type=service.metrics.content_type)
 
 

@@ -15,9 +15,11 @@ router = APIRouter(tags=["keys"], dependencies=[Depends(require_admin)])
 
 
 async def count_job_seconds(jobs: JobService, metrics: Metrics) -> None:
-    """Bring the job-seconds gauge up to date from the job records."""
-    for name, seconds in (await asyncio.to_thread(jobs.job_seconds)).items():
+    """Bring the job gauges up to date from the job records: each key's job-seconds, jobs by state, heartbeats."""
+    records = await asyncio.to_thread(jobs.records.list)
+    for name, seconds in jobs.job_seconds(records).items():
         metrics.key_job_seconds.labels(name).set(seconds)
+    metrics.observe_jobs(records)
 
 
 @router.get("/usage", response_model=UsageResponse, responses=responses("unauthorized", "forbidden"))
