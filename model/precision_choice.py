@@ -4,7 +4,8 @@ output keeps within the bounds is served.
 
     kind = cpu_kind()                                   # "x86 avx512 bf16 vnni amx": the card's key
     row = measure(load, inputs, native_precisions())    # one row of the card's "precision" table
-    precision, why = choose(row, Bounds())              # ("bf16", "bf16: embeddings min cosine 0.99991 ≥ ...")
+    precision, why = choose(row, Bounds())              # ("bf16", "embeddings min cosine 0.99991 ≥ ...")
+    precision, why = auto_choice(card["precision"])     # the same for this CPU from a card's table (None: no row)
 
 The outputs, each against fp32's on the same inputs (model.model_card builds the inputs from the held-out set):
 
@@ -251,6 +252,21 @@ def choose(row: dict[str, Any] | None, bounds: Bounds = Bounds()) -> tuple[str, 
         speed, precision, keeps = max(passing)
         return precision, f"{', '.join(keeps)}, {speed:g}× fp32 on this CPU"
     return "fp32", "; ".join(reasons) if reasons else "no faster precision is native on this CPU"
+
+
+def auto_choice(
+    table: dict[str, Any] | None, bounds: Bounds = Bounds(), info: kernels.CpuInfo | None = None
+) -> tuple[str, str] | None:
+    """What auto serves on this CPU from a card's "precision" table, and why: fp32 where only fp32 is native (no
+    measurement needed), else `choose` on this kind of CPU's row; None when the table has no row for it."""
+    kind = cpu_kind(info)
+    if native_precisions(info) == ["fp32"]:
+        return "fp32", f"only fp32 is native on this kind of CPU ({kind})"
+    row = (table or {}).get(kind)
+    if row is None:
+        return None
+    precision, why = choose(row, bounds)
+    return precision, f"measured on {kind}: {why}"
 
 
 def _fmt(value: float, bound_name: str) -> str:

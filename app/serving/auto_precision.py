@@ -50,17 +50,14 @@ class AutoPrecision:
 
     def choice(self, entry: StoredModel | None) -> tuple[str, str]:
         """(precision, why) for a model served with auto on this CPU, from its card's row for this kind of CPU."""
-        if self.native == ["fp32"]:
-            return "fp32", f"only fp32 is native on this kind of CPU ({self.kind})"
-        row = (entry.precision_table or {}).get(self.kind) if entry is not None else None
-        if row is None:
+        chosen = precision_choice.auto_choice(entry.precision_table if entry is not None else None, self.bounds)
+        if chosen is None:
             if entry is not None and entry.path in self._measuring:
                 return "fp32", f"its precisions are being measured on this kind of CPU ({self.kind})"
             if entry is not None and entry.path in self._postponed:
                 return "fp32", f"not measured on this kind of CPU ({self.kind}) yet: {self._postponed[entry.path]}"
             return "fp32", f"not measured on this kind of CPU ({self.kind}) yet: it is, in the background, at its load"
-        precision, why = precision_choice.choose(row, self.bounds)
-        return precision, f"measured on {self.kind}: {why}"
+        return chosen
 
     def measure_if_missing(self, entry: StoredModel, registry: ModelRegistry) -> None:
         """At a load (in the load's thread): start measuring the entry's precisions in the background when its
