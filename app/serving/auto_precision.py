@@ -8,7 +8,7 @@ the service's bounds (BERT_AUTO_MIN_COSINE, BERT_AUTO_MIN_AGREEMENT, BERT_AUTO_M
 
 A CPU where only fp32 is native (no bf16, no VNNI) serves fp32 without measuring. A model loaded on a kind
 of CPU its card lacks is served in fp32 meanwhile, and measured once, in a background
-thread (never on a request's path; one model at a time), when one fp32 copy of it and a small forward pass fit in
+thread (never on a request's path; one model at a time), when two fp32 copies of it and a small forward pass fit in
 the memory budget beside the models loaded (else at a later load). The row is written into the card. Writing
 the card changes the version directory, so the registry reads the entry again at the next request, and loads
 the model at the chosen precision: the fp32 copy is dropped as an unloaded model is (requests on it finish
@@ -66,7 +66,8 @@ class AutoPrecision:
             return
         if entry.config is None or entry.num_parameters is None:
             return
-        need = inference_weight_bytes(entry.config, entry.num_parameters, "fp32") + engine_working_bytes(
+        # an fp32 copy and one other precision's (at most as large) at a time, and a small forward pass
+        need = 2 * inference_weight_bytes(entry.config, entry.num_parameters, "fp32") + engine_working_bytes(
             entry.config, precision_choice.MAX_TEXTS * precision_choice.MAX_TOKENS, "fp32"
         )
         with self._lock:
