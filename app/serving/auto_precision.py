@@ -7,13 +7,14 @@ imported or published (model.model_card.write_card). The registry reads the tabl
 the service's bounds (BERT_AUTO_MIN_COSINE, BERT_AUTO_MIN_AGREEMENT, BERT_AUTO_MIN_TOP5_OVERLAP).
 
 A CPU where only fp32 is native (no bf16, no VNNI) serves fp32 without measuring. A model loaded on a kind
-of CPU its card lacks is served in fp32 meanwhile, and measured once, in a background
-thread (never on a request's path; one model at a time), when two fp32 copies of it and a small forward pass fit in
-the memory budget beside the models loaded (else at a later load). The row is written into the card. Writing
-the card changes the version directory, so the registry reads the entry again at the next request, and loads
-the model at the chosen precision: the fp32 copy is dropped as an unloaded model is (requests on it finish
-first). A reload rather than waiting for a restart, because the measurement is made once per model and kind of
-CPU, and a pinned model would otherwise keep fp32 for the life of the process.
+of CPU its card lacks is served in fp32 meanwhile, and measured once, in a background thread (never on a
+request's path; one model at a time), when two fp32 copies of it and a small forward pass fit in the memory
+budget beside the models loaded (else at a later load). The row is written into the card; a measurement that
+failed is kept as the row's error (fp32, that reason shown) and not tried again (`bert evaluate-card` measures
+again). Writing the card changes the version directory, so the registry reads the entry again at the next
+request, and loads the model at the chosen precision: the fp32 copy is dropped as an unloaded model is
+(requests on it finish first). A reload rather than waiting for a restart, because the measurement is made
+once per model and kind of CPU, and a pinned model would otherwise keep fp32 for the life of the process.
 """
 
 from __future__ import annotations
