@@ -20,9 +20,7 @@ from model.config import MAX_LABELS
 from model.options import PRECISIONS
 from worker.queue import BrokerUrlSetting, DataDirSetting, LogFormatSetting
 
-Precision = Literal[
-    "auto", "fp32", "bf16", "int8"
-]  # auto: recommended_precision of the device (model/compute/precision.py)
+Precision = Literal["auto", "fp32", "bf16", "int8"]  # auto: app/serving/service.py's precision_choice
 assert get_args(Precision) == ("auto", *PRECISIONS)
 
 
@@ -128,24 +126,35 @@ class Settings(BaseSettings):
     precision: Precision = Field(
         "auto",
         description=(
-            "Inference precision of every model, applied to its weights once at load: `auto` (bf16 on a CUDA GPU "
-            "with native bf16, else fp32, so fp32 on every CPU), `fp32`, `bf16` or `int8` (the encoder's linear "
-            "layers; CPU only). On a CPU without native bf16 (or VNNI) those two run emulated, slower than fp32."
+            "Inference precision of every model, applied to its weights once at load: `auto`, `fp32`, `bf16` or "
+            "`int8` (the encoder's linear layers; CPU only). `auto` on a CPU: the fastest precision this CPU runs "
+            "natively whose accuracy against fp32, measured on the model's card for this kind of CPU, keeps the "
+            "`BERT_AUTO_MIN_*` bounds on every output its heads give (fp32 until it is measured); on a CUDA GPU "
+            "with native bf16, bf16, else fp32. On a CPU without native bf16 (or VNNI) those two run emulated, "
+            "slower than fp32."
         ),
     )
-    tf32: bool = Field(
-        True,
-        description=(
-            "On a CUDA GPU, fp32 models' matmuls through TF32 tensor cores (Ampere and later; fp32's range, "
-            "10 bits of mantissa); `false`: full fp32 GEMMs."
-        ),
-    )
+    tf32: bool = Field(True, description="A CUDA GPU's fp32 matmuls in TF32 (Ampere on); `false`: full fp32 GEMMs.")
     model_precision: dict[str, Precision] = Field(
         default_factory=dict,
         description=(
             'Per-model overrides as JSON, e.g. `{"minilm": "int8", "wiki-mlm": "bf16"}`; `auto` is allowed '
             "too. `GET /models` shows each model's precision, `auto` resolved."
         ),
+    )
+    # auto on a CPU (app/serving/auto_precision.py): the bounds a precision keeps against fp32 on every output
+    auto_min_cosine: float = Field(
+        0.999, ge=0, le=1, description="`auto` on a CPU: the least embedding cosine to fp32's, on every text measured."
+    )
+    auto_min_agreement: float = Field(
+        0.995,
+        ge=0,
+        le=1,
+        description="`auto` on a CPU: the least agreement with fp32's labels (classification, "
+        "token labels, answer spans, next sentence) and with a cross-encoder's pairwise order.",
+    )
+    auto_min_top5_overlap: float = Field(
+        0.99, ge=0, le=1, description="`auto` on a CPU: the least overlap of a masked-LM head's top 5 with fp32's."
     )
     max_batch_tokens: int = Field(
         4096,

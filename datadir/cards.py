@@ -8,6 +8,9 @@ One JSON object whose top-level keys are each written by the part that knows the
     job_eval     a fine-tuning job's own evaluation, copied from its record
     before_after that evaluation's metrics before training (the base model's) and after, one row each,
                  when the job evaluated its base model first
+    precision    by kind of CPU ("x86 avx512 bf16 vnni amx"): each precision that CPU runs natively, its speed
+                 and each output's scores against fp32 (model/precision_choice.py), measured on import or
+                 publish, or by a service that loads the model on a kind of CPU the card lacks
 
 `update_card` merges keys into the file and rewrites it whole (temp, fsync, rename), so a reader never
 sees half of it; a missing or unreadable card reads as {}.

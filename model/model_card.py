@@ -3,6 +3,11 @@
     evaluation = evaluate_card(model_dir_or_model, tokenizer=None)       # the card's "evaluation" dict
     card = write_card(model_dir, job_eval=None, source=None)             # measure, then update card.json
     table = before_after(job_eval)                                       # the card's "before_after" rows
+    row = measure_precisions(model_dir)                                  # this CPU's row of the card's "precision"
+
+`write_card` also measures each precision this CPU runs natively against fp32 (model.precision_choice) on the
+first precision_choice.MAX_TEXTS held-out leads, and keeps the row under the card's "precision" table, keyed by
+the kind of CPU (precision_choice.cpu_kind): what a service's `auto` chooses from.
 
 The set, wiki-heldout-v1 (model/heldout/), is the English Wikipedia leads whose title's sha256, read as
 an integer, is divisible by 64 and that have at least two sentences: 156 leads, left out of the bootstrap
@@ -36,7 +41,9 @@ from typing import Any
 
 import torch
 
-from datadir.cards import update_card
+from datadir.cards import read_card, update_card
+from model import precision_choice
+from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertForPreTraining, load_model
 from model.options import BASE_PREFIX
 from model.tokenizer import BertTokenizer
@@ -237,7 +244,7 @@ def write_card(
     except Exception as e:
         log.exception("the held-out evaluation of %s failed", model_dir)
         evaluation = {"set": SET_NAME, "error": f"{type(e).__name__}: {e}"}
-    fields: dict[str, Any] = {"evaluation": evaluation}
+    fields: dict[str, Any] = {"evaluation": evaluation, **precision_fields(model_dir)}
     if job_eval is not None:
         fields["job_eval"] = job_eval
         if table := before_after(job_eval):
@@ -257,3 +264,63 @@ def before_after(job_eval: dict[str, Any] | None) -> list[dict[str, Any]]:
         for name, value in job_eval.items()
         if not name.startswith(BASE_PREFIX) and BASE_PREFIX + name in job_eval
     ]
+
+
+# ---------------------------------------------------------------------------- the precision table
+
+
+def precision_inputs(tokenizer: BertTokenizer, max_tokens: int) -> dict[str, dict[str, torch.Tensor]]:
+    """model.precision_choice.measure's batches from the held-out leads: "texts" (lead i's first sentence),
+    "pairs" (RERANK_QUERIES first sentences, each with the second sentences of RERANK_CANDIDATES leads, its own
+    among them) and "masked" (build_sequences' masked pairs), at most MAX_TEXTS rows of `max_tokens` each."""
+    pc, leads = precision_choice, heldout_leads()
+    n, cls, sep = min(pc.MAX_TEXTS, len(leads)), tokenizer.cls_token_id, tokenizer.sep_token_id
+    texts = [tokenizer.token_ids(sentences[0])[: max_tokens - 2] for _, sentences in leads[:n]]
+    singles = [{"input_ids": [cls, *ids, sep], "token_type_ids": [0] * (len(ids) + 2)} for ids in texts]
+    pairs = [
+        tokenizer.pair_from_ids(texts[q], tokenizer.token_ids(leads[(q + c) % len(leads)][1][1]), max_tokens)
+        for q in range(pc.RERANK_QUERIES)
+        for c in range(pc.RERANK_CANDIDATES)
+    ]
+    return {
+        "texts": _unmasked(singles, tokenizer.pad_token_id),
+        "pairs": _unmasked(pairs, tokenizer.pad_token_id),
+        "masked": _collate(build_sequences(tokenizer, 0, n, max_tokens), tokenizer.pad_token_id),
+    }
+
+
+def _unmasked(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    batch = _collate([{**row, "positions": []} for row in rows], pad_id)
+    del batch["masked_positions"]
+    return batch
+
+
+def measure_precisions(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """This CPU's row of the card's "precision" table (model.precision_choice.measure) for a model directory."""
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+
+    def load() -> torch.nn.Module:
+        return load_model(Path(model_dir), "cpu").eval()
+
+    config = BertConfig.from_json_file(Path(model_dir) / "config.json")
+    inputs = precision_inputs(tokenizer, min(precision_choice.MAX_TOKENS, config.max_position_embeddings))
+    return {"set": SET_NAME, **precision_choice.measure(load, inputs)}
+
+
+def precision_fields(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """{"precision": the card's table with this CPU's row measured again}; a failed measurement is logged and
+    recorded as the row {"error": ...}, never failing the import or job that asked."""
+    try:
+        row = measure_precisions(model_dir)
+    except Exception as e:
+        log.exception("measuring the precisions of %s failed", model_dir)
+        row = {"set": SET_NAME, "error": f"{type(e).__name__}: {e}"}
+    table = read_card(model_dir).get("precision")
+    return {"precision": {**(table if isinstance(table, dict) else {}), precision_choice.cpu_kind(): row}}
+
+
+def write_precision_row(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """Measure this CPU's row and merge it into the card (a service's background measurement); the row."""
+    fields = precision_fields(model_dir)
+    update_card(model_dir, **fields)
+    return fields["precision"][precision_choice.cpu_kind()]

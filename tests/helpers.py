@@ -191,6 +191,7 @@ def child_env(data_dir: Path, broker_url: str, **extra: str) -> dict[str, str]:
         BERT_JOB_PROGRESS_INTERVAL_S="0.1",
         BERT_JOB_HEARTBEAT_S="1",
         BERT_DRAIN_SECONDS="0",  # no balancer in front: a server stops at SIGTERM at once
+        BERT_PRECISION="fp32",  # answers are compared with fp32 references; auto may choose bf16 where measured
     )
     env.update(extra)
     return env

@@ -77,8 +77,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         info = _servable(summarize(path))
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
-    info["kernels"] = _kernels_here(args.device)
     info["card"] = read_card(path) or None
+    info["kernels"] = _kernels_here(args.device, info["card"] or {})
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -111,11 +111,15 @@ def _servable(info: dict) -> dict:
     return {**info, "model_heads": servable_heads(MODEL_CLASSES[info["architecture"]])}
 
 
-def _kernels_here(device_setting: str) -> dict:
-    """What this machine would run the model with at each precision (model.compute.kernels), and what auto is."""
+def _kernels_here(device_setting: str, card: dict) -> dict:
+    """What this machine would run the model with at each precision (model.compute.kernels), and what auto is
+    and why: on a CPU, from the card's measured table (model.precision_choice) within the BERT_AUTO_MIN_* bounds,
+    as the service chooses."""
+    from app.settings import Settings
     from model.compute import kernels
     from model.compute.device import resolve_device
-    from model.compute.precision import recommended_precision
+    from model.compute.precision import recommendation
+    from model.precision_choice import Bounds, auto_choice, cpu_kind
 
     try:
         device = resolve_device(device_setting)
@@ -123,16 +127,27 @@ def _kernels_here(device_setting: str) -> dict:
         raise UserError(str(e)) from None
     where = kernels.cpu().name if device.type == "cpu" else str(device)
     precisions = PRECISIONS if device.type == "cpu" else tuple(p for p in PRECISIONS if p != "int8")  # int8: CPU only
+    if device.type == "cpu":
+        s = Settings()
+        bounds = Bounds(s.auto_min_cosine, s.auto_min_agreement, s.auto_min_top5_overlap)
+        auto = auto_choice(card.get("precision"), bounds) or (
+            "fp32",
+            f"not measured on this kind of CPU ({cpu_kind()}): `bert evaluate-card` measures it, a service at its load",
+        )
+    else:
+        auto = recommendation(device)
     return {
         "device": str(device),
         "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
-        "auto": recommended_precision(device),
+        "auto": auto[0],
+        "auto_why": auto[1],
         **{p: kernels.describe(p, device) for p in precisions},
     }
 
 
 def _print_kernels(plan: dict) -> None:
     print(f"  this machine: {plan['machine']}")
+    print(f"    auto:       {plan['auto']} ({plan['auto_why']})")
     for precision in PRECISIONS:
         if precision in plan:
             name = f"{precision} (auto)" if precision == plan["auto"] else precision
@@ -141,11 +156,11 @@ def _print_kernels(plan: dict) -> None:
 
 
 def _print_card(card: dict) -> None:
-    """The card's evaluation lines (nothing when the directory has no card)."""
+    """The card's evaluation lines and its measured precisions (nothing when the directory has no card)."""
     ev = card.get("evaluation")
     if ev is None:
-        return
-    if "skipped" in ev or "error" in ev:
+        pass
+    elif "skipped" in ev or "error" in ev:
         print(f"  evaluation:   {ev.get('set')}: {ev.get('skipped') or 'failed: ' + str(ev.get('error'))}")
     else:
         print(
@@ -165,6 +180,25 @@ def _print_card(card: dict) -> None:
     elif card.get("job_eval"):
         scores = ", ".join(f"{k} {v:.4g}" for k, v in card["job_eval"].items() if isinstance(v, (int, float)))
         print(f"  job's evaluation: {scores}")
+    _print_precision_table(card.get("precision") or {})
+
+
+def _print_precision_table(table: dict) -> None:
+    """One line per kind of CPU and precision: its speed against fp32 and each output's scores."""
+    for kind, row in sorted(table.items()):
+        if "error" in row:
+            print(f"  precisions on {kind}: the measurement failed: {row['error']}")
+            continue
+        print(f"  precisions on {kind} (measured {row.get('measured')}, against fp32):")
+        for precision, scores in row.get("precisions", {}).items():
+            if precision == "fp32":
+                continue
+            parts = [f"{scores.get('speed', 0):g}x fp32"] + [
+                f"{output} {', '.join(f'{k} {v:.6g}' for k, v in values.items())}"
+                for output, values in scores.items()
+                if isinstance(values, dict)
+            ]
+            print(f"    {precision + ':':12} {'; '.join(parts)}")
 
 
 def _pct(x: float | None) -> str:
@@ -239,7 +273,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser(
         "evaluate-card",
         help="measure a model directory on the held-out Wikipedia set (masked-token and next-sentence "
-        "accuracy) and write the scores into its card.json",
+        "accuracy), and each precision this CPU runs natively against fp32 (what auto chooses from), and write both "
+        "into its card.json",
     )
     p.add_argument("dir", type=model_dir_arg, help="a model directory (a model with versions: its promoted one)")
     p.set_defaults(func=cmd_evaluate_card)

@@ -26,7 +26,8 @@ class ModelInfo(BaseModel):
     loaded: bool
     precision: str = Field(
         description="Inference precision: fp32, bf16 or int8 (BERT_PRECISION, BERT_MODEL_PRECISION; "
-        "auto shows as what it resolved to on this device)."
+        "auto shows as what it resolved to on this device: on a CPU, the fastest precision its card measured "
+        "within the BERT_AUTO_MIN_* bounds on this kind of CPU)."
     )
     kernels: str | None = Field(
         None,
@@ -38,7 +39,8 @@ class ModelInfo(BaseModel):
         None,
         description="Once loaded, why this precision and those kernels: the setting that chose the precision "
         "(for auto, why auto means it on this device), then what this CPU or GPU has and what is emulated, e.g. "
-        '"fp32 by BERT_PRECISION=auto (on a CPU, bf16 and int8 are opt-in: ...); cpu AVX2, no native bf16, no VNNI".',
+        '"bf16 by BERT_PRECISION=auto (measured on x86 avx512 bf16 vnni amx: embeddings min cosine 0.99994 ≥ 0.999, '
+        '3.2× fp32 on this CPU); cpu AVX512, native bf16, VNNI".',
     )
     error: str | None = Field(None, description="Why the directory cannot be served, if it cannot.")
     pinned: bool = Field(
@@ -62,8 +64,9 @@ class ModelInfo(BaseModel):
         description="The model's card.json, if it has one: `source` (where it came from), `evaluation` (scores "
         "on the held-out Wikipedia set wiki-heldout-v1: sequences, tokens, masked_tokens, mlm_top1, mlm_top5, "
         "content_top1, content_top5, nsp_accuracy; `skipped` without MLM and NSP heads, `error` if it failed) "
-        "`job_eval` (a training job's own evaluation) and `before_after` (when the job evaluated its base model "
-        "first: [{metric, before, after}], each metric before training and after).",
+        "`job_eval` (a training job's own evaluation), `before_after` (when the job evaluated its base model "
+        "first: [{metric, before, after}], each metric before training and after) and `precision` (by kind of CPU: "
+        "each native precision's speed and scores against fp32, what auto chooses from).",
     )
     prompts: dict[str, str] | None = Field(
         None,

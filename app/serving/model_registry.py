@@ -85,6 +85,7 @@ class ModelRegistry:
         max_batch_tokens: int = 4096,
         metrics: Metrics | None = None,
         load_wait_s: float = 5.0,
+        loading: Callable[[StoredModel], None] | None = None,
     ):
         self.root = DataDir(data_dir).models
         self.jobs = JobRecords(data_dir)
@@ -103,6 +104,7 @@ class ModelRegistry:
         self._uses = itertools.count(1)  # orders requests for least-recently-used (no ties, unlike a clock)
         self.clock = time.monotonic  # when a key last asked for a model (StoredModel.users)
         self.load_wait_s = load_wait_s  # the longest a load waits for room before its 503
+        self.loading = loading  # called in a load's thread before it loads (auto's background measurement)
         # Unloaded models that requests or work items may still run on: their bytes count until the last lets go.
         # Scans (in a thread) append replaced entries to `_retired`; the event loop moves them here.
         self._draining: list[tuple[StoredModel, LoadedModel]] = []
@@ -350,6 +352,8 @@ class ModelRegistry:
         return loaded
 
     def _load(self, entry: StoredModel) -> LoadedModel:
+        if self.loading is not None:
+            self.loading(entry)
         return load_stored(entry, self.device, self.precision_of(entry.name))
 
     def loaded_count(self) -> int:

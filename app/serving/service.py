@@ -23,6 +23,7 @@ import torch
 from app.errors import ServiceError
 from app.keys.limits import CALLER, Caller, LoadLimits, load_tokens
 from app.prometheus import Metrics
+from app.serving.auto_precision import AutoPrecision
 from app.serving.engine import Engine, WorkItem
 from app.serving.forward import RUNNERS
 from app.serving.model_registry import ModelRegistry
@@ -245,6 +246,7 @@ class Service:
         self.settings = settings
         check_precisions(settings, self.device)
         use_tf32(self.device, settings.tf32)
+        self.auto = AutoPrecision(settings)  # what auto means for each model on this CPU
         self.registry = ModelRegistry(
             settings.data_dir,
             settings.default_model,
@@ -257,6 +259,7 @@ class Service:
             max_batch_tokens=settings.max_batch_tokens,
             metrics=metrics,
             load_wait_s=settings.load_wait_seconds,
+            loading=self._measure_if_auto,
         )
         self.loads = LoadLimits(settings.max_loads_per_minute)  # per key (app/keys/limits.py)
 
@@ -332,14 +335,27 @@ class Service:
 
     def precision_choice(self, name: str) -> tuple[str, str]:
         """The precision model `name` is served in, and why in words: BERT_MODEL_PRECISION's entry, else
-        BERT_PRECISION; "auto" is model.compute.precision's recommendation for this device (bf16 on a CUDA
-        GPU with native bf16, fp32 otherwise), with its reason."""
+        BERT_PRECISION; "auto" is, on a CPU, the fastest precision the model's card measured within the bounds
+        on this kind of CPU (app/serving/auto_precision.py), on a GPU model.compute.precision's recommendation
+        for it; with its reason."""
         setting = "BERT_MODEL_PRECISION" if name in self.settings.model_precision else "BERT_PRECISION"
         precision = self.settings.model_precision.get(name, self.settings.precision)
         if precision != "auto":
             return precision, f"{precision} by {setting}"
-        auto, why = recommendation(self.device)
+        if self.device.type == "cpu":
+            auto, why = self.auto.choice(self.registry.peek(name))
+        else:
+            auto, why = recommendation(self.device)
         return auto, f"{auto} by {setting}=auto ({why})"
+
+    def _measure_if_auto(self, entry: StoredModel) -> None:
+        """At a model's load (in its thread): measure its precisions in the background when it is served with
+        auto on a CPU its card has no row for."""
+        if (
+            self.device.type == "cpu"
+            and self.settings.model_precision.get(entry.name, self.settings.precision) == "auto"
+        ):
+            self.auto.measure_if_missing(entry, self.registry)
 
     # -- work -----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import torch
 
 import model as model_package
 from app.errors import ONE_LINE, ServiceError, without_data_dir
+from datadir.cards import read_card
 from datadir.jobs import LEGACY_OWNER
 from datadir.versions import MODEL_JSON, Access
 from model.compute import kernels
@@ -127,6 +128,8 @@ class StoredModel:
     last_used: int = 0  # when its last request came (a registry-wide count): the least recent is unloaded first
     users: dict[str, float] = field(default_factory=dict)  # key name -> when it last asked for it (registry.clock)
     access: Access = field(default_factory=lambda: Access.new(LEGACY_OWNER))  # its owner, and whether it is shared
+    # its card's measured precisions, by kind of CPU (model/precision_choice.py; app/serving/auto_precision.py)
+    precision_table: dict | None = None
 
 
 def path_identity(path: Path) -> tuple | None:
@@ -163,6 +166,8 @@ def read_stored_model(
         entry.architecture = cls.__name__
         entry.heads = servable_heads(cls)
         entry.num_parameters = _count_parameters(cls, entry.config, weight_heads)
+        table = read_card(path).get("precision")
+        entry.precision_table = table if isinstance(table, dict) else None
     except Exception as e:  # a broken directory is listed with its reason, not hidden
         entry.error = describe_failure(e, _data_dir_of(path))
         log.warning("model %s at %s is unusable: %s: %s", name, path, type(e).__name__, e)

@@ -85,6 +85,9 @@ def settings_for(data_dir: Path, **overrides) -> Settings:
         data_dir=data_dir,
         default_model="tiny-pt",
         device="cpu",
+        # answers are compared with fp32 references; auto measures each model and may serve bf16 (and write its
+        # card into this shared data dir): tests/app/test_precision_auto.py asks for it
+        precision="fp32",
         load="startup",
         max_wait_ms=2.0,
         api_key=None,

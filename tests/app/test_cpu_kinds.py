@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from model.compute import kernels, onednn
+from model.precision_choice import cpu_kind
 from tests.app.conftest import serve_app, settings_for
 from tests.app.test_server import free_port
 from tests.cpu_kinds import AVX2_BF16_ERROR, SITECUSTOMIZE, RaisingOnBf16, pretend_avx2
@@ -78,15 +79,15 @@ async def test_bf16_on_a_cpu_without_bf16_serves_emulated(data_dir, kernel_paths
 async def test_the_default_precision_serves_on_a_cpu_without_bf16(data_dir, kernel_paths, every_size, monkeypatch):
     ref = await fp32_answers(data_dir)
     pretend_avx2(monkeypatch.setattr)
-    async with serve_app(settings_for(data_dir)) as client:
+    async with serve_app(settings_for(data_dir, precision="auto")) as client:
         got = await answers(client)
         models = await listed(client)
     torch.testing.assert_close(got["embeddings"], ref["embeddings"], atol=1e-5, rtol=0)
     fp32 = "onednn-fp32" if onednn.available() else "torch-fp32"
     assert {(m["precision"], m["kernels"], m["error"]) for m in models.values()} == {("fp32", fp32, None)}
     assert {m["why"] for m in models.values()} == {
-        "fp32 by BERT_PRECISION=auto (on a CPU, bf16 and int8 are opt-in: neither keeps fill-mask's top-1 on every "
-        "input); cpu AVX2, no native bf16, no VNNI"
+        f"fp32 by BERT_PRECISION=auto (only fp32 is native on this kind of CPU ({cpu_kind()})); "
+        "cpu AVX2, no native bf16, no VNNI"
     }
 
 

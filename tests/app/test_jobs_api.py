@@ -40,7 +40,8 @@ NAME_RULE = (
 def make_client(data_dir, raise_server_exceptions: bool = True, **settings) -> TestClient:
     """raise_server_exceptions=False: answer a bug with the app's 500, as a server does, instead of
     raising it in the test."""
-    settings = {"broker_url": NO_BROKER, **settings.pop("service", {}), **settings}
+    # fp32: auto would measure a model it loads in the background and write its card (test_precision_auto.py)
+    settings = {"broker_url": NO_BROKER, "precision": "fp32", **settings.pop("service", {}), **settings}
     app = create_app(Settings(data_dir=data_dir, default_model=BASE_MODEL, device="cpu", load="lazy", **settings))
     return TestClient(app, raise_server_exceptions=raise_server_exceptions)
 

@@ -1,20 +1,20 @@
 """BERT_PRECISION / BERT_MODEL_PRECISION: a model served in int8 or bf16 answers close to fp32,
-/models says which precision each model runs in, and "auto" resolves per device."""
+/models says which precision each model runs in, and "auto" resolves per device
+(on a CPU by measurement: tests/app/test_precision_auto.py)."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
 import torch
 
 from app.prometheus import Metrics
 from app.serving.service import Service
-from model.compute import kernels
+from model.precision_choice import cpu_kind
 from tests.app.conftest import serve_app, settings_for
+from tests.cpu_kinds import pretend_avx2
 
 pytestmark = pytest.mark.anyio
 TEXTS = ["the cat sat on the mat.", "a big dog ran to the river."]
-CPU_AUTO = "on a CPU, bf16 and int8 are opt-in: neither keeps fill-mask's top-1 on every input"
 
 
 async def embed(client, model):
@@ -46,23 +46,10 @@ def test_unknown_precision_is_rejected():
         Settings(precision="int4")
 
 
-async def test_auto_is_the_default_and_serves_fp32_on_cpu(data_dir):
-    async with serve_app(settings_for(data_dir, model_precision={"tiny-enc": "auto"})) as client:
-        assert (await client.get("/info")).json()["settings"]["precision"] == "auto"
-        listed = {m["name"]: m["precision"] for m in (await client.get("/models")).json()["models"]}
-        assert listed == {"tiny-pt": "fp32", "tiny-mlm": "fp32", "tiny-enc": "fp32", "tiny-cls": "fp32"}
-        machine = kernels.describe("fp32")["why"]  # what this CPU has
-        assert (await client.get("/models/tiny-pt")).json()[
-            "why"
-        ] == f"fp32 by BERT_PRECISION=auto ({CPU_AUTO}); {machine}"
-        with anyio.fail_after(60):  # BERT_LOAD=startup loads the others after the default
-            while not (await client.get("/models/tiny-enc")).json()["loaded"]:
-                await anyio.sleep(0.05)
-        assert (await client.get("/models/tiny-enc")).json()["why"] == (
-            f"fp32 by BERT_MODEL_PRECISION=auto ({CPU_AUTO}); {machine}"
-        )
-        model = client.app.state.service.registry.peek("tiny-pt").loaded.model
-        assert {p.dtype for p in model.parameters()} == {torch.float32}
+def test_auto_is_the_default():
+    from app.settings import Settings
+
+    assert Settings().precision == "auto"  # on a CPU, measured per model: tests/app/test_precision_auto.py
 
 
 @pytest.mark.parametrize(
@@ -73,22 +60,25 @@ def test_precision_settings_resolve_per_device_and_say_why(
     data_dir, monkeypatch, tf32_given_back, native_bf16, auto, gpu_auto
 ):
     """An explicit setting is served as given on any device; "auto" is bf16 only on a CUDA GPU with
-    native bf16. Each choice names the setting that made it, and for auto why auto means it there.
-    CUDA is faked (the resolver only asks torch.cuda these two questions)."""
+    native bf16 (on a CPU it is measured: tests/app/test_precision_auto.py; here a CPU where only fp32 is native).
+    Each choice names the setting that made it, and for auto why auto means it there. CUDA is faked (the resolver
+    only asks torch.cuda these two questions)."""
+    pretend_avx2(monkeypatch.setattr)
+    cpu_auto = f"only fp32 is native on this kind of CPU ({cpu_kind()})"
 
     def resolved(device, **settings):
-        service = Service(settings_for(data_dir, device=device, **settings), Metrics())
+        service = Service(settings_for(data_dir, device=device, **{"precision": "auto", **settings}), Metrics())
         choices = {name: service.precision_choice(name) for name in ("tiny-pt", "tiny-enc")}
         assert {name: service.precision_for(name) for name in choices} == {n: c[0] for n, c in choices.items()}
         return choices
 
     assert resolved("cpu") == {
-        "tiny-pt": ("fp32", f"fp32 by BERT_PRECISION=auto ({CPU_AUTO})"),
-        "tiny-enc": ("fp32", f"fp32 by BERT_PRECISION=auto ({CPU_AUTO})"),
+        "tiny-pt": ("fp32", f"fp32 by BERT_PRECISION=auto ({cpu_auto})"),
+        "tiny-enc": ("fp32", f"fp32 by BERT_PRECISION=auto ({cpu_auto})"),
     }
     assert resolved("cpu", precision="bf16", model_precision={"tiny-enc": "auto"}) == {
         "tiny-pt": ("bf16", "bf16 by BERT_PRECISION"),
-        "tiny-enc": ("fp32", f"fp32 by BERT_MODEL_PRECISION=auto ({CPU_AUTO})"),
+        "tiny-enc": ("fp32", f"fp32 by BERT_MODEL_PRECISION=auto ({cpu_auto})"),
     }
     assert resolved("cpu", model_precision={"tiny-enc": "int8"})["tiny-enc"] == ("int8", "int8 by BERT_MODEL_PRECISION")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -49,6 +49,13 @@ def test_hub_import_equals_directory_import(hub, hub_env, tmp_path, tiny_dir):
 
     assert read_card(version)["evaluation"] == read_card(local)["evaluation"] == evaluate_card(local)
     assert read_card(version)["evaluation"]["set"] == "wiki-heldout-v1"
+    # and each precision this CPU runs natively, against fp32 (what auto chooses from)
+    from model.precision_choice import cpu_kind, native_precisions
+
+    row = read_card(version)["precision"][cpu_kind()]
+    assert row["outputs"] == ["embeddings", "fill_mask", "nsp"] and sorted(row["precisions"]) == sorted(
+        native_precisions()
+    )
     assert seen and seen[-1][0] == seen[-1][1] > 0  # every byte of what was fetched, counted
     got = [p for m, p in hub.requests[start:] if m == "GET"]
     text = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt")

@@ -15,6 +15,7 @@ from datadir.cards import read_card
 from datadir.jobs import phase_of
 from model.model_card import evaluate_card
 from model.modeling import BertForSequenceClassification, load_model
+from model.precision_choice import cpu_kind, native_precisions
 from model.training.checkpoint import is_complete, load_checkpoint
 from tests.helpers import (
     REDIS_URL,
@@ -52,7 +53,12 @@ def test_a_delivery_trains_publishes_and_a_second_one_does_nothing(data_dir, set
     assert record["result"]["model_dir"] == "models/clf/v1" and record["latest_checkpoint"] == "checkpoints/step-10"
     assert (data_dir / "models" / "clf" / "v1" / "model.safetensors").is_file()
     assert run_job(job_id, settings) == {"job": job_id, "outcome": "already succeeded"}
-    assert read_card(data_dir / "models" / "clf" / "v1") == {  # a classifier: the job's own evaluation only
+    card = read_card(data_dir / "models" / "clf" / "v1")
+    # what auto chooses from on this kind of CPU: each native precision measured on its outputs
+    table = card.pop("precision")
+    assert list(table) == [cpu_kind()] and table[cpu_kind()]["outputs"] == ["embeddings", "classification"]
+    assert sorted(table[cpu_kind()]["precisions"]) == sorted(native_precisions())
+    assert card == {  # a classifier: the job's own evaluation only
         "source": {"kind": "job", "job_id": job_id},
         "evaluation": {
             "set": "wiki-heldout-v1",
@@ -72,6 +78,8 @@ def test_a_pretrained_model_is_published_with_its_heldout_scores(data_dir, setti
     assert run_job(job_id, settings)["outcome"] == "succeeded"
     evaluation = read_card(data_dir / "models" / "mlm" / "v1")["evaluation"]
     assert evaluation == evaluate_card(data_dir / "models" / "mlm" / "v1")
+    row = read_card(data_dir / "models" / "mlm" / "v1")["precision"][cpu_kind()]
+    assert row["outputs"] == ["embeddings", "fill_mask", "nsp"] and row["set"] == "wiki-heldout-v1"
     assert (evaluation["sequences"], evaluation["set"]) == (128, "wiki-heldout-v1") and 0 <= evaluation[
         "nsp_accuracy"
     ] <= 1

@@ -10,6 +10,7 @@ from app.cli import main
 from datadir.cards import read_card, update_card
 from model.config import BertConfig
 from model.modeling import BertForPreTraining
+from model.precision_choice import auto_choice, cpu_kind
 from model.tokenizer import BertTokenizer
 from tests.conftest import TINY_VOCAB, tiny_config_dict
 
@@ -27,6 +28,12 @@ def test_evaluate_card_then_info(tmp_path, capsys):
     ev = read_card(model_dir)["evaluation"]
     assert out.startswith(f"wrote {model_dir / 'card.json'}\n  evaluation:   wiki-heldout-v1, 128 sequences (")
     assert f"    next sentence: {100 * ev['nsp_accuracy']:.1f}%\n" in out
+    # and each precision this CPU runs natively against fp32: what auto chooses from (model/precision_choice.py)
+    row = read_card(model_dir)["precision"][cpu_kind()]
+    assert f"  precisions on {cpu_kind()} (measured {row['measured']}, against fp32):\n" in out
+    assert main(["info", str(model_dir), "--json", "--device", "cpu"]) == 0
+    kernels = json.loads(capsys.readouterr().out)["kernels"]
+    assert (kernels["auto"], kernels["auto_why"]) == auto_choice(read_card(model_dir)["precision"])
     update_card(model_dir, job_eval={"accuracy": 0.75, "loss": 0.5})
     assert main(["info", str(model_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["card"] == read_card(model_dir)
