@@ -1,6 +1,7 @@
 """Reduced precision for inference, chosen per model: "fp32", "bf16" or "int8";
-`recommended_precision(device)` picks one for a device (what a serving "auto" setting means; `recommendation`
-adds why).
+`recommended_precision(device)` picks one for a GPU (what a serving "auto" setting means there; `recommendation`
+adds why). On a CPU "auto" is chosen per model, by the accuracy measured on its card for that kind of CPU
+(model/precision_choice.py).
 
     from model.compute.precision import apply_precision
     model = apply_precision(BertModel.from_pretrained(path), "bf16")
@@ -225,13 +226,13 @@ def recommended_precision(device: str | torch.device = "cpu") -> str:
 
 
 def recommendation(device: str | torch.device = "cpu") -> tuple[str, str]:
-    """What "auto" serves on `device`, and why in words (GET /models says it): bf16 on a CUDA GPU with
-    native bf16, fp32 anywhere else. Never bf16 or int8 on a CPU, even one where they are faster: neither
-    keeps fill-mask's top-1 on every input (bench/precision_bench.py), so both stay opt-in there. Never
-    initialises CUDA when torch sees none."""
+    """What "auto" serves on `device` before anything is measured, and why in words: bf16 on a CUDA GPU with
+    native bf16, fp32 anywhere else. On a CPU the service and `bert info` choose per model instead, from the
+    accuracy its card measured on this kind of CPU (model/precision_choice.py); fp32 is what it serves until
+    then. Never initialises CUDA when torch sees none."""
     device = torch.device(device)
     if device.type != "cuda":
-        return "fp32", "on a CPU, bf16 and int8 are opt-in: neither keeps fill-mask's top-1 on every input"
+        return "fp32", "on a CPU, until the model's precisions are measured on this kind of CPU"
     if bf16_native(device):
         return "bf16", "this GPU has native bf16"
     return "fp32", "this GPU has no native bf16"
