@@ -29,6 +29,7 @@ TASKS = (
     "question-answering",
     "sentence-embedding",
     "cross-encoder",
+    "sparse-embedding",
 )
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast modes a run trains in; auto: bf16 on CUDA, fp32 on CPU
@@ -98,7 +99,8 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0},  # sentence-transformers' training examples
+        # sentence-transformers' training examples
+        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0, "sparse-embedding": 1.0},
         above=0.0,
         maximum=1000.0,
     ),
@@ -232,7 +234,8 @@ OPTIONS: tuple[Option, ...] = (
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
         "by entity f1), question-answering (SQuAD; best checkpoint by f1), sentence-embedding (pairs or "
         "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine) or cross-encoder (a reranker: "
-        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1)",
+        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1) or "
+        "sparse-embedding (SPLADE, from a model with an MLM head: pairs; best checkpoint by dot_ndcg@10)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -398,6 +401,43 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         tasks=("cross-encoder",),
     ),
+    # -- sparse embeddings (SPLADE): sentence-transformers 6.x's SpladeLoss and its weight scheduler --------
+    # (model/training/sparse_embedding.py)
+    Option(
+        "query_regularizer_weight",
+        float,
+        "sparse-embedding: the weight of the queries' FLOPS regulariser (more: fewer terms a query)",
+        default=5e-5,  # sentence-transformers' SPLADE training examples (lambda_q)
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0.0,
+        maximum=100.0,
+        tasks=("sparse-embedding",),
+    ),
+    Option(
+        "document_regularizer_weight",
+        float,
+        "sparse-embedding: the weight of the documents' FLOPS regulariser (positives and negatives; more: "
+        "fewer terms a document)",
+        default=3e-5,  # sentence-transformers' SPLADE training examples (lambda_d)
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0.0,
+        maximum=100.0,
+        tasks=("sparse-embedding",),
+    ),
+    Option(
+        "regularizer_warmup_ratio",
+        float,
+        "sparse-embedding: share of the run's steps over which both regulariser weights grow from 0 "
+        "(quadratically, as sentence-transformers' SpladeRegularizerWeightSchedulerCallback)",
+        default=1 / 3,  # the callback's default warmup_ratio
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=1.0,
+        tasks=("sparse-embedding",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -419,7 +459,8 @@ OPTIONS: tuple[Option, ...] = (
         "also evaluate the starting model before the first step: the curve's first point, and base_<metric> "
         "beside each later evaluation's metric",
         default=False,
-        by_task={"sentence-embedding": True, "cross-encoder": True},  # a job shows what it gained over its start
+        # a job shows what it gained over its start
+        by_task={"sentence-embedding": True, "cross-encoder": True, "sparse-embedding": True},
     ),  # one more pass over the eval data
     Option(
         "log_every",
@@ -599,8 +640,8 @@ def _show(value: Any) -> str:
         return ",".join(_show(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, float):  # short, unless that would change it (1/3 is not 0.333333)
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
     return str(value)
 
 

@@ -242,6 +242,8 @@ class JobService:
             params = _pretrain_params(req, params)
         elif task == "sentence-embedding":
             await asyncio.to_thread(_check_embedding_job, req, base, dataset)
+        elif task == "sparse-embedding" and "mlm" not in base.heads:  # SPLADE's terms are the MLM head's logits
+            raise ServiceError("validation", f"base_model: '{base.name}' has no MLM head; {SPARSE_NEEDS_MLM}")
         elif task == "cross-encoder":
             _check_cross_encoder(req.params, base, dataset)
             params = await self._with_retriever(req.params, params, dataset, caller)
@@ -481,6 +483,8 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
         if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
             columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
             extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
+        if p.task == "sparse-embedding":  # every text's logits over the whole vocabulary, as an MLM of every token
+            extra = {"columns": 2 + int(dataset.get("negatives") or 0), "masked_lm_prob": 1.0}
         if p.task == "cross-encoder" and _cross_encoder_loss(p, dataset) == "mnrl":  # an anchor's 1 + k + n pairs
             batch_size *= 1 + p.num_negatives + (dataset.get("negatives") or 0)
     else:
@@ -511,7 +515,12 @@ FINETUNE_ARCHITECTURES = {
     "question-answering": "BertForQuestionAnswering",
     "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
     "cross-encoder": "BertForSequenceClassification",  # one label
+    "sparse-embedding": "BertForMaskedLM",  # SPLADE: the MLM head's logits, pooled
 }
+SPARSE_NEEDS_MLM = (
+    "task sparse-embedding weighs the vocabulary by the MLM head's logits (start from a model pretrained with "
+    "masked language modelling)"
+)
 
 
 def _check_labels(base, dataset: dict) -> None:

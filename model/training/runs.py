@@ -132,6 +132,10 @@ class FinetuneSpec:
     num_negatives: int = _FT["num_negatives"]  # cross-encoder mnrl: in-batch negatives per anchor
     pos_weight: float | None = _FT["pos_weight"]  # cross-encoder bce: a positive's weight
     retriever_model: str | None = _FT["retriever_model"]  # cross-encoder on pairs: the first stage's model directory
+    # sparse-embedding (model/training/sparse_embedding.py): SpladeLoss's weights and their warm-up
+    query_regularizer_weight: float = _FT["query_regularizer_weight"]
+    document_regularizer_weight: float = _FT["document_regularizer_weight"]
+    regularizer_warmup_ratio: float = _FT["regularizer_warmup_ratio"]
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -167,6 +171,8 @@ def task_train_config(task: str) -> TrainConfig:
         config = dataclasses.replace(config, best_metric="cosine_ndcg@10", greater_is_better=True)
     if task == "cross-encoder":  # a pairs file's; scored and labelled pairs take spearman and f1 (the run sets them)
         config = dataclasses.replace(config, best_metric="rerank_ndcg@10", greater_is_better=True)
+    if task == "sparse-embedding":
+        config = dataclasses.replace(config, best_metric="dot_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -239,6 +245,8 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         loss_fn = _cross_encoder_loss(spec, data, model, tokenizer) if spec.task == "cross-encoder" else None
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks, loss_fn)
+        if spec.task == "sparse-embedding":  # the regularisers' warm-up follows the run (a resumed one too)
+            model.progress = lambda: (trainer.step, trainer.total_steps)
     return trainer.fit(resume=resume_from or False)
 
 
@@ -419,6 +427,30 @@ def _cross_encoder_loss(spec: FinetuneSpec, data, model, tokenizer):
     return CrossEncoderObjective(loss)
 
 
+def _sparse_data(spec: FinetuneSpec):
+    from model.data.pair_batches import PAIRS, load_embedding_data
+    from model.training.sparse_embedding import SparseEmbeddingModel, SpladeOptions
+
+    data = load_embedding_data(spec.train_file, spec.eval_file, spec.eval_fraction, spec.train.seed)
+    if data.kind != PAIRS:
+        raise ValueError(
+            f"{spec.train_file}: task sparse-embedding trains on pairs (columns anchor, positive and optionally "
+            f"negatives), not {data.kind}"
+        )
+    names = ("query_regularizer_weight", "document_regularizer_weight", "regularizer_warmup_ratio")
+    return SparseEmbeddingModel, data, {"splade": SpladeOptions(**{n: getattr(spec, n) for n in names})}
+
+
+def _sparse_batches(spec: FinetuneSpec, data, tokenizer):
+    """The sentence-embedding task's batches (no duplicate texts in a batch), and sparse retrieval evaluation."""
+    from model.data.pair_batches import PairBatches
+    from model.training.sparse_embedding import evaluation_for
+
+    kw: dict[str, Any] = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len)
+    train = PairBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    return train, evaluation_for(data.eval, tokenizer, **kw) if data.eval else None
+
+
 # task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
@@ -426,6 +458,7 @@ _FINETUNE_DATA = {
     "question-answering": _qa_data,
     "sentence-embedding": _embedding_data,
     "cross-encoder": _cross_encoder_data,
+    "sparse-embedding": _sparse_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
@@ -433,6 +466,7 @@ _FINETUNE_BATCHES = {
     "question-answering": _qa_batches,
     "sentence-embedding": _embedding_batches,
     "cross-encoder": _cross_encoder_batches,
+    "sparse-embedding": _sparse_batches,
 }
 
 
