@@ -451,6 +451,18 @@ def _sparse_batches(spec: FinetuneSpec, data, tokenizer):
     return train, evaluation_for(data.eval, tokenizer, **kw) if data.eval else None
 
 
+def _sparse_evaluation(model_dir: Path, data_path, tokenizer, max_seq_len: int, batch_size: int):
+    """A SparseEncoder directory's model and its evaluation on pairs or a retrieval set (`bert evaluate`)."""
+    from model.data.pair_batches import SCORED_PAIRS, read_eval_file
+    from model.training.sparse_embedding import SparseEmbeddingModel, evaluation_for
+
+    kind, rows = read_eval_file(data_path)
+    if kind == SCORED_PAIRS:
+        raise UserError(f"{data_path}: a sparse embedding model is evaluated on pairs or a retrieval set, not {kind}")
+    evaluation = evaluation_for(rows, tokenizer, max_seq_len=max_seq_len, batch_size=batch_size)  # type: ignore[arg-type]
+    return SparseEmbeddingModel.from_pretrained(model_dir), evaluation
+
+
 # task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
@@ -500,6 +512,7 @@ def evaluate_model(
     from model.data.question_answering import QABatches, read_squad
     from model.data.store import TokenStore, open_store
     from model.data.token_classification import TokenClassificationBatches, read_tagged
+    from model.training.sparse_embedding import is_sparse_encoder
 
     model_dir = _model_dir_of(Path(model_dir))
     data: ResumableBatches | EvaluationSet
@@ -507,7 +520,9 @@ def evaluate_model(
         model, tokenizer = load_model(model_dir), _tokenizer_of(model_dir)
         _check_seq_len(max_seq_len, model.config)
         id2label = model.config.id2label
-        if isinstance(model, BertForSequenceClassification):
+        if isinstance(model, BertForMaskedLM) and is_sparse_encoder(model_dir):  # SPLADE: sparse retrieval
+            model, data = _sparse_evaluation(model_dir, data_path, tokenizer, max_seq_len, batch_size)
+        elif isinstance(model, BertForSequenceClassification):
             assert id2label is not None  # a classifier's config names its labels (from_dict: LABEL_i of num_labels)
             labels = [id2label[i] for i in sorted(id2label)]
             regression = model.num_labels == 1

@@ -209,6 +209,15 @@ def _column(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -
     }
 
 
+def is_sparse_encoder(path: str | Path) -> bool:
+    """Whether a model directory says it is a SparseEncoder (config_sentence_transformers.json's model_type)."""
+    file = Path(path) / SENTENCE_TRANSFORMERS_CONFIG
+    try:
+        return json.loads(file.read_text()).get("model_type") == "SparseEncoder"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def write_sparse_encoder_files(out: str | Path, vocab_size: int) -> None:
     """What SparseEncoder.save writes beside the transformer's files for MLMTransformer + SpladePooling("max",
     "relu"): modules.json, sentence_bert_config.json, 1_SpladePooling/config.json and

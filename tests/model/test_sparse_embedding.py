@@ -21,7 +21,9 @@ from model.config import BertConfig
 from model.data.pair_batches import retrieval_set
 from model.data.pairs import Pair
 from model.tokenizer import BertTokenizer
+from model.training.callbacks import Callback
 from model.training.losses import embed_columns
+from model.training.runs import FinetuneSpec, evaluate_model, run_finetuning
 from model.training.sparse_embedding import (
     RETRIEVAL_METRICS,
     SPARSITY_METRICS,
@@ -172,3 +174,57 @@ def test_metrics_equal_sparse_information_retrieval_evaluator(reference, ours, s
     assert got["queries"] == len(ANCHORS) and got["documents"] == len(data.corpus)
     for key in RETRIEVAL_METRICS + SPARSITY_METRICS:
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-6), key  # ST counts in float32
+
+
+class StopAt(Callback):
+    def __init__(self, step):
+        self.step, self.at = 0, step
+
+    def on_step(self, state):
+        self.step = state["step"]
+
+    def should_stop(self):
+        return self.step >= self.at
+
+
+def test_a_run_warms_its_regularisers_up_resumes_exactly_and_bert_evaluate_scores_it(splade_dir, tmp_path):
+    data = tmp_path / "pairs.csv"
+    data.write_text(
+        "anchor,positive,negative\n" + "".join(f"{a},{p},{n}\n" for a, p, n in zip(ANCHORS, POSITIVES, NEGATIVES[0]))
+    )
+
+    def spec(out):
+        values = dict(task="sparse-embedding", batch_size=2, max_seq_len=16, **OPTIONS.__dict__)
+        train = {"max_steps": 6, "log_every": 1, "save_every": 3, "lr": 1e-3, "seed": 5}
+        return FinetuneSpec.from_dict(
+            dict(
+                train_file=str(data),
+                eval_file=str(data),
+                from_model=str(splade_dir),
+                out=str(out),
+                **values,
+                train=train,
+            )
+        )
+
+    straight = run_finetuning(spec(tmp_path / "a"))
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["type"] == "train"]
+    # The weights at each step's forward (steps done before it: 0..5 of 6, warm-up int(6 * 0.5) = 3 steps).
+    factors = [OPTIONS.weights_at(s, 6)[0] / OPTIONS.query_regularizer_weight for s in range(6)]
+    assert factors == pytest.approx([0.0, 1 / 9, 4 / 9, 1.0, 1.0, 1.0])
+    assert [r["query_regularizer_loss"] == 0.0 for r in steps] == [True, False, False, False, False, False]
+    assert [r["step"] for r in records if r["type"] == "eval"] == [0, 6]  # the base model first
+    assert straight.eval_metrics["base_dot_ndcg@10"] is not None and straight.best_checkpoint is not None
+
+    stopped = run_finetuning(spec(tmp_path / "b"), callbacks=[StopAt(2)])
+    assert (stopped.status, stopped.step) == ("stopped", 2)
+    resumed = run_finetuning(spec(tmp_path / "b"))
+    assert (resumed.status, resumed.step) == ("completed", 6)
+    a, b = (SparseEmbeddingModel.from_pretrained(r.model_dir).state_dict() for r in (straight, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    metrics = evaluate_model(tmp_path / "a", data, max_seq_len=16, device="cpu")
+    assert {k: metrics[k] for k in RETRIEVAL_METRICS + SPARSITY_METRICS} == {
+        k: straight.eval_metrics[k] for k in RETRIEVAL_METRICS + SPARSITY_METRICS
+    }
