@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datadir.files import atomic_write_bytes
+from model import options
 from model.compute.precision import autocast
 from model.data.pair_batches import retrieval_set
 from model.data.pairs import Pair
@@ -103,21 +104,19 @@ def sparse_ranking_loss(anchors: Tensor, candidates: Sequence[Tensor], scale: fl
     return F.cross_entropy(scores, torch.arange(len(anchors), device=anchors.device))
 
 
-def active_dims(embeddings: Tensor) -> Tensor:
-    """(N, V) -> (N,) the number of non-zero terms of each embedding."""
-    return (embeddings != 0).sum(dim=1)
-
-
 # ---------------------------------------------------------------------------- options and the loss
+
+
+_DEFAULTS = options.defaults("finetune", "sparse-embedding", trainer=False)
 
 
 @dataclass(frozen=True)
 class SpladeOptions:
     """SpladeLoss's weights and their warm-up (model/options.py declares the defaults and bounds)."""
 
-    query_regularizer_weight: float = 5e-5
-    document_regularizer_weight: float = 3e-5
-    regularizer_warmup_ratio: float = 1 / 3
+    query_regularizer_weight: float = _DEFAULTS["query_regularizer_weight"]
+    document_regularizer_weight: float = _DEFAULTS["document_regularizer_weight"]
+    regularizer_warmup_ratio: float = _DEFAULTS["regularizer_warmup_ratio"]
 
     def weights_at(self, step: int, total_steps: int) -> tuple[float, float]:
         """(query, document) weights at optimizer step `step` (steps done) of `total_steps`: the quadratic
