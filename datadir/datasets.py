@@ -48,11 +48,16 @@ KINDS_OF_TASK: dict[str, tuple[str, ...]] = {
     "sentence-embedding": ("pairs", "scored-pairs"),
     "cross-encoder": ("pairs", "scored-pairs", "labelled"),
     "late-interaction": ("pairs",),
+    "sparse-embedding": ("pairs",),
 }
 LABELLED_KINDS = ("labelled", "token-labelled")  # the kinds whose meta.json counts labels (tags)
 # A job's eval_dataset is of its training dataset's kind, or a retrieval set for the tasks (and training kinds)
 # named here, whose evaluation is retrieval: their held-out anchors search their held-out documents.
-RETRIEVAL_EVAL: dict[str, tuple[str, ...]] = {"sentence-embedding": ("pairs",), "late-interaction": ("pairs",)}
+RETRIEVAL_EVAL: dict[str, tuple[str, ...]] = {
+    "sentence-embedding": ("pairs",),
+    "late-interaction": ("pairs",),
+    "sparse-embedding": ("pairs",),
+}
 
 
 def eval_kinds(task: str, kind: str) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ TASKS = (
     "sentence-embedding",
     "cross-encoder",
     "late-interaction",
+    "sparse-embedding",
 )
 PRECISIONS = ("fp32", "bf16", "int8")  # what a model runs in (int8: dynamic quantisation, inference only)
 IMPORT_POOLINGS = ("splade",)  # what an import may say of a model whose files do not (model.model_dir.import_model)
@@ -100,7 +101,8 @@ OPTIONS: tuple[Option, ...] = (
         "passes over the data, used when max_steps is unset",
         nullable=True,
         by_kind={"pretrain": None, "finetune": 3.0},  # BERT: 2-4 epochs; 3 is the middle
-        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0, "late-interaction": 1.0},  # their examples
+        # sentence-transformers' (and PyLate's) training examples
+        by_task={"sentence-embedding": 1.0, "cross-encoder": 1.0, "late-interaction": 1.0, "sparse-embedding": 1.0},
         above=0.0,
         maximum=1000.0,
     ),
@@ -234,8 +236,9 @@ OPTIONS: tuple[Option, ...] = (
         "sequence-classification (a labelled table), token-classification (NER; best checkpoint "
         "by entity f1), question-answering (SQuAD; best checkpoint by f1), sentence-embedding (pairs or "
         "scored pairs; best checkpoint by cosine_ndcg@10 or spearman_cosine) or cross-encoder (a reranker: "
-        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1) or late-interaction "
-        "(a ColBERT, as PyLate trains one: pairs; best checkpoint by MaxSim_ndcg@10)",
+        "pairs, scored pairs or labelled pairs; best checkpoint by rerank_ndcg@10, spearman or f1), late-interaction "
+        "(a ColBERT, as PyLate trains one: pairs; best checkpoint by MaxSim_ndcg@10) or sparse-embedding (SPLADE, "
+        "from a model with an MLM head: pairs; best checkpoint by dot_ndcg@10)",
         default="sequence-classification",
         kinds=("finetune",),
         trainer=False,
@@ -414,6 +417,43 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         tasks=("late-interaction",),
     ),
+    # -- sparse embeddings (SPLADE): sentence-transformers 6.x's SpladeLoss and its weight scheduler --------
+    # (model/training/sparse_embedding.py)
+    Option(
+        "query_regularizer_weight",
+        float,
+        "sparse-embedding: the weight of the queries' FLOPS regulariser (more: fewer terms a query)",
+        default=5e-5,  # sentence-transformers' SPLADE training examples (lambda_q)
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0.0,
+        maximum=100.0,
+        tasks=("sparse-embedding",),
+    ),
+    Option(
+        "document_regularizer_weight",
+        float,
+        "sparse-embedding: the weight of the documents' FLOPS regulariser (positives and negatives; more: "
+        "fewer terms a document)",
+        default=3e-5,  # sentence-transformers' SPLADE training examples (lambda_d)
+        kinds=("finetune",),
+        trainer=False,
+        minimum=0.0,
+        maximum=100.0,
+        tasks=("sparse-embedding",),
+    ),
+    Option(
+        "regularizer_warmup_ratio",
+        float,
+        "sparse-embedding: share of the run's steps over which both regulariser weights grow from 0 "
+        "(quadratically, as sentence-transformers' SpladeRegularizerWeightSchedulerCallback)",
+        default=1 / 3,  # the callback's default warmup_ratio
+        kinds=("finetune",),
+        trainer=False,
+        above=0.0,
+        maximum=1.0,
+        tasks=("sparse-embedding",),
+    ),
     # -- checkpoints, evaluation, logging ---------------------------------------------------------
     Option(
         "save_every",
@@ -436,7 +476,7 @@ OPTIONS: tuple[Option, ...] = (
         "beside each later evaluation's metric",
         default=False,
         # a job shows what it gained over its start
-        by_task={"sentence-embedding": True, "cross-encoder": True, "late-interaction": True},
+        by_task={"sentence-embedding": True, "cross-encoder": True, "late-interaction": True, "sparse-embedding": True},
     ),  # one more pass over the eval data
     Option(
         "log_every",
@@ -616,8 +656,8 @@ def _show(value: Any) -> str:
         return ",".join(_show(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, float):  # short, unless that would change it (1/3 is not 0.333333)
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
     return str(value)
 
 

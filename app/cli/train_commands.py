@@ -329,14 +329,15 @@ def _add_finetune(sub) -> None:
     p = sub.add_parser(
         "finetune",
         help="fine-tune a model directory as a text classifier (or regressor), "
-        "a token classifier (NER), an extractive QA model or a reranker (cross-encoder)",
+        "a token classifier (NER), an extractive QA model, an embedding model, a reranker (cross-encoder) "
+        "or a sparse (SPLADE) retrieval model",
     )
     p.add_argument(
         "--train",
         required=True,
         help="CSV, TSV or JSONL with text[, text_pair], label; CoNLL or "
         "JSONL {tokens, tags} (token-classification); SQuAD JSON (QA); pairs, scored pairs or "
-        "labelled pairs (cross-encoder)",
+        "labelled pairs (cross-encoder); pairs (sparse-embedding)",
     )
     p.add_argument("--eval", help="held-out file (default: hold out --eval-fraction of --train)")
     p.add_argument(

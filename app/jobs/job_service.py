@@ -28,6 +28,14 @@ from app.jobs.events import EventStreams
 from app.jobs.mining import KIND as MINE_KIND
 from app.jobs.mining import Mining, mining_spec
 from app.jobs.quota import check_job_limit, check_room, job_disk_bytes
+from app.jobs.task_checks import (
+    FINETUNE_ARCHITECTURES,
+    SPARSE_NEEDS_MLM,
+    check_cross_encoder,
+    check_embedding_job,
+    check_labels,
+    cross_encoder_loss,
+)
 from app.keys import ownership
 from app.keys.keyfile import Key
 from app.keys.keyring import ANONYMOUS
@@ -48,7 +56,6 @@ from datadir.datasets import KINDS_OF_TASK, LABELLED_KINDS, eval_kinds, num_labe
 from datadir.versions import access_of
 from model.config import BertConfig
 from model.options import defaults
-from model.sentence_modules import read_sentence_modules
 from model.sizing import GB, TrainingSize, estimate_training, format_count
 from worker.queue import producer, send_job
 from worker.telemetry import tracing
@@ -243,15 +250,17 @@ class JobService:
         if req.kind == "pretrain":
             params = _pretrain_params(req, params)
         elif task == "sentence-embedding":
-            await asyncio.to_thread(_check_embedding_job, req, base, dataset)
+            await asyncio.to_thread(check_embedding_job, req, base, dataset)
+        elif task == "sparse-embedding" and "mlm" not in base.heads:  # SPLADE's terms are the MLM head's logits
+            raise ServiceError("validation", f"base_model: '{base.name}' has no MLM head; {SPARSE_NEEDS_MLM}")
         elif task == "cross-encoder":
-            _check_cross_encoder(req.params, base, dataset)
+            check_cross_encoder(req.params, base, dataset)
             params = await self._with_retriever(req.params, params, dataset, caller)
         elif task == "late-interaction" and req.params.teacher_model is not None:
             await self._check_teacher(req.params.teacher_model, caller)
         elif not req.params.regression:  # a regressor's labels are numbers, one output
             self._check_label_count(dataset)
-            _check_labels(base, dataset)
+            check_labels(base, dataset)
         params["max_runtime"] = self._max_runtime(params["max_runtime"])
         self._check_devices(params["devices"])
         size = _training_size(req, base.config if req.base_model is not None else None, dataset)
@@ -460,29 +469,6 @@ def _pretrain_params(req: PretrainJobRequest, params: dict) -> dict:
     }
 
 
-def _check_embedding_job(req: FinetuneJobRequest, base, dataset: dict) -> None:
-    """A sentence-embedding job's loss suits its dataset, its options go together, its Matryoshka sizes fit the
-    base model's embeddings (model/training/sentence_embedding.py's checks, as the run makes them)."""
-    from model.training.sentence_embedding import check_embedding_options, loss_for
-
-    p = req.params
-    try:
-        loss = loss_for(p.loss, dataset["kind"], f"dataset '{dataset['name']}'")
-    except ValueError as e:
-        raise ServiceError("validation", f"params.loss: {e}") from None
-    try:
-        dimension = read_sentence_modules(base.path).pooling.dimension(base.config.hidden_size)
-    except ValueError as e:
-        raise ServiceError("validation", f"base_model: '{req.base_model}' cannot embed sentences: {e}") from None
-    names = ("scale", "directions", "partition_mode", "cached", "mini_batch_size", "matryoshka_dims")
-    try:
-        check_embedding_options(
-            {"loss": loss, **{n: getattr(p, n) for n in names}}, defaults("finetune", p.task), dimension
-        )
-    except ValueError as e:
-        raise ServiceError("validation", f"params: {e}") from None
-
-
 def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
     """The job's size by model/sizing.py: the base model's config, or the from-scratch one."""
     p = req.params  # with the defaults the run will use
@@ -498,7 +484,9 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
         if p.task == "sentence-embedding":  # each text of a row embedded alone; GradCache a mini-batch at a time
             columns = 2 + int(dataset.get("negatives") or 0) if dataset["kind"] == "pairs" else 2
             extra = {"columns": columns, "mini_batch_size": p.mini_batch_size if p.cached else None}
-        if p.task == "cross-encoder" and _cross_encoder_loss(p, dataset) == "mnrl":  # an anchor's 1 + k + n pairs
+        if p.task == "sparse-embedding":  # every text's logits over the whole vocabulary, as an MLM of every token
+            extra = {"columns": 2 + int(dataset.get("negatives") or 0), "masked_lm_prob": 1.0}
+        if p.task == "cross-encoder" and cross_encoder_loss(p, dataset) == "mnrl":  # an anchor's 1 + k + n pairs
             batch_size *= 1 + p.num_negatives + (dataset.get("negatives") or 0)
     else:
         architecture = "BertForPreTraining" if p.nsp else "BertForMaskedLM"
@@ -519,82 +507,3 @@ def _training_size(req: JobRequest, base_config, dataset: dict) -> TrainingSize:
 
 def _gb(n: int) -> str:
     return f"{n / GB:,.1f}"
-
-
-# The model class a fine-tuning task trains (model/training/runs.py), for sizing and base-model checks.
-FINETUNE_ARCHITECTURES = {
-    "sequence-classification": "BertForSequenceClassification",
-    "token-classification": "BertForTokenClassification",
-    "question-answering": "BertForQuestionAnswering",
-    "sentence-embedding": "BertModel",  # pooled by its sentence-transformers modules: no head
-    "cross-encoder": "BertForSequenceClassification",  # one label
-    "late-interaction": "BertModel",  # and a ColBERT projection (model/training/colbert.py)
-}
-
-
-def _check_labels(base, dataset: dict) -> None:
-    """A base that is already a (sequence or token) classifier keeps its `classifier` weights when
-    fine-tuned for either classification task, so the label (tag) count must match."""
-    if not {"classifier", "token_classifier"} & set(base.heads) or dataset["kind"] not in LABELLED_KINDS:
-        return
-    have, want = base.config.num_labels, num_labels(dataset)
-    if have != want:
-        raise ServiceError(
-            "validation",
-            f"base_model: '{base.name}' is a classifier with {have} labels; dataset '{dataset['name']}' has {want}",
-        )
-
-
-def _cross_encoder_loss(p, dataset: dict) -> str:
-    """The loss a cross-encoder job trains with: the one asked, else mnrl for pairs and bce for the others."""
-    return p.loss or ("mnrl" if dataset["kind"] == "pairs" else "bce")
-
-
-def _check_cross_encoder(p, base, dataset: dict) -> None:
-    """What a cross-encoder job's loss, dataset and base model must agree on (model/data/cross_encoder_data.py)."""
-    name, kind, loss = dataset["name"], dataset["kind"], _cross_encoder_loss(p, dataset)
-    if loss not in ("bce", "mnrl"):
-        raise ServiceError("validation", f"params.loss: a cross-encoder trains with bce or mnrl, not {loss}")
-    if loss == "mnrl" and kind != "pairs":
-        raise ServiceError(
-            "validation",
-            f"params.loss: mnrl ranks each anchor's positive above its negatives, so it trains on a pairs dataset; "
-            f"'{name}' is {kind}: use bce",
-        )
-    if loss == "bce" and kind == "pairs" and not dataset.get("negatives"):
-        raise ServiceError(
-            "validation",
-            f"params.loss: bce on pairs labels each positive 1 and each hard negative 0, and dataset '{name}' has "
-            "no negatives: use mnrl (its negatives come from the batch), or upload pairs with negatives",
-        )
-    if kind == "labelled":
-        _check_pair_labels(dataset)
-    if "classifier" in base.heads and base.config.num_labels != 1:
-        raise ServiceError(
-            "validation",
-            f"base_model: '{base.name}' is a classifier with {base.config.num_labels} labels; a cross-encoder has one "
-            "(start from an encoder, such as an embedding model, or from a reranker)",
-        )
-
-
-def _check_pair_labels(dataset: dict) -> None:
-    """A labelled dataset a cross-encoder trains on: text pairs, labels 0 or 1 or scores in 0..1."""
-    if not dataset.get("is_pair"):
-        raise ServiceError(
-            "validation",
-            f"dataset: '{dataset['name']}' has no text_pair column: a cross-encoder scores (text, text_pair) pairs",
-        )
-    bad = [label for label in dataset.get("labels") or () if not _in_unit_range(label)]
-    if bad:
-        raise ServiceError(
-            "validation",
-            f"dataset: '{dataset['name']}' has labels {', '.join(map(repr, bad[:5]))}: a cross-encoder's labels are "
-            "0 or 1, or scores in 0..1",
-        )
-
-
-def _in_unit_range(label: str) -> bool:
-    try:
-        return 0.0 <= float(label) <= 1.0
-    except ValueError:
-        return False

@@ -259,7 +259,7 @@ class FinetuneJobRequest(Strict):
     eval_dataset: Name | None = Field(
         None,
         description="Evaluate on this dataset instead of holding out params.eval_fraction of `dataset`: one of "
-        "the same kind, or (task sentence-embedding on pairs) a retrieval set.",
+        "the same kind, or (task sentence-embedding or sparse-embedding on pairs) a retrieval set.",
     )
     params: FinetuneParams = Field(default_factory=FinetuneParams)
     priority: int = PRIORITY_FIELD

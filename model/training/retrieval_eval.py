@@ -42,30 +42,41 @@ Score = Callable[[list[tuple[str, str]]], Sequence[float]]  # (query, document) 
 CHUNK_SIZE = 16_384  # corpus rows scored at a time
 QUERY_ROWS = 256  # queries scored at a time: with CHUNK_SIZE, 16 MiB of float32 scores
 SIMILARITY = "cosine"  # the metric keys' prefix, the reference's name of its score function
+SIMILARITIES = ("cosine", "dot")  # cosine (dense embeddings) or the dot product (sparse ones: SPLADE's)
 
 
 # ---------------------------------------------------------------------------- exact search
 
 
 def search(
-    query_emb: torch.Tensor, corpus_emb: torch.Tensor, k: int, *, chunk_size: int = CHUNK_SIZE
+    query_emb: torch.Tensor,
+    corpus_emb: torch.Tensor,
+    k: int,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    similarity: str = SIMILARITY,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Q, min(k, N)) cosine scores and corpus rows of each query's nearest rows, best first, equal scores
-    by the lower row. Exact: every row is scored, `chunk_size` corpus rows at a time, on the queries' device."""
+    """(Q, min(k, N)) scores (cosine, or the dot product with `similarity` "dot") and corpus rows of each
+    query's nearest rows, best first, equal scores by the lower row. Exact: every row is scored, `chunk_size`
+    corpus rows at a time, on the queries' device."""
     _check_embeddings(query_emb, corpus_emb)
     _check_positive(chunk_size=chunk_size, k=k)
-    queries = F.normalize(query_emb.float(), p=2, dim=-1)
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    unit = similarity == "cosine"
+    queries = F.normalize(query_emb.float(), p=2, dim=-1) if unit else query_emb.float()
     blocks = [
-        _search_block(queries[s : s + QUERY_ROWS], corpus_emb, k, chunk_size)
+        _search_block(queries[s : s + QUERY_ROWS], corpus_emb, k, chunk_size, unit)
         for s in range(0, len(queries), QUERY_ROWS)
     ]
     return torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks])
 
 
-def _search_block(queries: torch.Tensor, corpus_emb: torch.Tensor, k: int, chunk_size: int):
+def _search_block(queries: torch.Tensor, corpus_emb: torch.Tensor, k: int, chunk_size: int, unit: bool = True):
     best: tuple[torch.Tensor, torch.Tensor] | None = None
     for start in range(0, len(corpus_emb), chunk_size):
-        chunk = F.normalize(corpus_emb[start : start + chunk_size].to(queries.device).float(), p=2, dim=-1)
+        chunk = corpus_emb[start : start + chunk_size].to(queries.device).float()
+        chunk = F.normalize(chunk, p=2, dim=-1) if unit else chunk
         scores, rows = _top_k(queries @ chunk.T, k)  # (q, c) -> (q, k)
         found = (scores, rows + start)
         if best is not None:  # earlier chunks hold lower rows: a stable sort keeps them first among equal scores
@@ -107,8 +118,10 @@ def information_retrieval(
     precision_recall_at_k: Sequence[int] = (1, 3, 5, 10, 100),
     map_at_k: Sequence[int] = (100,),
     chunk_size: int = CHUNK_SIZE,
+    similarity: str = SIMILARITY,
 ) -> dict[str, float]:
-    """InformationRetrievalEvaluator's metrics of cosine search; `relevant` holds corpus rows per query
+    """InformationRetrievalEvaluator's metrics of cosine search (or, `similarity` "dot", of the dot product,
+    as SparseInformationRetrievalEvaluator's dot_* keys); `relevant` holds corpus rows per query
     row (a list, one per query, or a dict by query row). Rows outside the corpus count as relevant and
     unfindable; queries with no relevant rows are left out. The cut-offs are the reference's defaults,
     with precision@100 and recall@100 added (how much of what is relevant a first stage of 100 keeps)."""
@@ -131,10 +144,10 @@ def information_retrieval(
         map_at_k=map_at_k,
     )
     max_k = max(max(_ks(name, values)) for name, values in ks.items())
-    _, rows = search(query_emb[asked], corpus_emb, max_k, chunk_size=chunk_size)
+    _, rows = search(query_emb[asked], corpus_emb, max_k, chunk_size=chunk_size, similarity=similarity)
     hits = np.array([[r in sets[q] for r in found] for q, found in zip(asked, rows.tolist())], dtype=bool)
     n_relevant = np.array([len(sets[q]) for q in asked])
-    return {f"{SIMILARITY}_{key}": value for key, value in ranking_metrics(hits, n_relevant, **ks).items()}
+    return {f"{similarity}_{key}": value for key, value in ranking_metrics(hits, n_relevant, **ks).items()}
 
 
 def ranking_from_scores(scores: torch.Tensor, relevant: Sequence[set[int]], **ks: Sequence[int]) -> dict[str, float]:
@@ -245,6 +258,7 @@ def evaluate_retrieval(
     precision_recall_at_k: Sequence[int] = (1, 3, 5, 10, 100),
     map_at_k: Sequence[int] = (100,),
     chunk_size: int = CHUNK_SIZE,
+    similarity: str = SIMILARITY,
 ) -> dict[str, float]:
     """`information_retrieval` of texts by id, as InformationRetrievalEvaluator(queries, corpus, relevant_docs):
     the queries with relevant ids and the corpus are embedded with `encode`, `batch_size` texts a call."""
@@ -264,6 +278,7 @@ def evaluate_retrieval(
         precision_recall_at_k=precision_recall_at_k,
         map_at_k=map_at_k,
         chunk_size=chunk_size,
+        similarity=similarity,
     )
 
 

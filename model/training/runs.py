@@ -133,6 +133,10 @@ class FinetuneSpec:
     pos_weight: float | None = _FT["pos_weight"]  # cross-encoder bce: a positive's weight
     retriever_model: str | None = _FT["retriever_model"]  # cross-encoder on pairs: the first stage's model directory
     teacher_model: str | None = _FT["teacher_model"]  # late-interaction: a cross-encoder's directory (distillation)
+    # sparse-embedding (model/training/sparse_embedding.py): SpladeLoss's weights and their warm-up
+    query_regularizer_weight: float = _FT["query_regularizer_weight"]
+    document_regularizer_weight: float = _FT["document_regularizer_weight"]
+    regularizer_warmup_ratio: float = _FT["regularizer_warmup_ratio"]
     resume: bool = True
     # The default task's; from_dict and task_train_config give another task its own (model/options.py).
     train: TrainConfig = field(default_factory=lambda: task_train_config(TASKS[0]))
@@ -170,6 +174,8 @@ def task_train_config(task: str) -> TrainConfig:
         config = dataclasses.replace(config, best_metric="rerank_ndcg@10", greater_is_better=True)
     if task == "late-interaction":
         config = dataclasses.replace(config, best_metric="MaxSim_ndcg@10", greater_is_better=True)
+    if task == "sparse-embedding":
+        config = dataclasses.replace(config, best_metric="dot_ndcg@10", greater_is_better=True)
     return config
 
 
@@ -243,6 +249,8 @@ def run_finetuning(spec: FinetuneSpec, callbacks: Sequence[Callback] = ()) -> Tr
         train_data, eval_data = _FINETUNE_BATCHES[spec.task](spec, data, tokenizer)
         loss_fn = _cross_encoder_loss(spec, data, model, tokenizer) if spec.task == "cross-encoder" else None
         trainer = _trainer(spec.train, out, model, tokenizer, train_data, eval_data, callbacks, loss_fn)
+        if spec.task == "sparse-embedding":  # the regularisers' warm-up follows the run (a resumed one too)
+            model.progress = lambda: (trainer.step, trainer.total_steps)
     return trainer.fit(resume=resume_from or False)
 
 
@@ -454,6 +462,42 @@ def _colbert_batches(spec: FinetuneSpec, data, tokenizer):
     return train, ColBERTRetrievalEvaluation(held_out, tokenizer, batch_size=spec.batch_size)
 
 
+def _sparse_data(spec: FinetuneSpec):
+    from model.data.pair_batches import PAIRS, load_embedding_data
+    from model.training.sparse_embedding import SparseEmbeddingModel, SpladeOptions
+
+    data = load_embedding_data(spec.train_file, spec.eval_file, spec.eval_fraction, spec.train.seed)
+    if data.kind != PAIRS:
+        raise ValueError(
+            f"{spec.train_file}: task sparse-embedding trains on pairs (columns anchor, positive and optionally "
+            f"negatives), not {data.kind}"
+        )
+    names = ("query_regularizer_weight", "document_regularizer_weight", "regularizer_warmup_ratio")
+    return SparseEmbeddingModel, data, {"splade": SpladeOptions(**{n: getattr(spec, n) for n in names})}
+
+
+def _sparse_batches(spec: FinetuneSpec, data, tokenizer):
+    """The sentence-embedding task's batches (no duplicate texts in a batch), and sparse retrieval evaluation."""
+    from model.data.pair_batches import PairBatches
+    from model.training.sparse_embedding import evaluation_for
+
+    kw: dict[str, Any] = dict(batch_size=spec.batch_size, max_seq_len=spec.max_seq_len)
+    train = PairBatches(data.train, tokenizer, seed=spec.train.seed, **kw)
+    return train, evaluation_for(data.eval, tokenizer, **kw) if data.eval else None
+
+
+def _sparse_evaluation(model_dir: Path, data_path, tokenizer, max_seq_len: int, batch_size: int):
+    """A SparseEncoder directory's model and its evaluation on pairs or a retrieval set (`bert evaluate`)."""
+    from model.data.pair_batches import SCORED_PAIRS, read_eval_file
+    from model.training.sparse_embedding import SparseEmbeddingModel, evaluation_for
+
+    kind, rows = read_eval_file(data_path)
+    if kind == SCORED_PAIRS:
+        raise UserError(f"{data_path}: a sparse embedding model is evaluated on pairs or a retrieval set, not {kind}")
+    evaluation = evaluation_for(rows, tokenizer, max_seq_len=max_seq_len, batch_size=batch_size)  # type: ignore[arg-type]
+    return SparseEmbeddingModel.from_pretrained(model_dir), evaluation
+
+
 # task -> (model class, data, what the model class is built with) and task -> (train batches, eval data or None)
 _FINETUNE_DATA = {
     "sequence-classification": _classification_data,
@@ -462,6 +506,7 @@ _FINETUNE_DATA = {
     "sentence-embedding": _embedding_data,
     "cross-encoder": _cross_encoder_data,
     "late-interaction": _colbert_data,
+    "sparse-embedding": _sparse_data,
 }
 _FINETUNE_BATCHES = {
     "sequence-classification": _classification_batches,
@@ -470,6 +515,7 @@ _FINETUNE_BATCHES = {
     "sentence-embedding": _embedding_batches,
     "cross-encoder": _cross_encoder_batches,
     "late-interaction": _colbert_batches,
+    "sparse-embedding": _sparse_batches,
 }
 
 
@@ -503,6 +549,7 @@ def evaluate_model(
     from model.data.question_answering import QABatches, read_squad
     from model.data.store import TokenStore, open_store
     from model.data.token_classification import TokenClassificationBatches, read_tagged
+    from model.training.sparse_embedding import is_sparse_encoder
 
     model_dir = _model_dir_of(Path(model_dir))
     data: ResumableBatches | EvaluationSet
@@ -510,7 +557,9 @@ def evaluate_model(
         model, tokenizer = load_model(model_dir), _tokenizer_of(model_dir)
         _check_seq_len(max_seq_len, model.config)
         id2label = model.config.id2label
-        if isinstance(model, BertForSequenceClassification):
+        if isinstance(model, BertForMaskedLM) and is_sparse_encoder(model_dir):  # SPLADE: sparse retrieval
+            model, data = _sparse_evaluation(model_dir, data_path, tokenizer, max_seq_len, batch_size)
+        elif isinstance(model, BertForSequenceClassification):
             assert id2label is not None  # a classifier's config names its labels (from_dict: LABEL_i of num_labels)
             labels = [id2label[i] for i in sorted(id2label)]
             regression = model.num_labels == 1
