@@ -114,6 +114,15 @@ def test_a_tiny_mlm_fine_tuned_as_splade_reports_before_and_after_and_loads_as_a
     with torch.no_grad():
         assert not torch.allclose(got, base.embed(BertTokenizer.from_pretrained(published)(TEXTS)), atol=1e-4)
 
+    # ... and the service answers /embed_sparse with it at once, as its pooling says
+    assert c.get("/models/splade").json()["pooling"] == ["splade"]
+    r = c.post("/embed_sparse", json={"inputs": TEXTS, "model": "splade"})
+    assert r.status_code == 200, r.text
+    for row, vector in zip(r.json(), expected.to_dense()):
+        (indices,) = vector.nonzero(as_tuple=True)
+        assert [e["index"] for e in row] == indices.tolist()
+        assert [e["value"] for e in row] == pytest.approx(vector[indices].tolist(), abs=1e-5)
+
 
 BAD = [
     (
@@ -127,7 +136,7 @@ BAD = [
     ),
     (
         sparse_job(scale=5.0),
-        "finetune.params: scale is for task sentence-embedding or cross-encoder, not sparse-embedding",
+        "finetune.params: scale is for task sentence-embedding or cross-encoder or late-interaction, not sparse-embedding",
     ),
     (
         finetune_request("x", dataset="pairs", task="sentence-embedding", query_regularizer_weight=0.1),
