@@ -178,7 +178,7 @@ def test_user_errors(files, tmp_path):
     with pytest.raises(
         ValueError,
         match="^unknown task 'ner'; expected one of sequence-classification, token-classification, question-answering, "
-        "sentence-embedding, cross-encoder$",
+        "sentence-embedding, cross-encoder, late-interaction, sparse-embedding$",
     ):
         spec(files, tmp_path / "x", "ner", "ner.jsonl")
     with pytest.raises(UserError) as e:

@@ -177,10 +177,15 @@ def test_a_stop_another_rank_asked_for_hands_the_job_back(data_dir, settings, mo
     """Data parallel: the ranks stop together when any of them asks, and another rank's SIGTERM (the worker's warm
     shutdown, sent to every rank) may be seen before rank 0's own handler has run. Rank 0 then stops with no
     reason of its own: the job is handed back, not failed as if by a time limit."""
-    from model.training import distributed
+    from model.training.trainer import Trainer
 
-    asked = iter([False, False, True])  # another rank asks at step 3
-    monkeypatch.setattr(distributed, "any_rank", lambda flag, d: flag or next(asked, True))
+    summed = Trainer._sum_over_ranks  # the step's one all-reduce, which carries every rank's stop flag
+
+    def another_rank_asks_at_step_3(self, losses, tokens, asked):
+        losses, counts, asked = summed(self, losses, tokens, asked)
+        return losses, counts, asked or self.step == 3
+
+    monkeypatch.setattr(Trainer, "_sum_over_ranks", another_rank_asks_at_step_3)
     store = JobRecords(data_dir)
     job_id = store.create(finetune_spec("clf", max_steps=50))["id"]
     assert run_job(job_id, settings)["outcome"] == "handed back"
