@@ -179,7 +179,8 @@ BAD_JOBS = [
     (
         dict(dataset="squad", task="ner"),
         "finetune.params.task: Input should be 'sequence-classification', "
-        "'token-classification', 'question-answering', 'sentence-embedding', 'cross-encoder' or 'late-interaction'",
+        "'token-classification', 'question-answering', 'sentence-embedding', 'cross-encoder', 'late-interaction' or "
+        "'sparse-embedding'",
     ),
     (
         dict(dataset="squad", task="question-answering", max_seq_len=32, doc_stride=16, max_query_length=16),
