@@ -54,7 +54,6 @@ from torch import Tensor
 
 from datadir.files import atomic_write_bytes
 from model import options
-from model.compute.precision import autocast
 from model.data.pair_batches import retrieval_set
 from model.data.pairs import Pair
 from model.data.retrieval_data import RetrievalSet
@@ -62,7 +61,7 @@ from model.modeling import BertForMaskedLM
 from model.sentence_modules import MODULES_FILE, SENTENCE_BERT_CONFIG, SENTENCE_TRANSFORMERS_CONFIG
 from model.training.losses import Features, embed_columns
 from model.training.retrieval_eval import evaluate_retrieval
-from model.training.trainer import EvaluationStopped
+from model.training.sentence_embedding import _Encoder
 
 BEST_METRIC = "dot_ndcg@10"
 RETRIEVAL_METRICS = ("dot_ndcg@10", "dot_mrr@10", "dot_recall@1", "dot_recall@10", "dot_recall@100", "dot_map@100")
@@ -254,21 +253,17 @@ class SparseRetrievalEvaluation:
         self.tokenizer, self.max_seq_len, self.batch_size = tokenizer, max_seq_len, batch_size
 
     def encoder(self, model: SparseEmbeddingModel, device, precision: str, should_stop, seen: list[Tensor]):
-        """`encode(texts) -> (n, V)` on `device` in `precision`, appending each batch's embeddings to `seen` (for
-        the sparsity figures); raises EvaluationStopped when asked to stop."""
+        """The sentence-embedding evaluation's `encode(texts) -> (n, V)`, appending each batch's embeddings to
+        `seen` (for the sparsity figures)."""
+        embedder = _Encoder(self.tokenizer, self.max_seq_len, self.batch_size)
+        encode = embedder.encoder(model, device, precision, should_stop)  # type: ignore[arg-type]  # any .embed
 
-        @torch.no_grad()
-        def encode(texts: list[str]) -> Tensor:
-            if should_stop is not None and should_stop():
-                raise EvaluationStopped("the evaluation was stopped between two batches of texts")
-            batch = self.tokenizer(texts, max_length=self.max_seq_len, truncation=True)
-            features = {k: v if k == "attention_mask" else v.to(device) for k, v in batch.items()}
-            with autocast(device, precision):
-                out = model.embed(features).float()
+        def recorded(texts: list[str]) -> Tensor:
+            out = encode(texts)
             seen.append(out)
             return out
 
-        return encode
+        return recorded
 
     def evaluate_model(self, model, *, device, precision, max_batches=None, should_stop=None) -> dict[str, Any]:
         queries, corpus, relevant = self.data

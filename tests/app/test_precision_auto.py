@@ -205,7 +205,7 @@ def test_a_real_server_measures_a_kind_of_cpu_the_card_lacks(data_dir, tmp_path)
     try:
         first = httpx.post(f"{url}/embeddings", json={"inputs": TEXTS}, timeout=60)
         assert first.status_code == 200, first.text
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # a hang check: the tiny model is measured in seconds on an idle machine
         while cpu_kind() not in read_card(root / "models" / "tiny").get("precision", {}):
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.1)
