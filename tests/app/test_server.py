@@ -39,6 +39,9 @@ def start_server(data_dir: Path, port: int, **env_overrides: str) -> subprocess.
         "BERT_LOAD": "startup",
         "BERT_API_KEY": "",
         "BERT_DRAIN_SECONDS": "0",  # no balancer in front: SIGTERM stops at once
+        # answers are compared with fp32 references, and auto would measure the shared models in the background
+        # (writing their cards) and then serve bf16 where it is native, as tests/helpers.child_env says
+        "BERT_PRECISION": "fp32",
         "PYTHONUNBUFFERED": "1",
         **env_overrides,
     }
