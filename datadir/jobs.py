@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -48,6 +49,8 @@ SUBMIT_LOCK = ".submit.lock"
 CHECKPOINTS = "checkpoints"  # a run directory's step-N checkpoints (model/training/checkpoint.py writes them)
 RECORD, CANCEL, LEASE, RECORD_LOCK = "job.json", "cancel", ".lease", ".record.lock"
 METRICS = METRICS_FILE  # the trainer writes it: the job directory is the run directory
+_created = {"last": ""}  # the created_at of this process's newest job
+_created_lock = threading.Lock()
 
 # import: a model import the API runs (app/jobs/imports.py); batch: an inference batch the API runs
 # (app/serving/batch_jobs.py); mine-negatives: hard negatives mined with a served model, published as a pairs
@@ -174,7 +177,7 @@ class JobRecords:
     def create(self, spec: dict[str, Any]) -> JobRecord:
         """Write a new job in state "queued" (atomically: the directory appears with its record)."""
         job_id = new_job_id()
-        now = now_iso()
+        now = _creation_time()
         record = cast(
             JobRecord,
             {
@@ -630,3 +633,16 @@ def _flocked(path: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)  # closing the descriptor drops the lock
+
+
+def _creation_time() -> str:
+    """now_iso(), a millisecond past this process's previous job's created_at where the clock has not moved on:
+    the queue orders equal priorities by created_at (scheduling.order_key), so jobs one process submits within one
+    millisecond keep the order they were submitted in rather than their ids' random part."""
+    with _created_lock:
+        now = now_iso()
+        if now <= _created["last"]:
+            later = dt.datetime.fromisoformat(_created["last"]) + dt.timedelta(milliseconds=1)
+            now = later.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        _created["last"] = now
+        return now

@@ -4,15 +4,13 @@ lowest-priority running job makes way for a higher one that waited past the grac
 from __future__ import annotations
 
 import datetime as dt
-import time
 
 from datadir import JobRecords, jobs
-from datadir.scheduling import make_way_for
+from datadir.scheduling import make_way_for, waiting
 from tests.helpers import finetune_spec
 
 
 def job(store: JobRecords, priority: int, running: bool = False) -> str:
-    time.sleep(0.002)  # distinct created_at
     job_id = store.create({**finetune_spec("m"), "priority": priority})["id"]
     if running:
         store.move(job_id, jobs.start, "host:1")
@@ -46,12 +44,11 @@ def test_equal_priorities_go_first_come_first_served_unless_an_owner_is_over_its
     """Two keys' jobs of equal priority: in arrival order while each is within its worker_share; once
     'busy' has taken more than its share (0.5) of the day's worker time, its queued jobs go after the
     others of their priority, and never ahead of a higher priority."""
-    from datadir.scheduling import delivery_order, over_share, waiting
+    from datadir.scheduling import delivery_order, over_share
 
     store = JobRecords(tmp_path / "data")
 
     def submit(owner: str, priority: int = 0, share: float | None = 0.5) -> str:
-        time.sleep(0.002)
         return store.create({**finetune_spec("m"), "priority": priority, "owner": owner, "worker_share": share})["id"]
 
     def finish(job_id: str, seconds: float) -> None:
@@ -129,3 +126,13 @@ def test_a_job_that_made_way_notes_the_job_and_its_owner(tmp_path):
         "preempted_for": "20261204T120000-0a0b0c0d",
         "preempted_for_owner": "eager",
     }
+
+
+def test_jobs_submitted_within_one_millisecond_run_in_the_order_they_were_submitted(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs, "now_iso", lambda: "2026-01-31T12:00:00.000Z")  # a clock that has not moved on
+    monkeypatch.setitem(jobs._created, "last", "")  # no job of this process yet
+    store = JobRecords(tmp_path / "data")
+    submitted = [store.create({**finetune_spec(f"m{i}"), "priority": 1})["id"] for i in range(20)]
+    created = [store.read(j)["created_at"] for j in submitted]
+    assert created == sorted(set(created)) and created[-1] == "2026-01-31T12:00:00.019Z"
+    assert [r["id"] for r in waiting(store.list())] == submitted
