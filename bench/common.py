@@ -86,7 +86,7 @@ def cpu_kind() -> str:
 
 
 def gemm_flops(dtype: torch.dtype = torch.float32, n: int = 2048, library: str = "torch") -> float:
-    """FLOP/s of one large square GEMM: torch.mm (MKL on CPU), or oneDNN's fp32 linear."""
+    """FLOP/s of one large square GEMM in `dtype`: torch.mm (MKL on CPU), or oneDNN's linear."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     if library == "onednn":
         fn = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")  # noqa: E731

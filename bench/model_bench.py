@@ -11,12 +11,17 @@ torch.inference_mode, timed in turns (bench/common.py). Every shape also checks 
 max |diff| of the hidden states, identical top-5 tokens for fill-mask.
 
 "% peak" = useful FLOPs (the encoder; for fill-mask plus the MLM head at the masked positions only)
-per second, over the best fp32 GEMM this machine ran in the same process (the larger of a 2048^3
-torch.mm and the same GEMM through oneDNN; both are printed).
+per second, over the best GEMM of the run's precision this machine ran in the same process (the larger of
+a 2048^3 torch.mm and the same GEMM through oneDNN; both are printed).
+
+--precision bf16 runs both in bf16: ours as the service loads it (model.compute.precision.apply_precision),
+transformers' cast with .to(torch.bfloat16); "% peak" is then over the bf16 GEMM peak (on AMX its tiles,
+elsewhere AVX-512's bf16 dot products; emulated where the CPU has neither, which the machine line says).
 
     .venv/bin/python -m bench.model_bench --quick       # ~1 minute
     .venv/bin/python -m bench.model_bench               # everything, ~7 minutes on 2 cores (base dominates)
     .venv/bin/python -m bench.model_bench --configs small --cases encoder padded --ablate
+    .venv/bin/python -m bench.model_bench --configs base --cases encoder --precision bf16 --batches 1 8 32
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import transformers
 
 from bench.common import CONFIGS, gemm_flops, interleaved, machine_line, markdown_table, setup, si
 from model.compute.onednn import use_onednn
+from model.compute.precision import apply_precision
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertModel, compile_model
 
@@ -45,8 +51,11 @@ DEFAULT_SHAPES = {
 }
 
 
-def build(kind: str):
-    """transformers' BertModel and BertForMaskedLM, and ours with the very same weights."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(kind: str, precision: str = "fp32"):
+    """transformers' BertModel and BertForMaskedLM, and ours with the very same weights, in `precision`."""
     cfg = CONFIGS[kind]
     hf_config = transformers.BertConfig(**cfg, attn_implementation="sdpa")
     hf_enc = transformers.BertModel(hf_config).eval()
@@ -56,6 +65,9 @@ def build(kind: str):
     ours_mlm.load_state_dict(
         {k: v for k, v in hf_mlm.state_dict().items() if not k.startswith("cls.predictions.decoder.")}, strict=True
     )
+    if precision != "fp32":
+        hf_enc, hf_mlm = hf_enc.to(DTYPES[precision]), hf_mlm.to(DTYPES[precision])
+        ours_enc, ours_mlm = apply_precision(ours_enc, precision), apply_precision(ours_mlm, precision)
     return hf_enc, hf_mlm, ours_enc, ours_mlm
 
 
@@ -175,6 +187,7 @@ def parse_args(argv=None):
         action="store_true",
         help="also time ours under torch.compile (compile_model; encoder cases; slow first calls)",
     )
+    p.add_argument("--precision", choices=sorted(DTYPES), default="fp32", help="both models' precision (default fp32)")
     p.add_argument("--quick", action="store_true", help="small config, 2 shapes, 3 rounds")
     args = p.parse_args(argv)
     if args.quick:
@@ -186,11 +199,12 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     setup(args.threads)
-    mm, dnn = gemm_flops(), gemm_flops(library="onednn")
+    dtype = DTYPES[args.precision]
+    mm, dnn = gemm_flops(dtype), gemm_flops(dtype, library="onednn")
     peak = max(mm, dnn)
     print(f"## Model benchmark\n\n{machine_line()}\n")
     print(
-        f"fp32 GEMM 2048^3: torch.mm {si(mm, 'FLOP/s')}, oneDNN {si(dnn, 'FLOP/s')}; "
+        f"{args.precision} GEMM 2048^3: torch.mm {si(mm, 'FLOP/s')}, oneDNN {si(dnn, 'FLOP/s')}; "
         f"% peak is over {si(peak, 'FLOP/s')}. Times: median (min-max) ms per call.\n"
     )
     for kind in args.configs:
@@ -201,7 +215,7 @@ def main(argv=None) -> None:
         ]
         if not shapes:
             continue
-        models = build(kind)
+        models = build(kind, args.precision)
         compiled = compile_model(copy.deepcopy(models[2])) if args.compile else None
         for case in args.cases:
             print(f"### {kind}, {case}\n")
