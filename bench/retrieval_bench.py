@@ -86,19 +86,26 @@ def scores(encode, queries, corpus, relevant) -> dict[str, float]:
 
 def train_ours(base: Path, train: list[dict], work: Path, args) -> tuple[Path, float]:
     """This project's sentence-embedding task, in process (as the worker runs it): (model directory, samples/s)."""
+    # the task holds some pairs out; a few seconds of evaluation at the end, counted
+    return run_ours("sentence-embedding", base, train, work, args, eval_fraction=0.01)
+
+
+def run_ours(task: str, base: Path, train: list[dict], work: Path, args, **options) -> tuple[Path, float]:
+    """This project's `task` on the pairs `train`, in process (as the worker runs it), with the settings both
+    trainers share (`reference_arguments`) and the task's `options`: (model directory, samples/s)."""
     from model.training.runs import FinetuneSpec, run_finetuning
 
     data = work / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in train))
     spec = FinetuneSpec.from_dict(
         {
-            "task": "sentence-embedding",
+            "task": task,
             "train_file": str(data),
             "from_model": str(base),
             "out": str(work / "ours"),
             "batch_size": args.batch_size,
             "max_seq_len": args.max_seq_len,
-            "eval_fraction": 0.01,  # the task holds some pairs out; a few seconds of evaluation at the end, counted
+            **options,
             "train": {
                 "max_steps": args.steps,
                 "lr": args.lr,
@@ -121,21 +128,12 @@ def train_ours(base: Path, train: list[dict], work: Path, args) -> tuple[Path, f
     return work / "ours" / "model", args.steps * args.batch_size / seconds
 
 
-def train_theirs(base: Path, train: list[dict], work: Path, args) -> tuple[Path, float]:
-    """sentence-transformers' SentenceTransformerTrainer with the same settings: (model directory, samples/s)."""
-    from datasets import Dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+def reference_arguments(arguments_class, out: Path, args):
+    """sentence-transformers' training arguments (`arguments_class`: its dense or sparse trainer's) with the
+    settings `run_ours` gives this project's task."""
     from sentence_transformers.training_args import BatchSamplers
 
-    model = SentenceTransformer(str(base), device="cpu")
-    model.max_seq_length = args.max_seq_len
-    out = work / "theirs"
-    training_args = SentenceTransformerTrainingArguments(
+    return arguments_class(
         output_dir=str(out / "run"),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch_size,
@@ -153,17 +151,37 @@ def train_theirs(base: Path, train: list[dict], work: Path, args) -> tuple[Path,
         use_cpu=True,
         dataloader_drop_last=True,
     )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=Dataset.from_list(train),
-        loss=MultipleNegativesRankingLoss(model, scale=20.0),
-    )
+
+
+def run_reference(trainer, model, out: Path, args) -> tuple[Path, float]:
+    """Train with sentence-transformers' `trainer` and save `model` under `out`: (model directory, samples/s)."""
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     model.save(str(out / "model"))
     return out / "model", args.steps * args.batch_size / seconds
+
+
+def train_theirs(base: Path, train: list[dict], work: Path, args) -> tuple[Path, float]:
+    """sentence-transformers' SentenceTransformerTrainer with the same settings: (model directory, samples/s)."""
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    model = SentenceTransformer(str(base), device="cpu")
+    model.max_seq_length = args.max_seq_len
+    out = work / "theirs"
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=reference_arguments(SentenceTransformerTrainingArguments, out, args),
+        train_dataset=Dataset.from_list(train),
+        loss=MultipleNegativesRankingLoss(model, scale=20.0),
+    )
+    return run_reference(trainer, model, out, args)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.common import machine_line  # noqa: E402
-from bench.retrieval_bench import wiki_pairs  # noqa: E402
+from bench.retrieval_bench import reference_arguments, run_ours, run_reference, wiki_pairs  # noqa: E402
 from model.data.retrieval_data import RetrievalSet  # noqa: E402
 from model.tokenizer import BertTokenizer  # noqa: E402
 from model.training.sparse_embedding import SparseEmbeddingModel, SparseRetrievalEvaluation  # noqa: E402
@@ -61,47 +60,23 @@ def train_ours(base: Path, train: list[dict], held: RetrievalSet, work: Path, ar
     The held-out queries are its evaluation file, so it trains on every pair, as sentence-transformers does (and
     on the same batches: model/data/pair_batches.py draws them as NoDuplicatesBatchSampler does); the
     evaluation at the end is counted in its time."""
-    from model.training.runs import FinetuneSpec, run_finetuning
-
-    data, eval_file = work / "pairs.jsonl", work / "held.jsonl"
-    data.write_text("".join(json.dumps(p) + "\n" for p in train))
+    eval_file = work / "held.jsonl"
     eval_file.write_text(
         "".join(
             json.dumps({"anchor": held.queries[q], "positive": held.corpus[d]}) + "\n"
             for q, (d,) in held.relevant.items()
         )
     )
-    spec = FinetuneSpec.from_dict(
-        {
-            "task": "sparse-embedding",
-            "train_file": str(data),
-            "from_model": str(base),
-            "out": str(work / "ours"),
-            "batch_size": args.batch_size,
-            "max_seq_len": args.max_seq_len,
-            "eval_file": str(eval_file),
-            "query_regularizer_weight": args.query_weight,
-            "document_regularizer_weight": args.document_weight,
-            "train": {
-                "max_steps": args.steps,
-                "lr": args.lr,
-                "warmup_ratio": 0.1,
-                "weight_decay": 0.01,
-                "max_grad_norm": 1.0,
-                "seed": 0,
-                "eval_every": 0,
-                "eval_on_start": False,
-                "save_every": 0,
-                "log_every": max(1, args.steps // 10),
-                "precision": "fp32",
-                "device": "cpu",
-            },
-        }
+    return run_ours(
+        "sparse-embedding",
+        base,
+        train,
+        work,
+        args,
+        eval_file=str(eval_file),
+        query_regularizer_weight=args.query_weight,
+        document_regularizer_weight=args.document_weight,
     )
-    start = time.perf_counter()
-    run_finetuning(spec)
-    seconds = time.perf_counter() - start
-    return work / "ours" / "model", args.steps * args.batch_size / seconds
 
 
 def train_theirs(base: Path, train: list[dict], work: Path, args) -> tuple[Path, float]:
@@ -111,41 +86,23 @@ def train_theirs(base: Path, train: list[dict], work: Path, args) -> tuple[Path,
     from sentence_transformers.sparse_encoder import SparseEncoderTrainer, SparseEncoderTrainingArguments
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
-    from sentence_transformers.training_args import BatchSamplers
 
     model = SparseEncoder(modules=[MLMTransformer(str(base)), SpladePooling("max")], device="cpu")
     model.max_seq_length = args.max_seq_len
     out = work / "theirs"
-    training_args = SparseEncoderTrainingArguments(
-        output_dir=str(out / "run"),
-        max_steps=args.steps,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        warmup_ratio=0.1,
-        weight_decay=0.01,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        seed=0,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        save_strategy="no",
-        logging_steps=max(1, args.steps // 10),
-        report_to="none",
-        use_cpu=True,
-        dataloader_drop_last=True,
-    )
     loss = SpladeLoss(
         model,
         SparseMultipleNegativesRankingLoss(model),
         query_regularizer_weight=args.query_weight,
         document_regularizer_weight=args.document_weight,
     )  # the trainer adds SpladeRegularizerWeightSchedulerCallback (quadratic, a third of the steps) itself
-    trainer = SparseEncoderTrainer(model=model, args=training_args, train_dataset=Dataset.from_list(train), loss=loss)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    model.save(str(out / "model"))
-    return out / "model", args.steps * args.batch_size / seconds
+    trainer = SparseEncoderTrainer(
+        model=model,
+        args=reference_arguments(SparseEncoderTrainingArguments, out, args),
+        train_dataset=Dataset.from_list(train),
+        loss=loss,
+    )
+    return run_reference(trainer, model, out, args)
 
 
 def main(argv: list[str] | None = None) -> None:
