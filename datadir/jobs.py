@@ -43,7 +43,7 @@ from datadir.files import (
     rewrite_jsonl,
     tree_bytes,
 )
-from datadir.layout import DataDir, new_job_id, now_iso, valid_job_id
+from datadir.layout import DataDir, iso, new_job_id, now_iso, valid_job_id
 
 SUBMIT_LOCK = ".submit.lock"
 CHECKPOINTS = "checkpoints"  # a run directory's step-N checkpoints (model/training/checkpoint.py writes them)
@@ -642,7 +642,6 @@ def _creation_time() -> str:
     with _created_lock:
         now = now_iso()
         if now <= _created["last"]:
-            later = dt.datetime.fromisoformat(_created["last"]) + dt.timedelta(milliseconds=1)
-            now = later.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            now = iso(dt.datetime.fromisoformat(_created["last"]) + dt.timedelta(milliseconds=1))
         _created["last"] = now
         return now

@@ -54,7 +54,12 @@ def new_job_id() -> str:
 
 def now_iso() -> str:
     """UTC timestamp with milliseconds, e.g. 2025-01-31T12:00:00.123Z (every record's time format)."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(dt.datetime.now(dt.UTC))
+
+
+def iso(t: dt.datetime) -> str:
+    """An aware datetime in every record's time format (now_iso's)."""
+    return t.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class DataDir:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from datadir.files import atomic_write_bytes, remove_tree, tree_bytes
 from datadir.jobs import LEGACY_OWNER, SHARED_OWNERS
-from datadir.layout import DataDir
+from datadir.layout import DataDir, iso
 
 MODEL_JSON = "model.json"
 PROVENANCE = "bertserve_job.json"  # written into a published version: which job (or import) made it
@@ -295,4 +295,4 @@ def _mtime_iso(path: Path) -> str | None:
         mtime = path.stat().st_mtime
     except FileNotFoundError:
         return None
-    return dt.datetime.fromtimestamp(mtime, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(dt.datetime.fromtimestamp(mtime, dt.UTC))
