@@ -347,6 +347,38 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def job_stack(
+    root: Path,
+    name: str,
+    datasets: list[tuple[str, str, bytes]],
+    prepare=None,
+    timeout: float = 60,
+):
+    """A data directory under `root` served by a real uvicorn server and a real `celery worker` (named `name`) on the
+    suite's Redis, flushed before and after; `prepare(data_dir)` runs before they start (models to put in place),
+    and `datasets` (name, file name, body) are uploaded through POST /datasets. Yields (client, data_dir)."""
+    from types import SimpleNamespace
+
+    flush_redis()
+    data_dir = make_data_dir(root / "data")
+    if prepare is not None:
+        prepare(data_dir)
+    server, url = start_server(data_dir, suite_redis_url(), root)
+    worker = start_worker(data_dir, suite_redis_url(), name, root)
+    client = httpx.Client(base_url=url, timeout=timeout)
+    try:
+        for dataset, filename, body in datasets:
+            r = client.post("/datasets", files={"file": (filename, body)}, data={"name": dataset})
+            assert r.status_code == 201, r.text
+        yield SimpleNamespace(client=client, data_dir=data_dir)
+    finally:
+        client.close()
+        worker.stop()
+        server.stop()
+        flush_redis()
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:

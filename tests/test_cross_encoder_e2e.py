@@ -5,9 +5,6 @@ CrossEncoder scores the published directory; wrong kinds and bad options are 422
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import httpx
 import numpy as np
 import pytest
 
@@ -15,13 +12,9 @@ from app.launcher.demo_data import ensure_minilm
 from datadir import DataDir
 from tests.helpers import (
     BASE_MODEL,
-    REDIS_URL,
     finetune_request,
-    flush_redis,
-    make_data_dir,
+    job_stack,
     squad_json,
-    start_server,
-    start_worker,
     wait_state,
 )
 
@@ -43,27 +36,12 @@ SCORED = b"sentence1,sentence2,score\nhow do i pay,we take visa,0.9\nhow do i pa
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    flush_redis()
+    datasets = [("faq", "faq.csv", PAIRS), ("sts", "sts.csv", SCORED), ("squad", "q.json", squad_json())]
     root = tmp_path_factory.mktemp("e2e-ce")
-    data_dir = make_data_dir(root / "data")
-    ensure_minilm(DataDir(data_dir).model("minilm"))
-    server, url = start_server(data_dir, REDIS_URL, root)
-    worker = start_worker(data_dir, REDIS_URL, "e2e-ce", root)
-    client = httpx.Client(base_url=url, timeout=60)
-    try:
-        for name, filename, body in (
-            ("faq", "faq.csv", PAIRS),
-            ("sts", "sts.csv", SCORED),
-            ("squad", "q.json", squad_json()),
-        ):
-            r = client.post("/datasets", files={"file": (filename, body)}, data={"name": name})
-            assert r.status_code == 201, r.text
-        yield SimpleNamespace(client=client, data_dir=data_dir)
-    finally:
-        client.close()
-        worker.stop()
-        server.stop()
-        flush_redis()
+    with job_stack(
+        root, "e2e-ce", datasets, lambda data_dir: ensure_minilm(DataDir(data_dir).model("minilm"))
+    ) as stack:
+        yield stack
 
 
 def reranker_request(name: str, dataset: str = "faq", **params) -> dict:

@@ -4,20 +4,13 @@ and use the published models on /token-classification and /question-answering of
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import httpx
 import pytest
 
 from tests.helpers import (
     QA_CONTEXTS,
-    REDIS_URL,
     finetune_request,
-    flush_redis,
-    make_data_dir,
+    job_stack,
     squad_json,
-    start_server,
-    start_worker,
     tagged_conll,
     wait_state,
 )
@@ -27,22 +20,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    flush_redis()
-    root = tmp_path_factory.mktemp("e2e-tasks")
-    data_dir = make_data_dir(root / "data")
-    server, url = start_server(data_dir, REDIS_URL, root)
-    worker = start_worker(data_dir, REDIS_URL, "e2e-tasks", root)
-    client = httpx.Client(base_url=url, timeout=30)
-    try:
-        for name, filename, body in (("ner", "ner.conll", tagged_conll()), ("squad", "squad.json", squad_json())):
-            r = client.post("/datasets", files={"file": (filename, body)}, data={"name": name})
-            assert r.status_code == 201, r.text
-        yield SimpleNamespace(client=client, data_dir=data_dir)
-    finally:
-        client.close()
-        worker.stop()
-        server.stop()
-        flush_redis()
+    datasets = [("ner", "ner.conll", tagged_conll()), ("squad", "squad.json", squad_json())]
+    with job_stack(tmp_path_factory.mktemp("e2e-tasks"), "e2e-tasks", datasets, timeout=30) as stack:
+        yield stack
 
 
 def test_token_classification_and_qa_jobs_train_publish_and_serve(stack):

@@ -6,9 +6,6 @@ of the wrong kind and bad options are 422s with their exact bodies."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import httpx
 import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
@@ -16,14 +13,10 @@ from sentence_transformers import SentenceTransformer
 from app.launcher.demo_data import find_asset
 from model.model_dir import import_model
 from tests.helpers import (
-    REDIS_URL,
     ROOT,
-    flush_redis,
+    job_stack,
     labelled_csv,
-    make_data_dir,
     read_metrics,
-    start_server,
-    start_worker,
     wait_state,
 )
 
@@ -37,27 +30,16 @@ METRICS.append("cosine_map@100")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    flush_redis()
+    datasets = [
+        ("faq", "pairs.csv", (EXAMPLES / "pairs.csv").read_bytes()),
+        ("faq-eval", "retrieval.jsonl", (EXAMPLES / "retrieval.jsonl").read_bytes()),
+        ("reviews", "reviews.csv", labelled_csv()),
+    ]
     root = tmp_path_factory.mktemp("e2e-embedding")
-    data_dir = make_data_dir(root / "data")
-    import_model(find_asset("minilm"), data_dir / "models" / "minilm")
-    server, url = start_server(data_dir, REDIS_URL, root)
-    worker = start_worker(data_dir, REDIS_URL, "e2e-embedding", root)
-    client = httpx.Client(base_url=url, timeout=60)
-    try:
-        for name, filename, body in (
-            ("faq", "pairs.csv", (EXAMPLES / "pairs.csv").read_bytes()),
-            ("faq-eval", "retrieval.jsonl", (EXAMPLES / "retrieval.jsonl").read_bytes()),
-            ("reviews", "reviews.csv", labelled_csv()),
-        ):
-            r = client.post("/datasets", files={"file": (filename, body)}, data={"name": name})
-            assert r.status_code == 201, r.text
-        yield SimpleNamespace(client=client, data_dir=data_dir)
-    finally:
-        client.close()
-        worker.stop()
-        server.stop()
-        flush_redis()
+    with job_stack(
+        root, "e2e-embedding", datasets, lambda d: import_model(find_asset("minilm"), d / "models" / "minilm")
+    ) as stack:
+        yield stack
 
 
 def embedding_job(**fields) -> dict:

@@ -8,9 +8,7 @@ options of the task elsewhere are 422s with their exact bodies."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
-import httpx
 import pytest
 import torch
 
@@ -19,15 +17,11 @@ from model.tokenizer import BertTokenizer
 from model.training.sparse_embedding import RETRIEVAL_METRICS, SPARSITY_METRICS, SparseEmbeddingModel
 from tests.helpers import (
     BASE_MODEL,
-    REDIS_URL,
     VOCAB,
     finetune_request,
-    flush_redis,
+    job_stack,
     labelled_csv,
-    make_data_dir,
     read_metrics,
-    start_server,
-    start_worker,
     tiny_config,
     wait_state,
 )
@@ -51,24 +45,13 @@ METRICS = RETRIEVAL_METRICS + SPARSITY_METRICS
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    flush_redis()
-    root = tmp_path_factory.mktemp("e2e-sparse")
-    data_dir = make_data_dir(root / "data")
-    torch.manual_seed(1)  # an encoder without heads: nothing to weigh the vocabulary with
-    BertModel(tiny_config()).save_pretrained(data_dir / "models" / "encoder", BertTokenizer.from_vocab(VOCAB))
-    server, url = start_server(data_dir, REDIS_URL, root)
-    worker = start_worker(data_dir, REDIS_URL, "e2e-sparse", root)
-    client = httpx.Client(base_url=url, timeout=60)
-    try:
-        for name, filename, body in (("pairs", "pairs.csv", PAIRS), ("reviews", "reviews.csv", labelled_csv())):
-            r = client.post("/datasets", files={"file": (filename, body)}, data={"name": name})
-            assert r.status_code == 201, r.text
-        yield SimpleNamespace(client=client, data_dir=data_dir)
-    finally:
-        client.close()
-        worker.stop()
-        server.stop()
-        flush_redis()
+    def encoder_without_heads(data_dir):
+        torch.manual_seed(1)  # an encoder without heads: nothing to weigh the vocabulary with
+        BertModel(tiny_config()).save_pretrained(data_dir / "models" / "encoder", BertTokenizer.from_vocab(VOCAB))
+
+    datasets = [("pairs", "pairs.csv", PAIRS), ("reviews", "reviews.csv", labelled_csv())]
+    with job_stack(tmp_path_factory.mktemp("e2e-sparse"), "e2e-sparse", datasets, encoder_without_heads) as stack:
+        yield stack
 
 
 def sparse_job(name: str = "splade", dataset: str = "pairs", **params) -> dict:
