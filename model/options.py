@@ -84,6 +84,11 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
 
+def task_option(name: str, type_: type, help: str, *, tasks: tuple[str, ...], **fields: Any) -> Option:
+    """An option of some fine-tuning tasks only: a FinetuneSpec field, not a TrainConfig one."""
+    return Option(name, type_, help, kinds=("finetune",), trainer=False, tasks=tasks, **fields)
+
+
 OPTIONS: tuple[Option, ...] = (
     # -- length of the run ------------------------------------------------------------------------
     Option(
@@ -244,23 +249,19 @@ OPTIONS: tuple[Option, ...] = (
         trainer=False,
         choices=TASKS,
     ),  # the common case
-    Option(
+    task_option(
         "regression",
         bool,
         "sequence-classification: float labels, one output, MSE loss (a reranker trains better as a cross-encoder)",
         default=False,
-        kinds=("finetune",),
-        trainer=False,
         tasks=("sequence-classification",),
     ),  # labels are classes
-    Option(
+    task_option(
         "doc_stride",
         int,
         "question-answering: context tokens that windows of a long context share; unset: "
         "128, or half a short window's context",
         nullable=True,
-        kinds=("finetune",),
-        trainer=False,
         minimum=0,
         maximum=4096,
         tasks=("question-answering",),
@@ -287,7 +288,7 @@ OPTIONS: tuple[Option, ...] = (
     ),  # BERT's SQuAD script
     # -- sentence embeddings and cross-encoders: sentence-transformers 6.x's losses and their defaults --------
     # (model/training/sentence_embedding.py and model/training/cross_encoder.py)
-    Option(
+    task_option(
         "loss",
         str,
         "sentence-embedding: mnrl (in-batch negatives; pairs) or cosent (scored pairs); cross-encoder: bce "
@@ -295,23 +296,19 @@ OPTIONS: tuple[Option, ...] = (
         "negative 0) or mnrl (each anchor's positive against its negatives: in-batch and given); unset: mnrl "
         "for pairs, cosent (sentence-embedding) or bce (cross-encoder) otherwise",
         nullable=True,
-        kinds=("finetune",),
-        trainer=False,
         choices=("mnrl", "cosent", "bce"),
         tasks=("sentence-embedding", "cross-encoder"),
     ),
-    Option(
+    task_option(
         "num_negatives",
         int,
         "cross-encoder mnrl: negatives drawn for each anchor from the other rows of its batch",
         default=4,  # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss
-        kinds=("finetune",),
-        trainer=False,
         minimum=0,
         maximum=1024,
         tasks=("cross-encoder",),
     ),
-    Option(
+    task_option(
         "scale",
         float,
         "sentence-embedding: the loss's similarity scale (the inverse of a softmax temperature); cross-encoder "
@@ -320,81 +317,67 @@ OPTIONS: tuple[Option, ...] = (
         default=20.0,  # MultipleNegativesRankingLoss's and CoSENTLoss's
         # sentence-transformers' CrossEncoder MultipleNegativesRankingLoss; PyLate's Contrastive (temperature 1)
         by_task={"cross-encoder": 10.0, "late-interaction": 1.0},
-        kinds=("finetune",),
-        trainer=False,
         above=0.0,
         maximum=1000.0,
         tasks=("sentence-embedding", "cross-encoder", "late-interaction"),
     ),
-    Option(
+    task_option(
         "directions",
         list,
         "sentence-embedding, mnrl: the similarities each softmax ranks the positive among: query_to_doc, and "
         "any of query_to_query, doc_to_query, doc_to_doc (symmetric: query_to_doc,doc_to_query)",
         default=("query_to_doc",),  # the classic in-batch negatives loss
-        kinds=("finetune",),
-        trainer=False,
         items=str,
         choices=DIRECTIONS,
         tasks=("sentence-embedding",),
     ),
-    Option(
+    task_option(
         "partition_mode",
         str,
         "sentence-embedding, mnrl: one softmax over every direction's similarities (joint) or one per "
         "direction, averaged (per_direction)",
         default="joint",
-        kinds=("finetune",),
-        trainer=False,
         choices=PARTITION_MODES,
         tasks=("sentence-embedding",),
     ),
-    Option(
+    task_option(
         "cached",
         bool,
         "sentence-embedding, mnrl: GradCache (CachedMultipleNegativesRankingLoss): the same loss and gradients "
         "in the memory of mini_batch_size texts, for batches of thousands",
         default=False,
-        kinds=("finetune",),
-        trainer=False,
         tasks=("sentence-embedding",),
     ),
-    Option(
+    task_option(
         "mini_batch_size",
         int,
         "sentence-embedding, cached: texts embedded at a time",
         default=32,  # CachedMultipleNegativesRankingLoss's
-        kinds=("finetune",),
-        trainer=False,
         minimum=1,
         maximum=4096,
         tasks=("sentence-embedding",),
     ),
-    Option(
+    task_option(
         "matryoshka_dims",
         list,
         "sentence-embedding: also train the embedding's first N components alone, for each N (descending, "
         "at most the model's size; MatryoshkaLoss), e.g. 384,256,128,64",
         nullable=True,
-        kinds=("finetune",),
-        trainer=False,
         items=int,
         minimum=1,
         maximum=65536,
         tasks=("sentence-embedding",),
     ),
-    Option(
+    task_option(
         "pos_weight",
         float,
         "cross-encoder bce: the weight of a positive's loss (e.g. the negatives per positive); unset: 1",
         nullable=True,  # sentence-transformers' BinaryCrossEntropyLoss: None
-        kinds=("finetune",),
-        trainer=False,
         above=0.0,
         maximum=10000.0,
         tasks=("cross-encoder",),
     ),
-    Option(
+    task_option(
         "retriever_model",
         str,
         "cross-encoder on pairs: the embedding model whose top 100 of the held-out documents the reranker "
@@ -402,54 +385,44 @@ OPTIONS: tuple[Option, ...] = (
         "directory); "
         "unset: every held-out document is a candidate",
         nullable=True,
-        kinds=("finetune",),
-        trainer=False,
         tasks=("cross-encoder",),
     ),
-    Option(
+    task_option(
         "teacher_model",
         str,
         "late-interaction: a cross-encoder (a one-label classifier) whose logits for each anchor's positive and "
         "negatives the model learns, by PyLate's Distillation loss (KL divergence from the teacher's scores) "
         "instead of its Contrastive loss (a job: a model name; `bert`: a model directory); unset: Contrastive",
         nullable=True,
-        kinds=("finetune",),
-        trainer=False,
         tasks=("late-interaction",),
     ),
     # -- sparse embeddings (SPLADE): sentence-transformers 6.x's SpladeLoss and its weight scheduler --------
     # (model/training/sparse_embedding.py)
-    Option(
+    task_option(
         "query_regularizer_weight",
         float,
         "sparse-embedding: the weight of the queries' FLOPS regulariser (more: fewer terms a query)",
         default=5e-5,  # sentence-transformers' SPLADE training examples (lambda_q)
-        kinds=("finetune",),
-        trainer=False,
         minimum=0.0,
         maximum=100.0,
         tasks=("sparse-embedding",),
     ),
-    Option(
+    task_option(
         "document_regularizer_weight",
         float,
         "sparse-embedding: the weight of the documents' FLOPS regulariser (positives and negatives; more: "
         "fewer terms a document)",
         default=3e-5,  # sentence-transformers' SPLADE training examples (lambda_d)
-        kinds=("finetune",),
-        trainer=False,
         minimum=0.0,
         maximum=100.0,
         tasks=("sparse-embedding",),
     ),
-    Option(
+    task_option(
         "regularizer_warmup_ratio",
         float,
         "sparse-embedding: share of the run's steps over which both regulariser weights grow from 0 "
         "(quadratically, as sentence-transformers' SpladeRegularizerWeightSchedulerCallback)",
         default=1 / 3,  # the callback's default warmup_ratio
-        kinds=("finetune",),
-        trainer=False,
         above=0.0,
         maximum=1.0,
         tasks=("sparse-embedding",),
