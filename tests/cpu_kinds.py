@@ -3,13 +3,22 @@ CPU without native bf16 or VNNI (an AVX2 EPYC, a laptop), so every fallback runs
 
     pretend_avx2(monkeypatch.setattr)   in a test: undone when the test ends
     pretend_avx2()                      in a child process, e.g. from a sitecustomize.py (SITECUSTOMIZE)
+    run_as(script, ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")   the JSON a script prints, run under
+                                        the variables that hold torch and oneDNN to a lesser CPU's instructions
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # What oneDNN raises for a bf16 weight on a CPU without avx512bw/vl/dq or avx_ne_convert (torch 2.13).
 AVX2_BF16_ERROR = (
@@ -51,3 +60,19 @@ def pretend_avx2(setattr=setattr) -> None:
     for path in kernels.PATHS.values():
         setattr(path, "decided", None)
         setattr(path, "forced", None)
+
+
+def run_as(script: str, **env: str) -> dict:
+    """The JSON `script` prints, run by a fresh Python in the repository with one OpenMP thread and `env` (torch and
+    oneDNN read ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA when they load: a process of its own for each)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

@@ -5,13 +5,8 @@ kind of CPU is covered on this one: the probes and ops are made to fail as they 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,9 +18,7 @@ from model.compute.precision import apply_precision
 from model.config import BertConfig
 from model.modeling import BertForMaskedLM, BertModel
 from tests.conftest import tiny_config_dict
-from tests.cpu_kinds import AVX2_BF16_ERROR, RaisingOnBf16, pretend_avx2
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cpu_kinds import AVX2_BF16_ERROR, RaisingOnBf16, pretend_avx2, run_as
 
 
 def model_and_batch(cls=BertModel, seed=0):
@@ -244,17 +237,7 @@ _CHILD = textwrap.dedent("""
 
 
 def run_child(**env: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return run_as(_CHILD, **env)
 
 
 @pytest.mark.slow

@@ -6,12 +6,7 @@ card's table that write_card keeps. Speeds come from a fake clock: they are show
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,8 +27,8 @@ from model.modeling import (
 from model.precision_choice import Bounds, choose, cpu_kind, measure, native_precisions, outputs_of
 from model.tokenizer import BertTokenizer
 from tests.conftest import MINILM_DIR, tiny_config_dict
+from tests.cpu_kinds import run_as
 
-ROOT = Path(__file__).resolve().parents[2]
 AMX = {"avx2", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"}
 
 
@@ -81,17 +76,7 @@ _CHILD = textwrap.dedent("""
 
 
 def run_child(**env: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return run_as(_CHILD, **env)
 
 
 @pytest.mark.slow
