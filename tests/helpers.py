@@ -30,6 +30,7 @@ import torch
 from model.config import BertConfig
 from model.modeling import BertForPreTraining
 from model.tokenizer import BertTokenizer
+from model.training.callbacks import Callback
 from tests.conftest import TINY_VOCAB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -456,3 +457,17 @@ class LeaseHolder:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=10)
+
+
+class StopAt(Callback):
+    """A trainer callback that asks the run to stop, as a warm shutdown
+    does, once it has seen step `at`."""
+
+    def __init__(self, at: int):
+        self.step, self.at = 0, at
+
+    def on_step(self, state):
+        self.step = state["step"]
+
+    def should_stop(self):
+        return self.step >= self.at

@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 from model.late_interaction import contrastive_loss, read_late_interaction
 from model.model_dir import import_model
 from model.modeling import load_model
-from model.training.callbacks import Callback
 from model.training.colbert import ColBERTBatches, ColBERTModel
 from model.training.runs import FinetuneSpec, run_finetuning
+from tests.helpers import StopAt
 from tests.hub_server import tiny_colbert_dir
 from tests.model.test_late_interaction import DOCUMENTS, PYLATE, QUERIES, encode, loss_batch, pylate
 from tests.model.test_sentence_embedding import PAIRS, pairs_csv
@@ -53,17 +53,6 @@ def spec(tmp_path, out, train_file, **kw):
     return FinetuneSpec.from_dict(
         dict(train_file=str(train_file), from_model=str(tmp_path / "start"), out=str(out), **values, train=train)
     )
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step, self.at = 0, step
-
-    def on_step(self, state):
-        self.step = state["step"]
-
-    def should_stop(self):
-        return self.step >= self.at
 
 
 def test_a_run_evaluates_by_maxsim_trains_resumes_and_publishes_pylates_layout(tmp_path):

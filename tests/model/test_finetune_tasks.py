@@ -20,10 +20,10 @@ from model.modeling import (
     load_model,
 )
 from model.tokenizer import BertTokenizer
-from model.training.callbacks import Callback
 from model.training.checkpoint import list_checkpoints
 from model.training.runs import FinetuneSpec, evaluate_model, run_finetuning
 from tests.conftest import TINY_VOCAB, tiny_config_dict
+from tests.helpers import StopAt
 
 NER = [
     (["the", "cat", "sat", "on", "the", "mat"], ["O", "B-ANIMAL", "O", "O", "O", "B-THING"]),
@@ -126,17 +126,6 @@ def test_v2_data_learns_to_answer_nothing(files, tmp_path):
     assert result.eval_metrics["questions"] == 8 and result.eval_metrics["exact_match"] == 1.0
     model = load_model(tmp_path / "run" / "model")
     assert isinstance(model, BertForQuestionAnswering)
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step, self.at = 0, step
-
-    def on_step(self, state):
-        self.step = state["step"]
-
-    def should_stop(self):
-        return self.step >= self.at
 
 
 @pytest.mark.parametrize("task, data", [("token-classification", "ner.jsonl"), ("question-answering", "qa2.json")])

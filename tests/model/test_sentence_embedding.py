@@ -22,7 +22,6 @@ from model.modeling import BertModel, load_model
 from model.options import defaults
 from model.sentence_modules import Pooling, SentenceModules, read_sentence_modules, write_sentence_modules
 from model.tokenizer import BertTokenizer
-from model.training.callbacks import Callback
 from model.training.checkpoint import list_checkpoints
 from model.training.runs import FinetuneSpec, evaluate_model, run_finetuning
 from model.training.sentence_embedding import (
@@ -32,6 +31,7 @@ from model.training.sentence_embedding import (
     loss_for,
 )
 from tests.conftest import TINY_VOCAB, tiny_config_dict
+from tests.helpers import StopAt
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 PAIRS = [
@@ -178,17 +178,6 @@ def spec(tmp_path, out, train_file, **kw):
     return FinetuneSpec.from_dict(
         dict(train_file=str(train_file), from_model=str(tmp_path / "start"), out=str(out), **values, train=train)
     )
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step, self.at = 0, step
-
-    def on_step(self, state):
-        self.step = state["step"]
-
-    def should_stop(self):
-        return self.step >= self.at
 
 
 def test_a_run_scores_the_base_model_first_then_trains_saves_and_resumes_exactly(tmp_path):

@@ -21,7 +21,6 @@ from model.config import BertConfig
 from model.data.pair_batches import retrieval_set
 from model.data.pairs import Pair
 from model.tokenizer import BertTokenizer
-from model.training.callbacks import Callback
 from model.training.losses import embed_columns
 from model.training.runs import FinetuneSpec, evaluate_model, run_finetuning
 from model.training.sparse_embedding import (
@@ -33,6 +32,7 @@ from model.training.sparse_embedding import (
     splade_loss,
 )
 from tests.conftest import TINY_VOCAB, tiny_config_dict
+from tests.helpers import StopAt
 from tests.model.test_retrieval_losses import ANCHORS, NEGATIVES, POSITIVES, our_grads
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -174,17 +174,6 @@ def test_metrics_equal_sparse_information_retrieval_evaluator(reference, ours, s
     assert got["queries"] == len(ANCHORS) and got["documents"] == len(data.corpus)
     for key in RETRIEVAL_METRICS + SPARSITY_METRICS:
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-6), key  # ST counts in float32
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step, self.at = 0, step
-
-    def on_step(self, state):
-        self.step = state["step"]
-
-    def should_stop(self):
-        return self.step >= self.at
 
 
 def test_a_run_warms_its_regularisers_up_resumes_exactly_and_bert_evaluate_scores_it(splade_dir, tmp_path):

@@ -17,11 +17,11 @@ from model.data.corpus import load_corpus, tokenizer_fingerprint
 from model.data.pretraining import InstancePlan, PretrainingData, _chunk_starts, plan_instances
 from model.data.store import TokenStore, is_store, open_store
 from model.tokenizer import BertTokenizer
-from model.training.callbacks import Callback
 from model.training.runs import PretrainSpec, evaluate_model, holdout_documents, run_pretraining
 from model.training.trainer import TrainConfig
 from model.weights import load_state_dict
 from tests.conftest import make_training_files
+from tests.helpers import StopAt
 from tests.model.store_helpers import write_store
 from tests.model.test_data import VOCAB, _google_corpus
 
@@ -272,17 +272,6 @@ def test_held_out_documents_of_a_store_are_its_last_ones_in_as_many_shards_as_th
         _check_plan(side, PretrainingData(side, tok, max_seq_len=48, seed=1).plan(0))
 
 
-class _StopAt(Callback):
-    def __init__(self, step: int):
-        self.step, self.seen = step, 0
-
-    def on_step(self, state):
-        self.seen = state["step"]
-
-    def should_stop(self):
-        return self.seen >= self.step
-
-
 def test_a_run_on_a_store_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
     files = make_training_files(tmp_path)
     tok = BertTokenizer.from_pretrained(files / "vocab")
@@ -301,7 +290,7 @@ def test_a_run_on_a_store_resumes_to_the_weights_of_an_uninterrupted_run(tmp_pat
         )
 
     straight = run_pretraining(spec("straight"))
-    assert run_pretraining(spec("stopped"), callbacks=[_StopAt(4)]).status == "stopped"
+    assert run_pretraining(spec("stopped"), callbacks=[StopAt(4)]).status == "stopped"
     resumed = run_pretraining(spec("stopped"))
     assert (straight.status, resumed.status, resumed.step) == ("completed", "completed", 9)
     epochs = [json.loads(x).get("epoch", 0) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
