@@ -50,11 +50,17 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"imported {args.source}{f' at {args.revision}' if args.revision else ''} as model '{args.name}' -> {version}"
     )
     _print_summary(_servable(info))
+    _print_measured(read_card(version))
     return 0
 
 
 def _import_to_directory(args: argparse.Namespace) -> int:
+    """The directory converted, then measured into its card.json as an import into DATA_DIR is (the held-out
+    evaluation and the precisions this CPU runs natively), so a service that serves it chooses its precision at
+    load instead of serving fp32 while it measures."""
+    from model.model_card import write_card
     from model.model_dir import import_model
+    from model.sources import fetch
 
     if args.name or args.revision:
         raise UserError("--name and --revision import into DATA_DIR: give SOURCE alone, not a destination")
@@ -62,9 +68,18 @@ def _import_to_directory(args: argparse.Namespace) -> int:
     if dst.exists() and not args.force:
         raise UserError(f"{dst} exists; pass --force to replace it")
     info = _servable(import_model(args.source, dst, pooling=args.pooling))
+    card = write_card(dst, source=fetch(args.source, "directory", dst).source)
     print(f"imported {args.source} -> {dst}")
     _print_summary(info)
+    _print_measured(card)
     return 0
+
+
+def _print_measured(card: dict) -> None:
+    """After an import: the precisions measured into its card, and what `auto` serves on this CPU from them."""
+    _print_precision_table(card.get("precision") or {})
+    plan = _kernels_here("cpu", card)
+    print(f"  auto on this CPU: {plan['auto']} ({plan['auto_why']})")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -188,6 +203,9 @@ def _print_precision_table(table: dict) -> None:
     for kind, row in sorted(table.items()):
         if "error" in row:
             print(f"  precisions on {kind}: the measurement failed: {row['error']}")
+            continue
+        if set(row.get("precisions", {})) <= {"fp32"}:
+            print(f"  precisions on {kind}: fp32 only (no other precision is native there)")
             continue
         print(f"  precisions on {kind} (measured {row.get('measured')}, against fp32):")
         for precision, scores in row.get("precisions", {}).items():

@@ -36,19 +36,26 @@ def mean_pool(hidden, mask):
 
 
 @pytest.fixture(scope="module")
-def imported_minilm(tmp_path_factory):
+def minilm_import(tmp_path_factory):
+    """(the directory `bert import MINILM_DIR DST` wrote, what it printed)"""
     from tests.conftest import MINILM_DIR
 
     dst = tmp_path_factory.mktemp("models") / "minilm"
     out = bert("import", MINILM_DIR, dst).stdout
     assert "BertModel (6 layers, hidden 384, 12 heads" in out
-    return dst
+    return dst, out
+
+
+@pytest.fixture(scope="module")
+def imported_minilm(minilm_import):
+    return minilm_import[0]
 
 
 def test_import_writes_the_project_layout(imported_minilm):
     assert sorted(p.name for p in imported_minilm.iterdir()) == [
         "1_Pooling",  # its sentence-transformers modules (model/sentence_modules.py): mean pooling, Normalize
         "2_Normalize",
+        "card.json",  # measured at import (below)
         "config.json",
         "config_sentence_transformers.json",
         "model.safetensors",
@@ -58,6 +65,29 @@ def test_import_writes_the_project_layout(imported_minilm):
         "tokenizer_config.json",
         "vocab.txt",
     ]
+
+
+def test_a_directory_import_measures_the_precisions_auto_chooses_from(minilm_import):
+    """As an import into DATA_DIR does: each precision this CPU runs natively against fp32 goes into the card, so
+    a service serving the directory chooses its precision at load; the import says what auto serves here."""
+    from datadir.cards import read_card
+    from model.precision_choice import auto_choice, cpu_kind, native_precisions
+    from tests.conftest import MINILM_DIR
+
+    dst, out = minilm_import
+    card = read_card(dst)
+    assert card["source"] == {"kind": "directory", "path": str(MINILM_DIR.resolve())}
+    row = card["precision"][cpu_kind()]
+    assert row["outputs"] == ["embeddings"]  # an encoder without heads: its embeddings are all it serves
+    assert sorted(row["precisions"]) == sorted(native_precisions())
+    for precision in native_precisions()[1:]:
+        assert 0.9 < row["precisions"][precision]["embeddings"]["min_cosine"] <= 1.0
+    auto, why = auto_choice(card["precision"])
+    assert out.endswith(f"  auto on this CPU: {auto} ({why})\n")
+    if native_precisions() == ["fp32"]:
+        assert f"  precisions on {cpu_kind()}: fp32 only (no other precision is native there)\n" in out
+    else:
+        assert f"  precisions on {cpu_kind()} (measured {row['measured']}, against fp32):\n" in out
 
 
 def test_imported_minilm_embeds_like_transformers(imported_minilm, minilm_dir):
