@@ -17,6 +17,7 @@ Accuracy, each precision against fp32 on the same inputs:
 
     .venv/bin/python -m bench.precision_bench            # ~3 minutes on 2 idle cores
     .venv/bin/python -m bench.precision_bench --quick
+    .venv/bin/python -m bench.precision_bench --chunks 0 512 1024 2048   # int8's rows at once (CHUNK_ROWS) instead
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from bench.common import (
     setup,
 )
 from model.compute import kernels
+from model.compute import precision as compute_precision
 from model.compute.precision import apply_precision, autocast, bf16_native
 from model.config import BertConfig
 from model.data.corpus import split_sentences
@@ -208,6 +210,40 @@ def speed_table(args) -> str:
     return markdown_table(["ms per forward (speed-up vs fp32)"] + list(models), rows)
 
 
+def chunk_table(args) -> str:
+    """int8 with Int8Linear's rows taken CHUNK_ROWS at a time, for each of --chunks (0: all at once), against fp32
+    and bf16: MiniLM's encoder (the model served by default), on passes of --chunk-tokens tokens in rows of 128."""
+    fp32 = BertModel.from_pretrained(args.minilm).eval()
+    bf16, int8 = convert(fp32, "bf16"), convert(fp32, "int8")
+    default = compute_precision.CHUNK_ROWS
+    headers, rows = [], []
+    for tokens in args.chunk_tokens:
+        ids = torch.randint(1000, 30000, (max(1, tokens // 128), 128))
+        mask = torch.ones_like(ids)
+
+        def int8_in_chunks(rows_at_once: int, ids=ids, mask=mask):
+            def run():
+                compute_precision.CHUNK_ROWS = rows_at_once or ids.numel()
+                int8(ids, mask)
+
+            return run
+
+        contenders = {
+            "fp32": lambda ids=ids, mask=mask: fp32(ids, mask),
+            "bf16": lambda ids=ids, mask=mask: bf16(ids, mask),
+            **{f"int8, {n} rows at once" if n else "int8, all rows at once": int8_in_chunks(n) for n in args.chunks},
+        }
+        with torch.inference_mode():
+            t = interleaved(contenders, rounds=args.rounds, block_s=0.3, budget_s=args.budget)
+        compute_precision.CHUNK_ROWS = default
+        headers = list(contenders)
+        rows.append(
+            [f"MiniLM, {ids.shape[0]} x 128 tokens"]
+            + [f"{t[n].fmt()} = {t['fp32'].median / t[n].median:.2f}x" for n in t]
+        )
+    return markdown_table(["ms per forward (speed-up vs fp32)", *headers], rows)
+
+
 def accuracy_table(args) -> str:
     tok = BertTokenizer.from_pretrained(args.minilm)
     encoder = BertModel.from_pretrained(args.minilm)
@@ -280,6 +316,16 @@ def parse_args(argv=None):
     p.add_argument("--sentences", type=int, default=500)
     p.add_argument("--reviews", type=int, default=500, help="reviews to train the probe on, and to test")
     p.add_argument("--mlm-steps", type=int, default=120)
+    p.add_argument(
+        "--chunks",
+        nargs="+",
+        type=int,
+        help="instead of the other tables: int8 with Int8Linear taking this many rows at once (0: all), e.g. 0 512 1024 "
+        "2048, against fp32 and bf16 on MiniLM",
+    )
+    p.add_argument(
+        "--chunk-tokens", nargs="+", type=int, default=[1024, 4096, 8192], help="tokens per pass for --chunks"
+    )
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--skip-accuracy", action="store_true")
     p.add_argument("--quick", action="store_true")
@@ -295,6 +341,9 @@ def main(argv=None) -> None:
     setup(args.threads)
     plan = "; ".join(f"{p} {kernels.describe(p)['kernels']}" for p in ("fp32", "bf16", "int8"))
     print(f"## Precision benchmark\n\n{machine_line()}\n\nKernels here: {plan}\n")
+    if args.chunks:
+        print("int8's rows at once (model.compute.precision.CHUNK_ROWS), median (min-max) ms:\n\n" + chunk_table(args))
+        return
     if not args.skip_speed:
         print("Encoder forward, median (min-max) ms:\n\n" + speed_table(args) + "\n", flush=True)
     if not args.skip_accuracy:

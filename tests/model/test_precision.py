@@ -135,6 +135,20 @@ def test_int8_linear_error_is_only_the_roundings():
     )
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_takes_its_rows_in_chunks_without_changing_a_value(monkeypatch, bias):
+    from model.compute import precision
+
+    torch.manual_seed(0)
+    q = Int8Linear(torch.nn.Linear(64, 48, bias=bias))
+    x = torch.randn(3, 11, 64)  # 33 rows
+    with torch.no_grad():
+        whole = q(x)
+        monkeypatch.setattr(precision, "CHUNK_ROWS", 4)  # 9 chunks, the last of one row
+        assert torch.equal(q(x), whole)  # each row is quantised on its own: chunks change nothing
+        assert q(torch.randn(0, 64)).shape == (0, 48)
+
+
 def test_int8_refuses_training_mode_and_cannot_be_undone():
     with pytest.raises(ValueError, match="int8 is for inference: call model.eval"):
         apply_precision(tiny().train(), "int8")
