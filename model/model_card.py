@@ -269,14 +269,28 @@ def before_after(job_eval: dict[str, Any] | None) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- the precision table
 
 
-def precision_inputs(tokenizer: BertTokenizer, max_tokens: int) -> dict[str, dict[str, torch.Tensor]]:
+def precision_inputs(
+    tokenizer: BertTokenizer, max_tokens: int, long_tokens: int = precision_choice.LONG_TOKENS
+) -> dict[str, dict[str, torch.Tensor]]:
     """model.precision_choice.measure's batches from the held-out leads: "texts" (lead i's first sentence),
     "pairs" (RERANK_QUERIES first sentences, each with the second sentences of RERANK_CANDIDATES leads, its own
-    among them) and "masked" (build_sequences' masked pairs), at most MAX_TEXTS rows of `max_tokens` each."""
+    among them) and "masked" (build_sequences' masked pairs), at most MAX_TEXTS rows of `max_tokens` each; and
+    "long", LONG_ROWS rows of `long_tokens` tokens: the leads' text one after another, cut into rows."""
     pc, leads = precision_choice, heldout_leads()
     n, cls, sep = min(pc.MAX_TEXTS, len(leads)), tokenizer.cls_token_id, tokenizer.sep_token_id
     texts = [tokenizer.token_ids(sentences[0])[: max_tokens - 2] for _, sentences in leads[:n]]
     singles = [{"input_ids": [cls, *ids, sep], "token_type_ids": [0] * (len(ids) + 2)} for ids in texts]
+    stream: list[int] = []
+    for _, sentences in leads:
+        if len(stream) >= pc.LONG_ROWS * (long_tokens - 2):
+            break
+        stream += [i for sentence in sentences for i in tokenizer.token_ids(sentence)]
+    width = long_tokens - 2
+    long = [
+        {"input_ids": [cls, *stream[r * width : (r + 1) * width], sep], "token_type_ids": [0] * long_tokens}
+        for r in range(pc.LONG_ROWS)
+        if len(stream) >= (r + 1) * width
+    ]
     pairs = [
         tokenizer.pair_from_ids(texts[q], tokenizer.token_ids(leads[(q + c) % len(leads)][1][1]), max_tokens)
         for q in range(pc.RERANK_QUERIES)
@@ -286,6 +300,7 @@ def precision_inputs(tokenizer: BertTokenizer, max_tokens: int) -> dict[str, dic
         "texts": _unmasked(singles, tokenizer.pad_token_id),
         "pairs": _unmasked(pairs, tokenizer.pad_token_id),
         "masked": _collate(build_sequences(tokenizer, 0, n, max_tokens), tokenizer.pad_token_id),
+        "long": _unmasked(long or singles, tokenizer.pad_token_id),
     }
 
 
@@ -303,7 +318,10 @@ def measure_precisions(model_dir: str | os.PathLike) -> dict[str, Any]:
         return load_model(Path(model_dir), "cpu").eval()
 
     config = BertConfig.from_json_file(Path(model_dir) / "config.json")
-    inputs = precision_inputs(tokenizer, min(precision_choice.MAX_TOKENS, config.max_position_embeddings))
+    limit = config.max_position_embeddings
+    inputs = precision_inputs(
+        tokenizer, min(precision_choice.MAX_TOKENS, limit), min(precision_choice.LONG_TOKENS, limit)
+    )
     return {"set": SET_NAME, **precision_choice.measure(load, inputs)}
 
 

@@ -101,7 +101,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def inputs(tokenizer):
-    return precision_inputs(tokenizer, 32)
+    return precision_inputs(tokenizer, 32, 64)  # the tiny config's 64 positions
 
 
 def loader(cls, tokenizer, **config):
@@ -132,7 +132,8 @@ def test_each_output_of_the_heads_is_measured_against_fp32(tokenizer, inputs, cl
     assert row["precisions"]["fp32"] == {"speed": 1.0}
     for precision in ("bf16", "int8"):
         scores = row["precisions"][precision]
-        assert scores["speed"] == 1.0 and set(scores) == {"speed", *outputs}
+        assert scores["speed"] == scores["speed_short"] == scores["speed_long"] == 1.0
+        assert set(scores) == {"speed", "speed_short", "speed_long", *outputs}
         values = [v for output in outputs for v in scores[output].values()]
         assert all(0.0 <= v <= 1.0 + 1e-6 for v in values), scores
         assert 0.9 < scores["embeddings"]["min_cosine"] <= scores["embeddings"]["mean_cosine"]
@@ -154,6 +155,34 @@ def test_the_scores_match_a_direct_computation(tokenizer, inputs):
         "mean_cosine": round(float(cosine.mean()), 6),
     }
     assert bf16["fill_mask"] == {"top5_overlap": round(overlap, 6)}
+
+
+def test_the_long_texts_are_full_rows_of_held_out_text(tokenizer, inputs):
+    long = inputs["long"]
+    assert long["input_ids"].shape == (precision_choice.LONG_ROWS, 64)  # 64: the positions the fixture allows
+    assert bool(long["attention_mask"].all())  # no padding: every row is text to its last token
+    assert (long["input_ids"][:, 0] == tokenizer.cls_token_id).all()
+    assert len({tuple(r) for r in long["input_ids"].tolist()}) == precision_choice.LONG_ROWS
+    assert precision_inputs(tokenizer, 32)["long"]["input_ids"].shape[1] == precision_choice.LONG_TOKENS
+
+
+def test_the_speed_that_orders_a_precision_is_its_slower_one(tokenizer, inputs, monkeypatch):
+    """A precision faster than fp32 on short texts but slower on long ones (int8 on AVX-512 against bf16, as the
+    module docstring says) counts at its long-text speed, so auto does not serve it."""
+    long_width = inputs["long"]["input_ids"].shape[1]
+
+    def turns(fp32, model, batch, repeats, clock):  # (fp32's seconds, the other's): twice as fast short, half long
+        return (1.0, 2.0) if batch["input_ids"].shape[1] == long_width else (1.0, 0.5)
+
+    assert inputs["texts"]["input_ids"].shape[1] != long_width
+    monkeypatch.setattr(precision_choice, "_time_in_turns", turns)
+    row = measure(loader(BertModel, tokenizer), inputs, ["fp32", "int8"])
+    assert {k: v for k, v in row["precisions"]["int8"].items() if k.startswith("speed")} == {
+        "speed": 0.5,
+        "speed_short": 2.0,
+        "speed_long": 0.5,
+    }
+    assert choose(row, Bounds(cosine=0.9)) == ("fp32", "int8 keeps every bound but ran 0.5× fp32")
 
 
 def test_reranking_counts_the_candidate_pairs_ordered_alike():
