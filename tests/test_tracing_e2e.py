@@ -116,25 +116,34 @@ def test_a_pass_shared_by_requests_is_one_span_linked_to_each(traced):
     def ask(i: int) -> httpx.Response:
         return traced.client.post("/embeddings", json={"inputs": ["good day"] * 8, "model": "tiny"})
 
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(ask, range(16)))
-    assert {a.status_code for a in answers} == {200}
-    trace_ids = {a.headers["trace-id"] for a in answers}
-    assert len(trace_ids) == 16  # each request its own trace
+    def burst() -> list[Span]:
+        """16 requests from 8 threads at once; the forward spans linked to them, each checked."""
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(ask, range(16)))
+        assert {a.status_code for a in answers} == {200}
+        trace_ids = {a.headers["trace-id"] for a in answers}
+        assert len(trace_ids) == 16  # each request its own trace
 
-    def linked(spans: list[Span]) -> list[Span]:
-        return [s for s in spans if s.name == "forward" and {t for t, _ in s.links} & trace_ids]
+        def linked(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if s.name == "forward" and {t for t, _ in s.links} & trace_ids]
 
-    def all_linked(spans: list[Span]) -> bool:
-        return {t for s in linked(spans) for t, _ in s.links} >= trace_ids
+        def all_linked(spans: list[Span]) -> bool:
+            return {t for s in linked(spans) for t, _ in s.links} >= trace_ids
 
-    spans = traced.receiver.wait_for(all_linked, what="the forward spans of 16 requests")
-    for forward in linked(spans):
-        assert forward.trace_id in {t for t, _ in forward.links}  # a child of one of the requests it served
-        assert forward.attributes["bertserve.requests"] == len(forward.links)
-    # with 16 requests at once, some pass carried more than one of them (the engine batches): its one span
-    # is linked to each; which passes did is the scheduler's choice, so only that it happened is asserted
-    assert max(len(s.links) for s in linked(spans)) > 1
+        forwards = linked(traced.receiver.wait_for(all_linked, what="the forward spans of 16 requests"))
+        for forward in forwards:
+            assert forward.trace_id in {t for t, _ in forward.links}  # a child of one of the requests it served
+            assert forward.attributes["bertserve.requests"] == len(forward.links)
+        return forwards
+
+    # Some pass carries more than one request once two are queued when the inference thread takes its next
+    # work: which passes do is the scheduler's choice, and on a loaded machine a burst can arrive one request at
+    # a time, so up to five bursts; that pass's one span is linked to each request it carried.
+    for _ in range(5):
+        if max(len(s.links) for s in burst()) > 1:
+            break
+    else:
+        pytest.fail("no forward pass carried two of the requests in five bursts of 16")
 
 
 def test_a_finetune_job_continues_the_submitting_requests_trace_to_its_publish(traced):
