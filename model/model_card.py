@@ -280,12 +280,12 @@ def precision_inputs(
     n, cls, sep = min(pc.MAX_TEXTS, len(leads)), tokenizer.cls_token_id, tokenizer.sep_token_id
     texts = [tokenizer.token_ids(sentences[0])[: max_tokens - 2] for _, sentences in leads[:n]]
     singles = [{"input_ids": [cls, *ids, sep], "token_type_ids": [0] * (len(ids) + 2)} for ids in texts]
-    stream: list[int] = []
+    width = long_tokens - 2
+    stream: list[int] = []  # the leads' tokens, only as many as the long rows take
     for _, sentences in leads:
-        if len(stream) >= pc.LONG_ROWS * (long_tokens - 2):
+        if len(stream) >= pc.LONG_ROWS * width:
             break
         stream += [i for sentence in sentences for i in tokenizer.token_ids(sentence)]
-    width = long_tokens - 2
     long = [
         {"input_ids": [cls, *stream[r * width : (r + 1) * width], sep], "token_type_ids": [0] * long_tokens}
         for r in range(pc.LONG_ROWS)

@@ -78,8 +78,7 @@ def _import_to_directory(args: argparse.Namespace) -> int:
 def _print_measured(card: dict) -> None:
     """After an import: the precisions measured into its card, and what `auto` serves on this CPU from them."""
     _print_precision_table(card.get("precision") or {})
-    plan = _kernels_here("cpu", card)
-    print(f"  auto on this CPU: {plan['auto']} ({plan['auto_why']})")
+    print("  auto on this CPU: {} ({})".format(*_auto_on_this_cpu(card)))
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -130,11 +129,9 @@ def _kernels_here(device_setting: str, card: dict) -> dict:
     """What this machine would run the model with at each precision (model.compute.kernels), and what auto is
     and why: on a CPU, from the card's measured table (model.precision_choice) within the BERT_AUTO_MIN_* bounds,
     as the service chooses."""
-    from app.settings import Settings
     from model.compute import kernels
     from model.compute.device import resolve_device
     from model.compute.precision import recommendation
-    from model.precision_choice import Bounds, auto_choice, cpu_kind
 
     try:
         device = resolve_device(device_setting)
@@ -142,15 +139,7 @@ def _kernels_here(device_setting: str, card: dict) -> dict:
         raise UserError(str(e)) from None
     where = kernels.cpu().name if device.type == "cpu" else str(device)
     precisions = PRECISIONS if device.type == "cpu" else tuple(p for p in PRECISIONS if p != "int8")  # int8: CPU only
-    if device.type == "cpu":
-        s = Settings()
-        bounds = Bounds(s.auto_min_cosine, s.auto_min_agreement, s.auto_min_top5_overlap)
-        auto = auto_choice(card.get("precision"), bounds) or (
-            "fp32",
-            f"not measured on this kind of CPU ({cpu_kind()}): `bert evaluate-card` measures it, a service at its load",
-        )
-    else:
-        auto = recommendation(device)
+    auto = _auto_on_this_cpu(card) if device.type == "cpu" else recommendation(device)
     return {
         "device": str(device),
         "machine": f"{where}: {kernels.cpu().summary()}" if device.type == "cpu" else where,
@@ -158,6 +147,20 @@ def _kernels_here(device_setting: str, card: dict) -> dict:
         "auto_why": auto[1],
         **{p: kernels.describe(p, device) for p in precisions},
     }
+
+
+def _auto_on_this_cpu(card: dict) -> tuple[str, str]:
+    """(precision, why): what auto serves on this CPU from the card's measured table, within the BERT_AUTO_MIN_*
+    bounds, as the service chooses."""
+    from app.settings import Settings
+    from model.precision_choice import Bounds, auto_choice, cpu_kind
+
+    s = Settings()
+    bounds = Bounds(s.auto_min_cosine, s.auto_min_agreement, s.auto_min_top5_overlap)
+    return auto_choice(card.get("precision"), bounds) or (
+        "fp32",
+        f"not measured on this kind of CPU ({cpu_kind()}): `bert evaluate-card` measures it, a service at its load",
+    )
 
 
 def _print_kernels(plan: dict) -> None:
@@ -221,9 +224,12 @@ def _print_precision_table(table: dict) -> None:
 
 def _speed_words(scores: dict) -> str:
     """ "1.54x fp32 (short texts 1.54x, long 1.78x)": the speed that orders the precision, the lower of its two."""
-    each = [f"{texts} {scores[key]:g}x" for texts, key in (("short texts", "speed_short"), ("long", "speed_long"))]
-    both = all(key in scores for key in ("speed_short", "speed_long"))
-    return f"{scores.get('speed', 0):g}x fp32" + (f" ({', '.join(each)})" if both else "")
+    each = [
+        f"{texts} {scores[key]:g}x"
+        for texts, key in (("short texts", "speed_short"), ("long", "speed_long"))
+        if key in scores
+    ]
+    return f"{scores.get('speed', 0):g}x fp32" + (f" ({', '.join(each)})" if len(each) == 2 else "")
 
 
 def _pct(x: float | None) -> str:
